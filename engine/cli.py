@@ -1,0 +1,121 @@
+"""Command table and argument plumbing for `python -m engine` (one module per command in engine.commands)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import sys
+import types
+import typing
+from typing import Any, Sequence
+
+from engine.errors import WorkbenchError
+
+# name -> (module in engine.commands, one-line help). Modules are imported only when used.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "targets": ("targets", "list built-in targets and prepare (dequantize and cache) the default"),
+    "validate": ("validate", "validate a draft folder or config.json against vLLM 0.33's rules and ours"),
+    "prepare": ("data", "render a dataset with the target's chat template and loss masks; preview rows"),
+    "regenerate": ("data", "re-answer each user turn with the target to build on-policy training data"),
+    "extract": ("data", "extract target hidden states to vLLM-format safetensors files"),
+    "train": ("train", "train a draft (EAGLE-3) from extracted or online data"),
+    "generate": ("generate", "generate with the target, with or without speculative decoding"),
+    "bench": ("bench", "benchmark speculative methods against the baseline on the same prompts"),
+    "recipe": ("recipe", "run a whole named recipe (data, extraction, training, evaluation)"),
+    "serve": ("serve", "serve a draft with real vLLM (its own virtual environment)"),
+    "jobs": ("jobs", "list, inspect or stop background jobs under runs/"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m engine", description=__doc__)
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        mod = importlib.import_module(f"engine.commands.{module}")
+        getattr(mod, f"add_{name}_arguments", getattr(mod, "add_arguments", lambda _p: None))(p)
+        p.set_defaults(_module=module)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
+    if not args.command:
+        parser.print_help()
+        return 2
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    _quiet_transformers()
+    mod = importlib.import_module(f"engine.commands.{args._module}")
+    handler = getattr(mod, f"run_{args.command}", getattr(mod, "run", None))
+    try:
+        return int(handler(args) or 0)
+    except WorkbenchError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def _quiet_transformers() -> None:
+    try:
+        import transformers
+
+        transformers.utils.logging.set_verbosity_error()
+        transformers.utils.logging.disable_progress_bar()
+    except Exception:  # noqa: BLE001 - logging tweaks are best effort
+        pass
+
+
+# -- typed config <-> argparse -------------------------------------------------------------------
+
+
+def _unwrap(annotation: Any) -> tuple[Any, bool]:
+    """(inner type, optional) for `X | None` / Optional[X]."""
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        return (args[0] if len(args) == 1 else str), True
+    return annotation, False
+
+
+def add_model_fields(parser: argparse.ArgumentParser, model_cls, *, skip: Sequence[str] = ()) -> None:
+    """One flag per pydantic field (`--field-name`), help text from the field's description.
+
+    Defaults are left as None so that a YAML file can fill what the command line does not.
+    """
+    group = parser.add_argument_group(model_cls.__name__)
+    for name, field in model_cls.model_fields.items():
+        if name in skip:
+            continue
+        flag = "--" + name.replace("_", "-")
+        kind, _ = _unwrap(field.annotation)
+        origin = typing.get_origin(kind)
+        default = field.default if field.default is not None else "none"
+        help_text = f"{field.description or ''} (default: {default})".strip()
+        if kind is bool:
+            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
+        elif origin is list or kind is list:
+            item = (typing.get_args(kind) or (str,))[0]
+            group.add_argument(flag, type=lambda s, t=item: [t(x) for x in s.split(",") if x.strip()],
+                               default=None, help=help_text + " Comma-separated.")
+        elif origin is typing.Literal:
+            group.add_argument(flag, choices=list(typing.get_args(kind)), default=None, help=help_text)
+        elif kind in (int, float, str):
+            group.add_argument(flag, type=kind, default=None, help=help_text)
+        else:
+            group.add_argument(flag, type=str, default=None, help=help_text)
+
+
+def model_overrides(args: argparse.Namespace, model_cls) -> dict[str, Any]:
+    """Fields given on the command line (not None)."""
+    return {n: getattr(args, n) for n in model_cls.model_fields if getattr(args, n, None) is not None}

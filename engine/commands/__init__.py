@@ -1,0 +1,1 @@
+"""CLI commands: each module adds its arguments and runs one engine function."""

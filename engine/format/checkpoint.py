@@ -1,0 +1,182 @@
+"""Read and write draft checkpoints (config.json + model.safetensors, sharded or not) without unpickling."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+
+from engine.errors import WorkbenchError
+from engine.fsutil import atomic_directory, atomic_save_safetensors, atomic_write_json, atomic_write_text
+
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+INDEX_NAME = "model.safetensors.index.json"
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """What a safetensors header says about one tensor (read without loading the data)."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    file: str
+
+
+def config_path(path: str | os.PathLike) -> Path:
+    p = Path(path)
+    return p / CONFIG_NAME if p.is_dir() else p
+
+
+def read_config_dict(path: str | os.PathLike) -> dict[str, Any]:
+    """config.json of a draft folder (or a lone config file) as a dict, with clear errors."""
+    p = config_path(path)
+    if not p.exists():
+        raise WorkbenchError(f"no config.json at {p}", hint="give a draft folder or the path of its config.json")
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise WorkbenchError(
+            f"config.json is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})", where=str(p),
+            hint="fix the JSON syntax at that position",
+        ) from exc
+    if not isinstance(data, dict):
+        raise WorkbenchError("config.json must hold a JSON object", where=str(p))
+    return data
+
+
+def _pickle_files(folder: Path) -> list[Path]:
+    return sorted(f for f in folder.iterdir() if f.suffix in PICKLE_SUFFIXES)
+
+
+def weight_files(folder: str | os.PathLike) -> list[Path]:
+    """The safetensors files of a checkpoint folder (via the shard index when there is one)."""
+    folder = Path(folder)
+    index = folder / INDEX_NAME
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError) as exc:
+            raise WorkbenchError(f"{INDEX_NAME} is malformed ({exc})", where=str(folder)) from exc
+        files = sorted({folder / f for f in weight_map.values()})
+        missing = [f.name for f in files if not f.is_file()]
+        if missing:
+            raise WorkbenchError(f"shards listed in {INDEX_NAME} are missing: {missing}", where=str(folder))
+        return files
+    if (folder / WEIGHTS_NAME).is_file():
+        return [folder / WEIGHTS_NAME]
+    files = sorted(folder.glob("*.safetensors"))
+    if files:
+        return files
+    if _pickle_files(folder):
+        raise WorkbenchError(
+            f"only pickled weights ({', '.join(f.name for f in _pickle_files(folder))}) found; they are not "
+            "loaded by default because unpickling can run arbitrary code",
+            where=str(folder),
+            hint="convert them to model.safetensors, or pass allow_pickle=True (--allow-pickle) if you trust the "
+            "file (loaded with torch.load(weights_only=True))",
+        )
+    raise WorkbenchError("no model.safetensors in the folder", where=str(folder), hint="save the weights as safetensors")
+
+
+def tensor_index(folder: str | os.PathLike) -> dict[str, TensorInfo]:
+    """Name -> shape/dtype for every tensor, reading only safetensors headers."""
+    from safetensors import safe_open
+
+    out: dict[str, TensorInfo] = {}
+    for f in weight_files(folder):
+        try:
+            with safe_open(str(f), framework="pt") as handle:
+                for name in handle.keys():
+                    sl = handle.get_slice(name)
+                    out[name] = TensorInfo(name, tuple(sl.get_shape()), str(sl.get_dtype()), f.name)
+        except Exception as exc:  # noqa: BLE001 - safetensors raises several types for corrupt files
+            raise WorkbenchError(f"cannot read {f.name}: {exc}", where=str(folder),
+                                 hint="the file is corrupt or not safetensors; re-save it") from exc
+    return out
+
+
+def load_state_dict(
+    folder: str | os.PathLike, *, allow_pickle: bool = False, device: str = "cpu"
+) -> dict[str, torch.Tensor]:
+    """All tensors of a checkpoint. Pickled files only with `allow_pickle`, and then `weights_only=True`."""
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    try:
+        files = weight_files(folder)
+    except WorkbenchError:
+        if not allow_pickle or not _pickle_files(folder):
+            raise
+        state: dict[str, torch.Tensor] = {}
+        for f in _pickle_files(folder):
+            obj = torch.load(f, map_location=device, weights_only=True)
+            if not isinstance(obj, Mapping):
+                raise WorkbenchError(f"{f.name} does not hold a state dict", where=str(folder)) from None
+            state.update({k: v for k, v in obj.items() if isinstance(v, torch.Tensor)})
+        return state
+    state = {}
+    for f in files:
+        state.update(load_file(str(f), device=device))
+    return state
+
+
+def save_checkpoint(
+    folder: str | os.PathLike,
+    config: Any,
+    state_dict: Mapping[str, torch.Tensor],
+    *,
+    dtype: torch.dtype | None = None,
+    extra_files: Mapping[str, str] | None = None,
+    max_shard_bytes: int | None = None,
+) -> Path:
+    """Write config.json + model.safetensors (or shards with an index) atomically.
+
+    Floating tensors are cast to `dtype` when given; integer/bool tensors (d2t, t2d) keep theirs.
+    The folder appears complete or not at all.
+    """
+    cfg = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+    if dtype is not None:
+        cfg["dtype"] = str(dtype).replace("torch.", "")
+        cfg.pop("torch_dtype", None)
+    tensors = {
+        k: (v.detach().to(dtype) if dtype is not None and v.is_floating_point() else v.detach()).cpu().contiguous()
+        for k, v in state_dict.items()
+    }
+    with atomic_directory(folder) as tmp:
+        atomic_write_text(tmp / CONFIG_NAME, json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+        shards = _shard(tensors, max_shard_bytes)
+        if len(shards) == 1:
+            atomic_save_safetensors(shards[0], tmp / WEIGHTS_NAME, metadata={"format": "pt"})
+        else:
+            weight_map = {}
+            for i, shard in enumerate(shards, 1):
+                name = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+                atomic_save_safetensors(shard, tmp / name, metadata={"format": "pt"})
+                weight_map.update({k: name for k in shard})
+            total = sum(t.numel() * t.element_size() for t in tensors.values())
+            atomic_write_json(tmp / INDEX_NAME, {"metadata": {"total_size": total}, "weight_map": weight_map})
+        for name, text in (extra_files or {}).items():
+            atomic_write_text(tmp / name, text)
+    return Path(folder)
+
+
+def _shard(tensors: dict[str, torch.Tensor], max_bytes: int | None) -> list[dict[str, torch.Tensor]]:
+    if not max_bytes:
+        return [tensors]
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for k, v in tensors.items():
+        n = v.numel() * v.element_size()
+        if shards[-1] and size + n > max_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][k] = v
+        size += n
+    return shards

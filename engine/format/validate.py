@@ -1,0 +1,478 @@
+"""Validate a speculators draft in two layers: vLLM 0.33's own rules, then the checks vLLM skips."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import ValidationError
+
+from engine.errors import WorkbenchError
+from engine.format import vllm_rules as vr
+from engine.format.checkpoint import CONFIG_NAME, read_config_dict, tensor_index
+from engine.format.config import CONFIG_CLASSES
+
+Layer = Literal["vllm", "project"]
+
+
+@dataclass
+class Issue:
+    """One finding: which field, what is wrong and how to fix it, and vLLM's own message if it has one."""
+
+    field: str
+    message: str
+    vllm_message: str | None = None
+    layer: Layer = "project"
+    severity: Literal["error", "warning"] = "error"
+
+    def public(self) -> dict[str, Any]:
+        return {"field": self.field, "message": self.message, "vllm_message": self.vllm_message}
+
+
+@dataclass
+class ValidationReport:
+    path: str
+    algorithm: str | None = None
+    errors: list[Issue] = field(default_factory=list)
+    warnings: list[Issue] = field(default_factory=list)
+    vllm_speculative_config: dict[str, Any] | None = None
+    vllm_hf_config: dict[str, Any] | None = None
+    serve_commands: list[str] = field(default_factory=list)
+    checked_weights: bool = False
+    verifier_checked: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    @property
+    def vllm_ok(self) -> bool:
+        """Whether vLLM itself would load it (ignoring our extra rules)."""
+        return not any(i.layer == "vllm" for i in self.errors)
+
+    def add(self, issue: Issue) -> None:
+        (self.errors if issue.severity == "error" else self.warnings).append(issue)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "errors": [i.public() for i in self.errors],
+            "warnings": [i.public() for i in self.warnings],
+            "vllm_speculative_config": self.vllm_speculative_config,
+            "serve_commands": self.serve_commands,
+        }
+
+    def issues_by_field(self) -> dict[str, list[Issue]]:
+        out: dict[str, list[Issue]] = {}
+        for i in self.errors + self.warnings:
+            out.setdefault(i.field, []).append(i)
+        return out
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self) | {"ok": self.ok}
+
+
+def _vllm(report: ValidationReport, err: vr.VllmError, message: str, *, severity: str = "error") -> None:
+    cause = f" (caused by {err.cause})" if err.cause else ""
+    report.add(Issue(err.field or "config", message + cause, err.vllm_message, "vllm", severity))
+
+
+def validate_draft(
+    path_or_config: str | os.PathLike | dict[str, Any],
+    *,
+    verifier_config: dict[str, Any] | None = None,
+    check_weights: bool = True,
+    deep: bool = False,
+    tensor_shapes: dict[str, tuple[int, ...]] | None = None,
+) -> ValidationReport:
+    """Validate a draft folder, a lone config.json, or a config dict.
+
+    `verifier_config` (the target's config.json as a dict) enables the checks against the verifier;
+    without it we look the verifier up locally (built-in, local folder, HF cache) and skip if absent.
+    `deep` also loads every tensor and checks its values are finite. `tensor_shapes` checks a
+    listing of tensor names and shapes instead of files (e.g. a checkpoint seen only as a table).
+    """
+    folder: Path | None = None
+    if isinstance(path_or_config, dict):
+        report = ValidationReport(path="<config>")
+        cfg = path_or_config
+    else:
+        p = Path(path_or_config)
+        report = ValidationReport(path=str(p))
+        try:
+            cfg = read_config_dict(p)
+        except WorkbenchError as exc:
+            report.add(Issue("config.json", exc.message + (f" Fix: {exc.hint}" if exc.hint else "")))
+            return report
+        folder = p if p.is_dir() else None
+    report.algorithm = cfg.get("speculators_model_type") if isinstance(cfg.get("speculators_model_type"), str) else None
+
+    hf = _vllm_layer(cfg, report)
+    typed = _typed_config(cfg, report)
+    _project_config_rules(cfg, typed, hf, report)
+    verifier = verifier_config or _find_verifier_config(cfg)
+    if verifier is not None:
+        report.verifier_checked = True
+        _verifier_rules(cfg, hf, verifier, report)
+    else:
+        report.add(Issue("speculators_config.verifier.name_or_path",
+                         "the verifier's config is not available offline, so aux layer ids, hidden size and vocab "
+                         "were not checked against it", severity="warning"))
+    if tensor_shapes is not None:
+        report.checked_weights = True
+        if hf is not None:
+            _shape_rules(cfg, hf, {k: tuple(v) for k, v in tensor_shapes.items()}, report)
+    elif folder is not None and check_weights:
+        _weight_rules(folder, cfg, hf, report, deep=deep)
+    if report.vllm_speculative_config is not None:
+        draft_path = str(folder.resolve()) if folder is not None else "<draft-dir>"
+        report.vllm_speculative_config = {**report.vllm_speculative_config, "model": draft_path}
+        report.serve_commands = serve_commands(cfg, draft_path, report.vllm_speculative_config)
+    return report
+
+
+# -- layer 1: vLLM -------------------------------------------------------------------------------
+
+
+def _vllm_layer(cfg: dict[str, Any], report: ValidationReport) -> dict[str, Any] | None:
+    try:
+        vr.check_config_routing(cfg)
+    except vr.VllmError as e:
+        _vllm(report, e, "remove the top-level 'model_type': vLLM then parses config.json as a normal model; "
+              "speculators drafts keep model_type inside transformer_layer_config")
+    try:
+        spec = vr.extract_vllm_speculative_config(cfg)
+        vr.check_speculative_config(spec)
+    except vr.VllmError as e:
+        hint = next((h for k, h in _FIX_HINTS.items() if e.message.startswith(k)), None)
+        _vllm(report, e, hint or f"vLLM rejects this config: {e.message}")
+        return None
+    report.vllm_speculative_config = spec
+    try:
+        hf = vr.extract_transformers_pre_trained_config(cfg)
+    except vr.VllmError as e:
+        msg = {
+            "speculators_model_type": f"algorithm '{cfg.get('speculators_model_type')}' is not served by vLLM 0.33; "
+            f"use one of {list(vr.SUPPORTED_SPECULATORS_TYPES)}",
+            "mask_token_id": "add 'mask_token_id' (the placeholder token id of the draft's parallel slots)",
+            "aux_hidden_state_layer_ids": "add 'aux_hidden_state_layer_ids' (verifier layer ids fused by fc)",
+            "transformer_layer_config.model_type": "set transformer_layer_config.model_type to 'llama' or 'qwen3'",
+        }.get(e.field, e.message)
+        _vllm(report, e, msg)
+        report.vllm_speculative_config = None
+        return None
+    report.vllm_hf_config = hf
+    try:
+        vr.check_verifier_is_remote(cfg)
+    except vr.VllmError as e:
+        _vllm(report, e, "`vllm serve <draft>` cannot auto-detect the target: the verifier must be a hub id "
+              "(e.g. 'HuggingFaceTB/SmolLM2-135M-Instruct'); the explicit --speculative-config form still works",
+              severity="warning")
+    return hf
+
+
+_FIX_HINTS = {
+    "Invalid speculators config structure": "config.json lacks a required key: it needs speculators_config with a "
+    "non-empty proposal_methods list whose first entry has speculative_tokens, speculators_config.verifier."
+    "name_or_path, and speculators_model_type",
+    "Must provide transformer_layer_config": "add transformer_layer_config (the draft decoder's HF config)",
+    "'transformer_layer_config' must be a dictionary if provided": "transformer_layer_config must be a JSON object",
+    "Missing 'speculative_tokens' in proposal method": "set proposal_methods[0].speculative_tokens to a positive int",
+    "A speculative model was provided, but `num_speculative_tokens` was not provided": "set "
+    "proposal_methods[0].speculative_tokens",
+    "Expected num_speculative_tokens to be greater than zero": "speculative_tokens must be at least 1",
+}
+
+
+# -- layer 2: what vLLM skips --------------------------------------------------------------------
+
+
+def _typed_config(cfg: dict[str, Any], report: ValidationReport):
+    kind = cfg.get("speculators_model_type")
+    cls = CONFIG_CLASSES.get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        if isinstance(kind, str) and not any(i.field == "speculators_model_type" for i in report.errors):
+            report.add(Issue("speculators_model_type", f"unsupported algorithm '{kind}': the workbench and vLLM 0.33 "
+                             f"handle {list(CONFIG_CLASSES)}"))
+        return None
+    try:
+        return cls.model_validate(cfg)
+    except ValidationError as exc:
+        for err in exc.errors():
+            loc = ".".join(str(x) if not isinstance(x, int) else f"[{x}]" for x in err["loc"]).replace(".[", "[")
+            report.add(Issue(loc or "config", f"{err['msg']} (got {err.get('input')!r})"))
+        return None
+
+
+def _aux_ids(cfg: dict[str, Any]) -> tuple[str, Any]:
+    if cfg.get("speculators_model_type") in ("eagle3", "peagle"):
+        return "eagle_aux_hidden_state_layer_ids", cfg.get("eagle_aux_hidden_state_layer_ids")
+    return "aux_hidden_state_layer_ids", cfg.get("aux_hidden_state_layer_ids")
+
+
+def _project_config_rules(cfg: dict[str, Any], typed, hf: dict[str, Any] | None, report: ValidationReport) -> None:
+    kind = cfg.get("speculators_model_type")
+    tlc = cfg.get("transformer_layer_config")
+    if isinstance(tlc, dict):
+        for key in ("hidden_size", "num_attention_heads", "intermediate_size", "vocab_size", "model_type"):
+            if key not in tlc:
+                report.add(Issue(f"transformer_layer_config.{key}", f"missing '{key}': vLLM needs it to build the draft "
+                                 "decoder; copy it from the verifier's config"))
+        types = tlc.get("layer_types")
+        n = tlc.get("num_hidden_layers", 1)
+        if isinstance(types, list) and len(types) != n:
+            report.add(Issue("transformer_layer_config.layer_types", f"{len(types)} layer types for {n} layers; "
+                             "give one type per layer"))
+        if kind in ("dflash", "dflash2", "dspark") and isinstance(types, list) and len(set(types)) > 1:
+            report.add(Issue("transformer_layer_config.layer_types", "mixed sliding/full attention layers: vLLM's V1 "
+                             "runner refuses mixed sliding/full dflash drafts; make all layers one type",
+                             severity="warning"))
+    if kind in ("dflash", "dflash2", "dspark") and "sliding_window_non_causal" not in cfg:
+        report.add(Issue("sliding_window_non_causal", "missing: vLLM then serves the draft non-causal "
+                         "(causal = not sliding_window_non_causal, default True); write it explicitly",
+                         severity="warning"))
+    name, ids = _aux_ids(cfg)
+    if kind in ("eagle3", "peagle") and not ids:
+        report.add(Issue(name, "not set: vLLM falls back to the target's default aux layers [2, N//2, N-3]; write the "
+                         "ids the draft was trained with", severity="warning"))
+    if ids:
+        if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+            report.add(Issue(name, f"must be a list of ints, got {ids!r}"))
+        else:
+            if len(set(ids)) != len(ids):
+                report.add(Issue(name, f"duplicate layer ids {ids}: vLLM de-duplicates them, so fc would see fewer "
+                                 "aux states than it was trained on; list each id once"))
+            elif ids != sorted(ids):
+                report.add(Issue(name, f"ids {ids} are not ascending: vLLM concatenates aux states in ascending "
+                                 "layer order; sort them (and the fc input columns accordingly)"))
+            if any(i < 0 for i in ids):
+                report.add(Issue(name, f"negative layer ids in {ids}; ids run from 0 (embeddings) to N"))
+    if kind in ("peagle", "dflash", "dflash2", "dspark") and cfg.get("mask_token_id") is None and "mask_token_id" in cfg:
+        report.add(Issue("mask_token_id", "is null: the draft needs a real token id for its mask slots (the "
+                         "tokenizer's mask/pad token, or a spare embedding row)"))
+    if kind == "eagle3" and hf is not None and "Eagle3LlamaForCausalLM" in hf.get("architectures", []) and ids:
+        a = vr.eagle3_num_aux(hf)
+        if isinstance(ids, list) and len(ids) != a:
+            report.add(Issue("transformer_layer_config.num_aux_hidden_states",
+                             f"{len(ids)} aux layers, but vLLM's Llama EAGLE-3 class ignores the top-level ids and "
+                             f"assumes {a}; add \"num_aux_hidden_states\": {len(ids)} to transformer_layer_config"))
+    dv, v = cfg.get("draft_vocab_size"), (tlc or {}).get("vocab_size") if isinstance(tlc, dict) else None
+    if isinstance(dv, int) and isinstance(v, int) and dv > v:
+        report.add(Issue("draft_vocab_size", f"{dv} is larger than the vocabulary ({v}); it must be <= vocab_size"))
+    if typed is not None and kind in ("dflash", "dflash2", "dspark"):
+        st, b = typed.speculative_tokens, typed.block_size
+        limit = b if typed.sample_from_anchor else b - 1
+        if st > limit:
+            report.add(Issue("speculators_config.proposal_methods[0].speculative_tokens",
+                             f"{st} > {limit}: a block of {b} with sample_from_anchor={typed.sample_from_anchor} "
+                             f"drafts at most {limit} tokens"))
+    if typed is not None and kind == "dflash2":
+        h = typed.hidden_size
+        if h % typed.conv_group_size:
+            report.add(Issue("conv_group_size", f"{typed.conv_group_size} does not divide hidden_size {h}"))
+        if typed.reduced_vocab:
+            report.add(Issue("draft_vocab_size", "dflash2 requires the full verifier vocabulary"))
+        if typed.sample_from_anchor:
+            report.add(Issue("sample_from_anchor", "dflash2 requires sample_from_anchor=false"))
+    if typed is not None and kind == "dspark" and typed.markov_head_type != "vanilla":
+        report.add(Issue("markov_head_type", f"'{typed.markov_head_type}': some vLLM builds only run the 'vanilla' "
+                         "Markov head at inference", severity="warning"))
+
+
+def _verifier_rules(cfg: dict[str, Any], hf: dict[str, Any] | None, verifier: dict[str, Any],
+                    report: ValidationReport) -> None:
+    vcfg = verifier.get("text_config", verifier) if "num_hidden_layers" not in verifier else verifier
+    n = vcfg.get("num_hidden_layers")
+    name, ids = _aux_ids(cfg)
+    if isinstance(n, int) and isinstance(ids, list):
+        outside = [i for i in ids if isinstance(i, int) and not 0 <= i <= n]
+        if outside:
+            report.add(Issue(name, f"layer ids {outside} are outside the verifier's depth 0..{n}"))
+        if n in ids:
+            report.add(Issue(name, f"layer {n} is the verifier's last layer (the training target), not an aux layer; "
+                             "speculators stores only aux ids — drop it (vllm#54526)"))
+    tlc = cfg.get("transformer_layer_config") if isinstance(cfg.get("transformer_layer_config"), dict) else {}
+    vh, vv = vcfg.get("hidden_size"), vcfg.get("vocab_size")
+    ht = cfg.get("target_hidden_size") or tlc.get("hidden_size")
+    if isinstance(vh, int) and isinstance(ht, int) and vh != ht:
+        report.add(Issue("target_hidden_size", f"the verifier's hidden size is {vh} but the draft expects {ht}; "
+                         f"set target_hidden_size to {vh}"))
+    if isinstance(vv, int) and isinstance(tlc.get("vocab_size"), int) and tlc["vocab_size"] != vv:
+        report.add(Issue("transformer_layer_config.vocab_size", f"{tlc['vocab_size']} differs from the verifier's "
+                         f"vocabulary ({vv}); drafts index the verifier's vocabulary"))
+    va = verifier.get("architectures")
+    spec_va = ((cfg.get("speculators_config") or {}).get("verifier") or {}).get("architectures")
+    if va and spec_va and list(va) != list(spec_va):
+        report.add(Issue("speculators_config.verifier.architectures", f"{spec_va} differs from the verifier's {va}",
+                         severity="warning"))
+
+
+def _weight_rules(folder: Path, cfg: dict[str, Any], hf: dict[str, Any] | None, report: ValidationReport,
+                  *, deep: bool) -> None:
+    try:
+        index = tensor_index(folder)
+    except WorkbenchError as exc:
+        report.add(Issue("model.safetensors", exc.message + (f" Fix: {exc.hint}" if exc.hint else "")))
+        return
+    report.checked_weights = True
+    if hf is None:
+        return  # the config itself is broken; shapes cannot be derived
+    if not _shape_rules(cfg, hf, {k: v.shape for k, v in index.items()}, report):
+        return
+    vocab, dvocab = int(hf["vocab_size"]), int(hf.get("draft_vocab_size") or hf["vocab_size"])
+    if "d2t" in index or "t2d" in index:
+        _vocab_mapping_rules(folder, index, vocab, dvocab, report)
+    if deep:
+        _finite_rules(folder, index, report)
+
+
+def _shape_rules(cfg: dict[str, Any], hf: dict[str, Any], shapes: dict[str, tuple], report: ValidationReport) -> bool:
+    """Names and shapes against vLLM's loader and against the config; False if shapes cannot be derived."""
+    try:
+        for e in vr.load_errors(cfg, hf, shapes):
+            hint = ""
+            if e.field.endswith(("verifier_lm_head.weight", "verifier_norm.weight")):
+                hint = "; this is a training-only tensor: do not save it"
+            _vllm(report, e, f"vLLM fails to load this tensor: {e.message}{hint}")
+        expected, optional = vr.expected_parameters(cfg, hf)
+    except (KeyError, TypeError, ValueError) as exc:
+        report.add(Issue("transformer_layer_config", f"cannot derive tensor shapes from the config: {exc!r}"))
+        return False
+    present = {vr.canonical_name(k) for k in shapes} - {None}
+    for name, shape in expected.items():
+        if name not in present and name not in optional:
+            report.add(Issue(f"tensor:{name}", f"missing tensor {name} {list(shape)}: vLLM does not complain and "
+                             "leaves it uninitialised (garbage drafts); save it"))
+    vocab, dvocab = int(hf["vocab_size"]), int(hf.get("draft_vocab_size") or hf["vocab_size"])
+    if dvocab != vocab and "lm_head.weight" not in present:
+        report.add(Issue("tensor:lm_head.weight", f"the draft vocabulary is reduced ({dvocab} of {vocab}) but there is "
+                         "no lm_head: vLLM would use the verifier's full-vocabulary head; save the draft lm_head"))
+    ht = int(hf.get("target_hidden_size") or hf["hidden_size"])
+    if "embed_tokens.weight" not in present and ht != int(hf["hidden_size"]):
+        report.add(Issue("tensor:embed_tokens.weight", "the draft's hidden size differs from the target's, so the "
+                         "target embedding cannot be shared; save embed_tokens"))
+    if "t2d" in shapes and tuple(shapes["t2d"]) != (vocab,):
+        report.add(Issue("tensor:t2d", f"shape {list(shapes['t2d'])}, expected [{vocab}] (one flag per target token)"))
+    if dvocab != vocab and "t2d" not in shapes:
+        report.add(Issue("tensor:t2d", "absent: vLLM ignores it, but speculators needs t2d to reload a reduced-"
+                         "vocabulary draft; save it", severity="warning"))
+    return True
+
+
+def _vocab_mapping_rules(folder: Path, index, vocab: int, dvocab: int, report: ValidationReport) -> None:
+    import torch
+    from safetensors import safe_open
+
+    def load(name):
+        with safe_open(str(folder / index[name].file), framework="pt") as f:
+            return f.get_tensor(name)
+
+    d2t = load("d2t") if "d2t" in index else None
+    t2d = load("t2d") if "t2d" in index else None
+    if d2t is not None:
+        if d2t.dtype != torch.int64:
+            report.add(Issue("tensor:d2t", f"dtype {d2t.dtype}, expected int64"))
+        if d2t.shape != (dvocab,):
+            report.add(Issue("tensor:d2t", f"shape {list(d2t.shape)} but draft_vocab_size is {dvocab}; d2t holds one "
+                             "offset per draft token"))
+        else:
+            targets = torch.arange(dvocab) + d2t.long()
+            if targets.min() < 0 or targets.max() >= vocab:
+                report.add(Issue("tensor:d2t", f"maps draft ids to target ids outside 0..{vocab - 1} "
+                                 "(target = draft + d2t[draft])"))
+            elif not bool((targets[1:] > targets[:-1]).all()):
+                report.add(Issue("tensor:d2t", "target ids are not strictly increasing: the mapping must be the "
+                                 "selected target ids in ascending order (d2t[i] = selected[i] - i)"))
+            elif t2d is not None and t2d.shape == (vocab,) and not bool(t2d.bool()[targets].all()):
+                report.add(Issue("tensor:t2d", "t2d does not mark the target ids that d2t maps to"))
+    if t2d is not None:
+        if t2d.shape != (vocab,):
+            report.add(Issue("tensor:t2d", f"shape {list(t2d.shape)}, expected [{vocab}] (one flag per target token)"))
+        elif int(t2d.bool().sum()) != dvocab:
+            report.add(Issue("tensor:t2d", f"marks {int(t2d.bool().sum())} tokens but draft_vocab_size is {dvocab}"))
+
+
+def _finite_rules(folder: Path, index, report: ValidationReport) -> None:
+    import torch
+    from safetensors import safe_open
+
+    for name, info in index.items():
+        with safe_open(str(folder / info.file), framework="pt") as f:
+            t = f.get_tensor(name)
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            report.add(Issue(f"tensor:{name}", "holds NaN or inf values; the training run diverged or the file is "
+                             "corrupt"))
+
+
+# -- the verifier's config -----------------------------------------------------------------------
+
+
+def _find_verifier_config(cfg: dict[str, Any]) -> dict[str, Any] | None:
+    """The verifier's config.json from local sources only (built-in cache, local folder, HF cache)."""
+    try:
+        name = cfg["speculators_config"]["verifier"]["name_or_path"]
+    except (KeyError, TypeError):
+        return None
+    if not isinstance(name, str) or not name:
+        return None
+    from engine.targets import _BUILTIN_BY_HUB_ID, builtin_cache_dir
+
+    candidates = [Path(name).expanduser() / CONFIG_NAME]
+    builtin = _BUILTIN_BY_HUB_ID.get(name.lower())
+    if builtin is not None:
+        candidates.append(builtin_cache_dir(builtin.name) / CONFIG_NAME)
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(name, CONFIG_NAME)
+        if isinstance(cached, str):
+            candidates.append(Path(cached))
+    except Exception:  # noqa: BLE001 - invalid repo ids and unusable caches mean "not found"
+        pass
+    for c in candidates:
+        if c.is_file():
+            try:
+                return json.loads(c.read_text())
+            except (OSError, json.JSONDecodeError):
+                continue
+    return None
+
+
+# -- serving commands ----------------------------------------------------------------------------
+
+
+def serve_commands(cfg: dict[str, Any], draft_path: str, spec: dict[str, Any]) -> list[str]:
+    """`vllm serve <draft>` (auto-detection; needs a hub-id verifier) and the explicit form."""
+    verifier = cfg["speculators_config"]["verifier"]["name_or_path"]
+    explicit = {k: spec[k] for k in ("model", "method", "num_speculative_tokens", "parallel_drafting") if k in spec}
+    commands = []
+    try:
+        vr.check_verifier_is_remote(cfg)
+        commands.append(f"vllm serve {shlex.quote(draft_path)}")
+    except vr.VllmError:
+        pass
+    target = verifier if isinstance(verifier, str) and verifier else "<target-model>"
+    commands.append(f"vllm serve {shlex.quote(target)} --speculative-config "
+                    f"{shlex.quote(json.dumps(explicit, separators=(', ', ': ')))}")
+    return commands
+
+
+def format_report(report: ValidationReport) -> str:
+    """Human-readable report for the terminal."""
+    lines = [f"{report.path}: {'OK' if report.ok else 'INVALID'}"
+             + (f" ({report.algorithm})" if report.algorithm else "")]
+    for title, items in (("errors", report.errors), ("warnings", report.warnings)):
+        for i in items:
+            tag = "vLLM" if i.layer == "vllm" else "check"
+            lines.append(f"  [{title[:-1]}|{tag}] {i.field}: {i.message}")
+            if i.vllm_message:
+                lines.append(f"      vLLM says: {i.vllm_message}")
+    if report.vllm_speculative_config:
+        lines.append(f"  vLLM speculative_config: {json.dumps(report.vllm_speculative_config)}")
+    for c in report.serve_commands:
+        lines.append(f"  $ {c}")
+    return "\n".join(lines)

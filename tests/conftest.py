@@ -1,0 +1,44 @@
+"""Shared test fixtures: tiny random targets, the built-in target, reference fixtures."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+# A copy of ../shared/fixtures/speculators-0.9.0 (configs and tensor listings speculators 0.9.0 emits).
+FIXTURES = ROOT / "tests" / "fixtures" / "speculators-0.9.0"
+
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+
+@pytest.fixture(scope="session")
+def fixtures_dir() -> Path:
+    return FIXTURES
+
+
+@pytest.fixture(scope="session")
+def tiny_targets(tmp_path_factory) -> dict[str, Path]:
+    """Folders of tiny random Llama, Qwen3 and Qwen3-MoE targets (with a ChatML tokenizer)."""
+    from engine.tiny import ARCHS, save_tiny_target
+
+    root = tmp_path_factory.mktemp("tiny-targets")
+    return {arch: save_tiny_target(root / arch, arch) for arch in ARCHS}
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tiny_targets):
+    from engine.targets import load_target
+
+    return load_target(str(tiny_targets["llama"]))
+
+
+@pytest.fixture(scope="session")
+def builtin_target():
+    """The built-in SmolLM2-135M-Instruct target (dequantized once, cached under WORKBENCH_HOME)."""
+    from engine.targets import load_target
+
+    return load_target("smollm2-135m-instruct")

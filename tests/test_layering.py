@@ -1,0 +1,37 @@
+"""Three layers, one direction: pages -> ui -> engine; engine never imports streamlit, pages never torch."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def imports_of(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_engine_never_imports_streamlit_or_ui():
+    for f in (ROOT / "engine").rglob("*.py"):
+        bad = imports_of(f) & {"streamlit", "ui", "pages"}
+        assert not bad, f"{f.relative_to(ROOT)} imports {bad}"
+
+
+def test_ui_never_imports_pages():
+    for f in (ROOT / "ui").rglob("*.py"):
+        assert "pages" not in imports_of(f), f
+
+
+def test_pages_hold_no_model_code():
+    for f in list((ROOT / "pages").rglob("*.py")) + [ROOT / "app.py"]:
+        if f.exists():
+            bad = imports_of(f) & {"torch", "transformers", "safetensors"}
+            assert not bad, f"{f.relative_to(ROOT)} imports {bad}"
