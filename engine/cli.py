@@ -6,12 +6,14 @@ import argparse
 import importlib
 import logging
 import os
+import signal
 import sys
 import types
 import typing
 from typing import Any, Sequence
 
 from engine.errors import WorkbenchError
+from engine.jobs import reporter
 
 # name -> (module in engine.commands, one-line help). Modules are imported only when used.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -54,16 +56,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     _quiet_transformers()
+    signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM behaves like Ctrl-C: commands clean up / checkpoint
     mod = importlib.import_module(f"engine.commands.{args._module}")
     handler = getattr(mod, f"run_{args.command}", getattr(mod, "run", None))
+    rep = reporter()  # status.json of the job, when running as one (no-op otherwise)
     try:
-        return int(handler(args) or 0)
+        rc = int(handler(args) or 0)
     except WorkbenchError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        rep.finish("failed", str(exc))
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
+        rep.finish("stopped", rep.status.message or "stopped")
         return 130
+    except Exception as exc:
+        rep.finish("failed", f"{type(exc).__name__}: {exc}")
+        raise
+    if rep.status.state == "running":
+        rep.finish("done" if rc == 0 else "failed", "" if rc == 0 else f"exit code {rc}")
+    return rc
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
 
 
 def _quiet_transformers() -> None:

@@ -1,0 +1,309 @@
+"""Background jobs as directories: `runs/<id>/` holds the command, logs, `status.json` and metrics.
+
+A job is `python -m engine <command> ...` started in its own process group. The child reports its
+own progress through `reporter()` (a no-op outside a job), writing `status.json` atomically, so the
+UI can rebuild the job list from disk after a refresh or an app restart. Stopping sends SIGTERM to
+the process group (trainers checkpoint on it). `DirLock` keeps two jobs from writing into one folder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import platform
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+from engine.errors import WorkbenchError
+from engine.fsutil import atomic_write_json, atomic_write_text, read_json
+
+JOB_DIR_ENV = "WORKBENCH_JOB_DIR"
+STATUS = "status.json"
+FINAL_STATES = ("done", "failed", "stopped")
+
+
+def runs_dir() -> Path:
+    """Where job directories live: $WORKBENCH_RUNS or ./runs."""
+    return Path(os.environ.get("WORKBENCH_RUNS", "runs")).resolve()
+
+
+@dataclass
+class JobStatus:
+    state: str = "queued"  # queued | running | done | failed | stopped
+    message: str = ""
+    progress: float | None = None  # 0..1
+    pid: int | None = None
+    started: float | None = None
+    updated: float | None = None
+    result: dict[str, Any] = field(default_factory=dict)
+
+
+class Reporter:
+    """Written by the job itself. Every update rewrites status.json atomically."""
+
+    def __init__(self, job_dir: Path | None):
+        self.job_dir = job_dir
+        self.status = JobStatus(state="running", pid=os.getpid(), started=time.time())
+        if job_dir is not None:
+            try:
+                old = read_json(job_dir / STATUS)
+                self.status.started = old.get("started") or self.status.started
+            except (OSError, ValueError):
+                pass
+            self._write()
+
+    @property
+    def active(self) -> bool:
+        return self.job_dir is not None
+
+    def _write(self) -> None:
+        if self.job_dir is None:
+            return
+        self.status.updated = time.time()
+        atomic_write_json(self.job_dir / STATUS, asdict(self.status))
+
+    def update(self, message: str | None = None, progress: float | None = None, **result: Any) -> None:
+        if message is not None:
+            self.status.message = message
+        if progress is not None:
+            self.status.progress = max(0.0, min(1.0, float(progress)))
+        self.status.result.update(result)
+        self._write()
+
+    def finish(self, state: str = "done", message: str = "", **result: Any) -> None:
+        self.status.state = state
+        self.status.message = message or self.status.message
+        if state == "done":
+            self.status.progress = 1.0
+        self.status.result.update(result)
+        self._write()
+
+
+_REPORTER: Reporter | None = None
+
+
+def reporter() -> Reporter:
+    """The current process's reporter (writes into $WORKBENCH_JOB_DIR when run as a job)."""
+    global _REPORTER
+    if _REPORTER is None:
+        d = os.environ.get(JOB_DIR_ENV)
+        _REPORTER = Reporter(Path(d) if d else None)
+    return _REPORTER
+
+
+@dataclass
+class Job:
+    """A job directory as seen from outside (the UI, `python -m engine jobs`)."""
+
+    id: str
+    dir: Path
+    kind: str
+    argv: list[str]
+    created: float
+    status: JobStatus
+
+    @property
+    def command(self) -> str:
+        return "python -m engine " + shlex.join(self.argv)
+
+    @property
+    def running(self) -> bool:
+        return self.status.state in ("queued", "running")
+
+    def log_tail(self, lines: int = 40) -> str:
+        return tail(self.dir / "stdout.log", lines)
+
+    def metrics(self) -> list[dict[str, Any]]:
+        return read_jsonl(self.dir / "metrics.jsonl")
+
+
+def tail(path: Path, lines: int = 40) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - 64 * 1024))
+            data = f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+    # tqdm writes carriage returns; keep the last state of each line
+    out = [ln.split("\r")[-1] for ln in data.splitlines()]
+    return "\n".join(out[-lines:])
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    rows = []
+    try:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                line = line.strip()
+                if line:
+                    try:
+                        rows.append(json.loads(line))
+                    except json.JSONDecodeError:
+                        continue  # a line being written right now
+    except OSError:
+        pass
+    return rows
+
+
+def _pid_alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie child of this process counts as dead
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def load_job(job_dir: Path) -> Job | None:
+    try:
+        meta = read_json(job_dir / "job.json")
+    except (OSError, ValueError):
+        return None
+    try:
+        status = JobStatus(**read_json(job_dir / STATUS))
+    except (OSError, ValueError, TypeError):
+        status = JobStatus()
+    if status.state in ("queued", "running") and not _pid_alive(status.pid or meta.get("pid")):
+        if time.time() - meta.get("created", 0) > 10 or status.pid:
+            status.state = "failed"
+            status.message = status.message or "the process ended without reporting (see stdout.log)"
+    return Job(id=job_dir.name, dir=job_dir, kind=meta.get("kind", "?"), argv=meta.get("argv", []),
+               created=meta.get("created", 0.0), status=status)
+
+
+def list_jobs(root: Path | None = None) -> list[Job]:
+    """All jobs under `root` (newest first), rebuilt from disk."""
+    root = root or runs_dir()
+    if not root.is_dir():
+        return []
+    jobs = [load_job(d) for d in root.iterdir() if d.is_dir() and (d / "job.json").is_file()]
+    return sorted((j for j in jobs if j is not None), key=lambda j: j.created, reverse=True)
+
+
+def _provenance(argv: Sequence[str]) -> str:
+    sha = ""
+    with contextlib.suppress(Exception):
+        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                             cwd=Path(__file__).resolve().parents[1], timeout=5).stdout.strip()
+    versions = []
+    for mod in ("torch", "transformers"):
+        with contextlib.suppress(Exception):
+            versions.append(f"{mod}=={__import__(mod).__version__}")
+    return (f"python -m engine {shlex.join(argv)}\n# git {sha or 'unknown'}; python {platform.python_version()}; "
+            f"{' '.join(versions)}\n")
+
+
+def launch(argv: Sequence[str], *, kind: str | None = None, name: str | None = None, root: Path | None = None,
+           env: dict[str, str] | None = None) -> Job:
+    """Start `python -m engine <argv>` as a job in its own process group; return at once."""
+    root = root or runs_dir()
+    kind = kind or argv[0]
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    job_dir = root / f"{stamp}_{kind}{'_' + name if name else ''}"
+    n = 1
+    while job_dir.exists():
+        n += 1
+        job_dir = root / f"{stamp}_{kind}{'_' + name if name else ''}-{n}"
+    job_dir.mkdir(parents=True)
+    argv = list(argv)
+    atomic_write_text(job_dir / "command.txt", _provenance(argv))
+    atomic_write_json(job_dir / STATUS, asdict(JobStatus(state="queued", updated=time.time())))
+    child_env = {**os.environ, **(env or {}), JOB_DIR_ENV: str(job_dir), "PYTHONUNBUFFERED": "1"}
+    repo = Path(__file__).resolve().parents[1]
+    child_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(repo), child_env.get("PYTHONPATH", "")) if p)
+    with open(job_dir / "stdout.log", "ab") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "engine", *argv], stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, env=child_env, start_new_session=True)
+    atomic_write_json(job_dir / "job.json", {"kind": kind, "argv": argv, "created": time.time(), "pid": proc.pid,
+                                             "pgid": proc.pid})
+    return load_job(job_dir)  # type: ignore[return-value]
+
+
+def stop(job: Job, sig: int = signal.SIGTERM) -> bool:
+    """Signal the job's whole process group (SIGTERM lets trainers checkpoint). False if already gone."""
+    pgid = read_json(job.dir / "job.json").get("pgid")
+    try:
+        os.killpg(int(pgid), sig)
+        return True
+    except (ProcessLookupError, TypeError, ValueError):
+        return False
+
+
+def wait(job: Job, timeout: float | None = None, poll: float = 0.5) -> Job:
+    """Block until the job reaches a final state (or the timeout); return its latest view."""
+    deadline = None if timeout is None else time.time() + timeout
+    while True:
+        current = load_job(job.dir) or job
+        if not current.running:
+            return current
+        if deadline is not None and time.time() > deadline:
+            return current
+        time.sleep(poll)
+
+
+class DirLock:
+    """An exclusive lock on an output folder (`.workbench.lock`), held while a job writes into it."""
+
+    def __init__(self, folder: str | os.PathLike, what: str = "this job"):
+        self.folder = Path(folder)
+        self.what = what
+        self._fd: int | None = None
+
+    def __enter__(self) -> "DirLock":
+        self.folder.mkdir(parents=True, exist_ok=True)
+        path = self.folder / ".workbench.lock"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = ""
+            with contextlib.suppress(OSError):
+                holder = os.read(fd, 200).decode(errors="replace").strip()
+            os.close(fd)
+            raise WorkbenchError(f"{self.folder} is in use by another job ({holder or 'unknown process'})",
+                                 hint="wait for it to finish, stop it, or choose another output folder") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"pid {os.getpid()}: {self.what}".encode())
+        self._fd = fd
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+
+
+@contextlib.contextmanager
+def job_step(message: str) -> Iterator[Reporter]:
+    """Report a final state for the current command whatever happens inside."""
+    rep = reporter()
+    rep.update(message)
+    try:
+        yield rep
+    except KeyboardInterrupt:
+        rep.finish("stopped", "stopped by signal")
+        raise
+    except BaseException as exc:
+        rep.finish("failed", f"{type(exc).__name__}: {exc}")
+        raise
+    else:
+        if rep.status.state == "running":
+            rep.finish("done")
