@@ -1,0 +1,138 @@
+"""Build a fresh EAGLE-3 draft for a target, and load/save EAGLE-3 checkpoints in the speculators layout."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from engine.algos.eagle3.model import Eagle3Draft
+from engine.algos.eagle3.vocab import select_draft_vocab, vocab_maps
+from engine.errors import WorkbenchError
+from engine.format.checkpoint import load_state_dict, read_config_dict, save_checkpoint
+from engine.format.config import Eagle3Config, build_draft_config, build_layer_config, parse_draft_config
+
+
+def build_eagle3(
+    target,
+    *,
+    aux_layer_ids: list[int] | None = None,
+    draft_vocab_size: int | None = None,
+    token_counts: torch.Tensor | None = None,
+    num_layers: int = 1,
+    draft_arch: str = "llama",
+    speculative_tokens: int = 3,
+    norm_before_residual: bool = True,
+    norm_before_fc: bool = True,
+    fc_norm: bool = False,
+    norm_output: bool = True,
+    sliding_window: int | None = 2048,
+    seed: int = 0,
+) -> Eagle3Draft:
+    """A new draft for `target` (an engine.targets.Target), initialised like speculators 0.9.0.
+
+    The draft vocabulary is the top `draft_vocab_size` tokens of `token_counts` (loss-masked token
+    frequencies); `lm_head` starts as the verifier's rows for those tokens; the token embedding is
+    the verifier's, shared and frozen.
+    """
+    vocab = target.vocab_size
+    draft_vocab_size = draft_vocab_size or vocab
+    aux = sorted(aux_layer_ids or target.default_aux_layer_ids())
+    layer_config = build_layer_config(target.text_config, model_type=draft_arch, num_layers=num_layers,
+                                      sliding_window=sliding_window)
+    if draft_arch == "llama" and len(aux) != 3:
+        layer_config["num_aux_hidden_states"] = len(aux)  # vLLM's Llama EAGLE-3 class ignores top-level ids
+    cfg = build_draft_config(
+        "eagle3", verifier_config=target.text_config, verifier_name=target.verifier_name,
+        layer_config=layer_config, speculative_tokens=speculative_tokens, draft_vocab_size=draft_vocab_size,
+        eagle_aux_hidden_state_layer_ids=aux, norm_before_residual=norm_before_residual,
+        norm_before_fc=norm_before_fc, fc_norm=fc_norm, norm_output=norm_output,
+    )
+    cfg.speculators_config.verifier.architectures = list(getattr(target.config, "architectures", None) or [])
+    torch.manual_seed(seed)
+    draft = Eagle3Draft(cfg, embed_tokens=target.embed_tokens())
+    _init_weights(draft, std=float(target.text_config.to_dict().get("initializer_range", 0.02)))
+    head = target.lm_head().weight.detach()  # [V, H] (tied to the embedding for SmolLM2)
+    if draft_vocab_size != vocab:
+        if token_counts is None:
+            raise WorkbenchError("a reduced draft vocabulary needs token frequencies",
+                                 hint="extract data first (it writes token_freq.safetensors) or use the full vocab")
+        selected = select_draft_vocab(token_counts, draft_vocab_size)
+        d2t, t2d = vocab_maps(selected, vocab)
+        draft.d2t.copy_(d2t)
+        draft.t2d.copy_(t2d)
+        head = head[selected]
+    with torch.no_grad():
+        draft.lm_head.weight.copy_(head)
+    return draft
+
+
+def _init_weights(draft: Eagle3Draft, std: float) -> None:
+    with torch.no_grad():
+        for name, p in draft.named_parameters():
+            if name.startswith("embed_tokens"):
+                continue
+            if p.dim() >= 2:
+                p.normal_(0.0, std)
+            elif name.endswith("bias"):
+                p.zero_()
+            else:
+                p.fill_(1.0)  # norms
+
+
+def load_eagle3(path: str | os.PathLike, target=None, *, allow_pickle: bool = False,
+                dtype: torch.dtype = torch.float32) -> Eagle3Draft:
+    """Load an EAGLE-3 checkpoint (ours, speculators', or converted with `midlayer.*`)."""
+    folder = Path(path)
+    cfg = parse_draft_config(read_config_dict(folder))
+    if not isinstance(cfg, Eagle3Config) or cfg.speculators_model_type != "eagle3":
+        raise WorkbenchError(f"{folder} is a '{cfg.speculators_model_type}' draft, not eagle3",
+                             hint="pick an EAGLE-3 draft for this proposer")
+    state = load_state_dict(folder, allow_pickle=allow_pickle)
+    state = {("layers.0." + k[len("midlayer."):] if k.startswith("midlayer.") else k): v for k, v in state.items()}
+    embed = None
+    if "embed_tokens.weight" not in state:
+        if target is None:
+            raise WorkbenchError(f"{folder} has no embed_tokens; the draft needs its target to share embeddings",
+                                 hint="pass the target model")
+        embed = target.embed_tokens()
+    draft = Eagle3Draft(cfg, embed_tokens=embed)
+    if target is not None and target.hidden_size != (cfg.target_hidden_size or cfg.hidden_size):
+        raise WorkbenchError(f"the draft expects target hidden size {cfg.target_hidden_size or cfg.hidden_size}, "
+                             f"the target has {target.hidden_size}", hint="pair the draft with its own verifier")
+    expected = set(draft.checkpoint_state(include_embeddings="embed_tokens.weight" in state))
+    missing = sorted(expected - set(state))
+    extra = sorted(set(state) - expected - {"t2d", "verifier_lm_head.weight", "verifier_norm.weight"})
+    if missing or extra:
+        raise WorkbenchError(f"checkpoint tensors do not match the config: missing {missing[:5]}, unexpected "
+                             f"{extra[:5]}", where=str(folder), hint=f"run `python -m engine validate {folder}`")
+    if draft.t2d is not None and "t2d" not in state:
+        from engine.algos.eagle3.vocab import selected_from_d2t
+
+        state["t2d"] = vocab_maps(selected_from_d2t(state["d2t"]), cfg.vocab_size)[1]
+    own = {k: v for k, v in state.items() if k in expected or k == "t2d"}
+    result = draft.load_state_dict(own, strict=False)
+    bad = [k for k in result.missing_keys if not k.startswith(("rotary_emb.", "embed_tokens."))]
+    if bad:
+        raise WorkbenchError(f"tensors not loaded: {bad[:5]}", where=str(folder))
+    draft.to(dtype=dtype) if embed is None else _to_dtype_except_embed(draft, dtype)
+    return draft.eval()
+
+
+def _to_dtype_except_embed(draft: Eagle3Draft, dtype: torch.dtype) -> None:
+    for name, module in draft.named_children():
+        if name != "embed_tokens":
+            module.to(dtype=dtype)
+
+
+def save_eagle3(draft: Eagle3Draft, path: str | os.PathLike, *, dtype: torch.dtype | None = torch.bfloat16,
+                include_embeddings: bool = False, extra_files: dict[str, str] | None = None,
+                config_updates: dict[str, Any] | None = None) -> Path:
+    """Write config.json + model.safetensors exactly as vLLM loads them (atomic)."""
+    cfg = draft.config.to_dict()
+    cfg["architectures"] = ["Eagle3DraftModel"]  # what speculators' trainer writes for trained drafts
+    cfg.update(config_updates or {})
+    return save_checkpoint(path, cfg, draft.checkpoint_state(include_embeddings=include_embeddings), dtype=dtype,
+                           extra_files=extra_files)

@@ -1,0 +1,37 @@
+"""Draft vocabulary selection: the most frequent loss-masked target tokens, with speculators' d2t/t2d maps."""
+
+from __future__ import annotations
+
+import torch
+
+
+def select_draft_vocab(counts: torch.Tensor, draft_vocab_size: int) -> torch.Tensor:
+    """Target ids of the draft vocabulary, ascending.
+
+    Sort by (-count, id), keep the top `draft_vocab_size`; if fewer tokens were seen, pad with the
+    smallest unused ids; then sort ascending (draft id i <-> i-th smallest selected target id).
+    """
+    vocab = counts.numel()
+    if not 0 < draft_vocab_size <= vocab:
+        raise ValueError(f"draft_vocab_size must be in 1..{vocab}, got {draft_vocab_size}")
+    counts = counts.long()
+    # stable sort on id, then on -count keeps ties in ascending id order
+    order = torch.sort(-counts, stable=True).indices
+    seen = order[counts[order] > 0][:draft_vocab_size]
+    if seen.numel() < draft_vocab_size:
+        unused = torch.ones(vocab, dtype=torch.bool)
+        unused[seen] = False
+        seen = torch.cat([seen, unused.nonzero().flatten()[: draft_vocab_size - seen.numel()]])
+    return torch.sort(seen).values
+
+
+def vocab_maps(selected: torch.Tensor, vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(d2t [Vd] int64 offsets: target = draft + d2t[draft]; t2d [V] bool membership)."""
+    d2t = selected.long() - torch.arange(selected.numel(), dtype=torch.long)
+    t2d = torch.zeros(vocab_size, dtype=torch.bool)
+    t2d[selected] = True
+    return d2t, t2d
+
+
+def selected_from_d2t(d2t: torch.Tensor) -> torch.Tensor:
+    return torch.arange(d2t.numel(), dtype=torch.long) + d2t.long()

@@ -1,0 +1,40 @@
+"""The proposer interface: anything that drafts up to k tokens per step for the target to verify.
+
+Chain drafters (EAGLE-3) run one draft forward per token; parallel drafters (P-EAGLE, DFlash,
+DSpark) produce the whole block in one forward; n-gram lookup runs no model. All fit `propose(k)`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.generate.sampling import SamplingParams
+from engine.registry import Registry
+
+
+@dataclass
+class Proposal:
+    tokens: list[int]                 # draft tokens in the target vocabulary (may be fewer than k, or none)
+    probs: torch.Tensor | None = None  # [n, V] the distributions the tokens were sampled from; None = deterministic
+
+
+class Proposer:
+    """Base class. The engine calls start() after prefill, then propose()/update() once per step."""
+
+    name = "proposer"
+    aux_layer_ids: list[int] | None = None  # target layers whose hidden states the proposer reads
+
+    def start(self, prompt_ids: list[int], prompt_aux: torch.Tensor | None, first_token: int) -> None:
+        """prompt_aux [P, A*H]: target aux states at the prompt positions; first_token: the target's first token."""
+
+    def propose(self, k: int, params: SamplingParams, generator: torch.Generator | None) -> Proposal:
+        raise NotImplementedError
+
+    def update(self, accepted: list[int], next_token: int, aux: torch.Tensor | None) -> None:
+        """After verification: accepted draft tokens, the target's next token, and the target aux states
+        [len(accepted)+1, A*H] at the positions that were verified and kept (last token + accepted)."""
+
+
+PROPOSERS: Registry[type[Proposer]] = Registry("proposer")
