@@ -353,6 +353,6 @@ def extract_dataset(target: str | None, dataset: str, out: str | Path, *, layers
     if not rows:
         raise WorkbenchError(f"no usable rows in {dataset} (split {split})", hint=summary.format())
     extra = {"dataset": dataset_name(dataset), "split": split, "max_length": max_length, "seed": seed,
-             "val_fraction": val_fraction, "algo": algo if layers in (None, "") else None}
+             "val_fraction": val_fraction, "algo": (algo or "eagle3") if layers in (None, "") else None}
     return extract_hidden_states(tgt, rows, out, layer_ids, dtype=dtype, batch_size=batch_size,
                                  batch_tokens=batch_tokens, header_extra=extra, overwrite=overwrite, progress=progress)

@@ -203,6 +203,16 @@ class HiddenStatesDataset(torch.utils.data.Dataset):
         for k in range(len(self)):
             yield self[k]
 
+    def lengths(self) -> list[int]:
+        """Tokens per item, read from the file headers (no tensor data is loaded)."""
+        from safetensors import safe_open
+
+        out = []
+        for i in self.indices:
+            with safe_open(str(sample_path(self.folder, i)), framework="pt") as f:
+                out.append(int(f.get_slice("token_ids").get_shape()[0]))
+        return out
+
     @property
     def layer_ids(self) -> list[int]:
         return list(self.manifest.get("layer_ids", []))
@@ -222,3 +232,5 @@ class HiddenStatesDataset(torch.utils.data.Dataset):
             sample = self[k]
             stats.add(i, sample["token_ids"], sample["loss_mask"])
         return stats.counts
+
+    token_counts = token_freq

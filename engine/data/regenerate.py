@@ -1,0 +1,232 @@
+"""Re-answer every user turn with the target (on-policy data): a JSONL of `messages` rows, resumable per batch.
+
+For a multi-turn conversation the target answers user turn 1, then sees its own answer as history when it
+answers user turn 2, and so on; the original assistant turns are dropped. Conversations are generated in
+batches (left-padded, KV-cached `model.generate`); each finished batch is appended in one write and fsynced,
+and a re-run skips the ids already in the file (a line cut by a crash is removed first).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from engine.errors import WorkbenchError
+from engine.jobs import reporter
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RegenerateSummary:
+    out: str
+    written: int = 0  # conversations written by this run
+    already_done: int = 0  # found in the file from an earlier run
+    answers: int = 0
+    new_tokens: int = 0
+    seconds: float = 0.0
+    skipped: Counter = field(default_factory=Counter)
+    cut_at_max_new_tokens: int = 0  # answers that hit --max-new-tokens before the end-of-turn token
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.seconds if self.seconds else 0.0
+
+    def to_json(self) -> dict:
+        return {"out": self.out, "written": self.written, "already_done": self.already_done, "answers": self.answers,
+                "new_tokens": self.new_tokens, "tokens_per_s": round(self.tokens_per_s, 1),
+                "skipped": dict(self.skipped), "cut_at_max_new_tokens": self.cut_at_max_new_tokens}
+
+
+# -- the output file ---------------------------------------------------------------------------------
+
+
+def open_output(path: Path):
+    """Open `path` for appending under an exclusive lock; drop a trailing partial line; return (file, done ids)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    f = open(path, "a+b")
+    try:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.close()
+        raise WorkbenchError(f"{path} is being written by another job",
+                             hint="wait for it to finish, stop it, or choose another --out file") from None
+    f.seek(0)
+    data = f.read()
+    end = data.rfind(b"\n") + 1
+    if end < len(data):
+        log.warning("%s ends with a partial line (an interrupted write): removing it", path)
+        f.truncate(end)
+        os.fsync(f.fileno())
+    done = set()
+    for line in data[:end].splitlines():
+        try:
+            done.add(str(json.loads(line)["id"]))
+        except (ValueError, KeyError, TypeError):
+            log.warning("%s: ignoring a line that is not a JSON row with an id", path)
+    return f, done
+
+
+def append_rows(f, rows: list[dict]) -> None:
+    """Append whole rows in one write, then flush and fsync (a crash leaves at most one partial last line)."""
+    if rows:
+        f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode("utf-8"))
+        f.flush()
+        os.fsync(f.fileno())
+
+
+# -- generation ----------------------------------------------------------------------------------------
+
+
+def stop_token_ids(target) -> set[int]:
+    ids = getattr(getattr(target.model, "generation_config", None), "eos_token_id", None)
+    ids = set(ids if isinstance(ids, (list, tuple)) else [ids] if ids is not None else [])
+    if target.tokenizer.eos_token_id is not None:
+        ids.add(int(target.tokenizer.eos_token_id))
+    return ids
+
+
+def left_pad(sequences: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """[B, T] ids and attention mask, padded on the left (generation continues every row at the right end)."""
+    longest = max(len(s) for s in sequences)
+    ids = torch.full((len(sequences), longest), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(sequences), longest), dtype=torch.long)
+    for b, seq in enumerate(sequences):
+        ids[b, longest - len(seq):] = torch.as_tensor(seq, dtype=torch.long)
+        mask[b, longest - len(seq):] = 1
+    return ids, mask
+
+
+@torch.inference_mode()
+def generate_answers(target, histories: Sequence[list[dict]], *, max_new_tokens: int, temperature: float,
+                     top_p: float = 1.0) -> list[tuple[str, int, bool]]:
+    """(answer text, new tokens, ended by a stop token) for each chat history, in one batched generate."""
+    tok = target.tokenizer
+    prompts = [tok(tok.apply_chat_template(h, tokenize=False, add_generation_prompt=True),
+                   add_special_tokens=False)["input_ids"] for h in histories]
+    pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
+    ids, mask = left_pad(prompts, pad_id)
+    stops = stop_token_ids(target)
+    sampling = {"do_sample": True, "temperature": temperature, "top_p": top_p} if temperature > 0 else \
+        {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
+    out = target.model.generate(input_ids=ids.to(target.device), attention_mask=mask.to(target.device),
+                                max_new_tokens=max_new_tokens, pad_token_id=pad_id, eos_token_id=sorted(stops),
+                                use_cache=True, **sampling)
+    answers = []
+    for row in out[:, ids.shape[1]:].tolist():  # new tokens [B, <= max_new_tokens]
+        cut = next((k for k, t in enumerate(row) if t in stops), None)
+        new = row if cut is None else row[:cut]
+        answers.append((tok.decode(new, skip_special_tokens=True).strip(), len(new) + (cut is not None), cut is not None))
+    return answers
+
+
+def user_groups(messages: list[dict]) -> list[list[dict]]:
+    """The turns to answer: each group is [system turns..., user turn]; original assistant turns are dropped."""
+    groups: list[list[dict]] = []
+    pending: list[dict] = []
+    for m in messages:
+        if m["role"] == "assistant":
+            continue
+        pending.append({"role": m["role"], "content": m["content"]})
+        if m["role"] == "user":
+            groups.append(pending)
+            pending = []
+    return groups
+
+
+def regenerate_batch(target, rows: Sequence[dict], *, max_new_tokens: int, temperature: float, top_p: float,
+                     max_length: int | None, max_turns: int | None, summary: RegenerateSummary) -> list[dict]:
+    """Answer every user turn of a batch of conversations, turn by turn, with the target's own history."""
+    tok = target.tokenizer
+    plans = [user_groups(r["messages"]) for r in rows]
+    histories: list[list[dict]] = [[] for _ in rows]
+    alive = [True] * len(rows)
+    turns = max((len(g) for g in plans), default=0)
+    turns = min(turns, max_turns) if max_turns else turns
+    for t in range(turns):
+        active = []
+        for b, groups in enumerate(plans):
+            if not alive[b] or t >= len(groups):
+                continue
+            candidate = histories[b] + groups[t]
+            if max_length is not None and _prompt_tokens(tok, candidate) + max_new_tokens > max_length:
+                alive[b] = False  # no room to answer this turn within max_length: keep what is done
+                continue
+            histories[b] = candidate
+            active.append(b)
+        if not active:
+            break
+        answers = generate_answers(target, [histories[b] for b in active], max_new_tokens=max_new_tokens,
+                                   temperature=temperature, top_p=top_p)
+        for b, (text, n_new, ended) in zip(active, answers):
+            summary.new_tokens += n_new
+            summary.cut_at_max_new_tokens += int(not ended)
+            if not text:
+                summary.skipped["empty answer (conversation cut there)"] += 1
+                histories[b] = histories[b][: len(histories[b]) - len(plans[b][t])]  # drop the unanswered turn
+                alive[b] = False
+                continue
+            histories[b].append({"role": "assistant", "content": text})
+            summary.answers += 1
+    out = []
+    for row, history in zip(rows, histories):
+        if any(m["role"] == "assistant" for m in history):
+            out.append({"id": row["id"], "messages": history})
+        else:
+            summary.skipped["no answer (prompt too long or empty answer)"] += 1
+    return out
+
+
+def _prompt_tokens(tok, messages: list[dict]) -> int:
+    text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return len(tok(text, add_special_tokens=False)["input_ids"])
+
+
+def regenerate(target, rows: Sequence[dict], out: str | Path, *, max_new_tokens: int = 256, temperature: float = 0.0,
+               top_p: float = 1.0, batch_size: int = 8, max_length: int | None = None, max_turns: int | None = None,
+               seed: int = 0, progress: bool = True) -> RegenerateSummary:
+    """Write `out` (JSONL of {"id", "messages", "regenerated"}) with the target's own answers; resumable."""
+    from tqdm import tqdm
+
+    if any("messages" not in r for r in rows):
+        raise WorkbenchError("regenerate needs chat rows (messages), not already-tokenised ones",
+                             hint="give a dataset of conversations (messages, conversations or prompt/completion)")
+    out = Path(out)
+    summary = RegenerateSummary(out=str(out))
+    f, done = open_output(out)
+    meta = {"target": target.verifier_name, "temperature": temperature, "max_new_tokens": max_new_tokens, "seed": seed}
+    rep = reporter()
+    try:
+        todo = [r for r in rows if str(r["id"]) not in done]
+        summary.already_done = len(rows) - len(todo)
+        if summary.already_done:
+            log.info("resuming: %d of %d conversations already in %s", summary.already_done, len(rows), out)
+        start = time.monotonic()
+        with tqdm(total=len(todo), unit="conv", desc="regenerate", disable=not progress, dynamic_ncols=True) as bar:
+            for k in range(0, len(todo), batch_size):
+                torch.manual_seed(seed * 1_000_003 + k)  # a batch samples the same way when re-run
+                batch = todo[k: k + batch_size]
+                written = regenerate_batch(target, batch, max_new_tokens=max_new_tokens, temperature=temperature,
+                                           top_p=top_p, max_length=max_length, max_turns=max_turns, summary=summary)
+                append_rows(f, [dict(r, regenerated=meta) for r in written])
+                summary.written += len(written)
+                summary.seconds = time.monotonic() - start
+                bar.update(len(batch))
+                bar.set_postfix(tok_s=f"{summary.tokens_per_s:.1f}")
+                rep.update(f"regenerated {summary.already_done + k + len(batch)}/{len(rows)} conversations "
+                           f"({summary.tokens_per_s:.1f} tok/s)", (summary.already_done + k + len(batch)) / len(rows))
+    finally:
+        fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+        f.close()
+    log.info("regenerated %d conversations into %s (%d answers, %.1f tok/s)", summary.written, out, summary.answers,
+             summary.tokens_per_s)
+    return summary
