@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Iterator
@@ -195,9 +196,22 @@ def _record_key(record: Any, index: int) -> str:
 # -- loading -------------------------------------------------------------------------------------
 
 
-def iter_conversations(name_or_path: str, summary: DatasetSummary, *, val_fraction: float = DEFAULT_VAL_FRACTION,
-                       seed: int = 0) -> Iterator[dict]:
-    """Normalised rows of the requested split (summary.split), in dataset order, with unique ids."""
+def _split_key(key: str, name_or_path: str) -> str:
+    """What the split hashes: the row key, except that the built-in ShareGPT's parts `ID_0, ID_1, ...` of one
+    long chat share the key `ID`, so a conversation never has parts on both sides of the split."""
+    return _SHAREGPT_PART.sub("", key) if str(name_or_path) == "sharegpt" else key
+
+
+_SHAREGPT_PART = re.compile(r"_\d+$")
+
+
+def _is_later_part(key: str, name_or_path: str) -> bool:
+    return str(name_or_path) == "sharegpt" and bool(_SHAREGPT_PART.search(key)) and not key.endswith("_0")
+
+
+def _iter_rows(name_or_path: str, summary: DatasetSummary, val_fraction: float,
+               seed: int) -> Iterator[tuple[dict, bool]]:
+    """(row, continued) for the requested split; `continued` = leading assistant turns were dropped."""
     if summary.split not in SPLITS:
         raise WorkbenchError(f"unknown split '{summary.split}'", hint="use train, val or all")
     if not 0.0 <= val_fraction < 1.0:
@@ -207,6 +221,7 @@ def iter_conversations(name_or_path: str, summary: DatasetSummary, *, val_fracti
     for index, record in enumerate(read_records(name_or_path, info)):
         summary.rows_read += 1
         summary.truncated_source = info.truncated
+        before = summary.adjusted["leading assistant turns dropped"]
         shape, row, reason = normalise_record(record, summary.adjusted)
         if shape:
             summary.shapes[shape] += 1
@@ -214,15 +229,23 @@ def iter_conversations(name_or_path: str, summary: DatasetSummary, *, val_fracti
             summary.skipped[reason] += 1
             continue
         key = _record_key(record, index)
-        split = split_of(key, val_fraction, seed)  # hash the original id: duplicates stay in one split
+        split = split_of(_split_key(key, name_or_path), val_fraction, seed)  # duplicates stay in one split
         summary.split_counts[split] += 1
         if summary.split != "all" and split != summary.split:
             continue
         seen[key] += 1
         row_id = key if seen[key] == 1 else f"{key}#{seen[key]}"
         summary.rows_kept += 1
-        yield {"id": row_id, **row}
+        continued = summary.adjusted["leading assistant turns dropped"] > before or _is_later_part(key, name_or_path)
+        yield {"id": row_id, **row}, continued
     summary.truncated_source = info.truncated
+
+
+def iter_conversations(name_or_path: str, summary: DatasetSummary, *, val_fraction: float = DEFAULT_VAL_FRACTION,
+                       seed: int = 0) -> Iterator[dict]:
+    """Normalised rows of the requested split (summary.split), in dataset order, with unique ids."""
+    for row, _ in _iter_rows(name_or_path, summary, val_fraction, seed):
+        yield row
 
 
 def load_conversations(name_or_path: str = "sharegpt", split: str = "train",
@@ -265,12 +288,13 @@ def heldout_prompts(name: str = "sharegpt", n: int = 50, seed: int = 0, *,
 
     The same (name, seed, val_fraction) always gives the same prompts, and none of them comes from a
     conversation of the train split, so a draft is never evaluated on prompts it was trained on.
-    `max_chars` skips prompts whose user text is longer (keeps CPU benchmarks short).
+    Rows that open mid-chat (leading assistant turns dropped, or ShareGPT parts after `_0`: "please go on")
+    are not used. `max_chars` skips prompts whose user text is longer (keeps CPU benchmarks short).
     """
     summary = DatasetSummary(source=str(name), split="val")
     prompts: list[list[dict]] = []
-    for row in iter_conversations(name, summary, val_fraction=val_fraction, seed=seed):
-        prompt = first_user_turn(row.get("messages") or [])
+    for row, continued in _iter_rows(name, summary, val_fraction, seed):
+        prompt = None if continued else first_user_turn(row.get("messages") or [])
         if prompt is None or (max_chars is not None and len(prompt[-1]["content"]) > max_chars):
             continue
         prompts.append(prompt)
