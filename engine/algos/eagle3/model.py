@@ -316,6 +316,9 @@ class Eagle3Draft(nn.Module):
             ids = torch.cat([input_ids[:, step + 1:], input_ids.new_zeros(b, step + 1)], dim=1)
         return logits_per_step
 
+    def forward(self, aux, input_ids, position_ids, document_ids, steps):  # the training entry point (DDP calls it)
+        return self.ttt_forward(aux, input_ids, position_ids, document_ids, steps)
+
     # -- checkpoint helpers ---------------------------------------------------------------------
     def checkpoint_state(self, *, include_embeddings: bool = False) -> dict[str, torch.Tensor]:
         """Exactly the tensors vLLM loads (no rotary buffers, no training-only copies)."""

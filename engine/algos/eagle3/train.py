@@ -1,0 +1,84 @@
+"""EAGLE-3 training objective: forward KL to the target per TTT step, with speculators' step alignment and metrics."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from engine.algos.eagle3.model import Eagle3Draft
+
+
+def target_logits(verifier_last: torch.Tensor, norm, head_rows: torch.Tensor) -> torch.Tensor:
+    """Target distribution over the draft vocab: verifier lm_head rows (t2d) over norm(pre-norm last layer).
+
+    verifier_last [B,T,Ht] -> logits [B,T,Vd] (fp32, no grad)."""
+    with torch.no_grad():
+        return norm(verifier_last.float()) @ head_rows.float().T
+
+
+def forward_kl(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """KL(p_target || q_draft) per position: [B,T,V] x2 -> [B,T] (fp32)."""
+    logq = F.log_softmax(logits.float(), dim=-1)
+    p = F.softmax(targets.float(), dim=-1)
+    return F.kl_div(logq, p, reduction="none").sum(-1)
+
+
+def eagle3_loss(
+    logits_per_step: list[torch.Tensor],
+    targets: torch.Tensor,
+    loss_mask: torch.Tensor,
+    document_ids: torch.Tensor,
+    decay: float = 1.0,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Sum over steps k of decay**k * masked-mean KL, and metric sums (`*_sum` / `*_total` pairs).
+
+    Step k's logits at t predict the token at t+k+1, i.e. they face targets[t+k] (speculators'
+    `align_for_step`). Pairs that cross a document boundary in a packed row are masked out.
+    full_acc_k: steps 0..k all correct; cond_acc_k: step k correct given 0..k-1 correct.
+    """
+    t = targets.shape[1]
+    prev = loss_mask.bool().clone()  # [B,T] positions still correct (indexed by draft start)
+    loss = targets.new_zeros((), dtype=torch.float32)
+    stats: dict[str, float] = {}
+    for k, logits in enumerate(logits_per_step):
+        s_logits = logits[:, : t - k]
+        s_targets = targets[:, k:]
+        s_mask = loss_mask[:, k:].bool() & (document_ids[:, k:] == document_ids[:, : t - k])
+        kl = forward_kl(s_logits, s_targets)
+        step_loss = (kl * s_mask).sum() / (s_mask.sum() + 1e-5)
+        loss = loss + (decay ** k) * step_loss
+        with torch.no_grad():
+            correct = s_logits.argmax(-1) == s_targets.argmax(-1)
+            s_prev = prev[:, : t - k]
+            cond_total = float((s_prev & s_mask).sum())
+            now = s_prev & correct
+            prev = torch.cat([now, prev[:, t - k:]], dim=1)
+            hit = float((now & s_mask).sum())
+            stats[f"loss_{k}_sum"] = float(step_loss) * float(s_mask.sum())
+            stats[f"loss_{k}_total"] = float(s_mask.sum())
+            stats[f"full_acc_{k}_sum"] = hit
+            stats[f"full_acc_{k}_total"] = float(s_mask.sum())
+            stats[f"cond_acc_{k}_sum"] = hit
+            stats[f"cond_acc_{k}_total"] = cond_total
+    return loss, stats
+
+
+def summarize(stats: dict[str, float], steps: int) -> dict[str, float]:
+    """Ratios from `*_sum`/`*_total`, plus the acceptance-length estimate 1 + sum_k full_acc_k."""
+    out = {}
+    for k in range(steps):
+        for name in ("loss", "full_acc", "cond_acc"):
+            total = stats.get(f"{name}_{k}_total", 0.0)
+            out[f"{name}_{k}"] = stats.get(f"{name}_{k}_sum", 0.0) / total if total else 0.0
+    out["est_acceptance_length"] = 1.0 + sum(out[f"full_acc_{k}"] for k in range(steps))
+    return out
+
+
+def draft_step(draft: Eagle3Draft | torch.nn.Module, batch: dict[str, torch.Tensor], norm, head_rows: torch.Tensor, steps: int,
+               decay: float) -> tuple[torch.Tensor, dict[str, float]]:
+    """One forward + loss on a packed batch (see engine.train.data.collate for the keys).
+
+    `draft` may be wrapped (DDP): it is called, so its forward (= ttt_forward) runs with gradient sync."""
+    logits = draft(batch["aux"], batch["input_ids"], batch["position_ids"], batch["document_ids"], steps)
+    targets = target_logits(batch["verifier_last"], norm, head_rows)
+    return eagle3_loss(logits, targets, batch["loss_mask"], batch["document_ids"], decay)

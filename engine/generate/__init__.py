@@ -1,0 +1,1 @@
+"""Generation: baseline and lossless speculative decoding with pluggable proposers, metrics, benchmarks."""

@@ -1,0 +1,401 @@
+"""The draft trainer: packed batches, AdamW with warm-up/decay, metrics.jsonl, checkpoints, exact resume, DDP.
+
+Run in one process or under `torchrun` (gloo on CPU, nccl on GPU). Rank 0 writes metrics and
+checkpoints. Resuming from a checkpoint replays the same batch plan and optimizer state, so the
+result equals an uninterrupted run with the same seed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from engine.algos.eagle3 import build_eagle3, load_eagle3, save_eagle3
+from engine.algos.eagle3.train import draft_step, summarize
+from engine.errors import WorkbenchError
+from engine.fsutil import atomic_directory, atomic_save_safetensors, atomic_write_json, atomic_write_text, read_json
+from engine.jobs import DirLock, reporter
+from engine.targets import load_verifier_parts, pick_device
+from engine.train.config import TrainConfig
+from engine.train.data import collate, layout_for, plan_batches, split_indices
+
+log = logging.getLogger(__name__)
+
+
+# -- distributed ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Dist:
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+
+def init_distributed(device: str) -> Dist:
+    if "RANK" not in os.environ or int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return Dist()
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
+    return Dist(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def all_reduce_sum(values: dict[str, float], d: Dist) -> dict[str, float]:
+    if d.world == 1 or not values:
+        return values
+    keys = sorted(values)
+    t = torch.tensor([values[k] for k in keys], dtype=torch.float64)
+    dist.all_reduce(t)
+    return dict(zip(keys, t.tolist()))
+
+
+# -- data ----------------------------------------------------------------------------------------
+
+
+class OfflineData:
+    """Extracted hidden-state files (engine.data.extract format) with per-sample lengths from headers."""
+
+    def __init__(self, folder: str):
+        from engine.data.extract import HiddenStatesDataset
+
+        self.dataset = HiddenStatesDataset(folder)
+        self.manifest = self.dataset.manifest
+        self.layer_ids = list(self.manifest["layer_ids"])
+        self.num_layers = int(self.manifest["num_layers"])
+        self.lengths = self.dataset.lengths()
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return self.dataset[i]
+
+    def token_counts(self) -> torch.Tensor | None:
+        return self.dataset.token_freq()
+
+
+class OnlineData:
+    """Tokenised rows; the target runs inside the loop to produce the same sample dicts."""
+
+    def __init__(self, cfg: TrainConfig, layer_ids: list[int], device: str):
+        from engine.data.datasets import load_conversations
+        from engine.data.online import OnlineHiddenStates
+        from engine.targets import load_target
+
+        self.target = load_target(cfg.target, device=device)
+        rows, _summary = load_conversations(cfg.online_dataset, split="train", max_samples=cfg.online_max_samples)
+        self.source = OnlineHiddenStates(self.target, rows, layer_ids, max_length=cfg.max_length)
+        self.layer_ids = list(layer_ids)
+        self.num_layers = self.target.num_layers
+        self.lengths = self.source.lengths()
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return self.source[i]
+
+    def token_counts(self) -> torch.Tensor | None:
+        return self.source.token_counts()
+
+
+# -- optimizer state in safetensors (no pickle) --------------------------------------------------
+
+
+def save_optimizer(opt: torch.optim.Optimizer, folder: Path) -> None:
+    sd = opt.state_dict()
+    tensors = {f"state.{i}.{k}": v for i, st in sd["state"].items() for k, v in st.items() if torch.is_tensor(v)}
+    tensors["rng.torch"] = torch.get_rng_state()
+    atomic_save_safetensors(tensors, folder / "optimizer.safetensors")
+    atomic_write_json(folder / "optimizer.json", {"param_groups": sd["param_groups"]})
+
+
+def load_optimizer(opt: torch.optim.Optimizer, folder: Path) -> None:
+    from safetensors.torch import load_file
+
+    tensors = load_file(str(folder / "optimizer.safetensors"))
+    state: dict[int, dict[str, torch.Tensor]] = {}
+    for name, t in tensors.items():
+        if name.startswith("state."):
+            _, idx, key = name.split(".", 2)
+            state.setdefault(int(idx), {})[key] = t
+    opt.load_state_dict({"state": state, "param_groups": read_json(folder / "optimizer.json")["param_groups"]})
+    torch.set_rng_state(tensors["rng.torch"])
+
+
+# -- the trainer ---------------------------------------------------------------------------------
+
+
+def lr_at(step: int, total: int, cfg: TrainConfig) -> float:
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    if cfg.scheduler == "constant" or total <= cfg.warmup_steps:
+        return cfg.lr
+    frac = min(1.0, (step - cfg.warmup_steps) / max(1, total - cfg.warmup_steps))
+    floor = cfg.lr * cfg.min_lr_ratio
+    if cfg.scheduler == "linear":
+        return floor + (cfg.lr - floor) * (1 - frac)
+    return floor + (cfg.lr - floor) * 0.5 * (1 + math.cos(math.pi * frac))
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig):
+        self.cfg = cfg
+        self.device = pick_device(cfg.device)
+        self.d = init_distributed(self.device)
+        if self.device.startswith("cuda") and self.d.world > 1:
+            self.device = f"cuda:{self.d.local_rank}"
+        self.out = Path(cfg.out)
+        self.autocast = (cfg.precision == "bf16") or (cfg.precision == "auto" and self.device.startswith("cuda"))
+        torch.manual_seed(cfg.seed)
+        self.verifier = load_verifier_parts(cfg.target)
+        self.data = self._open_data()
+        self.layout = layout_for(self.data.layer_ids, self.data.num_layers, cfg.aux_layer_ids)
+        aux_ids = [self.data.layer_ids[c] for c in self.layout.aux_columns]
+        self.draft = self._build_draft(aux_ids).to(self.device)
+        self.norm = self.verifier.final_norm_fn()
+        head = self.verifier.head_weight
+        if self.draft.t2d is not None:
+            head = head[self.draft.t2d.cpu()]
+        self.head_rows = head.to(self.device)  # [Vd, H]
+        self.train_idx, self.val_idx = split_indices(len(self.data), cfg.val_fraction, cfg.seed)
+        if not self.train_idx:
+            raise WorkbenchError("no training samples", hint="extract more samples or lower val_fraction")
+        self.model = self.draft
+        if self.d.world > 1:
+            from torch.nn.parallel import DistributedDataParallel as DDP
+
+            self.model = DDP(self.draft, device_ids=[self.d.local_rank] if self.device.startswith("cuda") else None)
+        params = [p for p in self.draft.parameters() if p.requires_grad]
+        self.opt = torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
+        self.step = 0
+        self.epoch = 0
+        self.cursor = 0  # micro-batches of this epoch already consumed (per rank)
+        self.total_steps = self._total_steps()
+
+    def _open_data(self):
+        if self.cfg.data:
+            return OfflineData(self.cfg.data)
+        n = self.verifier.num_layers
+        aux = self.cfg.aux_layer_ids or self.verifier.default_aux_layer_ids()
+        return OnlineData(self.cfg, sorted(set(aux) | {n}), self.device)
+
+    def _build_draft(self, aux_ids):
+        cfg = self.cfg
+        if cfg.init_from:
+            draft = load_eagle3(cfg.init_from, self.verifier)
+        else:
+            draft = build_eagle3(
+                self.verifier, aux_layer_ids=aux_ids, draft_vocab_size=cfg.draft_vocab_size,
+                token_counts=self.data.token_counts(), num_layers=cfg.num_layers, draft_arch=cfg.draft_arch,
+                speculative_tokens=cfg.speculative_tokens or cfg.ttt_steps,
+                norm_before_residual=cfg.norm_before_residual, norm_before_fc=cfg.norm_before_fc,
+                fc_norm=cfg.fc_norm, norm_output=cfg.norm_output, sliding_window=cfg.sliding_window, seed=cfg.seed)
+        draft.lm_head.weight.requires_grad_(cfg.train_lm_head)
+        return draft
+
+    def batches_for_epoch(self, epoch: int) -> list[list[int]]:
+        plan = plan_batches(self.train_idx, self.data.lengths, self.cfg.tokens_per_batch, self.cfg.seed, epoch)
+        per_rank = len(plan) // self.d.world
+        plan = plan[: per_rank * self.d.world]
+        return plan[self.d.rank::self.d.world]
+
+    def _total_steps(self) -> int:
+        per_epoch = len(self.batches_for_epoch(0)) // self.cfg.grad_accum
+        total = max(1, per_epoch) * self.cfg.epochs
+        return min(total, self.cfg.max_steps) if self.cfg.max_steps else total
+
+    # -- checkpoints -------------------------------------------------------------------------
+    def checkpoint_dir(self) -> Path:
+        return self.out / "checkpoints"
+
+    def save(self, reason: str) -> Path | None:
+        if not self.d.main:
+            return None
+        name = f"step_{self.step:07d}"
+        path = self.checkpoint_dir() / name
+        with atomic_directory(path) as tmp:
+            save_eagle3(self.draft, tmp / "draft", dtype=torch.float32)
+            for f in (tmp / "draft").iterdir():
+                f.rename(tmp / f.name)
+            (tmp / "draft").rmdir()
+            state = tmp / "trainer_state"
+            state.mkdir()
+            save_optimizer(self.opt, state)
+            atomic_write_json(state / "state.json", {"step": self.step, "epoch": self.epoch, "cursor": self.cursor,
+                                                      "reason": reason, "world": self.d.world,
+                                                      "config": self.cfg.model_dump(mode="json")})
+        atomic_write_text(self.checkpoint_dir() / "latest", name + "\n")
+        self._prune()
+        log.info("checkpoint (%s) at %s", reason, path)
+        return path
+
+    def _prune(self) -> None:
+        steps = sorted(p for p in self.checkpoint_dir().glob("step_*") if p.is_dir())
+        for p in steps[: -self.cfg.keep_checkpoints]:
+            shutil.rmtree(p, ignore_errors=True)
+
+    def latest_checkpoint(self) -> Path | None:
+        pointer = self.checkpoint_dir() / "latest"
+        if not pointer.is_file():
+            return None
+        path = self.checkpoint_dir() / pointer.read_text().strip()
+        return path if (path / "trainer_state" / "state.json").is_file() else None
+
+    def resume(self) -> bool:
+        path = self.latest_checkpoint()
+        if path is None:
+            return False
+        state = read_json(path / "trainer_state" / "state.json")
+        if state.get("world", 1) != self.d.world:
+            raise WorkbenchError(f"checkpoint {path} was written by {state['world']} processes, not {self.d.world}",
+                                 hint="resume with the same number of processes, or start a new output folder")
+        loaded = load_eagle3(path, self.verifier)
+        self.draft.load_state_dict(loaded.state_dict(), strict=False)
+        load_optimizer(self.opt, path / "trainer_state")
+        self.step, self.epoch, self.cursor = state["step"], state["epoch"], state["cursor"]
+        log.info("resumed from %s (step %d, epoch %d, batch %d)", path, self.step, self.epoch, self.cursor)
+        return True
+
+    # -- loop --------------------------------------------------------------------------------
+    def _batch(self, indices: list[int]) -> dict[str, torch.Tensor]:
+        batch = collate([self.data[i] for i in indices], self.layout, self.cfg.tokens_per_batch)
+        return {k: v.to(self.device) for k, v in batch.items()}
+
+    def _forward(self, batch):
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.autocast and self.device.startswith("cuda")):
+            return draft_step(self.model, batch, self.norm, self.head_rows, self.cfg.ttt_steps,
+                              self.cfg.ttt_step_loss_decay)
+
+    def _micro_step(self, batch) -> dict[str, float]:
+        loss, stats = self._forward(batch)
+        (loss / self.cfg.grad_accum).backward()
+        stats["tokens"] = float(batch["input_ids"].numel())
+        stats["loss_tokens"] = float(batch["loss_mask"].sum())
+        stats["loss_sum"] = float(loss)
+        stats["loss_count"] = 1.0
+        return stats
+
+    @torch.no_grad()
+    def validate(self) -> dict[str, float]:
+        if not self.val_idx:
+            return {}
+        self.draft.eval()
+        plan = plan_batches(self.val_idx, self.data.lengths, self.cfg.tokens_per_batch, self.cfg.seed, 0,
+                            shuffle=False)[: self.cfg.val_max_batches]
+        totals: dict[str, float] = {}
+        for indices in plan[self.d.rank::self.d.world]:
+            loss, stats = self._forward(self._batch(indices))
+            stats["loss_sum"], stats["loss_count"] = float(loss), 1.0
+            for k, v in stats.items():
+                totals[k] = totals.get(k, 0.0) + v
+        totals = all_reduce_sum(totals, self.d)
+        self.draft.train()
+        out = summarize(totals, self.cfg.ttt_steps)
+        out["loss"] = totals.get("loss_sum", 0.0) / max(1.0, totals.get("loss_count", 0.0))
+        return out
+
+    def _log(self, row: dict[str, Any]) -> None:
+        if not self.d.main:
+            return
+        with open(self.out / "metrics.jsonl", "a", encoding="utf-8") as f:
+            f.write(json.dumps(row) + "\n")
+
+    def run(self) -> Path:
+        """Train to the end (resuming if a checkpoint exists); returns the final draft folder."""
+        cfg = self.cfg
+        if self.d.main:
+            self.out.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(self.out / "config.yaml", cfg.to_yaml())
+        lock = DirLock(self.out, "train") if self.d.main else None
+        if lock:
+            lock.__enter__()
+        try:
+            self.resume()
+            return self._loop()
+        finally:
+            if lock:
+                lock.__exit__(None, None, None)
+
+    def _loop(self) -> Path:
+        from tqdm import tqdm
+
+        cfg, rep = self.cfg, reporter()
+        self.draft.train()
+        bar = tqdm(total=self.total_steps, initial=self.step, desc="train", disable=not self.d.main,
+                   dynamic_ncols=True)
+        window: dict[str, float] = {}
+        t_window = time.perf_counter()
+        try:
+            while self.step < self.total_steps:
+                plan = self.batches_for_epoch(self.epoch)
+                if self.cursor + cfg.grad_accum > len(plan):
+                    self.epoch, self.cursor = self.epoch + 1, 0
+                    if self.epoch >= cfg.epochs:
+                        break
+                    continue
+                lr = lr_at(self.step, self.total_steps, cfg)
+                for g in self.opt.param_groups:
+                    g["lr"] = lr
+                for j in range(cfg.grad_accum):
+                    stats = self._micro_step(self._batch(plan[self.cursor + j]))
+                    for k, v in stats.items():
+                        window[k] = window.get(k, 0.0) + v
+                torch.nn.utils.clip_grad_norm_(self.draft.parameters(), cfg.clip_grad)
+                self.opt.step()
+                self.opt.zero_grad(set_to_none=True)
+                self.cursor += cfg.grad_accum
+                self.step += 1
+                if self.step % cfg.log_every == 0 or self.step == self.total_steps:
+                    window = all_reduce_sum(window, self.d)
+                    row = self._train_row(window, lr, time.perf_counter() - t_window)
+                    self._log(row)
+                    bar.set_postfix(loss=f"{row['loss']:.3f}", acc0=f"{row['full_acc_0']:.2f}",
+                                    tau=f"{row['est_acceptance_length']:.2f}", tok_s=f"{row['tokens_per_s']:.0f}")
+                    rep.update(f"step {self.step}/{self.total_steps} loss {row['loss']:.3f}",
+                               self.step / self.total_steps, step=self.step)
+                    window, t_window = {}, time.perf_counter()
+                bar.update(1)
+                if self.step % cfg.val_every == 0 or self.step == self.total_steps:
+                    val = self.validate()
+                    if val:
+                        self._log({"split": "val", "step": self.step, "epoch": self.epoch, **val})
+                if self.step % cfg.checkpoint_every == 0:
+                    self.save("periodic")
+        except KeyboardInterrupt:
+            self.save("interrupted")
+            raise
+        finally:
+            bar.close()
+        self.save("final")
+        final = self.out / "draft"
+        if self.d.main:
+            save_eagle3(self.draft, final, dtype=torch.bfloat16)
+        if self.d.world > 1:
+            dist.barrier()
+        return final
+
+    def _train_row(self, window: dict[str, float], lr: float, seconds: float) -> dict[str, Any]:
+        ratios = summarize(window, self.cfg.ttt_steps)
+        return {"split": "train", "step": self.step, "epoch": self.epoch, "lr": lr,
+                "loss": window.get("loss_sum", 0.0) / max(1.0, window.get("loss_count", 0.0)),
+                "tokens": window.get("tokens", 0.0), "loss_tokens": window.get("loss_tokens", 0.0),
+                "tokens_per_s": window.get("tokens", 0.0) / max(seconds, 1e-9), "time": time.time(), **ratios}
+
+
+def train(cfg: TrainConfig) -> Path:
+    return Trainer(cfg).run()

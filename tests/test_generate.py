@@ -1,0 +1,216 @@
+"""Generation engine: greedy losslessness, sampling distribution (chi-square), edge cases, metrics."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.algos.eagle3 import build_eagle3
+from engine.algos.eagle3.proposer import Eagle3Proposer
+from engine.errors import WorkbenchError
+from engine.generate import speculative
+from engine.generate.api import prompt_ids
+from engine.generate.events import ACCEPTED, BONUS, CORRECTION, TARGET
+from engine.generate.metrics import SpecMetrics, measure_cost_curve, speedup_ceiling
+from engine.generate.ngram import NgramProposer, ngram_lookup
+from engine.generate.proposers import Proposal, Proposer
+from engine.generate.runner import TargetRunner
+from engine.generate.sampling import SamplingParams, logits_to_probs
+from engine.generate.speculative import generate_all
+
+PROMPTS = ["hello there, how are you", "1 2 3 4 5 6 7 8 9 10, the numbers go on", "def add(a, b):",
+           "The quick brown fox jumps over the lazy dog. The quick brown fox", "user assistant system"]
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_targets):
+    from engine.targets import load_target
+
+    return load_target(str(tiny_targets["llama"]))
+
+
+@pytest.fixture(scope="module")
+def tiny_draft(tiny):
+    counts = torch.arange(tiny.vocab_size).flip(0)  # reduced vocabulary: exercises d2t
+    return build_eagle3(tiny, draft_vocab_size=160, token_counts=counts, aux_layer_ids=[1, 2, 3])
+
+
+class OracleProposer(Proposer):
+    """Proposes the target's own greedy continuation (always accepted) — or garbage when `wrong`."""
+
+    name = "oracle"
+
+    def __init__(self, target, wrong=False, propose_eos_at=None):
+        self.target, self.wrong, self.eos_at = target, wrong, propose_eos_at
+        self.tokens = []
+
+    def start(self, prompt, aux, first):
+        self.tokens = list(prompt) + [first]
+
+    def propose(self, k, params, generator):
+        seq, out = list(self.tokens), []
+        with torch.inference_mode():
+            for _ in range(k):
+                nxt = int(self.target.model(torch.tensor([seq])).logits[0, -1].argmax())
+                if self.wrong:
+                    nxt = (nxt + 1) % self.target.vocab_size
+                if self.eos_at is not None and len(out) == self.eos_at:
+                    nxt = 2
+                out.append(nxt)
+                seq.append(nxt)
+        return Proposal(out)
+
+    def update(self, accepted, next_token, aux):
+        self.tokens += list(accepted) + [next_token]
+
+
+def run(target, prompt, params, proposer=None, k=3):
+    runner = TargetRunner(target, proposer.aux_layer_ids if proposer else None)
+    return generate_all(runner, prompt_ids(target.tokenizer, prompt), params, proposer, k, target.tokenizer)
+
+
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_greedy_speculative_equals_baseline_on_tiny(tiny, tiny_draft, k):
+    params = SamplingParams(max_new_tokens=30, eos_token_ids=[2])
+    for text in PROMPTS:
+        base, _ = run(tiny, text, params)
+        for proposer in (Eagle3Proposer(tiny_draft), NgramProposer(), OracleProposer(tiny)):
+            out, events = run(tiny, text, params, proposer, k)
+            assert out == base, (proposer.name, text)
+            assert all(e.drafted <= k for e in events)
+
+
+def test_event_sources_and_metrics(tiny):
+    params = SamplingParams(max_new_tokens=20)
+    _, events = run(tiny, PROMPTS[0], params, OracleProposer(tiny), k=3)
+    assert events[0].sources == [TARGET]
+    full = [e for e in events[1:] if e.drafted == 3]
+    assert full and all(e.sources == [ACCEPTED] * 3 + [BONUS] and not e.rejected for e in full)
+    m = SpecMetrics()
+    for e in events:
+        m.observe(e)
+    assert m.num_tokens == 20 and m.mean_acceptance_length == pytest.approx(1 + m.num_accepted_tokens / m.num_drafts)
+    assert m.per_position_acceptance[0] == 1.0
+    _, events = run(tiny, PROMPTS[0], params, OracleProposer(tiny, wrong=True), k=3)
+    m = SpecMetrics()
+    for e in events:
+        m.observe(e)
+    assert m.num_accepted_tokens == 0 and m.mean_acceptance_length == 1.0
+    assert all(e.sources == [CORRECTION] and len(e.rejected) == e.drafted for e in events[1:] if e.drafted)
+    assert events[-1].drafted == 0 and events[-1].sources == [TARGET]  # no drafting past max_new_tokens
+
+
+def test_draft_proposing_eos_stops_like_baseline(tiny):
+    params = SamplingParams(max_new_tokens=25, eos_token_ids=[2])
+    base, _ = run(tiny, PROMPTS[1], params)
+    out, _ = run(tiny, PROMPTS[1], params, OracleProposer(tiny, propose_eos_at=1), k=3)
+    assert out == base
+    # force EOS to be the target's choice: the output must end at the first EOS, in both modes
+    params = SamplingParams(max_new_tokens=25, eos_token_ids=[base[3]])
+    base_eos, _ = run(tiny, PROMPTS[1], params)
+    out_eos, events = run(tiny, PROMPTS[1], params, OracleProposer(tiny), k=3)
+    assert out_eos == base_eos and out_eos[-1] == base[3] and events[-1].finished == "eos"
+
+
+def test_max_new_tokens_and_stop_strings_honoured(tiny, tiny_draft):
+    for n in (1, 2, 7):
+        params = SamplingParams(max_new_tokens=n)
+        base, _ = run(tiny, PROMPTS[2], params)
+        out, _ = run(tiny, PROMPTS[2], params, OracleProposer(tiny), k=5)
+        assert len(base) == n and out == base
+    base_text = tiny.tokenizer.decode(run(tiny, PROMPTS[3], SamplingParams(max_new_tokens=30))[0])
+    stop = base_text[len(base_text) // 2: len(base_text) // 2 + 3]
+    params = SamplingParams(max_new_tokens=30, stop=[stop])
+    base, bev = run(tiny, PROMPTS[3], params)
+    out, sev = run(tiny, PROMPTS[3], params, OracleProposer(tiny), k=4)
+    assert out == base and bev[-1].finished == sev[-1].finished == "stop"
+
+
+def test_prompt_limits_and_empty_prompt(tiny, tiny_draft):
+    runner = TargetRunner(tiny)
+    with pytest.raises(WorkbenchError, match="empty"):
+        list(speculative.generate(runner, [], SamplingParams()))
+    with pytest.raises(WorkbenchError, match="empty"):
+        prompt_ids(tiny.tokenizer, "   ")
+    max_len = tiny.config.max_position_embeddings
+    near = [5] * (max_len - 11)
+    params = SamplingParams(max_new_tokens=10)
+    base, _ = generate_all(runner, near, params)
+    prop = Eagle3Proposer(tiny_draft)
+    out, _ = generate_all(TargetRunner(tiny, prop.aux_layer_ids), near, params, prop, k=3)
+    assert out == base and len(out) == 10
+    with pytest.raises(WorkbenchError, match="exceeds"):
+        list(speculative.generate(runner, near + [5, 5], params))
+
+
+def test_ngram_lookup_rule():
+    toks = [1, 2, 3, 4, 9, 1, 2, 3, 4, 7, 1, 2, 3, 4]
+    assert ngram_lookup(toks, 2, 2, 5) == [9, 1]        # longest suffix 1 2 3 4, earliest occurrence
+    assert ngram_lookup([5, 6, 7, 5, 6], 3, 2, 3) == [7, 5, 6]
+    assert ngram_lookup([1, 2, 3], 3, 2, 3) == []        # no earlier match
+    assert ngram_lookup([4, 4, 4], 3, 1, 1) == [4, 4]    # suffix itself never counts as a match
+
+
+# -- sampling: the speculative output distribution equals the target's --------------------------------
+
+
+def chi_square_pvalue(observed: torch.Tensor, expected_probs: torch.Tensor, min_expected: float = 5.0) -> float:
+    n = observed.sum()
+    expected = expected_probs * n
+    big = expected >= min_expected
+    obs = torch.cat([observed[big], observed[~big].sum(0, keepdim=True)])
+    exp = torch.cat([expected[big], expected[~big].sum(0, keepdim=True)])
+    keep = exp > 0
+    stat = float((((obs - exp) ** 2) / exp)[keep].sum())
+    dof = int(keep.sum()) - 1
+    return float(torch.special.gammaincc(torch.tensor(dof / 2.0), torch.tensor(stat / 2.0)))
+
+
+def second_token_distribution(target, prompt, params) -> torch.Tensor:
+    """Exact P(second generated token) = sum_t0 p(t0) p(t1 | t0) under the sampling params."""
+    with torch.inference_mode():
+        logits = target.model(torch.tensor([prompt])).logits[0, -1]
+        p0 = logits_to_probs(logits, params)
+        seqs = torch.tensor([prompt + [t] for t in range(target.vocab_size)])
+        p1 = logits_to_probs(target.model(seqs).logits[:, -1], params)  # [V, V]
+    return p0 @ p1
+
+
+@pytest.mark.parametrize("broken", [False, True])
+def test_sampled_speculation_matches_target_distribution(tiny, tiny_draft, broken, monkeypatch):
+    params = SamplingParams(max_new_tokens=2, temperature=1.0, top_k=40)
+    prompt = prompt_ids(tiny.tokenizer, "hello")
+    exact = second_token_distribution(tiny, prompt, params)
+    if broken:  # accept every draft: the output then follows the draft, not the target
+        monkeypatch.setattr(speculative, "verify_sampled",
+                            lambda proposal, logits, p, g: speculative.Verdict(len(proposal.tokens), 0))
+    counts = torch.zeros(tiny.vocab_size)
+    proposer = Eagle3Proposer(tiny_draft)
+    runner = TargetRunner(tiny, proposer.aux_layer_ids)
+    draws = 2500
+    for seed in range(draws):
+        params.seed = seed
+        out, _ = generate_all(runner, prompt, params, proposer, k=1)
+        counts[out[1]] += 1
+    p = chi_square_pvalue(counts, exact)
+    if broken:
+        assert p < 1e-6, p
+    else:
+        assert p > 1e-3, p
+
+
+def test_top_p_top_k_processing():
+    logits = torch.tensor([3.0, 2.0, 1.0, 0.0])
+    p = logits_to_probs(logits, SamplingParams(temperature=1.0, top_k=2))
+    assert p[2] == 0 and p[3] == 0 and torch.isclose(p.sum(), torch.tensor(1.0))
+    p = logits_to_probs(logits, SamplingParams(temperature=1.0, top_p=0.5))
+    assert p[0] == 1.0
+    full = torch.softmax(logits, 0)
+    p = logits_to_probs(logits, SamplingParams(temperature=1.0, top_p=float(full[0] + full[1]) + 1e-4))
+    assert (p > 0).tolist() == [True, True, True, False]
+
+
+def test_cost_curve_and_ceiling(tiny):
+    curve = measure_cost_curve(TargetRunner(tiny), list(range(3, 40)), [2, 4], repeats=3)
+    assert curve[1] == 1.0 and set(curve) == {1, 2, 4} and all(v > 0 for v in curve.values())
+    assert speedup_ceiling(2.5, 1.25) == 2.0 and speedup_ceiling(None, 1.0) is None
