@@ -32,8 +32,8 @@ class OnlineHiddenStates(torch.utils.data.Dataset):
     The same items as `HiddenStatesDataset` (hidden states stay on the target's device). Rows are rendered
     once up front (bad rows are counted in `.skipped`). Access by index (`ds[i]`, one forward), by a list of
     indices (`get_many`, one batched forward: use it for whole training batches), or iterate: each pass visits
-    every row once, in order or shuffled per epoch (`set_epoch`) when `shuffle`, in windows of
-    `batch_size * 4` rows sorted by length and run in token-budgeted batches.
+    every row once, in order or shuffled per epoch (`set_epoch`) when `shuffle`, computing windows of
+    `batch_size * 4` rows at a time in token-budgeted batches of similar length.
     """
 
     def __init__(self, target, rows: Sequence, layer_ids: Sequence[int] | None = None, *, algo: str | None = None,
@@ -101,7 +101,4 @@ class OnlineHiddenStates(torch.utils.data.Dataset):
         order = self.order()
         window = max(1, self.batch_size * 4)
         for start in range(0, len(order), window):
-            chunk = order[start: start + window]
-            lengths = [self.rows[i].num_tokens for i in chunk]
-            for batch in plan_batches(lengths, self.batch_size, self.batch_tokens):
-                yield from self._compute([chunk[p] for p in batch])
+            yield from self.get_many(order[start: start + window])
