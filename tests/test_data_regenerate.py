@@ -1,0 +1,100 @@
+"""Response regeneration: the target's own answers as history, batching, resume after a crash mid-write."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import engine.data.regenerate as rg
+from engine.data.datasets import load_conversations
+from engine.errors import WorkbenchError
+
+CHATS = [
+    {"id": "multi", "messages": [{"role": "system", "content": "Be brief."},
+                                 {"role": "user", "content": "Hello, how are you today?"},
+                                 {"role": "assistant", "content": "ORIGINAL ANSWER ONE"},
+                                 {"role": "user", "content": "What can I help you with?"},
+                                 {"role": "assistant", "content": "ORIGINAL ANSWER TWO"}]},
+    {"id": "single", "messages": [{"role": "user", "content": "The quick brown fox?"},
+                                  {"role": "assistant", "content": "ORIGINAL"}]},
+    {"id": "third", "messages": [{"role": "user", "content": "1 2 3 4 5"}, {"role": "assistant", "content": "6"}]},
+]
+
+
+@pytest.fixture
+def spy(monkeypatch):
+    """Record the histories handed to generation; answer deterministically (a stand-in for the model)."""
+    calls = []
+
+    def fake(target, histories, **kw):
+        calls.append([list(h) for h in histories])
+        return [(f"answer {len(h)}", 3, True) for h in histories]
+
+    monkeypatch.setattr(rg, "generate_answers", fake)
+    return calls
+
+
+def test_multi_turn_history_uses_the_targets_own_answers(tiny_llama, tmp_path, spy):
+    out = tmp_path / "r.jsonl"
+    summary = rg.regenerate(tiny_llama, CHATS, out, batch_size=8, progress=False)
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["id"] for r in rows] == ["multi", "single", "third"]
+    multi = rows[0]["messages"]
+    assert [m["role"] for m in multi] == ["system", "user", "assistant", "user", "assistant"]
+    assert "ORIGINAL" not in json.dumps(rows)
+    assert len(spy) == 2 and len(spy[0]) == 3 and len(spy[1]) == 1  # turn 1 for all, turn 2 for "multi" only
+    assert spy[1][0][2] == {"role": "assistant", "content": multi[2]["content"]}  # its own first answer
+    assert summary.written == 3 and summary.answers == 4 and rows[0]["regenerated"]["target"]
+
+
+def test_resume_skips_written_rows_and_drops_a_partial_line(tiny_llama, tmp_path, spy):
+    out = tmp_path / "r.jsonl"
+    rg.regenerate(tiny_llama, CHATS[:1], out, progress=False)
+    with open(out, "a") as f:
+        f.write('{"id": "single", "messages": [{"role": "us')  # a crash in the middle of a write
+    summary = rg.regenerate(tiny_llama, CHATS, out, batch_size=1, progress=False)
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["id"] for r in rows] == ["multi", "single", "third"]
+    assert summary.already_done == 1 and summary.written == 2
+    loaded, s = load_conversations(str(out), split="all")
+    assert len(loaded) == 3 and not s.skipped
+
+
+def test_max_turns_and_prompts_too_long(tiny_llama, tmp_path, spy):
+    out = tmp_path / "r.jsonl"
+    rg.regenerate(tiny_llama, CHATS, out, max_turns=1, progress=False)
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [m["role"] for m in rows[0]["messages"]] == ["system", "user", "assistant"]
+    summary = rg.regenerate(tiny_llama, CHATS, tmp_path / "short.jsonl", max_length=20, max_new_tokens=8,
+                            progress=False)
+    assert summary.written == 0 and summary.skipped["no answer (prompt too long or empty answer)"] == 3
+
+
+def test_real_generation_with_the_tiny_target(tiny_llama, tmp_path):
+    out = tmp_path / "r.jsonl"
+    summary = rg.regenerate(tiny_llama, CHATS, out, max_new_tokens=4, batch_size=2, progress=False)
+    assert summary.new_tokens > 0 and summary.answers + sum(summary.skipped.values()) >= 3
+    for row in (json.loads(line) for line in out.read_text().splitlines()):
+        assert row["messages"][-1]["role"] == "assistant" and row["messages"][-1]["content"]
+
+
+def test_greedy_batched_answers_match_one_by_one(tiny_llama):
+    histories = [CHATS[1]["messages"][:1], CHATS[0]["messages"][:2]]
+    batched = rg.generate_answers(tiny_llama, histories, max_new_tokens=5, temperature=0.0)
+    alone = [rg.generate_answers(tiny_llama, [h], max_new_tokens=5, temperature=0.0)[0] for h in histories]
+    assert batched == alone  # left padding does not change greedy answers
+
+
+def test_tokenised_rows_cannot_be_regenerated(tiny_llama, tmp_path):
+    with pytest.raises(WorkbenchError, match="needs chat rows"):
+        rg.regenerate(tiny_llama, [{"id": "t", "input_ids": [1], "loss_mask": [1]}], tmp_path / "x.jsonl")
+
+
+def test_a_file_being_written_is_refused(tmp_path):
+    f, done = rg.open_output(tmp_path / "x.jsonl")
+    try:
+        with pytest.raises(WorkbenchError, match="being written by another job"):
+            rg.open_output(tmp_path / "x.jsonl")
+    finally:
+        f.close()
