@@ -516,31 +516,43 @@ def start_server(plan: ServePlan, *, timeout: float = DEFAULT_START_TIMEOUT, **k
 
 
 class ServerPool:
-    """At most one live server; `get(plan)` reuses it when the plan is the same, else replaces it."""
+    """Keeps up to `max_servers` live servers (default one); `get(plan)` reuses an equal one, else starts it.
 
-    def __init__(self, *, timeout: float = DEFAULT_START_TIMEOUT, root: Path | None = None, **server_kwargs: Any):
+    When a new server would exceed the limit, the least recently used one is stopped first, so tests and
+    benchmarks never hold more memory than they need.
+    """
+
+    def __init__(self, *, max_servers: int = 1, timeout: float = DEFAULT_START_TIMEOUT, root: Path | None = None,
+                 **server_kwargs: Any):
+        self.max_servers = max(1, int(max_servers))
         self.timeout = timeout
         self.root = root
         self.server_kwargs = server_kwargs
-        self.current: VllmServer | None = None
+        self.servers: dict[str, VllmServer] = {}
         self.start_seconds: dict[str, float] = {}
 
-    def get(self, plan: ServePlan) -> VllmServer:
-        if self.current is not None and self.current.plan.key() == plan.key() and self.current.running():
-            return self.current
-        self.close()
-        kwargs = dict(self.server_kwargs)
+    def get(self, plan: ServePlan, **overrides: Any) -> VllmServer:
+        key = plan.key() + json.dumps(overrides, sort_keys=True, default=str)
+        server = self.servers.pop(key, None)
+        if server is not None and server.running():
+            self.servers[key] = server  # most recently used last
+            return server
+        while len(self.servers) >= self.max_servers:
+            oldest = next(iter(self.servers))
+            self.servers.pop(oldest).stop()
+        kwargs = {**self.server_kwargs, **overrides}
         port = free_port(None)
         if self.root is not None:
-            kwargs["workdir"] = Path(self.root) / f"{plan.form}-{port}"
-        self.current = start_server(plan, timeout=self.timeout, port=port, **kwargs)
-        self.start_seconds[plan.key()] = self.current.ready_after_s or 0.0
-        return self.current
+            kwargs.setdefault("workdir", Path(self.root) / f"{plan.form}-{port}")
+        server = start_server(plan, timeout=self.timeout, port=port, **kwargs)
+        self.servers[key] = server
+        self.start_seconds[key] = server.ready_after_s or 0.0
+        return server
 
     def close(self) -> None:
-        if self.current is not None:
-            self.current.stop()
-            self.current = None
+        while self.servers:
+            _, server = self.servers.popitem()
+            server.stop()
 
     def __enter__(self) -> "ServerPool":
         return self
