@@ -48,11 +48,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"[{fraction:4.0%}] {message}", file=sys.stderr, flush=True)
         rep.update(message, progress=fraction * 0.5 if not args.install_only else fraction)
 
+    plan = None if args.install_only else _plan(args)  # refuse bad arguments and drafts before installing
     env = ensure_vllm_env(progress=progress)
-    if args.install_only:
+    if plan is None:
         print(f"vLLM {env.vllm_version} ({env.flavor}, torch {env.torch_version}) is installed in {env.path}")
         return 0
-    plan = _plan(args)
     if args.foreground or os.environ.get(JOB_DIR_ENV):
         return _serve_here(args, plan, env)
     return _serve_as_job(args, plan)
