@@ -1,5 +1,54 @@
-"""Placeholder until the command lands."""
-def add_arguments(p):
-    pass
-def run(args):
-    raise SystemExit("not implemented yet")
+"""`generate`: one prompt through the target, with or without speculative decoding; streams the text."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("prompt", help="the prompt (chat-templated as one user turn)")
+    p.add_argument("--target", default="smollm2-135m-instruct")
+    p.add_argument("--method", default="draft", choices=["baseline", "draft", "ngram"])
+    p.add_argument("--draft", default=None, help="draft folder (default: the shipped draft of a built-in target)")
+    p.add_argument("--k", type=int, default=3)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--events", action="store_true", help="print one JSON event per step instead of text")
+
+
+def run(args: argparse.Namespace) -> int:
+    from engine.generate.api import make_proposer, prompt_ids
+    from engine.generate.metrics import SpecMetrics
+    from engine.generate.runner import TargetRunner
+    from engine.generate.sampling import SamplingParams
+    from engine.generate.speculative import generate
+    from engine.targets import load_target
+
+    target = load_target(args.target)
+    tok = target.tokenizer
+    proposer = make_proposer(args.method, target, draft=args.draft)
+    runner = TargetRunner(target, getattr(proposer, "aux_layer_ids", None))
+    params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                            top_k=args.top_k, seed=args.seed, eos_token_ids=[tok.eos_token_id])
+    metrics = SpecMetrics()
+    out: list[int] = []
+    printed = ""
+    for event in generate(runner, prompt_ids(tok, args.prompt), params, proposer, args.k):
+        metrics.observe(event)
+        out.extend(event.tokens)
+        if args.events:
+            print(json.dumps(event.to_dict()))
+            continue
+        text = tok.decode(out, skip_special_tokens=True)
+        sys.stdout.write(text[len(printed):])
+        sys.stdout.flush()
+        printed = text
+    tau = metrics.mean_acceptance_length
+    print(f"\n\n[{metrics.num_tokens} tokens, {metrics.tokens_per_s:.1f} tokens/s"
+          + (f", mean acceptance length {tau:.2f}" if tau else "") + "]", file=sys.stderr)
+    return 0

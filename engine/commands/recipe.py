@@ -1,5 +1,21 @@
-"""Placeholder until the command lands."""
-def add_arguments(p):
-    pass
-def run(args):
-    raise SystemExit("not implemented yet")
+"""`recipe NAME`: run a named recipe from configs/ (data -> extraction -> training -> benchmark -> ship)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("name", help="recipe name in configs/ (e.g. smollm2-eagle3) or a YAML path")
+    p.add_argument("--only", default=None, help="comma-separated steps to run (regenerate,extract,train,bench,ship)")
+    p.add_argument("--force", action="store_true", help="re-run steps even if they completed with the same arguments")
+    p.add_argument("--dry-run", action="store_true", help="print the commands only")
+
+
+def run(args: argparse.Namespace) -> int:
+    from engine.recipe import run_recipe
+
+    only = [s.strip() for s in args.only.split(",")] if args.only else None
+    result = run_recipe(args.name, only=only, force=args.force, dry_run=args.dry_run)
+    print(f"\nrecipe done: {result['work']} {result['timings']}")
+    return 0

@@ -19,8 +19,9 @@ class StepEvent:
     drafted: int = 0          # draft tokens verified in this step
     accepted: int = 0         # of which accepted
     elapsed_s: float = 0.0    # since generation started
-    draft_s: float = 0.0
-    verify_s: float = 0.0
+    draft_s: float = 0.0      # proposer time (draft forwards)
+    verify_s: float = 0.0     # target forward + acceptance + cache rollback
+    target_s: float = 0.0     # the target forward alone
     text: str = ""            # decoded text of `tokens` (filled when a tokenizer is given)
     finished: str | None = None  # "eos" | "stop" | "length" on the last event
 

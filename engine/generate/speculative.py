@@ -113,20 +113,23 @@ def generate(
     runner.reset()
     t0 = time.perf_counter()
     logits, aux = runner.forward(prompt_ids)  # prefill: [P, V], [P, A*H]
+    target_s = time.perf_counter() - t0
     last = pick(logits[-1], params, generator)
     if proposer is not None:
         proposer.start(list(prompt_ids), aux, last)
     stopper.push(last)
-    yield _event(0, [last], [TARGET], [], 0, 0, t0, 0.0, time.perf_counter() - t0, stopper, tokenizer)
+    yield _event(0, [last], [TARGET], [], 0, 0, t0, 0.0, time.perf_counter() - t0, target_s, stopper, tokenizer)
     step = 0
     while stopper.reason is None:
         step += 1
         if proposer is None:
             tv = time.perf_counter()
             logits, _ = runner.forward([last])
+            target_s = time.perf_counter() - tv
             last = pick(logits[-1], params, generator)
             stopper.push(last)
-            yield _event(step, [last], [TARGET], [], 0, 0, t0, 0.0, time.perf_counter() - tv, stopper, tokenizer)
+            yield _event(step, [last], [TARGET], [], 0, 0, t0, 0.0, time.perf_counter() - tv, target_s, stopper,
+                         tokenizer)
             continue
         event, last = _speculative_step(runner, proposer, last, params, k, generator, stopper, step, t0, tokenizer)
         yield event
@@ -140,6 +143,7 @@ def _speculative_step(runner, proposer, last, params, k, generator, stopper, ste
     tv = time.perf_counter()
     start = runner.length
     logits, aux = runner.forward([last] + drafts)  # [n+1, V]
+    target_s = time.perf_counter() - tv
     verdict = (verify_greedy(drafts, logits) if params.greedy
                else verify_sampled(proposal, logits, params, generator))
     n = verdict.accepted
@@ -155,15 +159,15 @@ def _speculative_step(runner, proposer, last, params, k, generator, stopper, ste
         out_sources.append(src)
         if stopper.push(tok):
             break
-    event = _event(step, out_tokens, out_sources, drafts[n:], len(drafts), n, t0, tv - td, verify_s, stopper,
-                   tokenizer)
+    event = _event(step, out_tokens, out_sources, drafts[n:], len(drafts), n, t0, tv - td, verify_s, target_s,
+                   stopper, tokenizer)
     return event, verdict.next_token
 
 
-def _event(step, tokens, sources, rejected, drafted, accepted, t0, draft_s, verify_s, stopper, tokenizer):
+def _event(step, tokens, sources, rejected, drafted, accepted, t0, draft_s, verify_s, target_s, stopper, tokenizer):
     return StepEvent(
         step=step, tokens=tokens, sources=sources, rejected=list(rejected), drafted=drafted, accepted=accepted,
-        elapsed_s=time.perf_counter() - t0, draft_s=draft_s, verify_s=verify_s,
+        elapsed_s=time.perf_counter() - t0, draft_s=draft_s, verify_s=verify_s, target_s=target_s,
         text=tokenizer.decode(tokens, skip_special_tokens=False) if tokenizer is not None else "",
         finished=stopper.reason,
     )

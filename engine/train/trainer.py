@@ -286,7 +286,7 @@ class Trainer:
         (loss / self.cfg.grad_accum).backward()
         stats["tokens"] = float(batch["input_ids"].numel())
         stats["loss_tokens"] = float(batch["loss_mask"].sum())
-        stats["loss_sum"] = float(loss)
+        stats["loss_sum"] = float(loss.detach())
         stats["loss_count"] = 1.0
         return stats
 

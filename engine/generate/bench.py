@@ -1,0 +1,217 @@
+"""Benchmark speculative methods against the baseline on the same prompts, interleaved in one run.
+
+Methods: `baseline` (our KV-cached loop), `draft` (ours with a draft), `ngram` (ours, prompt lookup),
+`hf_prompt_lookup` (transformers `generate(prompt_lookup_num_tokens=k)`) and `hf_assisted`
+(transformers assisted generation with a small assistant model, when one is given).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from engine.errors import WorkbenchError
+from engine.generate.api import make_proposer, prompt_ids
+from engine.generate.metrics import SpecMetrics, measure_cost_curve, speedup_ceiling
+from engine.generate.runner import TargetRunner
+from engine.generate.sampling import SamplingParams
+from engine.generate.speculative import generate
+
+log = logging.getLogger(__name__)
+ALL_METHODS = ("baseline", "draft", "ngram", "hf_prompt_lookup", "hf_assisted")
+
+
+@dataclass
+class MethodRun:
+    name: str
+    metrics: SpecMetrics = field(default_factory=SpecMetrics)
+    outputs: list[list[int]] = field(default_factory=list)
+    seconds: float = 0.0
+    target_s: float = 0.0
+    draft_s: float = 0.0
+    steps: int = 0
+    skipped: str | None = None
+
+
+def load_prompts(spec: str, n: int | None = None, seed: int = 0) -> list[dict[str, Any]]:
+    """`--prompts`: a JSONL file of {"prompt": str} / {"messages": [...]} rows, or a built-in dataset name
+    (its held-out split: prompts the shipped drafts never trained on)."""
+    path = Path(spec)
+    if path.is_file():
+        rows = []
+        for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise WorkbenchError(f"line {i} is not JSON ({exc.msg})", where=str(path)) from exc
+            if not isinstance(row, dict) or not ({"prompt", "messages"} & set(row)):
+                raise WorkbenchError(f"line {i} needs a 'prompt' or 'messages' key", where=str(path))
+            rows.append(row)
+        return rows[:n] if n else rows
+    from engine.data.datasets import heldout_prompts
+
+    return [{"messages": m} for m in heldout_prompts(spec, n=n or 20, seed=seed)]
+
+
+class _HFMethods:
+    """transformers' own speculative modes through `model.generate`."""
+
+    def __init__(self, target, k: int, assistant: str | None):
+        self.target, self.k = target, k
+        self.assistant = None
+        if assistant:
+            from engine.targets import load_target
+
+            self.assistant = load_target(assistant).model
+
+    def run(self, method: str, ids: list[int], params: SamplingParams) -> tuple[list[int], float]:
+        kwargs: dict[str, Any] = dict(max_new_tokens=params.max_new_tokens, do_sample=not params.greedy,
+                                      pad_token_id=params.eos_token_ids[0] if params.eos_token_ids else None,
+                                      eos_token_id=params.eos_token_ids or None)
+        if not params.greedy:
+            kwargs.update(temperature=params.temperature, top_k=params.top_k or None, top_p=params.top_p)
+        if method == "hf_prompt_lookup":
+            kwargs["prompt_lookup_num_tokens"] = self.k
+        else:
+            kwargs.update(assistant_model=self.assistant, num_assistant_tokens=self.k,
+                          num_assistant_tokens_schedule="constant")
+        if params.seed is not None:
+            torch.manual_seed(params.seed)
+        x = torch.tensor([ids], device=self.target.device)
+        t = time.perf_counter()
+        with torch.inference_mode():
+            out = self.target.model.generate(x, attention_mask=torch.ones_like(x), **kwargs)
+        return out[0, len(ids):].tolist(), time.perf_counter() - t
+
+
+def run_bench(
+    target,
+    prompts: list[dict[str, Any]],
+    *,
+    methods: tuple[str, ...] = ("baseline", "draft", "ngram", "hf_prompt_lookup"),
+    draft: str | None = None,
+    assistant: str | None = None,
+    k: int = 3,
+    params: SamplingParams | None = None,
+    measure_cost: bool = True,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Run every method on every prompt (round-robin per prompt) and summarise like vLLM."""
+    from tqdm import tqdm
+
+    params = params or SamplingParams()
+    if not params.eos_token_ids and target.tokenizer is not None and target.tokenizer.eos_token_id is not None:
+        params.eos_token_ids = [target.tokenizer.eos_token_id]
+    runs = {m: MethodRun(m) for m in methods}
+    proposers = {}
+    for m in methods:
+        if m in ("draft", "ngram"):
+            proposers[m] = make_proposer(m, target, draft=draft)
+    hf = _HFMethods(target, k, assistant) if {"hf_prompt_lookup", "hf_assisted"} & set(methods) else None
+    if "hf_assisted" in methods and (hf is None or hf.assistant is None):
+        runs["hf_assisted"].skipped = "no assistant model fits this target (pass --assistant DIR: a small causal LM " \
+                                      "with the same tokenizer)"
+    runners = {m: TargetRunner(target, getattr(proposers.get(m), "aux_layer_ids", None)) for m in methods}
+    encoded = [prompt_ids(target.tokenizer, p) for p in prompts]
+    for ids in tqdm(encoded, desc="bench", disable=not progress):
+        for m in methods:
+            run = runs[m]
+            if run.skipped:
+                continue
+            if m.startswith("hf_"):
+                out, seconds = hf.run(m, ids, params)
+                run.outputs.append(out)
+                run.seconds += seconds
+                run.metrics.num_tokens += len(out)
+                run.metrics.total_seconds += seconds
+                continue
+            m_run = SpecMetrics()
+            out: list[int] = []
+            for event in generate(runners[m], ids, params, proposers.get(m), k):
+                m_run.observe(event)
+                out.extend(event.tokens)
+                run.target_s += event.target_s
+                run.draft_s += event.draft_s
+                run.steps += 1
+            run.metrics.merge(m_run)
+            run.seconds += m_run.total_seconds
+            run.outputs.append(out)
+    curve = measure_cost_curve(runners["baseline"] if "baseline" in runners else TargetRunner(target),
+                               encoded[0] * max(1, 256 // max(1, len(encoded[0]))), [k + 1]) if measure_cost else {}
+    return summarize(runs, k=k, params=params, cost_curve=curve, num_prompts=len(prompts), target=target,
+                     draft=draft)
+
+
+def summarize(runs: dict[str, MethodRun], *, k: int, params: SamplingParams, cost_curve: dict[int, float],
+              num_prompts: int, target, draft) -> dict[str, Any]:
+    base = runs.get("baseline")
+    base_tps = base.metrics.tokens_per_s if base and not base.skipped else None
+    verify_cost = cost_curve.get(k + 1)
+    methods: dict[str, Any] = {}
+    for name, run in runs.items():
+        if run.skipped:
+            methods[name] = {"skipped": run.skipped, "mean_acceptance_length": None, "per_position_acceptance": [],
+                             "tokens_per_s": 0.0, "speedup": 0.0, "identical_to_baseline": False}
+            continue
+        m = run.metrics
+        tau = m.mean_acceptance_length
+        row = {
+            "mean_acceptance_length": tau,
+            "per_position_acceptance": m.per_position_acceptance,
+            "acceptance_rate": m.acceptance_rate,
+            "num_drafts": m.num_drafts, "num_draft_tokens": m.num_draft_tokens,
+            "num_accepted_tokens": m.num_accepted_tokens,
+            "tokens": m.num_tokens, "seconds": run.seconds,
+            "tokens_per_s": m.tokens_per_s,
+            "speedup": m.tokens_per_s / base_tps if base_tps else None,
+            "identical_to_baseline": bool(base and not base.skipped and run.outputs == base.outputs),
+        }
+        if run.steps:
+            overhead = max(0.0, run.seconds - run.target_s - run.draft_s)
+            row["overhead_fraction"] = overhead / run.seconds if run.seconds else None
+            row["draft_fraction"] = run.draft_s / run.seconds if run.seconds else None
+        if name in ("draft", "ngram") and verify_cost:
+            row["speedup_ceiling"] = speedup_ceiling(tau, verify_cost)
+        methods[name] = row
+    return {
+        "methods": methods,
+        "k": k, "num_prompts": num_prompts, "max_new_tokens": params.max_new_tokens,
+        "temperature": params.temperature, "seed": params.seed,
+        "target": target.ref.name, "draft": str(draft) if draft else None,
+        "cost_curve": {str(kk): v for kk, v in cost_curve.items()},
+        "backend": "transformers",
+        "device": str(target.device), "threads": torch.get_num_threads(),
+    }
+
+
+def markdown_table(result: dict[str, Any]) -> str:
+    lines = ["| method | mean acceptance length | per-position acceptance | tokens/s | speedup | identical |",
+             "|---|---|---|---|---|---|"]
+    for name, row in result["methods"].items():
+        if row.get("skipped"):
+            lines.append(f"| {name} | skipped: {row['skipped']} | | | | |")
+            continue
+        tau = f"{row['mean_acceptance_length']:.2f}" if row["mean_acceptance_length"] is not None else "–"
+        pos = ", ".join(f"{x:.2f}" for x in row["per_position_acceptance"]) or "–"
+        sp = f"{row['speedup']:.2f}×" if row.get("speedup") is not None else "–"
+        lines.append(f"| {name} | {tau} | {pos} | {row['tokens_per_s']:.1f} | {sp} | "
+                     f"{'yes' if row['identical_to_baseline'] else 'no'} |")
+    curve = result.get("cost_curve") or {}
+    if curve:
+        lines.append("")
+        lines.append("Target cost of one forward over k+1 tokens vs 1: " +
+                     ", ".join(f"{kk} tokens: {v:.2f}×" for kk, v in curve.items()))
+    for name, row in result["methods"].items():
+        if row.get("speedup_ceiling"):
+            lines.append(f"{name}: speedup ceiling (free drafting) {row['speedup_ceiling']:.2f}×, "
+                         f"overhead {100 * (row.get('overhead_fraction') or 0):.1f}% of step time, "
+                         f"drafting {100 * (row.get('draft_fraction') or 0):.1f}%")
+    return "\n".join(lines)

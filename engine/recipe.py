@@ -1,0 +1,143 @@
+"""Named recipes: a YAML file of steps (regenerate, extract, train, bench, ship) run in order, each resumable.
+
+Every step is the same CLI command a user would type; a step whose arguments did not change since it
+last completed is skipped, so a recipe can be stopped and re-run (also across sessions).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from engine.errors import WorkbenchError
+from engine.fsutil import atomic_write_json, read_json
+from engine.jobs import reporter
+
+log = logging.getLogger(__name__)
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+STEPS = ("regenerate", "extract", "train", "bench", "ship")
+
+
+def find_recipe(name_or_path: str) -> Path:
+    p = Path(name_or_path)
+    if p.is_file():
+        return p
+    candidate = CONFIGS / f"{name_or_path}.yaml"
+    if candidate.is_file():
+        return candidate
+    names = sorted(f.stem for f in CONFIGS.glob("*.yaml"))
+    raise WorkbenchError(f"no recipe '{name_or_path}'", hint=f"choose one of {names} or give a YAML path")
+
+
+def load_recipe(name_or_path: str) -> dict[str, Any]:
+    path = find_recipe(name_or_path)
+    try:
+        recipe = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise WorkbenchError(f"{path} is not valid YAML: {exc}") from exc
+    recipe.setdefault("name", path.stem)
+    recipe.setdefault("work", f"runs/recipes/{recipe['name']}")
+    unknown = set(recipe) - set(STEPS) - {"name", "work", "target", "description"}
+    if unknown:
+        raise WorkbenchError(f"unknown recipe keys {sorted(unknown)}", where=str(path),
+                             hint=f"steps are {list(STEPS)}")
+    return recipe
+
+
+def _flags(options: dict[str, Any]) -> list[str]:
+    argv: list[str] = []
+    for key, value in options.items():
+        flag = "--" + key.replace("_", "-")
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            argv.append(flag if value else "--no-" + key.replace("_", "-"))
+        elif isinstance(value, list):
+            argv += [flag, ",".join(str(v) for v in value)]
+        else:
+            argv += [flag, str(value)]
+    return argv
+
+
+def step_commands(recipe: dict[str, Any]) -> list[tuple[str, list[str]]]:
+    """(step, argv for `python -m engine`) in order, with the recipe's paths filled in."""
+    work = Path(recipe["work"])
+    target = recipe.get("target", "smollm2-135m-instruct")
+    cmds: list[tuple[str, list[str]]] = []
+    if "regenerate" in recipe:
+        opts = {"target": target, **recipe["regenerate"], "out": str(work / "regenerated.jsonl")}
+        cmds.append(("regenerate", ["regenerate", *_flags(opts)]))
+    if "extract" in recipe:
+        dataset = str(work / "regenerated.jsonl") if "regenerate" in recipe else recipe["extract"].get("dataset")
+        opts = {"target": target, "dataset": dataset, "split": "all", **recipe["extract"], "out": str(work / "hidden")}
+        cmds.append(("extract", ["extract", *_flags(opts)]))
+    if "train" in recipe:
+        opts = {"target": target, "data": str(work / "hidden"), **recipe["train"], "out": str(work / "train")}
+        cmds.append(("train", ["train", *_flags(opts)]))
+    if "bench" in recipe:
+        opts = {"target": target, "draft": str(work / "train" / "draft"), **recipe["bench"],
+                "json": str(work / "bench.json")}
+        cmds.append(("bench", ["bench", *_flags(opts)]))
+    return cmds
+
+
+def _digest(argv: list[str]) -> str:
+    return hashlib.sha256(json.dumps(argv).encode()).hexdigest()[:16]
+
+
+def run_recipe(name_or_path: str, *, only: list[str] | None = None, force: bool = False, dry_run: bool = False) -> dict:
+    from engine.cli import main as cli_main
+
+    recipe = load_recipe(name_or_path)
+    work = Path(recipe["work"])
+    work.mkdir(parents=True, exist_ok=True)
+    done_dir = work / "steps"
+    done_dir.mkdir(exist_ok=True)
+    timings: dict[str, float] = {}
+    cmds = [(s, a) for s, a in step_commands(recipe) if not only or s in only]
+    rep = reporter()
+    for i, (step, argv) in enumerate(cmds):
+        marker = done_dir / f"{step}.json"
+        digest = _digest(argv)
+        if not force and marker.is_file() and read_json(marker).get("digest") == digest:
+            log.info("step %s: already done (%s)", step, marker)
+            continue
+        print(f"\n== {step}: python -m engine {' '.join(argv)}", flush=True)
+        if dry_run:
+            continue
+        rep.update(f"recipe step {step}", i / max(1, len(cmds)))
+        t = time.time()
+        rc = cli_main(argv)
+        if rc != 0:
+            raise WorkbenchError(f"recipe step '{step}' failed (exit code {rc})", hint="see the output above; "
+                                 "fix and re-run the recipe: finished steps are skipped")
+        timings[step] = time.time() - t
+        atomic_write_json(marker, {"digest": digest, "argv": argv, "seconds": timings[step],
+                                   "finished": time.strftime("%Y-%m-%dT%H:%M:%S")})
+    if "ship" in recipe and (not only or "ship" in only) and not dry_run:
+        ship(recipe)
+    return {"work": str(work), "timings": timings}
+
+
+def ship(recipe: dict[str, Any]) -> Path:
+    """Copy the trained draft (bf16 config + safetensors) into the shipped location."""
+    from engine.format.validate import validate_draft
+
+    work = Path(recipe["work"])
+    src = work / "train" / "draft"
+    dest = Path(recipe["ship"]["to"])
+    report = validate_draft(src)
+    if not report.ok:
+        raise WorkbenchError(f"the trained draft does not validate: {[e.message for e in report.errors]}")
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy2(src / name, dest / name)
+    log.info("shipped %s -> %s", src, dest)
+    return dest
