@@ -20,7 +20,8 @@ def _jsonl(path, records):
 
 
 def test_openai_messages_shape(tmp_path):
-    f = _jsonl(tmp_path / "m.jsonl", [{"id": "a", "messages": CHAT}, {"messages": [{"role": "system", "content": "S"}] + CHAT}])
+    system = [{"role": "system", "content": "S"}]
+    f = _jsonl(tmp_path / "m.jsonl", [{"id": "a", "messages": CHAT}, {"messages": system + CHAT}])
     rows, summary = load_conversations(str(f), split="all")
     assert summary.shape == "messages" and summary.rows_kept == 2 and not summary.skipped
     assert rows[0] == {"id": "a", "messages": CHAT}
@@ -103,7 +104,8 @@ def test_hf_save_to_disk_folder_with_datasets_or_pyarrow(tmp_path, use_datasets,
     rows, summary = load_conversations(str(folder), split="all")
     assert [r["id"] for r in rows] == ["r0", "r1", "r2"] and rows[0]["messages"] == CHAT
     dd = tmp_path / "hfdict"
-    datasets.DatasetDict({"train": datasets.Dataset.from_list([{"prompt": "p", "completion": "c"}])}).save_to_disk(str(dd))
+    train = datasets.Dataset.from_list([{"prompt": "p", "completion": "c"}])
+    datasets.DatasetDict({"train": train}).save_to_disk(str(dd))
     rows, summary = load_conversations(str(dd), split="all")
     assert summary.shape == "prompt_completion" and len(rows) == 1
 

@@ -1,4 +1,4 @@
-"""`prepare`, `regenerate`, `extract`: render datasets with loss masks, re-answer them with the target, extract hidden states."""
+"""`prepare`, `regenerate`, `extract`: render data with loss masks, re-answer it with the target, extract states."""
 
 from __future__ import annotations
 

@@ -86,7 +86,8 @@ class OnlineHiddenStates(torch.utils.data.Dataset):
                                self.target.device)
         return [{"hidden_states": hs.to(self.dtype),
                  "token_ids": torch.tensor(self.rows[i].input_ids, dtype=torch.int64),
-                 "loss_mask": torch.tensor(self.rows[i].loss_mask, dtype=torch.int64)} for i, hs in zip(indices, states)]
+                 "loss_mask": torch.tensor(self.rows[i].loss_mask, dtype=torch.int64)}
+                for i, hs in zip(indices, states)]
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch

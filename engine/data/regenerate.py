@@ -125,7 +125,8 @@ def generate_answers(target, histories: Sequence[list[dict]], *, max_new_tokens:
     for row in out[:, ids.shape[1]:].tolist():  # new tokens [B, <= max_new_tokens]
         cut = next((k for k, t in enumerate(row) if t in stops), None)
         new = row if cut is None else row[:cut]
-        answers.append((tok.decode(new, skip_special_tokens=True).strip(), len(new) + (cut is not None), cut is not None))
+        text = tok.decode(new, skip_special_tokens=True).strip()
+        answers.append((text, len(new) + (cut is not None), cut is not None))
     return answers
 
 

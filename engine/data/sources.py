@@ -1,4 +1,4 @@
-"""Read raw records (plain dicts) from the built-in ShareGPT file, JSON/JSONL/Parquet files and HF `save_to_disk` folders."""
+"""Read raw records (plain dicts) from the built-in ShareGPT, JSON/JSONL/Parquet files and HF `save_to_disk` folders."""
 
 from __future__ import annotations
 
@@ -193,7 +193,6 @@ def _pick_split(splits: list[str], path: Path) -> str:
 
 
 def _read_hf_folder_pyarrow(path: Path) -> Iterator[dict]:
-    import pyarrow as pa
 
     if (path / "dataset_dict.json").is_file():
         splits = json.loads((path / "dataset_dict.json").read_text())["splits"]

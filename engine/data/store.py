@@ -148,7 +148,7 @@ class FolderStats:
 
     @property
     def loss_tokens(self) -> int:
-        return sum(l for _, l in self.tokens.values())
+        return sum(loss for _, loss in self.tokens.values())
 
 
 def write_manifest(folder: Path, header: dict, stats: FolderStats, *, complete: bool) -> dict:
@@ -167,7 +167,8 @@ def read_manifest(folder: str | Path) -> dict | None:
     except FileNotFoundError:
         return None
     except ValueError as exc:
-        raise WorkbenchError(f"{path} is not valid JSON: {exc}", hint="delete it; it is rebuilt on the next run") from exc
+        raise WorkbenchError(f"{path} is not valid JSON: {exc}",
+                             hint="delete it; it is rebuilt on the next run") from exc
 
 
 def incompatibilities(old: dict, new: dict) -> list[str]:
@@ -186,7 +187,8 @@ class HiddenStatesDataset(torch.utils.data.Dataset):
     def __init__(self, folder: str | Path):
         self.folder = Path(folder)
         if not self.folder.is_dir():
-            raise WorkbenchError(f"{self.folder} is not a folder", hint="run `python -m engine extract --out DIR` first")
+            raise WorkbenchError(f"{self.folder} is not a folder",
+                                 hint="run `python -m engine extract --out DIR` first")
         self.indices = sample_indices(self.folder)
         self.manifest = read_manifest(self.folder) or {}
         if not self.indices:

@@ -76,7 +76,8 @@ def llm_kwargs(model: str, layer_ids: Sequence[int], storage_path: str | Path, *
     prompt token's states are computed for its own request.
     """
     kwargs = {"model": model, "tensor_parallel_size": int(tensor_parallel_size), "dtype": dtype, "seed": seed,
-              "speculative_config": speculative_config(layer_ids), "kv_transfer_config": kv_transfer_config(storage_path),
+              "speculative_config": speculative_config(layer_ids),
+              "kv_transfer_config": kv_transfer_config(storage_path),
               "enable_chunked_prefill": False, "enable_prefix_caching": False}
     if max_model_len is not None:
         kwargs["max_model_len"] = int(max_model_len)
