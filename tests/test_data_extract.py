@@ -203,6 +203,8 @@ def test_online_dataset_yields_what_extraction_writes(tiny_llama, rendered, tmp_
         torch.testing.assert_close(a["hidden_states"], b["hidden_states"], rtol=1e-4, atol=1e-5)
         assert torch.equal(a["token_ids"], b["token_ids"]) and torch.equal(a["loss_mask"], b["loss_mask"])
         torch.testing.assert_close(by_iter[k]["hidden_states"], a["hidden_states"], rtol=1e-4, atol=1e-5)
+    fc = torch.nn.Linear(64, 3)
+    fc(online[0]["hidden_states"]).sum().backward()  # usable in a training graph (not an inference tensor)
     many = online.get_many([4, 0, 2])
     assert [s["token_ids"].tolist() for s in many] == [rendered[i].input_ids for i in (4, 0, 2)]
     torch.testing.assert_close(online.token_freq(), offline.token_freq())

@@ -84,7 +84,8 @@ class OnlineHiddenStates(torch.utils.data.Dataset):
     def _compute(self, indices: list[int]) -> list[dict[str, torch.Tensor]]:
         states = capture_batch(self.target.model, [self.rows[i].input_ids for i in indices], self.layer_ids,
                                self.target.device)
-        return [{"hidden_states": hs.to(self.dtype),
+        # clone(): captured under inference_mode; a normal tensor can be saved for backward by the draft
+        return [{"hidden_states": hs.to(self.dtype).clone(),
                  "token_ids": torch.tensor(self.rows[i].input_ids, dtype=torch.int64),
                  "loss_mask": torch.tensor(self.rows[i].loss_mask, dtype=torch.int64)}
                 for i, hs in zip(indices, states)]
