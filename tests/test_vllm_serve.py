@@ -173,6 +173,23 @@ def test_requirement_filter_honours_markers_and_extras():
     assert filter_requirements(reqs, env) == ["numpy", "numba==0.65.0", "intel-openmp==2024.2.1"]
 
 
+def test_finished_install_is_reused_without_pip(tmp_path, monkeypatch):
+    from engine.serve import venv as vv
+
+    folder = tmp_path / "venv-vllm"
+    (folder / "bin").mkdir(parents=True)
+    (folder / "bin" / "python").symlink_to(sys.executable)
+    (folder / vv.STAMP).write_text(json.dumps({"format": vv.STAMP_FORMAT, "flavor": "cpu", "vllm_version": "0.32.0",
+                                               "torch_version": "2.13.0+cpu"}))
+    monkeypatch.setenv(vv.VENV_ENV, str(folder))
+    monkeypatch.setattr(vv, "_run", lambda *a, **k: pytest.fail("pip ran although the stamp says done"))
+    env = vv.ensure_vllm_env()
+    assert env.path == folder and env.flavor == "cpu"
+    assert env.server_argv()[1:] == ["-m", "vllm.entrypoints.openai.api_server", "--model"]
+    (folder / vv.STAMP).write_text("{")  # an interrupted stamp write means: not finished
+    assert vv.read_stamp(folder) is None
+
+
 def test_hub_cache_link_resolves_the_builtin_offline(tmp_path):
     from huggingface_hub import try_to_load_from_cache
 

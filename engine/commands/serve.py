@@ -117,7 +117,7 @@ def _serve_here(args: argparse.Namespace, plan, env) -> int:
 
 
 def _serve_as_job(args: argparse.Namespace, plan) -> int:
-    from engine.jobs import launch, load_job, stop
+    from engine.jobs import launch, stop
 
     port = _port(args)
     argv = _job_argv(args, port)
@@ -125,6 +125,16 @@ def _serve_as_job(args: argparse.Namespace, plan) -> int:
     _print_plan(plan)
     print(f"started job {job.id} ({job.dir}); waiting for vLLM on http://{args.host}:{port} ...", file=sys.stderr)
     deadline = time.time() + args.timeout + 60
+    try:
+        return _wait_for_job(args, job, deadline)
+    except KeyboardInterrupt:
+        stop(job)  # Ctrl-C while waiting: do not leave a half-started server behind
+        raise
+
+
+def _wait_for_job(args: argparse.Namespace, job, deadline: float) -> int:
+    from engine.jobs import load_job, stop
+
     while True:
         current = load_job(job.dir) or job
         if current.status.result.get("ready"):
@@ -146,9 +156,18 @@ def _job_argv(args: argparse.Namespace, port: int) -> list[str]:
     """The same command for the job, in the foreground, on the chosen port."""
     argv = ["serve", "--foreground", "--port", str(port), "--host", args.host, "--dtype", args.dtype,
             "--max-model-len", str(args.max_model_len), "--timeout", str(args.timeout)]
-    for flag, value in (("--draft", args.draft), ("--target", args.target), ("--k", args.k),
+    for flag, value in (("--draft", _abs(args.draft)), ("--target", _abs(args.target)), ("--k", args.k),
                         ("--form", args.form), ("--kv-cache-gib", args.kv_cache_gib)):
         if value is not None:
             argv += [flag, str(value)]
     argv += [flag for flag, on in (("--no-draft", args.no_draft), ("--no-validate", args.no_validate)) if on]
     return argv
+
+
+def _abs(path: str | None) -> str | None:
+    """Local paths made absolute (the job may run elsewhere); names and hub ids unchanged."""
+    from engine.targets import BUILTIN_TARGETS
+
+    if not path or path in BUILTIN_TARGETS or not os.path.exists(path):
+        return path
+    return os.path.abspath(path)

@@ -313,14 +313,15 @@ class VllmServer:
 
     def argv(self) -> list[str]:
         venv = self.venv or ensure_vllm_env()
-        args = [*venv.server_argv(), "--model", self.plan.model]
+        args = [*venv.server_argv(), self.plan.model]
         if self.plan.speculative_config:
             args += ["--speculative-config", json.dumps(self.plan.speculative_config)]
         if self.plan.served_model_name:
             args += ["--served-model-name", self.plan.served_model_name]
-        args += ["--host", self.host, "--port", str(self.port), "--max-model-len", str(self.max_model_len)]
+        args += ["--host", self.host, "--port", str(self.port), "--max-model-len", str(self.max_model_len),
+                 "--dtype", self.dtype]
         if venv.flavor == "cpu":
-            args += ["--dtype", self.dtype, "--enforce-eager"]
+            args += ["--enforce-eager"]
         return args + self.extra_args
 
     def environment(self) -> dict[str, str]:

