@@ -339,6 +339,10 @@ class Trainer:
         bar = tqdm(total=self.total_steps, initial=self.step, desc="train", disable=not self.d.main,
                    dynamic_ncols=True)
         window: dict[str, float] = {}
+        if self.step == 0:  # the starting point of the validation curve
+            val = self.validate()
+            if val:
+                self._log({"split": "val", "step": 0, "epoch": 0, **val})
         t_window = time.perf_counter()
         try:
             while self.step < self.total_steps:
@@ -386,8 +390,22 @@ class Trainer:
         if self.d.main:
             save_eagle3(self.draft, final, dtype=torch.bfloat16)
         if self.d.world > 1:
+            self._check_ranks_agree()
             dist.barrier()
         return final
+
+    def _check_ranks_agree(self) -> None:
+        """All ranks must hold identical weights after DDP training; rank 0 records every rank's checksum."""
+        local = torch.tensor([float(p.double().sum()) for p in self.draft.parameters() if p.requires_grad],
+                             dtype=torch.float64)
+        gathered = [torch.zeros_like(local) for _ in range(self.d.world)]
+        dist.all_gather(gathered, local)
+        agree = all(torch.equal(g, gathered[0]) for g in gathered)
+        if self.d.main:
+            atomic_write_json(self.out / "ddp_check.json", {"world": self.d.world, "ranks_agree": agree,
+                                                            "checksums": [g.sum().item() for g in gathered]})
+        if not agree:
+            raise RuntimeError("DDP ranks ended with different weights")
 
     def _train_row(self, window: dict[str, float], lr: float, seconds: float) -> dict[str, Any]:
         ratios = summarize(window, self.cfg.ttt_steps)

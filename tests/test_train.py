@@ -1,0 +1,225 @@
+"""EAGLE-3 training: learning happens, exact resume, DDP agreement, MoE targets, recipes, checkpoints vLLM accepts."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.format.checkpoint import tensor_index
+from engine.format.validate import validate_draft
+from engine.train.config import TrainConfig
+from engine.train.trainer import Trainer
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def extract(target_dir: Path, out: Path, n: int = 24, max_length: int = 160) -> Path:
+    from engine.data.extract import extract_dataset
+
+    extract_dataset(str(target_dir), "sharegpt", out, algo="eagle3", max_samples=n, max_length=max_length,
+                    dtype="fp32", progress=False)
+    return out
+
+
+@pytest.fixture(scope="module")
+def tiny_data(tiny_targets, tmp_path_factory) -> Path:
+    return extract(tiny_targets["llama"], tmp_path_factory.mktemp("hs") / "llama")
+
+
+def config(target, data, out, **kw) -> TrainConfig:
+    base = dict(target=str(target), data=str(data), out=str(out), tokens_per_batch=256, max_length=160,
+                draft_vocab_size=128, warmup_steps=2, lr=3e-3, val_every=1000, checkpoint_every=1000,
+                val_fraction=0.2, seed=0)
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def read_metrics(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_training_lowers_val_loss_and_writes_a_valid_checkpoint(tiny_targets, tiny_data, tmp_path):
+    cfg = config(tiny_targets["llama"], tiny_data, tmp_path / "run", epochs=6, val_every=10)
+    final = Trainer(cfg).run()
+    val = [r for r in read_metrics(tmp_path / "run") if r["split"] == "val"]
+    assert val[0]["step"] == 0 and val[-1]["loss"] < val[0]["loss"]
+    assert val[-1]["full_acc_0"] > val[0]["full_acc_0"]
+    train = [r for r in read_metrics(tmp_path / "run") if r["split"] == "train"]
+    assert {"loss", "full_acc_0", "cond_acc_2", "est_acceptance_length", "tokens_per_s", "lr"} <= set(train[-1])
+    report = validate_draft(final)
+    assert report.ok, report.errors
+    names = set(tensor_index(final))
+    assert "embed_tokens.weight" not in names and "verifier_norm.weight" not in names
+    assert {"fc.weight", "layers.0.hidden_norm.weight", "lm_head.weight", "d2t", "t2d"} <= names
+    assert all(info.dtype == "BF16" for n, info in tensor_index(final).items() if n not in ("d2t", "t2d"))
+
+
+def test_resume_mid_epoch_equals_uninterrupted(tiny_targets, tiny_data, tmp_path, monkeypatch):
+    kw = dict(epochs=2, checkpoint_every=1000)
+    Trainer(config(tiny_targets["llama"], tiny_data, tmp_path / "a", **kw)).run()
+    full = Trainer(config(tiny_targets["llama"], tiny_data, tmp_path / "b", **kw))
+    stop_at = full.total_steps // 3  # inside the first epoch
+    assert 0 < stop_at < len(full.batches_for_epoch(0))
+    original = Trainer._micro_step
+    calls = {"n": 0}
+
+    def interrupting(self, batch):
+        calls["n"] += 1
+        if calls["n"] > stop_at:
+            raise KeyboardInterrupt  # what SIGTERM becomes in the CLI
+        return original(self, batch)
+
+    monkeypatch.setattr(Trainer, "_micro_step", interrupting)
+    with pytest.raises(KeyboardInterrupt):
+        full.run()
+    state = json.loads(next((tmp_path / "b" / "checkpoints").glob("step_*/trainer_state/state.json")).read_text())
+    assert state["reason"] == "interrupted" and state["step"] == stop_at and state["epoch"] == 0
+    monkeypatch.setattr(Trainer, "_micro_step", original)
+    Trainer(config(tiny_targets["llama"], tiny_data, tmp_path / "b", **kw)).run()
+    from safetensors.torch import load_file
+
+    a = load_file(str(tmp_path / "a" / "draft" / "model.safetensors"))
+    b = load_file(str(tmp_path / "b" / "draft" / "model.safetensors"))
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+@pytest.mark.parametrize("arch,draft_arch,layers", [("qwen3_moe", "llama", 1), ("qwen3", "qwen3", 2)])
+def test_moe_and_multilayer_drafts_train(tiny_targets, tmp_path, arch, draft_arch, layers):
+    data = extract(tiny_targets[arch], tmp_path / "hs", n=12)
+    cfg = config(tiny_targets[arch], data, tmp_path / "run", max_steps=4, draft_arch=draft_arch, num_layers=layers)
+    final = Trainer(cfg).run()
+    report = validate_draft(final)
+    assert report.ok, report.errors
+    hf = report.vllm_hf_config
+    assert hf["architectures"] == ["Eagle3Qwen3ForCausalLM" if draft_arch == "qwen3" else "Eagle3LlamaForCausalLM"]
+    if layers == 2:
+        assert "layers.1.self_attn.q_proj.weight" in tensor_index(final)
+
+
+def test_ddp_two_processes_agree(tiny_targets, tiny_data, tmp_path):
+    out = tmp_path / "ddp"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29531",
+           "-m", "engine", "train", "--target", str(tiny_targets["llama"]), "--data", str(tiny_data),
+           "--out", str(out), "--max-steps", "4", "--tokens-per-batch", "256", "--max-length", "160",
+           "--draft-vocab-size", "128", "--warmup-steps", "1", "--val-fraction", "0.2"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    check = json.loads((out / "ddp_check.json").read_text())
+    assert check["world"] == 2 and check["ranks_agree"] is True
+    assert validate_draft(out / "draft").ok
+
+
+def test_every_recipe_in_configs_loads():
+    from engine.recipe import load_recipe, step_commands
+
+    recipes = sorted((ROOT / "configs").glob("*.yaml"))
+    assert recipes
+    for path in recipes:
+        recipe = load_recipe(str(path))
+        if "train" in recipe:
+            cfg = TrainConfig(**{**recipe["train"], "data": "x"})
+            assert cfg.algo == "eagle3"
+        assert step_commands(recipe)
+
+
+def test_bad_config_is_a_clear_error(tmp_path):
+    with pytest.raises(Exception, match="give `data`"):
+        TrainConfig()
+    (tmp_path / "r.yaml").write_text("train:\n  lr: -1\n  data: x\n")
+    with pytest.raises(Exception, match="lr"):
+        TrainConfig.from_yaml(tmp_path / "r.yaml")
+    proc = subprocess.run([sys.executable, "-m", "engine", "train", "--data", str(tmp_path / "missing")],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+
+
+# -- compatibility with the reference implementation (speculators 0.9.0) ----------------------------
+
+
+@pytest.mark.speculators
+def test_speculators_loads_our_checkpoint_and_computes_the_same_logits(tiny_targets, tiny_data, tmp_path):
+    pytest.importorskip("speculators")
+    from speculators import SpeculatorModel
+    from speculators.models.eagle3 import Eagle3SpeculatorConfig
+
+    from engine.algos.eagle3 import load_eagle3, save_eagle3
+    from engine.targets import load_target
+
+    target = load_target(str(tiny_targets["llama"]))
+    final = Trainer(config(tiny_targets["llama"], tiny_data, tmp_path / "run", max_steps=5)).run()
+    ours = load_eagle3(final, target)
+    path = save_eagle3(ours, tmp_path / "fp32", dtype=torch.float32, include_embeddings=True)
+    cfg = Eagle3SpeculatorConfig.from_pretrained(path)
+    cfg.transformer_layer_config._attn_implementation = "eager"  # CPU: no flex attention
+    ref = SpeculatorModel.from_pretrained(path, config=cfg).eval()
+    t = 41
+    torch.manual_seed(1)
+    aux = torch.randn(1, t, ours.fc.in_features)
+    ids = torch.randint(3, target.vocab_size, (1, t))
+    doc = torch.zeros(1, t, dtype=torch.long)
+    pos = 1 + torch.arange(t)[None]
+    theirs: list[torch.Tensor] = []
+    hook = ref.lm_head.register_forward_hook(lambda m, i, o: theirs.append(o.detach()))
+    with torch.no_grad():
+        ref(hidden_states=aux, input_ids=ids, document_ids=doc, position_ids=pos, ttt_steps=3)
+        mine = ours.ttt_forward(aux, ids, pos, doc, 3)
+    hook.remove()
+    assert len(theirs) == 3
+    for k in range(3):
+        assert (theirs[k] - mine[k]).abs().max() <= 1e-4, k
+
+
+@pytest.mark.speculators
+def test_a_checkpoint_speculators_wrote_runs_in_our_model(tiny_targets, tmp_path):
+    pytest.importorskip("speculators")
+    from speculators.config import SpeculatorsConfig, VerifierConfig
+    from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
+    from speculators.proposals.greedy import GreedyTokenProposalConfig
+    from transformers import AutoConfig
+
+    from engine.algos.eagle3 import load_eagle3
+    from engine.targets import load_target
+
+    verifier_dir = str(tiny_targets["llama"])
+    layer_cfg = AutoConfig.from_pretrained(verifier_dir)
+    layer_cfg.num_hidden_layers = 1
+    layer_cfg._attn_implementation = "eager"
+    spec_cfg = Eagle3SpeculatorConfig(
+        transformer_layer_config=layer_cfg, draft_vocab_size=layer_cfg.vocab_size, norm_before_residual=True,
+        norm_before_fc=True, norm_output=True, eagle_aux_hidden_state_layer_ids=[1, 2, 3],
+        speculators_config=SpeculatorsConfig(
+            algorithm="eagle3", proposal_methods=[GreedyTokenProposalConfig(speculative_tokens=3)],
+            default_proposal_method="greedy", verifier=VerifierConfig.from_pretrained(verifier_dir)))
+    torch.manual_seed(0)
+    ref = Eagle3DraftModel(config=spec_cfg)
+    ref.load_verifier_weights()
+    with torch.no_grad():
+        for name, p in ref.named_parameters():
+            if "norm" in name and p.dim() == 1:
+                p.uniform_(0.5, 1.5)  # make norms non-trivial so a mix-up would show
+    ref.eval()
+    ref.save_pretrained(tmp_path / "spec")
+    report = validate_draft(tmp_path / "spec")
+    assert report.vllm_ok, report.errors
+    ours = load_eagle3(tmp_path / "spec", load_target(verifier_dir))
+    t = 23
+    aux = torch.randn(1, t, ours.fc.in_features)
+    ids = torch.randint(3, layer_cfg.vocab_size, (1, t))
+    doc = torch.zeros(1, t, dtype=torch.long)
+    pos = 1 + torch.arange(t)[None]
+    theirs: list[torch.Tensor] = []
+    ref.lm_head.register_forward_hook(lambda m, i, o: theirs.append(o.detach()))
+    with torch.no_grad():
+        ref(hidden_states=aux, input_ids=ids, document_ids=doc, position_ids=pos, ttt_steps=2)
+        mine = ours.ttt_forward(aux, ids, pos, doc, 2)
+    for k in range(2):
+        assert (theirs[k] - mine[k]).abs().max() <= 1e-4, k
