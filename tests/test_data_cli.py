@@ -88,3 +88,15 @@ def test_vllm_backend_without_vllm_is_a_clear_cli_error(tiny_targets, chats, tmp
     if proc.returncode == 0:
         pytest.skip("vLLM with a GPU is available here")
     assert proc.returncode == 2 and "cannot run" in proc.stderr and "--backend transformers" in proc.stderr
+
+
+def test_extract_as_a_background_job_reports_progress(tiny_targets, chats, tmp_path):
+    from engine import jobs
+
+    out = tmp_path / "hs"
+    job = jobs.launch(["extract", "--target", str(tiny_targets["llama"]), "--dataset", str(chats), "--split", "all",
+                       "--layers", "2,4", "--max-length", "48", "--out", str(out)], root=tmp_path / "runs")
+    job = jobs.wait(job, timeout=300)
+    assert job.status.state == "done", job.log_tail()
+    assert job.status.progress == 1.0 and job.status.result["samples"] == 8
+    assert "extracted 8 samples" in job.status.message
