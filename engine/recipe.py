@@ -115,6 +115,8 @@ def run_recipe(name_or_path: str, *, only: list[str] | None = None, force: bool 
         rep.update(f"recipe step {step}", i / max(1, len(cmds)))
         t = time.time()
         rc = cli_main(argv)
+        if rc == 130:
+            raise KeyboardInterrupt
         if rc != 0:
             raise WorkbenchError(f"recipe step '{step}' failed (exit code {rc})", hint="see the output above; "
                                  "fix and re-run the recipe: finished steps are skipped")

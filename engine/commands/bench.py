@@ -13,6 +13,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="JSONL file ({'prompt': str} or {'messages': [...]} per line) or a built-in dataset name "
                         "(its held-out prompts)")
     p.add_argument("--num-prompts", type=int, default=20, help="prompts to use")
+    p.add_argument("--max-prompt-chars", type=int, default=1500,
+                   help="skip built-in held-out prompts longer than this (keeps CPU runs short)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--k", type=int, default=3, help="draft tokens per step")
     p.add_argument("--temperature", type=float, default=0.0)
@@ -44,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     bad = [m for m in methods if m not in ALL_METHODS]
     if bad:
         raise WorkbenchError(f"unknown methods {bad}", hint=f"choose from {list(ALL_METHODS)}")
-    prompts = load_prompts(args.prompts, args.num_prompts, args.seed)
+    prompts = load_prompts(args.prompts, args.num_prompts, args.seed, args.max_prompt_chars)
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                             top_k=args.top_k, seed=args.seed)
     reporter().update(f"benchmarking {len(prompts)} prompts", 0.0)

@@ -39,9 +39,9 @@ class MethodRun:
     skipped: str | None = None
 
 
-def load_prompts(spec: str, n: int | None = None, seed: int = 0) -> list[dict[str, Any]]:
+def load_prompts(spec: str, n: int | None = None, seed: int = 0, max_chars: int | None = 1500) -> list[dict[str, Any]]:
     """`--prompts`: a JSONL file of {"prompt": str} / {"messages": [...]} rows, or a built-in dataset name
-    (its held-out split: prompts the shipped drafts never trained on)."""
+    (its held-out split: prompts the shipped drafts never trained on, at most `max_chars` long)."""
     path = Path(spec)
     if path.is_file():
         rows = []
@@ -58,7 +58,7 @@ def load_prompts(spec: str, n: int | None = None, seed: int = 0) -> list[dict[st
         return rows[:n] if n else rows
     from engine.data.datasets import heldout_prompts
 
-    return [{"messages": m} for m in heldout_prompts(spec, n=n or 20, seed=seed)]
+    return [{"messages": m} for m in heldout_prompts(spec, n=n or 20, seed=seed, max_chars=max_chars)]
 
 
 class _HFMethods:

@@ -1,0 +1,68 @@
+"""The bench: every method on the same prompts, the JSON schema the app plots, transformers' own modes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from engine.generate.bench import load_prompts, markdown_table, run_bench
+from engine.generate.sampling import SamplingParams
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def tiny_draft_dir(tiny_llama, tmp_path_factory):
+    import torch
+
+    from engine.algos.eagle3 import build_eagle3, save_eagle3
+
+    draft = build_eagle3(tiny_llama, draft_vocab_size=128, token_counts=torch.arange(tiny_llama.vocab_size),
+                         aux_layer_ids=[1, 2, 3])
+    return save_eagle3(draft, tmp_path_factory.mktemp("d") / "draft", dtype=torch.float32)
+
+
+def test_all_methods_on_the_same_prompts(tiny_llama, tiny_targets, tiny_draft_dir, tmp_path):
+    prompts = [{"prompt": "1 2 3 4 5 6 7 8 9 10, the numbers go on and on"},
+               {"messages": [{"role": "user", "content": "hello there, how are you"}]}]
+    result = run_bench(tiny_llama, prompts, methods=("baseline", "draft", "ngram", "hf_prompt_lookup", "hf_assisted"),
+                       draft=str(tiny_draft_dir), assistant=str(tiny_targets["qwen3"]), k=3,
+                       params=SamplingParams(max_new_tokens=24), progress=False)
+    methods = result["methods"]
+    assert set(methods) == {"baseline", "draft", "ngram", "hf_prompt_lookup", "hf_assisted"}
+    for name, row in methods.items():
+        assert {"mean_acceptance_length", "per_position_acceptance", "tokens_per_s", "speedup",
+                "identical_to_baseline"} <= set(row), name
+        assert row["identical_to_baseline"], name  # greedy: every method is lossless
+        assert row["tokens_per_s"] > 0
+    assert methods["baseline"]["speedup"] == pytest.approx(1.0)
+    assert methods["draft"]["mean_acceptance_length"] >= 1.0 and len(methods["draft"]["per_position_acceptance"]) == 3
+    assert methods["hf_prompt_lookup"]["mean_acceptance_length"] is None  # transformers does not report it
+    assert "2" in result["cost_curve"] or "4" in result["cost_curve"]
+    assert "| draft |" in markdown_table(result)
+    json.dumps(result)  # serialisable for the app
+
+
+def test_bench_cli_writes_json_and_skips_unfit_assistant(tiny_targets, tiny_draft_dir, tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt": "def add(a, b):"}) + "\n")
+    out = tmp_path / "bench.json"
+    proc = subprocess.run([sys.executable, "-m", "engine", "bench", "--target", str(tiny_targets["llama"]),
+                           "--draft", str(tiny_draft_dir), "--prompts", str(prompts), "--max-new-tokens", "12",
+                           "--methods", "baseline,draft,hf_assisted", "--json", str(out)],
+                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    data = json.loads(out.read_text())
+    assert data["methods"]["hf_assisted"]["skipped"]
+    assert data["methods"]["draft"]["identical_to_baseline"] is True
+
+
+def test_prompt_file_errors_are_clear(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "ok"}\n{"text": "no prompt key"}\n')
+    with pytest.raises(Exception, match="line 2 needs a 'prompt' or 'messages' key"):
+        load_prompts(str(bad))

@@ -1,0 +1,68 @@
+"""Greedy speculative output is token-identical to the baseline on the built-in target (fp32), 50 prompts.
+
+Verifying k tokens in one forward and decoding one at a time round differently. A flip is excused
+only if the target's top-2 logit gap at that position is below 1e-4; every excused flip is reported.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.generate.api import default_draft, make_proposer, prompt_ids
+from engine.generate.runner import TargetRunner
+from engine.generate.sampling import SamplingParams
+from engine.generate.speculative import generate_all
+
+NEW_TOKENS = 16
+NUM_PROMPTS = 50
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    from engine.data.datasets import heldout_prompts
+
+    return heldout_prompts("sharegpt", n=NUM_PROMPTS, max_chars=600)
+
+
+@pytest.fixture(scope="module")
+def draft_dir(builtin_target, tmp_path_factory):
+    shipped = default_draft("smollm2-135m-instruct")
+    if shipped is not None:
+        return shipped
+    from engine.algos.eagle3 import build_eagle3, save_eagle3
+
+    counts = torch.ones(builtin_target.vocab_size)
+    draft = build_eagle3(builtin_target, draft_vocab_size=4096, token_counts=counts)
+    return save_eagle3(draft, tmp_path_factory.mktemp("draft") / "random-eagle3", dtype=torch.float32)
+
+
+def top2_gap(target, ids: list[int]) -> float:
+    with torch.inference_mode():
+        logits = target.model(torch.tensor([ids])).logits[0, -1].float()
+    top = torch.topk(logits, 2).values
+    return float(top[0] - top[1])
+
+
+@pytest.mark.parametrize("method", ["draft", "ngram"])
+def test_greedy_identical_to_baseline_on_builtin(builtin_target, prompts, draft_dir, method):
+    assert len(prompts) == NUM_PROMPTS
+    params = SamplingParams(max_new_tokens=NEW_TOKENS, eos_token_ids=[builtin_target.tokenizer.eos_token_id])
+    proposer = make_proposer(method, builtin_target, draft=draft_dir)
+    base_runner = TargetRunner(builtin_target)
+    spec_runner = TargetRunner(builtin_target, proposer.aux_layer_ids)
+    excused, drafted = [], 0
+    for prompt in prompts:
+        ids = prompt_ids(builtin_target.tokenizer, prompt)
+        base, _ = generate_all(base_runner, ids, params)
+        out, events = generate_all(spec_runner, ids, params, proposer, k=3)
+        drafted += sum(e.drafted for e in events)
+        if out == base:
+            continue
+        i = next(j for j, (a, b) in enumerate(zip(out, base)) if a != b)
+        gap = top2_gap(builtin_target, ids + base[:i])
+        assert gap < 1e-4, f"{method}: output differs at token {i} with top-2 gap {gap:.2e} (not a near-tie)"
+        excused.append((prompt[-1]["content"][:40], i, gap))
+    if excused:
+        print(f"\n{method}: excused near-tie flips: {excused}")
+    assert drafted > 0  # the speculative path was really exercised
