@@ -1,0 +1,47 @@
+"""Speculators Workbench: the frame of the Streamlit app (page config, shared state, navigation, sidebar).
+
+Run with `streamlit run app.py` (or `make app`). Every page lives in pages/ and mirrors a CLI command.
+"""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from ui import sidebar, state
+from ui.errors import guard, show_pending
+
+PAGES = {
+    "Models": [
+        ("pages/models.py", "Models", ":material/hub:"),
+    ],
+    "Data & training": [
+        ("pages/data.py", "Data", ":material/dataset:"),
+        ("pages/train.py", "Train", ":material/model_training:"),
+    ],
+    "Drafts": [
+        ("pages/convert.py", "Convert", ":material/transform:"),
+        ("pages/config_builder.py", "Config builder", ":material/tune:"),
+    ],
+    "Compare": [
+        ("pages/demo_chat.py", "Demo chat", ":material/chat:"),
+        ("pages/benchmarks.py", "Benchmarks", ":material/speed:"),
+        ("pages/serve.py", "Serve", ":material/dns:"),
+    ],
+    "Jobs": [
+        ("pages/jobs.py", "Jobs", ":material/work_history:"),
+    ],
+}
+
+
+def run() -> None:
+    st.set_page_config(page_title="Speculators Workbench", page_icon=":material/bolt:", layout="wide")
+    state.init_state()
+    nav = st.navigation({section: [st.Page(path, title=title, icon=icon, default=(path == "pages/models.py"))
+                                   for path, title, icon in pages] for section, pages in PAGES.items()})
+    sidebar.render()
+    show_pending()
+    with guard(nav.title):  # the last net: an unexpected error is a message, not a traceback
+        nav.run()
+
+
+run()

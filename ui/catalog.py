@@ -1,0 +1,166 @@
+"""What the Models page lists and shows: the drafts on disk, and targets/drafts described without loading weights."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from engine.format.checkpoint import read_config_dict, tensor_index
+from engine.generate.api import ASSETS
+from engine.jobs import runs_dir
+
+
+@dataclass
+class DraftEntry:
+    label: str
+    path: str
+    origin: str  # shipped | trained | checkpoint | converted
+
+
+def find_drafts(max_checkpoints: int = 3) -> list[DraftEntry]:
+    """Shipped drafts (assets/drafts), trained drafts and their latest checkpoints, and converted drafts (runs/)."""
+    out: list[DraftEntry] = []
+    if ASSETS.is_dir():
+        for d in sorted(ASSETS.iterdir()):
+            if (d / "config.json").is_file():
+                out.append(DraftEntry(f"shipped · {d.name}", str(d), "shipped"))
+    root = runs_dir()
+    if root.is_dir():
+        seen: set[Path] = set()
+        for pattern in ("*/draft", "*/*/draft", "*/*/*/draft", "*/*/*/*/draft"):
+            for d in sorted(root.glob(pattern)):
+                if (d / "config.json").is_file() and d not in seen:
+                    seen.add(d)
+                    out.append(DraftEntry(f"trained · {d.parent.relative_to(root)}", str(d), "trained"))
+                ckpts = sorted(d.parent.glob("checkpoints/step_*"))[-max_checkpoints:]
+                for c in reversed(ckpts):
+                    if (c / "config.json").is_file() and c not in seen:
+                        seen.add(c)
+                        out.append(DraftEntry(f"checkpoint · {c.relative_to(root)}", str(c), "checkpoint"))
+        converted = root / "converted"
+        if converted.is_dir():
+            for d in sorted(converted.iterdir()):
+                if (d / "config.json").is_file():
+                    out.append(DraftEntry(f"converted · {d.name}", str(d), "converted"))
+    return out
+
+
+def _human_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1024 or unit == "TB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return f"{n:.1f} TB"
+
+
+def _human_count(n: int) -> str:
+    for div, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= div:
+            return f"{n / div:.1f}{unit}"
+    return str(n)
+
+
+@dataclass
+class WeightsSummary:
+    parameters: int = 0
+    bytes_on_disk: int = 0
+    tensors: int = 0
+    dtypes: dict[str, int] = field(default_factory=dict)
+
+    def rows(self) -> dict[str, str]:
+        return {"parameters": _human_count(self.parameters), "on disk": _human_bytes(self.bytes_on_disk),
+                "tensors": str(self.tensors), "dtypes": ", ".join(f"{k} ({v})" for k, v in self.dtypes.items())}
+
+
+def weights_summary(folder: str | Path) -> WeightsSummary:
+    """Parameter count, size and dtypes from safetensors headers only (no weights loaded)."""
+    import math
+
+    index = tensor_index(folder)
+    s = WeightsSummary(tensors=len(index))
+    for info in index.values():
+        s.parameters += math.prod(info.shape)
+        s.dtypes[info.dtype] = s.dtypes.get(info.dtype, 0) + 1
+    s.bytes_on_disk = sum((Path(folder) / f).stat().st_size for f in {i.file for i in index.values()})
+    return s
+
+
+def target_summary(name: str, path: str) -> dict[str, Any]:
+    """Config facts of a resolved target folder: architecture, depth, width, vocabulary, default aux layers."""
+    from engine.targets import BUILTIN_TARGETS, default_aux_layer_ids
+
+    cfg = read_config_dict(path)
+    text = cfg.get("text_config", cfg) if "num_hidden_layers" not in cfg else cfg
+    n = text.get("num_hidden_layers")
+    out = {
+        "architecture": ", ".join(cfg.get("architectures") or []) or cfg.get("model_type", "?"),
+        "model_type": cfg.get("model_type"),
+        "layers": n, "hidden_size": text.get("hidden_size"), "vocab_size": text.get("vocab_size"),
+        "attention heads": f"{text.get('num_attention_heads')} (kv {text.get('num_key_value_heads')})",
+        "max positions": text.get("max_position_embeddings"),
+        "default EAGLE-3 aux layers": default_aux_layer_ids(n) if isinstance(n, int) else None,
+        "folder": path,
+    }
+    if name in BUILTIN_TARGETS:
+        out["built-in"] = BUILTIN_TARGETS[name].description
+    return out
+
+
+def draft_summary(path: str) -> dict[str, Any]:
+    """The draft's algorithm, verifier, k, layer ids and vocabulary, from its config.json."""
+    from engine.format.config import parse_draft_config
+
+    raw = read_config_dict(path)
+    kind = raw.get("speculators_model_type")
+    out: dict[str, Any] = {"algorithm": kind or "not a speculators config (no speculators_model_type)"}
+    try:
+        cfg = parse_draft_config(raw)
+    except (KeyError, ValueError) as exc:
+        out["config problem"] = str(exc).splitlines()[0]
+        return out
+    out.update({
+        "verifier": cfg.verifier_name,
+        "speculative tokens (k)": cfg.speculative_tokens,
+        "aux layer ids": cfg.aux_layer_ids,
+        "draft layers": cfg.num_layers,
+        "draft layer type": cfg.transformer_layer_config.get("model_type"),
+        "hidden size": cfg.hidden_size,
+        "vocabulary": f"{cfg.draft_vocab_size} of {cfg.vocab_size}" + (" (reduced)" if cfg.reduced_vocab else " (full)"),
+        "speculators version": cfg.speculators_version,
+    })
+    return out
+
+
+def vocab_mapping(path: str, rows: int = 12, tokenizer=None) -> dict[str, Any] | None:
+    """The d2t/t2d mapping (draft id -> target id) summarised; None when the draft has the full vocabulary."""
+    import torch
+    from safetensors import safe_open
+
+    index = tensor_index(path)
+    if "d2t" not in index:
+        return None
+    info = index["d2t"]
+    with safe_open(str(Path(path) / info.file), framework="pt") as f:
+        d2t = f.get_tensor("d2t").long()
+    targets = torch.arange(d2t.numel()) + d2t
+    head = [{"draft id": i, "target id": int(targets[i]), "offset d2t[i]": int(d2t[i])}
+            for i in range(min(rows, d2t.numel()))]
+    if tokenizer is not None:
+        for row in head:
+            row["token"] = repr(tokenizer.decode([row["target id"]]))
+    return {"draft_vocab_size": int(d2t.numel()), "target id range": [int(targets.min()), int(targets.max())],
+            "has t2d": "t2d" in index, "first rows": head}
+
+
+def config_json(path: str) -> dict[str, Any]:
+    return read_config_dict(path)
+
+
+def pretty(obj: Any) -> str:
+    return json.dumps(obj, indent=2, sort_keys=True)
+
+
+__all__ = ["DraftEntry", "config_json", "draft_summary", "find_drafts", "pretty",
+           "target_summary", "vocab_mapping", "weights_summary"]

@@ -1,0 +1,120 @@
+"""Job panels over engine.jobs: launch `python -m engine ...` in the background and watch it from disk.
+
+Everything shown is rebuilt from `runs/<id>/` on each poll, so a browser refresh or an app restart loses nothing.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Sequence
+
+import streamlit as st
+
+from engine import jobs as engine_jobs
+from ui.cli import command
+from ui.errors import guard
+
+STATE_ICONS = {"queued": "⏳", "running": "🔄", "done": "✅", "failed": "❌", "stopped": "⏹️"}
+POLL_S = 2.0
+
+
+def launch(argv: Sequence[str], *, kind: str | None = None, name: str | None = None) -> engine_jobs.Job | None:
+    """Start a job; errors become a message. Returns the job or None."""
+    with guard("Starting the job"):
+        job = engine_jobs.launch([str(a) for a in argv], kind=kind, name=name)
+        st.toast(f"Started {job.kind} job {job.id}", icon="🚀")
+        return job
+    return None
+
+
+def all_jobs(kinds: Sequence[str] | None = None) -> list[engine_jobs.Job]:
+    jobs = engine_jobs.list_jobs()
+    return [j for j in jobs if kinds is None or j.kind in kinds]
+
+
+def find(job_id: str | None) -> engine_jobs.Job | None:
+    if not job_id:
+        return None
+    return engine_jobs.load_job(engine_jobs.runs_dir() / job_id)
+
+
+def label(job: engine_jobs.Job) -> str:
+    when = time.strftime("%m-%d %H:%M", time.localtime(job.created))
+    return f"{STATE_ICONS.get(job.status.state, '')} {job.id} · {job.status.state} · {when}"
+
+
+def argv_value(job: engine_jobs.Job, flag: str) -> str | None:
+    """The value given to `flag` on the job's command line, if any."""
+    argv = job.argv
+    for i, a in enumerate(argv):
+        if a == flag and i + 1 < len(argv):
+            return argv[i + 1]
+        if a.startswith(flag + "="):
+            return a.split("=", 1)[1]
+    return None
+
+
+def status_line(job: engine_jobs.Job) -> None:
+    s = job.status
+    st.markdown(f"**{STATE_ICONS.get(s.state, '')} {s.state}** · `{job.id}`" + (f" — {s.message}" if s.message else ""))
+    if s.progress is not None:
+        st.progress(min(1.0, max(0.0, s.progress)))
+
+
+def stop_button(job: engine_jobs.Job, *, key: str, label: str = "Stop", help: str | None = None) -> None:
+    if job.running and st.button(label, key=key, icon=":material/stop_circle:",
+                                 help=help or "SIGTERM to the job's process group (trainers save a checkpoint)"):
+        with guard("Stopping the job"):
+            if engine_jobs.stop(job):
+                st.toast(f"Sent SIGTERM to {job.id}", icon="⏹️")
+            else:
+                st.toast(f"{job.id} had already finished", icon="ℹ️")
+
+
+def job_details(job: engine_jobs.Job, *, key: str, log_lines: int = 25, show_log: bool = True) -> None:
+    """Status, progress, the exact command, the log tail and a stop button."""
+    status_line(job)
+    st.code(command(job.argv), language="bash", wrap_lines=True)
+    if show_log:
+        log = job.log_tail(log_lines)
+        with st.expander("Log (stdout.log)", expanded=job.status.state == "failed"):
+            st.code(log or "(empty so far)", language="text")
+    if job.status.result:
+        with st.expander("Result (status.json)"):
+            st.json(job.status.result)
+    stop_button(job, key=f"{key}_stop")
+
+
+def job_panel(job_id: str, *, key: str, log_lines: int = 25, show_log: bool = True) -> None:
+    """A self-refreshing panel for one job; the whole page reruns once when the job finishes."""
+    seen_key = f"{key}_seen_state"
+
+    @st.fragment(run_every=POLL_S)
+    def panel() -> None:
+        with guard("Reading the job"):
+            job = find(job_id)
+            if job is None:
+                st.warning(f"job {job_id} is not under {engine_jobs.runs_dir()} any more")
+                return
+            job_details(job, key=key, log_lines=log_lines, show_log=show_log)
+            previous = st.session_state.get(seen_key)
+            st.session_state[seen_key] = job.status.state
+            if previous in ("queued", "running") and not job.running:
+                st.rerun(scope="app")  # let the page show the job's results
+
+    panel()
+
+
+def jobs_table(jobs: Sequence[engine_jobs.Job]) -> None:
+    import pandas as pd
+
+    rows = [{"job": j.id, "kind": j.kind, "state": f"{STATE_ICONS.get(j.status.state, '')} {j.status.state}",
+             "progress": j.status.progress, "message": j.status.message[:120],
+             "started": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(j.created))} for j in jobs]
+    st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch",
+                 column_config={"progress": st.column_config.ProgressColumn("progress", min_value=0.0, max_value=1.0)})
+
+
+def runs_root() -> Path:
+    return engine_jobs.runs_dir()

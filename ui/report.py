@@ -1,0 +1,70 @@
+"""Draw a validation report: vLLM's verdict and ours, the issues by field, the derived vLLM config and commands."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import streamlit as st
+
+from engine.format.validate import Issue, ValidationReport
+
+
+def verdicts(report: ValidationReport) -> None:
+    """Two badges: would vLLM 0.33 load it, and do our extra checks pass."""
+    vllm_errors = [i for i in report.errors if i.layer == "vllm"]
+    ours = [i for i in report.errors if i.layer != "vllm"]
+    c1, c2, c3 = st.columns([1, 1, 2])
+    with c1:
+        if vllm_errors:
+            st.badge(f"vLLM 0.33: rejects ({len(vllm_errors)})", icon=":material/block:", color="red")
+        else:
+            st.badge("vLLM 0.33: loads it", icon=":material/check_circle:", color="green")
+    with c2:
+        if ours:
+            st.badge(f"workbench checks: {len(ours)} error(s)", icon=":material/error:", color="red")
+        else:
+            st.badge("workbench checks: pass", icon=":material/verified:", color="green")
+    with c3:
+        if report.warnings:
+            st.badge(f"{len(report.warnings)} warning(s)", icon=":material/warning:", color="orange")
+        notes = []
+        if not report.verifier_checked:
+            notes.append("verifier not available offline: not checked against it")
+        if not report.checked_weights:
+            notes.append("weights not checked (config only)")
+        if notes:
+            st.caption("; ".join(notes))
+
+
+def issue_rows(issues: list[Issue]) -> list[dict[str, Any]]:
+    return [{"severity": i.severity, "check": "vLLM" if i.layer == "vllm" else "workbench", "field": i.field,
+             "problem and fix": i.message, "vLLM says": i.vllm_message or ""} for i in issues]
+
+
+def issues_table(report: ValidationReport) -> None:
+    import pandas as pd
+
+    rows = issue_rows(report.errors + report.warnings)
+    if not rows:
+        st.success("No findings: vLLM would load this draft and our extra checks pass.", icon=":material/done_all:")
+        return
+    st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch",
+                 column_config={"problem and fix": st.column_config.TextColumn(width="large")})
+
+
+def serving(report: ValidationReport, commands: list[str] | None = None) -> None:
+    """The derived vLLM speculative_config and both `vllm serve` lines (st.code has a copy button)."""
+    if report.vllm_speculative_config is None:
+        st.info("vLLM cannot derive a speculative_config from this config yet: fix the vLLM errors first.")
+        return
+    st.markdown("**vLLM `speculative_config`** (what vLLM derives from this config)")
+    st.json(report.vllm_speculative_config)
+    st.markdown("**Serve it with vLLM**")
+    for line in commands if commands is not None else report.serve_commands:
+        st.code(line, language="bash", wrap_lines=True)
+
+
+def full(report: ValidationReport) -> None:
+    verdicts(report)
+    issues_table(report)
+    serving(report)

@@ -1,0 +1,126 @@
+"""Every cached model and expensive read of the app, in one place (`st.cache_resource` / `st.cache_data`).
+
+Cached models are shared by all browser sessions: they are only read (inference mode), and each generation
+builds its own KV cache (`TargetRunner`) and proposer state, so sessions never share mutable state.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import streamlit as st
+
+
+def _stamp(path: str | os.PathLike) -> float:
+    """Changes when a folder's config or weights are rewritten, so a retrained draft is reloaded."""
+    p = Path(path)
+    stamps = [f.stat().st_mtime for f in (p / "config.json", p / "model.safetensors") if f.exists()]
+    return max(stamps, default=0.0)
+
+
+@st.cache_resource(max_entries=4, show_spinner="Preparing the target (the built-in one is dequantized once)…")
+def target_ref(name: str):
+    """Built-in name / folder / hub id -> engine TargetRef (prepares a built-in target on first use)."""
+    from engine.targets import resolve_target
+
+    return resolve_target(name)
+
+
+@st.cache_resource(max_entries=2, show_spinner="Loading the target model…")
+def target(name: str):
+    """The loaded target model and tokenizer (engine.targets.Target)."""
+    from engine.targets import load_target
+
+    return load_target(name)
+
+
+@st.cache_resource(max_entries=4, show_spinner="Loading the tokenizer…")
+def tokenizer(name: str):
+    """The target's tokenizer alone (data previews need no weights)."""
+    from transformers import AutoTokenizer
+
+    from engine.errors import WorkbenchError
+
+    ref = target_ref(name)
+    try:
+        return AutoTokenizer.from_pretrained(ref.path)
+    except OSError as exc:
+        raise WorkbenchError(f"could not load the tokenizer of '{name}': {exc}",
+                             hint="use the built-in target, a local model folder, or a hub id that is already in "
+                                  "the Hugging Face cache") from exc
+
+
+@st.cache_resource(max_entries=4, show_spinner="Loading the draft model…")
+def _draft_model(path: str, target_name: str, stamp: float):
+    from engine.algos.eagle3 import load_eagle3
+    from engine.errors import WorkbenchError
+    from engine.format.checkpoint import read_config_dict
+
+    kind = read_config_dict(path).get("speculators_model_type")
+    if kind != "eagle3":
+        raise WorkbenchError(f"in-process generation does not support '{kind}' drafts yet",
+                             hint="use an eagle3 draft here, or serve this draft with vLLM (Serve page)")
+    return load_eagle3(path, target(target_name))
+
+
+def proposer(method: str, target_name: str, draft_path: str | None):
+    """A fresh proposer over cached weights: `draft` (the draft folder) or `ngram`; None for the baseline."""
+    from engine.generate.api import make_proposer
+
+    if method == "baseline":
+        return None
+    if method == "ngram":
+        return make_proposer("ngram", target(target_name))
+    if not draft_path:
+        from engine.errors import WorkbenchError
+
+        raise WorkbenchError("no draft is selected and this target has no shipped draft",
+                             hint="pick a draft on the Models page, or use the n-gram proposer")
+    from engine.algos.eagle3.proposer import Eagle3Proposer
+
+    return Eagle3Proposer(_draft_model(draft_path, target_name, _stamp(draft_path)))
+
+
+@st.cache_resource(show_spinner=False)
+def device_info() -> dict[str, Any]:
+    """Where models run: CPU or the GPU's name and memory."""
+    import torch
+
+    from engine.targets import pick_device
+
+    device = pick_device(None)
+    info: dict[str, Any] = {"device": device, "threads": torch.get_num_threads(), "torch": torch.__version__}
+    if device.startswith("cuda"):
+        props = torch.cuda.get_device_properties(0)
+        info.update(kind="GPU", name=props.name, memory_gib=round(props.total_memory / 2**30, 1),
+                    count=torch.cuda.device_count())
+    else:
+        info.update(kind="CPU", name=f"CPU ({os.cpu_count()} cores)")
+    return info
+
+
+@st.cache_data(max_entries=16, show_spinner="Reading and rendering the dataset…")
+def dataset_preview(dataset: str, target_name: str, split: str, rows: int, max_length: int, stamp: float):
+    """The first `rows` rows of a dataset split rendered with the target's chat template: (rows, summary).
+
+    Each row is {"id", "tokens", "loss_tokens", "truncated", "segments": [(text, is_loss), ...]}.
+    """
+    from engine.data.datasets import DatasetSummary, iter_conversations
+    from engine.data.render import mask_segments, render_rows
+
+    tok = tokenizer(target_name)
+    summary = DatasetSummary(source=dataset, split=split)
+    rendered = render_rows(tok, iter_conversations(dataset, summary), max_length, limit=rows, summary=summary)
+    out = [{"id": r.id, "tokens": r.num_tokens, "loss_tokens": r.num_loss_tokens, "truncated": r.truncated,
+            "segments": mask_segments(tok, r.input_ids, r.loss_mask)} for r in rendered]
+    return out, summary.to_json()
+
+
+def file_stamp(path: str) -> float:
+    """mtime of a local file (0 for built-in names), so cached previews follow edits of uploaded files."""
+    try:
+        return Path(path).stat().st_mtime
+    except OSError:
+        return 0.0
