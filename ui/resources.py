@@ -31,9 +31,14 @@ def target_ref(name: str):
 @st.cache_resource(max_entries=2, show_spinner="Loading the target model…")
 def target(name: str):
     """The loaded target model and tokenizer (engine.targets.Target)."""
+    import torch
+
     from engine.targets import load_target
 
-    return load_target(name)
+    loaded = load_target(name)
+    with torch.inference_mode():  # warm up the kernels so the first timed generation is not penalised
+        loaded.model(input_ids=torch.zeros(1, 8, dtype=torch.long, device=loaded.device))
+    return loaded
 
 
 @st.cache_resource(max_entries=4, show_spinner="Loading the tokenizer…")

@@ -1,0 +1,95 @@
+"""Plotly figures for the pages: per-step acceptance, training curves, benchmark results."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Mapping, Sequence
+
+import plotly.graph_objects as go
+
+_LAYOUT = dict(margin=dict(l=10, r=10, t=40, b=10), height=320, legend=dict(orientation="h", y=-0.2))
+
+
+def acceptance_bars(lengths: Sequence[int], k: int) -> go.Figure:
+    """Tokens emitted per speculative step (1 = no draft accepted, k+1 = all accepted plus the bonus)."""
+    fig = go.Figure(go.Bar(x=list(range(1, len(lengths) + 1)), y=list(lengths), marker_color="#4c9f70",
+                           hovertemplate="step %{x}: %{y} tokens<extra></extra>"))
+    fig.add_hline(y=k + 1, line_dash="dot", line_color="#999", annotation_text=f"max k+1 = {k + 1}")
+    fig.update_layout(title="Acceptance length per step", xaxis_title="step", yaxis_title="tokens emitted",
+                      yaxis_range=[0, k + 1.5], **{**_LAYOUT, "height": 240})
+    return fig
+
+
+# -- training -------------------------------------------------------------------------------------
+
+
+def _series(rows: Sequence[Mapping[str, Any]], split: str, key: str) -> tuple[list, list]:
+    pts = [(r["step"], r[key]) for r in rows if r.get("split") == split and r.get(key) is not None and "step" in r]
+    return [p[0] for p in pts], [p[1] for p in pts]
+
+
+def acc_keys(rows: Sequence[Mapping[str, Any]], prefix: str = "full_acc_") -> list[str]:
+    keys = {k for r in rows for k in r if re.fullmatch(prefix + r"\d+", k)}
+    return sorted(keys, key=lambda k: int(k.rsplit("_", 1)[1]))
+
+
+def training_figures(runs: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, go.Figure]:
+    """Loss, per-step accuracy and estimated acceptance length over steps, one trace per run and split."""
+    figs = {name: go.Figure() for name in ("loss", "accuracy", "acceptance")}
+    many = len(runs) > 1
+    for run, rows in runs.items():
+        tag = f"{run} · " if many else ""
+        for split, dash in (("train", None), ("val", "dot")):
+            x, y = _series(rows, split, "loss")
+            if x:
+                figs["loss"].add_scatter(x=x, y=y, mode="lines+markers" if split == "val" else "lines",
+                                         name=f"{tag}{split}", line=dict(dash=dash))
+            for key in acc_keys(rows):
+                x, y = _series(rows, split, key)
+                if x:
+                    figs["accuracy"].add_scatter(x=x, y=y, mode="lines+markers" if split == "val" else "lines",
+                                                 name=f"{tag}{split} step {int(key.rsplit('_', 1)[1]) + 1}",
+                                                 line=dict(dash=dash))
+            x, y = _series(rows, split, "est_acceptance_length")
+            if x:
+                figs["acceptance"].add_scatter(x=x, y=y, mode="lines+markers" if split == "val" else "lines",
+                                               name=f"{tag}{split}", line=dict(dash=dash))
+    figs["loss"].update_layout(title="Loss", xaxis_title="optimizer step", **_LAYOUT)
+    figs["accuracy"].update_layout(title="Accuracy per draft step (full_acc_k)", xaxis_title="optimizer step",
+                                   yaxis_range=[0, 1], **_LAYOUT)
+    figs["acceptance"].update_layout(title="Estimated acceptance length", xaxis_title="optimizer step", **_LAYOUT)
+    return figs
+
+
+# -- benchmarks -----------------------------------------------------------------------------------
+
+
+def bench_figures(result: Mapping[str, Any]) -> dict[str, go.Figure]:
+    """From `python -m engine bench --json`: acceptance per position, acceptance length and speedup per method."""
+    methods = {m: r for m, r in (result.get("methods") or {}).items() if not r.get("skipped")}
+    per_pos = go.Figure()
+    for name, row in methods.items():
+        pos = row.get("per_position_acceptance") or []
+        if pos:
+            per_pos.add_scatter(x=list(range(1, len(pos) + 1)), y=pos, mode="lines+markers", name=name)
+    per_pos.update_layout(title="Acceptance per position (P[first i drafts accepted])", xaxis_title="draft position",
+                          yaxis_range=[0, 1.05], xaxis_dtick=1, **_LAYOUT)
+
+    spec = {m: r for m, r in methods.items() if r.get("mean_acceptance_length") is not None}
+    tau = go.Figure(go.Bar(x=list(spec), y=[r["mean_acceptance_length"] for r in spec.values()],
+                           text=[f"{r['mean_acceptance_length']:.2f}" for r in spec.values()], textposition="auto",
+                           marker_color="#4c9f70"))
+    tau.update_layout(title="Mean acceptance length", yaxis_title="tokens per step", **_LAYOUT)
+
+    names = [m for m, r in methods.items() if r.get("speedup") is not None]
+    speed = go.Figure(go.Bar(x=names, y=[methods[m]["speedup"] for m in names], name="measured speedup",
+                             text=[f"{methods[m]['speedup']:.2f}×" for m in names], textposition="auto",
+                             marker_color="#5b8def"))
+    ceil = [(m, methods[m]["speedup_ceiling"]) for m in names if methods[m].get("speedup_ceiling")]
+    if ceil:
+        speed.add_scatter(x=[m for m, _ in ceil], y=[c for _, c in ceil], mode="markers+text", name="speedup ceiling",
+                          marker=dict(symbol="line-ew-open", size=46, line=dict(width=3, color="#c0392b")),
+                          text=[f"ceiling {c:.2f}×" for _, c in ceil], textposition="top center")
+    speed.add_hline(y=1.0, line_dash="dot", line_color="#999", annotation_text="baseline")
+    speed.update_layout(title="Speedup vs baseline (ceiling: if drafting were free)", yaxis_title="×", **_LAYOUT)
+    return {"per_position": per_pos, "acceptance_length": tau, "speedup": speed}

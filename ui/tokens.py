@@ -1,0 +1,99 @@
+"""HTML views of token streams: speculative tokens coloured by source, and training rows with loss-masked spans."""
+
+from __future__ import annotations
+
+import html
+import os
+from dataclasses import dataclass, field
+from typing import Iterable
+
+# source -> (background colour, what it means)
+SOURCES = {
+    "accepted": ("#b7ebc0", "accepted draft token"),
+    "correction": ("#ffd3a8", "target correction (first rejected position)"),
+    "bonus": ("#b9d7ff", "bonus token (every draft token was accepted)"),
+    "target": ("transparent", "target token (prefill or no draft)"),
+}
+_BOX = "white-space:pre-wrap;line-height:1.75;font-size:0.95rem;font-family:ui-sans-serif,system-ui,sans-serif;"
+
+
+@dataclass
+class TokenText:
+    """Incremental decoding that gives every token its exact piece of the final text (multi-byte safe)."""
+
+    tokenizer: object
+    ids: list[int] = field(default_factory=list)
+    pieces: list[str] = field(default_factory=list)
+
+    def add(self, token: int) -> str:
+        before = "".join(self.pieces)
+        self.ids.append(token)
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        common = len(os.path.commonprefix([before, text]))
+        excess = len(before) - common
+        i = len(self.pieces) - 1
+        while excess > 0 and i >= 0:  # a previous piece ended inside a multi-byte character: trim it
+            cut = min(excess, len(self.pieces[i]))
+            self.pieces[i] = self.pieces[i][: len(self.pieces[i]) - cut]
+            excess -= cut
+            i -= 1
+        self.pieces.append(text[common:])
+        return self.pieces[-1]
+
+    @property
+    def text(self) -> str:
+        return "".join(self.pieces)
+
+
+@dataclass
+class TokenMark:
+    """One emitted token: its text piece, its source, its step, and the drafts rejected at that step."""
+
+    piece: str
+    source: str
+    step: int
+    rejected: list[str] = field(default_factory=list)
+
+
+def _span(mark: TokenMark) -> str:
+    colour, meaning = SOURCES.get(mark.source, SOURCES["target"])
+    title = f"step {mark.step} · {meaning}"
+    style = f"background:{colour};border-radius:3px;padding:0 1px;"
+    if mark.rejected:
+        title += " · rejected drafts: " + " ".join(repr(r) for r in mark.rejected)
+        style += "text-decoration:underline dotted #c0392b;text-underline-offset:3px;"
+    return (f'<span class="tok tok-{html.escape(mark.source)}" data-step="{mark.step}" title="{html.escape(title)}" '
+            f'style="{style}">{html.escape(mark.piece)}</span>')
+
+
+def spec_html(marks: Iterable[TokenMark], *, cursor: bool = False) -> str:
+    body = "".join(_span(m) for m in marks)
+    return f'<div class="spec-answer" style="{_BOX}">{body}{"▌" if cursor else ""}</div>'
+
+
+def plain_html(text: str, *, cursor: bool = False, css_class: str = "baseline-answer") -> str:
+    return f'<div class="{css_class}" style="{_BOX}">{html.escape(text)}{"▌" if cursor else ""}</div>'
+
+
+def legend_html() -> str:
+    chips = "".join(f'<span style="background:{c};border:1px solid #ccc;border-radius:3px;padding:0 6px;'
+                    f'margin-right:10px">{html.escape(m.split(" (")[0])}</span>'
+                    for s, (c, m) in SOURCES.items() if s != "target")
+    return (f'<div style="font-size:0.85rem">{chips}<span style="text-decoration:underline dotted #c0392b">'
+            f'dotted underline</span>: drafts were rejected here (hover to see them)</div>')
+
+
+def loss_html(segments: Iterable[tuple[str, bool]], *, max_chars: int | None = None) -> str:
+    """A rendered training row: loss-masked (trained) spans highlighted, the rest greyed."""
+    out, used = [], 0
+    for text, is_loss in segments:
+        if max_chars is not None and used >= max_chars:
+            out.append('<span style="color:#999">[…]</span>')
+            break
+        if max_chars is not None:
+            text = text[: max_chars - used]
+        used += len(text)
+        style = ("background:#c8f2cf;color:#0b3d16;border-radius:3px" if is_loss else "color:#6b6b6b")
+        out.append(f'<span class="{"loss" if is_loss else "noloss"}" style="{style}">{html.escape(text)}</span>')
+    return (f'<div class="loss-preview" style="{_BOX}font-family:ui-monospace,monospace;font-size:0.85rem;'
+            f'border:1px solid #e5e5e5;border-radius:6px;padding:8px">{"".join(out)}</div>')
