@@ -1,3 +1,155 @@
+"""Train: a form generated from the typed training config, launch as a job, live charts, stop/resume, compare."""
+
+from pathlib import Path
+
 import streamlit as st
 
-st.title("train")
+from engine.train.config import TrainConfig
+from ui import charts, forms, state, training
+from ui.cli import command
+from ui.errors import callback, guard
+from ui.jobs import all_jobs, job_panel, label, launch
+
+st.title("Train")
+st.caption("Train an EAGLE-3 draft for the active target. Each field's help is its description in "
+           "`engine.train.config.TrainConfig`; the run is `python -m engine train ...` in the background.")
+
+ss = st.session_state
+P = "train_f_"
+ss.setdefault("train_run_name", training.new_run_name())
+forms.init_values(P, TrainConfig, {**training.defaults(), "target": state.active_target(),
+                                   "out": training.default_out(ss["train_run_name"])})
+
+
+def _preset(values: dict) -> None:
+    forms.init_values(P, TrainConfig, values, force=True)
+
+
+def _reset() -> None:
+    ss["train_run_name"] = training.new_run_name()
+    _preset({**training.defaults(), "target": state.active_target(),
+             "out": training.default_out(ss["train_run_name"])})
+
+
+def _launch(argv: list[str], yaml_fields: dict, out: str) -> None:
+    if yaml_fields:
+        argv = argv + ["--config", training.write_yaml_overrides(out, yaml_fields)]
+    job = launch(argv, kind="train", name=Path(out).name)
+    if job is not None:
+        ss["train_job"] = job.id
+        ss["train_watch"] = job.id
+        ss["train_run_name"] = training.new_run_name()
+        ss[P + "out"] = training.default_out(ss["train_run_name"])  # the next run gets its own folder
+
+
+tab_new, tab_watch, tab_compare = st.tabs(["New run", "Watch and control runs", "Compare runs"])
+
+# -- new run ----------------------------------------------------------------------------------------
+with tab_new:
+    b1, b2, b3 = st.columns(3)
+    b1.button("Smoke-test preset (12 steps, online)", key="train_smoke", icon=":material/bolt:",
+              on_click=callback("Applying the preset", _preset, training.SMOKE),
+              help="Online training on 24 ShareGPT rows for 12 steps: checks the pipeline in about a minute on a CPU.")
+    b2.button("Use the active target", key="train_use_active", icon=":material/hub:",
+              on_click=callback("Setting the target", _preset, {"target": state.active_target()}))
+    b3.button("Reset to defaults", key="train_reset", icon=":material/restart_alt:",
+              on_click=callback("Resetting", _reset))
+
+    values = forms.current_values(P, TrainConfig)
+    cfg, errors = forms.validation_errors(TrainConfig, values)
+    forms.model_form(P, TrainConfig, training.GROUPS, errors=errors, expanded=["What to train"])
+    for message in errors.get("", []):
+        st.error(message, icon=":material/error:")
+    if cfg is not None:
+        argv, yaml_fields = training.train_argv(cfg)
+        out = Path(cfg.out)
+        ckpt = training.latest_checkpoint(out)
+        if ckpt:
+            st.info(f"`{out}` already holds checkpoints (latest `{ckpt}`): the run resumes from there.",
+                    icon=":material/history:")
+        shown = argv + (["--config", str(out / "train_overrides.yaml")] if yaml_fields else [])
+        st.markdown("**Command**")
+        st.code(command(shown), language="bash", wrap_lines=True)
+        if yaml_fields:
+            st.caption(f"`train_overrides.yaml` will hold {sorted(yaml_fields)} (not expressible as flags).")
+    st.button("Launch training", key="train_launch", type="primary", icon=":material/rocket_launch:",
+              disabled=cfg is None,
+              on_click=callback("Launching training", _launch, *(
+                  (argv, yaml_fields, cfg.out) if cfg is not None else ([], {}, ""))))
+    if cfg is None:
+        st.caption("Fix the fields marked in red to launch.")
+
+# -- watch ------------------------------------------------------------------------------------------
+with tab_watch:
+    jobs = all_jobs(["train"])
+    if not jobs:
+        st.info("No training runs yet: launch one in the first tab (they are listed from `runs/`, so they survive "
+                "a browser refresh and an app restart).", icon=":material/info:")
+    else:
+        ids = [j.id for j in jobs]
+        if ss.get("train_watch") not in ids:
+            ss["train_watch"] = ss.get("train_job") if ss.get("train_job") in ids else ids[0]
+        by_id = {j.id: j for j in jobs}
+        job_id = st.selectbox("Run", ids, key="train_watch", format_func=lambda i: label(by_id[i]))
+        job = by_id[job_id]
+        out = training.train_out(job)
+        left, right = st.columns([2, 3])
+        with left:
+            job_panel(job.id, key="train_panel", log_lines=15)
+            ckpt = training.latest_checkpoint(out)
+            if not job.running and ckpt and job.status.state != "done":
+                st.button(f"Resume from {ckpt}", key="train_resume", icon=":material/play_arrow:",
+                          on_click=callback("Resuming", lambda: ss.update(
+                              train_watch=getattr(launch(job.argv, kind="train", name=out.name), "id", job.id))),
+                          help="Relaunch the same command: the trainer continues from the latest checkpoint.")
+            st.caption(f"Output folder: `{out}`" + (f" · latest checkpoint `{ckpt}`" if ckpt else ""))
+            if (out / "draft" / "config.json").is_file():
+                if st.button("Use the trained draft", key="train_use_draft", icon=":material/check:"):
+                    state.set_draft(str(out / "draft"))
+                    st.toast("Active draft set (see the sidebar)")
+
+        with right:
+            @st.fragment(run_every=2.0 if job.running else None)
+            def live_charts() -> None:
+                with guard("Reading metrics"):
+                    rows = training.read_metrics(out)
+                    if not rows:
+                        st.info("No metrics yet: the trainer writes `metrics.jsonl` after its first steps.")
+                        return
+                    last = training.last_row(rows) or {}
+                    val = training.last_row(rows, "val") or {}
+                    m = st.columns(4)
+                    m[0].metric("step", last.get("step", 0))
+                    m[1].metric("loss", f"{last['loss']:.3f}" if "loss" in last else "–")
+                    m[2].metric("est. acceptance length", f"{last['est_acceptance_length']:.2f}"
+                                if "est_acceptance_length" in last else "–",
+                                delta=f"val {val['est_acceptance_length']:.2f}" if "est_acceptance_length" in val
+                                else None, delta_color="off")
+                    m[3].metric("tokens/s", f"{last['tokens_per_s']:.0f}" if "tokens_per_s" in last else "–")
+                    figs = charts.training_figures({out.name: rows})
+                    for name, fig in figs.items():
+                        st.plotly_chart(fig, key=f"train_chart_{name}")
+
+            live_charts()
+
+# -- compare ----------------------------------------------------------------------------------------
+with tab_compare:
+    with guard("Finding runs"):
+        runs = training.metric_runs()
+        if not runs:
+            st.info("No run has written metrics yet.")
+        else:
+            chosen = st.multiselect("Runs to compare", list(runs), default=list(runs)[:2], key="train_compare")
+            if chosen:
+                figs = charts.training_figures({name: training.read_metrics(runs[name]) for name in chosen})
+                cols = st.columns(3)
+                for col, (name, fig) in zip(cols, figs.items()):
+                    with col:
+                        st.plotly_chart(fig, key=f"train_compare_{name}")
+
+with st.expander("Equivalent CLI commands", icon=":material/terminal:"):
+    st.code("python -m engine train --help\npython -m engine jobs            # list runs\n"
+            "python -m engine jobs stop JOB   # SIGTERM: the trainer checkpoints and exits\n"
+            "python -m engine train ... (same flags, same --out)   # resumes from the latest checkpoint",
+            language="bash")
+

@@ -1,0 +1,81 @@
+"""Glue for the Data page: where uploaded datasets and job outputs go, and the command lines of data jobs."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+from typing import Any
+
+from engine.jobs import runs_dir
+
+BUILTIN = "sharegpt"
+
+
+def save_upload(name: str, data: bytes) -> str:
+    """Keep an uploaded dataset under runs/uploads/ (jobs read it from there); same content, same file."""
+    digest = hashlib.sha256(data).hexdigest()[:10]
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", Path(name).name) or "dataset.jsonl"
+    folder = runs_dir() / "uploads"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{Path(safe).stem}-{digest}{Path(safe).suffix or '.jsonl'}"
+    if not path.exists():
+        from engine.fsutil import atomic_write_bytes
+
+        atomic_write_bytes(path, data)
+    return str(path)
+
+
+def slug(dataset: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_-]", "_", Path(dataset).stem if "/" in dataset else dataset)[:40]
+
+
+def default_regen_out(dataset: str) -> str:
+    return str(runs_dir() / "data" / f"{slug(dataset)}-regenerated.jsonl")
+
+
+def default_extract_out(dataset: str, target: str) -> str:
+    return str(runs_dir() / "data" / f"{slug(dataset)}-{slug(target)}-hidden-states")
+
+
+def regenerate_argv(dataset: str, target: str, out: str, *, split: str, max_samples: int | None, max_new_tokens: int,
+                    temperature: float, batch_size: int, max_turns: int | None) -> list[str]:
+    argv = ["regenerate", "--dataset", dataset, "--target", target, "--split", split, "--out", out,
+            "--max-new-tokens", str(max_new_tokens), "--temperature", str(temperature), "--batch-size", str(batch_size)]
+    if max_samples:
+        argv += ["--max-samples", str(max_samples)]
+    if max_turns:
+        argv += ["--max-turns", str(max_turns)]
+    return argv
+
+
+def extract_argv(dataset: str, target: str, out: str, *, split: str, max_samples: int | None, max_length: int,
+                 layers: str, algo: str, dtype: str, batch_size: int) -> list[str]:
+    argv = ["extract", "--dataset", dataset, "--target", target, "--split", split, "--out", out,
+            "--max-length", str(max_length), "--dtype", dtype, "--batch-size", str(batch_size)]
+    argv += ["--layers", layers] if layers.strip() else ["--algo", algo]
+    if max_samples:
+        argv += ["--max-samples", str(max_samples)]
+    return argv
+
+
+def prepare_argv(dataset: str, target: str, *, split: str, rows: int, max_length: int) -> list[str]:
+    return ["prepare", "--dataset", dataset, "--target", target, "--split", split, "--max-samples", str(rows),
+            "--preview", str(rows), "--max-length", str(max_length)]
+
+
+def manifest(out: str) -> dict[str, Any] | None:
+    from engine.data.store import read_manifest
+
+    return read_manifest(out) if Path(out).is_dir() else None
+
+
+def extraction_folders() -> list[str]:
+    """Folders under runs/ that hold an extraction manifest (for the Train page's `data`)."""
+    root = runs_dir()
+    if not root.is_dir():
+        return []
+    found = []
+    for depth in range(1, 5):
+        found += [str(p.parent) for p in sorted(root.glob("/".join(["*"] * depth) + "/manifest.json"))]
+    return found
