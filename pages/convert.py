@@ -1,3 +1,106 @@
+"""Convert: bring a research checkpoint into the speculators format; detect, map keys, convert, validate, download."""
+
 import streamlit as st
 
-st.title("convert")
+from ui import convert as conv
+from ui import report, resources, state
+from ui.cli import show_cli
+from ui.errors import guard
+from ui.jobs import all_jobs, argv_value, job_panel, label, launch
+
+st.title("Convert")
+st.caption("Drop a draft checkpoint (config.json + .safetensors, or a zip) or give its path. The page detects its "
+           "format, shows how its tensors map to the speculators layout, converts it and validates the result.")
+
+ss = st.session_state
+src = None
+c1, c2 = st.columns(2, gap="large")
+with c1:
+    uploads = st.file_uploader("Checkpoint files", type=["json", "safetensors", "zip"], accept_multiple_files=True,
+                               key="convert_upload", help="config.json and the .safetensors file(s), or one .zip. "
+                               "Pickled .bin/.pt weights are not accepted (unpickling can run code).")
+    if uploads:
+        with guard("Reading the upload"):
+            src = str(conv.stage((u.name, u.getvalue()) for u in uploads))
+with c2:
+    path = st.text_input("…or a local folder / .zip path", key="convert_path", persist_state="session",
+                         placeholder="/path/to/checkpoint").strip()
+    if path and not uploads:
+        with guard("Opening the checkpoint"):
+            src = str(conv.resolve_input(path))
+
+if not src:
+    st.info("Upload a checkpoint or give a path to start.", icon=":material/upload_file:")
+    show_cli(["validate", "/path/to/draft"])
+    st.stop()
+
+det = None
+with guard("Detecting the format"):
+    det = conv.detect(src)
+if det is None:
+    st.stop()
+
+st.subheader("Detected format", anchor=False)
+colour = {"speculators": "green", "eagle3-research": "blue"}.get(det.format, "gray")
+st.badge(det.title, color=colour, icon=":material/fingerprint:")
+st.caption(f"Folder: `{det.folder}`")
+st.json(det.facts)
+for note in det.notes:
+    st.markdown(f"- {note}")
+with st.expander(f"Key mapping table ({len(det.mapping)} tensors)", expanded=det.format != "speculators"):
+    st.dataframe(det.mapping, hide_index=True, width="stretch")
+
+st.subheader("Convert", anchor=False)
+result_dir = None
+if det.format == conv.SPECULATORS:
+    st.success("Already in the speculators format: nothing to convert. Validate it and download it below.",
+               icon=":material/task_alt:")
+    result_dir = det.folder
+elif det.format == conv.EAGLE3_RESEARCH:
+    hub = resources.target_ref(state.active_target()).hub_id
+    c1, c2, c3 = st.columns(3)
+    out = c1.text_input("Output folder", conv.default_out(det.folder), key="convert_out")
+    verifier = c2.text_input("Verifier (target hub id)", hub or "", key="convert_verifier",
+                             help="Written to speculators_config.verifier.name_or_path; `vllm serve <draft>` "
+                             "serves this model as the target.")
+    aux = c3.text_input("Aux layer ids (optional)", "", key="convert_aux", placeholder="e.g. 2, 15, 27",
+                        help="Research checkpoints do not record them; default: the target's [2, N//2, N-3].")
+    argv = conv.convert_argv(det.folder, out, verifier.strip() or None, aux.replace(" ", "") or None)
+    if conv.engine_convert_command():
+        if st.button("Convert", type="primary", key="convert_go", icon=":material/transform:"):
+            job = launch(argv, kind="convert")
+            if job:
+                ss["convert_job"] = job.id
+    else:
+        st.warning("**Converter not available yet.** The engine has no `convert` command in this version, so "
+                   "nothing is converted here. The detected format and the mapping above are what the conversion "
+                   "will apply once it lands.", icon=":material/construction:")
+    show_cli(argv, label="The conversion command")
+else:
+    st.error("This checkpoint's format is not recognised, so it cannot be converted.", icon=":material/help:")
+
+jobs = all_jobs(["convert"])
+if jobs:
+    ids = [j.id for j in jobs]
+    by_id = {j.id: j for j in jobs}
+    pick = st.selectbox("Conversion jobs", ids, key="convert_watch", format_func=lambda i: label(by_id[i]),
+                        index=ids.index(ss["convert_job"]) if ss.get("convert_job") in ids else 0)
+    job_panel(pick, key="convert_panel")
+    if by_id[pick].status.state == "done":
+        result_dir = argv_value(by_id[pick], "--out") or result_dir
+
+if result_dir:
+    st.subheader("Validate and download", anchor=False)
+    with guard("Validating"):
+        from engine.format.validate import validate_draft
+
+        report.full(validate_draft(result_dir))
+    from pathlib import Path
+
+    d1, d2 = st.columns(2)
+    d1.download_button("Download as zip", lambda: conv.zip_folder(result_dir), file_name=f"{Path(result_dir).name}.zip",
+                       mime="application/zip", key="convert_download", icon=":material/folder_zip:", type="primary")
+    if d2.button("Use as the active draft", key="convert_use", icon=":material/check:"):
+        state.set_draft(result_dir)
+        st.toast("Active draft set (see the sidebar)")
+    show_cli(["validate", result_dir])

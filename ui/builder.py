@@ -1,0 +1,253 @@
+"""The Config builder's model: one speculators config dict edited by a visual form and a JSON editor in sync.
+
+The dict in `builder_cfg` is the truth. A form edit writes one field into it and re-serialises the JSON text;
+a JSON edit replaces it and drops the form's widget values so that they are re-read from the dict.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import streamlit as st
+
+from engine.format.config import CONFIG_CLASSES, DraftConfig, ProposalMethod, VerifierInfo
+from ui.forms import FieldKind, field_kind, from_widget, to_widget
+
+CFG, TEXT, JSON_ERROR, PREFIX = "builder_cfg", "builder_json", "builder_json_error", "builder_f_"
+MISSING = object()
+
+
+@dataclass(frozen=True)
+class BuilderField:
+    path: str
+    kind: FieldKind
+    help: str | None
+
+
+_TLC = [
+    ("model_type", Literal["llama", "qwen3"], "Draft decoder family: vLLM builds Llama or Qwen3 layers."),
+    ("hidden_size", int, "Draft hidden size (usually the verifier's)."),
+    ("intermediate_size", int, "MLP width of the draft layers."),
+    ("num_hidden_layers", int, "Draft decoder layers."),
+    ("num_attention_heads", int, "Attention heads."),
+    ("num_key_value_heads", int, "Key/value heads (GQA)."),
+    ("head_dim", int, "Dimension per head."),
+    ("vocab_size", int, "The verifier's vocabulary size (drafts index it)."),
+    ("max_position_embeddings", int, "Longest position the draft supports."),
+    ("rms_norm_eps", float, "RMSNorm epsilon."),
+    ("sliding_window", int | None, "Sliding window of sliding-attention layers."),
+    ("layer_types", list[str] | None, "One of sliding_attention / full_attention per layer."),
+    ("num_aux_hidden_states", int | None, "vLLM's Llama EAGLE-3 class reads the aux count here (default 3)."),
+]
+
+
+def fields_for(algorithm: str | None) -> dict[str, list[BuilderField]]:
+    """The form's fields, grouped; descriptions from the pydantic models (and short notes for layer keys)."""
+    cls = CONFIG_CLASSES.get(algorithm or "", None)
+    algo_kind = FieldKind("choice", False, tuple(CONFIG_CLASSES))
+    pm, vi = ProposalMethod.model_fields, VerifierInfo.model_fields
+    groups: dict[str, list[BuilderField]] = {
+        "Algorithm and proposal": [
+            BuilderField("speculators_model_type", algo_kind, DraftConfig.model_fields["speculators_model_type"].description),
+            BuilderField("speculators_config.proposal_methods[0].speculative_tokens",
+                         field_kind(pm["speculative_tokens"].annotation), pm["speculative_tokens"].description),
+            BuilderField("speculators_config.verifier.name_or_path", field_kind(vi["name_or_path"].annotation),
+                         vi["name_or_path"].description),
+            BuilderField("speculators_config.verifier.architectures", field_kind(vi["architectures"].annotation),
+                         vi["architectures"].description),
+        ],
+        "Vocabulary and sizes": [
+            BuilderField(n, field_kind(DraftConfig.model_fields[n].annotation), DraftConfig.model_fields[n].description)
+            for n in ("draft_vocab_size", "target_hidden_size")
+        ],
+    }
+    if cls is not None:
+        own = [n for n in cls.model_fields if n not in DraftConfig.model_fields]
+        groups[f"{algorithm} fields"] = [BuilderField(n, field_kind(cls.model_fields[n].annotation),
+                                                      cls.model_fields[n].description) for n in own]
+    groups["transformer_layer_config (the draft decoder)"] = [
+        BuilderField(f"transformer_layer_config.{n}", field_kind(t), h) for n, t, h in _TLC
+        if n != "num_aux_hidden_states" or algorithm == "eagle3"]
+    return groups
+
+
+# -- paths ----------------------------------------------------------------------------------------
+
+_PART = re.compile(r"([^.\[\]]+)|\[(\d+)\]")
+
+
+def _parts(path: str) -> list[str | int]:
+    return [int(i) if i else name for name, i in _PART.findall(path)]
+
+
+def get_path(cfg: Any, path: str) -> Any:
+    node = cfg
+    for part in _parts(path):
+        try:
+            node = node[part]
+        except (KeyError, IndexError, TypeError):
+            return MISSING
+    return node
+
+
+def set_path(cfg: dict, path: str, value: Any) -> None:
+    parts = _parts(path)
+    node: Any = cfg
+    for part, nxt in zip(parts, parts[1:]):
+        empty: Any = [] if isinstance(nxt, int) else {}
+        if isinstance(part, int):
+            while len(node) <= part:
+                node.append(copy.deepcopy(empty))
+            if not isinstance(node[part], (dict, list)):
+                node[part] = empty
+        elif not isinstance(node.get(part), (dict, list)):
+            node[part] = empty
+        node = node[part]
+    last = parts[-1]
+    if isinstance(last, int):
+        while len(node) <= last:
+            node.append(None)
+    node[last] = value
+
+
+def widget_key(path: str) -> str:
+    return PREFIX + re.sub(r"[^A-Za-z0-9]+", "_", path)
+
+
+def fits(kind: FieldKind, value: Any) -> bool:
+    """Whether the typed widget can show this value (otherwise a raw JSON text box is used)."""
+    if value is MISSING or value is None:
+        return kind.kind != "bool"
+    if kind.kind == "bool":
+        return isinstance(value, bool)
+    if kind.kind == "choice":
+        return value in kind.choices
+    if kind.kind == "int":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind.kind == "float":
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind.kind == "str":
+        return isinstance(value, str)
+    if kind.kind == "list":
+        return isinstance(value, list) and all(isinstance(v, (int, str)) and not isinstance(v, bool) for v in value)
+    return True
+
+
+# -- state transitions (widget callbacks) ----------------------------------------------------------
+
+
+def _drop_form_keys() -> None:
+    for key in [k for k in st.session_state if str(k).startswith(PREFIX)]:
+        del st.session_state[key]
+
+
+def load(cfg: dict[str, Any]) -> None:
+    """Replace the edited config (both views)."""
+    st.session_state[CFG] = copy.deepcopy(cfg)
+    st.session_state[TEXT] = dump(cfg)
+    st.session_state.pop(JSON_ERROR, None)
+    _drop_form_keys()
+
+
+def dump(cfg: dict[str, Any]) -> str:
+    return json.dumps(cfg, indent=2, sort_keys=True)
+
+
+def on_json_edit() -> None:
+    text = st.session_state.get(TEXT, "")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        st.session_state[JSON_ERROR] = f"line {exc.lineno}, column {exc.colno}: {exc.msg}"
+        return
+    if not isinstance(data, dict):
+        st.session_state[JSON_ERROR] = "the config must be a JSON object ({...})"
+        return
+    st.session_state.pop(JSON_ERROR, None)
+    st.session_state[CFG] = data
+    _drop_form_keys()
+
+
+def on_form_edit(path: str, kind: FieldKind, raw: bool) -> None:
+    value = st.session_state.get(widget_key(path) + ("_raw" if raw else ""))
+    if raw:
+        text = str(value or "").strip()
+        try:
+            parsed = json.loads(text) if text else None
+        except json.JSONDecodeError:
+            parsed = text
+    else:
+        parsed = from_widget(kind, value)
+    cfg = st.session_state[CFG]
+    set_path(cfg, path, parsed)
+    st.session_state[TEXT] = dump(cfg)
+    st.session_state.pop(JSON_ERROR, None)
+
+
+def widget(field: BuilderField, issues: list) -> None:
+    """The widget for one path of the config, with its validation findings under it."""
+    cfg = st.session_state[CFG]
+    value = get_path(cfg, field.path)
+    raw = not fits(field.kind, value)
+    key = widget_key(field.path) + ("_raw" if raw else "")
+    if key not in st.session_state:
+        if raw:
+            st.session_state[key] = "" if value is MISSING else json.dumps(value)
+        else:
+            st.session_state[key] = to_widget(field.kind, None if value is MISSING else value)
+    label = field.path.replace("speculators_config.", "").replace("transformer_layer_config.", "")
+    help_text = (field.help or "") + f"\n\nJSON path: `{field.path}`" + ("" if value is not MISSING else " (not set)")
+    common = dict(key=key, help=help_text, on_change=on_form_edit, args=(field.path, field.kind, raw))
+    kind = field.kind.kind
+    if raw:
+        st.text_input(label + " (raw JSON)", **common)
+    elif kind == "bool":
+        st.checkbox(label, **common)
+    elif kind == "choice":
+        options = list(field.kind.choices)
+        if st.session_state[key] not in options:
+            st.session_state[key] = options[0]
+        st.selectbox(label, options, **common)
+    elif kind in ("int", "float"):
+        st.number_input(label, step=1 if kind == "int" else None, format=None if kind == "int" else "%g",
+                        placeholder="not set", **common)
+    else:
+        st.text_input(label, placeholder="comma-separated" if kind == "list" else "not set", **common)
+    for issue in issues:
+        tag = "vLLM" if issue.layer == "vllm" else "workbench"
+        colour = "red" if issue.severity == "error" else "orange"
+        st.caption(f":{colour}[**{tag}:** {issue.message}]" + (f"  \n:gray[vLLM says: {issue.vllm_message}]"
+                                                             if issue.vllm_message else ""))
+
+
+def template(algorithm: str, target_path: str, verifier_name: str | None) -> dict[str, Any]:
+    """A fresh config of `algorithm` for a target folder (the shapes and names the target implies)."""
+    from engine.format.checkpoint import read_config_dict
+    from engine.format.config import build_draft_config
+    from engine.targets import default_aux_layer_ids
+
+    verifier = read_config_dict(target_path)
+    text = verifier.get("text_config", verifier) if "num_hidden_layers" not in verifier else verifier
+    fields: dict[str, Any] = {"draft_vocab_size": text.get("vocab_size")}
+    aux = default_aux_layer_ids(int(text["num_hidden_layers"]))
+    if algorithm in ("eagle3", "peagle"):
+        fields["eagle_aux_hidden_state_layer_ids"] = aux
+    else:
+        fields["aux_hidden_state_layer_ids"] = aux
+    if algorithm in ("peagle", "dflash", "dflash2", "dspark"):
+        fields["mask_token_id"] = None
+    cfg = build_draft_config(algorithm, verifier_config=text, verifier_name=verifier_name, **fields)
+    cfg.speculators_config.verifier.architectures = list(verifier.get("architectures") or [])
+    return cfg.to_dict()
+
+
+def to_json_bytes(cfg: dict[str, Any]) -> bytes:
+    return (dump(cfg) + "\n").encode()
+
+
+__all__ = ["CFG", "JSON_ERROR", "TEXT", "fields_for", "get_path", "load", "on_json_edit", "set_path", "template",
+           "to_json_bytes", "widget", "widget_key"]
