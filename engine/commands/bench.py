@@ -26,6 +26,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--assistant", default=None, help="assistant model folder for hf_assisted")
     p.add_argument("--backend", choices=["transformers", "vllm"], default="transformers",
                    help="in-process engine, or real vLLM through its OpenAI API and /metrics")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"],
+                   help="vLLM backend: serving dtype (bf16 verification can flip near-ties; float32 is exact)")
     p.add_argument("--json", dest="json_out", default=None, help="write the result JSON here")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
 
@@ -51,11 +53,14 @@ def run(args: argparse.Namespace) -> int:
                             top_k=args.top_k, seed=args.seed)
     reporter().update(f"benchmarking {len(prompts)} prompts", 0.0)
     if args.backend == "vllm":
+        from engine.generate.api import default_draft
         from engine.serve.bench import run_vllm_bench
 
-        result = run_vllm_bench(prompts, target=args.target, draft=args.draft, k=args.k,
+        draft = args.draft or default_draft(args.target)
+        result = run_vllm_bench(prompts, target=args.target, draft=draft, k=args.k,
                                 max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
-                                methods=tuple(m for m in methods if m in ("baseline", "draft", "ngram")))
+                                methods=tuple(m for m in methods if m in ("baseline", "draft", "ngram")),
+                                dtype=args.dtype, tokenize=True)
     else:
         target = load_target(args.target)
         result = run_bench(target, prompts, methods=methods, draft=args.draft, assistant=args.assistant, k=args.k,
