@@ -1,3 +1,139 @@
+"""Serve: run the draft with real vLLM (a managed server job), chat through it, watch acceptance from /metrics."""
+
+import time
+
 import streamlit as st
 
-st.title("serve")
+from ui import charts, serving, state
+from ui.cli import show_cli
+from ui.errors import guard
+from ui.jobs import job_panel, label, launch
+
+st.title("Serve")
+st.caption("A real vLLM OpenAI server (from its own environment, `.venv-vllm`) serving the target with the draft. "
+           "It runs as a job: it keeps serving across page changes, refreshes and app restarts until you stop it.")
+
+ss = st.session_state
+draft, target = state.active_draft(), state.active_target()
+if "serve_port_default" not in ss:
+    with guard("Finding a free port"):
+        ss["serve_port_default"] = serving.free_port()
+
+env = None
+with guard("Checking the vLLM environment"):
+    env = serving.vllm_env()
+if env is None:
+    st.warning("vLLM is not installed yet (it lives in its own virtual environment, `.venv-vllm`: the CPU build on "
+               "CPU machines, the CUDA build on GPUs). Installing takes several minutes.", icon=":material/download:")
+    if st.button("Install vLLM", key="serve_install", icon=":material/download:"):
+        job = launch(["serve", "--install-only"], kind="serve", name="install")
+        if job:
+            ss["serve_install_job"] = job.id
+    if ss.get("serve_install_job"):
+        job_panel(ss["serve_install_job"], key="serve_install_panel")
+    show_cli(["serve", "--install-only"])
+else:
+    st.caption(f"vLLM {env.vllm_version} ({env.flavor} build, torch {env.torch_version}) in `{env.path}`")
+
+start_tab, use_tab = st.tabs(["Start a server", "Use a running server"])
+
+with start_tab:
+    with st.form("serve_form", border=False):
+        c1, c2, c3 = st.columns(3)
+        with_draft = c1.toggle("Serve with the active draft", value=bool(draft), key="serve_with_draft",
+                               disabled=not draft, help=f"Draft: {draft or 'none'}")
+        form = c2.selectbox("Form", ["auto", "explicit"], key="serve_form_kind",
+                            help="auto: `vllm serve <draft>` (vLLM reads the verifier from the draft's config); "
+                            "explicit: the target with --speculative-config.")
+        k = c3.number_input("k (0 = the draft's own)", 0, 16, 0, key="serve_k")
+        c4, c5, c6 = st.columns(3)
+        port = c4.number_input("Port", 1024, 65535, ss.get("serve_port_default") or 8000, key="serve_port")
+        max_len = c5.number_input("Max model length", 128, 131072, 2048, key="serve_max_len")
+        dtype = c6.selectbox("dtype", ["bfloat16", "float32", "float16"], key="serve_dtype")
+        explicit_target = target if (form == "explicit" or not (with_draft and draft)) else None
+        argv = serving.serve_argv(draft=draft if with_draft else None, target=explicit_target, k=int(k) or None,
+                                  form=form, port=int(port), max_model_len=int(max_len), dtype=dtype)
+        if st.form_submit_button("Start the server", type="primary", icon=":material/play_arrow:",
+                                 disabled=env is None):
+            job = launch(argv, kind="serve", name=str(port))
+            if job:
+                ss["serve_job"] = job.id
+    show_cli(argv)
+    if draft and with_draft:
+        with guard("Deriving the vLLM command"):
+            from engine.format.validate import validate_draft
+
+            rep = validate_draft(draft, check_weights=False)
+            if rep.serve_commands:
+                st.markdown("**The same server anywhere vLLM runs**")
+                for line in rep.serve_commands:
+                    st.code(line, language="bash", wrap_lines=True)
+
+with use_tab:
+    servers = []
+    with guard("Listing servers"):
+        servers = serving.servers()
+    if not servers:
+        st.info("No server has been started yet.", icon=":material/dns:")
+    else:
+        ids = [j.id for j in servers]
+        by_id = {j.id: j for j in servers}
+        pick = st.selectbox("Server", ids, key="serve_watch", format_func=lambda i: label(by_id[i]),
+                            index=ids.index(ss["serve_job"]) if ss.get("serve_job") in ids else 0)
+        job = by_id[pick]
+        info = serving.server_info(job)
+        left, right = st.columns([3, 2])
+        with left:
+            job_panel(pick, key="serve_panel", log_lines=20)
+            if info.get("vllm_serve"):
+                st.markdown("**The exact vLLM command**")
+                st.code(info["vllm_serve"], language="bash", wrap_lines=True)
+        url = info.get("url")
+        ready = bool(info.get("ready")) and job.running
+        with right:
+            if not ready:
+                st.info("Chat and metrics appear when the server is ready.", icon=":material/hourglass_top:")
+            else:
+                @st.fragment(run_every=2.0)
+                def live_acceptance() -> None:
+                    with guard("Reading /metrics"):
+                        acc = serving.acceptance(url)
+                        if acc is None:
+                            st.caption("This server runs without a draft: no spec-decode counters.")
+                            return
+                        c1, c2, c3 = st.columns(3)
+                        c1.metric("drafts", acc["num_drafts"])
+                        tau = acc["mean_acceptance_length"]
+                        c2.metric("mean acceptance length", f"{tau:.2f}" if tau else "–")
+                        rate = acc["acceptance_rate"]
+                        c3.metric("acceptance rate", f"{rate:.0%}" if rate is not None else "–")
+                        st.plotly_chart(charts.per_position_bars(acc["per_position_acceptance"]),
+                                        key="serve_acceptance_chart")
+
+                live_acceptance()
+        if ready:
+            st.subheader("Chat through the server", anchor=False)
+            history = ss.setdefault("serve_history", [])
+            for turn in history:
+                with st.chat_message(turn["role"]):
+                    st.markdown(turn["content"])
+                    if turn.get("meta"):
+                        st.caption(turn["meta"])
+            c1, c2 = st.columns(2)
+            max_tokens = c1.number_input("Max tokens", 1, 4096, 128, key="serve_chat_max_tokens")
+            temperature = c2.number_input("Temperature", 0.0, 2.0, 0.0, 0.1, key="serve_chat_temperature")
+            prompt = st.chat_input("Message the served model", key="serve_chat_prompt")
+            if prompt:
+                with guard("Chatting with the server"):
+                    msgs = [{"role": t["role"], "content": t["content"]} for t in history]
+                    msgs.append({"role": "user", "content": prompt})
+                    t0 = time.perf_counter()
+                    answer = serving.chat(url, msgs, max_tokens=int(max_tokens), temperature=float(temperature))
+                    meta = (f"{answer.completion_tokens} tokens in {time.perf_counter() - t0:.2f} s · "
+                            f"{answer.tokens_per_s:.1f} tokens/s · finish: {answer.finish_reason}")
+                    history += [{"role": "user", "content": prompt},
+                                {"role": "assistant", "content": answer.text, "meta": meta}]
+                    st.rerun()
+            if history and st.button("Clear chat", key="serve_clear"):
+                ss["serve_history"] = []
+                st.rerun()

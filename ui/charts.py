@@ -93,3 +93,12 @@ def bench_figures(result: Mapping[str, Any]) -> dict[str, go.Figure]:
     speed.add_hline(y=1.0, line_dash="dot", line_color="#999", annotation_text="baseline")
     speed.update_layout(title="Speedup vs baseline (ceiling: if drafting were free)", yaxis_title="×", **_LAYOUT)
     return {"per_position": per_pos, "acceptance_length": tau, "speedup": speed}
+
+
+def per_position_bars(per_position: Sequence[float]) -> go.Figure:
+    """vLLM's acceptance per draft position (cumulative since the server started)."""
+    fig = go.Figure(go.Bar(x=list(range(1, len(per_position) + 1)), y=list(per_position), marker_color="#5b8def",
+                           text=[f"{p:.0%}" for p in per_position], textposition="auto"))
+    fig.update_layout(title="Acceptance per position (from /metrics)", xaxis_title="draft position",
+                      yaxis_range=[0, 1.05], xaxis_dtick=1, **{**_LAYOUT, "height": 280})
+    return fig

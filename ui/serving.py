@@ -1,0 +1,63 @@
+"""Glue for the Serve page: the serve command line, the servers running as jobs, chat and /metrics through them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from engine import jobs as engine_jobs
+
+
+def serve_argv(*, draft: str | None, target: str | None, k: int | None, form: str | None, port: int,
+               max_model_len: int, dtype: str) -> list[str]:
+    argv = ["serve", "--port", str(port), "--max-model-len", str(max_model_len), "--dtype", dtype]
+    if draft:
+        argv += ["--draft", draft]
+    else:
+        argv += ["--no-draft"]
+    if target:
+        argv += ["--target", target]
+    if k and draft:
+        argv += ["--k", str(k)]
+    if form and draft:
+        argv += ["--form", form]
+    return argv
+
+
+def vllm_env():
+    """The installed vLLM environment (engine.serve.venv.VllmEnv) or None."""
+    from engine.serve.venv import read_stamp
+
+    return read_stamp()
+
+
+def free_port() -> int:
+    from engine.serve.server import free_port as engine_free_port
+
+    return engine_free_port(8000)
+
+
+def servers() -> list[engine_jobs.Job]:
+    """Serve jobs, running ones first (install-only jobs excluded)."""
+    jobs = [j for j in engine_jobs.list_jobs() if j.kind == "serve" and "--install-only" not in j.argv]
+    return sorted(jobs, key=lambda j: not j.running)
+
+
+def server_info(job: engine_jobs.Job) -> dict[str, Any]:
+    return dict(job.status.result or {})
+
+
+def chat(url: str, messages: list[dict[str, str]], *, max_tokens: int, temperature: float):
+    from engine.serve.client import VllmClient
+
+    return VllmClient(url, timeout=300).chat(messages, max_tokens=max_tokens, temperature=temperature,
+                                            return_token_ids=False)
+
+
+def acceptance(url: str) -> dict[str, Any] | None:
+    """Cumulative spec-decode acceptance since the server started (None when it runs without a draft)."""
+    from engine.serve.metrics import SpecSnapshot, scrape, spec_delta
+
+    snap = scrape(url, timeout=5)
+    if not snap.present:
+        return None
+    return spec_delta(SpecSnapshot(), snap)
