@@ -8,11 +8,14 @@ truncated to --max-length tokens) from the built-in SmolLM2-135M-Instruct on the
 * naive: one sample at a time, `model(ids, output_hidden_states=True)`, every layer saved with `torch.save`
          as fp32 [31, T, H] (the full forward, lm_head included).
 
-Every run happens in its own subprocess (fresh memory accounting), runs alternate naive/ours for --rounds
-rounds, and the medians are compared. Reported: tokens/s and the ratio, bytes per token on disk, and peak
-memory (the process's max RSS, and the peak RSS increase over the loaded model, sampled every 5 ms).
+The machine is shared and noisy, so speed is measured twice:
+* interleaved (the ratio to trust): one process runs both methods on the same chunks of --chunk samples,
+  alternating which goes first, so both see the same load; tokens/s = all tokens / summed time per method.
+* isolated: each method in its own fresh subprocess (--rounds times, medians), which also gives bytes per
+  token on disk and peak memory (the process's max RSS, and the peak RSS increase over the loaded model,
+  sampled every 5 ms).
 
-    .venv/bin/python benchmarks/bench_extract.py --samples 100 --max-length 256 --rounds 2
+    .venv/bin/python benchmarks/bench_extract.py --samples 100 --max-length 256 --rounds 1 --threads 2
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -86,8 +90,7 @@ def run_ours(target, rows, out: Path) -> None:
     extract_hidden_states(target, rendered, out, LAYERS, dtype="bf16", progress=False)
 
 
-def worker(method: str, rows_file: Path, out: Path, threads: int) -> dict:
-    """One measured run in this (fresh) process; returns its numbers."""
+def _load(rows_file: Path, threads: int):
     import logging
 
     import torch
@@ -100,6 +103,30 @@ def worker(method: str, rows_file: Path, out: Path, threads: int) -> dict:
     target = load_target("smollm2-135m-instruct")
     with torch.no_grad():  # warm-up: first-call overheads are not what we compare
         target.model(torch.tensor([rows[0]["input_ids"][:16]]))
+    return target, rows
+
+
+def interleaved(rows_file: Path, out: Path, threads: int, chunk: int) -> dict:
+    """Both methods on the same chunks, alternating order: their time ratio cancels the machine's load swings."""
+    target, rows = _load(rows_file, threads)
+    seconds = {"naive": 0.0, "ours": 0.0}
+    for k in range(0, len(rows), chunk):
+        part = rows[k: k + chunk]
+        order = ("naive", "ours") if (k // chunk) % 2 == 0 else ("ours", "naive")
+        for method in order:
+            folder = out / method / f"chunk{k}"
+            folder.mkdir(parents=True)
+            start = time.perf_counter()
+            (run_naive if method == "naive" else run_ours)(target, part, folder)
+            seconds[method] += time.perf_counter() - start
+            shutil.rmtree(folder)  # keep the disk (and page cache) footprint small
+    tokens = sum(len(r["input_ids"]) for r in rows)
+    return {m: {"seconds": s, "tokens_per_s": tokens / s} for m, s in seconds.items()}
+
+
+def worker(method: str, rows_file: Path, out: Path, threads: int) -> dict:
+    """One measured run in this (fresh) process; returns its numbers."""
+    target, rows = _load(rows_file, threads)
     out.mkdir(parents=True, exist_ok=True)
     base = RssPeak().proc.memory_info().rss
     with RssPeak() as peak:
@@ -126,9 +153,9 @@ def prepare_rows(samples: int, max_length: int, path: Path) -> dict:
     return stats.to_json()
 
 
-def spawn(method: str, rows_file: Path, out: Path, threads: int) -> dict:
+def spawn(method: str, rows_file: Path, out: Path, threads: int, chunk: int = 10) -> dict:
     cmd = [sys.executable, __file__, "--worker", method, "--rows", str(rows_file), "--out", str(out),
-           "--threads", str(threads)]
+           "--threads", str(threads), "--chunk", str(chunk)]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
     if proc.returncode != 0:
         raise SystemExit(f"{method} run failed:\n{proc.stderr[-3000:]}")
@@ -139,13 +166,17 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--samples", type=int, default=100)
     p.add_argument("--max-length", type=int, default=256)
-    p.add_argument("--rounds", type=int, default=2, help="alternating naive/ours pairs; medians are compared")
+    p.add_argument("--rounds", type=int, default=1, help="isolated naive/ours subprocess pairs (medians)")
+    p.add_argument("--chunk", type=int, default=10, help="samples per interleaved chunk")
     p.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
     p.add_argument("--json", default=None, help="also write the results to this file")
-    p.add_argument("--worker", choices=["naive", "ours"], help=argparse.SUPPRESS)
+    p.add_argument("--worker", choices=["naive", "ours", "interleaved"], help=argparse.SUPPRESS)
     p.add_argument("--rows", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.worker == "interleaved":
+        print(json.dumps(interleaved(Path(args.rows), Path(args.out), args.threads, args.chunk)))
+        return
     if args.worker:
         print(json.dumps(worker(args.worker, Path(args.rows), Path(args.out), args.threads)))
         return
@@ -153,7 +184,10 @@ def main() -> None:
         tmp = Path(tmp)
         stats = prepare_rows(args.samples, args.max_length, tmp / "rows.jsonl")
         print(f"{stats['rows']} ShareGPT samples, {stats['tokens']} tokens (<= {args.max_length} each), "
-              f"{args.threads} threads, {args.rounds} rounds", flush=True)
+              f"{args.threads} threads", flush=True)
+        inter = spawn("interleaved", tmp / "rows.jsonl", tmp / "interleaved", args.threads, args.chunk)
+        print(f"  interleaved: naive {inter['naive']['tokens_per_s']:.1f} tok/s, "
+              f"ours {inter['ours']['tokens_per_s']:.1f} tok/s", flush=True)
         runs: dict[str, list[dict]] = {"naive": [], "ours": []}
         for r in range(args.rounds):
             for method in ("naive", "ours"):
@@ -162,18 +196,20 @@ def main() -> None:
                 print(f"  round {r + 1} {method:5s}: {res['tokens_per_s']:7.1f} tok/s  ({res['seconds']:.1f} s)",
                       flush=True)
     summary = {m: {k: statistics.median(x[k] for x in rs) for k in rs[0] if k != "method"} for m, rs in runs.items()}
-    ratio = summary["ours"]["tokens_per_s"] / summary["naive"]["tokens_per_s"]
-    print("\n| method | tokens/s (median) | bytes/token on disk | max RSS | peak RSS increase |\n|---|---|---|---|---|")
+    ratio = inter["ours"]["tokens_per_s"] / inter["naive"]["tokens_per_s"]
+    isolated_ratio = summary["ours"]["tokens_per_s"] / summary["naive"]["tokens_per_s"]
+    print("\n| method | tokens/s interleaved | tokens/s isolated (median) | bytes/token on disk | max RSS "
+          "| peak RSS increase |\n|---|---|---|---|---|---|")
     for m in ("naive", "ours"):
         s = summary[m]
-        print(f"| {m} | {s['tokens_per_s']:.1f} | {s['bytes_per_token']:.0f} | {s['max_rss_mb']:.0f} MiB | "
-              f"{s['rss_increase_mb']:.0f} MiB |")
-    print(f"\nspeed-up ours/naive: {ratio:.2f}x (per round: "
+        print(f"| {m} | {inter[m]['tokens_per_s']:.1f} | {s['tokens_per_s']:.1f} | {s['bytes_per_token']:.0f} | "
+              f"{s['max_rss_mb']:.0f} MiB | {s['rss_increase_mb']:.0f} MiB |")
+    print(f"\nspeed-up ours/naive: {ratio:.2f}x interleaved; {isolated_ratio:.2f}x isolated (per round: "
           + ", ".join(f"{o['tokens_per_s'] / n['tokens_per_s']:.2f}x" for n, o in zip(runs["naive"], runs["ours"]))
           + ")")
     if args.json:
-        Path(args.json).write_text(json.dumps({"rows": stats, "runs": runs, "median": summary, "ratio": ratio},
-                                              indent=2))
+        Path(args.json).write_text(json.dumps({"rows": stats, "interleaved": inter, "runs": runs, "median": summary,
+                                               "ratio": ratio, "isolated_ratio": isolated_ratio}, indent=2))
 
 
 if __name__ == "__main__":
