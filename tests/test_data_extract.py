@@ -156,6 +156,14 @@ def test_refuses_a_folder_with_other_settings_unless_overwrite(tiny_llama, rende
         extract_hidden_states(tiny_llama, shifted, tmp_path, [2, 4], progress=False)
 
 
+def test_foreign_samples_without_a_manifest_are_refused_not_deleted(tiny_llama, rendered, tmp_path):
+    extract_hidden_states(tiny_llama, rendered[:2], tmp_path, [1, 2, 4], progress=False)
+    (tmp_path / "manifest.json").unlink()
+    with pytest.raises(WorkbenchError, match="not \\[T, 2, 64\\]"):
+        extract_hidden_states(tiny_llama, rendered[:2], tmp_path, [1, 4], progress=False)
+    assert len(list(tmp_path.glob("hs_*.safetensors"))) == 2
+
+
 def test_refuses_when_the_disk_is_too_small(tiny_llama, rendered, tmp_path, monkeypatch):
     import engine.data.extract as ex
 

@@ -174,12 +174,16 @@ class ExtractionRun:
         for i in sample_indices(self.out):
             path = sample_path(self.out, i)
             found = read_sample_stats(path)
-            if found is None or tuple(found[2][1:]) != shape_tail or found[2][0] != found[0].numel():
-                log.warning("%s is unreadable or malformed: it will be extracted again", path.name)
+            if found is None:
+                log.warning("%s is unreadable: it will be extracted again", path.name)
                 path.unlink(missing_ok=True)
                 continue
-            ids, mask, _ = found
-            if i < len(self.rows) and ids.tolist() != self.rows[i].input_ids:
+            ids, mask, shape = found
+            if tuple(shape[1:]) != shape_tail:
+                raise WorkbenchError(f"{path} holds hidden states of shape {list(shape)}, not [T, {shape_tail[0]}, "
+                                     f"{shape_tail[1]}] (other layers or another target)",
+                                     hint="choose another --out folder, or add --overwrite to replace it")
+            if i < len(self.rows) and (ids.tolist() != self.rows[i].input_ids or shape[0] != ids.numel()):
                 raise WorkbenchError(f"{path} holds other tokens than row {i} of this dataset",
                                      hint="choose another --out folder, or add --overwrite to replace it")
             self.stats.add(i, ids, mask)
