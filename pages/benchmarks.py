@@ -7,7 +7,7 @@ import streamlit as st
 from ui import bench, charts, state
 from ui.cli import show_cli
 from ui.errors import guard
-from ui.jobs import all_jobs, job_panel, label, launch
+from ui.jobs import all_jobs, job_panel, job_selector, launch
 
 st.title("Benchmarks")
 st.caption("The baseline and each speculative method generate the same held-out prompts; acceptance uses vLLM's "
@@ -51,19 +51,17 @@ with run_tab:
     show_cli(argv)
     jobs = all_jobs(["bench"])
     if jobs:
-        ids = [j.id for j in jobs]
-        by_id = {j.id: j for j in jobs}
-        pick = st.selectbox("Benchmark jobs", ids, key="bench_watch", format_func=lambda i: label(by_id[i]),
-                            index=ids.index(ss["bench_job"]) if ss.get("bench_job") in ids else 0)
-        job_panel(pick, key="bench_panel")
+        picked = job_selector("Benchmark jobs", jobs, key="bench_watch", prefer_key="bench_job")
+        job_panel(picked.id, key="bench_panel")
 
 with results_tab:
     result = None
     with guard("Loading results"):
         files = bench.results()
         c1, c2 = st.columns([2, 1])
-        choice = c1.selectbox("Result", list(files), key="bench_result", index=0 if files else None,
-                              placeholder="no finished benchmark yet")
+        if ss.get("bench_result") not in files:
+            ss["bench_result"] = next(iter(files), None)
+        choice = c1.selectbox("Result", list(files), key="bench_result", placeholder="no finished benchmark yet")
         upload = c2.file_uploader("…or a bench JSON", type=["json"], key="bench_upload")
         if upload is not None:
             result = bench.check(json.loads(upload.getvalue().decode("utf-8")))

@@ -6,7 +6,7 @@ from ui import convert as conv
 from ui import report, resources, state
 from ui.cli import show_cli
 from ui.errors import guard
-from ui.jobs import all_jobs, argv_value, job_panel, label, launch
+from ui.jobs import all_jobs, argv_value, job_panel, job_selector, launch
 
 st.title("Convert")
 st.caption("Drop a draft checkpoint (config.json + .safetensors, or a zip) or give its path. The page detects its "
@@ -81,13 +81,10 @@ else:
 
 jobs = all_jobs(["convert"])
 if jobs:
-    ids = [j.id for j in jobs]
-    by_id = {j.id: j for j in jobs}
-    pick = st.selectbox("Conversion jobs", ids, key="convert_watch", format_func=lambda i: label(by_id[i]),
-                        index=ids.index(ss["convert_job"]) if ss.get("convert_job") in ids else 0)
-    job_panel(pick, key="convert_panel")
-    if by_id[pick].status.state == "done":
-        result_dir = argv_value(by_id[pick], "--out") or result_dir
+    picked = job_selector("Conversion jobs", jobs, key="convert_watch", prefer_key="convert_job")
+    job_panel(picked.id, key="convert_panel")
+    if picked.status.state == "done":
+        result_dir = argv_value(picked, "--out") or result_dir
 
 if result_dir:
     st.subheader("Validate and download", anchor=False)

@@ -7,7 +7,7 @@ from ui import data as data_ui
 from ui import resources, state
 from ui.cli import show_cli
 from ui.errors import guard
-from ui.jobs import all_jobs, argv_value, job_panel, label, launch
+from ui.jobs import all_jobs, argv_value, job_panel, job_selector, launch
 from ui.tokens import loss_html
 
 st.title("Data")
@@ -100,13 +100,10 @@ with regen_tab:
         show_cli(argv)
     jobs = all_jobs(["regenerate"])
     if jobs:
-        ids = [j.id for j in jobs]
-        by_id = {j.id: j for j in jobs}
-        pick = st.selectbox("Regeneration jobs", ids, key="data_regen_watch", format_func=lambda i: label(by_id[i]),
-                            index=ids.index(ss["data_regen_job"]) if ss.get("data_regen_job") in ids else 0)
-        job_panel(pick, key="data_regen_panel")
-        produced = argv_value(by_id[pick], "--out")
-        if produced and by_id[pick].status.state == "done":
+        picked = job_selector("Regeneration jobs", jobs, key="data_regen_watch", prefer_key="data_regen_job")
+        job_panel(picked.id, key="data_regen_panel")
+        produced = argv_value(picked, "--out")
+        if produced and picked.status.state == "done":
             if st.button("Use the regenerated file as the dataset", key="data_use_regen", icon=":material/check:"):
                 ss["data_source"] = "Local path"
                 ss["data_path"] = produced
@@ -137,12 +134,9 @@ with extract_tab:
         show_cli(argv)
     jobs = all_jobs(["extract"])
     if jobs:
-        ids = [j.id for j in jobs]
-        by_id = {j.id: j for j in jobs}
-        pick = st.selectbox("Extraction jobs", ids, key="data_extract_watch", format_func=lambda i: label(by_id[i]),
-                            index=ids.index(ss["data_extract_job"]) if ss.get("data_extract_job") in ids else 0)
-        job_panel(pick, key="data_extract_panel")
-        folder = argv_value(by_id[pick], "--out")
+        picked = job_selector("Extraction jobs", jobs, key="data_extract_watch", prefer_key="data_extract_job")
+        job_panel(picked.id, key="data_extract_panel")
+        folder = argv_value(picked, "--out")
         with guard("Reading the manifest"):
             manifest = data_ui.manifest(folder) if folder else None
             if manifest:

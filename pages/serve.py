@@ -7,7 +7,7 @@ import streamlit as st
 from ui import charts, serving, state
 from ui.cli import show_cli
 from ui.errors import guard
-from ui.jobs import job_panel, label, launch
+from ui.jobs import job_panel, job_selector, launch
 
 st.title("Serve")
 st.caption("A real vLLM OpenAI server (from its own environment, `.venv-vllm`) serving the target with the draft. "
@@ -76,11 +76,8 @@ with use_tab:
     if not servers:
         st.info("No server has been started yet.", icon=":material/dns:")
     else:
-        ids = [j.id for j in servers]
-        by_id = {j.id: j for j in servers}
-        pick = st.selectbox("Server", ids, key="serve_watch", format_func=lambda i: label(by_id[i]),
-                            index=ids.index(ss["serve_job"]) if ss.get("serve_job") in ids else 0)
-        job = by_id[pick]
+        job = job_selector("Server", servers, key="serve_watch", prefer_key="serve_job")
+        pick = job.id
         info = serving.server_info(job)
         left, right = st.columns([3, 2])
         with left:

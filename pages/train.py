@@ -8,7 +8,7 @@ from engine.train.config import TrainConfig
 from ui import charts, forms, state, training
 from ui.cli import command
 from ui.errors import callback, guard
-from ui.jobs import all_jobs, job_panel, label, launch
+from ui.jobs import all_jobs, job_panel, job_selector, launch
 
 st.title("Train")
 st.caption("Train an EAGLE-3 draft for the active target. Each field's help is its description in "
@@ -37,7 +37,6 @@ def _launch(argv: list[str], yaml_fields: dict, out: str) -> None:
     job = launch(argv, kind="train", name=Path(out).name)
     if job is not None:
         ss["train_job"] = job.id
-        ss["train_watch"] = job.id
         ss["train_run_name"] = training.new_run_name()
         ss[P + "out"] = training.default_out(ss["train_run_name"])  # the next run gets its own folder
 
@@ -59,7 +58,7 @@ with tab_new:
     cfg, errors = forms.validation_errors(TrainConfig, values)
     forms.model_form(P, TrainConfig, training.GROUPS, errors=errors, expanded=["What to train"])
     for message in errors.get("", []):
-        st.error(message, icon=":material/error:")
+        st.warning(message, icon=":material/warning:")
     if cfg is not None:
         argv, yaml_fields = training.train_argv(cfg)
         out = Path(cfg.out)
@@ -77,7 +76,7 @@ with tab_new:
               on_click=callback("Launching training", _launch, *(
                   (argv, yaml_fields, cfg.out) if cfg is not None else ([], {}, ""))))
     if cfg is None:
-        st.caption("Fix the fields marked in red to launch.")
+        st.caption("Complete or fix the fields named above to launch.")
 
 # -- watch ------------------------------------------------------------------------------------------
 with tab_watch:
@@ -86,12 +85,7 @@ with tab_watch:
         st.info("No training runs yet: launch one in the first tab (they are listed from `runs/`, so they survive "
                 "a browser refresh and an app restart).", icon=":material/info:")
     else:
-        ids = [j.id for j in jobs]
-        if ss.get("train_watch") not in ids:
-            ss["train_watch"] = ss.get("train_job") if ss.get("train_job") in ids else ids[0]
-        by_id = {j.id: j for j in jobs}
-        job_id = st.selectbox("Run", ids, key="train_watch", format_func=lambda i: label(by_id[i]))
-        job = by_id[job_id]
+        job = job_selector("Run", jobs, key="train_watch", prefer_key="train_job")
         out = training.train_out(job)
         left, right = st.columns([2, 3])
         with left:
@@ -100,7 +94,7 @@ with tab_watch:
             if not job.running and ckpt and job.status.state != "done":
                 st.button(f"Resume from {ckpt}", key="train_resume", icon=":material/play_arrow:",
                           on_click=callback("Resuming", lambda: ss.update(
-                              train_watch=getattr(launch(job.argv, kind="train", name=out.name), "id", job.id))),
+                              train_job=getattr(launch(job.argv, kind="train", name=out.name), "id", job.id))),
                           help="Relaunch the same command: the trainer continues from the latest checkpoint.")
             st.caption(f"Output folder: `{out}`" + (f" · latest checkpoint `{ckpt}`" if ckpt else ""))
             if (out / "draft" / "config.json").is_file():

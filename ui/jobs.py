@@ -118,3 +118,16 @@ def jobs_table(jobs: Sequence[engine_jobs.Job]) -> None:
 
 def runs_root() -> Path:
     return engine_jobs.runs_dir()
+
+
+def job_selector(title: str, jobs: Sequence[engine_jobs.Job], *, key: str, prefer_key: str) -> engine_jobs.Job:
+    """A selectbox of jobs that jumps to a newly launched one (its id in `prefer_key`) and never holds a stale id."""
+    ids = [j.id for j in jobs]
+    by_id = {j.id: j for j in jobs}
+    prefer = st.session_state.get(prefer_key)
+    if prefer in ids and st.session_state.get(key + "_followed") != prefer:
+        st.session_state[key] = prefer
+        st.session_state[key + "_followed"] = prefer
+    if st.session_state.get(key) not in ids:
+        st.session_state[key] = ids[0]
+    return by_id[st.selectbox(title, ids, key=key, format_func=lambda i: label(by_id[i]))]

@@ -1,0 +1,593 @@
+"""Every page of the Streamlit app through `streamlit.testing.v1.AppTest`, on a tiny random target and draft.
+
+Jobs go to a temporary runs folder ($WORKBENCH_RUNS); anything still running at the end of a test is stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+import torch
+from streamlit.testing.v1 import AppTest
+
+from engine import jobs
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = ["models", "data", "train", "convert", "config_builder", "demo_chat", "benchmarks", "serve", "jobs"]
+TITLES = {"models": "Models", "data": "Data", "train": "Train", "convert": "Convert",
+          "config_builder": "Config builder", "demo_chat": "Demo chat", "benchmarks": "Benchmarks", "serve": "Serve",
+          "jobs": "Jobs"}
+
+
+# -- fixtures -------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def runs(tmp_path, monkeypatch):
+    """A private runs/ folder; jobs still running afterwards are stopped."""
+    root = tmp_path / "runs"
+    monkeypatch.setenv("WORKBENCH_RUNS", str(root))
+    yield root
+    for job in jobs.list_jobs(root):
+        if job.running and jobs.stop(job):
+            jobs.wait(job, timeout=30)
+
+
+@pytest.fixture(scope="module")
+def tiny_target(tiny_targets) -> str:
+    return str(tiny_targets["llama"])
+
+
+@pytest.fixture(scope="module")
+def tiny_draft(tiny_target, tmp_path_factory) -> str:
+    from engine.algos.eagle3 import build_eagle3, save_eagle3
+    from engine.targets import load_target
+
+    target = load_target(tiny_target)
+    counts = torch.arange(target.vocab_size).flip(0)
+    draft = build_eagle3(target, draft_vocab_size=160, token_counts=counts, aux_layer_ids=[1, 2, 3])
+    return str(save_eagle3(draft, tmp_path_factory.mktemp("app-drafts") / "tiny-eagle3"))
+
+
+@pytest.fixture(scope="module")
+def tiny_dataset(tmp_path_factory) -> str:
+    rows = [{"messages": [{"role": "user", "content": f"Count to {i}."},
+                          {"role": "assistant", "content": " ".join(str(j) for j in range(1, i + 2))}]}
+            for i in range(3, 19)]
+    path = tmp_path_factory.mktemp("app-data") / "tiny.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def open_app(target: str, draft: str = "none", page: str | None = None) -> AppTest:
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=180)
+    at.session_state["app_target"] = target
+    at.session_state["app_draft"] = draft
+    at.run()
+    ok(at)
+    if page:
+        at.switch_page(f"pages/{page}.py").run()
+        ok(at)
+    return at
+
+
+def ok(at: AppTest) -> None:
+    assert not at.exception, [e.value for e in at.exception]
+
+
+def texts(elements) -> str:
+    return "\n".join(str(e.value) for e in elements)
+
+
+def wait_for(predicate, timeout: float = 120.0, poll: float = 0.5):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(poll)
+    raise AssertionError("timed out waiting")
+
+
+def only_job(root: Path, kind: str) -> jobs.Job:
+    found = [j for j in jobs.list_jobs(root) if j.kind == kind]
+    assert len(found) == 1, found
+    return found[0]
+
+
+# -- frame ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_page_renders_with_cli_command(runs, tiny_target, page):
+    at = open_app(tiny_target, page=page)
+    assert at.title[0].value == TITLES[page]
+    assert "python -m engine" in texts(at.code), f"{page} shows no equivalent CLI command"
+    assert not at.error, texts(at.error)
+
+
+def test_sidebar_shows_models_device_and_running_jobs(runs, tiny_target, tiny_draft):
+    job = jobs.launch(["targets", "--prepare", "none"], root=runs)  # finishes fast; a fake one stays "running"
+    fake = runs / "20000101-000000_train_fake"
+    fake.mkdir(parents=True)
+    (fake / "job.json").write_text(json.dumps({"kind": "train", "argv": ["train"], "created": time.time(),
+                                               "pid": None, "pgid": None}))
+    import os
+
+    (fake / "status.json").write_text(json.dumps({"state": "running", "message": "step 3/10", "progress": 0.3,
+                                                  "pid": os.getpid()}))
+    at = open_app(tiny_target, tiny_draft)
+    side = texts(at.sidebar.markdown)
+    assert "**Target**" in side and "tiny" in side
+    assert "**Draft**" in side and "tiny-eagle3" in side
+    assert "**Device** · CPU" in side or "**Device** · GPU" in side
+    assert "**train** 30%" in side and "20000101-000000_train_fake" in side
+    (fake / "status.json").write_text(json.dumps({"state": "stopped"}))
+    jobs.wait(job, timeout=60)
+
+
+def test_without_a_draft_the_sidebar_says_ngram_only(runs, tiny_target):
+    at = open_app(tiny_target)
+    assert "none — n-gram only" in texts(at.sidebar.markdown)
+
+
+def test_engine_errors_are_messages_not_tracebacks(runs, tmp_path):
+    missing = str(tmp_path / "no-such-model")
+    at = open_app(missing, page="demo_chat")
+    at.chat_input(key="chat_prompt").set_value("hello").run()
+    ok(at)
+    assert "could not load target" in texts(at.error)
+    assert "What to do" in texts(at.info)
+    at.switch_page("pages/models.py").run()
+    ok(at)
+    assert "not in the Hugging Face cache" in texts(at.warning)
+
+
+# -- models -----------------------------------------------------------------------------------------------
+
+
+def test_models_page_inspects_and_validates_the_draft(runs, tiny_target, tiny_draft):
+    at = open_app(tiny_target, tiny_draft, page="models")
+    shown = texts(at.json)
+    assert '"layers": 4' in shown and '"hidden_size": 64' in shown  # the tiny target's config
+    assert '"algorithm": "eagle3"' in shown and '"aux layer ids": [1, 2, 3]' in shown
+    assert "160 draft tokens" in texts(at.caption)  # vocabulary mapping
+    assert any("target id" in d.value.columns for d in at.dataframe)
+    badges = texts(at.markdown)
+    assert "vLLM 0.33: loads it" in badges and "workbench checks: pass" in badges
+    assert f"python -m engine validate {tiny_draft}" in texts(at.code)
+    assert '"method": "eagle3"' in shown  # the derived vLLM speculative_config
+
+
+def test_models_page_switches_target_and_draft(runs, tiny_target, tiny_draft):
+    at = open_app("smollm2-135m-instruct", page="models")
+    at.radio(key="models_target_source").set_value("Local folder").run()
+    at.text_input(key="models_target_folder").set_value(tiny_target).run()
+    at.button(key="models_use_target").click().run()
+    ok(at)
+    assert at.session_state["app_target"] == tiny_target
+    at.radio(key="models_draft_source").set_value("Local folder").run()
+    at.text_input(key="models_draft_folder").set_value(tiny_draft).run()
+    at.button(key="models_use_draft").click().run()
+    ok(at)
+    assert at.session_state["app_draft"] == tiny_draft
+    assert at.button(key="models_use_draft").label == "Active draft"
+
+
+# -- demo chat --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("proposer", ["ngram", "draft"])
+def test_demo_chat_streams_both_answers_and_colours_tokens(runs, tiny_target, tiny_draft, proposer):
+    at = open_app(tiny_target, tiny_draft, page="demo_chat")
+    at.radio(key="chat_proposer").set_value(proposer).run()
+    at.number_input(key="chat_max_new_tokens").set_value(24).run()
+    at.chat_input(key="chat_prompt").set_value("Repeat: 1 2 3 4 5 6 7 8 9 10, 1 2 3 4 5 6 7 8 9 10").run()
+    ok(at)
+    history = at.session_state["chat_history"]
+    assert len(history) == 1
+    turn = history[0]
+    assert turn["identical"], "greedy speculative decoding must reproduce the baseline"
+    assert "Identical output" in texts(at.markdown)
+    html = texts(at.html)
+    assert 'class="baseline-answer"' in html and 'class="spec-answer"' in html and "tok tok-" in html
+    assert turn["spec_metrics"]["tokens"] == turn["base_metrics"]["tokens"] > 0
+    assert sum(turn["step_lengths"]) + 1 >= turn["spec_metrics"]["tokens"]
+    assert "--method baseline" in turn["cli"] and f"--method {proposer}" in turn["cli"]
+    # the history survives a rerun and a second prompt adds a turn
+    at.chat_input(key="chat_prompt").set_value("Again: a b c a b c a b c").run()
+    ok(at)
+    assert len(at.session_state["chat_history"]) == 2
+
+
+def test_demo_chat_without_a_draft_offers_ngram_only(runs, tiny_target):
+    at = open_app(tiny_target, page="demo_chat")
+    assert at.radio(key="chat_proposer").options == ["n-gram (prompt lookup)"]
+    assert at.radio(key="chat_proposer").value == "ngram"
+    assert "n-gram only" in texts(at.caption)
+
+
+# -- data ---------------------------------------------------------------------------------------------------
+
+
+def test_data_page_previews_loss_spans_and_runs_an_extraction(runs, tiny_target, tiny_dataset):
+    at = open_app(tiny_target, page="data")
+    at.radio(key="data_source").set_value("Local path").run()
+    at.text_input(key="data_path").set_value(tiny_dataset).run()
+    ok(at)
+    html = texts(at.html)
+    assert 'class="loss"' in html and 'class="noloss"' in html and "Count to 3." in html
+    assert f"python -m engine prepare --dataset {tiny_dataset}" in texts(at.code)
+    at.number_input(key="data_extract_samples").set_value(4)
+    at.button(key="FormSubmitter:data_extract_form-Launch extraction").click().run()
+    ok(at)
+    job = only_job(runs, "extract")
+    done = jobs.wait(job, timeout=180)
+    assert done.status.state == "done", done.log_tail()
+    at.run()
+    ok(at)
+    assert "Manifest" in texts(at.markdown)
+    assert any(m.label == "samples" and m.value == "4" for m in at.metric)
+
+
+def test_data_page_upload_is_saved_for_jobs(runs, tiny_target, tiny_dataset):
+    at = open_app(tiny_target, page="data")
+    at.radio(key="data_source").set_value("Upload JSONL").run()
+    at.file_uploader(key="data_upload").set_value(("mine.jsonl", Path(tiny_dataset).read_bytes(),
+                                                   "application/json")).run()
+    ok(at)
+    saved = list((runs / "uploads").glob("mine-*.jsonl"))
+    assert len(saved) == 1
+    assert "Count to 3." in texts(at.html)
+
+
+# -- train --------------------------------------------------------------------------------------------------
+
+
+def test_train_form_is_generated_from_the_config(runs, tiny_target):
+    from engine.train.config import TrainConfig
+
+    at = open_app(tiny_target, page="train")
+    labels = {w.label: w for w in [*at.text_input, *at.number_input, *at.checkbox, *at.selectbox]}
+    for name, info in TrainConfig.model_fields.items():
+        assert name in labels, f"no widget for {name}"
+        assert labels[name].help == info.description
+    assert "give `data`" in texts(at.warning)  # no data chosen yet: a clear message, launch disabled
+    assert at.button(key="train_launch").disabled
+
+
+def test_train_launch_watch_stop_resume(runs, tiny_target, tiny_dataset):
+    at = open_app(tiny_target, page="train")
+    at.button(key="train_smoke").click().run()
+    at.text_input(key="train_f_online_dataset").set_value(tiny_dataset).run()
+    at.number_input(key="train_f_max_steps").set_value(400).run()
+    ok(at)
+    command = texts(at.code)
+    assert f"--online-dataset {tiny_dataset}" in command and "--max-steps 400" in command
+    at.button(key="train_launch").click().run()
+    ok(at)
+    job = only_job(runs, "train")
+    out = Path(next(a for i, a in enumerate(job.argv) if job.argv[i - 1] == "--out"))
+    wait_for(lambda: any(r.get("split") == "train" for r in jobs.read_jsonl(out / "metrics.jsonl")), timeout=180)
+    at.run()
+    ok(at)
+    assert at.selectbox(key="train_watch").value == job.id
+    assert len(at.get("plotly_chart")) >= 3  # loss, accuracy per step, acceptance length
+    assert any(m.label == "step" for m in at.metric)
+    at.button(key="train_panel_stop").click().run()  # SIGTERM: the trainer checkpoints and exits
+    stopped = jobs.wait(job, timeout=120)
+    assert stopped.status.state == "stopped", stopped.log_tail()
+    assert (out / "checkpoints" / "latest").is_file()
+    at.run()
+    ok(at)
+    resume = at.button(key="train_resume")
+    assert resume.label.startswith("Resume from step_")
+    resume.click().run()
+    ok(at)
+    resumed = [j for j in jobs.list_jobs(runs) if j.kind == "train" and j.id != job.id]
+    assert len(resumed) == 1 and resumed[0].argv == job.argv
+    wait_for(lambda: "resumed from" in (jobs.load_job(resumed[0].dir).log_tail(200)), timeout=180)
+    jobs.stop(resumed[0])
+    jobs.wait(resumed[0], timeout=120)
+
+
+def test_train_compare_runs_from_disk(runs, tiny_target):
+    for name, loss in (("a", 3.0), ("b", 2.0)):
+        folder = runs / "train" / name
+        folder.mkdir(parents=True)
+        rows = [{"split": "train", "step": s, "loss": loss / s, "full_acc_0": 0.1 * s, "full_acc_1": 0.05 * s,
+                 "est_acceptance_length": 1 + 0.1 * s, "tokens_per_s": 100.0} for s in range(1, 5)]
+        rows.append({"split": "val", "step": 4, "loss": loss / 4, "full_acc_0": 0.4, "est_acceptance_length": 1.3})
+        (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    at = open_app(tiny_target, page="train")
+    assert set(at.multiselect(key="train_compare").value) == {"train/a", "train/b"}
+    assert len(at.get("plotly_chart")) == 3
+
+
+# -- convert ------------------------------------------------------------------------------------------------
+
+
+def _research_checkpoint(tiny_draft: str, folder: Path) -> Path:
+    from safetensors.torch import load_file, save_file
+
+    folder.mkdir(parents=True)
+    state = load_file(str(Path(tiny_draft) / "model.safetensors"))
+    state = {("midlayer." + k[len("layers.0."):] if k.startswith("layers.0.") else k): v for k, v in state.items()}
+    save_file(state, str(folder / "model.safetensors"))
+    cfg = json.loads((Path(tiny_draft) / "config.json").read_text())["transformer_layer_config"]
+    (folder / "config.json").write_text(json.dumps({**cfg, "architectures": ["LlamaForCausalLMEagle3"],
+                                                    "draft_vocab_size": 160}))
+    return folder
+
+
+def test_convert_detects_research_checkpoint_and_does_not_fake_a_conversion(runs, tiny_target, tiny_draft, tmp_path):
+    src = _research_checkpoint(tiny_draft, tmp_path / "research")
+    at = open_app(tiny_target, page="convert")
+    at.text_input(key="convert_path").set_value(str(src)).run()
+    ok(at)
+    assert "EAGLE-3 research checkpoint" in texts(at.markdown)
+    mapping = at.dataframe[0].value
+    row = mapping[mapping["source key"] == "midlayer.self_attn.q_proj.weight"].iloc[0]
+    assert row["speculators key"] == "layers.0.self_attn.q_proj.weight"
+    from engine.cli import COMMANDS
+
+    if "convert" not in COMMANDS:
+        assert "Converter not available yet" in texts(at.warning)
+        assert not list((runs / "converted").glob("*")) if (runs / "converted").exists() else True
+    assert f"python -m engine convert {src}" in texts(at.code)
+
+
+def test_convert_accepts_a_zip_upload_validates_and_offers_the_zip(runs, tiny_target, tiny_draft):
+    import io
+    import zipfile
+
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        for f in Path(tiny_draft).iterdir():
+            zf.write(f, f"draft/{f.name}")
+    at = open_app(tiny_target, page="convert")
+    at.file_uploader(key="convert_upload").set_value([("draft.zip", buf.getvalue(), "application/zip")]).run()
+    ok(at)
+    assert "speculators format" in texts(at.markdown)
+    assert "nothing to convert" in texts(at.success)
+    assert "vLLM 0.33: loads it" in texts(at.markdown)
+    assert at.download_button(key="convert_download") is not None
+
+
+def test_convert_zip_helper_round_trips(tiny_draft, tmp_path):
+    import io
+    import zipfile
+
+    from ui.convert import zip_folder
+
+    names = zipfile.ZipFile(io.BytesIO(zip_folder(tiny_draft))).namelist()
+    assert sorted(names) == ["config.json", "model.safetensors"]
+
+
+# -- config builder -------------------------------------------------------------------------------------------
+
+
+def test_config_builder_form_and_json_stay_in_sync_with_live_validation(runs, tiny_target, tiny_draft):
+    at = open_app(tiny_target, tiny_draft, page="config_builder")
+    k_key = "builder_f_speculators_config_proposal_methods_0_speculative_tokens"
+    assert at.number_input(key=k_key).value == 3
+    # form -> JSON, and vLLM's verdict on the field
+    at.number_input(key=k_key).set_value(0).run()
+    ok(at)
+    cfg = json.loads(at.text_area(key="builder_json").value)
+    assert cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 0
+    assert "vLLM 0.33: rejects" in texts(at.markdown)
+    assert "greater than zero" in texts(at.caption)
+    # JSON -> form, and our own verdict on the field
+    cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"] = 4
+    cfg["eagle_aux_hidden_state_layer_ids"] = [1, 1, 2]
+    at.text_area(key="builder_json").set_value(json.dumps(cfg)).run()
+    ok(at)
+    assert at.number_input(key=k_key).value == 4
+    assert at.text_input(key="builder_f_eagle_aux_hidden_state_layer_ids").value == "1, 1, 2"
+    assert "duplicate layer ids" in texts(at.caption)
+    assert "vLLM 0.33: loads it" in texts(at.markdown)
+    # the derived config and both command lines follow the edits
+    assert '"num_speculative_tokens": 4' in texts(at.json) or "num_speculative_tokens" in texts(at.json)
+    at.text_input(key="builder_draft_dir").set_value("/srv/my-draft").run()
+    assert "vllm serve" in texts(at.code) and "/srv/my-draft" in texts(at.code)
+    # broken JSON: a message, the last valid config stays
+    at.text_area(key="builder_json").set_value('{"speculators_model_type": ').run()
+    ok(at)
+    assert "Invalid JSON" in texts(at.error)
+    assert at.number_input(key=k_key).value == 4
+    assert at.download_button(key="builder_download") is not None
+
+
+def test_config_builder_new_config_for_each_algorithm(runs, tiny_target):
+    at = open_app(tiny_target, page="config_builder")
+    for algorithm in ("dflash", "peagle", "eagle3"):
+        at.selectbox(key="builder_new_algo").set_value(algorithm).run()
+        at.button(key="builder_new").click().run()
+        ok(at)
+        assert json.loads(at.text_area(key="builder_json").value)["speculators_model_type"] == algorithm
+        assert at.selectbox(key="builder_f_speculators_model_type").value == algorithm
+
+
+# -- benchmarks -----------------------------------------------------------------------------------------------
+
+BENCH = {
+    "methods": {
+        "baseline": {"mean_acceptance_length": None, "per_position_acceptance": [], "tokens_per_s": 40.0,
+                     "speedup": 1.0, "identical_to_baseline": True},
+        "draft": {"mean_acceptance_length": 2.4, "per_position_acceptance": [0.8, 0.5, 0.2], "tokens_per_s": 70.0,
+                  "speedup": 1.75, "identical_to_baseline": True, "speedup_ceiling": 2.1},
+        "ngram": {"mean_acceptance_length": 1.3, "per_position_acceptance": [0.2, 0.08, 0.02], "tokens_per_s": 44.0,
+                  "speedup": 1.1, "identical_to_baseline": True, "speedup_ceiling": 1.2},
+        "hf_assisted": {"skipped": "no assistant", "mean_acceptance_length": None, "per_position_acceptance": [],
+                        "tokens_per_s": 0.0, "speedup": 0.0, "identical_to_baseline": False},
+    },
+    "cost_curve": {"1": 1.0, "4": 1.14}, "k": 3, "num_prompts": 2, "max_new_tokens": 16, "temperature": 0.0,
+    "target": "tiny", "draft": "d", "backend": "transformers", "device": "cpu",
+}
+
+
+def test_benchmarks_page_plots_a_result(runs, tiny_target):
+    (runs / "bench").mkdir(parents=True)
+    (runs / "bench" / "bench-1.json").write_text(json.dumps(BENCH))
+    at = open_app(tiny_target, page="benchmarks")
+    charts = at.get("plotly_chart")
+    assert len(charts) == 3
+    specs = [json.loads(c.proto.spec) for c in charts]
+    speed = next(s for s in specs if "Speedup" in s["layout"]["title"]["text"])
+    ceiling = next(t for t in speed["data"] if t.get("name") == "speedup ceiling")
+    assert ceiling["y"] == [2.1, 1.2]
+    assert any("draft" in d.value["method"].tolist() for d in at.dataframe)
+
+
+def test_benchmarks_page_launches_bench_as_a_job(runs, tiny_target):
+    at = open_app(tiny_target, page="benchmarks")
+    at.multiselect(key="bench_methods").set_value(["baseline", "ngram"])
+    at.number_input(key="bench_num_prompts").set_value(1)
+    at.number_input(key="bench_max_new_tokens").set_value(4)
+    at.button(key="FormSubmitter:bench_form-Launch benchmark").click().run()
+    ok(at)
+    job = only_job(runs, "bench")
+    assert job.argv[:3] == ["bench", "--target", tiny_target] and "--json" in job.argv
+    done = jobs.wait(job, timeout=240)
+    assert done.status.state == "done", done.log_tail()
+    at.run()
+    ok(at)
+    assert at.selectbox(key="bench_result").value == job.id
+    assert len(at.get("plotly_chart")) == 3
+
+
+# -- serve ----------------------------------------------------------------------------------------------------
+
+
+class _FakeVllm(BaseHTTPRequestHandler):
+    """Just enough of vLLM's OpenAI server and /metrics for the Serve page."""
+
+    def log_message(self, *args):
+        pass
+
+    def _send(self, body: str, ctype: str = "application/json") -> None:
+        data = body.encode()
+        self.send_response(200)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        if self.path == "/metrics":
+            self._send("\n".join([
+                "vllm:spec_decode_num_drafts_total{model_name=\"m\"} 10",
+                "vllm:spec_decode_num_draft_tokens_total{model_name=\"m\"} 30",
+                "vllm:spec_decode_num_accepted_tokens_total{model_name=\"m\"} 15",
+                "vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name=\"m\",position=\"0\"} 8",
+                "vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name=\"m\",position=\"1\"} 5",
+                "vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name=\"m\",position=\"2\"} 2",
+            ]) + "\n", "text/plain")
+        elif self.path == "/v1/models":
+            self._send(json.dumps({"data": [{"id": "served-model"}]}))
+        else:
+            self._send("{}")
+
+    def do_POST(self):
+        length = int(self.headers.get("Content-Length", 0))
+        body = json.loads(self.rfile.read(length))
+        answer = "echo: " + body["messages"][-1]["content"]
+        self._send(json.dumps({"choices": [{"message": {"content": answer}, "finish_reason": "stop"}],
+                               "usage": {"completion_tokens": 3, "prompt_tokens": 5}}))
+
+
+def test_serve_page_chats_and_charts_acceptance_from_metrics(runs, tiny_target):
+    import os
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _FakeVllm)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_port}"
+    job_dir = runs / "20000101-000000_serve_1234"
+    job_dir.mkdir(parents=True)
+    (job_dir / "job.json").write_text(json.dumps({"kind": "serve", "argv": ["serve", "--port", "1234"],
+                                                  "created": time.time(), "pid": None, "pgid": None}))
+    (job_dir / "status.json").write_text(json.dumps({
+        "state": "running", "message": f"serving on {url}", "pid": os.getpid(),
+        "result": {"url": url, "ready": True, "vllm_serve": "vllm serve /drafts/x"}}))
+    try:
+        at = open_app(tiny_target, page="serve")
+        assert "vllm serve /drafts/x" in texts(at.code)
+        assert any(m.label == "mean acceptance length" and m.value == "2.50" for m in at.metric)
+        spec = json.loads(at.get("plotly_chart")[0].proto.spec)
+        assert spec["data"][0]["y"] == [0.8, 0.5, 0.2]
+        at.chat_input(key="serve_chat_prompt").set_value("hi there").run()
+        ok(at)
+        assert "echo: hi there" in texts(at.markdown)
+    finally:
+        server.shutdown()
+        (job_dir / "status.json").write_text(json.dumps({"state": "stopped"}))
+
+
+def test_serve_page_without_vllm_offers_the_install(runs, tiny_target, monkeypatch):
+    import ui.serving
+
+    monkeypatch.setattr(ui.serving, "vllm_env", lambda: None)
+    at = open_app(tiny_target, page="serve")
+    assert "vLLM is not installed yet" in texts(at.warning)
+    assert at.button(key="serve_install") is not None
+    assert "python -m engine serve --install-only" in texts(at.code)
+
+
+# -- jobs -------------------------------------------------------------------------------------------------------
+
+
+def test_jobs_page_rebuilds_the_list_from_disk(runs, tiny_target):
+    job = jobs.launch(["targets", "--prepare", "none", "--json"])
+    assert jobs.wait(job, timeout=120).status.state == "done"
+    at = open_app(tiny_target, page="jobs")
+    assert job.id in at.dataframe[0].value["job"].tolist()
+    assert "python -m engine targets --prepare none --json" in texts(at.code)
+    # a new session (a browser refresh, an app restart) sees the same list
+    again = open_app(tiny_target, page="jobs")
+    assert job.id in again.dataframe[0].value["job"].tolist()
+
+
+# -- helpers -----------------------------------------------------------------------------------------------------
+
+
+def test_token_text_gives_every_token_its_exact_piece(tiny_target):
+    from transformers import AutoTokenizer
+
+    from ui.tokens import TokenText
+
+    tok = AutoTokenizer.from_pretrained(tiny_target)
+    text = "héllo wörld — ünïcode ✓ 1 2 3"
+    ids = tok(text, add_special_tokens=False).input_ids
+    tt = TokenText(tok)
+    for i in ids:
+        tt.add(i)
+    assert tt.text == tok.decode(ids, skip_special_tokens=True) == text
+    assert len(tt.pieces) == len(ids)
+
+
+def test_train_argv_puts_tuples_in_yaml_and_skips_defaults(tmp_path):
+    from engine.train.config import TrainConfig
+    from ui.training import train_argv
+
+    cfg = TrainConfig(online_dataset="sharegpt", out=str(tmp_path), betas=(0.8, 0.9), max_steps=5, fc_norm=True,
+                      norm_before_fc=False)
+    argv, yaml_fields = train_argv(cfg)
+    assert argv[0] == "train" and "--max-steps" in argv and "--fc-norm" in argv and "--no-norm-before-fc" in argv
+    assert "--lr" not in argv and "--betas" not in argv
+    assert yaml_fields == {"betas": [0.8, 0.9]}
+
+
+def test_builder_paths():
+    from ui.builder import MISSING, get_path, set_path
+
+    cfg: dict = {}
+    set_path(cfg, "speculators_config.proposal_methods[0].speculative_tokens", 3)
+    assert cfg == {"speculators_config": {"proposal_methods": [{"speculative_tokens": 3}]}}
+    assert get_path(cfg, "speculators_config.proposal_methods[0].speculative_tokens") == 3
+    assert get_path(cfg, "speculators_config.verifier.name_or_path") is MISSING
