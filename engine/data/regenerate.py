@@ -145,8 +145,12 @@ def user_groups(messages: list[dict]) -> list[list[dict]]:
 
 
 def regenerate_batch(target, rows: Sequence[dict], *, max_new_tokens: int, temperature: float, top_p: float,
-                     max_length: int | None, max_turns: int | None, summary: RegenerateSummary) -> list[dict]:
-    """Answer every user turn of a batch of conversations, turn by turn, with the target's own history."""
+                     max_length: int | None, max_turns: int | None, summary: RegenerateSummary,
+                     answer=None) -> list[dict]:
+    """Answer every user turn of a batch of conversations, turn by turn, with the target's own history.
+
+    `answer` replaces `generate_answers` (e.g. a `VllmAnswerer`)."""
+    answer = answer or generate_answers
     tok = target.tokenizer
     plans = [user_groups(r["messages"]) for r in rows]
     histories: list[list[dict]] = [[] for _ in rows]
@@ -166,8 +170,8 @@ def regenerate_batch(target, rows: Sequence[dict], *, max_new_tokens: int, tempe
             active.append(b)
         if not active:
             break
-        answers = generate_answers(target, [histories[b] for b in active], max_new_tokens=max_new_tokens,
-                                   temperature=temperature, top_p=top_p)
+        answers = answer(target, [histories[b] for b in active], max_new_tokens=max_new_tokens,
+                         temperature=temperature, top_p=top_p)
         for b, (text, n_new, ended) in zip(active, answers):
             summary.new_tokens += n_new
             summary.cut_at_max_new_tokens += int(not ended)
@@ -194,7 +198,7 @@ def _prompt_tokens(tok, messages: list[dict]) -> int:
 
 def regenerate(target, rows: Sequence[dict], out: str | Path, *, max_new_tokens: int = 256, temperature: float = 0.0,
                top_p: float = 1.0, batch_size: int = 8, max_length: int | None = None, max_turns: int | None = None,
-               seed: int = 0, progress: bool = True) -> RegenerateSummary:
+               seed: int = 0, progress: bool = True, answer=None) -> RegenerateSummary:
     """Write `out` (JSONL of {"id", "messages", "regenerated"}) with the target's own answers; resumable."""
     from tqdm import tqdm
 
@@ -217,7 +221,8 @@ def regenerate(target, rows: Sequence[dict], out: str | Path, *, max_new_tokens:
                 torch.manual_seed(seed * 1_000_003 + k)  # a batch samples the same way when re-run
                 batch = todo[k: k + batch_size]
                 written = regenerate_batch(target, batch, max_new_tokens=max_new_tokens, temperature=temperature,
-                                           top_p=top_p, max_length=max_length, max_turns=max_turns, summary=summary)
+                                           top_p=top_p, max_length=max_length, max_turns=max_turns, summary=summary,
+                                           answer=answer)
                 append_rows(f, [dict(r, regenerated=meta) for r in written])
                 summary.written += len(written)
                 summary.seconds = time.monotonic() - start
