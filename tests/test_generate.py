@@ -187,7 +187,7 @@ def test_sampled_speculation_matches_target_distribution(tiny, tiny_draft, broke
     counts = torch.zeros(tiny.vocab_size)
     proposer = Eagle3Proposer(tiny_draft)
     runner = TargetRunner(tiny, proposer.aux_layer_ids)
-    draws = 2500
+    draws = 1200
     for seed in range(draws):
         params.seed = seed
         out, _ = generate_all(runner, prompt, params, proposer, k=1)
