@@ -22,7 +22,14 @@ class VllmAnswerer:
         log.info("starting a vLLM server for %s (regeneration backend)", target_name)
         self.server = start_server(plan_server(None, target=target_name), timeout=start_timeout, dtype=dtype)
         self.client = self.server.client()
+        self._widen_connection_pool(max(1, concurrency))
         self.pool = ThreadPoolExecutor(max(1, concurrency))
+
+    def _widen_connection_pool(self, size: int) -> None:
+        """requests keeps 10 connections per host by default; one per request in flight avoids reconnects."""
+        from requests.adapters import HTTPAdapter
+
+        self.client._session.mount("http://", HTTPAdapter(pool_connections=1, pool_maxsize=size))
 
     def __call__(self, target, histories: Sequence[list[dict]], *, max_new_tokens: int, temperature: float,
                  top_p: float = 1.0) -> list[tuple[str, int, bool]]:
