@@ -37,6 +37,18 @@ def draft_dir(builtin_target, tmp_path_factory):
     return save_eagle3(draft, tmp_path_factory.mktemp("draft") / "random-eagle3", dtype=torch.float32)
 
 
+@pytest.fixture(scope="module")
+def baselines(builtin_target, prompts):
+    """Baseline outputs, computed once for every method."""
+    params = SamplingParams(max_new_tokens=NEW_TOKENS, eos_token_ids=[builtin_target.tokenizer.eos_token_id])
+    runner = TargetRunner(builtin_target)
+    out = []
+    for prompt in prompts:
+        ids = prompt_ids(builtin_target.tokenizer, prompt)
+        out.append((ids, generate_all(runner, ids, params)[0]))
+    return params, out
+
+
 def top2_gap(target, ids: list[int]) -> float:
     with torch.inference_mode():
         logits = target.model(torch.tensor([ids])).logits[0, -1].float()
@@ -45,16 +57,13 @@ def top2_gap(target, ids: list[int]) -> float:
 
 
 @pytest.mark.parametrize("method", ["draft", "ngram"])
-def test_greedy_identical_to_baseline_on_builtin(builtin_target, prompts, draft_dir, method):
+def test_greedy_identical_to_baseline_on_builtin(builtin_target, prompts, baselines, draft_dir, method):
     assert len(prompts) == NUM_PROMPTS
-    params = SamplingParams(max_new_tokens=NEW_TOKENS, eos_token_ids=[builtin_target.tokenizer.eos_token_id])
+    params, runs = baselines
     proposer = make_proposer(method, builtin_target, draft=draft_dir)
-    base_runner = TargetRunner(builtin_target)
     spec_runner = TargetRunner(builtin_target, proposer.aux_layer_ids)
     excused, drafted = [], 0
-    for prompt in prompts:
-        ids = prompt_ids(builtin_target.tokenizer, prompt)
-        base, _ = generate_all(base_runner, ids, params)
+    for prompt, (ids, base) in zip(prompts, runs):
         out, events = generate_all(spec_runner, ids, params, proposer, k=3)
         drafted += sum(e.drafted for e in events)
         if out == base:
