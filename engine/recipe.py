@@ -22,7 +22,7 @@ from engine.jobs import reporter
 
 log = logging.getLogger(__name__)
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
-STEPS = ("regenerate", "extract", "train", "bench", "ship")
+STEPS = ("regenerate", "extract", "train", "bench", "curve", "ship")
 
 
 def find_recipe(name_or_path: str) -> Path:
@@ -123,9 +123,47 @@ def run_recipe(name_or_path: str, *, only: list[str] | None = None, force: bool 
         timings[step] = time.time() - t
         atomic_write_json(marker, {"digest": digest, "argv": argv, "seconds": timings[step],
                                    "finished": time.strftime("%Y-%m-%dT%H:%M:%S")})
+    if "curve" in recipe and (not only or "curve" in only) and not dry_run:
+        rep.update("recipe step curve")
+        acceptance_curve(recipe)
     if "ship" in recipe and (not only or "ship" in only) and not dry_run:
         ship(recipe)
     return {"work": str(work), "timings": timings}
+
+
+def acceptance_curve(recipe: dict[str, Any]) -> list[dict[str, Any]]:
+    """Measured mean acceptance length of every kept checkpoint vs the training tokens it had seen."""
+    from engine.generate.bench import load_prompts, run_bench
+    from engine.generate.sampling import SamplingParams
+    from engine.jobs import read_jsonl
+    from engine.targets import load_target
+
+    work = Path(recipe["work"])
+    opts = recipe["curve"]
+    out_file = work / "curve.json"
+    done = {row["step"]: row for row in (read_json(out_file) if out_file.is_file() else [])}
+    rows = [r for r in read_jsonl(work / "train" / "metrics.jsonl") if r.get("split") == "train"]
+    seen, tokens_at = 0.0, {0: 0.0}
+    for r in rows:
+        seen += r.get("tokens", 0.0)
+        tokens_at[r["step"]] = seen
+    target = load_target(recipe.get("target", "smollm2-135m-instruct"))
+    prompts = load_prompts(opts.get("prompts", "sharegpt"), opts.get("num_prompts", 10))
+    params = SamplingParams(max_new_tokens=opts.get("max_new_tokens", 64))
+    for ckpt in sorted((work / "train" / "checkpoints").glob("step_*")):
+        step = int(ckpt.name.split("_")[1])
+        if step in done:
+            continue
+        result = run_bench(target, prompts, methods=("draft",), draft=str(ckpt), k=opts.get("k", 3), params=params,
+                           measure_cost=False, progress=False)
+        row = result["methods"]["draft"]
+        done[step] = {"step": step, "training_tokens": tokens_at.get(step, 0.0),
+                      "mean_acceptance_length": row["mean_acceptance_length"],
+                      "per_position_acceptance": row["per_position_acceptance"]}
+        log.info("curve: step %d (%.0f tokens) -> acceptance length %.2f", step, done[step]["training_tokens"],
+                 row["mean_acceptance_length"] or 0)
+        atomic_write_json(out_file, [done[k] for k in sorted(done)])
+    return [done[k] for k in sorted(done)]
 
 
 def ship(recipe: dict[str, Any]) -> Path:
@@ -141,5 +179,8 @@ def ship(recipe: dict[str, Any]) -> Path:
     dest.mkdir(parents=True, exist_ok=True)
     for name in ("config.json", "model.safetensors"):
         shutil.copy2(src / name, dest / name)
+    from engine.model_card import write_model_card
+
+    write_model_card(recipe, dest)
     log.info("shipped %s -> %s", src, dest)
     return dest
