@@ -104,10 +104,8 @@ with regen_tab:
         job_panel(picked.id, key="data_regen_panel")
         produced = argv_value(picked, "--out")
         if produced and picked.status.state == "done":
-            if st.button("Use the regenerated file as the dataset", key="data_use_regen", icon=":material/check:"):
-                ss["data_source"] = "Local path"
-                ss["data_path"] = produced
-                st.rerun()
+            st.button("Use the regenerated file as the dataset", key="data_use_regen", icon=":material/check:",
+                      on_click=lambda: ss.update(data_source="Local path", data_path=produced))
 
 # -- extract ----------------------------------------------------------------------------------------
 with extract_tab:

@@ -4,7 +4,7 @@ import streamlit as st
 
 from ui.cli import show_cli
 from ui.errors import guard
-from ui.jobs import STATE_ICONS, all_jobs, job_details, jobs_table, runs_root
+from ui.jobs import STATES, all_jobs, job_details, jobs_table, runs_root
 
 st.title("Jobs")
 st.caption(f"Every `python -m engine ...` started from the app or the CLI runs in its own folder under "
@@ -22,7 +22,7 @@ def jobs_view() -> None:
         kinds = sorted({j.kind for j in jobs})
         c1, c2 = st.columns(2)
         kind = c1.multiselect("Kinds", kinds, key="jobs_kinds", placeholder="all kinds")
-        states = c2.multiselect("States", list(STATE_ICONS), key="jobs_states", placeholder="all states")
+        states = c2.multiselect("States", STATES, key="jobs_states", placeholder="all states")
         shown = [j for j in jobs if (not kind or j.kind in kind) and (not states or j.status.state in states)]
         jobs_table(shown)
         if shown:

@@ -233,6 +233,10 @@ def test_data_page_previews_loss_spans_and_runs_an_extraction(runs, tiny_target,
     ok(at)
     assert "Manifest" in texts(at.markdown)
     assert any(m.label == "samples" and m.value == "4" for m in at.metric)
+    at.button(key="data_train_on_it").click().run()  # to the Train page, with `data` filled in
+    ok(at)
+    assert at.title[0].value == "Train"
+    assert at.text_input(key="train_f_data").value == job.argv[job.argv.index("--out") + 1]
 
 
 def test_data_page_upload_is_saved_for_jobs(runs, tiny_target, tiny_dataset):
@@ -591,3 +595,22 @@ def test_builder_paths():
     assert cfg == {"speculators_config": {"proposal_methods": [{"speculative_tokens": 3}]}}
     assert get_path(cfg, "speculators_config.proposal_methods[0].speculative_tokens") == 3
     assert get_path(cfg, "speculators_config.verifier.name_or_path") is MISSING
+
+
+def test_data_page_runs_a_regeneration_and_offers_its_output(runs, tiny_target, tiny_dataset):
+    at = open_app(tiny_target, page="data")
+    at.radio(key="data_source").set_value("Local path").run()
+    at.text_input(key="data_path").set_value(tiny_dataset).run()
+    at.number_input(key="data_regen_samples").set_value(2)
+    at.number_input(key="data_regen_new_tokens").set_value(4)
+    at.button(key="FormSubmitter:data_regen_form-Launch regeneration").click().run()
+    ok(at)
+    job = only_job(runs, "regenerate")
+    assert "--max-new-tokens" in job.argv and job.argv[job.argv.index("--max-new-tokens") + 1] == "4"
+    done = jobs.wait(job, timeout=180)
+    assert done.status.state == "done", done.log_tail()
+    at.run()
+    at.button(key="data_use_regen").click().run()
+    ok(at)
+    produced = job.argv[job.argv.index("--out") + 1]
+    assert at.session_state["data_path"] == produced and Path(produced).is_file()

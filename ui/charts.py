@@ -16,7 +16,8 @@ def acceptance_bars(lengths: Sequence[int], k: int) -> go.Figure:
                            hovertemplate="step %{x}: %{y} tokens<extra></extra>"))
     fig.add_hline(y=k + 1, line_dash="dot", line_color="#999", annotation_text=f"max k+1 = {k + 1}")
     fig.update_layout(title="Acceptance length per step", xaxis_title="step", yaxis_title="tokens emitted",
-                      yaxis_range=[0, k + 1.5], **{**_LAYOUT, "height": 240})
+                      yaxis_range=[0, k + 1.5], xaxis_dtick=1 if len(lengths) <= 40 else None,
+                      **{**_LAYOUT, "height": 240})
     return fig
 
 

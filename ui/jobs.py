@@ -15,7 +15,16 @@ from engine import jobs as engine_jobs
 from ui.cli import command
 from ui.errors import guard
 
-STATE_ICONS = {"queued": "⏳", "running": "🔄", "done": "✅", "failed": "❌", "stopped": "⏹️"}
+# Material icons (they render everywhere markdown does, no emoji font needed) and colours per state.
+STATE_ICONS = {"queued": ":material/schedule:", "running": ":material/autorenew:", "done": ":material/check_circle:",
+               "failed": ":material/error:", "stopped": ":material/stop_circle:"}
+STATE_COLOURS = {"queued": "gray", "running": "blue", "done": "green", "failed": "red", "stopped": "orange"}
+STATES = list(STATE_ICONS)
+
+
+def state_md(state: str) -> str:
+    """A job state as coloured markdown with its icon."""
+    return f":{STATE_COLOURS.get(state, 'gray')}[{STATE_ICONS.get(state, '')} **{state}**]"
 POLL_S = 2.0
 
 
@@ -23,7 +32,7 @@ def launch(argv: Sequence[str], *, kind: str | None = None, name: str | None = N
     """Start a job; errors become a message. Returns the job or None."""
     with guard("Starting the job"):
         job = engine_jobs.launch([str(a) for a in argv], kind=kind, name=name)
-        st.toast(f"Started {job.kind} job {job.id}", icon="🚀")
+        st.toast(f"Started {job.kind} job {job.id}", icon=":material/rocket_launch:")
         return job
     return None
 
@@ -41,7 +50,7 @@ def find(job_id: str | None) -> engine_jobs.Job | None:
 
 def label(job: engine_jobs.Job) -> str:
     when = time.strftime("%m-%d %H:%M", time.localtime(job.created))
-    return f"{STATE_ICONS.get(job.status.state, '')} {job.id} · {job.status.state} · {when}"
+    return f"{job.id} · {job.kind} · started {when}"
 
 
 def argv_value(job: engine_jobs.Job, flag: str) -> str | None:
@@ -57,7 +66,7 @@ def argv_value(job: engine_jobs.Job, flag: str) -> str | None:
 
 def status_line(job: engine_jobs.Job) -> None:
     s = job.status
-    st.markdown(f"**{STATE_ICONS.get(s.state, '')} {s.state}** · `{job.id}`" + (f" — {s.message}" if s.message else ""))
+    st.markdown(f"{state_md(s.state)} · `{job.id}`" + (f" — {s.message}" if s.message else ""))
     if s.progress is not None:
         st.progress(min(1.0, max(0.0, s.progress)))
 
@@ -67,9 +76,9 @@ def stop_button(job: engine_jobs.Job, *, key: str, label: str = "Stop", help: st
                                  help=help or "SIGTERM to the job's process group (trainers save a checkpoint)"):
         with guard("Stopping the job"):
             if engine_jobs.stop(job):
-                st.toast(f"Sent SIGTERM to {job.id}", icon="⏹️")
+                st.toast(f"Sent SIGTERM to {job.id}", icon=":material/stop_circle:")
             else:
-                st.toast(f"{job.id} had already finished", icon="ℹ️")
+                st.toast(f"{job.id} had already finished", icon=":material/info:")
 
 
 def job_details(job: engine_jobs.Job, *, key: str, log_lines: int = 25, show_log: bool = True) -> None:
@@ -109,7 +118,7 @@ def job_panel(job_id: str, *, key: str, log_lines: int = 25, show_log: bool = Tr
 def jobs_table(jobs: Sequence[engine_jobs.Job]) -> None:
     import pandas as pd
 
-    rows = [{"job": j.id, "kind": j.kind, "state": f"{STATE_ICONS.get(j.status.state, '')} {j.status.state}",
+    rows = [{"job": j.id, "kind": j.kind, "state": j.status.state,
              "progress": j.status.progress, "message": j.status.message[:120],
              "started": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(j.created))} for j in jobs]
     st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch",

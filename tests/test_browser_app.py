@@ -1,0 +1,223 @@
+"""The app end to end in a real browser: Debian's Chromium driven by Python Playwright (no browser download).
+
+Starts `streamlit run app.py` on a free localhost port with a private runs folder, visits every page (screenshots
+under test-artifacts/browser/), runs the demo chat on the built-in target with the shipped draft (or the n-gram
+proposer while no draft is shipped), and watches a tiny training job's chart update.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from engine import jobs
+
+pytestmark = pytest.mark.browser
+
+ROOT = Path(__file__).resolve().parents[1]
+ARTIFACTS = ROOT / "test-artifacts" / "browser"
+CHROMIUM = os.environ.get("WORKBENCH_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+PAGES = [("Models", "Models"), ("Data", "Data"), ("Train", "Train"), ("Convert", "Convert"),
+         ("Config builder", "Config builder"), ("Demo chat", "Demo chat"), ("Benchmarks", "Benchmarks"),
+         ("Serve", "Serve"), ("Jobs", "Jobs")]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def app_url(tmp_path_factory):
+    """`streamlit run app.py` on a free port, with its own runs folder; stopped (with its jobs) afterwards."""
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"{CHROMIUM} is missing (make test installs Debian's chromium)")
+    from engine.targets import prepare_builtin
+
+    prepare_builtin()  # dequantize the built-in target once, before the app needs it
+    runs = tmp_path_factory.mktemp("browser") / "runs"
+    port = _free_port()
+    env = {**os.environ, "WORKBENCH_RUNS": str(runs), "PYTHONUNBUFFERED": "1"}
+    log = open(runs.parent / "streamlit.log", "wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port), "--server.address",
+         "127.0.0.1", "--server.headless", "true", "--browser.gatherUsageStats", "false",
+         "--server.fileWatcherType", "none"],
+        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(url + "/_stcore/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.time() > deadline:
+                raise RuntimeError("streamlit did not start:\n" + (runs.parent / "streamlit.log").read_text())
+            time.sleep(0.5)
+        yield url, runs
+    finally:
+        for job in jobs.list_jobs(runs):
+            if job.running and jobs.stop(job):
+                jobs.wait(job, timeout=60)
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    from playwright.sync_api import sync_playwright
+
+    profile = tmp_path_factory.mktemp("chromium-profile")
+    with sync_playwright() as p:
+        context = p.chromium.launch_persistent_context(
+            str(profile), executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS,
+            viewport={"width": 1440, "height": 1000})
+        yield context
+        context.close()
+
+
+@pytest.fixture
+def page(browser, app_url):
+    url, _ = app_url
+    pg = browser.new_page()
+    pg.set_default_timeout(60_000)
+    pg.goto(url)
+    idle(pg)
+    yield pg
+    pg.close()
+
+
+def idle(pg, timeout: float = 180_000) -> None:
+    """Wait until the script run (and the page's first fragment runs) finished."""
+    pg.wait_for_selector("h1", timeout=timeout)
+    pg.wait_for_selector('[data-test-script-state="notRunning"]', timeout=timeout)
+    time.sleep(1.0)
+    pg.wait_for_selector('[data-test-script-state="notRunning"]', timeout=timeout)
+
+
+def go(pg, link: str) -> None:
+    pg.get_by_role("link", name=link, exact=True).click()
+    pg.wait_for_function(f"() => [...document.querySelectorAll('h1')].some(h => h.innerText.trim() === {link!r})",
+                         timeout=180_000)
+    idle(pg)
+
+
+def shot(pg, name: str) -> None:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    pg.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+
+
+def no_traceback(pg) -> None:
+    assert pg.locator('[data-testid="stException"]').count() == 0, pg.locator('[data-testid="stException"]').first.inner_text()
+
+
+def test_every_page_opens_without_a_traceback(page):
+    sidebar = page.locator('[data-testid="stSidebarUserContent"]').inner_text()
+    assert "Target" in sidebar and "smollm2-135m-instruct" in sidebar and "Device" in sidebar
+    for i, (link, title) in enumerate(PAGES, 1):
+        go(page, link)
+        assert page.locator("h1").first.inner_text().strip() == title
+        no_traceback(page)
+        assert "Running jobs" in page.locator('[data-testid="stSidebarUserContent"]').inner_text()
+        shot(page, f"{i:02d}-{title.lower().replace(' ', '-')}")
+
+
+def test_demo_chat_colours_accepted_tokens_and_answers_identically(page):
+    from engine.generate.api import default_draft
+
+    shipped = default_draft("smollm2-135m-instruct")
+    go(page, "Demo chat")
+    if shipped:
+        assert page.get_by_text("Draft model").count() >= 1  # the shipped draft is the default proposer
+    else:
+        assert page.get_by_text("n-gram only").count() >= 1
+    max_new = page.get_by_label("Max new tokens")
+    max_new.fill("48")
+    max_new.press("Enter")
+    idle(page)
+    box = page.get_by_test_id("stChatInputTextArea")
+    box.fill("Repeat this sentence three times: The cat sat on the mat.")
+    box.press("Enter")
+    page.wait_for_selector(".spec-answer .tok-accepted", timeout=600_000)
+    page.get_by_text("Identical output").first.wait_for(timeout=600_000)
+    idle(page)
+    no_traceback(page)
+    accepted = page.locator(".spec-answer .tok-accepted")
+    assert accepted.count() >= 1
+    assert "accepted draft token" in accepted.first.get_attribute("title")
+    assert page.locator(".baseline-answer").first.inner_text().strip()
+    shot(page, "10-demo-chat-answer")
+
+
+def test_training_job_chart_updates(page, tmp_path):
+    from engine.tiny import save_tiny_target
+
+    tiny = save_tiny_target(tmp_path / "tiny-llama")
+    go(page, "Train")
+    page.get_by_role("button", name="Smoke-test preset (12 steps, online)").click()
+    idle(page)
+    for label, value in (("target", str(tiny)),):
+        box = page.get_by_label(label, exact=True)
+        box.fill(value)
+        box.press("Enter")
+        idle(page)
+    page.get_by_text("Optimisation", exact=True).click()  # open the expander holding max_steps and epochs
+    for label, value in (("epochs", "20"), ("max_steps", "400")):
+        box = page.get_by_label(label, exact=True)
+        box.fill(value)
+        box.press("Enter")
+        idle(page)
+    command = page.locator('[data-testid="stCode"]').first.inner_text()
+    assert "--online-dataset sharegpt" in command and str(tiny) in command and "--max-steps 400" in command
+    page.get_by_role("button", name="Launch training").click()
+    idle(page)
+    page.get_by_role("tab", name="Watch and control runs").click()
+    page.wait_for_selector(".js-plotly-plot", timeout=300_000)
+
+    def points() -> int:
+        return page.evaluate("() => { const g = document.querySelector('.js-plotly-plot');"
+                             " return g && g.data && g.data.length ? Math.max(...g.data.map(t => (t.x || []).length)) : 0 }")
+
+    deadline = time.time() + 300
+    first = 0
+    while time.time() < deadline and first == 0:
+        first = points()
+        time.sleep(0.5)
+    assert first > 0, "the loss chart never showed a point"
+    shot(page, "11-train-running")
+    while time.time() < deadline and points() <= first:
+        time.sleep(0.5)
+    later = points()
+    assert later > first, f"the chart did not update ({first} -> {later} points)"
+    page.locator(".st-key-train_panel_stop button").first.click()  # SIGTERM: the trainer checkpoints and exits
+    page.get_by_text("stopped", exact=True).first.wait_for(timeout=180_000)
+    page.get_by_role("button", name="Resume from step_").wait_for(timeout=60_000)
+    idle(page)
+    no_traceback(page)
+    shot(page, "12-train-stopped")
+
+
+def test_jobs_page_lists_what_ran(page, app_url):
+    _, runs = app_url
+    go(page, "Jobs")
+    for job in jobs.list_jobs(runs):
+        assert page.get_by_text(job.id).count() >= 1
+    shot(page, "13-jobs")
