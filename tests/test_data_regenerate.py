@@ -98,3 +98,18 @@ def test_a_file_being_written_is_refused(tmp_path):
             rg.open_output(tmp_path / "x.jsonl")
     finally:
         f.close()
+
+
+def test_an_answer_hook_needs_only_the_tokenizer(tiny_targets, tmp_path):
+    """The vLLM backend's path: a server answers, this process holds no weights."""
+    target = rg.tokenizer_only(str(tiny_targets["llama"]))
+    seen = []
+
+    def answer(target, histories, **kw):
+        seen.append(len(histories))
+        return [("served answer", 2, True) for _ in histories]
+
+    summary = rg.regenerate(target, CHATS, tmp_path / "r.jsonl", batch_size=3, answer=answer, progress=False)
+    rows = [json.loads(line) for line in (tmp_path / "r.jsonl").read_text().splitlines()]
+    assert seen == [3, 1] and summary.answers == 4 and rows[0]["regenerated"]["backend"] == "vllm"
+    assert rows[1]["messages"][-1] == {"role": "assistant", "content": "served answer"}

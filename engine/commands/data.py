@@ -100,13 +100,16 @@ def add_regenerate_arguments(p: argparse.ArgumentParser) -> None:
 
 def run_regenerate(args: argparse.Namespace) -> int:
     from engine.data.datasets import load_conversations
-    from engine.data.regenerate import regenerate
+    from engine.data.regenerate import regenerate, tokenizer_only
     from engine.jobs import reporter
     from engine.targets import load_target, pick_device
 
-    device = pick_device(args.device)
-    reporter().update("loading target")
-    target = load_target(args.target, dtype="fp32" if device == "cpu" else "bf16", device=device)
+    if args.backend == "vllm":
+        target = tokenizer_only(args.target)  # the server generates: no weights in this process
+    else:
+        device = pick_device(args.device)
+        reporter().update("loading target")
+        target = load_target(args.target, dtype="fp32" if device == "cpu" else "bf16", device=device)
     rows, summary = load_conversations(args.dataset, split=args.split, val_fraction=args.val_fraction,
                                        seed=args.seed, max_samples=args.max_samples)
     print(summary.format())

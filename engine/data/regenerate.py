@@ -196,6 +196,23 @@ def _prompt_tokens(tok, messages: list[dict]) -> int:
     return len(tok(text, add_special_tokens=False)["input_ids"])
 
 
+@dataclass
+class TokenizerOnly:
+    """What `regenerate` needs of a target when another engine (a vLLM server) generates: no weights loaded."""
+
+    tokenizer: object
+    verifier_name: str
+
+
+def tokenizer_only(name_or_path: str | None) -> TokenizerOnly:
+    from transformers import AutoTokenizer
+
+    from engine.targets import resolve_target
+
+    ref = resolve_target(name_or_path)
+    return TokenizerOnly(AutoTokenizer.from_pretrained(ref.path), ref.hub_id or ref.path)
+
+
 def regenerate(target, rows: Sequence[dict], out: str | Path, *, max_new_tokens: int = 256, temperature: float = 0.0,
                top_p: float = 1.0, batch_size: int = 8, max_length: int | None = None, max_turns: int | None = None,
                seed: int = 0, progress: bool = True, answer=None) -> RegenerateSummary:
@@ -208,7 +225,8 @@ def regenerate(target, rows: Sequence[dict], out: str | Path, *, max_new_tokens:
     out = Path(out)
     summary = RegenerateSummary(out=str(out))
     f, done = open_output(out)
-    meta = {"target": target.verifier_name, "temperature": temperature, "max_new_tokens": max_new_tokens, "seed": seed}
+    meta = {"target": target.verifier_name, "backend": "transformers" if answer is None else "vllm",
+            "temperature": temperature, "max_new_tokens": max_new_tokens, "seed": seed}
     rep = reporter()
     try:
         todo = [r for r in rows if str(r["id"]) not in done]
