@@ -26,18 +26,9 @@ def _from_draft(path: str) -> None:
 
 
 def _from_upload() -> None:
-    import json
-
     upload = ss.get("builder_upload")
-    if upload is None:
-        return
-    try:
-        data = json.loads(upload.getvalue().decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        from engine.errors import WorkbenchError
-
-        raise WorkbenchError(f"{upload.name} is not valid JSON ({exc})", hint="upload a config.json") from None
-    builder.load(data if isinstance(data, dict) else {"config": data})
+    if upload is not None:
+        builder.load(builder.parse_upload(upload.name, upload.getvalue()))
 
 
 if builder.CFG not in ss:
@@ -54,9 +45,7 @@ if builder.CFG not in ss:
 with st.expander("Start from…", icon=":material/note_add:", expanded=False):
     c1, c2, c3 = st.columns(3)
     with c1:
-        from engine.format.config import CONFIG_CLASSES
-
-        algorithm = st.selectbox("Algorithm", list(CONFIG_CLASSES), key="builder_new_algo")
+        algorithm = st.selectbox("Algorithm", builder.algorithms(), key="builder_new_algo")
         st.button("New config for the active target", key="builder_new", icon=":material/add:",
                   on_click=callback("Building a config", _new, algorithm))
     with c2:
@@ -73,9 +62,7 @@ cfg = ss[builder.CFG]
 with guard("Validating"):
     import copy
 
-    from engine.format.validate import validate_draft
-
-    rep = validate_draft(copy.deepcopy(cfg))
+    rep = report.validate(copy.deepcopy(cfg))
     report.verdicts(rep)
     by_field = rep.issues_by_field()
     groups = builder.fields_for(cfg.get("speculators_model_type"))
@@ -111,11 +98,9 @@ with guard("Validating"):
                               help="Where this config.json will live next to its weights.")
     commands = None
     if rep.vllm_speculative_config is not None:
-        from engine.format.validate import serve_commands
-
         spec = {**rep.vllm_speculative_config, "model": draft_dir}
         rep.vllm_speculative_config = spec
-        commands = serve_commands(cfg, draft_dir, spec)
+        commands = report.serve_commands(cfg, draft_dir, spec)
     report.serving(rep, commands)
     st.download_button("Download config.json", builder.to_json_bytes(cfg), file_name="config.json",
                        mime="application/json", key="builder_download", icon=":material/download:", type="primary")

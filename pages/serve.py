@@ -61,9 +61,9 @@ with start_tab:
     show_cli(argv)
     if draft and with_draft:
         with guard("Deriving the vLLM command"):
-            from engine.format.validate import validate_draft
+            from ui.report import validate
 
-            rep = validate_draft(draft, check_weights=False)
+            rep = validate(draft, check_weights=False)
             if rep.serve_commands:
                 st.markdown("**The same server anywhere vLLM runs**")
                 for line in rep.serve_commands:

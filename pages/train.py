@@ -4,8 +4,8 @@ from pathlib import Path
 
 import streamlit as st
 
-from engine.train.config import TrainConfig
 from ui import charts, forms, state, training
+from ui.training import TrainConfig
 from ui.cli import command
 from ui.errors import callback, guard
 from ui.jobs import all_jobs, job_panel, job_selector, launch

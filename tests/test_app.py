@@ -614,3 +614,21 @@ def test_data_page_runs_a_regeneration_and_offers_its_output(runs, tiny_target, 
     ok(at)
     produced = job.argv[job.argv.index("--out") + 1]
     assert at.session_state["data_path"] == produced and Path(produced).is_file()
+
+
+def test_pages_go_through_ui_and_app_py_only_frames():
+    """pages/ -> ui/ -> engine/: pages import streamlit, ui and the standard library, never the engine directly."""
+    import ast
+    import sys
+
+    allowed = {"streamlit", "ui", "__future__"} | set(sys.stdlib_module_names)
+    for f in [*(ROOT / "pages").glob("*.py"), ROOT / "app.py"]:
+        tree = ast.parse(f.read_text())
+        for node in ast.walk(tree):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module] if isinstance(node, ast.ImportFrom) and node.module else [])
+            for name in names:
+                assert name.split(".")[0] in allowed, f"{f.name} imports {name}"
+    assert "st.cache_resource" not in "".join(f.read_text() for f in (ROOT / "pages").glob("*.py"))
+    caching = [f.name for f in (ROOT / "ui").glob("*.py") if "cache_resource" in f.read_text()]
+    assert caching == ["resources.py"], caching

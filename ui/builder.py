@@ -245,9 +245,26 @@ def template(algorithm: str, target_path: str, verifier_name: str | None) -> dic
     return cfg.to_dict()
 
 
+def algorithms() -> list[str]:
+    return list(CONFIG_CLASSES)
+
+
+def parse_upload(name: str, data: bytes) -> dict[str, Any]:
+    """An uploaded config.json as a dict, or a clear error."""
+    from engine.errors import WorkbenchError
+
+    try:
+        parsed = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise WorkbenchError(f"{name} is not valid JSON ({exc})", hint="upload a config.json") from None
+    if not isinstance(parsed, dict):
+        raise WorkbenchError(f"{name} holds a JSON {type(parsed).__name__}, not an object", hint="upload a config.json")
+    return parsed
+
+
 def to_json_bytes(cfg: dict[str, Any]) -> bytes:
     return (dump(cfg) + "\n").encode()
 
 
-__all__ = ["CFG", "JSON_ERROR", "TEXT", "fields_for", "get_path", "load", "on_json_edit", "set_path", "template",
+__all__ = ["CFG", "JSON_ERROR", "TEXT", "algorithms", "fields_for", "get_path", "load", "on_json_edit", "parse_upload", "set_path", "template",
            "to_json_bytes", "widget", "widget_key"]

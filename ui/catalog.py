@@ -47,6 +47,27 @@ def find_drafts(max_checkpoints: int = 3) -> list[DraftEntry]:
     return out
 
 
+def builtin_targets() -> dict[str, str]:
+    """Built-in target name -> its hub id."""
+    from engine.targets import BUILTIN_TARGETS
+
+    return {name: b.hub_id for name, b in BUILTIN_TARGETS.items()}
+
+
+def default_target() -> str:
+    from engine.targets import DEFAULT_TARGET
+
+    return DEFAULT_TARGET
+
+
+def shipped_draft(target: str) -> str | None:
+    """The draft shipped in assets/drafts for a built-in target, if it is there."""
+    from engine.generate.api import default_draft
+
+    path = default_draft(target)
+    return str(path) if path else None
+
+
 def _human_bytes(n: float) -> str:
     for unit in ("B", "KB", "MB", "GB", "TB"):
         if n < 1024 or unit == "TB":
@@ -162,5 +183,5 @@ def pretty(obj: Any) -> str:
     return json.dumps(obj, indent=2, sort_keys=True)
 
 
-__all__ = ["DraftEntry", "config_json", "draft_summary", "find_drafts", "pretty",
+__all__ = ["DraftEntry", "builtin_targets", "config_json", "default_target", "shipped_draft", "draft_summary", "find_drafts", "pretty",
            "target_summary", "vocab_mapping", "weights_summary"]

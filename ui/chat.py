@@ -101,6 +101,13 @@ def race(target, prompt_ids: list[int], params: SamplingParams, proposer, k: int
     return base, spec
 
 
+def prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
+    """The chat-templated token ids of a conversation (engine.generate.api.prompt_ids)."""
+    from engine.generate.api import prompt_ids as engine_prompt_ids
+
+    return engine_prompt_ids(tokenizer, messages)
+
+
 def sampling(tokenizer, *, max_new_tokens: int, temperature: float, seed: int) -> SamplingParams:
     eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     return SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, eos_token_ids=eos)

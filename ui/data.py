@@ -7,7 +7,11 @@ import re
 from pathlib import Path
 from typing import Any
 
+from engine.commands.data import ALGOS  # the algorithms `extract --algo` knows (importable without torch)
 from engine.jobs import runs_dir
+
+__all__ = ["ALGOS", "BUILTIN", "default_extract_out", "default_regen_out", "extract_argv", "extraction_folders",
+           "manifest", "prepare_argv", "regenerate_argv", "save_upload", "slug"]
 
 BUILTIN = "sharegpt"
 

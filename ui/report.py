@@ -6,7 +6,14 @@ from typing import Any
 
 import streamlit as st
 
-from engine.format.validate import Issue, ValidationReport
+from engine.format.validate import Issue, ValidationReport, serve_commands, validate_draft
+
+__all__ = ["full", "issue_rows", "issues_table", "serve_commands", "serving", "validate", "verdicts"]
+
+
+def validate(path_or_config, **options) -> ValidationReport:
+    """engine.format.validate.validate_draft (a folder, a config.json or a config dict)."""
+    return validate_draft(path_or_config, **options)
 
 
 def verdicts(report: ValidationReport) -> None:
