@@ -117,43 +117,42 @@ prompt = st.chat_input("Ask the target something", key="chat_prompt") or ss.pop(
 if prompt:
     with st.chat_message("user"):
         st.markdown(prompt)
-    with st.chat_message("assistant"):
-        with guard("Generating"):
-            target = resources.target(target_name)
-            proposer = resources.proposer(proposer_name, target_name, draft)
-            from ui.chat import prompt_ids, race, sampling
+    with st.chat_message("assistant"), guard("Generating"):
+        target = resources.target(target_name)
+        proposer = resources.proposer(proposer_name, target_name, draft)
+        from ui.chat import prompt_ids, race, sampling
 
-            ids = prompt_ids(target.tokenizer, _messages(prompt))
-            params = sampling(target.tokenizer, max_new_tokens=int(max_new), temperature=float(temperature),
-                              seed=int(seed))
-            b, s = st.columns(2)
-            b.markdown("**Baseline** (target alone)")
-            s.markdown(f"**Speculative** ({PROPOSERS[proposer_name]}, k={k})")
-            holders = {"baseline": b.empty(), "speculative": s.empty()}
-            last_draw = {"baseline": 0.0, "speculative": 0.0}
+        ids = prompt_ids(target.tokenizer, _messages(prompt))
+        params = sampling(target.tokenizer, max_new_tokens=int(max_new), temperature=float(temperature),
+                          seed=int(seed))
+        b, s = st.columns(2)
+        b.markdown("**Baseline** (target alone)")
+        s.markdown(f"**Speculative** ({PROPOSERS[proposer_name]}, k={k})")
+        holders = {"baseline": b.empty(), "speculative": s.empty()}
+        last_draw = {"baseline": 0.0, "speculative": 0.0}
 
-            def draw(side) -> None:
-                now = time.monotonic()
-                if not side.done and now - last_draw[side.name] < 0.15:
-                    return
-                last_draw[side.name] = now
-                if side.name == "baseline":
-                    holders["baseline"].html(plain_html(side.text.text, cursor=not side.done))
-                else:
-                    holders["speculative"].html(spec_html(side.marks, cursor=not side.done))
+        def draw(side) -> None:
+            now = time.monotonic()
+            if not side.done and now - last_draw[side.name] < 0.15:
+                return
+            last_draw[side.name] = now
+            if side.name == "baseline":
+                holders["baseline"].html(plain_html(side.text.text, cursor=not side.done))
+            else:
+                holders["speculative"].html(spec_html(side.marks, cursor=not side.done))
 
-            base, spec = race(target, ids, params, proposer, int(k), on_event=draw)
-            argv = ["generate", prompt, "--target", target_name, "--k", str(k), "--max-new-tokens", str(max_new),
-                    "--temperature", str(temperature), "--seed", str(seed)]
-            cli = "\n".join([command(argv[:2] + ["--method", "baseline"] + argv[2:]),
-                             command(argv[:2] + ["--method", proposer_name] + argv[2:]
-                                     + (["--draft", draft] if proposer_name == "draft" else []))])
-            turn = {"prompt": prompt, "proposer": proposer_name, "k": int(k), "baseline": base.text.text,
-                    "spec_html": spec_html(spec.marks), "identical": base.ids == spec.ids,
-                    "base_metrics": base.summary(), "spec_metrics": spec.summary(),
-                    "step_lengths": spec.step_lengths(), "steps": spec.step_rows(), "cli": cli}
-            ss["chat_history"].append(turn)
-            st.rerun()  # draw the finished turn from the history (badge, bars, details)
+        base, spec = race(target, ids, params, proposer, int(k), on_event=draw)
+        argv = ["generate", prompt, "--target", target_name, "--k", str(k), "--max-new-tokens", str(max_new),
+                "--temperature", str(temperature), "--seed", str(seed)]
+        cli = "\n".join([command(argv[:2] + ["--method", "baseline"] + argv[2:]),
+                         command(argv[:2] + ["--method", proposer_name] + argv[2:]
+                                 + (["--draft", draft] if proposer_name == "draft" else []))])
+        turn = {"prompt": prompt, "proposer": proposer_name, "k": int(k), "baseline": base.text.text,
+                "spec_html": spec_html(spec.marks), "identical": base.ids == spec.ids,
+                "base_metrics": base.summary(), "spec_metrics": spec.summary(),
+                "step_lengths": spec.step_lengths(), "steps": spec.step_rows(), "cli": cli}
+        ss["chat_history"].append(turn)
+        st.rerun()  # draw the finished turn from the history (badge, bars, details)
 
 if not ss["chat_history"] and not prompt:
     show_cli(["generate", EXAMPLES[0], "--method", "ngram", "--target", target_name, "--k", "3"])

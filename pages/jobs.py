@@ -38,4 +38,6 @@ def jobs_view() -> None:
 
 
 jobs_view()
-show_cli("python -m engine jobs              # list\npython -m engine jobs show JOB_ID  # command, state, log\npython -m engine jobs stop JOB_ID  # SIGTERM to its process group", label="Equivalent CLI commands")
+show_cli("python -m engine jobs              # list\n"
+         "python -m engine jobs show JOB_ID  # command, state, log\n"
+         "python -m engine jobs stop JOB_ID  # SIGTERM to its process group", label="Equivalent CLI commands")

@@ -5,10 +5,10 @@ from pathlib import Path
 import streamlit as st
 
 from ui import charts, forms, state, training
-from ui.training import TrainConfig
 from ui.cli import command
 from ui.errors import callback, guard
 from ui.jobs import all_jobs, job_panel, job_selector, launch
+from ui.training import TrainConfig
 
 st.title("Train")
 st.caption("Train an EAGLE-3 draft for the active target. Each field's help is its description in "
@@ -127,19 +127,18 @@ with tab_watch:
             live_charts()
 
 # -- compare ----------------------------------------------------------------------------------------
-with tab_compare:
-    with guard("Finding runs"):
-        runs = training.metric_runs()
-        if not runs:
-            st.info("No run has written metrics yet.")
-        else:
-            chosen = st.multiselect("Runs to compare", list(runs), default=list(runs)[:2], key="train_compare")
-            if chosen:
-                figs = charts.training_figures({name: training.read_metrics(runs[name]) for name in chosen})
-                cols = st.columns(3)
-                for col, (name, fig) in zip(cols, figs.items()):
-                    with col:
-                        st.plotly_chart(fig, key=f"train_compare_{name}")
+with tab_compare, guard("Finding runs"):
+    runs = training.metric_runs()
+    if not runs:
+        st.info("No run has written metrics yet.")
+    else:
+        chosen = st.multiselect("Runs to compare", list(runs), default=list(runs)[:2], key="train_compare")
+        if chosen:
+            figs = charts.training_figures({name: training.read_metrics(runs[name]) for name in chosen})
+            cols = st.columns(3)
+            for col, (name, fig) in zip(cols, figs.items()):
+                with col:
+                    st.plotly_chart(fig, key=f"train_compare_{name}")
 
 with st.expander("Equivalent CLI commands", icon=":material/terminal:"):
     st.code("python -m engine train --help\npython -m engine jobs            # list runs\n"

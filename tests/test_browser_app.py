@@ -126,7 +126,8 @@ def shot(pg, name: str) -> None:
 
 
 def no_traceback(pg) -> None:
-    assert pg.locator('[data-testid="stException"]').count() == 0, pg.locator('[data-testid="stException"]').first.inner_text()
+    errors = pg.locator('[data-testid="stException"]')
+    assert errors.count() == 0, errors.first.inner_text()
 
 
 def test_every_page_opens_without_a_traceback(page):
@@ -194,7 +195,8 @@ def test_training_job_chart_updates(page, tmp_path):
 
     def points() -> int:
         return page.evaluate("() => { const g = document.querySelector('.js-plotly-plot');"
-                             " return g && g.data && g.data.length ? Math.max(...g.data.map(t => (t.x || []).length)) : 0 }")
+                             " return g && g.data && g.data.length"
+                             " ? Math.max(...g.data.map(t => (t.x || []).length)) : 0 }")
 
     deadline = time.time() + 300
     first = 0

@@ -76,6 +76,7 @@ def table(result: dict[str, Any]) -> list[dict[str, Any]]:
             continue
         rows.append({"method": name, "mean acceptance length": r.get("mean_acceptance_length"),
                      "tokens/s": r.get("tokens_per_s"), "speedup": r.get("speedup"),
-                     "speedup ceiling": r.get("speedup_ceiling"), "identical to baseline": r.get("identical_to_baseline"),
+                     "speedup ceiling": r.get("speedup_ceiling"),
+                     "identical to baseline": r.get("identical_to_baseline"),
                      "acceptance rate": r.get("acceptance_rate")})
     return rows

@@ -52,7 +52,8 @@ def fields_for(algorithm: str | None) -> dict[str, list[BuilderField]]:
     pm, vi = ProposalMethod.model_fields, VerifierInfo.model_fields
     groups: dict[str, list[BuilderField]] = {
         "Algorithm and proposal": [
-            BuilderField("speculators_model_type", algo_kind, DraftConfig.model_fields["speculators_model_type"].description),
+            BuilderField("speculators_model_type", algo_kind,
+                         DraftConfig.model_fields["speculators_model_type"].description),
             BuilderField("speculators_config.proposal_methods[0].speculative_tokens",
                          field_kind(pm["speculative_tokens"].annotation), pm["speculative_tokens"].description),
             BuilderField("speculators_config.verifier.name_or_path", field_kind(vi["name_or_path"].annotation),
@@ -266,5 +267,5 @@ def to_json_bytes(cfg: dict[str, Any]) -> bytes:
     return (dump(cfg) + "\n").encode()
 
 
-__all__ = ["CFG", "JSON_ERROR", "TEXT", "algorithms", "fields_for", "get_path", "load", "on_json_edit", "parse_upload", "set_path", "template",
-           "to_json_bytes", "widget", "widget_key"]
+__all__ = ["CFG", "JSON_ERROR", "TEXT", "algorithms", "fields_for", "get_path", "load", "on_json_edit", "parse_upload",
+           "set_path", "template", "to_json_bytes", "widget", "widget_key"]

@@ -148,7 +148,8 @@ def draft_summary(path: str) -> dict[str, Any]:
         "draft layers": cfg.num_layers,
         "draft layer type": cfg.transformer_layer_config.get("model_type"),
         "hidden size": cfg.hidden_size,
-        "vocabulary": f"{cfg.draft_vocab_size} of {cfg.vocab_size}" + (" (reduced)" if cfg.reduced_vocab else " (full)"),
+        "vocabulary": f"{cfg.draft_vocab_size} of {cfg.vocab_size}"
+                      + (" (reduced)" if cfg.reduced_vocab else " (full)"),
         "speculators version": cfg.speculators_version,
     })
     return out
@@ -183,5 +184,16 @@ def pretty(obj: Any) -> str:
     return json.dumps(obj, indent=2, sort_keys=True)
 
 
-__all__ = ["DraftEntry", "builtin_targets", "config_json", "default_target", "shipped_draft", "draft_summary", "find_drafts", "pretty",
-           "target_summary", "vocab_mapping", "weights_summary"]
+__all__ = [
+    "DraftEntry",
+    "builtin_targets",
+    "config_json",
+    "default_target",
+    "draft_summary",
+    "find_drafts",
+    "pretty",
+    "shipped_draft",
+    "target_summary",
+    "vocab_mapping",
+    "weights_summary",
+]

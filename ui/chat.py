@@ -7,8 +7,8 @@ they would have alone; tokens/s and the speedup use each side's own time only (d
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from engine.generate.events import StepEvent
 from engine.generate.metrics import SpecMetrics

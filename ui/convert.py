@@ -9,9 +9,10 @@ from __future__ import annotations
 import hashlib
 import io
 import zipfile
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any, Iterable
+from typing import Any
 
 from engine.errors import WorkbenchError
 from engine.format import vllm_rules as vr
@@ -88,7 +89,8 @@ def resolve_input(path: str) -> Path:
     if p.is_file() and p.name == "config.json":
         return p.parent
     if not p.is_dir():
-        raise WorkbenchError(f"{p} is not a folder or a .zip", hint="give the checkpoint folder (config.json + weights)")
+        raise WorkbenchError(f"{p} is not a folder or a .zip",
+                             hint="give the checkpoint folder (config.json + weights)")
     return checkpoint_root(p)
 
 

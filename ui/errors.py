@@ -5,7 +5,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import streamlit as st
 from pydantic import ValidationError
@@ -37,8 +38,8 @@ def describe(exc: BaseException) -> tuple[str, str | None]:
         return "out of memory", "use a smaller model, fewer tokens or a smaller batch"
     if isinstance(exc, (KeyError, ValueError, TypeError)) and str(exc):
         return f"{type(exc).__name__}: {exc}", "check the inputs on this page; the terminal running the app has details"
-    return f"{type(exc).__name__}: {exc}", ("this looks like a bug in the workbench: the full traceback is in the "
-                                            "terminal running the app; the CLI command shown on this page reproduces it")
+    return f"{type(exc).__name__}: {exc}", ("this looks like a bug in the workbench: the full traceback is in "
+                                            "the terminal running the app; the CLI command on this page reproduces it")
 
 
 def show_error(exc: BaseException, what: str | None = None) -> None:
@@ -59,7 +60,7 @@ def guard(what: str | None = None) -> Iterator[None]:
     """
     try:
         yield
-    except Exception as exc:  # noqa: BLE001 - every error becomes a message, never a traceback
+    except Exception as exc:
         show_error(exc, what)
 
 
@@ -84,7 +85,7 @@ def callback(what: str, func: Callable, *args: Any, **kwargs: Any) -> Callable[[
     def run() -> None:
         try:
             func(*args, **kwargs)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             message, hint = describe(exc)
             if not isinstance(exc, (WorkbenchError, ValidationError)):
                 log.error("%s failed", what, exc_info=exc)

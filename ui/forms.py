@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 import types
 import typing
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 import streamlit as st
 from pydantic import BaseModel, ValidationError
@@ -103,7 +104,8 @@ def current_values(prefix: str, model_cls: type[BaseModel]) -> dict[str, Any]:
     return out
 
 
-def validation_errors(model_cls: type[BaseModel], values: dict[str, Any]) -> tuple[BaseModel | None, dict[str, list[str]]]:
+def validation_errors(model_cls: type[BaseModel],
+                      values: dict[str, Any]) -> tuple[BaseModel | None, dict[str, list[str]]]:
     """(the model, or None) and error messages by field name ("" for errors about several fields)."""
     try:
         return model_cls(**values), {}

@@ -6,8 +6,8 @@ Everything shown is rebuilt from `runs/<id>/` on each poll, so a browser refresh
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import streamlit as st
 

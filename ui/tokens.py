@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import html
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 
 # source -> (background colour, what it means)
 SOURCES = {

@@ -116,5 +116,18 @@ def last_row(rows: list[dict[str, Any]], split: str = "train") -> dict[str, Any]
     return next((r for r in reversed(rows) if r.get("split") == split), None)
 
 
-__all__ = ["GROUPS", "TrainConfig", "SMOKE", "default_out", "defaults", "last_row", "latest_checkpoint", "metric_runs",
-           "new_run_name", "read_metrics", "train_argv", "train_out", "write_yaml_overrides"]
+__all__ = [
+    "GROUPS",
+    "SMOKE",
+    "TrainConfig",
+    "default_out",
+    "defaults",
+    "last_row",
+    "latest_checkpoint",
+    "metric_runs",
+    "new_run_name",
+    "read_metrics",
+    "train_argv",
+    "train_out",
+    "write_yaml_overrides",
+]
