@@ -632,3 +632,35 @@ def test_pages_go_through_ui_and_app_py_only_frames():
     assert "st.cache_resource" not in "".join(f.read_text() for f in (ROOT / "pages").glob("*.py"))
     caching = [f.name for f in (ROOT / "ui").glob("*.py") if "cache_resource" in f.read_text()]
     assert caching == ["resources.py"], caching
+
+
+def test_every_command_the_app_builds_is_accepted_by_the_cli(tmp_path):
+    """The pages' commands parse with `python -m engine`'s own parser (the CLI mirrors the app)."""
+    from engine.cli import build_parser
+    from engine.train.config import TrainConfig
+    from ui import bench, data, serving, training
+
+    parser = build_parser()
+    cfg = TrainConfig(online_dataset="sharegpt", out=str(tmp_path / "o"), max_steps=5, aux_layer_ids=[2, 15, 27],
+                      fc_norm=True, norm_before_fc=False, draft_vocab_size=8192, lr=5e-4)
+    argv, _ = training.train_argv(cfg)
+    args = parser.parse_args(argv)
+    assert args.aux_layer_ids == [2, 15, 27] and args.fc_norm is True and args.norm_before_fc is False
+    assert TrainConfig(**{k: v for k, v in vars(args).items() if k in TrainConfig.model_fields and v is not None}) == cfg
+    commands = [
+        data.prepare_argv("sharegpt", "t", split="train", rows=3, max_length=512),
+        data.regenerate_argv("sharegpt", "t", "o.jsonl", split="train", max_samples=5, max_new_tokens=8,
+                             temperature=0.0, batch_size=2, max_turns=1),
+        data.extract_argv("sharegpt", "t", "out", split="val", max_samples=None, max_length=256, layers="2,15,27,30",
+                          algo="eagle3", dtype="bf16", batch_size=4),
+        data.extract_argv("sharegpt", "t", "out", split="train", max_samples=3, max_length=256, layers="",
+                          algo="dflash", dtype="fp32", batch_size=4),
+        bench.bench_argv(target="t", draft="d", prompts="sharegpt", num_prompts=2, max_new_tokens=8, k=3,
+                         temperature=0.0, methods=["baseline", "draft", "ngram"], backend="transformers",
+                         json_out="r.json"),
+        serving.serve_argv(draft="d", target=None, k=4, form="auto", port=8123, max_model_len=2048, dtype="bfloat16"),
+        serving.serve_argv(draft=None, target="t", k=None, form="auto", port=8123, max_model_len=2048,
+                           dtype="float32"),
+    ]
+    for argv in commands:
+        parser.parse_args(argv)
