@@ -31,7 +31,13 @@ def _reset() -> None:
              "out": training.default_out(ss["train_run_name"])})
 
 
-def _launch(argv: list[str], yaml_fields: dict, out: str) -> None:
+def _launch() -> None:
+    # read the form here, not at render time: an edit committed by this very click is included
+    cfg, errors = forms.validation_errors(TrainConfig, forms.current_values(P, TrainConfig))
+    if cfg is None:
+        raise ValueError("; ".join(f"{k or 'config'}: {', '.join(v)}" for k, v in errors.items()))
+    argv, yaml_fields = training.train_argv(cfg)
+    out = cfg.out
     if yaml_fields:
         argv = argv + ["--config", training.write_yaml_overrides(out, yaml_fields)]
     job = launch(argv, kind="train", name=Path(out).name)
@@ -73,8 +79,7 @@ with tab_new:
             st.caption(f"`train_overrides.yaml` will hold {sorted(yaml_fields)} (not expressible as flags).")
     st.button("Launch training", key="train_launch", type="primary", icon=":material/rocket_launch:",
               disabled=cfg is None,
-              on_click=callback("Launching training", _launch, *(
-                  (argv, yaml_fields, cfg.out) if cfg is not None else ([], {}, ""))))
+              on_click=callback("Launching training", _launch))
     if cfg is None:
         st.caption("Complete or fix the fields named above to launch.")
 
