@@ -83,8 +83,11 @@ with use_tab:
         with left:
             job_panel(pick, key="serve_panel", log_lines=20)
             if info.get("vllm_serve"):
-                st.markdown("**The exact vLLM command**")
+                st.markdown("**The vLLM command** (what to run elsewhere)")
                 st.code(info["vllm_serve"], language="bash", wrap_lines=True)
+            if info.get("full_command"):
+                st.markdown("**The exact process started here** (from `vllm.log`)")
+                st.code(info["full_command"], language="bash", wrap_lines=True)
         url = info.get("url")
         ready = bool(info.get("ready")) and job.running
         with right:

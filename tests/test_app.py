@@ -516,12 +516,14 @@ def test_serve_page_chats_and_charts_acceptance_from_metrics(runs, tiny_target):
     job_dir.mkdir(parents=True)
     (job_dir / "job.json").write_text(json.dumps({"kind": "serve", "argv": ["serve", "--port", "1234"],
                                                   "created": time.time(), "pid": None, "pgid": None}))
+    (job_dir / "vllm.log").write_text("$ /venv/bin/python -m vllm.entrypoints.openai.api_server --model /drafts/x\n")
     (job_dir / "status.json").write_text(json.dumps({
         "state": "running", "message": f"serving on {url}", "pid": os.getpid(),
-        "result": {"url": url, "ready": True, "vllm_serve": "vllm serve /drafts/x"}}))
+        "result": {"url": url, "ready": True, "vllm_serve": "vllm serve /drafts/x", "log": str(job_dir / "vllm.log")}}))
     try:
         at = open_app(tiny_target, page="serve")
         assert "vllm serve /drafts/x" in texts(at.code)
+        assert "-m vllm.entrypoints.openai.api_server --model /drafts/x" in texts(at.code)
         assert any(m.label == "mean acceptance length" and m.value == "2.50" for m in at.metric)
         spec = json.loads(at.get("plotly_chart")[0].proto.spec)
         assert spec["data"][0]["y"] == [0.8, 0.5, 0.2]

@@ -43,7 +43,18 @@ def servers() -> list[engine_jobs.Job]:
 
 
 def server_info(job: engine_jobs.Job) -> dict[str, Any]:
-    return dict(job.status.result or {})
+    """The server's status.json facts, plus `full_command`: the exact process command from the top of vllm.log."""
+    info = dict(job.status.result or {})
+    log = info.get("log")
+    if log:
+        try:
+            with open(log, encoding="utf-8", errors="replace") as f:
+                first = f.readline().strip()
+            if first.startswith("$ "):
+                info["full_command"] = first[2:]
+        except OSError:
+            pass
+    return info
 
 
 def chat(url: str, messages: list[dict[str, str]], *, max_tokens: int, temperature: float):
