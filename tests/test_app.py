@@ -519,7 +519,8 @@ def test_serve_page_chats_and_charts_acceptance_from_metrics(runs, tiny_target):
     (job_dir / "vllm.log").write_text("$ /venv/bin/python -m vllm.entrypoints.openai.api_server --model /drafts/x\n")
     (job_dir / "status.json").write_text(json.dumps({
         "state": "running", "message": f"serving on {url}", "pid": os.getpid(),
-        "result": {"url": url, "ready": True, "vllm_serve": "vllm serve /drafts/x", "log": str(job_dir / "vllm.log")}}))
+        "result": {"url": url, "ready": True, "vllm_serve": "vllm serve /drafts/x",
+                   "log": str(job_dir / "vllm.log")}}))
     try:
         at = open_app(tiny_target, page="serve")
         assert "vllm serve /drafts/x" in texts(at.code)
