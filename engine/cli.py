@@ -120,6 +120,10 @@ def add_model_fields(parser: argparse.ArgumentParser, model_cls, *, skip: Sequen
         help_text = f"{field.description or ''} (default: {default})".strip()
         if kind is bool:
             group.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
+        elif origin is tuple:
+            items = typing.get_args(kind) or (str,)
+            group.add_argument(flag, type=lambda s, t=items[0]: tuple(t(x) for x in s.split(",") if x.strip()),
+                               default=None, help=help_text + " Comma-separated.")
         elif origin is list or kind is list:
             item = (typing.get_args(kind) or (str,))[0]
             group.add_argument(flag, type=lambda s, t=item: [t(x) for x in s.split(",") if x.strip()],

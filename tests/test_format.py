@@ -260,6 +260,13 @@ def test_required_algorithm_fields_and_unsupported_algorithm(fixtures_dir):
     assert any(e.field == "conv_group_size" for e in report.errors)
 
 
+def test_layer_config_types_are_checked(good):
+    report = validate_draft(broken(good, ["transformer_layer_config", "hidden_size"], "abc"), check_weights=False)
+    assert any(e.field == "transformer_layer_config.hidden_size" for e in report.errors)
+    report = validate_draft(broken(good, ["transformer_layer_config", "rms_norm_eps"], -1), check_weights=False)
+    assert any(e.field == "transformer_layer_config.rms_norm_eps" for e in report.errors)
+
+
 def test_typed_field_errors_name_the_field(good):
     report = validate_draft(broken(good, ["draft_vocab_size"], "many"), check_weights=False)
     assert any(e.field == "draft_vocab_size" for e in report.errors)

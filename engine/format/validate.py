@@ -222,9 +222,18 @@ def _project_config_rules(cfg: dict[str, Any], typed, hf: dict[str, Any] | None,
             if key not in tlc:
                 report.add(Issue(f"transformer_layer_config.{key}", f"missing '{key}': vLLM needs it to build the draft "
                                  "decoder; copy it from the verifier's config"))
+        for key in ("hidden_size", "num_attention_heads", "num_key_value_heads", "intermediate_size", "vocab_size",
+                    "num_hidden_layers", "head_dim", "max_position_embeddings"):
+            value = tlc.get(key)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
+                report.add(Issue(f"transformer_layer_config.{key}", f"must be a positive integer, got {value!r}: vLLM "
+                                 "fails when it builds the draft decoder"))
+        eps = tlc.get("rms_norm_eps")
+        if eps is not None and (not isinstance(eps, (int, float)) or isinstance(eps, bool) or eps <= 0):
+            report.add(Issue("transformer_layer_config.rms_norm_eps", f"must be a positive number, got {eps!r}"))
         types = tlc.get("layer_types")
         n = tlc.get("num_hidden_layers", 1)
-        if isinstance(types, list) and len(types) != n:
+        if isinstance(types, list) and isinstance(n, int) and len(types) != n:
             report.add(Issue("transformer_layer_config.layer_types", f"{len(types)} layer types for {n} layers; "
                              "give one type per layer"))
         if kind in ("dflash", "dflash2", "dspark") and isinstance(types, list) and len(set(types)) > 1:

@@ -18,7 +18,8 @@ class StepEvent:
     rejected: list[int] = field(default_factory=list)
     drafted: int = 0          # draft tokens verified in this step
     accepted: int = 0         # of which accepted
-    elapsed_s: float = 0.0    # since generation started
+    elapsed_s: float = 0.0    # since generation started (includes time the consumer paused the generator)
+    step_s: float = 0.0       # compute time of this step alone
     draft_s: float = 0.0      # proposer time (draft forwards)
     verify_s: float = 0.0     # target forward + acceptance + cache rollback
     target_s: float = 0.0     # the target forward alone

@@ -118,7 +118,8 @@ def generate(
     if proposer is not None:
         proposer.start(list(prompt_ids), aux, last)
     stopper.push(last)
-    yield _event(0, [last], [TARGET], [], 0, 0, t0, 0.0, time.perf_counter() - t0, target_s, stopper, tokenizer)
+    yield _event(0, [last], [TARGET], [], 0, 0, t0, 0.0, time.perf_counter() - t0, target_s, stopper, tokenizer,
+                 step_start=t0)
     step = 0
     while stopper.reason is None:
         step += 1
@@ -129,7 +130,7 @@ def generate(
             last = pick(logits[-1], params, generator)
             stopper.push(last)
             yield _event(step, [last], [TARGET], [], 0, 0, t0, 0.0, time.perf_counter() - tv, target_s, stopper,
-                         tokenizer)
+                         tokenizer, step_start=tv)
             continue
         event, last = _speculative_step(runner, proposer, last, params, k, generator, stopper, step, t0, tokenizer)
         yield event
@@ -160,14 +161,16 @@ def _speculative_step(runner, proposer, last, params, k, generator, stopper, ste
         if stopper.push(tok):
             break
     event = _event(step, out_tokens, out_sources, drafts[n:], len(drafts), n, t0, tv - td, verify_s, target_s,
-                   stopper, tokenizer)
+                   stopper, tokenizer, step_start=td)
     return event, verdict.next_token
 
 
-def _event(step, tokens, sources, rejected, drafted, accepted, t0, draft_s, verify_s, target_s, stopper, tokenizer):
+def _event(step, tokens, sources, rejected, drafted, accepted, t0, draft_s, verify_s, target_s, stopper, tokenizer,
+           *, step_start):
+    now = time.perf_counter()
     return StepEvent(
         step=step, tokens=tokens, sources=sources, rejected=list(rejected), drafted=drafted, accepted=accepted,
-        elapsed_s=time.perf_counter() - t0, draft_s=draft_s, verify_s=verify_s, target_s=target_s,
+        elapsed_s=now - t0, step_s=now - step_start, draft_s=draft_s, verify_s=verify_s, target_s=target_s,
         text=tokenizer.decode(tokens, skip_special_tokens=False) if tokenizer is not None else "",
         finished=stopper.reason,
     )

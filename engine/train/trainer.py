@@ -335,6 +335,7 @@ class Trainer:
         from tqdm import tqdm
 
         cfg, rep = self.cfg, reporter()
+        rep.update(out=str(self.out.resolve()), metrics=str((self.out / "metrics.jsonl").resolve()))
         self.draft.train()
         bar = tqdm(total=self.total_steps, initial=self.step, desc="train", disable=not self.d.main,
                    dynamic_ncols=True)
