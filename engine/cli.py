@@ -25,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("train", "train a draft (EAGLE-3) from extracted or online data"),
     "generate": ("generate", "generate with the target, with or without speculative decoding"),
     "bench": ("bench", "benchmark speculative methods against the baseline on the same prompts"),
+    "convert": ("convert", "convert a research checkpoint (EAGLE-3, z-lab DFlash) into the speculators format"),
     "recipe": ("recipe", "run a whole named recipe (data, extraction, training, evaluation)"),
     "serve": ("serve", "serve a draft with real vLLM (its own virtual environment)"),
     "jobs": ("jobs", "list, inspect or stop background jobs under runs/"),
