@@ -79,7 +79,7 @@ class SpecMetrics:
 def measure_cost_curve(runner, context: list[int], ks: list[int], repeats: int = 5) -> dict[int, float]:
     """Median time of one target forward over k new tokens (after `context`), relative to k = 1."""
     runner.reset()
-    runner.forward(context)
+    runner.forward(context, all_logits=False)
     base = runner.length
     times: dict[int, float] = {}
     for k in sorted(set([1] + list(ks))):

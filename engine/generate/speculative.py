@@ -112,7 +112,7 @@ def generate(
     stopper = _Stopper(params, tokenizer)
     runner.reset()
     t0 = time.perf_counter()
-    logits, aux = runner.forward(prompt_ids)  # prefill: [P, V], [P, A*H]
+    logits, aux = runner.forward(prompt_ids, all_logits=False)  # prefill: [1, V] (last position), [P, A*H]
     target_s = time.perf_counter() - t0
     last = pick(logits[-1], params, generator)
     if proposer is not None:

@@ -156,10 +156,11 @@ def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
     scores = scores.masked_fill(~mask, float("-inf"))
     diag_scores = torch.stack([(q * kj).sum(-1) for kj, _ in diag], dim=-1) * scale  # [B,nh,Tq,J]
     probs = torch.cat([scores, diag_scores], dim=-1).softmax(dim=-1, dtype=torch.float32).to(q.dtype)
-    s = k.shape[2]
-    out = probs[..., :s] @ v
+    # split (not index) so the backward pass does not allocate a full-size gradient per slice
+    p_ctx, p_diag = probs.split([k.shape[2], len(diag)], dim=-1)
+    out = p_ctx @ v
     for j, (_, vj) in enumerate(diag):
-        out = out + probs[..., s + j, None] * vj
+        out = out + p_diag[..., j, None] * vj
     return out
 
 

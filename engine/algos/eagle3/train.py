@@ -16,11 +16,10 @@ def target_logits(verifier_last: torch.Tensor, norm, head_rows: torch.Tensor) ->
         return norm(verifier_last.float()) @ head_rows.float().T
 
 
-def forward_kl(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """KL(p_target || q_draft) per position: [B,T,V] x2 -> [B,T] (fp32)."""
+def forward_kl(logits: torch.Tensor, target_probs: torch.Tensor) -> torch.Tensor:
+    """KL(p_target || q_draft) per position: logits [B,T,V], target probabilities [B,T,V] -> [B,T] (fp32)."""
     logq = F.log_softmax(logits.float(), dim=-1)
-    p = F.softmax(targets.float(), dim=-1)
-    return F.kl_div(logq, p, reduction="none").sum(-1)
+    return F.kl_div(logq, target_probs, reduction="none").sum(-1)
 
 
 def eagle3_loss(
@@ -37,18 +36,19 @@ def eagle3_loss(
     full_acc_k: steps 0..k all correct; cond_acc_k: step k correct given 0..k-1 correct.
     """
     t = targets.shape[1]
+    target_probs = F.softmax(targets.float(), dim=-1)  # once per batch; sliced per step
+    target_ids = targets.argmax(-1)
     prev = loss_mask.bool().clone()  # [B,T] positions still correct (indexed by draft start)
     loss = targets.new_zeros((), dtype=torch.float32)
     stats: dict[str, float] = {}
     for k, logits in enumerate(logits_per_step):
         s_logits = logits[:, : t - k]
-        s_targets = targets[:, k:]
         s_mask = loss_mask[:, k:].bool() & (document_ids[:, k:] == document_ids[:, : t - k])
-        kl = forward_kl(s_logits, s_targets)
+        kl = forward_kl(s_logits, target_probs[:, k:])
         step_loss = (kl * s_mask).sum() / (s_mask.sum() + 1e-5)
         loss = loss + (decay ** k) * step_loss
         with torch.no_grad():
-            correct = s_logits.argmax(-1) == s_targets.argmax(-1)
+            correct = s_logits.argmax(-1) == target_ids[:, k:]
             s_prev = prev[:, : t - k]
             cond_total = float((s_prev & s_mask).sum())
             now = s_prev & correct
