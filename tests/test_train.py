@@ -104,6 +104,16 @@ def test_moe_and_multilayer_drafts_train(tiny_targets, tmp_path, arch, draft_arc
         assert "layers.1.self_attn.q_proj.weight" in tensor_index(final)
 
 
+def test_online_training_runs_the_target_in_the_loop(tiny_targets, tmp_path):
+    cfg = TrainConfig(target=str(tiny_targets["llama"]), online_dataset="sharegpt", online_max_samples=12,
+                      out=str(tmp_path / "online"), max_steps=3, tokens_per_batch=256, max_length=160,
+                      draft_vocab_size=128, warmup_steps=1, val_fraction=0.2)
+    final = Trainer(cfg).run()
+    rows = read_metrics(tmp_path / "online")
+    assert [r["step"] for r in rows if r["split"] == "train"] == [1, 2, 3]
+    assert validate_draft(final).ok
+
+
 def test_ddp_two_processes_agree(tiny_targets, tiny_data, tmp_path):
     out = tmp_path / "ddp"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29531",

@@ -69,7 +69,6 @@ class TrainConfig(BaseModel):
     checkpoint_every: int = Field(200, ge=1, description="Checkpoint every N optimizer steps (also at the end and on SIGTERM).")
     keep_checkpoints: int = Field(2, ge=1, description="Step checkpoints to keep (the final one is always kept).")
     device: str = Field("auto", description="auto, cpu or cuda.")
-    fsdp: bool = Field(False, description="Shard the draft with FSDP2 under torchrun (GPU; DDP otherwise).")
 
     @model_validator(mode="after")
     def _check(self):

@@ -109,6 +109,9 @@ class OnlineData:
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         return self.source[i]
 
+    def get_many(self, indices: list[int]) -> list[dict[str, torch.Tensor]]:
+        return self.source.get_many(indices)  # one batched target forward per micro-batch
+
     def token_counts(self) -> torch.Tensor | None:
         return self.source.token_counts()
 
@@ -273,7 +276,8 @@ class Trainer:
 
     # -- loop --------------------------------------------------------------------------------
     def _batch(self, indices: list[int]) -> dict[str, torch.Tensor]:
-        batch = collate([self.data[i] for i in indices], self.layout, self.cfg.tokens_per_batch)
+        samples = self.data.get_many(indices) if hasattr(self.data, "get_many") else [self.data[i] for i in indices]
+        batch = collate(samples, self.layout, self.cfg.tokens_per_batch)
         return {k: v.to(self.device) for k, v in batch.items()}
 
     def _forward(self, batch):
