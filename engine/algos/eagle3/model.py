@@ -164,6 +164,27 @@ def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
     return out
 
 
+def _document_spans(document_ids: torch.Tensor) -> list[tuple[int, int]]:
+    """[start, end) of each run of equal document id in a packed row [1, T] (one span per row if B > 1)."""
+    if document_ids.shape[0] != 1:
+        raise ValueError("training batches are packed into one row (B = 1)")
+    d = document_ids[0]
+    cuts = ((d[1:] != d[:-1]).nonzero().flatten() + 1).tolist()
+    bounds = [0, *cuts, d.numel()]
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
+def _causal_mask(n: int, window: int | None, *, padding: bool, device) -> torch.Tensor:
+    """[1,1,n,n] boolean: causal (within a sliding window when given); padding queries see only themselves."""
+    idx = torch.arange(n, device=device)
+    if padding:
+        return torch.eye(n, dtype=torch.bool, device=device)[None, None]
+    m = idx[None, :] <= idx[:, None]
+    if window:
+        m = m & (idx[None, :] > idx[:, None] - window)
+    return m[None, None]
+
+
 @dataclass
 class DraftCache:
     """Per-layer K/V of the draft ([B,nkv,S,hd]); `crop` rolls back rejected positions."""
@@ -289,15 +310,19 @@ class Eagle3Draft(nn.Module):
         Returns logits [B,T,Vd] per step; step k's logits at t predict the token at t+k+1 (aligned later).
         """
         b, t = input_ids.shape
-        idx = torch.arange(t, device=input_ids.device)
-        same_doc = (document_ids[:, :, None] == document_ids[:, None, :]) & (document_ids[:, :, None] >= 0)
-        base = same_doc & (idx[None, None, :] <= idx[None, :, None])  # [B,T,T]
-        masks = {}
-        for w in set(self.windows):
-            m = base if not w else base & (idx[None, None, :] > idx[None, :, None] - w)
-            masks[w] = (m | torch.eye(t, dtype=torch.bool, device=m.device)).unsqueeze(1)  # padding sees itself
+        spans = _document_spans(document_ids)  # packed rows: attention never crosses documents
+        masks = {w: [_causal_mask(e - s, w, padding=bool(document_ids[0, s] < 0), device=input_ids.device)
+                     for s, e in spans] for w in set(self.windows)}
         ctx: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         diag: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {i: [] for i in range(len(self.layers))}
+
+        def segmented(q, k, v, window, diag_kv):
+            """Attention document by document (the masked-out cross-document blocks are never computed)."""
+            outs = [masked_attention(q[:, :, s:e], k[:, :, s:e], v[:, :, s:e], m,
+                                     [(kj[:, :, s:e], vj[:, :, s:e]) for kj, vj in diag_kv])
+                    for (s, e), m in zip(spans, masks[window])]
+            return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
+
         hidden = self.fuse(aux)
         ids = input_ids
         logits_per_step = []
@@ -306,9 +331,9 @@ class Eagle3Draft(nn.Module):
                 k, v = repeat_kv(k, self.kv_groups), repeat_kv(v, self.kv_groups)
                 if step == 0:
                     ctx[i] = (k, v)
-                    return masked_attention(q, k, v, masks[self.windows[i]])
+                    return segmented(q, k, v, self.windows[i], [])
                 diag[i].append((k, v))
-                return masked_attention(q, *ctx[i], masks[self.windows[i]], diag[i])
+                return segmented(q, *ctx[i], self.windows[i], diag[i])
 
             x = self._layers(ids, hidden, position_ids + step, attend)
             hidden, logits = self.head(x)
