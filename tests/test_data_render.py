@@ -72,6 +72,21 @@ def test_truncation_cuts_ids_and_mask_and_drops_rows_without_loss(tiny_targets):
     assert len(kept) == 1 and kept[0].num_loss_tokens == 3 and kept[0].truncated
 
 
+def test_truncating_long_chats_early_gives_the_same_tokens_and_mask(tiny_targets):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_targets["llama"])
+    words = "the quick brown fox jumps over the lazy dog 1 2 3 and then some, def add(a, b): return a + b".split()
+    chat = []
+    for i in range(12):
+        chat += [{"role": "user", "content": " ".join(words[(i + k) % len(words)] for k in range(60 + i))},
+                 {"role": "assistant", "content": " ".join(words[(i * 3 + k) % len(words)] for k in range(90))}]
+    full_ids, full_mask, _ = render_messages(tok, chat)
+    for max_length in (40, 300, 1000):
+        ids, mask, truncated = render_messages(tok, chat, max_length=max_length)
+        assert truncated and ids == full_ids[:max_length] and mask == full_mask[:max_length]
+
+
 def test_tokenised_rows_pass_through_with_truncation(tiny_targets):
     from transformers import AutoTokenizer
 
