@@ -269,10 +269,12 @@ def test_train_launch_watch_stop_resume(runs, tiny_target, tiny_dataset):
     at = open_app(tiny_target, page="train")
     at.button(key="train_smoke").click().run()
     at.text_input(key="train_f_online_dataset").set_value(tiny_dataset).run()
-    at.number_input(key="train_f_max_steps").set_value(400).run()
+    # enough epochs and steps that the run is still going when we press Stop, on a fast machine too
+    at.number_input(key="train_f_max_steps").set_value(100000).run()
+    at.number_input(key="train_f_epochs").set_value(10000).run()
     ok(at)
     command = texts(at.code)
-    assert f"--online-dataset {tiny_dataset}" in command and "--max-steps 400" in command
+    assert f"--online-dataset {tiny_dataset}" in command and "--max-steps 100000" in command
     at.button(key="train_launch").click().run()
     ok(at)
     job = only_job(runs, "train")
@@ -280,6 +282,7 @@ def test_train_launch_watch_stop_resume(runs, tiny_target, tiny_dataset):
     wait_for(lambda: any(r.get("split") == "train" for r in jobs.read_jsonl(out / "metrics.jsonl")), timeout=180)
     at.run()
     ok(at)
+    assert job.running, job.log_tail()
     assert at.selectbox(key="train_watch").value == job.id
     assert len(at.get("plotly_chart")) >= 3  # loss, accuracy per step, acceptance length
     assert any(m.label == "step" for m in at.metric)
