@@ -55,6 +55,7 @@ def gather(recipe: dict[str, Any]) -> dict[str, Any]:
         "val_last": val_rows[-1] if val_rows else {},
         "bench": _load(work / "bench.json", {}),
         "curve": _load(work / "curve.json", []),
+        "sweep": _load(work / "sweep.json", []),
         "train_config": (yaml.safe_load((work / "train" / "config.yaml").read_text()) or {}).get("train", {})
         if (work / "train" / "config.yaml").is_file() else {},
         "hardware": f"{_cpu_name()}, {os.cpu_count()} cores, no GPU" if not _has_cuda() else "GPU",
@@ -154,6 +155,7 @@ def render(recipe: dict[str, Any], facts: dict[str, Any]) -> str:
         "|---|---|---|---|",
         curve_rows or "| – | – | – | – |",
         "",
+        *_sweep_section(facts["sweep"]),
         _limits(bench),
         "## Reproduce everything",
         "```bash",
@@ -163,6 +165,20 @@ def render(recipe: dict[str, Any], facts: dict[str, Any]) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _sweep_section(sweep: list[dict[str, Any]]) -> list[str]:
+    if not sweep:
+        return []
+    first = sweep[0]
+    rows = [f"| {r['k']} | {r['mean_acceptance_length']:.2f} | "
+            f"{', '.join(f'{x:.2f}' for x in r['per_position_acceptance'])} | {r['speedup']:.2f}× | "
+            f"{'yes' if r['identical_to_baseline'] else 'no'} |" for r in sweep]
+    return ["### Number of speculative tokens (k)",
+            f"{first['num_prompts']} held-out prompts, greedy, {first['max_new_tokens']} new tokens; the baseline is "
+            "re-run interleaved for each k:", "",
+            "| k | mean acceptance length | per-position acceptance | speedup | identical |", "|---|---|---|---|---|",
+            *rows, ""]
 
 
 def _limits(bench: dict[str, Any]) -> str:

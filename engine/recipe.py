@@ -1,4 +1,4 @@
-"""Named recipes: a YAML file of steps (regenerate, extract, train, bench, ship) run in order, each resumable.
+"""Named recipes: a YAML file of steps (regenerate, extract, train, bench, curve, sweep, ship) run in order, each resumable.
 
 Every step is the same CLI command a user would type; a step whose arguments did not change since it
 last completed is skipped, so a recipe can be stopped and re-run (also across sessions).
@@ -22,7 +22,7 @@ from engine.jobs import reporter
 
 log = logging.getLogger(__name__)
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
-STEPS = ("regenerate", "extract", "train", "bench", "curve", "ship")
+STEPS = ("regenerate", "extract", "train", "bench", "curve", "sweep", "ship")
 
 
 def find_recipe(name_or_path: str) -> Path:
@@ -126,6 +126,9 @@ def run_recipe(name_or_path: str, *, only: list[str] | None = None, force: bool 
     if "curve" in recipe and (not only or "curve" in only) and not dry_run:
         rep.update("recipe step curve")
         acceptance_curve(recipe)
+    if "sweep" in recipe and (not only or "sweep" in only) and not dry_run:
+        rep.update("recipe step sweep")
+        k_sweep(recipe)
     if "ship" in recipe and (not only or "ship" in only) and not dry_run:
         ship(recipe)
     return {"work": str(work), "timings": timings}
@@ -164,6 +167,35 @@ def acceptance_curve(recipe: dict[str, Any]) -> list[dict[str, Any]]:
                  row["mean_acceptance_length"] or 0)
         atomic_write_json(out_file, [done[k] for k in sorted(done)])
     return [done[k] for k in sorted(done)]
+
+
+def k_sweep(recipe: dict[str, Any]) -> list[dict[str, Any]]:
+    """Acceptance length and wall-clock speedup of the trained draft for each k, baseline interleaved per k."""
+    from engine.generate.bench import load_prompts, run_bench
+    from engine.generate.sampling import SamplingParams
+    from engine.targets import load_target
+
+    work = Path(recipe["work"])
+    opts = recipe["sweep"]
+    out_file = work / "sweep.json"
+    done = {row["k"]: row for row in (read_json(out_file) if out_file.is_file() else [])}
+    target = load_target(recipe.get("target", "smollm2-135m-instruct"))
+    prompts = load_prompts(opts.get("prompts", "sharegpt"), opts.get("num_prompts", 10))
+    params = SamplingParams(max_new_tokens=opts.get("max_new_tokens", 128))
+    for k in opts.get("ks", [1, 2, 3, 4, 5]):
+        if k in done:
+            continue
+        result = run_bench(target, prompts, methods=("baseline", "draft"), draft=str(work / "train" / "draft"), k=k,
+                           params=params, measure_cost=False, progress=False)
+        row = result["methods"]["draft"]
+        done[k] = {"k": k, "mean_acceptance_length": row["mean_acceptance_length"],
+                   "per_position_acceptance": row["per_position_acceptance"], "speedup": row["speedup"],
+                   "identical_to_baseline": row["identical_to_baseline"],
+                   "num_prompts": len(prompts), "max_new_tokens": params.max_new_tokens}
+        log.info("sweep: k=%d -> acceptance length %.2f, speedup %.2fx", k, row["mean_acceptance_length"] or 0,
+                 row["speedup"] or 0)
+        atomic_write_json(out_file, [done[x] for x in sorted(done)])
+    return [done[x] for x in sorted(done)]
 
 
 def ship(recipe: dict[str, Any]) -> Path:

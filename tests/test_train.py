@@ -141,6 +141,42 @@ def test_every_recipe_in_configs_loads():
         assert step_commands(recipe)
 
 
+def test_tiny_recipe_runs_every_step_and_writes_the_model_card(tiny_targets, tmp_path, monkeypatch):
+    """extract -> train -> bench -> curve -> sweep -> ship on a tiny target; re-running skips finished steps."""
+    import yaml
+
+    from engine.recipe import run_recipe
+
+    monkeypatch.chdir(tmp_path)
+    recipe = {
+        "name": "tiny", "target": str(tiny_targets["llama"]), "work": str(tmp_path / "work"),
+        "extract": {"dataset": "sharegpt", "algo": "eagle3", "max_samples": 16, "max_length": 128, "dtype": "bf16"},
+        "train": {"algo": "eagle3", "draft_vocab_size": 128, "max_steps": 4, "tokens_per_batch": 256,
+                  "max_length": 128, "warmup_steps": 1, "checkpoint_every": 2, "keep_checkpoints": 5,
+                  "val_fraction": 0.2, "val_every": 2},
+        "bench": {"prompts": "sharegpt", "num_prompts": 2, "max_new_tokens": 8, "k": 2, "methods": "baseline,draft"},
+        "curve": {"num_prompts": 2, "max_new_tokens": 8, "k": 2},
+        "sweep": {"num_prompts": 2, "max_new_tokens": 8, "ks": [1, 2]},
+        "ship": {"to": str(tmp_path / "shipped")},
+    }
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    first = run_recipe(str(path))
+    assert set(first["timings"]) == {"extract", "train", "bench"}
+    shipped = tmp_path / "shipped"
+    assert validate_draft(shipped).ok
+    curve = json.loads((tmp_path / "work" / "curve.json").read_text())
+    assert [r["step"] for r in curve] == [2, 4] and curve[1]["training_tokens"] > curve[0]["training_tokens"] > 0
+    sweep = json.loads((tmp_path / "work" / "sweep.json").read_text())
+    assert [r["k"] for r in sweep] == [1, 2] and all(r["identical_to_baseline"] for r in sweep)
+    card = (shipped / "README.md").read_text()
+    bench = json.loads((tmp_path / "work" / "bench.json").read_text())
+    tau = bench["methods"]["draft"]["mean_acceptance_length"]
+    assert f"Mean acceptance length **{tau:.2f}**" in card
+    assert "| 4 |" in card and "### Number of speculative tokens (k)" in card
+    assert run_recipe(str(path))["timings"] == {}  # nothing changed: every step is skipped
+
+
 def test_bad_config_is_a_clear_error(tmp_path):
     with pytest.raises(Exception, match="give `data`"):
         TrainConfig()
