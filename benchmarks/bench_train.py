@@ -40,7 +40,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -51,6 +50,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from engine.model_card import cpu_name  # noqa: E402  (the repo root is on the path now)
 
 TARGET = "smollm2-135m-instruct"
 SIDES = ("ours", "speculators")
@@ -283,16 +284,6 @@ def steady_state(run: dict, warmup: int, padded: int | None) -> dict:
             "loss_last": steps[-1]["loss"], "process_s": run["process_s"]}
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.machine()
-
-
 def table(summary: dict) -> str:
     rows = ["| trainer | real tokens/step | positions computed/step | CPU-s/step | wall s/step | tokens per CPU-second "
             "| tokens/s wall |", "|---|---|---|---|---|---|---|"]
@@ -407,7 +398,7 @@ def main() -> None:
                            "draft_vocab_size": args.draft_vocab_size, "tokens_per_step": args.tokens_per_step,
                            "steps": args.steps, "warmup": args.warmup, "rounds": args.rounds,
                            "threads": args.threads, "plans": plans, "cpu_count": os.cpu_count(),
-                           "cpu": cpu_model(), "load_before": load_before,
+                           "cpu": cpu_name(), "load_before": load_before,
                            "load_after": load_after, "torch": torch.__version__,
                            "transformers": transformers.__version__, "speculators": version("speculators"),
                            "argv": sys.argv},

@@ -14,7 +14,7 @@ from engine.fsutil import atomic_write_text, read_json
 from engine.jobs import read_jsonl
 
 
-def _cpu_name() -> str:
+def cpu_name() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -58,7 +58,7 @@ def gather(recipe: dict[str, Any]) -> dict[str, Any]:
         "sweep": _load(work / "sweep.json", []),
         "train_config": (yaml.safe_load((work / "train" / "config.yaml").read_text()) or {}).get("train", {})
         if (work / "train" / "config.yaml").is_file() else {},
-        "hardware": f"{_cpu_name()}, {os.cpu_count()} cores, no GPU" if not _has_cuda() else "GPU",
+        "hardware": f"{cpu_name()}, {os.cpu_count()} cores, no GPU" if not _has_cuda() else "GPU",
     }
 
 

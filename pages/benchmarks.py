@@ -7,7 +7,7 @@ import streamlit as st
 from ui import bench, charts, state
 from ui.cli import show_cli
 from ui.errors import guard
-from ui.jobs import all_jobs, job_panel, job_selector, launch
+from ui.jobs import launch, watch_jobs
 
 st.title("Benchmarks")
 st.caption("The baseline and each speculative method generate the same held-out prompts; acceptance uses vLLM's "
@@ -49,10 +49,7 @@ with run_tab:
                 if job:
                     ss["bench_job"] = job.id
     show_cli(argv)
-    jobs = all_jobs(["bench"])
-    if jobs:
-        picked = job_selector("Benchmark jobs", jobs, key="bench_watch", prefer_key="bench_job")
-        job_panel(picked.id, key="bench_panel")
+    watch_jobs(["bench"], "Benchmark jobs", key="bench")
 
 with results_tab:
     result = None

@@ -6,7 +6,7 @@ from ui import convert as conv
 from ui import report, resources, state
 from ui.cli import show_cli
 from ui.errors import guard
-from ui.jobs import all_jobs, argv_value, job_panel, job_selector, launch
+from ui.jobs import argv_value, launch, watch_jobs
 
 st.title("Convert")
 st.caption("Drop a draft checkpoint (config.json + .safetensors, or a zip) or give its path. The page detects its "
@@ -79,12 +79,9 @@ elif det.format == conv.EAGLE3_RESEARCH:
 else:
     st.error("This checkpoint's format is not recognised, so it cannot be converted.", icon=":material/help:")
 
-jobs = all_jobs(["convert"])
-if jobs:
-    picked = job_selector("Conversion jobs", jobs, key="convert_watch", prefer_key="convert_job")
-    job_panel(picked.id, key="convert_panel")
-    if picked.status.state == "done":
-        result_dir = argv_value(picked, "--out") or result_dir
+picked = watch_jobs(["convert"], "Conversion jobs", key="convert")
+if picked and picked.status.state == "done":
+    result_dir = argv_value(picked, "--out") or result_dir
 
 if result_dir:
     st.subheader("Validate and download", anchor=False)

@@ -6,7 +6,7 @@ from ui import data as data_ui
 from ui import resources, state
 from ui.cli import show_cli
 from ui.errors import guard
-from ui.jobs import all_jobs, argv_value, job_panel, job_selector, launch
+from ui.jobs import argv_value, launch, watch_jobs
 from ui.tokens import loss_html
 
 st.title("Data")
@@ -97,10 +97,8 @@ with regen_tab:
                 if job:
                     ss["data_regen_job"] = job.id
         show_cli(argv)
-    jobs = all_jobs(["regenerate"])
-    if jobs:
-        picked = job_selector("Regeneration jobs", jobs, key="data_regen_watch", prefer_key="data_regen_job")
-        job_panel(picked.id, key="data_regen_panel")
+    picked = watch_jobs(["regenerate"], "Regeneration jobs", key="data_regen")
+    if picked:
         produced = argv_value(picked, "--out")
         if produced and picked.status.state == "done":
             st.button("Use the regenerated file as the dataset", key="data_use_regen", icon=":material/check:",
@@ -129,10 +127,8 @@ with extract_tab:
                 if job:
                     ss["data_extract_job"] = job.id
         show_cli(argv)
-    jobs = all_jobs(["extract"])
-    if jobs:
-        picked = job_selector("Extraction jobs", jobs, key="data_extract_watch", prefer_key="data_extract_job")
-        job_panel(picked.id, key="data_extract_panel")
+    picked = watch_jobs(["extract"], "Extraction jobs", key="data_extract")
+    if picked:
         folder = argv_value(picked, "--out")
         with guard("Reading the manifest"):
             manifest = data_ui.manifest(folder) if folder else None

@@ -140,3 +140,13 @@ def job_selector(title: str, jobs: Sequence[engine_jobs.Job], *, key: str, prefe
     if st.session_state.get(key) not in ids:
         st.session_state[key] = ids[0]
     return by_id[st.selectbox(title, ids, key=key, format_func=lambda i: label(by_id[i]))]
+
+
+def watch_jobs(kinds: Sequence[str], title: str, *, key: str) -> engine_jobs.Job | None:
+    """Pick one of the jobs of these kinds (a new launch stored in `<key>_job` is chosen) and show its live panel."""
+    jobs = all_jobs(kinds)
+    if not jobs:
+        return None
+    picked = job_selector(title, jobs, key=f"{key}_watch", prefer_key=f"{key}_job")
+    job_panel(picked.id, key=f"{key}_panel")
+    return picked
