@@ -61,20 +61,37 @@ def main(argv: Sequence[str] | None = None) -> int:
     mod = importlib.import_module(f"engine.commands.{args._module}")
     handler = getattr(mod, f"run_{args.command}", getattr(mod, "run", None))
     rep = reporter()  # status.json of the job, when running as one (no-op otherwise)
+    global _DEPTH
+    _DEPTH += 1
+    try:
+        return _run(handler, args, rep, outermost=_DEPTH == 1)
+    finally:
+        _DEPTH -= 1
+
+
+# How many `main` calls are on the stack: a recipe runs its steps through `main`, and only the outermost
+# call may mark the job finished (a finished step is not a finished recipe).
+_DEPTH = 0
+
+
+def _run(handler, args, rep, *, outermost: bool) -> int:
     try:
         rc = int(handler(args) or 0)
     except WorkbenchError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        rep.finish("failed", str(exc))
+        if outermost:
+            rep.finish("failed", str(exc))
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
-        rep.finish("stopped", rep.status.message or "stopped")
+        if outermost:
+            rep.finish("stopped", rep.status.message or "stopped")
         return 130
     except Exception as exc:
-        rep.finish("failed", f"{type(exc).__name__}: {exc}")
+        if outermost:
+            rep.finish("failed", f"{type(exc).__name__}: {exc}")
         raise
-    if rep.status.state == "running":
+    if outermost and rep.status.state == "running":
         rep.finish("done" if rc == 0 else "failed", "" if rc == 0 else f"exit code {rc}")
     return rc
 

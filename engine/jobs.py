@@ -20,7 +20,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 from engine.errors import WorkbenchError
 from engine.fsutil import atomic_write_json, atomic_write_text, read_json
@@ -289,21 +289,3 @@ class DirLock:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
             self._fd = None
-
-
-@contextlib.contextmanager
-def job_step(message: str) -> Iterator[Reporter]:
-    """Report a final state for the current command whatever happens inside."""
-    rep = reporter()
-    rep.update(message)
-    try:
-        yield rep
-    except KeyboardInterrupt:
-        rep.finish("stopped", "stopped by signal")
-        raise
-    except BaseException as exc:
-        rep.finish("failed", f"{type(exc).__name__}: {exc}")
-        raise
-    else:
-        if rep.status.state == "running":
-            rep.finish("done")

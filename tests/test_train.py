@@ -161,8 +161,17 @@ def test_tiny_recipe_runs_every_step_and_writes_the_model_card(tiny_targets, tmp
     }
     path = tmp_path / "tiny.yaml"
     path.write_text(yaml.safe_dump(recipe))
-    first = run_recipe(str(path))
-    assert set(first["timings"]) == {"extract", "train", "bench"}
+    from engine import jobs
+    from engine.cli import main
+
+    job_dir = tmp_path / "job"
+    job_dir.mkdir()
+    finished = []
+    monkeypatch.setattr(jobs, "_REPORTER", jobs.Reporter(job_dir))
+    monkeypatch.setattr(jobs.Reporter, "finish", lambda self, state="done", *a, **kw: finished.append(state))
+    assert main(["recipe", str(path)]) == 0
+    assert finished == ["done"]  # once, for the whole recipe: a finished step is not a finished job
+    assert {p.stem for p in (tmp_path / "work" / "steps").glob("*.json")} == {"extract", "train", "bench"}
     shipped = tmp_path / "shipped"
     assert validate_draft(shipped).ok
     curve = json.loads((tmp_path / "work" / "curve.json").read_text())
