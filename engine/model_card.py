@@ -129,7 +129,9 @@ def render(recipe: dict[str, Any], facts: dict[str, Any]) -> str:
         f"({tc.get('epochs', '?')} epochs), AdamW lr {tc.get('lr')}, {tc.get('scheduler')} schedule, "
         f"{tc.get('tokens_per_batch')} packed tokens per step, training-time test with {tc.get('ttt_steps')} steps, "
         "forward KL to the target's distribution.",
-        f"- Validation: loss {facts['val_first'].get('loss', float('nan')):.3f} → "
+        f"- Validation ({100 * tc.get('val_fraction', 0):.0f}% of the samples, held out of training), step "
+        f"{facts['val_first'].get('step', '?')} → {facts['val_last'].get('step', '?')}: "
+        f"loss {facts['val_first'].get('loss', float('nan')):.3f} → "
         f"{facts['val_last'].get('loss', float('nan')):.3f}, step-0 accuracy "
         f"{facts['val_first'].get('full_acc_0', float('nan')):.3f} → {facts['val_last'].get('full_acc_0', float('nan')):.3f}, "
         f"estimated acceptance length {facts['val_last'].get('est_acceptance_length', float('nan')):.2f}.",

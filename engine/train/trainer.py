@@ -344,10 +344,9 @@ class Trainer:
         bar = tqdm(total=self.total_steps, initial=self.step, desc="train", disable=not self.d.main,
                    dynamic_ncols=True)
         window: dict[str, float] = {}
+        validated_at = self.step if self.step == 0 else -1
         if self.step == 0:  # the starting point of the validation curve
-            val = self.validate()
-            if val:
-                self._log({"split": "val", "step": 0, "epoch": 0, **val})
+            self._log_validation()
         t_window = time.perf_counter()
         try:
             while self.step < self.total_steps:
@@ -380,9 +379,8 @@ class Trainer:
                     window, t_window = {}, time.perf_counter()
                 bar.update(1)
                 if self.step % cfg.val_every == 0 or self.step == self.total_steps:
-                    val = self.validate()
-                    if val:
-                        self._log({"split": "val", "step": self.step, "epoch": self.epoch, **val})
+                    self._log_validation()
+                    validated_at = self.step
                 if self.step % cfg.checkpoint_every == 0:
                     self.save("periodic")
         except KeyboardInterrupt:
@@ -390,6 +388,8 @@ class Trainer:
             raise
         finally:
             bar.close()
+        if validated_at != self.step:  # the data can run out a step before the planned total
+            self._log_validation()
         self.save("final")
         final = self.out / "draft"
         if self.d.main:
@@ -398,6 +398,11 @@ class Trainer:
             self._check_ranks_agree()
             dist.barrier()
         return final
+
+    def _log_validation(self) -> None:
+        val = self.validate()
+        if val:
+            self._log({"split": "val", "step": self.step, "epoch": self.epoch, **val})
 
     def _check_ranks_agree(self) -> None:
         """All ranks must hold identical weights after DDP training; rank 0 records every rank's checksum."""
