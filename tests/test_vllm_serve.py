@@ -5,7 +5,7 @@ module-scoped `ServerPool` that keeps one alive at a time. They compare in float
 outputs with a draft can drift from the baseline after a few dozen tokens because a verification step
 runs several positions at once and rounds differently; float32 is exact (measured on SmolLM2).
 
-To add checks for another draft (e.g. the trained shipped one), call the `vllm_bench` fixture with it:
+To add checks for another draft, call the `vllm_bench` fixture with it (as the shipped-draft tests do):
 `vllm_bench(draft_dir, methods=("baseline", "draft"))` returns `run_vllm_bench`'s dict (cached per
 arguments), with per-method `mean_acceptance_length`, `per_position_acceptance`, outputs and speeds.
 """
@@ -335,6 +335,51 @@ def test_auto_form_served_by_the_cli_job(vllm_bench, vllm_pool, random_draft, tm
     while time.time() < deadline and _alive(info["pid"]):
         time.sleep(0.5)
     assert not _alive(info["pid"]), "the vLLM server outlived its job"
+
+
+# -- the shipped draft (assets/drafts/smollm2-135m-instruct-eagle3) in real vLLM ------------------------
+
+SHIPPED = ROOT / "assets" / "drafts" / "smollm2-135m-instruct-eagle3"
+
+
+@pytest.mark.vllm
+def test_shipped_draft_explicit_form_lossless_and_acceptance_matches_ours(vllm_bench, builtin_target):
+    """vLLM's own counters vs our engine on the same prompts (token ids), same k, both greedy.
+
+    Both run in float32 here; served in bf16 (the default) vLLM's verification rounds differently from its
+    one-token steps, so a near-tie can flip and the continuation (and its acceptance) then differs slightly.
+    """
+    from engine.generate.bench import run_bench
+    from engine.generate.sampling import SamplingParams
+
+    result = vllm_bench(SHIPPED, methods=("baseline", "draft"), tokenize=True)
+    draft = result["methods"]["draft"]
+    assert draft["identical_to_baseline"], draft["first_divergence"]
+    ours = run_bench(builtin_target, PROMPTS, methods=("draft",), draft=str(SHIPPED), k=K,
+                     params=SamplingParams(max_new_tokens=MAX_TOKENS), measure_cost=False, progress=False)
+    ours_tau = ours["methods"]["draft"]["mean_acceptance_length"]
+    vllm_tau = draft["mean_acceptance_length"]
+    print(f"\nshipped draft: vLLM acceptance length {vllm_tau:.3f}, ours {ours_tau:.3f}")
+    assert abs(vllm_tau - ours_tau) <= 0.10 * ours_tau
+    assert vllm_tau > 1.2  # a trained draft (a random one stays at about 1.0)
+
+
+@pytest.mark.vllm
+def test_shipped_draft_auto_form_is_lossless(vllm_bench, vllm_pool, builtin_target):
+    """`vllm serve <draft>`: the draft folder as the model; the target comes from the verifier's hub id."""
+    from engine.serve.server import plan_server
+
+    baseline = vllm_bench(SHIPPED, methods=("baseline", "draft"), tokenize=True)["methods"]["baseline"]
+    plan = plan_server(SHIPPED, form="auto")
+    assert plan.vllm_serve_line() == f"vllm serve {SHIPPED}"
+    server = vllm_pool.get(plan, dtype=TEST_DTYPE)
+    client = server.client()
+    assert client.models() == [str(SHIPPED)]
+    from engine.generate.api import prompt_ids
+
+    tok = builtin_target.tokenizer
+    outputs = [client.complete(prompt_ids(tok, p), max_tokens=MAX_TOKENS, temperature=0.0).text for p in PROMPTS]
+    assert outputs == baseline["outputs"]
 
 
 def _alive(pid: int) -> bool:
