@@ -11,6 +11,11 @@ import uuid
 from pathlib import Path
 from typing import Any, Iterator
 
+# mkstemp/mkdtemp create private (0600/0700) entries; the final files get the usual umask-based modes.
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+FILE_MODE, DIR_MODE = 0o666 & ~_UMASK, 0o777 & ~_UMASK
+
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
     """Write `data` to `path` through a temp file in the same folder and `os.replace`."""
@@ -22,6 +27,7 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, FILE_MODE)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
@@ -64,6 +70,7 @@ def atomic_directory(final: str | Path) -> Iterator[Path]:
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
+    os.chmod(tmp, DIR_MODE)
     try:
         yield tmp
     except BaseException:

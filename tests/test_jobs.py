@@ -31,3 +31,16 @@ def test_dir_lock_excludes_a_second_writer(tmp_path):
                 pass
     with jobs.DirLock(tmp_path / "out", "third"):
         pass
+
+
+def test_atomic_writes_get_the_usual_modes(tmp_path):
+    """Temp files are private; the finished file and folder must not be (a draft folder is shared and served)."""
+    import stat
+
+    from engine.fsutil import DIR_MODE, FILE_MODE, atomic_directory, atomic_write_text
+
+    path = atomic_write_text(tmp_path / "a.json", "{}")
+    assert stat.S_IMODE(path.stat().st_mode) == FILE_MODE and FILE_MODE & 0o044  # group/others can read
+    with atomic_directory(tmp_path / "draft") as folder:
+        (folder / "config.json").write_text("{}")
+    assert stat.S_IMODE((tmp_path / "draft").stat().st_mode) == DIR_MODE and DIR_MODE & 0o055
