@@ -146,6 +146,9 @@ def acceptance_curve(recipe: dict[str, Any]) -> list[dict[str, Any]]:
     out_file = work / "curve.json"
     done = {row["step"]: row for row in (read_json(out_file) if out_file.is_file() else [])}
     rows = [r for r in read_jsonl(work / "train" / "metrics.jsonl") if r.get("split") == "train"]
+    checkpoints = {int(c.name.split("_")[1]): c for c in sorted((work / "train" / "checkpoints").glob("step_*"))}
+    # a row measured on other weights (the run was trained again) is measured again
+    done = {s: r for s, r in done.items() if s in checkpoints and r.get("weights") == _stamp(checkpoints[s])}
     seen, tokens_at = 0.0, {0: 0.0}
     for r in rows:
         seen += r.get("tokens", 0.0)
@@ -153,20 +156,25 @@ def acceptance_curve(recipe: dict[str, Any]) -> list[dict[str, Any]]:
     target = load_target(recipe.get("target", "smollm2-135m-instruct"))
     prompts = load_prompts(opts.get("prompts", "sharegpt"), opts.get("num_prompts", 10))
     params = SamplingParams(max_new_tokens=opts.get("max_new_tokens", 64))
-    for ckpt in sorted((work / "train" / "checkpoints").glob("step_*")):
-        step = int(ckpt.name.split("_")[1])
+    for step, ckpt in checkpoints.items():
         if step in done:
             continue
         result = run_bench(target, prompts, methods=("draft",), draft=str(ckpt), k=opts.get("k", 3), params=params,
                            measure_cost=False, progress=False)
         row = result["methods"]["draft"]
-        done[step] = {"step": step, "training_tokens": tokens_at.get(step, 0.0),
+        done[step] = {"step": step, "weights": _stamp(ckpt), "training_tokens": tokens_at.get(step, 0.0),
                       "mean_acceptance_length": row["mean_acceptance_length"],
                       "per_position_acceptance": row["per_position_acceptance"]}
         log.info("curve: step %d (%.0f tokens) -> acceptance length %.2f", step, done[step]["training_tokens"],
                  row["mean_acceptance_length"] or 0)
         atomic_write_json(out_file, [done[k] for k in sorted(done)])
     return [done[k] for k in sorted(done)]
+
+
+def _stamp(folder: Path) -> str:
+    """Identifies the weights in a draft or checkpoint folder (size and modification time of its safetensors)."""
+    st = (folder / "model.safetensors").stat()
+    return f"{st.st_size}-{st.st_mtime_ns}"
 
 
 def k_sweep(recipe: dict[str, Any]) -> list[dict[str, Any]]:
@@ -178,17 +186,19 @@ def k_sweep(recipe: dict[str, Any]) -> list[dict[str, Any]]:
     work = Path(recipe["work"])
     opts = recipe["sweep"]
     out_file = work / "sweep.json"
-    done = {row["k"]: row for row in (read_json(out_file) if out_file.is_file() else [])}
+    draft = work / "train" / "draft"
+    done = {row["k"]: row for row in (read_json(out_file) if out_file.is_file() else [])
+            if row.get("weights") == _stamp(draft)}
     target = load_target(recipe.get("target", "smollm2-135m-instruct"))
     prompts = load_prompts(opts.get("prompts", "sharegpt"), opts.get("num_prompts", 10))
     params = SamplingParams(max_new_tokens=opts.get("max_new_tokens", 128))
     for k in opts.get("ks", [1, 2, 3, 4, 5]):
         if k in done:
             continue
-        result = run_bench(target, prompts, methods=("baseline", "draft"), draft=str(work / "train" / "draft"), k=k,
+        result = run_bench(target, prompts, methods=("baseline", "draft"), draft=str(draft), k=k,
                            params=params, measure_cost=False, progress=False)
         row = result["methods"]["draft"]
-        done[k] = {"k": k, "mean_acceptance_length": row["mean_acceptance_length"],
+        done[k] = {"k": k, "weights": _stamp(draft), "mean_acceptance_length": row["mean_acceptance_length"],
                    "per_position_acceptance": row["per_position_acceptance"], "speedup": row["speedup"],
                    "identical_to_baseline": row["identical_to_baseline"],
                    "num_prompts": len(prompts), "max_new_tokens": params.max_new_tokens}

@@ -184,6 +184,14 @@ def test_tiny_recipe_runs_every_step_and_writes_the_model_card(tiny_targets, tmp
     assert f"Mean acceptance length **{tau:.2f}**" in card
     assert "| 4 |" in card and "### Number of speculative tokens (k)" in card
     assert run_recipe(str(path))["timings"] == {}  # nothing changed: every step is skipped
+    assert json.loads((tmp_path / "work" / "sweep.json").read_text()) == sweep  # measurements kept too
+
+    from engine.recipe import k_sweep
+
+    weights = tmp_path / "work" / "train" / "draft" / "model.safetensors"
+    os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))  # "trained again"
+    again = k_sweep(yaml.safe_load(path.read_text()))
+    assert [r["k"] for r in again] == [1, 2] and all(r["weights"] != s["weights"] for r, s in zip(again, sweep))
 
 
 def test_bad_config_is_a_clear_error(tmp_path):
