@@ -214,3 +214,29 @@ def test_cost_curve_and_ceiling(tiny):
     curve = measure_cost_curve(TargetRunner(tiny), list(range(3, 40)), [2, 4], repeats=3)
     assert curve[1] == 1.0 and set(curve) == {1, 2, 4} and all(v > 0 for v in curve.values())
     assert speedup_ceiling(2.5, 1.25) == 2.0 and speedup_ceiling(None, 1.0) is None
+
+
+def test_inference_drafting_computes_what_training_time_test_trains(tiny, tiny_draft):
+    """The proposer's cached forward (step 0 in chunks, then a step on its own hidden) equals the trainer's
+    TTT forward: step 0 at every position, and step 1 at the last one (teacher-forced token)."""
+    from engine.algos.eagle3.model import DraftCache
+
+    torch.manual_seed(0)
+    draft = tiny_draft.float().eval()
+    t = 12
+    aux = torch.randn(1, t, draft.fc.in_features)              # g_0..g_{t-1}
+    ids = torch.randint(3, tiny.vocab_size, (1, t))             # x_1..x_t (ids[:, j] follows g_j)
+    positions = torch.arange(1, t + 1).view(1, -1)
+    q = t - 2  # training's step 1 at q reads the true token ids[:, q + 1] and step 0's hidden at q
+    with torch.inference_mode():
+        step0, step1 = draft.ttt_forward(aux, ids, positions, torch.zeros(1, t, dtype=torch.long), steps=2)
+        cache = DraftCache()
+        hidden = draft.fuse(aux)
+        _, first = draft.forward_cached(ids[:, :7], hidden[:, :7], positions[:, :7], cache)  # all 7 rows
+        last_h, last = draft.forward_cached(ids[:, 7:q + 1], hidden[:, 7:q + 1], positions[:, 7:q + 1], cache,
+                                            last_only=True)
+        _, own = draft.forward_cached(ids[:, q + 1:q + 2], last_h, positions[:, q:q + 1] + 1, cache, last_only=True)
+    assert last.shape[1] == 1 and cache.length == q + 2
+    torch.testing.assert_close(first[0], step0[0, :7], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(last[0, 0], step0[0, q], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(own[0, 0], step1[0, q], rtol=1e-4, atol=1e-4)

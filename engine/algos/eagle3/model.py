@@ -280,8 +280,11 @@ class Eagle3Draft(nn.Module):
 
     # -- inference: one draft step over new positions, with a KV cache --------------------------
     def forward_cached(self, input_ids: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor,
-                       cache: DraftCache) -> tuple[torch.Tensor, torch.Tensor]:
-        """input_ids [B,T] (target vocab), hidden [B,T,H], positions [B,T] -> (next hidden [B,T,H], logits)."""
+                       cache: DraftCache, *, last_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """input_ids [B,T] (target vocab), hidden [B,T,H], positions [B,T] -> (next hidden [B,T,H], logits [B,T,Vd]).
+
+        With `last_only` the head runs on the last position only (T -> 1 in both outputs); the cache still
+        gets every position."""
         past = cache.length
         t = input_ids.shape[1]
         q_pos = past + torch.arange(t, device=input_ids.device)
@@ -297,7 +300,7 @@ class Eagle3Draft(nn.Module):
                                                   attn_mask=mask[None, None])
 
         x = self._layers(input_ids, hidden, position_ids, attend)
-        return self.head(x)
+        return self.head(x[:, -1:] if last_only else x)
 
     # -- training: all TTT steps over a packed sequence -----------------------------------------
     def ttt_forward(self, aux: torch.Tensor, input_ids: torch.Tensor, position_ids: torch.Tensor,

@@ -41,9 +41,10 @@ class Eagle3Proposer(Proposer):
         ids = torch.tensor([self.pending_ids], dtype=torch.long)
         positions = committed + 1 + torch.arange(ids.shape[1]).view(1, -1)
         hidden = self.draft.fuse(self.pending_aux.to(dtype).unsqueeze(0))  # [1,n,H]
-        hidden, logits = self.draft.forward_cached(ids, hidden, positions, self.cache)
+        # [1,1,H], [1,1,Vd]: the head runs on the last position only; the cache gets all n
+        hidden, logits = self.draft.forward_cached(ids, hidden, positions, self.cache, last_only=True)
         self.committed_length = self.cache.length
-        hidden, logits = hidden[:, -1:], logits[0, -1]
+        logits = logits[0, -1]
         tokens, dists = [], []
         for step in range(k):
             token, dist = self._choose(logits, params, generator)
@@ -53,7 +54,7 @@ class Eagle3Proposer(Proposer):
             if step == k - 1:
                 break
             pos = torch.tensor([[self.committed_length + 1 + step]])
-            hidden, logits = self.draft.forward_cached(torch.tensor([[token]]), hidden, pos, self.cache)
+            hidden, logits = self.draft.forward_cached(torch.tensor([[token]]), hidden, pos, self.cache, last_only=True)
             logits = logits[0, -1]
         probs = torch.stack(dists) if dists else None
         return Proposal(tokens, probs)
