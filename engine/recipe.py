@@ -1,4 +1,4 @@
-"""Named recipes: a YAML file of steps (regenerate, extract, train, bench, curve, sweep, ship) run in order, each resumable.
+"""Named recipes: YAML files of steps (regenerate, extract, train, bench, curve, sweep, ship), run in order, resumable.
 
 Every step is the same CLI command a user would type; a step whose arguments did not change since it
 last completed is skipped, so a recipe can be stopped and re-run (also across sessions).

@@ -258,6 +258,10 @@ def test_train_form_is_generated_from_the_config(runs, tiny_target):
 
     at = open_app(tiny_target, page="train")
     labels = {w.label: w for w in [*at.text_input, *at.number_input, *at.checkbox, *at.selectbox]}
+    from ui.training import GROUPS
+
+    grouped = [name for names in GROUPS.values() for name in names]
+    assert set(grouped) <= set(TrainConfig.model_fields), "the form groups name fields the config does not have"
     for name, info in TrainConfig.model_fields.items():
         assert name in labels, f"no widget for {name}"
         assert labels[name].help == info.description

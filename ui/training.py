@@ -22,7 +22,7 @@ GROUPS = {
     "Optimisation": ["lr", "weight_decay", "betas", "warmup_steps", "scheduler", "min_lr_ratio", "epochs",
                      "max_steps", "tokens_per_batch", "max_length", "grad_accum", "clip_grad", "precision", "seed"],
     "Validation, logging, checkpoints, device": ["val_fraction", "val_every", "val_max_batches", "log_every",
-                                                 "checkpoint_every", "keep_checkpoints", "device", "fsdp"],
+                                                 "checkpoint_every", "keep_checkpoints", "device"],
 }
 # A run that finishes in about a minute on a CPU: to try the pipeline, not to get a useful draft.
 SMOKE = {"online_dataset": "sharegpt", "online_max_samples": 24, "data": None, "max_steps": 12, "epochs": 1,

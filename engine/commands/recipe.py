@@ -1,4 +1,4 @@
-"""`recipe NAME`: run a named recipe from configs/ (data -> extraction -> training -> benchmark -> curve -> k sweep -> ship)."""
+"""`recipe NAME`: run a named recipe from configs/ (data, extraction, training, benchmark, curve, k sweep, ship)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import argparse
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("name", help="recipe name in configs/ (e.g. smollm2-eagle3) or a YAML path")
-    p.add_argument("--only", default=None, help="comma-separated steps to run (regenerate,extract,train,bench,curve,sweep,ship)")
+    p.add_argument("--only", default=None,
+                   help="comma-separated steps to run (regenerate,extract,train,bench,curve,sweep,ship)")
     p.add_argument("--force", action="store_true", help="re-run steps even if they completed with the same arguments")
     p.add_argument("--dry-run", action="store_true", help="print the commands only")
 
