@@ -123,10 +123,10 @@ def planned_batches(lengths: list[int], tokens_per_step: int, val_ratio: float) 
     """Epoch-0 packing plans of both trainers (their own planners): batches per epoch and real tokens per batch."""
     from speculators.train.distributed_batch_sampler import MultipackDistributedBatchSamplerV2
 
-    from engine.train.data import plan_batches, split_indices
+    from engine.train.data import plan_packed_batches, split_indices
 
     train_idx, _ = split_indices(len(lengths), val_ratio, 0)
-    ours = plan_batches(train_idx, lengths, tokens_per_step, 0, 0)
+    ours = plan_packed_batches(train_idx, lengths, tokens_per_step, 0, 0)
     ours_tokens = [min(tokens_per_step, sum(lengths[i] - 1 for i in b)) for b in ours]
     n_train = int(len(lengths) * round(1 - val_ratio, 6))  # speculators: the first rows are the train split
     sampler = MultipackDistributedBatchSamplerV2(batch_max_length=tokens_per_step, lengths=lengths[:n_train],

@@ -22,10 +22,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "prepare": ("data", "render a dataset with the target's chat template and loss masks; preview rows"),
     "regenerate": ("data", "re-answer each user turn with the target to build on-policy training data"),
     "extract": ("data", "extract target hidden states to vLLM-format safetensors files"),
-    "train": ("train", "train a draft (EAGLE-3) from extracted or online data"),
+    "train": ("train", "train a draft (any registered algorithm) from extracted or online data"),
     "generate": ("generate", "generate with the target, with or without speculative decoding"),
     "bench": ("bench", "benchmark speculative methods against the baseline on the same prompts"),
-    "convert": ("convert", "convert a research checkpoint (EAGLE-3, z-lab DFlash) into the speculators format"),
+    "convert": ("convert", "convert a research checkpoint (the known layouts: see --detect) into the speculators format"),
     "recipe": ("recipe", "run a whole named recipe (data, extraction, training, evaluation)"),
     "serve": ("serve", "serve a draft with real vLLM (its own virtual environment)"),
     "jobs": ("jobs", "list, inspect or stop background jobs under runs/"),
@@ -61,20 +61,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     mod = importlib.import_module(f"engine.commands.{args._module}")
     handler = getattr(mod, f"run_{args.command}", getattr(mod, "run", None))
     rep = reporter()  # status.json of the job, when running as one (no-op otherwise)
-    global _DEPTH
-    _DEPTH += 1
-    try:
-        return _run(handler, args, rep, outermost=_DEPTH == 1)
-    finally:
-        _DEPTH -= 1
+    return _run(handler, args, rep)
 
 
-# How many `main` calls are on the stack: a recipe runs its steps through `main`, and only the outermost
-# call may mark the job finished (a finished step is not a finished recipe).
-_DEPTH = 0
-
-
-def _run(handler, args, rep, *, outermost: bool) -> int:
+def _run(handler, args, rep, *, outermost: bool = True) -> int:
     try:
         rc = int(handler(args) or 0)
     except WorkbenchError as exc:
@@ -122,12 +112,13 @@ def _unwrap(annotation: Any) -> tuple[Any, bool]:
     return annotation, False
 
 
-def add_model_fields(parser: argparse.ArgumentParser, model_cls, *, skip: Sequence[str] = ()) -> None:
+def add_model_fields(parser: argparse.ArgumentParser, model_cls, *, skip: Sequence[str] = (),
+                     title: str | None = None) -> None:
     """One flag per pydantic field (`--field-name`), help text from the field's description.
 
     Defaults are left as None so that a YAML file can fill what the command line does not.
     """
-    group = parser.add_argument_group(model_cls.__name__)
+    group = parser.add_argument_group(title or model_cls.__name__, (model_cls.__doc__ or "").strip() or None)
     for name, field in model_cls.model_fields.items():
         if name in skip:
             continue

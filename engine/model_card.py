@@ -80,7 +80,13 @@ def _bench_table(bench: dict[str, Any]) -> str:
 
 
 def render(recipe: dict[str, Any], facts: dict[str, Any]) -> str:
-    m, tc, bench = facts["manifest"], facts["train_config"], facts["bench"]
+    from engine.algos import ALGOS, default_algo
+
+    m, bench = facts["manifest"], facts["bench"]
+    tc = {**facts["train_config"], **(facts["train_config"].get("algo_args") or {})}  # algorithm arguments flat
+    algo_name = tc.get("algo") or default_algo()
+    algo = ALGOS.get(algo_name)
+    shipped = recipe.get("ship", {}).get("to", "DRAFT")
     timings = {k: v.get("seconds", 0.0) for k, v in facts["steps"].items()}
     total = sum(timings.values())
     draft = bench.get("methods", {}).get("draft", {})
@@ -95,19 +101,19 @@ def render(recipe: dict[str, Any], facts: dict[str, Any]) -> str:
         "---",
         "library_name: speculators",
         "base_model: HuggingFaceTB/SmolLM2-135M-Instruct",
-        "tags: [speculative-decoding, eagle3, speculators, vllm]",
+        f"tags: [speculative-decoding, {algo_name}, speculators, vllm]",
         "license: apache-2.0",
         "---",
         "",
-        f"# SmolLM2-135M-Instruct EAGLE-3 draft (`{name}`)",
+        f"# SmolLM2-135M-Instruct {algo.title} draft (`{name}`)",
         "",
-        "An EAGLE-3 draft model in the **speculators format** for "
+        f"An {algo.title} draft model in the **speculators format** for "
         "[HuggingFaceTB/SmolLM2-135M-Instruct](https://huggingface.co/HuggingFaceTB/SmolLM2-135M-Instruct), "
         "trained on a CPU with the Speculators Workbench's own pipeline. vLLM serves it directly:",
         "",
         "```bash",
-        "vllm serve assets/drafts/smollm2-135m-instruct-eagle3        # target auto-detected from the config",
-        "python -m engine serve --draft assets/drafts/smollm2-135m-instruct-eagle3   # the workbench's managed vLLM",
+        f"vllm serve {shipped}        # target auto-detected from the config",
+        f"python -m engine serve --draft {shipped}   # the workbench's managed vLLM",
         "```",
         "",
         "## Model",
@@ -225,7 +231,8 @@ def _goals(facts: dict[str, Any]) -> list[str]:
         f"The goals were a mean acceptance length ≥ {GOAL_TAU} at k = {bench.get('k')} and ≥ {GOAL_SPEEDUP}× "
         f"wall-clock on this CPU; this draft reaches {tau:.2f} and {speedup:.2f}×.",
         f"- **Data.** {m.get('samples', 0):,} conversations, {m.get('loss_tokens', 0):,} assistant tokens. "
-        "EAGLE-3 was trained on ShareGPT + UltraChat (≈ 530K conversations), about 200× more. The draft is "
+        "The published drafts of this family were trained on ShareGPT + UltraChat (≈ 530K conversations), "
+        "about 200× more. The draft is "
         f"data-bound: over the last training steps its step-0 accuracy on training batches is "
         f"{facts['train_last']['full_acc_0']:.2f} against {facts['val_last'].get('full_acc_0', float('nan')):.2f} "
         "on held-out validation samples, and the acceptance curve above rises by only a few hundredths per "

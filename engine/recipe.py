@@ -1,7 +1,8 @@
 """Named recipes: YAML files of steps (regenerate, extract, train, bench, curve, sweep, ship), run in order, resumable.
 
-Every step is the same CLI command a user would type; a step whose arguments did not change since it
-last completed is skipped, so a recipe can be stopped and re-run (also across sessions).
+Every step calls the engine function behind the CLI command a user would type (the command is printed); a step
+whose options did not change since it last completed is skipped, so a recipe can be stopped and re-run (also
+across sessions).
 """
 
 from __future__ import annotations
@@ -57,7 +58,9 @@ def _flags(options: dict[str, Any]) -> list[str]:
         flag = "--" + key.replace("_", "-")
         if value is None:
             continue
-        if isinstance(value, bool):
+        if isinstance(value, dict):  # nested options (a training config's algo_args) are flat flags on the CLI
+            argv += _flags(value)
+        elif isinstance(value, bool):
             argv.append(flag if value else "--no-" + key.replace("_", "-"))
         elif isinstance(value, list):
             argv += [flag, ",".join(str(v) for v in value)]
@@ -66,26 +69,63 @@ def _flags(options: dict[str, Any]) -> list[str]:
     return argv
 
 
-def step_commands(recipe: dict[str, Any]) -> list[tuple[str, list[str]]]:
-    """(step, argv for `python -m engine`) in order, with the recipe's paths filled in."""
+def step_options(recipe: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """(step, options of the engine function it calls) in order, with the recipe's paths filled in."""
     work = Path(recipe["work"])
     target = recipe.get("target", "smollm2-135m-instruct")
-    cmds: list[tuple[str, list[str]]] = []
+    steps: list[tuple[str, dict[str, Any]]] = []
     if "regenerate" in recipe:
-        opts = {"target": target, **recipe["regenerate"], "out": str(work / "regenerated.jsonl")}
-        cmds.append(("regenerate", ["regenerate", *_flags(opts)]))
+        steps.append(("regenerate", {"target": target, **recipe["regenerate"],
+                                     "out": str(work / "regenerated.jsonl")}))
     if "extract" in recipe:
         dataset = str(work / "regenerated.jsonl") if "regenerate" in recipe else recipe["extract"].get("dataset")
-        opts = {"target": target, "dataset": dataset, "split": "all", **recipe["extract"], "out": str(work / "hidden")}
-        cmds.append(("extract", ["extract", *_flags(opts)]))
+        steps.append(("extract", {"target": target, "dataset": dataset, "split": "all", **recipe["extract"],
+                                  "out": str(work / "hidden")}))
     if "train" in recipe:
-        opts = {"target": target, "data": str(work / "hidden"), **recipe["train"], "out": str(work / "train")}
-        cmds.append(("train", ["train", *_flags(opts)]))
+        steps.append(("train", {"target": target, "data": str(work / "hidden"), **recipe["train"],
+                                "out": str(work / "train")}))
     if "bench" in recipe:
-        opts = {"target": target, "draft": str(work / "train" / "draft"), **recipe["bench"],
-                "json": str(work / "bench.json")}
-        cmds.append(("bench", ["bench", *_flags(opts)]))
-    return cmds
+        steps.append(("bench", {"target": target, "draft": str(work / "train" / "draft"), **recipe["bench"],
+                                "json": str(work / "bench.json")}))
+    return steps
+
+
+def step_commands(recipe: dict[str, Any]) -> list[tuple[str, list[str]]]:
+    """(step, the equivalent `python -m engine` argv) in order."""
+    return [(step, [step, *_flags(opts)]) for step, opts in step_options(recipe)]
+
+
+def _run_regenerate(opts: dict[str, Any]) -> None:
+    from engine.data.pipeline import regenerate_dataset
+
+    regenerate_dataset(**opts)
+
+
+def _run_extract(opts: dict[str, Any]) -> None:
+    from engine.data.extract import extract_dataset
+
+    opts = dict(opts)
+    extract_dataset(opts.pop("target"), opts.pop("dataset"), opts.pop("out"), **opts)
+
+
+def _run_train(opts: dict[str, Any]) -> None:
+    from engine.train.config import TrainConfig
+    from engine.train.trainer import train
+
+    train(TrainConfig.model_validate(opts))
+
+
+def _run_bench(opts: dict[str, Any]) -> None:
+    from engine.generate.bench import benchmark
+
+    opts = dict(opts)
+    out = opts.pop("json")
+    result = benchmark(**opts)
+    result["command"] = "python -m engine bench " + " ".join(_flags(opts))
+    atomic_write_json(out, result)
+
+
+STEP_FUNCTIONS = {"regenerate": _run_regenerate, "extract": _run_extract, "train": _run_train, "bench": _run_bench}
 
 
 def _digest(argv: list[str]) -> str:
@@ -93,17 +133,16 @@ def _digest(argv: list[str]) -> str:
 
 
 def run_recipe(name_or_path: str, *, only: list[str] | None = None, force: bool = False, dry_run: bool = False) -> dict:
-    from engine.cli import main as cli_main
-
     recipe = load_recipe(name_or_path)
     work = Path(recipe["work"])
     work.mkdir(parents=True, exist_ok=True)
     done_dir = work / "steps"
     done_dir.mkdir(exist_ok=True)
     timings: dict[str, float] = {}
-    cmds = [(s, a) for s, a in step_commands(recipe) if not only or s in only]
+    steps = [(s, o) for s, o in step_options(recipe) if not only or s in only]
     rep = reporter()
-    for i, (step, argv) in enumerate(cmds):
+    for i, (step, opts) in enumerate(steps):
+        argv = [step, *_flags(opts)]
         marker = done_dir / f"{step}.json"
         digest = _digest(argv)
         if not force and marker.is_file() and read_json(marker).get("digest") == digest:
@@ -112,14 +151,9 @@ def run_recipe(name_or_path: str, *, only: list[str] | None = None, force: bool 
         print(f"\n== {step}: python -m engine {' '.join(argv)}", flush=True)
         if dry_run:
             continue
-        rep.update(f"recipe step {step}", i / max(1, len(cmds)))
+        rep.update(f"recipe step {step}", i / max(1, len(steps)))
         t = time.time()
-        rc = cli_main(argv)
-        if rc == 130:
-            raise KeyboardInterrupt
-        if rc != 0:
-            raise WorkbenchError(f"recipe step '{step}' failed (exit code {rc})", hint="see the output above; "
-                                 "fix and re-run the recipe: finished steps are skipped")
+        STEP_FUNCTIONS[step](opts)
         timings[step] = time.time() - t
         atomic_write_json(marker, {"digest": digest, "argv": argv, "seconds": timings[step],
                                    "finished": time.strftime("%Y-%m-%dT%H:%M:%S")})

@@ -20,6 +20,10 @@ class Registry(Generic[T]):
             return obj
         return deco
 
+    def unregister(self, name: str) -> None:
+        """Remove an entry (tests that register temporary plugins clean up with it)."""
+        self._items.pop(name, None)
+
     def get(self, name: str) -> T:
         try:
             return self._items[name]

@@ -40,7 +40,14 @@ BUILTIN_TARGETS: dict[str, BuiltinTarget] = {
     ),
 }
 DEFAULT_TARGET = "smollm2-135m-instruct"
-_BUILTIN_BY_HUB_ID = {b.hub_id.lower(): b for b in BUILTIN_TARGETS.values()}
+BUILTIN_BY_HUB_ID = {b.hub_id.lower(): b for b in BUILTIN_TARGETS.values()}
+
+
+def builtin_for(name: str | None) -> BuiltinTarget | None:
+    """The built-in target a name or hub id refers to (case-insensitive hub ids), if any."""
+    if name is None:
+        return None
+    return BUILTIN_TARGETS.get(str(name)) or BUILTIN_BY_HUB_ID.get(str(name).lower())
 _CACHE_FORMAT = 1  # bump when the cached folder layout changes
 
 
@@ -67,7 +74,8 @@ def find_builtin_gguf(builtin: BuiltinTarget) -> Path:
     return path
 
 
-def _builtin_ready(folder: Path) -> bool:
+def builtin_ready(folder: Path) -> bool:
+    """True when a dequantized built-in target folder is complete and of the current cache format."""
     marker = folder / "workbench_target.json"
     if not (marker.is_file() and (folder / "model.safetensors").is_file() and (folder / "config.json").is_file()):
         return False
@@ -87,7 +95,7 @@ def prepare_builtin(name: str = DEFAULT_TARGET) -> Path:
     if builtin is None:
         raise WorkbenchError(f"unknown built-in target '{name}'", hint=f"choose one of {sorted(BUILTIN_TARGETS)}")
     folder = builtin_cache_dir(name)
-    if _builtin_ready(folder):
+    if builtin_ready(folder):
         return folder
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -139,14 +147,15 @@ def resolve_target(name_or_path: str | os.PathLike | None = None) -> TargetRef:
         return TargetRef(name, str(local.resolve()), hub_id)
     if local.exists():
         raise WorkbenchError(f"{local} is a file, not a model folder", hint="give the folder that holds config.json")
-    builtin = _BUILTIN_BY_HUB_ID.get(name.lower())
-    if builtin is not None and not _in_hf_cache(name):
+    builtin = BUILTIN_BY_HUB_ID.get(name.lower())
+    if builtin is not None and not in_hf_cache(name):
         # The hub id of a built-in: serve it from the package (offline), with its quantization noted.
         return TargetRef(name, str(prepare_builtin(builtin.name)), builtin.hub_id, builtin=True)
     return TargetRef(name, name, name)
 
 
-def _in_hf_cache(repo_id: str) -> bool:
+def in_hf_cache(repo_id: str) -> bool:
+    """True when a hub id's config.json is in the local Hugging Face cache (nothing is downloaded)."""
     try:
         from huggingface_hub import try_to_load_from_cache
 
@@ -212,15 +221,6 @@ class Target:
 
     def lm_head(self) -> nn.Module:
         return self.model.get_output_embeddings()
-
-    def default_aux_layer_ids(self) -> list[int]:
-        return default_aux_layer_ids(self.num_layers)
-
-
-def default_aux_layer_ids(num_layers: int) -> list[int]:
-    """EAGLE-3 / vLLM default aux layers: [2, N//2, N-3]."""
-    n = num_layers
-    return sorted({min(max(i, 0), n) for i in (2, n // 2, n - 3)})
 
 
 def pick_device(device: str | None = None) -> str:
@@ -372,7 +372,6 @@ class VerifierParts:
     hidden_size = Target.hidden_size
     vocab_size = Target.vocab_size
     verifier_name = Target.verifier_name
-    default_aux_layer_ids = Target.default_aux_layer_ids
 
     def embed_tokens(self) -> nn.Embedding:
         return self.embed

@@ -37,7 +37,7 @@ if builder.CFG not in ss:
         if draft:
             _from_draft(draft)
         else:
-            _new("eagle3")
+            _new(builder.algorithms()[0])
 if builder.CFG not in ss:
     st.stop()
 

@@ -41,7 +41,7 @@ if det is None:
     st.stop()
 
 st.subheader("Detected format", anchor=False)
-colour = {"speculators": "green", "eagle3-research": "blue"}.get(det.format, "gray")
+colour = "green" if det.format == conv.SPECULATORS else "blue" if conv.convertible(det) else "gray"
 st.badge(det.title, color=colour, icon=":material/fingerprint:")
 st.caption(f"Folder: `{det.folder}`")
 st.json(det.facts)
@@ -56,7 +56,7 @@ if det.format == conv.SPECULATORS:
     st.success("Already in the speculators format: nothing to convert. Validate it and download it below.",
                icon=":material/task_alt:")
     result_dir = det.folder
-elif det.format == conv.EAGLE3_RESEARCH:
+elif conv.convertible(det):
     hub = resources.target_ref(state.active_target()).hub_id
     c1, c2, c3 = st.columns(3)
     out = c1.text_input("Output folder", conv.default_out(det.folder), key="convert_out")
@@ -64,17 +64,12 @@ elif det.format == conv.EAGLE3_RESEARCH:
                              help="Written to speculators_config.verifier.name_or_path; `vllm serve <draft>` "
                              "serves this model as the target.")
     aux = c3.text_input("Aux layer ids (optional)", "", key="convert_aux", placeholder="e.g. 2, 15, 27",
-                        help="Research checkpoints do not record them; default: the target's [2, N//2, N-3].")
+                        help="When the source does not record them; default: the converter's choice (see notes).")
     argv = conv.convert_argv(det.folder, out, verifier.strip() or None, aux.replace(" ", "") or None)
-    if conv.engine_convert_command():
-        if st.button("Convert", type="primary", key="convert_go", icon=":material/transform:"):
-            job = launch(argv, kind="convert")
-            if job:
-                ss["convert_job"] = job.id
-    else:
-        st.warning("**Converter not available yet.** The engine has no `convert` command in this version, so "
-                   "nothing is converted here. The detected format and the mapping above are what the conversion "
-                   "will apply once it lands.", icon=":material/construction:")
+    if st.button("Convert", type="primary", key="convert_go", icon=":material/transform:"):
+        job = launch(argv, kind="convert")
+        if job:
+            ss["convert_job"] = job.id
     show_cli(argv, label="The conversion command")
 else:
     st.error("This checkpoint's format is not recognised, so it cannot be converted.", icon=":material/help:")

@@ -11,14 +11,45 @@ from ui.jobs import all_jobs, job_panel, job_selector, launch
 from ui.training import TrainConfig
 
 st.title("Train")
-st.caption("Train an EAGLE-3 draft for the active target. Each field's help is its description in "
-           "`engine.train.config.TrainConfig`; the run is `python -m engine train ...` in the background.")
+st.caption("Train a draft for the active target. Each field's help is its description in "
+           "`engine.train.config.TrainConfig` or in the chosen algorithm's arguments; the run is "
+           "`python -m engine train ...` in the background.")
 
 ss = st.session_state
 P = "train_f_"
+ALGO_KEY = P + "algo"
 ss.setdefault("train_run_name", training.new_run_name())
+ss.setdefault(ALGO_KEY, training.defaults()["algo"])
 forms.init_values(P, TrainConfig, {**training.defaults(), "target": state.active_target(),
                                    "out": training.default_out(ss["train_run_name"])})
+
+
+def _algo() -> str:
+    algo = ss.get(ALGO_KEY)
+    return algo if algo in training.algorithm_names() else training.algorithm_names()[0]
+
+
+def _init_algo_args(algo: str, *, force: bool = False) -> None:
+    forms.init_values(training.algo_prefix(P, algo), training.args_class(algo), training.algo_defaults(algo),
+                      force=force)
+
+
+def _form_config():
+    """(TrainConfig or None, errors by field) from both parts of the form."""
+    algo = _algo()
+    args_cls = training.args_class(algo)
+    algo_values = forms.current_values(training.algo_prefix(P, algo), args_cls)
+    _, arg_errors = forms.validation_errors(args_cls, algo_values)
+    values = training.config_values(forms.current_values(P, TrainConfig), algo, algo_values)
+    cfg, errors = forms.validation_errors(TrainConfig, values)
+    errors.pop("algo_args", None)
+    if arg_errors:  # shown at their own fields, not again as a config-wide message
+        errors[""] = [m for m in errors.get("", []) if not m.startswith(f"{algo} arguments:")]
+        if not errors[""]:
+            del errors[""]
+    for name, messages in arg_errors.items():
+        errors.setdefault(name, []).extend(messages)
+    return (cfg if not errors else None), errors
 
 
 def _preset(values: dict) -> None:
@@ -29,11 +60,12 @@ def _reset() -> None:
     ss["train_run_name"] = training.new_run_name()
     _preset({**training.defaults(), "target": state.active_target(),
              "out": training.default_out(ss["train_run_name"])})
+    _init_algo_args(_algo(), force=True)
 
 
 def _launch() -> None:
     # read the form here, not at render time: an edit committed by this very click is included
-    cfg, errors = forms.validation_errors(TrainConfig, forms.current_values(P, TrainConfig))
+    cfg, errors = _form_config()
     if cfg is None:
         raise ValueError("; ".join(f"{k or 'config'}: {', '.join(v)}" for k, v in errors.items()))
     argv, yaml_fields = training.train_argv(cfg)
@@ -60,9 +92,15 @@ with tab_new:
     b3.button("Reset to defaults", key="train_reset", icon=":material/restart_alt:",
               on_click=callback("Resetting", _reset))
 
-    values = forms.current_values(P, TrainConfig)
-    cfg, errors = forms.validation_errors(TrainConfig, values)
-    forms.model_form(P, TrainConfig, training.GROUPS, errors=errors, expanded=["What to train"])
+    algo_names = training.algorithm_names()
+    st.selectbox("Algorithm", algo_names, key=ALGO_KEY, format_func=training.algorithm_title,
+                 help=TrainConfig.model_fields["algo"].description)
+    _init_algo_args(_algo())
+    cfg, errors = _form_config()
+    forms.model_form(P, TrainConfig, training.GROUPS, errors=errors, expanded=["What to train"],
+                     exclude=training.COMMON_SKIP)
+    forms.model_form(training.algo_prefix(P, _algo()), training.args_class(_algo()), training.algo_groups(_algo()),
+                     errors=errors)
     for message in errors.get("", []):
         st.warning(message, icon=":material/warning:")
     if cfg is not None:

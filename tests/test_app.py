@@ -45,7 +45,7 @@ def tiny_target(tiny_targets) -> str:
 
 @pytest.fixture(scope="module")
 def tiny_draft(tiny_target, tmp_path_factory) -> str:
-    from engine.algos.eagle3 import build_eagle3, save_eagle3
+    from engine.algos.eagle3.io import build_eagle3, save_eagle3
     from engine.targets import load_target
 
     target = load_target(tiny_target)
@@ -260,9 +260,21 @@ def test_train_form_is_generated_from_the_config(runs, tiny_target):
     labels = {w.label: w for w in [*at.text_input, *at.number_input, *at.checkbox, *at.selectbox]}
     from ui.training import GROUPS
 
+    from ui.training import COMMON_SKIP, algo_groups
+
+    from engine.algos import ALGOS
+
     grouped = [name for names in GROUPS.values() for name in names]
     assert set(grouped) <= set(TrainConfig.model_fields), "the form groups name fields the config does not have"
     for name, info in TrainConfig.model_fields.items():
+        if name in COMMON_SKIP:
+            continue
+        assert name in labels, f"no widget for {name}"
+        assert labels[name].help == info.description
+    assert labels["Algorithm"].help == TrainConfig.model_fields["algo"].description
+    args_cls = ALGOS.get("eagle3").args_class
+    assert {n for names in algo_groups("eagle3").values() for n in names} == set(args_cls.model_fields)
+    for name, info in args_cls.model_fields.items():  # the default algorithm's own arguments have widgets too
         assert name in labels, f"no widget for {name}"
         assert labels[name].help == info.description
     assert "give `data`" in texts(at.warning)  # no data chosen yet: a clear message, launch disabled

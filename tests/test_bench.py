@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def tiny_draft_dir(tiny_llama, tmp_path_factory):
     import torch
 
-    from engine.algos.eagle3 import build_eagle3, save_eagle3
+    from engine.algos.eagle3.io import build_eagle3, save_eagle3
 
     draft = build_eagle3(tiny_llama, draft_vocab_size=128, token_counts=torch.arange(tiny_llama.vocab_size),
                          aux_layer_ids=[1, 2, 3])

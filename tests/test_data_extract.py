@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+
 import json
 from collections import namedtuple
 
@@ -9,8 +11,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from engine.data.extract import HiddenStatesDataset, extract_hidden_states, load_sample, plan_batches
-from engine.data.layers import evenly_spaced_layer_ids, resolve_layer_ids
+from engine.data.extract import HiddenStatesDataset, extract_hidden_states, load_sample, plan_padded_batches
+from engine.data.layers import resolve_layer_ids
+from engine.format.config import evenly_spaced_layer_ids
 from engine.data.online import OnlineHiddenStates
 from engine.data.render import render_rows
 from engine.errors import WorkbenchError
@@ -165,7 +168,7 @@ def test_foreign_samples_without_a_manifest_are_refused_not_deleted(tiny_llama, 
 
 
 def test_refuses_when_the_disk_is_too_small(tiny_llama, rendered, tmp_path, monkeypatch):
-    import engine.data.extract as ex
+    import engine.data.extraction as ex
 
     usage = namedtuple("usage", "total used free")
     monkeypatch.setattr(ex.shutil, "disk_usage", lambda p: usage(10**6, 10**6 - 1000, 1000))
@@ -190,9 +193,9 @@ def test_non_finite_values_are_refused(tiny_llama, rendered, tmp_path, monkeypat
     assert not list(tmp_path.glob("hs_*")) and not list(tmp_path.glob("*.tmp"))
 
 
-def test_plan_batches_respects_budget_and_covers_everything():
+def test_plan_padded_batches_respects_budget_and_covers_everything():
     lengths = [5, 300, 40, 41, 39, 7, 1000, 12]
-    batches = plan_batches(lengths, batch_size=3, batch_tokens=200)
+    batches = plan_padded_batches(lengths, batch_size=3, batch_tokens=200)
     assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
     for b in batches:
         assert len(b) <= 3 and (len(b) == 1 or max(lengths[i] for i in b) * len(b) <= 200)
@@ -241,6 +244,10 @@ def test_cli_constants_match_the_engine():
     from engine.commands import data as cmd
     from engine.data import extract, layers
 
-    assert cmd.BACKENDS == extract.BACKENDS and cmd.ALGOS == layers.ALGOS
+    assert cmd.BACKENDS == extract.BACKENDS
+    parser = argparse.ArgumentParser()
+    cmd.add_extract_arguments(parser)
+    algo_action = next(a for a in parser._actions if a.dest == "algo")
+    assert list(algo_action.choices) == layers.layer_algorithms()  # derived from the registry, not copied
     assert (cmd.DEFAULT_BATCH_SIZE, cmd.DEFAULT_BATCH_TOKENS) == (extract.DEFAULT_BATCH_SIZE,
                                                                   extract.DEFAULT_BATCH_TOKENS)

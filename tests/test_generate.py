@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.algos.eagle3 import build_eagle3
+from engine.algos.eagle3.io import build_eagle3
 from engine.algos.eagle3.proposer import Eagle3Proposer
 from engine.errors import WorkbenchError
 from engine.generate import speculative

@@ -30,7 +30,7 @@ def draft_dir(builtin_target, tmp_path_factory):
     shipped = default_draft("smollm2-135m-instruct")
     if shipped is not None:
         return shipped
-    from engine.algos.eagle3 import build_eagle3, save_eagle3
+    from engine.algos.eagle3.io import build_eagle3, save_eagle3
 
     counts = torch.ones(builtin_target.vocab_size)
     draft = build_eagle3(builtin_target, draft_vocab_size=4096, token_counts=counts)

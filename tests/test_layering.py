@@ -35,3 +35,19 @@ def test_pages_hold_no_model_code():
         if f.exists():
             bad = imports_of(f) & {"torch", "transformers", "safetensors"}
             assert not bad, f"{f.relative_to(ROOT)} imports {bad}"
+
+
+def test_nothing_outside_the_algorithms_imports_one_of_them():
+    """Algorithms are reached through `engine.algos.ALGOS` only (their folders can change freely)."""
+    code = [*(p for d in ("engine", "ui", "pages", "benchmarks") for p in (ROOT / d).rglob("*.py")), ROOT / "app.py"]
+    for path in code:
+        rel = path.relative_to(ROOT).as_posix()
+        if rel.startswith("engine/algos/"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            for name in names:
+                parts = name.split(".")
+                assert not (parts[:2] == ["engine", "algos"] and len(parts) > 2
+                            and parts[2] not in ("base",)), f"{rel} imports {name}"

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from engine.targets import (BUILTIN_TARGETS, LayerCapture, capture_hidden_states, default_aux_layer_ids, load_target,
+from engine.targets import (BUILTIN_TARGETS, LayerCapture, capture_hidden_states, load_target,
                             resolve_target)
 
 
@@ -50,6 +50,8 @@ def test_capture_rejects_ids_outside_depth(tiny_llama):
 
 
 def test_default_aux_layers():
+    from engine.format.config import eagle_default_layer_ids as default_aux_layer_ids
+
     assert default_aux_layer_ids(30) == [2, 15, 27]
     assert default_aux_layer_ids(32) == [2, 16, 29]
     assert default_aux_layer_ids(36) == [2, 18, 33]

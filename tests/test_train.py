@@ -214,7 +214,7 @@ def test_speculators_loads_our_checkpoint_and_computes_the_same_logits(tiny_targ
     from speculators import SpeculatorModel
     from speculators.models.eagle3 import Eagle3SpeculatorConfig
 
-    from engine.algos.eagle3 import load_eagle3, save_eagle3
+    from engine.algos.eagle3.io import load_eagle3, save_eagle3
     from engine.targets import load_target
 
     target = load_target(str(tiny_targets["llama"]))
@@ -249,7 +249,7 @@ def test_a_checkpoint_speculators_wrote_runs_in_our_model(tiny_targets, tmp_path
     from speculators.proposals.greedy import GreedyTokenProposalConfig
     from transformers import AutoConfig
 
-    from engine.algos.eagle3 import load_eagle3
+    from engine.algos.eagle3.io import load_eagle3
     from engine.targets import load_target
 
     verifier_dir = str(tiny_targets["llama"])
@@ -290,7 +290,7 @@ def test_a_checkpoint_speculators_wrote_runs_in_our_model(tiny_targets, tmp_path
 
 def test_packed_documents_do_not_see_each_other(tiny_llama):
     """A packed row gives each document exactly the logits it gets alone (document masks work)."""
-    from engine.algos.eagle3 import build_eagle3
+    from engine.algos.eagle3.io import build_eagle3
 
     draft = build_eagle3(tiny_llama, aux_layer_ids=[1, 2, 3]).eval()
     torch.manual_seed(0)

@@ -41,8 +41,10 @@ _TLC = [
     ("rms_norm_eps", float, "RMSNorm epsilon."),
     ("sliding_window", int | None, "Sliding window of sliding-attention layers."),
     ("layer_types", list[str] | None, "One of sliding_attention / full_attention per layer."),
-    ("num_aux_hidden_states", int | None, "vLLM's Llama EAGLE-3 class reads the aux count here (default 3)."),
+    ("num_aux_hidden_states", int | None, "vLLM's Llama chain-draft class reads the aux-layer count here (default 3)."),
 ]
+# layer-config keys that only some types read (each config class lists its own)
+_TYPE_SPECIFIC = {k for c in CONFIG_CLASSES.values() for k in c.own_layer_config_keys}
 
 
 def fields_for(algorithm: str | None) -> dict[str, list[BuilderField]]:
@@ -72,7 +74,7 @@ def fields_for(algorithm: str | None) -> dict[str, list[BuilderField]]:
                                                       cls.model_fields[n].description) for n in own]
     groups["transformer_layer_config (the draft decoder)"] = [
         BuilderField(f"transformer_layer_config.{n}", field_kind(t), h) for n, t, h in _TLC
-        if n != "num_aux_hidden_states" or algorithm == "eagle3"]
+        if n not in _TYPE_SPECIFIC or (cls is not None and n in cls.own_layer_config_keys)]
     return groups
 
 
@@ -228,18 +230,15 @@ def widget(field: BuilderField, issues: list) -> None:
 def template(algorithm: str, target_path: str, verifier_name: str | None) -> dict[str, Any]:
     """A fresh config of `algorithm` for a target folder (the shapes and names the target implies)."""
     from engine.format.checkpoint import read_config_dict
+    from engine.data.layers import default_layer_ids
     from engine.format.config import build_draft_config
-    from engine.targets import default_aux_layer_ids
 
     verifier = read_config_dict(target_path)
     text = verifier.get("text_config", verifier) if "num_hidden_layers" not in verifier else verifier
-    fields: dict[str, Any] = {"draft_vocab_size": text.get("vocab_size")}
-    aux = default_aux_layer_ids(int(text["num_hidden_layers"]))
-    if algorithm in ("eagle3", "peagle"):
-        fields["eagle_aux_hidden_state_layer_ids"] = aux
-    else:
-        fields["aux_hidden_state_layer_ids"] = aux
-    if algorithm in ("peagle", "dflash", "dflash2", "dspark"):
+    cls = CONFIG_CLASSES[algorithm]
+    fields: dict[str, Any] = {"draft_vocab_size": text.get("vocab_size"),
+                              cls.aux_field: default_layer_ids(int(text["num_hidden_layers"]), algorithm)}
+    if cls.uses_mask_token:
         fields["mask_token_id"] = None
     cfg = build_draft_config(algorithm, verifier_config=text, verifier_name=verifier_name, **fields)
     cfg.speculators_config.verifier.architectures = list(verifier.get("architectures") or [])

@@ -110,7 +110,8 @@ def weights_summary(folder: str | Path) -> WeightsSummary:
 
 def target_summary(name: str, path: str) -> dict[str, Any]:
     """Config facts of a resolved target folder: architecture, depth, width, vocabulary, default aux layers."""
-    from engine.targets import BUILTIN_TARGETS, default_aux_layer_ids
+    from engine.algos import ALGOS
+    from engine.targets import BUILTIN_TARGETS
 
     cfg = read_config_dict(path)
     text = cfg.get("text_config", cfg) if "num_hidden_layers" not in cfg else cfg
@@ -121,9 +122,11 @@ def target_summary(name: str, path: str) -> dict[str, Any]:
         "layers": n, "hidden_size": text.get("hidden_size"), "vocab_size": text.get("vocab_size"),
         "attention heads": f"{text.get('num_attention_heads')} (kv {text.get('num_key_value_heads')})",
         "max positions": text.get("max_position_embeddings"),
-        "default EAGLE-3 aux layers": default_aux_layer_ids(n) if isinstance(n, int) else None,
         "folder": path,
     }
+    for algo in ALGOS.names():  # the layers each trainable algorithm reads by default
+        if isinstance(n, int):
+            out[f"default {ALGOS.get(algo).title} layers"] = ALGOS.get(algo).default_layer_ids(n)
     if name in BUILTIN_TARGETS:
         out["built-in"] = BUILTIN_TARGETS[name].description
     return out

@@ -1,7 +1,7 @@
 """Glue for the Convert page: stage uploaded checkpoints, detect their format, show the key mapping, zip results.
 
-Detection reads only config.json and safetensors headers. The conversion itself belongs to the engine
-(`python -m engine convert`); until that command exists the page shows what would be done and says so.
+Detection reads only config.json and safetensors headers and asks the engine's converters
+(`engine.convert.detect`); the conversion itself is `python -m engine convert` as a job.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from engine.format import vllm_rules as vr
 from engine.format.checkpoint import read_config_dict, tensor_index
 from engine.jobs import runs_dir
 
-SPECULATORS, EAGLE3_RESEARCH, UNKNOWN = "speculators", "eagle3-research", "unknown"
+SPECULATORS, UNKNOWN = "speculators", "unknown"  # engine.convert.detect's two formats besides its converters
 
 
 @dataclass
@@ -113,46 +113,38 @@ def detect(folder: str | Path) -> Detection:
         if any(k.startswith("midlayer.") for k in keys):
             det.notes.append("Uses the older `midlayer.*` names; vLLM and the workbench rename them to `layers.0.*`.")
         return det
-    if any(k.startswith("midlayer.") for k in keys):
-        det = Detection(str(folder), EAGLE3_RESEARCH, "EAGLE-3 research checkpoint (`midlayer.*` keys)",
-                        algorithm="eagle3")
+    from engine.convert import CONVERTERS, detect as detect_source, mapping_table
+
+    found = detect_source(folder)
+    if found.format in CONVERTERS:
+        converter = CONVERTERS.get(found.format)()
+        det = Detection(str(folder), found.format, found.description, algorithm=converter.algorithm or None)
         det.facts = {k: cfg.get(k) for k in ("architectures", "model_type", "hidden_size", "num_hidden_layers",
                                              "vocab_size", "draft_vocab_size", "target_hidden_size") if k in cfg}
         det.facts["tensors"] = len(keys)
-        for k in keys:
-            if k.startswith("midlayer."):
-                det.mapping.append(_row(index[k], "layers.0." + k[len("midlayer."):], "decoder layer 0"))
-            elif k == "t2d":
-                det.mapping.append(_row(index[k], "t2d", "kept (vLLM ignores it; speculators reloads with it)"))
-            elif k == "embed_tokens.weight":
-                det.mapping.append(_row(index[k], k, "kept: the draft's own embedding"))
-            else:
-                det.mapping.append(_row(index[k], k, ""))
-        det.notes += [
-            "The converted config.json is a speculators `eagle3` config: `transformer_layer_config` from this "
-            "config, `speculators_config.verifier` naming the target (hub id), `draft_vocab_size` from `d2t`.",
-            "Research checkpoints do not record their aux layer ids: the target's defaults [2, N//2, N-3] apply "
-            "unless you know the ones it was trained with.",
-        ]
+        for source, target in mapping_table(folder, found.format):
+            note = "dropped (not part of the speculators draft)" if target is None else \
+                "renamed" if target != source else ""
+            det.mapping.append(_row(index[source], target or "(dropped)", note))
+        det.notes += list(converter.notes)
         return det
     det = Detection(str(folder), UNKNOWN, "unknown format")
     det.facts = {"architectures": cfg.get("architectures"), "model_type": cfg.get("model_type"), "tensors": len(keys)}
-    det.notes.append("Neither a speculators config (`speculators_model_type`) nor EAGLE-3 research weights "
-                     "(`midlayer.*`). Supported: speculators drafts and EAGLE-3 research checkpoints.")
+    det.notes.append("Neither a speculators config (`speculators_model_type`) nor a research layout the converters "
+                     "know. Supported: speculators drafts and " + "; ".join(
+                         CONVERTERS.get(n).description for n in CONVERTERS.names()) + ".")
     det.mapping = [_row(index[k], "", "") for k in keys]
     return det
+
+
+def convertible(det: Detection) -> bool:
+    """A research layout one of the engine's converters handles."""
+    return det.format not in (SPECULATORS, UNKNOWN)
 
 
 def _row(info, target: str, note: str) -> dict[str, Any]:
     return {"source key": info.name, "shape": str(list(info.shape)), "dtype": info.dtype, "speculators key": target,
             "note": note}
-
-
-def engine_convert_command() -> bool:
-    """Whether the engine has a `convert` CLI command yet."""
-    from engine.cli import COMMANDS
-
-    return "convert" in COMMANDS
 
 
 def convert_argv(src: str, out: str, verifier: str | None, aux_layer_ids: str | None) -> list[str]:

@@ -148,10 +148,11 @@ def field_widget(prefix: str, name: str, info: Any, *, errors: Iterable[str] = (
 
 
 def model_form(prefix: str, model_cls: type[BaseModel], groups: dict[str, list[str]], *, columns: int = 3,
-               errors: dict[str, list[str]] | None = None, expanded: Iterable[str] = ()) -> None:
-    """Fields in titled groups (expanders); fields not in any group go to "Other"."""
+               errors: dict[str, list[str]] | None = None, expanded: Iterable[str] = (),
+               exclude: Iterable[str] = ()) -> None:
+    """Fields in titled groups (expanders); fields not in any group (nor excluded) go to "Other"."""
     errors = errors or {}
-    listed = {n for names in groups.values() for n in names}
+    listed = {n for names in groups.values() for n in names} | set(exclude)
     rest = [n for n in model_cls.model_fields if n not in listed]
     all_groups = {**groups, **({"Other": rest} if rest else {})}
     for title, names in all_groups.items():

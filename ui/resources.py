@@ -59,15 +59,9 @@ def tokenizer(name: str):
 
 @st.cache_resource(max_entries=4, show_spinner="Loading the draft model…")
 def _draft_model(path: str, target_name: str, stamp: float):
-    from engine.algos.eagle3 import load_eagle3
-    from engine.errors import WorkbenchError
-    from engine.format.checkpoint import read_config_dict
+    from engine.generate.api import load_draft
 
-    kind = read_config_dict(path).get("speculators_model_type")
-    if kind != "eagle3":
-        raise WorkbenchError(f"in-process generation does not support '{kind}' drafts yet",
-                             hint="use an eagle3 draft here, or serve this draft with vLLM (Serve page)")
-    return load_eagle3(path, target(target_name))
+    return load_draft(path, target(target_name))
 
 
 def proposer(method: str, target_name: str, draft_path: str | None):
@@ -83,9 +77,9 @@ def proposer(method: str, target_name: str, draft_path: str | None):
 
         raise WorkbenchError("no draft is selected and this target has no shipped draft",
                              hint="pick a draft on the Models page, or use the n-gram proposer")
-    from engine.algos.eagle3.proposer import Eagle3Proposer
+    from engine.generate.api import proposer_for
 
-    return Eagle3Proposer(_draft_model(draft_path, target_name, _stamp(draft_path)))
+    return proposer_for(_draft_model(draft_path, target_name, _stamp(draft_path)))
 
 
 @st.cache_resource(show_spinner=False)

@@ -9,16 +9,16 @@ from typing import Any
 import yaml
 
 from engine import jobs as engine_jobs
+from engine.algos import ALGOS, AlgoArgs
 from engine.fsutil import atomic_write_text
 from engine.train.config import TrainConfig
 from ui.cli import flags
 from ui.forms import field_kind
 
+# Form sections of the fields every algorithm shares; the chosen algorithm's own arguments follow in the
+# sections its arguments class names (`AlgoArgs.groups`).
 GROUPS = {
-    "What to train": ["algo", "target", "data", "online_dataset", "online_max_samples", "out", "init_from"],
-    "Draft architecture": ["num_layers", "draft_arch", "draft_vocab_size", "aux_layer_ids", "norm_before_residual",
-                           "norm_before_fc", "fc_norm", "norm_output", "train_lm_head", "sliding_window"],
-    "Objective": ["ttt_steps", "ttt_step_loss_decay", "speculative_tokens"],
+    "What to train": ["target", "data", "online_dataset", "online_max_samples", "out", "init_from", "aux_layer_ids"],
     "Optimisation": ["lr", "weight_decay", "betas", "warmup_steps", "scheduler", "min_lr_ratio", "epochs",
                      "max_steps", "tokens_per_batch", "max_length", "grad_accum", "clip_grad", "precision", "seed"],
     "Validation, logging, checkpoints, device": ["val_fraction", "val_every", "val_max_batches", "log_every",
@@ -30,9 +30,55 @@ SMOKE = {"online_dataset": "sharegpt", "online_max_samples": 24, "data": None, "
          "val_max_batches": 2, "log_every": 1, "checkpoint_every": 6}
 
 
+COMMON_SKIP = ("algo", "algo_args")  # the algorithm is chosen by its own selector; its arguments have a form
+
+
+def algorithm_names() -> list[str]:
+    return ALGOS.names()
+
+
+def algorithm_title(name: str) -> str:
+    return f"{ALGOS.get(name).title} ({name})" if name in ALGOS else name
+
+
+def args_class(algo: str) -> type[AlgoArgs]:
+    return ALGOS.get(algo).args_class
+
+
+def algo_prefix(prefix: str, algo: str) -> str:
+    """Widget-key prefix of one algorithm's arguments (each algorithm keeps its own values)."""
+    return f"{prefix}{algo}__"
+
+
+def algo_groups(algo: str) -> dict[str, list[str]]:
+    """The algorithm's own form sections, plus one for the arguments they do not name."""
+    algorithm = ALGOS.get(algo)
+    groups = dict(algorithm.args_class.groups)
+    listed = {n for names in groups.values() for n in names}
+    rest = [n for n in algorithm.args_class.model_fields if n not in listed]
+    if rest:
+        groups[f"{algorithm.title} arguments"] = rest
+    return groups
+
+
+def _field_defaults(model_cls) -> dict[str, Any]:
+    return {name: info.get_default(call_default_factory=True) for name, info in model_cls.model_fields.items()
+            if not info.is_required() and name not in COMMON_SKIP}
+
+
 def defaults() -> dict[str, Any]:
-    return {name: info.get_default(call_default_factory=True) for name, info in TrainConfig.model_fields.items()
-            if not info.is_required()}
+    """Defaults of the fields every algorithm shares (plus `algo`)."""
+    return {**_field_defaults(TrainConfig), "algo": TrainConfig.model_fields["algo"].get_default(
+        call_default_factory=True)}
+
+
+def algo_defaults(algo: str) -> dict[str, Any]:
+    return _field_defaults(args_class(algo))
+
+
+def config_values(common: dict[str, Any], algo: str, algo_values: dict[str, Any]) -> dict[str, Any]:
+    """The form's two parts as one TrainConfig input."""
+    return {**{k: v for k, v in common.items() if k not in COMMON_SKIP}, "algo": algo, "algo_args": algo_values}
 
 
 def default_out(name: str) -> str:
@@ -43,21 +89,27 @@ def new_run_name() -> str:
     return "draft-" + time.strftime("%Y%m%d-%H%M%S")
 
 
-def _flag_expressible(name: str) -> bool:
-    return field_kind(TrainConfig.model_fields[name].annotation).kind != "tuple"
+def _flag_expressible(model_cls, name: str) -> bool:
+    return field_kind(model_cls.model_fields[name].annotation).kind != "tuple"
 
 
 def train_argv(cfg: TrainConfig) -> tuple[list[str], dict[str, Any]]:
     """(argv for `python -m engine train`, fields that only a YAML file can carry) for a validated config.
 
-    Fields equal to their default are left out. Fields argparse cannot take (tuples such as `betas`) go into a
-    small YAML file that the command names with --config.
+    Fields equal to their default are left out; the algorithm's arguments are flags too (`--ttt-steps 4`).
+    Fields argparse cannot take (tuples such as `betas`) go into a small YAML file named with --config.
     """
-    values = cfg.model_dump()
-    dflt = defaults()
-    changed = {k: v for k, v in values.items() if k not in dflt or dflt[k] != v}
-    as_flags = {k: v for k, v in changed.items() if _flag_expressible(k)}
-    in_yaml = {k: list(v) if isinstance(v, tuple) else v for k, v in changed.items() if not _flag_expressible(k)}
+    parts = [(TrainConfig, {k: v for k, v in cfg.model_dump().items() if k not in COMMON_SKIP}, defaults()),
+             (type(cfg.algo_args), cfg.algo_args.model_dump(), algo_defaults(cfg.algo))]
+    as_flags: dict[str, Any] = {"algo": cfg.algo} if cfg.algo != defaults()["algo"] else {}
+    in_yaml: dict[str, Any] = {}
+    for model_cls, values, dflt in parts:
+        changed = {k: v for k, v in values.items() if k not in dflt or dflt[k] != v}
+        as_flags.update({k: v for k, v in changed.items() if _flag_expressible(model_cls, k)})
+        in_yaml.update({k: list(v) if isinstance(v, tuple) else v for k, v in changed.items()
+                        if not _flag_expressible(model_cls, k)})
+    if in_yaml and "algo" in as_flags:
+        in_yaml["algo"] = cfg.algo  # a flat algorithm argument in the YAML file needs its algorithm there too
     return ["train", *flags(as_flags)], in_yaml
 
 
@@ -117,7 +169,15 @@ def last_row(rows: list[dict[str, Any]], split: str = "train") -> dict[str, Any]
 
 
 __all__ = [
+    "COMMON_SKIP",
     "GROUPS",
+    "algo_defaults",
+    "algo_groups",
+    "algo_prefix",
+    "algorithm_names",
+    "algorithm_title",
+    "args_class",
+    "config_values",
     "SMOKE",
     "TrainConfig",
     "default_out",

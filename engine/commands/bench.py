@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -33,41 +32,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
-    from engine.errors import WorkbenchError
     from engine.fsutil import atomic_write_json
-    from engine.generate.bench import ALL_METHODS, load_prompts, markdown_table, run_bench
-    from engine.generate.sampling import SamplingParams
+    from engine.generate.bench import benchmark, markdown_table
     from engine.jobs import reporter
-    from engine.targets import load_target
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
-    bad = [m for m in methods if m not in ALL_METHODS]
-    if bad:
-        raise WorkbenchError(f"unknown methods {bad}", hint=f"choose from {list(ALL_METHODS)}")
-    prompts = load_prompts(args.prompts, args.num_prompts, args.seed, args.max_prompt_chars)
-    params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
-                            top_k=args.top_k, seed=args.seed)
-    reporter().update(f"benchmarking {len(prompts)} prompts", 0.0)
-    if args.backend == "vllm":
-        from engine.generate.api import default_draft
-        from engine.serve.bench import run_vllm_bench
-
-        draft = args.draft or default_draft(args.target)
-        result = run_vllm_bench(prompts, target=args.target, draft=draft, k=args.k,
-                                max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
-                                methods=tuple(m for m in methods if m in ("baseline", "draft", "ngram")),
-                                dtype=args.dtype, tokenize=True)
-    else:
-        target = load_target(args.target)
-        result = run_bench(target, prompts, methods=methods, draft=args.draft, assistant=args.assistant, k=args.k,
-                           params=params)
+    options = {k: v for k, v in vars(args).items() if k not in ("command", "_module", "verbose", "json_out")}
+    result = benchmark(**options)
     result["command"] = "python -m engine bench " + " ".join(
-        f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()
-        if k not in ("command", "_module", "verbose", "json_out") and v is not None)
+        f"--{k.replace('_', '-')} {v}" for k, v in options.items() if v is not None)
     print(markdown_table(result))
     if args.json_out:
         atomic_write_json(args.json_out, result)

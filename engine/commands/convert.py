@@ -12,8 +12,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--format", default=None, help="source format (default: detected)")
     p.add_argument("--target", "--verifier", dest="verifier", default=None,
                    help="the verifier's hub id (written into the config; used for checks when available locally)")
-    p.add_argument("--aux-layer-ids", default=None, help="EAGLE-3: verifier layer ids fused by fc, e.g. 2,15,27")
-    p.add_argument("--norm-before-residual", action="store_true", help="EAGLE-3: the draft was trained with it")
+    p.add_argument("--aux-layer-ids", default=None, help="verifier layer ids the draft reads, when the source does not record them, e.g. 2,15,27")
+    p.add_argument("--norm-before-residual", action="store_true", help="the draft was trained with norm_before_residual (chain drafters)")
     p.add_argument("--allow-pickle", action="store_true",
                    help="read .bin/.pt weights (torch.load(weights_only=True)); only for files you trust")
     p.add_argument("--detect", action="store_true", help="only print the detected format and the key mapping")

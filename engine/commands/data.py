@@ -9,7 +9,6 @@ import sys
 DEFAULT_MAX_LENGTH = 2048
 # Kept here so that building the parser imports no torch (tests check they match engine.data).
 BACKENDS = ("transformers", "vllm")
-ALGOS = ("eagle3", "peagle", "dflash", "dspark", "dflash2", "xpress")
 DEFAULT_BATCH_SIZE = 16
 DEFAULT_BATCH_TOKENS = 4096
 
@@ -99,30 +98,11 @@ def add_regenerate_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_regenerate(args: argparse.Namespace) -> int:
-    from engine.data.datasets import load_conversations
-    from engine.data.regenerate import regenerate, tokenizer_only
+    from engine.data.pipeline import regenerate_dataset
     from engine.jobs import reporter
-    from engine.targets import load_target, pick_device
 
-    if args.backend == "vllm":
-        target = tokenizer_only(args.target)  # the server generates: no weights in this process
-    else:
-        device = pick_device(args.device)
-        reporter().update("loading target")
-        target = load_target(args.target, dtype="fp32" if device == "cpu" else "bf16", device=device)
-    rows, summary = load_conversations(args.dataset, split=args.split, val_fraction=args.val_fraction,
-                                       seed=args.seed, max_samples=args.max_samples)
-    print(summary.format())
-    kwargs = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
-                  batch_size=args.batch_size, max_length=args.max_length, max_turns=args.max_turns, seed=args.seed)
-    if args.backend == "vllm":
-        from engine.data.regenerate_vllm import VllmAnswerer
-
-        reporter().update("starting vLLM")
-        with VllmAnswerer(args.target, concurrency=args.batch_size) as answer:
-            result = regenerate(target, rows, args.out, answer=answer, **kwargs)
-    else:
-        result = regenerate(target, rows, args.out, **kwargs)
+    options = {k: v for k, v in vars(args).items() if k not in ("command", "_module", "verbose")}
+    result = regenerate_dataset(**options)
     reporter().update("done", 1.0, **{k: v for k, v in result.to_json().items() if not isinstance(v, dict)})
     print(json.dumps(result.to_json(), indent=2))
     return 0
@@ -137,9 +117,13 @@ def add_extract_arguments(p: argparse.ArgumentParser) -> None:
     layers = p.add_mutually_exclusive_group()
     layers.add_argument("--layers", default=None,
                         help="comma-separated layer ids, e.g. 2,15,27,30 (id N = last layer before the final norm)")
-    layers.add_argument("--algo", choices=ALGOS, default=None,
-                        help="the algorithm's default ids plus N: eagle3/peagle [2, N//2, N-3, N]; dflash family "
-                        "5 evenly spaced ids over 2..N-2 plus N (default: eagle3)")
+    from engine.algos import default_algo
+    from engine.data.layers import default_layer_ids, layer_algorithms
+
+    examples = "; ".join(f"{a} {default_layer_ids(30, a)}" for a in layer_algorithms())
+    layers.add_argument("--algo", choices=layer_algorithms(), default=None,
+                        help=f"the algorithm's default ids plus N (for a 30-layer target: {examples}; plus 30) "
+                        f"(default: {default_algo()})")
     p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16",
                    help="dtype of the saved hidden states (default: bf16)")
     p.add_argument("--backend", choices=BACKENDS, default="transformers",

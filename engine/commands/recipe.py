@@ -6,7 +6,10 @@ import argparse
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("name", help="recipe name in configs/ (e.g. smollm2-eagle3) or a YAML path")
+    from engine.recipe import CONFIGS
+
+    names = ", ".join(sorted(f.stem for f in CONFIGS.glob("*.yaml"))) or "none yet"
+    p.add_argument("name", help=f"recipe name in configs/ ({names}) or a YAML path")
     p.add_argument("--only", default=None,
                    help="comma-separated steps to run (regenerate,extract,train,bench,curve,sweep,ship)")
     p.add_argument("--force", action="store_true", help="re-run steps even if they completed with the same arguments")

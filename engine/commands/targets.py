@@ -13,13 +13,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.targets import BUILTIN_TARGETS, _builtin_ready, builtin_cache_dir, prepare_builtin
+    from engine.targets import BUILTIN_TARGETS, builtin_ready, builtin_cache_dir, prepare_builtin
 
     if args.prepare and args.prepare != "none":
         prepare_builtin(args.prepare)
     rows = [
         {"name": b.name, "hub_id": b.hub_id, "description": b.description,
-         "cached": _builtin_ready(builtin_cache_dir(b.name)), "path": str(builtin_cache_dir(b.name))}
+         "cached": builtin_ready(builtin_cache_dir(b.name)), "path": str(builtin_cache_dir(b.name))}
         for b in BUILTIN_TARGETS.values()
     ]
     if args.json:

@@ -3,23 +3,44 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from engine.algos import ALGOS, default_algo
     from engine.cli import add_model_fields
     from engine.train.config import TrainConfig
 
     p.add_argument("--config", help="YAML recipe (a `train:` block or top-level fields); flags override it")
-    add_model_fields(p, TrainConfig)
+    p.add_argument("--algo", choices=ALGOS.names(), default=None,
+                   help=f"{TrainConfig.model_fields['algo'].description} (default: {default_algo()})")
+    add_model_fields(p, TrainConfig, skip=("algo", "algo_args"), title="training (every algorithm)")
+    seen: set[str] = set()
+    for name in ALGOS.names():
+        algo = ALGOS.get(name)
+        add_model_fields(p, algo.args_class, skip=tuple(seen), title=f"{algo.title} arguments (--algo {name})")
+        seen |= set(algo.args_class.model_fields)
+
+
+def train_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """Every training field given on the command line (algorithm arguments flat; TrainConfig nests them)."""
+    from engine.algos import ALGOS
+    from engine.cli import model_overrides
+    from engine.train.config import TrainConfig
+
+    out = model_overrides(args, TrainConfig)
+    for name in ALGOS.names():
+        out.update(model_overrides(args, ALGOS.get(name).args_class))
+    out.pop("algo_args", None)
+    return out
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.cli import model_overrides
     from engine.format.validate import validate_draft
     from engine.train.config import TrainConfig
     from engine.train.trainer import Trainer
 
-    overrides = model_overrides(args, TrainConfig)
+    overrides = train_overrides(args)
     cfg = TrainConfig.from_yaml(args.config, **overrides) if args.config else TrainConfig(**overrides)
     trainer = Trainer(cfg)
     final = trainer.run()

@@ -19,6 +19,8 @@ class Converter:
 
     name = ""
     description = ""
+    algorithm = ""  # the speculators_model_type it writes
+    notes: tuple[str, ...] = ()  # what the user should know before converting (shown by the Convert page)
 
     def matches(self, config: dict[str, Any], names: list[str]) -> bool:
         raise NotImplementedError

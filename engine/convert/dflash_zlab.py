@@ -18,6 +18,12 @@ _DROP_CONFIG = {"architectures", "auto_map", "block_size", "dflash_config", "num
 class DFlashZLab(Converter):
     name = "dflash-zlab"
     description = "z-lab DFlash checkpoint (dflash_config with target_layer_ids read as hidden_states[id + 1])"
+    algorithm = "dflash"
+    notes = (
+        "z-lab numbers target layers by their output (`hidden_states[id + 1]`); the converted config records "
+        "vLLM's ids (each one higher).",
+        "A fused `qkv_proj` is split into q/k/v; training-only gates and norms are dropped.",
+    )
 
     def matches(self, config: dict[str, Any], names: list[str]) -> bool:
         return "dflash_config" in config or any("DFlash" in a for a in config.get("architectures") or [])

@@ -15,6 +15,13 @@ from engine.format.config import build_draft_config, build_layer_config
 class Eagle3Research(Converter):
     name = "eagle3-research"
     description = "EAGLE-3 research checkpoint (SafeAILab / NVIDIA layout: midlayer.*, fc, d2t/t2d)"
+    algorithm = "eagle3"
+    notes = (
+        "The converted config.json is a speculators `eagle3` config: `transformer_layer_config` from this "
+        "config, `speculators_config.verifier` naming the target (hub id), `draft_vocab_size` from `d2t`.",
+        "Research checkpoints do not record their aux layer ids: the target's defaults [2, N//2, N-3] apply "
+        "unless you know the ones it was trained with.",
+    )
     _LLAMA_KEYS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
                    "hidden_act", "rms_norm_eps", "max_position_embeddings", "rope_theta", "rope_scaling",
                    "rope_parameters", "attention_bias", "mlp_bias")

@@ -5,30 +5,27 @@ from __future__ import annotations
 from typing import Sequence
 
 from engine.errors import WorkbenchError
-from engine.targets import default_aux_layer_ids
-
-# Algorithms whose drafts read [2, N//2, N-3] (EAGLE-3 and P-EAGLE share vLLM's default).
-EAGLE_LIKE = ("eagle3", "peagle")
-# Block drafters that read one evenly spaced target layer per draft layer (z-lab DFlash and its family).
-DFLASH_LIKE = ("dflash", "dspark", "dflash2", "xpress")
-ALGOS = EAGLE_LIKE + DFLASH_LIKE
-DFLASH_DEFAULT_LAYERS = 5  # the z-lab / speculators trainer default number of draft layers
 
 
-def evenly_spaced_layer_ids(num_layers: int, count: int = DFLASH_DEFAULT_LAYERS) -> list[int]:
-    """`count` aux ids spread evenly over 2..N-2, the vLLM ids of z-lab DFlash's target layers.
+def layer_algorithms() -> list[str]:
+    """Names whose default layer ids we know: the registered algorithms, then the other speculators types."""
+    from engine.algos import ALGOS
+    from engine.format.config import CONFIG_CLASSES
 
-    z-lab picks the outputs of decoder layers 1..N-3 (its `target_layer_ids`); the output of layer k is vLLM
-    id k+1, so the aux ids run from 2 to N-2. Qwen3-8B (N=36) with 5 draft layers gives [2, 10, 18, 26, 34],
-    the ids the speculators converter writes for z-lab's Qwen3-8B-DFlash-b16. One draft layer reads N//2.
-    """
-    if count < 1:
-        raise WorkbenchError(f"cannot pick {count} layers", hint="use at least one layer")
-    if count == 1:
-        return [num_layers // 2 + 1]
-    first, last = 2, max(2, num_layers - 2)
-    ids = [first + int(i * (last - first) / (count - 1) + 0.5) for i in range(count)]  # round half up
-    return sorted(set(min(max(i, 0), num_layers) for i in ids))
+    return ALGOS.names() + [n for n in CONFIG_CLASSES if n not in ALGOS]
+
+
+def default_layer_ids(num_layers: int, algo: str | None = None) -> list[int]:
+    """The aux layer ids a draft of `algo` reads by default (the algorithm's choice, else its format's)."""
+    from engine.algos import ALGOS, default_algo
+    from engine.format.config import CONFIG_CLASSES
+
+    algo = (algo or default_algo()).lower()
+    if algo in ALGOS:
+        return ALGOS.get(algo).default_layer_ids(num_layers)
+    if algo in CONFIG_CLASSES:
+        return CONFIG_CLASSES[algo].default_aux_layer_ids(num_layers)
+    raise WorkbenchError(f"unknown algorithm '{algo}'", hint=f"use one of {', '.join(layer_algorithms())} or --layers")
 
 
 def parse_layer_ids(text: str | Sequence[int]) -> list[int]:
@@ -53,13 +50,7 @@ def resolve_layer_ids(num_layers: int, layers: str | Sequence[int] | None = None
     if layers is not None and layers != "":
         ids = parse_layer_ids(layers)
     else:
-        algo = (algo or "eagle3").lower()
-        if algo in EAGLE_LIKE:
-            ids = default_aux_layer_ids(num_layers)
-        elif algo in DFLASH_LIKE:
-            ids = evenly_spaced_layer_ids(num_layers)
-        else:
-            raise WorkbenchError(f"unknown algorithm '{algo}'", hint=f"use one of {', '.join(ALGOS)} or --layers")
+        ids = default_layer_ids(num_layers, algo)
         if include_last:
             ids = sorted(set(ids) | {num_layers})
     bad = [i for i in ids if not 0 <= i <= num_layers]

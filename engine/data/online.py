@@ -10,7 +10,7 @@ from typing import Iterator, Sequence
 import torch
 
 from engine.data.datasets import DatasetSummary
-from engine.data.extract import DEFAULT_BATCH_SIZE, DEFAULT_BATCH_TOKENS, capture_batch, plan_batches
+from engine.data.extract import DEFAULT_BATCH_SIZE, DEFAULT_BATCH_TOKENS, capture_batch, plan_padded_batches
 from engine.data.layers import resolve_layer_ids
 from engine.data.render import RenderedRow, render_rows
 from engine.errors import WorkbenchError
@@ -76,7 +76,7 @@ class OnlineHiddenStates(torch.utils.data.Dataset):
         """Samples for `indices` (in that order) from token-budgeted batched forwards."""
         indices = list(indices)
         out: list[dict | None] = [None] * len(indices)
-        for batch in plan_batches([self.rows[i].num_tokens for i in indices], self.batch_size, self.batch_tokens):
+        for batch in plan_padded_batches([self.rows[i].num_tokens for i in indices], self.batch_size, self.batch_tokens):
             for p, sample in zip(batch, self._compute([indices[p] for p in batch])):
                 out[p] = sample
         return out  # type: ignore[return-value]

@@ -21,10 +21,8 @@ from typing import Any, Sequence
 
 import torch
 
-from engine.data.datasets import DEFAULT_VAL_FRACTION
-from engine.data.extract import ExtractionRun, TargetInfo, _log_done, _Progress, build_header, dataset_name
-from engine.data.layers import resolve_layer_ids
-from engine.data.render import RenderedRow, render_dataset
+from engine.data.extraction import ExtractionProgress, ExtractionRun, TargetInfo, build_header, log_done
+from engine.data.render import RenderedRow
 from engine.errors import WorkbenchError
 
 log = logging.getLogger(__name__)
@@ -172,7 +170,7 @@ def extract_rows_vllm(model: str, info: TargetInfo, rows: Sequence[RenderedRow],
             from vllm import SamplingParams
 
             params = SamplingParams(**sampling_kwargs())
-            with _Progress(run, sum(rows[i].num_tokens for i in todo), progress) as bar:
+            with ExtractionProgress(run, sum(rows[i].num_tokens for i in todo), progress) as bar:
                 for start in range(0, len(todo), chunk):
                     indices = todo[start: start + chunk]
                     outputs = llm.generate(prompts_for([rows[i] for i in indices]), params, use_tqdm=False)
@@ -181,31 +179,5 @@ def extract_rows_vllm(model: str, info: TargetInfo, rows: Sequence[RenderedRow],
                         bar.advance(rows[i].num_tokens)
         finally:
             shutil.rmtree(storage, ignore_errors=True)
-    _log_done(run)
+    log_done(run)
     return run.manifest
-
-
-def extract_dataset_vllm(target: str | None, dataset: str, out: str | Path, *, layers=None, algo: str | None = None,
-                         split: str = "train", max_samples: int | None = None, max_length: int | None = 2048,
-                         dtype: str = "bf16", val_fraction: float = DEFAULT_VAL_FRACTION, seed: int = 0,
-                         overwrite: bool = False, tensor_parallel_size: int = 1, progress: bool = True) -> dict:
-    """The vLLM counterpart of `extract.extract_dataset`: loads only the target's config and tokenizer here."""
-    require_vllm()
-    from transformers import AutoConfig, AutoTokenizer
-
-    from engine.targets import resolve_target
-
-    ref = resolve_target(target)
-    info = TargetInfo.from_config(ref, AutoConfig.from_pretrained(ref.path))
-    tokenizer = AutoTokenizer.from_pretrained(ref.path)
-    layer_ids = resolve_layer_ids(info.num_layers, layers, algo)
-    rows, summary, _ = render_dataset(dataset, tokenizer, split=split, max_samples=max_samples, max_length=max_length,
-                                      val_fraction=val_fraction, seed=seed)
-    if not rows:
-        raise WorkbenchError(f"no usable rows in {dataset} (split {split})", hint=summary.format())
-    extra = {"dataset": dataset_name(dataset), "split": split, "max_length": max_length, "seed": seed,
-             "val_fraction": val_fraction, "algo": (algo or "eagle3") if layers in (None, "") else None}
-    longest = max(r.num_tokens for r in rows)
-    return extract_rows_vllm(ref.path, info, rows, out, layer_ids, dtype=dtype, header_extra=extra,
-                             overwrite=overwrite, tensor_parallel_size=tensor_parallel_size, progress=progress,
-                             llm_extra={"max_model_len": longest + 1})

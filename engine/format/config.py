@@ -55,6 +55,10 @@ class DraftConfig(BaseModel):
     algorithm: ClassVar[str] = ""
     default_architecture: ClassVar[str] = ""
     config_class: ClassVar[str] = ""
+    aux_field: ClassVar[str] = "aux_hidden_state_layer_ids"  # the field holding the verifier layer ids
+    uses_mask_token: ClassVar[bool] = False  # parallel slots are filled with `mask_token_id`
+    # transformer_layer_config keys that vLLM reads only for this type
+    own_layer_config_keys: ClassVar[tuple[str, ...]] = ()
 
     speculators_model_type: str = Field(..., description="Algorithm discriminator read by vLLM and speculators.")
     architectures: list[str] = Field(default_factory=list, description="Class name; informative only (vLLM overrides it).")
@@ -95,7 +99,16 @@ class DraftConfig(BaseModel):
 
     @property
     def aux_layer_ids(self) -> list[int] | None:
-        raise NotImplementedError
+        return getattr(self, self.aux_field, None)
+
+    @classmethod
+    def default_aux_layer_ids(cls, num_layers: int) -> list[int]:
+        """The verifier layer ids (vLLM semantics) a draft of this type reads by default, for an N-layer target."""
+        return eagle_default_layer_ids(num_layers)
+
+    def max_speculative_tokens(self) -> int | None:
+        """The most tokens one draft step can propose (None: no structural limit)."""
+        return None
 
     @property
     def reduced_vocab(self) -> bool:
@@ -115,6 +128,8 @@ class Eagle3Config(DraftConfig):
     algorithm: ClassVar[str] = "eagle3"
     default_architecture: ClassVar[str] = "Eagle3Speculator"
     config_class: ClassVar[str] = "Eagle3SpeculatorConfig"
+    aux_field: ClassVar[str] = "eagle_aux_hidden_state_layer_ids"
+    own_layer_config_keys: ClassVar[tuple[str, ...]] = ("num_aux_hidden_states",)  # vLLM's Llama EAGLE-3 class
 
     speculators_model_type: Literal["eagle3"] = "eagle3"
     eagle_aux_hidden_state_layer_ids: list[int] | None = Field(
@@ -132,10 +147,6 @@ class Eagle3Config(DraftConfig):
             raise ValueError("norm_before_fc and fc_norm are mutually exclusive")
         return self
 
-    @property
-    def aux_layer_ids(self) -> list[int] | None:
-        return self.eagle_aux_hidden_state_layer_ids
-
 
 class PEagleConfig(Eagle3Config):
     """P-EAGLE: EAGLE-3 with parallel drafting slots filled by `mask_token_id` and a learned `mask_hidden`."""
@@ -143,6 +154,8 @@ class PEagleConfig(Eagle3Config):
     algorithm: ClassVar[str] = "peagle"
     default_architecture: ClassVar[str] = "PEagleSpeculator"
     config_class: ClassVar[str] = "PEagleSpeculatorConfig"
+    uses_mask_token: ClassVar[bool] = True
+    own_layer_config_keys: ClassVar[tuple[str, ...]] = ()
 
     speculators_model_type: Literal["peagle"] = "peagle"  # type: ignore[assignment]
     mask_token_id: int | None = Field(None, description="Placeholder token of parallel slots (vLLM `pard_token`).")
@@ -155,6 +168,7 @@ class DFlashConfig(DraftConfig):
     algorithm: ClassVar[str] = "dflash"
     default_architecture: ClassVar[str] = "DFlashSpeculator"
     config_class: ClassVar[str] = "DFlashSpeculatorConfig"
+    uses_mask_token: ClassVar[bool] = True
 
     speculators_model_type: Literal["dflash"] = "dflash"
     block_size: int = Field(8, ge=2, description="Tokens per draft block (anchor + mask slots).")
@@ -163,9 +177,12 @@ class DFlashConfig(DraftConfig):
     sliding_window_non_causal: bool = Field(False, description="Sliding-window layers are bidirectional inside a block.")
     sample_from_anchor: bool = Field(False, description="All block slots predict (True) or slot 0 is the anchor (False).")
 
-    @property
-    def aux_layer_ids(self) -> list[int] | None:
-        return self.aux_hidden_state_layer_ids
+    @classmethod
+    def default_aux_layer_ids(cls, num_layers: int) -> list[int]:
+        return evenly_spaced_layer_ids(num_layers)
+
+    def max_speculative_tokens(self) -> int | None:
+        return self.block_size if self.sample_from_anchor else self.block_size - 1
 
 
 class DFlash2Config(DFlashConfig):
@@ -196,6 +213,32 @@ class DSparkConfig(DFlashConfig):
     markov_head_type: Literal["vanilla", "gated", "rnn"] = Field("vanilla", description="Markov head variant.")
     enable_confidence_head: bool = Field(True, description="Train a per-slot confidence head.")
     confidence_head_with_markov: bool = Field(True, description="Confidence head also sees the Markov state.")
+
+
+def eagle_default_layer_ids(num_layers: int) -> list[int]:
+    """vLLM's default EAGLE-3 aux layers for an N-layer verifier: [2, N//2, N-3] (P-EAGLE shares it)."""
+    n = num_layers
+    return sorted({min(max(i, 0), n) for i in (2, n // 2, n - 3)})
+
+
+# the number of draft layers z-lab's DFlash trainer (and speculators') builds by default
+DFLASH_DEFAULT_LAYERS = 5
+
+
+def evenly_spaced_layer_ids(num_layers: int, count: int = DFLASH_DEFAULT_LAYERS) -> list[int]:
+    """`count` aux ids spread evenly over 2..N-2, the vLLM ids of z-lab DFlash's target layers.
+
+    z-lab picks the outputs of decoder layers 1..N-3 (its `target_layer_ids`); the output of layer k is vLLM
+    id k+1, so the aux ids run from 2 to N-2. Qwen3-8B (N=36) with 5 draft layers gives [2, 10, 18, 26, 34],
+    the ids the speculators converter writes for z-lab's Qwen3-8B-DFlash-b16. One draft layer reads N//2.
+    """
+    if count < 1:
+        raise ValueError(f"cannot pick {count} layers: use at least one")
+    if count == 1:
+        return [num_layers // 2 + 1]
+    first, last = 2, max(2, num_layers - 2)
+    ids = [first + int(i * (last - first) / (count - 1) + 0.5) for i in range(count)]  # round half up
+    return sorted(set(min(max(i, 0), num_layers) for i in ids))
 
 
 CONFIG_CLASSES: dict[str, type[DraftConfig]] = {

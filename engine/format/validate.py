@@ -209,9 +209,10 @@ def _typed_config(cfg: dict[str, Any], report: ValidationReport):
 
 
 def _aux_ids(cfg: dict[str, Any]) -> tuple[str, Any]:
-    if cfg.get("speculators_model_type") in ("eagle3", "peagle"):
-        return "eagle_aux_hidden_state_layer_ids", cfg.get("eagle_aux_hidden_state_layer_ids")
-    return "aux_hidden_state_layer_ids", cfg.get("aux_hidden_state_layer_ids")
+    cls = CONFIG_CLASSES.get(cfg.get("speculators_model_type")) if isinstance(cfg.get("speculators_model_type"), str) \
+        else None
+    name = cls.aux_field if cls is not None else "aux_hidden_state_layer_ids"
+    return name, cfg.get(name)
 
 
 def _project_config_rules(cfg: dict[str, Any], typed, hf: dict[str, Any] | None, report: ValidationReport) -> None:
@@ -236,18 +237,7 @@ def _project_config_rules(cfg: dict[str, Any], typed, hf: dict[str, Any] | None,
         if isinstance(types, list) and isinstance(n, int) and len(types) != n:
             report.add(Issue("transformer_layer_config.layer_types", f"{len(types)} layer types for {n} layers; "
                              "give one type per layer"))
-        if kind in ("dflash", "dflash2", "dspark") and isinstance(types, list) and len(set(types)) > 1:
-            report.add(Issue("transformer_layer_config.layer_types", "mixed sliding/full attention layers: vLLM's V1 "
-                             "runner refuses mixed sliding/full dflash drafts; make all layers one type",
-                             severity="warning"))
-    if kind in ("dflash", "dflash2", "dspark") and "sliding_window_non_causal" not in cfg:
-        report.add(Issue("sliding_window_non_causal", "missing: vLLM then serves the draft non-causal "
-                         "(causal = not sliding_window_non_causal, default True); write it explicitly",
-                         severity="warning"))
     name, ids = _aux_ids(cfg)
-    if kind in ("eagle3", "peagle") and not ids:
-        report.add(Issue(name, "not set: vLLM falls back to the target's default aux layers [2, N//2, N-3]; write the "
-                         "ids the draft was trained with", severity="warning"))
     if ids:
         if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
             report.add(Issue(name, f"must be a list of ints, got {ids!r}"))
@@ -260,36 +250,85 @@ def _project_config_rules(cfg: dict[str, Any], typed, hf: dict[str, Any] | None,
                                  "layer order; sort them (and the fc input columns accordingly)"))
             if any(i < 0 for i in ids):
                 report.add(Issue(name, f"negative layer ids in {ids}; ids run from 0 (embeddings) to N"))
-    if kind in ("peagle", "dflash", "dflash2", "dspark") and cfg.get("mask_token_id") is None and "mask_token_id" in cfg:
+    cls = CONFIG_CLASSES.get(kind) if isinstance(kind, str) else None
+    if cls is not None and cls.uses_mask_token and cfg.get("mask_token_id") is None and "mask_token_id" in cfg:
         report.add(Issue("mask_token_id", "is null: the draft needs a real token id for its mask slots (the "
                          "tokenizer's mask/pad token, or a spare embedding row)"))
-    if kind == "eagle3" and hf is not None and "Eagle3LlamaForCausalLM" in hf.get("architectures", []) and ids:
-        a = vr.eagle3_num_aux(hf)
-        if isinstance(ids, list) and len(ids) != a:
-            report.add(Issue("transformer_layer_config.num_aux_hidden_states",
-                             f"{len(ids)} aux layers, but vLLM's Llama EAGLE-3 class ignores the top-level ids and "
-                             f"assumes {a}; add \"num_aux_hidden_states\": {len(ids)} to transformer_layer_config"))
     dv, v = cfg.get("draft_vocab_size"), (tlc or {}).get("vocab_size") if isinstance(tlc, dict) else None
     if isinstance(dv, int) and isinstance(v, int) and dv > v:
         report.add(Issue("draft_vocab_size", f"{dv} is larger than the vocabulary ({v}); it must be <= vocab_size"))
-    if typed is not None and kind in ("dflash", "dflash2", "dspark"):
-        st, b = typed.speculative_tokens, typed.block_size
-        limit = b if typed.sample_from_anchor else b - 1
-        if st > limit:
+    if typed is not None:
+        limit = typed.max_speculative_tokens()
+        if limit is not None and typed.speculative_tokens > limit:
             report.add(Issue("speculators_config.proposal_methods[0].speculative_tokens",
-                             f"{st} > {limit}: a block of {b} with sample_from_anchor={typed.sample_from_anchor} "
-                             f"drafts at most {limit} tokens"))
-    if typed is not None and kind == "dflash2":
-        h = typed.hidden_size
-        if h % typed.conv_group_size:
-            report.add(Issue("conv_group_size", f"{typed.conv_group_size} does not divide hidden_size {h}"))
-        if typed.reduced_vocab:
-            report.add(Issue("draft_vocab_size", "dflash2 requires the full verifier vocabulary"))
-        if typed.sample_from_anchor:
-            report.add(Issue("sample_from_anchor", "dflash2 requires sample_from_anchor=false"))
-    if typed is not None and kind == "dspark" and typed.markov_head_type != "vanilla":
+                             f"{typed.speculative_tokens} > {limit}: a block of {typed.block_size} with "
+                             f"sample_from_anchor={typed.sample_from_anchor} drafts at most {limit} tokens"))
+    for rule in TYPE_RULES.get(kind, ()) if isinstance(kind, str) else ():
+        rule(cfg, typed, hf, report)
+
+
+# -- per-type rules: {speculators_model_type: [rule(cfg, typed, hf, report)]} ---------------------------------
+
+
+def _one_layer_type(cfg, typed, hf, report: ValidationReport) -> None:
+    types = (cfg.get("transformer_layer_config") or {}).get("layer_types") \
+        if isinstance(cfg.get("transformer_layer_config"), dict) else None
+    if isinstance(types, list) and len(set(map(str, types))) > 1:
+        report.add(Issue("transformer_layer_config.layer_types", "mixed sliding/full attention layers: vLLM's V1 "
+                         "runner refuses mixed sliding/full dflash drafts; make all layers one type",
+                         severity="warning"))
+
+
+def _explicit_causal_flag(cfg, typed, hf, report: ValidationReport) -> None:
+    if "sliding_window_non_causal" not in cfg:
+        report.add(Issue("sliding_window_non_causal", "missing: vLLM then serves the draft non-causal "
+                         "(causal = not sliding_window_non_causal, default True); write it explicitly",
+                         severity="warning"))
+
+
+def _aux_ids_written(cfg, typed, hf, report: ValidationReport) -> None:
+    name, ids = _aux_ids(cfg)
+    if not ids:
+        report.add(Issue(name, "not set: vLLM falls back to the target's default aux layers [2, N//2, N-3]; write the "
+                         "ids the draft was trained with", severity="warning"))
+
+
+def _llama_eagle3_aux_count(cfg, typed, hf, report: ValidationReport) -> None:
+    name, ids = _aux_ids(cfg)
+    if hf is not None and "Eagle3LlamaForCausalLM" in hf.get("architectures", []) and isinstance(ids, list) and ids:
+        a = vr.eagle3_num_aux(hf)
+        if len(ids) != a:
+            report.add(Issue("transformer_layer_config.num_aux_hidden_states",
+                             f"{len(ids)} aux layers, but vLLM's Llama EAGLE-3 class ignores the top-level ids and "
+                             f"assumes {a}; add \"num_aux_hidden_states\": {len(ids)} to transformer_layer_config"))
+
+
+def _dflash2_constraints(cfg, typed, hf, report: ValidationReport) -> None:
+    if typed is None:
+        return
+    h = typed.hidden_size
+    if h % typed.conv_group_size:
+        report.add(Issue("conv_group_size", f"{typed.conv_group_size} does not divide hidden_size {h}"))
+    if typed.reduced_vocab:
+        report.add(Issue("draft_vocab_size", "dflash2 requires the full verifier vocabulary"))
+    if typed.sample_from_anchor:
+        report.add(Issue("sample_from_anchor", "dflash2 requires sample_from_anchor=false"))
+
+
+def _vanilla_markov_head(cfg, typed, hf, report: ValidationReport) -> None:
+    if typed is not None and typed.markov_head_type != "vanilla":
         report.add(Issue("markov_head_type", f"'{typed.markov_head_type}': some vLLM builds only run the 'vanilla' "
                          "Markov head at inference", severity="warning"))
+
+
+_BLOCK_RULES = [_one_layer_type, _explicit_causal_flag]
+TYPE_RULES: dict[str, list] = {
+    "eagle3": [_aux_ids_written, _llama_eagle3_aux_count],
+    "peagle": [_aux_ids_written],
+    "dflash": _BLOCK_RULES,
+    "dflash2": [*_BLOCK_RULES, _dflash2_constraints],
+    "dspark": [*_BLOCK_RULES, _vanilla_markov_head],
+}
 
 
 def _verifier_rules(cfg: dict[str, Any], hf: dict[str, Any] | None, verifier: dict[str, Any],
@@ -428,10 +467,10 @@ def _find_verifier_config(cfg: dict[str, Any]) -> dict[str, Any] | None:
         return None
     if not isinstance(name, str) or not name:
         return None
-    from engine.targets import _BUILTIN_BY_HUB_ID, builtin_cache_dir
+    from engine.targets import BUILTIN_BY_HUB_ID, builtin_cache_dir
 
     candidates = [Path(name).expanduser() / CONFIG_NAME]
-    builtin = _BUILTIN_BY_HUB_ID.get(name.lower())
+    builtin = BUILTIN_BY_HUB_ID.get(name.lower())
     if builtin is not None:
         candidates.append(builtin_cache_dir(builtin.name) / CONFIG_NAME)
     try:

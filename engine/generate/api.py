@@ -10,30 +10,61 @@ from engine.format.checkpoint import read_config_dict
 from engine.generate.proposers import Proposer
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets" / "drafts"
-DEFAULT_DRAFTS = {"smollm2-135m-instruct": ASSETS / "smollm2-135m-instruct-eagle3"}
+DEFAULTS_FILE = ASSETS / "defaults.json"  # {built-in target name: shipped draft folder} when several ship
 METHODS = ("baseline", "draft", "ngram")
 
 
-def default_draft(target_name: str | None) -> Path | None:
-    """The shipped draft for a built-in target, if it exists."""
-    from engine.targets import DEFAULT_TARGET, _BUILTIN_BY_HUB_ID
+def shipped_drafts(target_name: str | None) -> list[Path]:
+    """Draft folders under assets/drafts/ whose verifier is this built-in target, the default first."""
+    from engine.fsutil import read_json
+    from engine.targets import DEFAULT_TARGET, builtin_for
 
-    name = target_name or DEFAULT_TARGET
-    builtin = _BUILTIN_BY_HUB_ID.get(str(name).lower())
-    path = DEFAULT_DRAFTS.get(builtin.name if builtin else name)
-    return path if path is not None and (path / "config.json").is_file() else None
+    builtin = builtin_for(target_name or DEFAULT_TARGET)
+    if builtin is None or not ASSETS.is_dir():
+        return []
+    found = []
+    for folder in sorted(p for p in ASSETS.iterdir() if (p / "config.json").is_file()):
+        try:
+            verifier = (read_json(folder / "config.json").get("speculators_config") or {}).get("verifier") or {}
+        except (OSError, ValueError):
+            continue
+        if builtin_for(verifier.get("name_or_path")) == builtin:
+            found.append(folder)
+    try:
+        preferred = read_json(DEFAULTS_FILE).get(builtin.name) if DEFAULTS_FILE.is_file() else None
+    except (OSError, ValueError):
+        preferred = None
+    return sorted(found, key=lambda p: p.name != preferred)
+
+
+def default_draft(target_name: str | None) -> Path | None:
+    """The shipped draft for a built-in target, if one exists."""
+    drafts = shipped_drafts(target_name)
+    return drafts[0] if drafts else None
+
+
+def draft_algorithm(draft_path: str | Path):
+    """The registered algorithm of a draft folder (a clear error for types we validate but do not run)."""
+    from engine.algos import algorithm_for_config
+
+    return algorithm_for_config(read_config_dict(draft_path))
+
+
+def load_draft(draft_path: str | Path, target, **options: Any):
+    """The draft model of a folder (any registered algorithm), paired with `target`, in eval mode."""
+    return draft_algorithm(draft_path).load(draft_path, target, **options)
+
+
+def proposer_for(draft, **options: Any) -> Proposer:
+    """A fresh proposer over a loaded draft model (its algorithm read from the draft's own config)."""
+    from engine.algos import algorithm_for_config
+
+    return algorithm_for_config(draft.config).proposer(draft, **options)
 
 
 def load_draft_proposer(draft_path: str | Path, target, **options: Any) -> Proposer:
     """A proposer for any supported draft folder, chosen by its `speculators_model_type`."""
-    kind = read_config_dict(draft_path).get("speculators_model_type")
-    if kind == "eagle3":
-        from engine.algos.eagle3 import load_eagle3
-        from engine.algos.eagle3.proposer import Eagle3Proposer
-
-        return Eagle3Proposer(load_eagle3(draft_path, target), **options)
-    raise WorkbenchError(f"in-process generation does not support '{kind}' drafts yet",
-                         hint="use an eagle3 draft, or serve this draft with vLLM (`python -m engine serve`)")
+    return proposer_for(load_draft(draft_path, target), **options)
 
 
 def make_proposer(method: str, target, *, draft: str | Path | None = None, prompt_lookup_min: int = 2,
@@ -45,7 +76,9 @@ def make_proposer(method: str, target, *, draft: str | Path | None = None, promp
         from engine.generate.ngram import NgramProposer
 
         return NgramProposer(prompt_lookup_min, prompt_lookup_max)
-    if method in ("draft", "eagle3"):
+    from engine.algos import ALGOS
+
+    if method == "draft" or method in ALGOS:
         path = draft or default_draft(target.ref.name)
         if path is None:
             raise WorkbenchError("no draft given and no shipped draft for this target",

@@ -12,7 +12,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
@@ -215,3 +215,36 @@ def markdown_table(result: dict[str, Any]) -> str:
                          f"overhead {100 * (row.get('overhead_fraction') or 0):.1f}% of step time, "
                          f"drafting {100 * (row.get('draft_fraction') or 0):.1f}%")
     return "\n".join(lines)
+
+
+def benchmark(*, target: str | None = None, draft: str | None = None, prompts: str = "sharegpt",
+              num_prompts: int = 20, max_prompt_chars: int = 1500, max_new_tokens: int = 128, k: int = 3,
+              temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int = 0,
+              methods: str | Sequence[str] = ALL_METHODS, assistant: str | None = None,
+              backend: str = "transformers", dtype: str = "bfloat16", threads: int | None = None) -> dict:
+    """`python -m engine bench` as a function: in-process (`transformers`) or real vLLM (`vllm`) on the same prompts."""
+    from engine.generate.sampling import SamplingParams
+    from engine.jobs import reporter
+    from engine.targets import load_target
+
+    if threads:
+        torch.set_num_threads(threads)
+    if isinstance(methods, str):
+        methods = tuple(m.strip() for m in methods.split(",") if m.strip())
+    bad = [m for m in methods if m not in ALL_METHODS]
+    if bad:
+        raise WorkbenchError(f"unknown methods {bad}", hint=f"choose from {list(ALL_METHODS)}")
+    prompt_rows = load_prompts(prompts, num_prompts, seed, max_prompt_chars)
+    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+                            seed=seed)
+    reporter().update(f"benchmarking {len(prompt_rows)} prompts", 0.0)
+    if backend == "vllm":
+        from engine.generate.api import default_draft
+        from engine.serve.bench import run_vllm_bench
+
+        return run_vllm_bench(prompt_rows, target=target, draft=draft or default_draft(target), k=k,
+                              max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
+                              methods=tuple(m for m in methods if m in ("baseline", "draft", "ngram")),
+                              dtype=dtype, tokenize=True)
+    return run_bench(load_target(target), prompt_rows, methods=methods, draft=draft, assistant=assistant, k=k,
+                     params=params)

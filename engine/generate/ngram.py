@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.generate.proposers import PROPOSERS, Proposal, Proposer
+from engine.generate.proposers import Proposal, Proposer
 from engine.generate.sampling import SamplingParams
 
 
@@ -22,7 +22,6 @@ def ngram_lookup(tokens: list[int], k: int, min_n: int, max_n: int) -> list[int]
     return []
 
 
-@PROPOSERS.register("ngram")
 class NgramProposer(Proposer):
     name = "ngram"
 

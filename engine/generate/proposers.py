@@ -1,7 +1,8 @@
 """The proposer interface: anything that drafts up to k tokens per step for the target to verify.
 
-Chain drafters (EAGLE-3) run one draft forward per token; parallel drafters (P-EAGLE, DFlash,
-DSpark) produce the whole block in one forward; n-gram lookup runs no model. All fit `propose(k)`.
+Chain drafters run one draft forward per token; parallel drafters produce the whole block in one
+forward; n-gram lookup runs no model. All fit `propose(k)`. Draft proposers come from their algorithm
+(`engine.algos.ALGOS[...].proposer`).
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from dataclasses import dataclass
 import torch
 
 from engine.generate.sampling import SamplingParams
-from engine.registry import Registry
 
 
 @dataclass
@@ -36,5 +36,3 @@ class Proposer:
         """After verification: accepted draft tokens, the target's next token, and the target aux states
         [len(accepted)+1, A*H] at the positions that were verified and kept (last token + accepted)."""
 
-
-PROPOSERS: Registry[type[Proposer]] = Registry("proposer")

@@ -168,18 +168,18 @@ def _same_target(target: str | os.PathLike, verifier: str) -> bool:
 
 def _auto_target(verifier: str, hub_cache: Path | None) -> tuple[str, dict[str, str]]:
     """Where the verifier's weights come from when the draft folder is the model, and the env that makes it so."""
-    from engine.targets import _BUILTIN_BY_HUB_ID, resolve_target
+    from engine.targets import BUILTIN_BY_HUB_ID, resolve_target
 
-    builtin = _BUILTIN_BY_HUB_ID.get(verifier.lower())
+    builtin = BUILTIN_BY_HUB_ID.get(verifier.lower())
     if builtin is not None:
         folder = Path(resolve_target(builtin.name).path)
         cache = link_into_hub_cache(verifier, folder, hub_cache or default_hub_cache())
         return str(folder), _hf_env(cache)
     if Path(verifier).expanduser().is_dir():
         return str(Path(verifier).expanduser().resolve()), _hf_env(None)
-    from engine.targets import _in_hf_cache
+    from engine.targets import in_hf_cache
 
-    if not _in_hf_cache(verifier) and _offline():
+    if not in_hf_cache(verifier) and _offline():
         raise WorkbenchError(f"the draft's verifier '{verifier}' is not in the local Hugging Face cache and this "
                              "server runs offline", hint="download it first, or serve a local copy with "
                              "--target <folder> --form explicit")

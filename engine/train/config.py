@@ -6,18 +6,25 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, ValidationError, model_validator
 
+from engine.algos import ALGOS, AlgoArgs, default_algo
 from engine.errors import WorkbenchError
 
 
 class TrainConfig(BaseModel):
-    """How to train a draft. Precedence: command-line flag > YAML file > default."""
+    """How to train a draft: fields every algorithm shares, plus `algo_args` typed by the chosen algorithm.
+
+    Precedence: command-line flag > YAML file > default. An algorithm argument may also be given at the top
+    level (a flag, or a flat YAML key as older recipes wrote them): it is moved into `algo_args`.
+    """
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     # what
-    algo: Literal["eagle3"] = Field("eagle3", description="Draft algorithm to train.")
+    algo: str = Field(default_factory=default_algo, description="Draft algorithm to train (a registered algorithm).")
+    algo_args: SerializeAsAny[AlgoArgs] = Field(
+        default_factory=AlgoArgs, description="The algorithm's own arguments (see its section of `--help`).")
     target: str = Field("smollm2-135m-instruct", description="Target (verifier): built-in name, local folder or hub id.")
     data: str | None = Field(None, description="Folder of extracted hidden states (offline training).")
     online_dataset: str | None = Field(
@@ -25,25 +32,8 @@ class TrainConfig(BaseModel):
     online_max_samples: int | None = Field(None, ge=1, description="Rows of the online dataset to use.")
     out: str = Field("runs/train", description="Output folder: checkpoints/, metrics.jsonl, the final draft.")
     init_from: str | None = Field(None, description="Start from an existing draft checkpoint (fine-tuning).")
-
-    # draft architecture
-    num_layers: int = Field(1, ge=1, description="Draft decoder layers.")
-    draft_arch: Literal["llama", "qwen3"] = Field("llama", description="Draft layer type (vLLM: llama or qwen3).")
-    draft_vocab_size: int | None = Field(
-        None, ge=1, description="Draft vocabulary: the most frequent loss-masked target tokens (None = full vocab).")
     aux_layer_ids: list[int] | None = Field(
-        None, description="Target layers fused by fc (default: the data's aux layers, else [2, N//2, N-3]).")
-    norm_before_residual: bool = Field(True, description="First layer takes its residual after hidden_norm.")
-    norm_before_fc: bool = Field(True, description="RMSNorm over the concatenated aux states before fc.")
-    fc_norm: bool = Field(False, description="One RMSNorm per aux state before fc (exclusive with norm_before_fc).")
-    norm_output: bool = Field(True, description="Feed the post-norm hidden to the next step (Eagle 3.1).")
-    train_lm_head: bool = Field(False, description="Train the draft lm_head (speculators 0.9.0 keeps it frozen).")
-    sliding_window: int | None = Field(2048, description="Sliding window of the draft layers (None = full attention).")
-
-    # objective
-    ttt_steps: int = Field(3, ge=1, description="Training-time-test steps (draft tokens unrolled per position).")
-    ttt_step_loss_decay: float = Field(1.0, gt=0, description="Weight of step k is decay**k.")
-    speculative_tokens: int | None = Field(None, ge=1, description="k written into the config (default: ttt_steps).")
+        None, description="Target layers the draft reads (default: the data's layers, else the algorithm's default).")
 
     # optimisation
     lr: float = Field(1e-3, gt=0, description="Peak learning rate (AdamW).")
@@ -70,13 +60,46 @@ class TrainConfig(BaseModel):
     keep_checkpoints: int = Field(2, ge=1, description="Step checkpoints to keep (the final one is always kept).")
     device: str = Field("auto", description="auto, cpu or cuda.")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _typed_algo_args(cls, data: Any) -> Any:
+        """`algo_args` (a dict, or flat top-level keys) -> the chosen algorithm's typed arguments."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        algo = data.get("algo") or default_algo()
+        if algo not in ALGOS:
+            raise ValueError(f"unknown algorithm '{algo}': choose one of {ALGOS.names()}")
+        args_class = ALGOS.get(algo).args_class
+        nested = data.get("algo_args") or {}
+        if isinstance(nested, BaseModel):
+            nested = nested.model_dump()
+        if not isinstance(nested, dict):
+            raise ValueError(f"algo_args must be a mapping of {algo} arguments, got {type(nested).__name__}")
+        flat = {k: data.pop(k) for k in list(data) if k not in cls.model_fields and k in args_class.model_fields}
+        foreign = sorted(k for k in data if k not in cls.model_fields)
+        for key in foreign:
+            owners = [n for n in ALGOS.names() if key in ALGOS.get(n).args_class.model_fields]
+            if owners:
+                raise ValueError(f"'{key}' is an argument of {', '.join(owners)}, not of {algo}: drop it or choose "
+                                 f"--algo {owners[0]}")
+        try:
+            data["algo_args"] = args_class.model_validate({**nested, **flat})
+        except ValidationError as exc:
+            problems = "; ".join(f"{'.'.join(str(x) for x in e['loc']) or algo}: {e['msg']}" for e in exc.errors())
+            raise ValueError(f"{algo} arguments: {problems}") from None
+        return data
+
     @model_validator(mode="after")
     def _check(self):
         if self.data is None and self.online_dataset is None:
             raise ValueError("give `data` (extracted hidden states) or `online_dataset` (train online)")
-        if self.norm_before_fc and self.fc_norm:
-            raise ValueError("norm_before_fc and fc_norm are mutually exclusive")
         return self
+
+    @property
+    def algorithm(self):
+        """The registered DraftAlgorithm of `algo`."""
+        return ALGOS.get(self.algo)
 
     @classmethod
     def from_yaml(cls, path: str | Path, **overrides: Any) -> "TrainConfig":

@@ -20,14 +20,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from engine.algos.eagle3 import build_eagle3, load_eagle3, save_eagle3
-from engine.algos.eagle3.train import draft_step, summarize
 from engine.errors import WorkbenchError
 from engine.fsutil import atomic_directory, atomic_save_safetensors, atomic_write_json, atomic_write_text, read_json
 from engine.jobs import DirLock, reporter
 from engine.targets import load_verifier_parts, pick_device
 from engine.train.config import TrainConfig
-from engine.train.data import collate, layout_for, plan_batches, split_indices
+from engine.train.data import layout_for, plan_packed_batches, split_indices
 
 log = logging.getLogger(__name__)
 
@@ -165,16 +163,16 @@ class Trainer:
         self.out = Path(cfg.out)
         self.autocast = (cfg.precision == "bf16") or (cfg.precision == "auto" and self.device.startswith("cuda"))
         torch.manual_seed(cfg.seed)
+        self.algo = cfg.algorithm
         self.verifier = load_verifier_parts(cfg.target)
         self.data = self._open_data()
-        self.layout = layout_for(self.data.layer_ids, self.data.num_layers, cfg.aux_layer_ids)
+        self.layout = layout_for(self.data.layer_ids, self.data.num_layers, cfg.aux_layer_ids,
+                                 needs_last=self.algo.needs_last_layer)
         aux_ids = [self.data.layer_ids[c] for c in self.layout.aux_columns]
-        self.draft = self._build_draft(aux_ids).to(self.device)
-        self.norm = self.verifier.final_norm_fn()
-        head = self.verifier.head_weight
-        if self.draft.t2d is not None:
-            head = head[self.draft.t2d.cpu()]
-        self.head_rows = head.to(self.device)  # [Vd, H]
+        self.draft = self.algo.build(self.verifier, cfg.algo_args, aux_layer_ids=aux_ids,
+                                     token_counts=self.data.token_counts() if not cfg.init_from else None,
+                                     seed=cfg.seed, init_from=cfg.init_from).to(self.device)
+        self.objective = self.algo.objective(self.draft, self.verifier, cfg.algo_args, self.device)
         self.train_idx, self.val_idx = split_indices(len(self.data), cfg.val_fraction, cfg.seed)
         if not self.train_idx:
             raise WorkbenchError("no training samples", hint="extract more samples or lower val_fraction")
@@ -194,25 +192,11 @@ class Trainer:
         if self.cfg.data:
             return OfflineData(self.cfg.data)
         n = self.verifier.num_layers
-        aux = self.cfg.aux_layer_ids or self.verifier.default_aux_layer_ids()
-        return OnlineData(self.cfg, sorted(set(aux) | {n}), self.device)
-
-    def _build_draft(self, aux_ids):
-        cfg = self.cfg
-        if cfg.init_from:
-            draft = load_eagle3(cfg.init_from, self.verifier)
-        else:
-            draft = build_eagle3(
-                self.verifier, aux_layer_ids=aux_ids, draft_vocab_size=cfg.draft_vocab_size,
-                token_counts=self.data.token_counts(), num_layers=cfg.num_layers, draft_arch=cfg.draft_arch,
-                speculative_tokens=cfg.speculative_tokens or cfg.ttt_steps,
-                norm_before_residual=cfg.norm_before_residual, norm_before_fc=cfg.norm_before_fc,
-                fc_norm=cfg.fc_norm, norm_output=cfg.norm_output, sliding_window=cfg.sliding_window, seed=cfg.seed)
-        draft.lm_head.weight.requires_grad_(cfg.train_lm_head)
-        return draft
+        aux = self.cfg.aux_layer_ids or self.algo.default_layer_ids(n)
+        return OnlineData(self.cfg, sorted(set(aux) | ({n} if self.algo.needs_last_layer else set())), self.device)
 
     def batches_for_epoch(self, epoch: int) -> list[list[int]]:
-        plan = plan_batches(self.train_idx, self.data.lengths, self.cfg.tokens_per_batch, self.cfg.seed, epoch)
+        plan = plan_packed_batches(self.train_idx, self.data.lengths, self.cfg.tokens_per_batch, self.cfg.seed, epoch)
         per_rank = len(plan) // self.d.world
         plan = plan[: per_rank * self.d.world]
         return plan[self.d.rank::self.d.world]
@@ -232,7 +216,7 @@ class Trainer:
         name = f"step_{self.step:07d}"
         path = self.checkpoint_dir() / name
         with atomic_directory(path) as tmp:
-            save_eagle3(self.draft, tmp / "draft", dtype=torch.float32)
+            self.algo.save(self.draft, tmp / "draft", dtype=torch.float32)
             for f in (tmp / "draft").iterdir():
                 f.rename(tmp / f.name)
             (tmp / "draft").rmdir()
@@ -267,7 +251,7 @@ class Trainer:
         if state.get("world", 1) != self.d.world:
             raise WorkbenchError(f"checkpoint {path} was written by {state['world']} processes, not {self.d.world}",
                                  hint="resume with the same number of processes, or start a new output folder")
-        loaded = load_eagle3(path, self.verifier)
+        loaded = self.algo.load(path, self.verifier)
         self.draft.load_state_dict(loaded.state_dict(), strict=False)
         load_optimizer(self.opt, path / "trainer_state")
         self.step, self.epoch, self.cursor = state["step"], state["epoch"], state["cursor"]
@@ -277,18 +261,17 @@ class Trainer:
     # -- loop --------------------------------------------------------------------------------
     def _batch(self, indices: list[int]) -> dict[str, torch.Tensor]:
         samples = self.data.get_many(indices) if hasattr(self.data, "get_many") else [self.data[i] for i in indices]
-        batch = collate(samples, self.layout, self.cfg.tokens_per_batch)
+        batch = self.algo.collate(samples, self.layout, self.cfg.tokens_per_batch, self.cfg.algo_args)
         return {k: v.to(self.device) for k, v in batch.items()}
 
     def _forward(self, batch):
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.autocast and self.device.startswith("cuda")):
-            return draft_step(self.model, batch, self.norm, self.head_rows, self.cfg.ttt_steps,
-                              self.cfg.ttt_step_loss_decay)
+            return self.objective(self.model, batch)
 
     def _micro_step(self, batch) -> dict[str, float]:
         loss, stats = self._forward(batch)
         (loss / self.cfg.grad_accum).backward()
-        stats["tokens"] = float(batch["input_ids"].numel())
+        stats["tokens"] = float(batch["loss_mask"].numel())
         stats["loss_tokens"] = float(batch["loss_mask"].sum())
         stats["loss_sum"] = float(loss.detach())
         stats["loss_count"] = 1.0
@@ -299,7 +282,7 @@ class Trainer:
         if not self.val_idx:
             return {}
         self.draft.eval()
-        plan = plan_batches(self.val_idx, self.data.lengths, self.cfg.tokens_per_batch, self.cfg.seed, 0,
+        plan = plan_packed_batches(self.val_idx, self.data.lengths, self.cfg.tokens_per_batch, self.cfg.seed, 0,
                             shuffle=False)[: self.cfg.val_max_batches]
         totals: dict[str, float] = {}
         for indices in plan[self.d.rank::self.d.world]:
@@ -309,7 +292,7 @@ class Trainer:
                 totals[k] = totals.get(k, 0.0) + v
         totals = all_reduce_sum(totals, self.d)
         self.draft.train()
-        out = summarize(totals, self.cfg.ttt_steps)
+        out = self.objective.summarize(totals)
         out["loss"] = totals.get("loss_sum", 0.0) / max(1.0, totals.get("loss_count", 0.0))
         return out
 
@@ -372,8 +355,8 @@ class Trainer:
                     window = all_reduce_sum(window, self.d)
                     row = self._train_row(window, lr, time.perf_counter() - t_window)
                     self._log(row)
-                    bar.set_postfix(loss=f"{row['loss']:.3f}", acc0=f"{row['full_acc_0']:.2f}",
-                                    tau=f"{row['est_acceptance_length']:.2f}", tok_s=f"{row['tokens_per_s']:.0f}")
+                    bar.set_postfix(loss=f"{row['loss']:.3f}", tau=f"{row.get('est_acceptance_length', 0):.2f}",
+                                    tok_s=f"{row['tokens_per_s']:.0f}")
                     rep.update(f"step {self.step}/{self.total_steps} loss {row['loss']:.3f}",
                                self.step / self.total_steps, step=self.step)
                     window, t_window = {}, time.perf_counter()
@@ -393,7 +376,7 @@ class Trainer:
         self.save("final")
         final = self.out / "draft"
         if self.d.main:
-            save_eagle3(self.draft, final, dtype=torch.bfloat16)
+            self.algo.save(self.draft, final, dtype=torch.bfloat16)
         if self.d.world > 1:
             self._check_ranks_agree()
             dist.barrier()
@@ -418,7 +401,7 @@ class Trainer:
             raise RuntimeError("DDP ranks ended with different weights")
 
     def _train_row(self, window: dict[str, float], lr: float, seconds: float) -> dict[str, Any]:
-        ratios = summarize(window, self.cfg.ttt_steps)
+        ratios = self.objective.summarize(window)
         return {"split": "train", "step": self.step, "epoch": self.epoch, "lr": lr,
                 "loss": window.get("loss_sum", 0.0) / max(1.0, window.get("loss_count", 0.0)),
                 "tokens": window.get("tokens", 0.0), "loss_tokens": window.get("loss_tokens", 0.0),

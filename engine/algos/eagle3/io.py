@@ -8,8 +8,9 @@ from typing import Any
 
 import torch
 
+from engine.algos.common.layers import init_draft_weights, module_to_dtype_except
+from engine.algos.common.vocab import select_draft_vocab, selected_from_d2t, vocab_maps
 from engine.algos.eagle3.model import Eagle3Draft
-from engine.algos.eagle3.vocab import select_draft_vocab, vocab_maps
 from engine.errors import WorkbenchError
 from engine.format.checkpoint import load_state_dict, read_config_dict, save_checkpoint
 from engine.format.config import Eagle3Config, build_draft_config, build_layer_config, parse_draft_config
@@ -39,7 +40,7 @@ def build_eagle3(
     """
     vocab = target.vocab_size
     draft_vocab_size = draft_vocab_size or vocab
-    aux = sorted(aux_layer_ids or target.default_aux_layer_ids())
+    aux = sorted(aux_layer_ids or Eagle3Config.default_aux_layer_ids(target.num_layers))
     layer_config = build_layer_config(target.text_config, model_type=draft_arch, num_layers=num_layers,
                                       sliding_window=sliding_window)
     if draft_arch == "llama" and len(aux) != 3:
@@ -53,7 +54,7 @@ def build_eagle3(
     cfg.speculators_config.verifier.architectures = list(getattr(target.config, "architectures", None) or [])
     torch.manual_seed(seed)
     draft = Eagle3Draft(cfg, embed_tokens=target.embed_tokens())
-    _init_weights(draft, std=float(target.text_config.to_dict().get("initializer_range", 0.02)))
+    init_draft_weights(draft, std=float(target.text_config.to_dict().get("initializer_range", 0.02)))
     head = target.lm_head().weight.detach()  # [V, H] (tied to the embedding for SmolLM2)
     if draft_vocab_size != vocab:
         if token_counts is None:
@@ -67,19 +68,6 @@ def build_eagle3(
     with torch.no_grad():
         draft.lm_head.weight.copy_(head)
     return draft
-
-
-def _init_weights(draft: Eagle3Draft, std: float) -> None:
-    with torch.no_grad():
-        for name, p in draft.named_parameters():
-            if name.startswith("embed_tokens"):
-                continue
-            if p.dim() >= 2:
-                p.normal_(0.0, std)
-            elif name.endswith("bias"):
-                p.zero_()
-            else:
-                p.fill_(1.0)  # norms
 
 
 def load_eagle3(path: str | os.PathLike, target=None, *, allow_pickle: bool = False,
@@ -109,22 +97,14 @@ def load_eagle3(path: str | os.PathLike, target=None, *, allow_pickle: bool = Fa
         raise WorkbenchError(f"checkpoint tensors do not match the config: missing {missing[:5]}, unexpected "
                              f"{extra[:5]}", where=str(folder), hint=f"run `python -m engine validate {folder}`")
     if draft.t2d is not None and "t2d" not in state:
-        from engine.algos.eagle3.vocab import selected_from_d2t
-
         state["t2d"] = vocab_maps(selected_from_d2t(state["d2t"]), cfg.vocab_size)[1]
     own = {k: v for k, v in state.items() if k in expected or k == "t2d"}
     result = draft.load_state_dict(own, strict=False)
     bad = [k for k in result.missing_keys if not k.startswith(("rotary_emb.", "embed_tokens."))]
     if bad:
         raise WorkbenchError(f"tensors not loaded: {bad[:5]}", where=str(folder))
-    draft.to(dtype=dtype) if embed is None else _to_dtype_except_embed(draft, dtype)
+    draft.to(dtype=dtype) if embed is None else module_to_dtype_except(draft, dtype)
     return draft.eval()
-
-
-def _to_dtype_except_embed(draft: Eagle3Draft, dtype: torch.dtype) -> None:
-    for name, module in draft.named_children():
-        if name != "embed_tokens":
-            module.to(dtype=dtype)
 
 
 def save_eagle3(draft: Eagle3Draft, path: str | os.PathLike, *, dtype: torch.dtype | None = torch.bfloat16,

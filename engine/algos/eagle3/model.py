@@ -11,135 +11,36 @@ V target vocab, nh/nkv heads, hd head dim.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.algos.common.layers import (Attend, DecoderLayer, DraftCache, LayerDims, RMSNorm, cached_attend,
+                                        causal_mask, document_spans, layer_windows, repeat_kv, rotary_embedding)
 from engine.format.config import Eagle3Config
 
-Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
-
-
-def _hf_layer_config(cfg: Eagle3Config):
-    from transformers import AutoConfig
-
-    tlc = dict(cfg.transformer_layer_config)
-    return AutoConfig.for_model(tlc.pop("model_type", "llama"), **tlc)
-
-
-class RMSNorm(nn.Module):
-    """RMSNorm computed in fp32, as Llama/Qwen3 do."""
-
-    def __init__(self, dim: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
-class Attention(nn.Module):
-    """q/k/v/o projections (+ Qwen3 q/k norms) and RoPE; the attention itself is supplied by the caller."""
-
-    def __init__(self, hidden: int, in_dim: int, nh: int, nkv: int, hd: int, eps: float, *, qk_norm: bool, bias: bool):
-        super().__init__()
-        self.nh, self.nkv, self.hd = nh, nkv, hd
-        self.q_proj = nn.Linear(in_dim, nh * hd, bias=bias)
-        self.k_proj = nn.Linear(in_dim, nkv * hd, bias=bias)
-        self.v_proj = nn.Linear(in_dim, nkv * hd, bias=bias)
-        self.o_proj = nn.Linear(nh * hd, hidden, bias=bias)
-        if qk_norm:
-            self.q_norm = RMSNorm(hd, eps)
-            self.k_norm = RMSNorm(hd, eps)
-        else:
-            self.q_norm = self.k_norm = None
-
-    def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-        """x [B,T,in] -> q [B,nh,T,hd], k/v [B,nkv,T,hd] with RoPE applied."""
-        b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.nh, self.hd)
-        k = self.k_proj(x).view(b, t, self.nkv, self.hd)
-        v = self.v_proj(x).view(b, t, self.nkv, self.hd).transpose(1, 2)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = q.transpose(1, 2), k.transpose(1, 2)
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [B,1,T,hd]
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
-        return q, k, v
-
-    def out(self, o: torch.Tensor) -> torch.Tensor:
-        """o [B,nh,T,hd] -> [B,T,H]."""
-        b, _, t, _ = o.shape
-        return self.o_proj(o.transpose(1, 2).reshape(b, t, self.nh * self.hd))
-
-
-class MLP(nn.Module):
-    def __init__(self, hidden: int, inter: int, bias: bool = False):
-        super().__init__()
-        self.gate_proj = nn.Linear(hidden, inter, bias=bias)
-        self.up_proj = nn.Linear(hidden, inter, bias=bias)
-        self.down_proj = nn.Linear(inter, hidden, bias=bias)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
-class DecoderLayer(nn.Module):
+class Eagle3Layer(DecoderLayer):
     """A Llama/Qwen3 decoder layer; the first EAGLE-3 layer takes [embedding; hidden] (2H) instead of H."""
 
     def __init__(self, cfg: Eagle3Config, index: int):
-        super().__init__()
-        tlc = cfg.transformer_layer_config
-        h = int(tlc["hidden_size"])
-        nh = int(tlc["num_attention_heads"])
-        nkv = int(tlc.get("num_key_value_heads") or nh)
-        hd = int(tlc.get("head_dim") or h // nh)
-        eps = float(tlc.get("rms_norm_eps", 1e-6))
-        self.index = index
+        dims = LayerDims.from_config(cfg.transformer_layer_config)
+        super().__init__(dims, index, attn_in_dim=2 * dims.hidden if index == 0 else None)
         self.first = index == 0
         self.norm_before_residual = cfg.norm_before_residual
-        self.hidden = h
-        self.self_attn = Attention(h, 2 * h if self.first else h, nh, nkv, hd, eps,
-                                   qk_norm=tlc.get("model_type") == "qwen3", bias=bool(tlc.get("attention_bias")))
-        self.mlp = MLP(h, int(tlc["intermediate_size"]), bias=bool(tlc.get("mlp_bias")))
-        self.input_layernorm = RMSNorm(h, eps)
-        self.post_attention_layernorm = RMSNorm(h, eps)
         if self.first:
-            self.hidden_norm = RMSNorm(h, eps)
+            self.hidden_norm = RMSNorm(dims.hidden, dims.eps)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend) -> torch.Tensor:
-        if self.first:
-            # x = [embedding; hidden] [B,T,2H]: the residual stream is the hidden half.
-            embeds, hidden = x.split(self.hidden, dim=-1)
+    def attention_input(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.first:
+            return super().attention_input(x)
+        # x = [embedding; hidden] [B,T,2H]: the residual stream is the hidden half.
+        embeds, hidden = x.split(self.hidden, dim=-1)
+        residual = hidden
+        hidden = self.hidden_norm(hidden)
+        if self.norm_before_residual:
             residual = hidden
-            hidden = self.hidden_norm(hidden)
-            if self.norm_before_residual:
-                residual = hidden
-            attn_in = torch.cat([self.input_layernorm(embeds), hidden], dim=-1)
-        else:
-            residual = x
-            attn_in = self.input_layernorm(x)
-        q, k, v = self.self_attn.qkv(attn_in, cos, sin)
-        x = residual + self.self_attn.out(attend(self.index, q, k, v))
-        return x + self.mlp(self.post_attention_layernorm(x))
-
-
-def repeat_kv(x: torch.Tensor, n: int) -> torch.Tensor:
-    """[B,nkv,T,hd] -> [B,nkv*n,T,hd] (grouped-query attention)."""
-    return x if n == 1 else x.repeat_interleave(n, dim=1)
+        return residual, torch.cat([self.input_layernorm(embeds), hidden], dim=-1)
 
 
 def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
@@ -164,56 +65,6 @@ def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
     return out
 
 
-def _document_spans(document_ids: torch.Tensor) -> list[tuple[int, int]]:
-    """[start, end) of each run of equal document id in a packed row [1, T] (one span per row if B > 1)."""
-    if document_ids.shape[0] != 1:
-        raise ValueError("training batches are packed into one row (B = 1)")
-    d = document_ids[0]
-    cuts = ((d[1:] != d[:-1]).nonzero().flatten() + 1).tolist()
-    bounds = [0, *cuts, d.numel()]
-    return list(zip(bounds[:-1], bounds[1:]))
-
-
-def _causal_mask(n: int, window: int | None, *, padding: bool, device) -> torch.Tensor:
-    """[1,1,n,n] boolean: causal (within a sliding window when given); padding queries see only themselves."""
-    idx = torch.arange(n, device=device)
-    if padding:
-        return torch.eye(n, dtype=torch.bool, device=device)[None, None]
-    m = idx[None, :] <= idx[:, None]
-    if window:
-        m = m & (idx[None, :] > idx[:, None] - window)
-    return m[None, None]
-
-
-@dataclass
-class DraftCache:
-    """Per-layer K/V of the draft ([B,nkv,S,hd]); `crop` rolls back rejected positions."""
-
-    keys: list[torch.Tensor | None] = field(default_factory=list)
-    values: list[torch.Tensor | None] = field(default_factory=list)
-
-    @property
-    def length(self) -> int:
-        return 0 if not self.keys or self.keys[0] is None else self.keys[0].shape[2]
-
-    def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        while len(self.keys) <= layer:
-            self.keys.append(None)
-            self.values.append(None)
-        if self.keys[layer] is None:
-            self.keys[layer], self.values[layer] = k, v
-        else:
-            self.keys[layer] = torch.cat([self.keys[layer], k], dim=2)
-            self.values[layer] = torch.cat([self.values[layer], v], dim=2)
-        return self.keys[layer], self.values[layer]
-
-    def crop(self, length: int) -> None:
-        for i, k in enumerate(self.keys):
-            if k is not None:
-                self.keys[i] = k[:, :, :length]
-                self.values[i] = self.values[i][:, :, :length]
-
-
 class Eagle3Draft(nn.Module):
     """EAGLE-3 draft. `embed_tokens` is the verifier's (frozen, shared, not saved unless asked)."""
 
@@ -230,7 +81,7 @@ class Eagle3Draft(nn.Module):
         self.fc = nn.Linear(self.num_aux * ht, h, bias=False)
         self.input_norm = RMSNorm(self.num_aux * ht, eps) if cfg.norm_before_fc else None
         self.fc_norm = nn.ModuleList([RMSNorm(ht, eps) for _ in range(self.num_aux)]) if cfg.fc_norm else None
-        self.layers = nn.ModuleList([DecoderLayer(cfg, i) for i in range(cfg.num_layers)])
+        self.layers = nn.ModuleList([Eagle3Layer(cfg, i) for i in range(cfg.num_layers)])
         self.norm = RMSNorm(h, eps)
         self.lm_head = nn.Linear(h, cfg.draft_vocab_size, bias=False)
         vocab = cfg.vocab_size
@@ -241,13 +92,8 @@ class Eagle3Draft(nn.Module):
             self.d2t = self.t2d = None
         self.embed_tokens = embed_tokens if embed_tokens is not None else nn.Embedding(vocab, h)
         self.embed_tokens.weight.requires_grad_(cfg.embed_requires_grad)
-        from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
-
-        self.rotary_emb = LlamaRotaryEmbedding(_hf_layer_config(cfg))
-        types = tlc.get("layer_types") or []
-        window = tlc.get("sliding_window")
-        self.windows = [window if i < len(types) and types[i] == "sliding_attention" else None
-                        for i in range(cfg.num_layers)]
+        self.rotary_emb = rotary_embedding(tlc)
+        self.windows = layer_windows(tlc, cfg.num_layers)
         nh = int(tlc["num_attention_heads"])
         self.kv_groups = nh // int(tlc.get("num_key_value_heads") or nh)
 
@@ -285,20 +131,7 @@ class Eagle3Draft(nn.Module):
 
         With `last_only` the head runs on the last position only (T -> 1 in both outputs); the cache still
         gets every position."""
-        past = cache.length
-        t = input_ids.shape[1]
-        q_pos = past + torch.arange(t, device=input_ids.device)
-        k_pos = torch.arange(past + t, device=input_ids.device)
-        causal = k_pos[None, :] <= q_pos[:, None]  # [T,S]
-
-        def attend(i, q, k, v):
-            k_all, v_all = cache.append(i, k, v)
-            mask = causal
-            if self.windows[i]:
-                mask = mask & (k_pos[None, :] > q_pos[:, None] - self.windows[i])
-            return F.scaled_dot_product_attention(q, repeat_kv(k_all, self.kv_groups), repeat_kv(v_all, self.kv_groups),
-                                                  attn_mask=mask[None, None])
-
+        attend = cached_attend(cache, self.windows, self.kv_groups, input_ids.shape[1], input_ids.device)
         x = self._layers(input_ids, hidden, position_ids, attend)
         return self.head(x[:, -1:] if last_only else x)
 
@@ -313,8 +146,8 @@ class Eagle3Draft(nn.Module):
         Returns logits [B,T,Vd] per step; step k's logits at t predict the token at t+k+1 (aligned later).
         """
         b, t = input_ids.shape
-        spans = _document_spans(document_ids)  # packed rows: attention never crosses documents
-        masks = {w: [_causal_mask(e - s, w, padding=bool(document_ids[0, s] < 0), device=input_ids.device)
+        spans = document_spans(document_ids)  # packed rows: attention never crosses documents
+        masks = {w: [causal_mask(e - s, w, padding=bool(document_ids[0, s] < 0), device=input_ids.device)
                      for s, e in spans] for w in set(self.windows)}
         ctx: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         diag: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {i: [] for i in range(len(self.layers))}

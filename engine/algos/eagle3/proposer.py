@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import torch
 
-from engine.algos.eagle3.model import DraftCache, Eagle3Draft
-from engine.generate.proposers import PROPOSERS, Proposal, Proposer
+from engine.algos.common.layers import DraftCache
+from engine.algos.eagle3.model import Eagle3Draft
+from engine.generate.proposers import Proposal, Proposer
 from engine.generate.sampling import SamplingParams, logits_to_probs
 
 
-@PROPOSERS.register("eagle3")
 class Eagle3Proposer(Proposer):
     """Pairs the target feature g_t with the next token x_{t+1} at draft position t+1 (speculators' alignment).
 

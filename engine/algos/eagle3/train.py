@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.algos.eagle3.model import Eagle3Draft
+from engine.train.data import Layout
 
 
 def target_logits(verifier_last: torch.Tensor, norm, head_rows: torch.Tensor) -> torch.Tensor:
@@ -74,11 +75,61 @@ def summarize(stats: dict[str, float], steps: int) -> dict[str, float]:
     return out
 
 
-def draft_step(draft: Eagle3Draft | torch.nn.Module, batch: dict[str, torch.Tensor], norm, head_rows: torch.Tensor, steps: int,
-               decay: float) -> tuple[torch.Tensor, dict[str, float]]:
-    """One forward + loss on a packed batch (see engine.train.data.collate for the keys).
+class Eagle3Objective:
+    """Forward KL to the target per TTT step, bound to a draft (its t2d picks the target rows) and its verifier."""
+
+    def __init__(self, draft: Eagle3Draft, verifier, *, steps: int, decay: float, device: str):
+        self.steps, self.decay = steps, decay
+        self.norm = verifier.final_norm_fn()
+        head = verifier.head_weight
+        if draft.t2d is not None:
+            head = head[draft.t2d.cpu()]
+        self.head_rows = head.to(device)  # [Vd, H]
+
+    def __call__(self, model, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
+        return draft_step(model, batch, self.norm, self.head_rows, self.steps, self.decay)
+
+    def summarize(self, stats: dict[str, float]) -> dict[str, float]:
+        return summarize(stats, self.steps)
+
+
+def draft_step(draft: Eagle3Draft | torch.nn.Module, batch: dict[str, torch.Tensor], norm, head_rows: torch.Tensor,
+               steps: int, decay: float) -> tuple[torch.Tensor, dict[str, float]]:
+    """One forward + loss on a packed batch (see `collate` for the keys).
 
     `draft` may be wrapped (DDP): it is called, so its forward (= ttt_forward) runs with gradient sync."""
     logits = draft(batch["aux"], batch["input_ids"], batch["position_ids"], batch["document_ids"], steps)
     targets = target_logits(batch["verifier_last"], norm, head_rows)
     return eagle3_loss(logits, targets, batch["loss_mask"], batch["document_ids"], decay)
+
+
+def collate(samples: list[dict[str, torch.Tensor]], layout: Layout, max_tokens: int,
+            dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+    """EAGLE-3's shift (x_{t+1}, g_t, y_{t+1}, l_{t+1}) per sample, concatenated into one row [1, T].
+
+    Keys: aux [1,T,A*H], verifier_last [1,T,H], input_ids, loss_mask, position_ids (1-based within a
+    document), document_ids."""
+    parts: dict[str, list[torch.Tensor]] = {k: [] for k in ("aux", "last", "ids", "mask", "pos", "doc")}
+    room = max_tokens
+    for doc, s in enumerate(samples):
+        t = min(int(s["token_ids"].shape[0]), room + 1)
+        if t < 2:
+            continue
+        hs = s["hidden_states"][:t]                                        # [t, L, H]
+        parts["aux"].append(hs[:-1, layout.aux_columns].flatten(1))        # g_0..g_{t-2}
+        parts["last"].append(hs[1:, layout.last_column])                   # y_1..y_{t-1}
+        parts["ids"].append(s["token_ids"][1:t].long())                    # x_1..x_{t-1}
+        parts["mask"].append(s["loss_mask"][1:t].bool())                   # l_1..l_{t-1}
+        parts["pos"].append(torch.arange(1, t))
+        parts["doc"].append(torch.full((t - 1,), doc))
+        room -= t - 1
+        if room <= 0:
+            break
+    return {
+        "aux": torch.cat(parts["aux"]).unsqueeze(0).to(dtype),
+        "verifier_last": torch.cat(parts["last"]).unsqueeze(0).to(dtype),
+        "input_ids": torch.cat(parts["ids"]).unsqueeze(0),
+        "loss_mask": torch.cat(parts["mask"]).unsqueeze(0),
+        "position_ids": torch.cat(parts["pos"]).unsqueeze(0),
+        "document_ids": torch.cat(parts["doc"]).unsqueeze(0),
+    }

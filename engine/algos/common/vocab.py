@@ -1,4 +1,4 @@
-"""Draft vocabulary selection: the most frequent loss-masked target tokens, with speculators' d2t/t2d maps."""
+"""Draft vocabulary selection (the most frequent loss-masked target tokens) with speculators' d2t/t2d maps."""
 
 from __future__ import annotations
 

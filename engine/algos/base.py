@@ -1,0 +1,172 @@
+"""The draft-algorithm interface that training, generation, the CLI, the app and the data defaults all consult.
+
+An algorithm is one folder `engine/algos/<name>/` whose `__init__.py` registers a `DraftAlgorithm` in
+`ALGOS` and imports nothing heavy: listing algorithms and their typed training arguments (the CLI's
+`--help`, the Train page's form) must not import torch. Everything that needs torch (build, load, save,
+collate, the loss, the proposer) is imported inside the methods.
+
+Third-party algorithms can be registered without editing the tree: `WORKBENCH_ALGO_PLUGINS` holds
+comma-separated module names or package folders that are imported after the built-in ones.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, Sequence
+
+from pydantic import BaseModel, ConfigDict
+
+from engine.errors import WorkbenchError
+from engine.format.config import DraftConfig
+from engine.registry import Registry
+
+if TYPE_CHECKING:  # torch-side types, for annotations only
+    import torch
+    from torch import nn
+
+    from engine.generate.proposers import Proposer
+    from engine.train.data import Layout
+
+
+class AlgoArgs(BaseModel):
+    """Base of every algorithm's typed training arguments. Field descriptions become CLI and form help.
+
+    `groups` names the form sections (title -> field names); fields it does not name go into one section
+    titled after the algorithm."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    groups: ClassVar[dict[str, list[str]]] = {}
+
+
+class Objective(Protocol):
+    """The training loss of one algorithm, bound to a draft and its verifier."""
+
+    def __call__(self, model: "nn.Module", batch: dict[str, "torch.Tensor"]) -> tuple["torch.Tensor", dict[str, float]]:
+        """(loss, metric sums) for one collated batch; sums are `*_sum`/`*_total` pairs (all-reduced across ranks).
+
+        `model` may be wrapped (DDP), so it is called rather than its methods."""
+
+    def summarize(self, stats: dict[str, float]) -> dict[str, float]:
+        """Ratios from summed stats; includes `est_acceptance_length` (1 + expected accepted drafts per step)."""
+
+
+class DraftAlgorithm:
+    """What one draft algorithm supplies. Subclass, fill the class attributes, decorate with `@register_algorithm`."""
+
+    name: ClassVar[str] = ""          # registry key; also the `speculators_model_type` it writes
+    title: ClassVar[str] = ""         # human name shown in the app and in model cards
+    summary: ClassVar[str] = ""       # one sentence: how it drafts
+    config_class: ClassVar[type[DraftConfig]] = DraftConfig  # the file-format contract (engine/format)
+    args_class: ClassVar[type[AlgoArgs]] = AlgoArgs            # its own typed training arguments
+    needs_last_layer: ClassVar[bool] = True  # training data must hold the target's last layer (id N)
+
+    # -- without torch ----------------------------------------------------------------------------
+    def default_layer_ids(self, num_layers: int) -> list[int]:
+        """Target layer ids (vLLM semantics) the draft reads by default for an N-layer target (the data adds N)."""
+        return self.config_class.default_aux_layer_ids(num_layers)
+
+    def max_k(self, config: DraftConfig) -> int | None:
+        """The most tokens one draft step can propose for this config (None: no structural limit)."""
+        return config.max_speculative_tokens()
+
+    def speculative_tokens(self, args: AlgoArgs) -> int:
+        """The k a freshly trained draft records in its config."""
+        raise NotImplementedError
+
+    def describe(self, args: AlgoArgs) -> str:
+        """One line on what these arguments train (model cards, job names)."""
+        return self.title
+
+    # -- torch side -----------------------------------------------------------------------------
+    def build(self, target, args: AlgoArgs, *, aux_layer_ids: Sequence[int], token_counts: "torch.Tensor | None",
+              seed: int, init_from: str | None = None) -> "nn.Module":
+        """A new draft for `target` (or the checkpoint `init_from`), ready to train; `.config` is its DraftConfig."""
+        raise NotImplementedError
+
+    def load(self, path: str | os.PathLike, target=None, *, allow_pickle: bool = False,
+             dtype: "torch.dtype | None" = None) -> "nn.Module":
+        """A draft folder in the speculators layout, in eval mode (fp32 unless `dtype`)."""
+        raise NotImplementedError
+
+    def save(self, draft: "nn.Module", path: str | os.PathLike, *, dtype: "torch.dtype | None" = None,
+             config_updates: dict[str, Any] | None = None) -> Path:
+        """config.json + model.safetensors exactly as vLLM loads them (atomic); bf16 unless `dtype`."""
+        raise NotImplementedError
+
+    def collate(self, samples: list[dict[str, "torch.Tensor"]], layout: "Layout", max_tokens: int,
+                args: AlgoArgs) -> dict[str, "torch.Tensor"]:
+        """Samples (`hidden_states` [T,L,H], `token_ids` [T], `loss_mask` [T]) -> one training batch.
+
+        The algorithm's own input/label shift and any sampling of positions happen here. The batch holds
+        tensors only (the trainer moves them to the device) and a `loss_mask` [1, T] whose size and sum the
+        trainer logs as tokens and loss tokens."""
+        raise NotImplementedError
+
+    def objective(self, draft: "nn.Module", verifier, args: AlgoArgs, device: str) -> Objective:
+        raise NotImplementedError
+
+    def proposer(self, draft: "nn.Module", **options: Any) -> "Proposer":
+        """A fresh proposer (its own caches) over loaded weights, for the decode engine."""
+        raise NotImplementedError
+
+
+ALGOS: Registry[DraftAlgorithm] = Registry("algorithm")
+
+
+def register_algorithm(cls: type[DraftAlgorithm]) -> type[DraftAlgorithm]:
+    """Class decorator: register one instance of `cls` under `cls.name`."""
+    if not cls.name:
+        raise ValueError(f"{cls.__name__} has no name")
+    ALGOS.register(cls.name)(cls())
+    return cls
+
+
+def default_algo() -> str:
+    """The algorithm used when none is named: the first one registered."""
+    names = ALGOS.names()
+    if not names:
+        raise WorkbenchError("no draft algorithm is registered", hint="check engine/algos/__init__.py")
+    return names[0]
+
+
+def algorithm_for_config(config: dict[str, Any] | DraftConfig) -> DraftAlgorithm:
+    """The registered algorithm of a draft config (dict or typed), or a clear error for types we only validate."""
+    kind = config.get("speculators_model_type") if isinstance(config, dict) else config.speculators_model_type
+    if kind not in ALGOS:
+        raise WorkbenchError(f"the workbench cannot train or draft '{kind}' drafts in-process yet",
+                             hint=f"in-process algorithms: {ALGOS.names()}; `validate` still checks this draft and "
+                                  "`python -m engine serve` serves it with vLLM")
+    return ALGOS.get(kind)
+
+
+def load_plugins(spec: str | None = None) -> list[str]:
+    """Import the algorithm packages named in `WORKBENCH_ALGO_PLUGINS` (module names or package folders)."""
+    spec = os.environ.get("WORKBENCH_ALGO_PLUGINS", "") if spec is None else spec
+    loaded = []
+    for item in (s.strip() for s in spec.split(",")):
+        if not item:
+            continue
+        folder = Path(item).expanduser()
+        if folder.is_dir():
+            name = f"workbench_plugin_{folder.name}"
+            if name not in sys.modules:
+                init = folder / "__init__.py"
+                module_spec = importlib.util.spec_from_file_location(name, init, submodule_search_locations=[str(folder)])
+                if module_spec is None or not init.is_file():
+                    raise WorkbenchError(f"{folder} is not a Python package", where="WORKBENCH_ALGO_PLUGINS",
+                                         hint="give a folder with an __init__.py, or a module name")
+                module = importlib.util.module_from_spec(module_spec)
+                sys.modules[name] = module
+                module_spec.loader.exec_module(module)
+        else:
+            try:
+                importlib.import_module(item)
+            except ImportError as exc:
+                raise WorkbenchError(f"cannot import the algorithm plugin '{item}': {exc}",
+                                     where="WORKBENCH_ALGO_PLUGINS", hint="fix or remove the entry") from exc
+        loaded.append(item)
+    return loaded

@@ -1,0 +1,39 @@
+"""EAGLE-3's typed training arguments (descriptions are the CLI's and the Train form's help)."""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+from pydantic import Field, model_validator
+
+from engine.algos.base import AlgoArgs
+
+
+class Eagle3Args(AlgoArgs):
+    """How an EAGLE-3 draft is shaped and trained (training-time test, forward KL to the target)."""
+
+    groups: ClassVar[dict[str, list[str]]] = {
+        "Draft architecture": ["num_layers", "draft_arch", "draft_vocab_size", "norm_before_residual",
+                               "norm_before_fc", "fc_norm", "norm_output", "train_lm_head", "sliding_window"],
+        "Objective": ["ttt_steps", "ttt_step_loss_decay", "speculative_tokens"],
+    }
+
+    num_layers: int = Field(1, ge=1, description="Draft decoder layers.")
+    draft_arch: Literal["llama", "qwen3"] = Field("llama", description="Draft layer type (vLLM: llama or qwen3).")
+    draft_vocab_size: int | None = Field(
+        None, ge=1, description="Draft vocabulary: the most frequent loss-masked target tokens (None = full vocab).")
+    norm_before_residual: bool = Field(True, description="First layer takes its residual after hidden_norm.")
+    norm_before_fc: bool = Field(True, description="RMSNorm over the concatenated aux states before fc.")
+    fc_norm: bool = Field(False, description="One RMSNorm per aux state before fc (exclusive with norm_before_fc).")
+    norm_output: bool = Field(True, description="Feed the post-norm hidden to the next step (Eagle 3.1).")
+    train_lm_head: bool = Field(False, description="Train the draft lm_head (speculators 0.9.0 keeps it frozen).")
+    sliding_window: int | None = Field(2048, description="Sliding window of the draft layers (None = full attention).")
+    ttt_steps: int = Field(3, ge=1, description="Training-time-test steps (draft tokens unrolled per position).")
+    ttt_step_loss_decay: float = Field(1.0, gt=0, description="Weight of step k is decay**k.")
+    speculative_tokens: int | None = Field(None, ge=1, description="k written into the config (default: ttt_steps).")
+
+    @model_validator(mode="after")
+    def _norms_exclusive(self):
+        if self.norm_before_fc and self.fc_norm:
+            raise ValueError("norm_before_fc and fc_norm are mutually exclusive")
+        return self

@@ -1,0 +1,41 @@
+"""Data steps by name, as the CLI, the app and recipes run them: regenerate a dataset's answers with a target."""
+
+from __future__ import annotations
+
+import logging
+
+from engine.jobs import reporter
+
+log = logging.getLogger(__name__)
+
+
+def regenerate_dataset(*, out: str, dataset: str = "sharegpt", target: str | None = None, split: str = "train",
+                       val_fraction: float = 0.02, seed: int = 0, max_samples: int | None = None,
+                       max_length: int | None = None, max_new_tokens: int = 256, temperature: float = 0.0,
+                       top_p: float = 1.0, batch_size: int = 8, max_turns: int | None = None,
+                       device: str | None = None, backend: str = "transformers"):
+    """Re-answer each user turn of `dataset` with `target` into the JSONL `out` (resumable); returns the result.
+
+    `backend="vllm"` generates in a managed vLLM server (no weights in this process)."""
+    from engine.data.datasets import load_conversations
+    from engine.data.regenerate import regenerate, tokenizer_only
+    from engine.targets import load_target, pick_device
+
+    if backend == "vllm":
+        model = tokenizer_only(target)  # the server generates: no weights in this process
+    else:
+        device = pick_device(device)
+        reporter().update("loading target")
+        model = load_target(target, dtype="fp32" if device == "cpu" else "bf16", device=device)
+    rows, summary = load_conversations(dataset, split=split, val_fraction=val_fraction, seed=seed,
+                                       max_samples=max_samples)
+    print(summary.format())
+    kwargs = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, batch_size=batch_size,
+                  max_length=max_length, max_turns=max_turns, seed=seed)
+    if backend == "vllm":
+        from engine.data.regenerate_vllm import VllmAnswerer
+
+        reporter().update("starting vLLM")
+        with VllmAnswerer(target, concurrency=batch_size) as answer:
+            return regenerate(model, rows, out, answer=answer, **kwargs)
+    return regenerate(model, rows, out, **kwargs)
