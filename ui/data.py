@@ -7,8 +7,10 @@ import re
 from pathlib import Path
 from typing import Any
 
-from engine.commands.data import ALGOS  # the algorithms `extract --algo` knows (importable without torch)
+from engine.data.layers import layer_algorithms
 from engine.jobs import runs_dir
+
+ALGOS = layer_algorithms()  # the algorithms `extract --algo` knows (the registry, then the other format types)
 
 __all__ = ["ALGOS", "BUILTIN", "default_extract_out", "default_regen_out", "extract_argv", "extraction_folders",
            "manifest", "prepare_argv", "regenerate_argv", "save_upload", "slug"]
