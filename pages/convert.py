@@ -65,7 +65,10 @@ elif det.format == conv.EAGLE3_RESEARCH:
                              "serves this model as the target.")
     aux = c3.text_input("Aux layer ids (optional)", "", key="convert_aux", placeholder="e.g. 2, 15, 27",
                         help="Research checkpoints do not record them; default: the target's [2, N//2, N-3].")
-    argv = conv.convert_argv(det.folder, out, verifier.strip() or None, aux.replace(" ", "") or None)
+    overwrite = c1.checkbox("Replace the output folder even if it holds other files", False, key="convert_overwrite",
+                            help="An existing folder is replaced only when it is empty or a draft the workbench "
+                            "wrote. Tick this to replace any folder: everything in it is deleted.")
+    argv = conv.convert_argv(det.folder, out, verifier.strip() or None, aux.replace(" ", "") or None, overwrite)
     if conv.engine_convert_command():
         if st.button("Convert", type="primary", key="convert_go", icon=":material/transform:"):
             job = launch(argv, kind="convert")

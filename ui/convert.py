@@ -155,8 +155,11 @@ def engine_convert_command() -> bool:
     return "convert" in COMMANDS
 
 
-def convert_argv(src: str, out: str, verifier: str | None, aux_layer_ids: str | None) -> list[str]:
+def convert_argv(src: str, out: str, verifier: str | None, aux_layer_ids: str | None,
+                 overwrite: bool = False) -> list[str]:
     argv = ["convert", src, "--out", out]
+    if overwrite:
+        argv.append("--overwrite")
     if verifier:
         argv += ["--target", verifier]
     if aux_layer_ids:

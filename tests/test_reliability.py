@@ -1,0 +1,182 @@
+"""Hostile inputs and faults (issue 18): nothing we did not write is lost, errors say what/where/how to fix.
+
+Every case here is listed in RELIABILITY.md with what the user sees.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.errors import WorkbenchError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _engine(*args: str, env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "engine", *args], capture_output=True, text=True, cwd=ROOT,
+                          env={**os.environ, **(env or {})}, timeout=timeout)
+
+
+def _research_src(tmp_path: Path) -> Path:
+    """A tiny EAGLE-3 research checkpoint (`midlayer.*` names), as tests/test_convert.py builds them."""
+    from safetensors.torch import save_file
+
+    h, nh, nkv, hd, inter, v, vd = 16, 2, 1, 8, 32, 48, 24
+    folder = tmp_path / "src"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLMEagle3"], "hidden_size": h, "intermediate_size": inter,
+        "num_attention_heads": nh, "num_key_value_heads": nkv, "head_dim": hd, "num_hidden_layers": 1,
+        "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "max_position_embeddings": 512, "vocab_size": v,
+        "draft_vocab_size": vd, "model_type": "llama", "torch_dtype": "float32"}))
+    sel = torch.arange(0, v, 2)
+    t2d = torch.zeros(v, dtype=torch.bool)
+    t2d[sel] = True
+    m = "midlayer."
+    state = {"fc.weight": torch.randn(h, 3 * h), "norm.weight": torch.ones(h), "lm_head.weight": torch.randn(vd, h),
+             "d2t": sel - torch.arange(vd), "t2d": t2d,
+             m + "self_attn.q_proj.weight": torch.randn(nh * hd, 2 * h),
+             m + "self_attn.k_proj.weight": torch.randn(nkv * hd, 2 * h),
+             m + "self_attn.v_proj.weight": torch.randn(nkv * hd, 2 * h),
+             m + "self_attn.o_proj.weight": torch.randn(h, nh * hd),
+             m + "mlp.gate_proj.weight": torch.randn(inter, h), m + "mlp.up_proj.weight": torch.randn(inter, h),
+             m + "mlp.down_proj.weight": torch.randn(h, inter), m + "input_layernorm.weight": torch.ones(h),
+             m + "hidden_norm.weight": torch.ones(h), m + "post_attention_layernorm.weight": torch.ones(h)}
+    save_file(state, str(folder / "model.safetensors"))
+    return folder
+
+
+# -- 1. convert --out onto an existing folder --------------------------------------------------------------
+
+
+def test_convert_refuses_a_folder_it_did_not_write(tmp_path):
+    from engine.convert.base import convert
+
+    src = _research_src(tmp_path)
+    out = tmp_path / "my-models"
+    out.mkdir()
+    (out / "thesis.tex").write_text("years of work")
+    with pytest.raises(WorkbenchError, match="did not write") as info:
+        convert(src, out, verifier="org/verifier")
+    assert "--overwrite" in info.value.hint and info.value.where == str(out)
+    assert (out / "thesis.tex").read_text() == "years of work" and sorted(os.listdir(out)) == ["thesis.tex"]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".my-models")]  # no temp folder left behind
+
+
+def test_convert_replaces_its_own_draft_and_an_empty_folder(tmp_path):
+    from engine.convert.base import convert
+    from engine.format.validate import validate_draft
+
+    src = _research_src(tmp_path)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert validate_draft(convert(src, empty, verifier="org/verifier")).ok
+    out = convert(src, tmp_path / "out", verifier="org/verifier")
+    assert (out / ".workbench-owned.json").is_file()
+    convert(src, out, verifier="org/other")  # ours: replaced without --overwrite
+    assert json.loads((out / "config.json").read_text())["speculators_config"]["verifier"]["name_or_path"] == \
+        "org/other"
+    (out / "notes.md").write_text("mine")  # a file the user added to our draft makes it theirs too
+    with pytest.raises(WorkbenchError, match="notes.md"):
+        convert(src, out, verifier="org/verifier")
+    assert (out / "notes.md").is_file()
+
+
+def test_convert_overwrite_replaces_any_folder_but_never_a_file(tmp_path):
+    from engine.convert.base import convert
+
+    src = _research_src(tmp_path)
+    out = tmp_path / "other"
+    out.mkdir()
+    (out / "old.bin").write_bytes(b"x")
+    convert(src, out, verifier="org/verifier", overwrite=True)
+    assert not (out / "old.bin").exists() and (out / "model.safetensors").is_file()
+    a_file = tmp_path / "a-file"
+    a_file.write_text("keep")
+    with pytest.raises(WorkbenchError, match="not a folder"):
+        convert(src, a_file, verifier="org/verifier", overwrite=True)
+    assert a_file.read_text() == "keep"
+
+
+def test_convert_cli_refuses_then_overwrites(tmp_path):
+    src = _research_src(tmp_path)
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "keep.txt").write_text("keep")
+    run = _engine("convert", str(src), "--out", str(out), "--target", "org/verifier")
+    assert run.returncode != 0 and "did not write" in run.stderr and "--overwrite" in run.stderr
+    assert "Traceback" not in run.stderr and (out / "keep.txt").read_text() == "keep"
+    run = _engine("convert", str(src), "--out", str(out), "--target", "org/verifier", "--overwrite")
+    assert run.returncode == 0, run.stderr
+    assert not (out / "keep.txt").exists()
+
+
+def test_convert_page_passes_the_overwrite_checkbox():
+    from ui.convert import convert_argv
+
+    assert "--overwrite" not in convert_argv("s", "o", None, None)
+    assert convert_argv("s", "o", None, None, overwrite=True)[:4] == ["convert", "s", "--out", "o"]
+    assert "--overwrite" in convert_argv("s", "o", None, None, overwrite=True)
+
+
+def test_a_retrained_draft_from_before_markers_is_still_replaced(tmp_path):
+    """`train --out RUN` writes RUN/draft; a RUN from an older version (no marker) must not block retraining."""
+    from engine.format.checkpoint import save_checkpoint
+
+    run = tmp_path / "run"
+    (run / "draft").mkdir(parents=True)
+    (run / ".workbench.lock").write_text("")
+    (run / "draft" / "config.json").write_text("{}")
+    (run / "draft" / "model.safetensors").write_bytes(b"")
+    save_checkpoint(run / "draft", {"a": 1}, {"w": torch.zeros(2)})
+    assert json.loads((run / "draft" / "config.json").read_text()) == {"a": 1}
+
+
+# -- 6. files we write follow the umask -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o002, 0o664), (0o077, 0o600)])
+def test_checkpoint_files_follow_the_umask(tmp_path, umask, mode):
+    from engine.format.checkpoint import save_checkpoint
+    from engine.fsutil import atomic_save_safetensors
+
+    old = os.umask(umask)
+    try:
+        folder = save_checkpoint(tmp_path / "d", {"x": 1}, {"w": torch.zeros(4)})
+        sharded = save_checkpoint(tmp_path / "s", {"x": 1}, {"a": torch.zeros(4), "b": torch.zeros(4)},
+                                  max_shard_bytes=16)
+        lone = atomic_save_safetensors({"w": torch.zeros(1)}, tmp_path / "lone.safetensors")
+    finally:
+        os.umask(old)
+    files = [p for p in (*folder.iterdir(), *sharded.iterdir(), lone) if p.is_file()]
+    assert any(p.suffix == ".safetensors" for p in files) and len(files) >= 6
+    for p in files:
+        assert stat.S_IMODE(p.stat().st_mode) == mode, p
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o777 & ~umask
+
+
+def test_files_written_private_inside_an_atomic_directory_are_made_readable(tmp_path):
+    """save_pretrained (targets cache) writes through safetensors too."""
+    from safetensors.torch import save_file
+
+    from engine.fsutil import atomic_directory
+
+    old = os.umask(0o022)
+    try:
+        with atomic_directory(tmp_path / "t") as tmp:
+            save_file({"w": torch.zeros(1)}, str(tmp / "model.safetensors"))
+            (tmp / "sub").mkdir(mode=0o700)
+            os.close(os.open(tmp / "sub" / "secret-looking", os.O_CREAT | os.O_WRONLY, 0o600))
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "t" / "model.safetensors").stat().st_mode) == 0o644
+    assert stat.S_IMODE((tmp_path / "t" / "sub").stat().st_mode) == 0o755
+    assert stat.S_IMODE((tmp_path / "t" / "sub" / "secret-looking").stat().st_mode) == 0o644
