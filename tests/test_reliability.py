@@ -180,3 +180,98 @@ def test_files_written_private_inside_an_atomic_directory_are_made_readable(tmp_
     assert stat.S_IMODE((tmp_path / "t" / "model.safetensors").stat().st_mode) == 0o644
     assert stat.S_IMODE((tmp_path / "t" / "sub").stat().st_mode) == 0o755
     assert stat.S_IMODE((tmp_path / "t" / "sub" / "secret-looking").stat().st_mode) == 0o644
+
+
+# -- 2. the app listens on this machine only -----------------------------------------------------------
+
+
+def test_app_config_and_make_app_bind_to_localhost():
+    import tomllib
+
+    config = tomllib.loads((ROOT / ".streamlit" / "config.toml").read_text())
+    assert config["server"]["address"] == "localhost"
+    make = subprocess.run(["make", "-n", "-W", ".venv/.installed", "app"], capture_output=True, text=True, cwd=ROOT)
+    line = next(x for x in make.stdout.splitlines() if "streamlit run" in x)
+    assert "--server.address localhost" in line, line
+    exposed = subprocess.run(["make", "-n", "-W", ".venv/.installed", "app", "ADDRESS=0.0.0.0"], capture_output=True,
+                             text=True, cwd=ROOT).stdout
+    assert "--server.address 0.0.0.0" in exposed  # exposing it is an explicit choice
+    assert "Network access" in (ROOT / "README.md").read_text()
+
+
+def _listening_addresses(port: int) -> list:
+    """Local addresses of the TCP sockets listening on `port` (from /proc/net/tcp and tcp6)."""
+    import ipaddress
+
+    found = []
+    for name, width in (("tcp", 4), ("tcp6", 16)):
+        path = Path("/proc/net") / name
+        if not path.exists():
+            continue
+        for line in path.read_text().splitlines()[1:]:
+            fields = line.split()
+            addr, hexport = fields[1].split(":")
+            if fields[3] != "0A" or int(hexport, 16) != port:  # 0A = LISTEN
+                continue
+            raw = bytes.fromhex(addr)
+            raw = b"".join(raw[i:i + 4][::-1] for i in range(0, width, 4))  # little-endian 32-bit words
+            ip = ipaddress.ip_address(raw)
+            found.append(getattr(ip, "ipv4_mapped", None) or ip)
+    return found
+
+
+def _non_loopback_address() -> str | None:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("192.0.2.1", 9))  # no packet is sent: this only picks the outgoing interface
+            ip = s.getsockname()[0]
+        except OSError:
+            return None
+    return None if ip.startswith("127.") or ip == "0.0.0.0" else ip
+
+
+def test_the_running_app_is_not_reachable_from_the_network(tmp_path):
+    """`streamlit run app.py` with the repo's config (no --server.address) listens on loopback only."""
+    import socket
+    import time
+    import urllib.request
+
+    if not Path("/proc/net/tcp").exists():
+        pytest.skip("needs Linux /proc/net/tcp")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = open(tmp_path / "streamlit.log", "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port),
+                             "--server.fileWatcherType", "none"],
+                            cwd=ROOT, env={**os.environ, "WORKBENCH_RUNS": str(tmp_path / "runs")}, stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.time() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.time() > deadline:
+                pytest.fail("streamlit did not start:\n" + (tmp_path / "streamlit.log").read_text())
+            time.sleep(0.3)
+        addresses = _listening_addresses(port)
+        assert addresses and all(a.is_loopback for a in addresses), addresses
+        other = _non_loopback_address()
+        if other:
+            with pytest.raises(OSError):
+                socket.create_connection((other, port), timeout=2).close()
+    finally:
+        import signal
+
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+        log.close()
