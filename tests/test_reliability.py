@@ -275,3 +275,68 @@ def test_the_running_app_is_not_reachable_from_the_network(tmp_path):
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
         log.close()
+
+
+# -- 3. regenerate --out onto an unrelated file ------------------------------------------------------------
+
+_CHATS = [{"id": "a", "messages": [{"role": "user", "content": "Hello there?"}]},
+          {"id": "b", "messages": [{"role": "user", "content": "One more?"}]}]
+
+
+@pytest.fixture
+def fake_answers(monkeypatch):
+    import engine.data.regenerate as rg
+
+    monkeypatch.setattr(rg, "generate_answers", lambda target, histories, **kw: [("ok", 1, True) for _ in histories])
+
+
+class _Target:
+    verifier_name = "org/target"
+
+    class tokenizer:  # noqa: N801 - a stand-in; max_length is not used, so it is never called
+        pass
+
+
+@pytest.mark.parametrize("content", [
+    b"my notes, no newline at the end",  # plain text without a trailing newline: was cut to nothing
+    b"line one\nline two without newline",  # was cut to "line one\n"
+    b'{"id": "x", "messages": [{"role": "user", "content": "hi"}]}',  # an input dataset row, no final newline
+    b'{"id": "x", "messages": [{"role": "user", "content": "hi"}]}\n',  # a dataset, not regenerate's rows
+    b"\xff\xfe binary\n",
+])
+def test_regenerate_refuses_a_file_it_did_not_write(tmp_path, fake_answers, content):
+    import engine.data.regenerate as rg
+
+    out = tmp_path / "precious.jsonl"
+    out.write_bytes(content)
+    with pytest.raises(WorkbenchError, match="did not write") as info:
+        rg.regenerate(_Target(), _CHATS, out, progress=False)
+    assert info.value.where == str(out) and "new file" in info.value.hint
+    assert out.read_bytes() == content
+    with pytest.raises(WorkbenchError, match="did not write"):
+        rg.check_output(out)
+    with pytest.raises(WorkbenchError, match="did not write"):  # not "being written": the lock was released
+        rg.open_output(out)
+    assert out.read_bytes() == content
+
+
+def test_regenerate_still_repairs_and_resumes_its_own_file(tmp_path, fake_answers):
+    import engine.data.regenerate as rg
+
+    out = tmp_path / "r.jsonl"
+    rg.regenerate(_Target(), _CHATS[:1], out, progress=False)
+    rg.check_output(out)
+    with open(out, "ab") as f:
+        f.write(b'{"id": "b", "messages": [{"role": "us')  # a crash in the middle of a write
+    summary = rg.regenerate(_Target(), _CHATS, out, progress=False)
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["id"] for r in rows] == ["a", "b"] and summary.already_done == 1 and summary.written == 1
+
+
+def test_regenerate_cli_refuses_before_loading_the_target(tmp_path):
+    out = tmp_path / "notes.txt"
+    out.write_text("keep me")
+    run = _engine("regenerate", "--target", str(tmp_path / "no-such-target"), "--dataset", str(tmp_path / "none"),
+                  "--out", str(out))
+    assert run.returncode != 0 and "did not write" in run.stderr and "Traceback" not in run.stderr
+    assert out.read_text() == "keep me"

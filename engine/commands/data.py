@@ -100,10 +100,11 @@ def add_regenerate_arguments(p: argparse.ArgumentParser) -> None:
 
 def run_regenerate(args: argparse.Namespace) -> int:
     from engine.data.datasets import load_conversations
-    from engine.data.regenerate import regenerate, tokenizer_only
+    from engine.data.regenerate import check_output, regenerate, tokenizer_only
     from engine.jobs import reporter
     from engine.targets import load_target, pick_device
 
+    check_output(args.out)  # an unrelated --out file is refused before the target is loaded
     if args.backend == "vllm":
         target = tokenizer_only(args.target)  # the server generates: no weights in this process
     else:
