@@ -21,7 +21,11 @@ with c1:
                                "Pickled .bin/.pt weights are not accepted (unpickling can run code).")
     if uploads:
         with guard("Reading the upload"):
-            src = str(conv.stage((u.name, u.getvalue()) for u in uploads))
+            ids = tuple(u.file_id for u in uploads)  # staged (and unzipped) once per upload, not on every rerun
+            staged = ss.get("convert_staged")
+            if not staged or staged[0] != ids or not conv.still_staged(staged[1]):
+                ss["convert_staged"] = (ids, str(conv.stage((u.name, u.getvalue()) for u in uploads)))
+            src = ss["convert_staged"][1]
 with c2:
     path = st.text_input("…or a local folder / .zip path", key="convert_path", persist_state="session",
                          placeholder="/path/to/checkpoint").strip()

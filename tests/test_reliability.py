@@ -340,3 +340,75 @@ def test_regenerate_cli_refuses_before_loading_the_target(tmp_path):
                   "--out", str(out))
     assert run.returncode != 0 and "did not write" in run.stderr and "Traceback" not in run.stderr
     assert out.read_text() == "keep me"
+
+
+# -- 4. uploaded zips on the Convert page ---------------------------------------------------------------
+
+
+def _zip(members: dict[str, bytes], level: int = 1) -> bytes:
+    import io
+    import zipfile
+
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=level) as zf:
+        for name, data in members.items():
+            zf.writestr(name, data)
+    return buf.getvalue()
+
+
+@pytest.fixture
+def uploads(tmp_path, monkeypatch):
+    monkeypatch.setenv("WORKBENCH_RUNS", str(tmp_path / "runs"))
+    return tmp_path / "runs" / "uploads"
+
+
+def test_a_zip_bomb_is_refused_before_anything_is_written(uploads):
+    from ui import convert as conv
+
+    bomb = _zip({"config.json": b"{}", "model.safetensors": bytes(80 * 2**20)})  # 80 MiB of zeros in ~80 KiB
+    assert len(bomb) < 2**20
+    with pytest.raises(WorkbenchError, match="zip bomb") as info:
+        conv.stage([("draft.zip", bomb)])
+    assert info.value.where == "draft.zip"
+    assert not list(uploads.rglob("*.safetensors"))  # nothing unpacked, no temp folder left
+    assert not [p for p in uploads.iterdir() if p.name.startswith(".")] if uploads.exists() else True
+
+
+def test_a_zip_over_the_size_limit_is_refused(uploads, monkeypatch, tmp_path):
+    from ui import convert as conv
+
+    monkeypatch.setattr(conv, "MAX_UNZIPPED_BYTES", 2**20)
+    big = _zip({"config.json": b"{}", "model.safetensors": os.urandom(2 * 2**20)})
+    with pytest.raises(WorkbenchError, match="more than the 1.0 MiB limit") as info:
+        conv.stage([("draft.zip", big)])
+    assert "WORKBENCH_MAX_UNZIP_GB" in info.value.hint
+    local = tmp_path / "local.zip"
+    local.write_bytes(big)
+    with pytest.raises(WorkbenchError, match="limit"):  # a local .zip path goes through the same checks
+        conv.resolve_input(str(local))
+    assert not list(uploads.rglob("*.safetensors"))
+
+
+def test_an_upload_is_extracted_once_and_stale_ones_are_removed(uploads, monkeypatch):
+    import time
+
+    from ui import convert as conv
+
+    data = _zip({"d/config.json": b'{"a": 1}', "d/model.safetensors": b"x"})
+    first = conv.stage([("draft.zip", data)])
+    assert (first / "config.json").is_file() and first.parent.parent == uploads
+    calls = []
+    with monkeypatch.context() as m:
+        m.setattr(conv, "extract_zip", lambda *a, **k: calls.append(a))
+        assert conv.stage([("draft.zip", data)]) == first and not calls  # a rerun reuses it: nothing re-extracted
+    assert conv.still_staged(first)
+    old = uploads / "convert-000000000000"
+    old.mkdir()
+    long_ago = time.time() - conv.STAGED_TTL_S - 60
+    os.utime(old, (long_ago, long_ago))
+    leftover = uploads / ".convert-111111111111.abc.tmp"  # an extraction killed midway
+    leftover.mkdir()
+    os.utime(leftover, (long_ago, long_ago))
+    other = conv.stage([("other.zip", _zip({"config.json": b"{}"}))])
+    assert not old.exists() and not leftover.exists() and first.exists() and other.exists()
+    assert not conv.still_staged(old)
