@@ -412,3 +412,43 @@ def test_an_upload_is_extracted_once_and_stale_ones_are_removed(uploads, monkeyp
     other = conv.stage([("other.zip", _zip({"config.json": b"{}"}))])
     assert not old.exists() and not leftover.exists() and first.exists() and other.exists()
     assert not conv.still_staged(old)
+
+
+# -- 7. sampling parameters ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("field, value", [("top_p", 0.0), ("top_p", -0.5), ("top_p", 1.5), ("top_p", float("nan")),
+                                          ("temperature", -0.1), ("temperature", float("inf")), ("top_k", -1),
+                                          ("max_new_tokens", 0)])
+def test_bad_sampling_parameters_are_a_clear_error(field, value):
+    from engine.generate.sampling import SamplingParams
+
+    with pytest.raises(WorkbenchError, match=f"invalid sampling parameter {field}=") as info:
+        SamplingParams(**{field: value})
+    assert info.value.hint.startswith(f"{field} must be")
+
+
+def test_good_sampling_parameters_still_work():
+    from engine.generate.sampling import SamplingParams, logits_to_probs
+
+    for kw in ({}, {"temperature": 0.7, "top_p": 1.0, "top_k": 0}, {"temperature": 1, "top_p": 0.01, "top_k": 5}):
+        probs = logits_to_probs(torch.randn(10), SamplingParams(**kw))
+        assert torch.isfinite(probs).all() and abs(float(probs.sum()) - 1) < 1e-5
+
+
+def test_the_generate_api_checks_parameters_changed_after_creation(tiny_llama):
+    from engine.generate.runner import TargetRunner
+    from engine.generate.sampling import SamplingParams
+    from engine.generate.speculative import generate
+
+    params = SamplingParams(max_new_tokens=2, temperature=1.0)
+    params.top_p = 0.0  # used to divide by zero in top-p and sample garbage
+    with pytest.raises(WorkbenchError, match="top_p"):
+        list(generate(TargetRunner(tiny_llama, None), [1, 2, 3], params))
+
+
+@pytest.mark.parametrize("flags", [["--top-p", "0"], ["--temperature", "-1"], ["--top-k", "-3"]])
+def test_generate_cli_refuses_bad_sampling_before_loading_anything(tmp_path, flags):
+    run = _engine("generate", "hello", "--target", str(tmp_path / "no-such-target"), *flags)
+    assert run.returncode == 2 and "invalid sampling parameter" in run.stderr and "Fix:" in run.stderr
+    assert "Traceback" not in run.stderr

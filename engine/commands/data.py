@@ -104,7 +104,10 @@ def run_regenerate(args: argparse.Namespace) -> int:
     from engine.jobs import reporter
     from engine.targets import load_target, pick_device
 
+    from engine.generate.sampling import SamplingParams
+
     check_output(args.out)  # an unrelated --out file is refused before the target is loaded
+    SamplingParams(temperature=args.temperature, top_p=args.top_p)  # so are sampling values that make no sense
     if args.backend == "vllm":
         target = tokenizer_only(args.target)  # the server generates: no weights in this process
     else:

@@ -278,6 +278,9 @@ def regenerate(target, rows: Sequence[dict], out: str | Path, *, max_new_tokens:
     if any("messages" not in r for r in rows):
         raise WorkbenchError("regenerate needs chat rows (messages), not already-tokenised ones",
                              hint="give a dataset of conversations (messages, conversations or prompt/completion)")
+    from engine.generate.sampling import SamplingParams
+
+    SamplingParams(temperature=temperature, top_p=top_p)  # a clear error for top_p <= 0, temperature < 0, ...
     out = Path(out)
     summary = RegenerateSummary(out=str(out))
     f, done = open_output(out)
