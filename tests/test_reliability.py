@@ -452,3 +452,151 @@ def test_generate_cli_refuses_bad_sampling_before_loading_anything(tmp_path, fla
     run = _engine("generate", "hello", "--target", str(tmp_path / "no-such-target"), *flags)
     assert run.returncode == 2 and "invalid sampling parameter" in run.stderr and "Fix:" in run.stderr
     assert "Traceback" not in run.stderr
+
+
+# -- 5. the CLI's last line of defence: every error as what / where / how to fix ------------------------------
+
+
+def _engine_patched(patch: str, *args: str) -> subprocess.CompletedProcess:
+    """`python -m engine ARGS` with `patch` (Python) run first: a fault injected where no real one is handy."""
+    code = f"import sys\n{patch}\nfrom engine.cli import main\nraise SystemExit(main(sys.argv[1:]))"
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+
+
+def _clear(run: subprocess.CompletedProcess, *fragments: str) -> None:
+    assert run.returncode == 2, (run.returncode, run.stderr[-2000:])
+    assert "Traceback" not in run.stderr, run.stderr[-2000:]
+    last = run.stderr.strip().splitlines()
+    assert any(line.startswith("error: ") for line in last) and last[-1].startswith("Fix: "), run.stderr[-2000:]
+    for fragment in fragments:
+        assert fragment in run.stderr, (fragment, run.stderr[-2000:])
+
+
+def test_cli_pydantic_validation_error_names_the_field_and_the_file(tmp_path):
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text("lr: abc\n")
+    _clear(_engine("train", "--config", str(cfg)), "invalid settings", "`lr`", str(cfg))
+    debug = _engine("train", "--config", str(cfg), "--debug")
+    assert debug.returncode == 2 and "Traceback" in debug.stderr and "ValidationError" in debug.stderr
+    assert "Traceback" in _engine("--debug", "train", "--config", str(cfg)).stderr  # before or after the command
+
+
+def test_cli_undecodable_bytes(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "config.json").write_bytes(b'{"a": "\xff"}')
+    _clear(_engine("convert", str(src), "--out", str(tmp_path / "o")), "not valid UTF-8", str(src / "config.json"),
+           "0xff")
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(b"\x98\x00\x00binary")
+    _clear(_engine("validate", str(weights)), "not valid UTF-8")
+
+
+def test_cli_unpickling_refusal(tmp_path):
+    import argparse
+
+    from safetensors.torch import load_file
+
+    src = _research_src(tmp_path)
+
+    tensors = load_file(str(src / "model.safetensors"))
+    (src / "model.safetensors").unlink()
+    torch.save({**tensors, "extra": argparse.Namespace(run="me")}, src / "pytorch_model.bin")
+    run = _engine("convert", str(src), "--out", str(tmp_path / "o"), "--target", "org/v", "--allow-pickle")
+    _clear(run, "refused to unpickle", "argparse.Namespace", "pytorch_model.bin")
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.fixture(scope="module")
+def broken_drafts(tiny_llama, tmp_path_factory):
+    """A tiny draft with a truncated model.safetensors, and one whose fc.weight has the wrong shape."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from engine.algos.eagle3 import build_eagle3, save_eagle3
+
+    root = tmp_path_factory.mktemp("broken")
+    draft = build_eagle3(tiny_llama, draft_vocab_size=128, token_counts=torch.arange(tiny_llama.vocab_size),
+                         aux_layer_ids=[1, 2, 3])
+    good = save_eagle3(draft, root / "good", dtype=torch.float32)
+    truncated, shape = root / "truncated", root / "shape"
+    shutil.copytree(good, truncated)
+    shutil.copytree(good, shape)
+    data = (good / "model.safetensors").read_bytes()
+    (truncated / "model.safetensors").write_bytes(data[:-100])
+    state = load_file(str(good / "model.safetensors"))
+    state["fc.weight"] = torch.zeros(state["fc.weight"].shape[0], state["fc.weight"].shape[1] + 1)
+    save_file(state, str(shape / "model.safetensors"))
+    return {"truncated": truncated, "shape": shape}
+
+
+def test_cli_corrupt_safetensors(tiny_targets, broken_drafts):
+    run = _engine("generate", "hi", "--target", str(tiny_targets["llama"]), "--draft",
+                  str(broken_drafts["truncated"]), "--max-new-tokens", "2")
+    _clear(run, "a .safetensors file cannot be read", str(broken_drafts["truncated"] / "model.safetensors"),
+           "re-download")
+
+
+def test_cli_state_dict_that_does_not_fit(tiny_targets, broken_drafts):
+    run = _engine("generate", "hi", "--target", str(tiny_targets["llama"]), "--draft", str(broken_drafts["shape"]),
+                  "--max-new-tokens", "2")
+    _clear(run, "the weights do not fit the model", "fc.weight", "validate")
+
+
+_FAIL_MKDTEMP = """
+import errno, os, tempfile
+def fail(*a, dir=None, **k):
+    raise OSError(errno.{name}, os.strerror(errno.{name}), dir)
+tempfile.mkdtemp = fail
+"""
+
+
+@pytest.mark.parametrize("name, what", [("ENOSPC", "no space left on the disk"), ("EROFS", "read-only"),
+                                        ("EACCES", "permission denied"), ("EISDIR", "a folder was given"),
+                                        ("ENOENT", "no such file or folder")])
+def test_cli_os_errors(tmp_path, name, what):
+    src = _research_src(tmp_path)
+    run = _engine_patched(_FAIL_MKDTEMP.format(name=name), "convert", str(src), "--out", str(tmp_path / "o"),
+                          "--target", "org/v")
+    _clear(run, what, str(tmp_path))
+
+
+def test_cli_disk_full_during_a_checkpoint_write_leaves_nothing_half_written(tmp_path):
+    src = _research_src(tmp_path)
+    patch = """
+import errno, safetensors.torch as st
+def full(tensors, filename, metadata=None):
+    with open(filename, "wb") as f:
+        f.write(b"partial")
+    raise OSError(errno.ENOSPC, "No space left on device", filename)
+st.save_file = full
+"""
+    out = tmp_path / "o"
+    _clear(_engine_patched(patch, "convert", str(src), "--out", str(out), "--target", "org/v"), "no space left",
+           "free disk space")
+    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["src"]  # no temp folder either
+
+
+def test_cli_unexpected_errors_are_one_line_with_debug_for_the_traceback(tmp_path):
+    patch = "import engine.commands.validate as v\nv.run = lambda args: 1 / 0"
+    run = _engine_patched(patch, "validate", str(tmp_path))
+    assert run.returncode == 1 and "Traceback" not in run.stderr
+    assert "unexpected ZeroDivisionError" in run.stderr and "--debug" in run.stderr
+    debug = _engine_patched(patch, "validate", str(tmp_path), "--debug")
+    assert debug.returncode == 1 and "Traceback" in debug.stderr and "ZeroDivisionError" in debug.stderr
+
+
+def test_translator_unit_cases():
+    import errno
+
+    from engine.errors import translate
+
+    assert translate(ZeroDivisionError()) is None and translate(KeyError("x")) is None
+    err = translate(OSError(errno.ENOSPC, "No space left on device", "/data/out"))
+    assert err.where == "/data/out" and "no space" in err.message and err.hint
+    err = translate(UnicodeDecodeError("utf-8", b"a\xff", 1, 2, "invalid start byte"))
+    assert "0xff at offset 1" in err.message
+    same = WorkbenchError("x")
+    assert translate(same) is same
