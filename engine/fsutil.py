@@ -103,16 +103,27 @@ def write_owner_marker(folder: str | Path, kind: str) -> Path:
                                                      "files": files})
 
 
-def foreign_files(folder: str | Path) -> list[str]:
-    """Files in `folder` that the workbench did not write (all of them when it holds no valid marker)."""
+def foreign_files(folder: str | Path, limit: int | None = None) -> list[str]:
+    """Files in `folder` that the workbench did not write (all of them when it holds no valid marker).
+
+    Stops after `limit` of them (a folder such as a home directory can hold millions of files).
+    """
     folder = Path(folder)
-    present = [f for f in _files_under(folder) if f not in _INTERNAL]
     try:
         marker = read_json(folder / OWNER_MARKER)
         ours = set(marker["files"]) if marker.get("written_by") == "speculators-workbench" else set()
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         ours = set()
-    return [f for f in present if f not in ours]
+    found: list[str] = []
+    for p in folder.rglob("*"):
+        if p.is_dir():
+            continue
+        name = p.relative_to(folder).as_posix()
+        if name not in _INTERNAL and name not in ours:
+            found.append(name)
+            if limit is not None and len(found) >= limit:
+                break
+    return sorted(found)
 
 
 def check_replaceable(final: str | Path, *, overwrite: bool = False, what: str = "output folder",
@@ -129,10 +140,10 @@ def check_replaceable(final: str | Path, *, overwrite: bool = False, what: str =
                              hint="choose another output path (nothing was written)")
     if overwrite:
         return
-    foreign = foreign_files(final)
+    foreign = foreign_files(final, limit=6)
     if not foreign or (also_ours is not None and also_ours(final)):
         return
-    shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+    shown = ", ".join(foreign[:5]) + (" and more" if len(foreign) > 5 else "")
     raise WorkbenchError(
         f"the {what} already exists and holds files the workbench did not write ({shown}); replacing it would "
         "delete them", where=str(final),
