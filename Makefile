@@ -9,6 +9,9 @@ PIP := $(PY) -m pip
 # an importable torch is kept as it is.
 TORCH_SPEC ?= torch==2.13.0
 PORT ?= 8501
+# The app has no login: it listens on this machine only. `make app ADDRESS=0.0.0.0` exposes it to the network
+# (read "Network access" in the README first).
+ADDRESS ?= localhost
 PYTEST_ARGS ?=
 
 .PHONY: app test install test-deps vllm-env browser clean-venv help
@@ -50,7 +53,7 @@ test: test-deps vllm-env
 
 app: install
 	$(PY) -m engine targets >/dev/null
-	$(VENV)/bin/streamlit run app.py --server.port $(PORT)
+	$(VENV)/bin/streamlit run app.py --server.address $(ADDRESS) --server.port $(PORT)
 
 clean-venv:
 	rm -rf $(VENV) .venv-vllm

@@ -8,11 +8,12 @@ import logging
 import os
 import signal
 import sys
+import traceback
 import types
 import typing
 from typing import Any, Sequence
 
-from engine.errors import WorkbenchError
+from engine.errors import translate
 from engine.jobs import reporter
 
 # name -> (module in engine.commands, one-line help). Modules are imported only when used.
@@ -35,9 +36,13 @@ COMMANDS: dict[str, tuple[str, str]] = {
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m engine", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("--debug", action="store_true", default=False,
+                        help="on an error, also print the Python traceback (or set WORKBENCH_DEBUG=1)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
+        p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                       help="on an error, also print the Python traceback")
         mod = importlib.import_module(f"engine.commands.{module}")
         getattr(mod, f"add_{name}_arguments", getattr(mod, "add_arguments", lambda _p: None))(p)
         p.set_defaults(_module=module)
@@ -64,24 +69,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     return _run(handler, args, rep)
 
 
-def _run(handler, args, rep, *, outermost: bool = True) -> int:
+def _run(handler, args, rep) -> int:
+    """Run a command; every exception ends as "error: what / where / Fix: how" and an exit code, no traceback
+    (unless --debug). Errors we cannot name are reported as a likely bug with exit code 1."""
+    debug = bool(getattr(args, "debug", False)) or os.environ.get("WORKBENCH_DEBUG", "") not in ("", "0")
     try:
         rc = int(handler(args) or 0)
-    except WorkbenchError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        if outermost:
-            rep.finish("failed", str(exc))
-        return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
-        if outermost:
-            rep.finish("stopped", rep.status.message or "stopped")
+        rep.finish("stopped", rep.status.message or "stopped")
         return 130
     except Exception as exc:
-        if outermost:
-            rep.finish("failed", f"{type(exc).__name__}: {exc}")
-        raise
-    if outermost and rep.status.state == "running":
+        err = translate(exc)
+        if debug:
+            traceback.print_exc()
+        if err is None:
+            message = f"{type(exc).__name__}: {exc}"
+            print(f"error: unexpected {message}\nFix: this looks like a bug in the workbench; run the command again "
+                  "with --debug for the traceback and report it", file=sys.stderr)
+            rep.finish("failed", message)
+            return 1
+        print(f"error: {err}", file=sys.stderr)
+        rep.finish("failed", str(err))
+        return 2
+    if rep.status.state == "running":
         rep.finish("done" if rc == 0 else "failed", "" if rc == 0 else f"exit code {rc}")
     return rc
 

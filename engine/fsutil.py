@@ -11,10 +11,33 @@ import uuid
 from pathlib import Path
 from typing import Any, Iterator
 
-# mkstemp/mkdtemp create private (0600/0700) entries; the final files get the usual umask-based modes.
+from engine.errors import WorkbenchError
+
+# mkstemp/mkdtemp (and safetensors' own writer) create private (0600/0700) entries; the final files get the
+# usual umask-based modes.
 _UMASK = os.umask(0)
 os.umask(_UMASK)
-FILE_MODE, DIR_MODE = 0o666 & ~_UMASK, 0o777 & ~_UMASK
+FILE_MODE, DIR_MODE = 0o666 & ~_UMASK, 0o777 & ~_UMASK  # as the umask was at import
+
+
+def current_umask() -> int:
+    """The process umask now (read from /proc, since setting it to read it back is not thread-safe)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return _UMASK
+
+
+def file_mode() -> int:
+    return 0o666 & ~current_umask()
+
+
+def dir_mode() -> int:
+    return 0o777 & ~current_umask()
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
@@ -27,7 +50,7 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(tmp, FILE_MODE)
+        os.chmod(tmp, file_mode())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
@@ -53,6 +76,7 @@ def atomic_save_safetensors(tensors: dict, path: str | Path, metadata: dict[str,
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
     try:
         save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata=metadata)
+        os.chmod(tmp, file_mode())  # safetensors writes 0600 whatever the umask: a vLLM of another user must read it
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
@@ -61,18 +85,93 @@ def atomic_save_safetensors(tensors: dict, path: str | Path, metadata: dict[str,
     return path
 
 
-@contextlib.contextmanager
-def atomic_directory(final: str | Path) -> Iterator[Path]:
-    """Yield a fresh temp folder next to `final`; on success it replaces `final` in one rename.
+# A folder written through `atomic_directory(..., owner=...)` lists what it holds in this file, so that a later
+# write may replace it without the risk of deleting anything a user put there (or a folder that is not ours).
+OWNER_MARKER = ".workbench-owned.json"
+_INTERNAL = (OWNER_MARKER, ".workbench.lock")  # our own bookkeeping files, never user data
 
-    If the body raises, the temp folder is removed and `final` (if it existed) is untouched.
+
+def _files_under(folder: Path) -> list[str]:
+    return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if not p.is_dir())
+
+
+def write_owner_marker(folder: str | Path, kind: str) -> Path:
+    """Record that the workbench wrote `folder` and which files it holds (call when the folder is complete)."""
+    folder = Path(folder)
+    files = [f for f in _files_under(folder) if f not in _INTERNAL]
+    return atomic_write_json(folder / OWNER_MARKER, {"written_by": "speculators-workbench", "kind": kind,
+                                                     "files": files})
+
+
+def foreign_files(folder: str | Path, limit: int | None = None) -> list[str]:
+    """Files in `folder` that the workbench did not write (all of them when it holds no valid marker).
+
+    Stops after `limit` of them (a folder such as a home directory can hold millions of files).
+    """
+    folder = Path(folder)
+    try:
+        marker = read_json(folder / OWNER_MARKER)
+        ours = set(marker["files"]) if marker.get("written_by") == "speculators-workbench" else set()
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        ours = set()
+    found: list[str] = []
+    for p in folder.rglob("*"):
+        if p.is_dir():
+            continue
+        name = p.relative_to(folder).as_posix()
+        if name not in _INTERNAL and name not in ours:
+            found.append(name)
+            if limit is not None and len(found) >= limit:
+                break
+    return sorted(found)
+
+
+def check_replaceable(final: str | Path, *, overwrite: bool = False, what: str = "output folder",
+                      flag: str = "--overwrite", also_ours=None) -> None:
+    """Refuse to replace `final` unless it is absent, empty, written by us, or `overwrite` is given.
+
+    `also_ours(folder)` may vouch for a folder written before markers existed.
     """
     final = Path(final)
+    if not final.exists() and not final.is_symlink():
+        return
+    if not final.is_dir() or final.is_symlink():
+        raise WorkbenchError(f"the {what} exists and is not a folder", where=str(final),
+                             hint="choose another output path (nothing was written)")
+    if overwrite:
+        return
+    foreign = foreign_files(final, limit=6)
+    if not foreign or (also_ours is not None and also_ours(final)):
+        return
+    shown = ", ".join(foreign[:5]) + (" and more" if len(foreign) > 5 else "")
+    raise WorkbenchError(
+        f"the {what} already exists and holds files the workbench did not write ({shown}); replacing it would "
+        "delete them", where=str(final),
+        hint=f"choose a new or empty folder, or add {flag} to replace it (everything in it is deleted)")
+
+
+@contextlib.contextmanager
+def atomic_directory(final: str | Path, *, owner: str | None = None, overwrite: bool = False,
+                     also_ours=None) -> Iterator[Path]:
+    """Yield a fresh temp folder next to `final`; on success it replaces `final` in one rename.
+
+    If the body raises, the temp folder is removed and `final` (if it existed) is untouched. With `owner`
+    (what the folder is, e.g. "draft") the folder gets an ownership marker, and an existing `final` is only
+    replaced when it is empty or was written by us (see `check_replaceable`), or with `overwrite`.
+    Files created inside get the umask's modes (some writers, e.g. safetensors, create them private).
+    """
+    final = Path(final)
+    if owner is not None:
+        check_replaceable(final, overwrite=overwrite, also_ours=also_ours)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
-    os.chmod(tmp, DIR_MODE)
+    os.chmod(tmp, dir_mode())
     try:
         yield tmp
+        _public_modes(tmp)
+        if owner is not None:
+            write_owner_marker(tmp, owner)
+            check_replaceable(final, overwrite=overwrite, also_ours=also_ours)  # it may have appeared meanwhile
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -83,6 +182,21 @@ def atomic_directory(final: str | Path) -> Iterator[Path]:
     os.replace(tmp, final)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def _public_modes(folder: Path) -> None:
+    """Give private (group/other-less) files and folders under `folder` the umask's modes."""
+    fmode, dmode = file_mode(), dir_mode()
+    for p in folder.rglob("*"):
+        if p.is_symlink():
+            continue
+        mode = p.stat().st_mode & 0o777
+        if mode & 0o077:
+            continue  # the writer chose a shared mode itself
+        if p.is_dir():
+            os.chmod(p, dmode)
+        else:
+            os.chmod(p, dmode if mode & 0o100 else fmode)
 
 
 def read_json(path: str | Path) -> Any:

@@ -21,7 +21,11 @@ with c1:
                                "Pickled .bin/.pt weights are not accepted (unpickling can run code).")
     if uploads:
         with guard("Reading the upload"):
-            src = str(conv.stage((u.name, u.getvalue()) for u in uploads))
+            ids = tuple(u.file_id for u in uploads)  # staged (and unzipped) once per upload, not on every rerun
+            staged = ss.get("convert_staged")
+            if not staged or staged[0] != ids or not conv.still_staged(staged[1]):
+                ss["convert_staged"] = (ids, str(conv.stage((u.name, u.getvalue()) for u in uploads)))
+            src = ss["convert_staged"][1]
 with c2:
     path = st.text_input("…or a local folder / .zip path", key="convert_path", persist_state="session",
                          placeholder="/path/to/checkpoint").strip()
@@ -65,7 +69,10 @@ elif conv.convertible(det):
                              "serves this model as the target.")
     aux = c3.text_input("Aux layer ids (optional)", "", key="convert_aux", placeholder="e.g. 2, 15, 27",
                         help="When the source does not record them; default: the converter's choice (see notes).")
-    argv = conv.convert_argv(det.folder, out, verifier.strip() or None, aux.replace(" ", "") or None)
+    overwrite = c1.checkbox("Replace the output folder even if it holds other files", False, key="convert_overwrite",
+                            help="An existing folder is replaced only when it is empty or a draft the workbench "
+                            "wrote. Tick this to replace any folder: everything in it is deleted.")
+    argv = conv.convert_argv(det.folder, out, verifier.strip() or None, aux.replace(" ", "") or None, overwrite)
     if st.button("Convert", type="primary", key="convert_go", icon=":material/transform:"):
         job = launch(argv, kind="convert")
         if job:

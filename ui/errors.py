@@ -11,7 +11,7 @@ from typing import Any
 import streamlit as st
 from pydantic import ValidationError
 
-from engine.errors import WorkbenchError
+from engine.errors import WorkbenchError, translate, validation_summary
 
 log = logging.getLogger("workbench.ui")
 PENDING = "app_pending_errors"  # errors raised in widget callbacks, shown on the next run
@@ -22,11 +22,7 @@ def describe(exc: BaseException) -> tuple[str, str | None]:
     if isinstance(exc, WorkbenchError):
         return (f"{exc.where}: {exc.message}" if exc.where else exc.message), exc.hint
     if isinstance(exc, ValidationError):
-        lines = []
-        for err in exc.errors():
-            loc = ".".join(str(x) for x in err["loc"]) or "value"
-            lines.append(f"`{loc}`: {err['msg']}")
-        return "invalid settings — " + "; ".join(lines), "correct the fields named above"
+        return validation_summary(exc), "correct the fields named above"
     if isinstance(exc, FileNotFoundError):
         return f"file not found: {exc.filename or exc}", "check the path (it is read on the machine that runs the app)"
     if isinstance(exc, PermissionError):
@@ -36,6 +32,9 @@ def describe(exc: BaseException) -> tuple[str, str | None]:
             "check the path, the free disk space and the file permissions"
     if isinstance(exc, MemoryError):
         return "out of memory", "use a smaller model, fewer tokens or a smaller batch"
+    translated = translate(exc)  # the CLI's translator: safetensors, unpickling, decoding, state-dict errors
+    if translated is not None:
+        return describe(translated)
     if isinstance(exc, (KeyError, ValueError, TypeError)) and str(exc):
         return f"{type(exc).__name__}: {exc}", "check the inputs on this page; the terminal running the app has details"
     return f"{type(exc).__name__}: {exc}", ("this looks like a bug in the workbench: the full traceback is in "

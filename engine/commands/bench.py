@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
     from engine.generate.bench import benchmark, markdown_table
     from engine.jobs import reporter
 
-    options = {k: v for k, v in vars(args).items() if k not in ("command", "_module", "verbose", "json_out")}
+    options = {k: v for k, v in vars(args).items() if k not in ("command", "_module", "verbose", "debug", "json_out")}
     result = benchmark(**options)
     result["command"] = "python -m engine bench " + " ".join(
         f"--{k.replace('_', '-')} {v}" for k, v in options.items() if v is not None)

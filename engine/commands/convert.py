@@ -16,6 +16,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--norm-before-residual", action="store_true", help="the draft was trained with norm_before_residual (chain drafters)")
     p.add_argument("--allow-pickle", action="store_true",
                    help="read .bin/.pt weights (torch.load(weights_only=True)); only for files you trust")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace --out even if it holds files the workbench did not write (they are deleted)")
     p.add_argument("--detect", action="store_true", help="only print the detected format and the key mapping")
     p.add_argument("--json", action="store_true")
 
@@ -44,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     if args.norm_before_residual:
         options["norm_before_residual"] = True
     out = convert(args.src, args.out, fmt=args.format, verifier=args.verifier, allow_pickle=args.allow_pickle,
-                  **options)
+                  overwrite=args.overwrite, **options)
     report = validate_draft(out)
     if args.json:
         print(json.dumps({"format": det.format, "out": str(out), "validation": report.to_json()}, indent=2))

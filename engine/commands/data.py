@@ -101,7 +101,7 @@ def run_regenerate(args: argparse.Namespace) -> int:
     from engine.data.pipeline import regenerate_dataset
     from engine.jobs import reporter
 
-    options = {k: v for k, v in vars(args).items() if k not in ("command", "_module", "verbose")}
+    options = {k: v for k, v in vars(args).items() if k not in ("command", "_module", "verbose", "debug")}
     result = regenerate_dataset(**options)
     reporter().update("done", 1.0, **{k: v for k, v in result.to_json().items() if not isinstance(v, dict)})
     print(json.dumps(result.to_json(), indent=2))

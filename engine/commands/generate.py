@@ -29,12 +29,13 @@ def run(args: argparse.Namespace) -> int:
     from engine.generate.speculative import generate
     from engine.targets import load_target
 
+    params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                            top_k=args.top_k, seed=args.seed)  # checked before the target is loaded
     target = load_target(args.target)
     tok = target.tokenizer
+    params.eos_token_ids = [tok.eos_token_id]
     proposer = make_proposer(args.method, target, draft=args.draft)
     runner = TargetRunner(target, getattr(proposer, "aux_layer_ids", None))
-    params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
-                            top_k=args.top_k, seed=args.seed, eos_token_ids=[tok.eos_token_id])
     metrics = SpecMetrics()
     out: list[int] = []
     printed = ""

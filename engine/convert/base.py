@@ -84,9 +84,16 @@ def mapping_table(folder: str | os.PathLike, fmt: str | None = None) -> list[tup
 
 
 def convert(src: str | os.PathLike, out: str | os.PathLike, *, fmt: str | None = None, verifier: str | None = None,
-            allow_pickle: bool = False, dtype: torch.dtype | None = None, **options: Any) -> Path:
-    """Convert `src` into a speculators draft at `out` (atomic) and return it."""
-    from engine.format.checkpoint import load_state_dict, save_checkpoint
+            allow_pickle: bool = False, dtype: torch.dtype | None = None, overwrite: bool = False,
+            **options: Any) -> Path:
+    """Convert `src` into a speculators draft at `out` (atomic) and return it.
+
+    An existing non-empty `out` that is not a draft the workbench wrote is refused unless `overwrite`.
+    """
+    from engine.format.checkpoint import legacy_job_draft, load_state_dict, save_checkpoint
+    from engine.fsutil import check_replaceable
+
+    check_replaceable(out, overwrite=overwrite, also_ours=legacy_job_draft)  # refuse before reading anything
 
     det = detect(src)
     fmt = fmt or det.format
@@ -101,7 +108,7 @@ def convert(src: str | os.PathLike, out: str | os.PathLike, *, fmt: str | None =
     verifier_config = _verifier_config(verifier)
     new_state = conv.transform(state, config, verifier_config=verifier_config, **options)
     new_config = conv.build_config(config, new_state, verifier=verifier, verifier_config=verifier_config, **options)
-    return save_checkpoint(out, new_config, new_state, dtype=dtype)
+    return save_checkpoint(out, new_config, new_state, dtype=dtype, overwrite=overwrite)
 
 
 def _verifier_config(verifier: str | None) -> dict[str, Any] | None:

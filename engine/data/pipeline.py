@@ -18,9 +18,12 @@ def regenerate_dataset(*, out: str, dataset: str = "sharegpt", target: str | Non
 
     `backend="vllm"` generates in a managed vLLM server (no weights in this process)."""
     from engine.data.datasets import load_conversations
-    from engine.data.regenerate import regenerate, tokenizer_only
+    from engine.data.regenerate import check_output, regenerate, tokenizer_only
+    from engine.generate.sampling import SamplingParams
     from engine.targets import load_target, pick_device
 
+    check_output(out)  # an unrelated --out file is refused before the target is loaded
+    SamplingParams(temperature=temperature, top_p=top_p)  # so are sampling values that make no sense
     if backend == "vllm":
         model = tokenizer_only(target)  # the server generates: no weights in this process
     else:

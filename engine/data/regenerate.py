@@ -3,7 +3,8 @@
 For a multi-turn conversation the target answers user turn 1, then sees its own answer as history when it
 answers user turn 2, and so on; the original assistant turns are dropped. Conversations are generated in
 batches (left-padded, KV-cached `model.generate`); each finished batch is appended in one write and fsynced,
-and a re-run skips the ids already in the file (a line cut by a crash is removed first).
+and a re-run skips the ids already in the file (a line cut by a crash is removed first). A file that
+regenerate did not write is refused, never truncated.
 """
 
 from __future__ import annotations
@@ -50,9 +51,65 @@ class RegenerateSummary:
 # -- the output file ---------------------------------------------------------------------------------
 
 
+_ROW_START = b'{"id": '  # how every row `append_rows` writes begins (json.dumps of a dict whose first key is id)
+
+
+def is_own_row(row) -> bool:
+    """A row `regenerate` wrote: {"id", "messages": [...], "regenerated": {"target", ...}}."""
+    return (isinstance(row, dict) and "id" in row and isinstance(row.get("messages"), list)
+            and isinstance(row.get("regenerated"), dict) and "target" in row["regenerated"])
+
+
+def _refuse_foreign(path: Path, what: str) -> WorkbenchError:
+    return WorkbenchError(
+        f"--out already holds data that `regenerate` did not write ({what}); nothing was changed", where=str(path),
+        hint="give a new file, or the output of an earlier regenerate run to resume it (rows are appended to it)")
+
+
+def scan_output(path: Path, data: bytes) -> tuple[set[str], int]:
+    """(ids done, length to keep) of an output file's bytes; WorkbenchError if regenerate did not write it."""
+    end = data.rfind(b"\n") + 1
+    done = set()
+    for number, line in enumerate(data[:end].splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:  # includes UnicodeDecodeError
+            raise _refuse_foreign(path, f"line {number} is not JSON") from None
+        if not is_own_row(row):
+            raise _refuse_foreign(path, f"line {number} is not a regenerated row (id, messages, regenerated)")
+        done.add(str(row["id"]))
+    tail = data[end:]
+    if tail:
+        try:
+            complete = json.loads(tail)
+        except ValueError:
+            complete = None  # cut: it may be the start of one of our rows
+        if not tail.startswith(_ROW_START) or (complete is not None and not is_own_row(complete)):
+            raise _refuse_foreign(path, "its last line, without a newline, is not part of a regenerated row")
+    return done, end
+
+
+def check_output(path: str | Path) -> None:
+    """Refuse early (before a model is loaded) an --out that regenerate could not append to."""
+    path = Path(path)
+    if path.is_dir():
+        raise WorkbenchError("--out is a folder, not a file", where=str(path), hint="give a .jsonl file path")
+    if path.is_file():
+        scan_output(path, path.read_bytes())
+
+
 def open_output(path: Path):
-    """Open `path` for appending under an exclusive lock; drop a trailing partial line; return (file, done ids)."""
+    """Open `path` for appending under an exclusive lock; drop a trailing partial line; return (file, done ids).
+
+    Only a file `regenerate` wrote is resumed or repaired: every complete line must be one of its rows and a
+    trailing partial line must be the start of one (a write cut by a crash). Anything else is refused
+    untouched, so pointing --out at an unrelated file never truncates it.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_dir():
+        raise WorkbenchError("--out is a folder, not a file", where=str(path), hint="give a .jsonl file path")
     f = open(path, "a+b")
     try:
         fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -60,19 +117,18 @@ def open_output(path: Path):
         f.close()
         raise WorkbenchError(f"{path} is being written by another job",
                              hint="wait for it to finish, stop it, or choose another --out file") from None
-    f.seek(0)
-    data = f.read()
-    end = data.rfind(b"\n") + 1
-    if end < len(data):
-        log.warning("%s ends with a partial line (an interrupted write): removing it", path)
-        f.truncate(end)
-        os.fsync(f.fileno())
-    done = set()
-    for line in data[:end].splitlines():
-        try:
-            done.add(str(json.loads(line)["id"]))
-        except (ValueError, KeyError, TypeError):
-            log.warning("%s: ignoring a line that is not a JSON row with an id", path)
+    try:
+        f.seek(0)
+        data = f.read()
+        done, end = scan_output(path, data)
+        if end < len(data):
+            log.warning("%s ends with a partial line (an interrupted write): removing it", path)
+            f.truncate(end)
+            os.fsync(f.fileno())
+    except BaseException:
+        fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+        f.close()
+        raise
     return f, done
 
 
@@ -222,6 +278,9 @@ def regenerate(target, rows: Sequence[dict], out: str | Path, *, max_new_tokens:
     if any("messages" not in r for r in rows):
         raise WorkbenchError("regenerate needs chat rows (messages), not already-tokenised ones",
                              hint="give a dataset of conversations (messages, conversations or prompt/completion)")
+    from engine.generate.sampling import SamplingParams
+
+    SamplingParams(temperature=temperature, top_p=top_p)  # a clear error for top_p <= 0, temperature < 0, ...
     out = Path(out)
     summary = RegenerateSummary(out=str(out))
     f, done = open_output(out)

@@ -11,7 +11,8 @@ from typing import Any, Mapping
 import torch
 
 from engine.errors import WorkbenchError
-from engine.fsutil import atomic_directory, atomic_save_safetensors, atomic_write_json, atomic_write_text
+from engine.fsutil import (atomic_directory, atomic_save_safetensors, atomic_write_json, atomic_write_text,
+                           check_replaceable)
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -135,12 +136,16 @@ def save_checkpoint(
     dtype: torch.dtype | None = None,
     extra_files: Mapping[str, str] | None = None,
     max_shard_bytes: int | None = None,
+    overwrite: bool = False,
 ) -> Path:
     """Write config.json + model.safetensors (or shards with an index) atomically.
 
     Floating tensors are cast to `dtype` when given; integer/bool tensors (d2t, t2d) keep theirs.
-    The folder appears complete or not at all.
+    The folder appears complete or not at all. An existing folder is replaced only when it is empty or a
+    draft the workbench wrote (its ownership marker lists every file in it), or with `overwrite`;
+    otherwise a WorkbenchError says so and nothing is touched.
     """
+    check_replaceable(folder, overwrite=overwrite, also_ours=legacy_job_draft)  # before any work
     cfg = config.to_dict() if hasattr(config, "to_dict") else dict(config)
     if dtype is not None:
         cfg["dtype"] = str(dtype).replace("torch.", "")
@@ -149,7 +154,7 @@ def save_checkpoint(
         k: (v.detach().to(dtype) if dtype is not None and v.is_floating_point() else v.detach()).cpu().contiguous()
         for k, v in state_dict.items()
     }
-    with atomic_directory(folder) as tmp:
+    with atomic_directory(folder, owner="draft", overwrite=overwrite, also_ours=legacy_job_draft) as tmp:
         atomic_write_text(tmp / CONFIG_NAME, json.dumps(cfg, indent=2, sort_keys=True) + "\n")
         shards = _shard(tensors, max_shard_bytes)
         if len(shards) == 1:
@@ -165,6 +170,19 @@ def save_checkpoint(
         for name, text in (extra_files or {}).items():
             atomic_write_text(tmp / name, text)
     return Path(folder)
+
+
+def legacy_job_draft(folder: str | os.PathLike) -> bool:
+    """A draft written before ownership markers existed, inside a job folder of ours (`train --out`'s `draft/`).
+
+    Only the files a draft consists of, and the parent folder carries the lock file of a workbench job.
+    """
+    folder = Path(folder)
+    if not (folder.parent / ".workbench.lock").is_file():
+        return False
+    names = {p.name for p in folder.iterdir()}
+    draft_files = {CONFIG_NAME, INDEX_NAME, ".workbench.lock"}
+    return CONFIG_NAME in names and all(n in draft_files or n.endswith(".safetensors") for n in names)
 
 
 def _shard(tensors: dict[str, torch.Tensor], max_bytes: int | None) -> list[dict[str, torch.Tensor]]:

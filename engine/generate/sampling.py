@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
+
+from engine.errors import WorkbenchError
+
+
+def _finite(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 @dataclass
@@ -19,6 +26,25 @@ class SamplingParams:
     seed: int | None = 0
     stop: list[str] = field(default_factory=list)  # stop strings (output is cut before them)
     eos_token_ids: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.check()
+
+    def check(self) -> None:
+        """Refuse values that would crash sampling or silently mean something else (e.g. greedy)."""
+        checks = [
+            ("temperature", self.temperature, _finite(self.temperature) and self.temperature >= 0,
+             "0 for greedy decoding, or a positive value such as 0.7 (--temperature)"),
+            ("top_p", self.top_p, _finite(self.top_p) and 0 < self.top_p <= 1,
+             "a value in (0, 1]; 1 keeps every token (--top-p)"),
+            ("top_k", self.top_k, isinstance(self.top_k, int) and self.top_k >= 0,
+             "0 for no top-k cut, or a positive whole number (--top-k)"),
+            ("max_new_tokens", self.max_new_tokens, isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 1,
+             "a positive whole number (--max-new-tokens)"),
+        ]
+        for name, value, good, hint in checks:
+            if not good:
+                raise WorkbenchError(f"invalid sampling parameter {name}={value!r}", hint=f"{name} must be {hint}")
 
     @property
     def greedy(self) -> bool:

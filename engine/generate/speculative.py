@@ -89,6 +89,7 @@ class _Stopper:
 def _check_prompt(prompt_ids: list[int], params: SamplingParams, runner: TargetRunner) -> None:
     if not prompt_ids:
         raise WorkbenchError("the prompt is empty", hint="give at least one token of prompt text")
+    params.check()  # fields may have been changed since it was made
     if params.max_new_tokens < 1:
         raise WorkbenchError("max_new_tokens must be at least 1")
     if len(prompt_ids) + params.max_new_tokens + 1 > runner.max_length:

@@ -1,0 +1,602 @@
+"""Hostile inputs and faults (issue 18): nothing we did not write is lost, errors say what/where/how to fix.
+
+Every case here is listed in RELIABILITY.md with what the user sees.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.errors import WorkbenchError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _engine(*args: str, env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "engine", *args], capture_output=True, text=True, cwd=ROOT,
+                          env={**os.environ, **(env or {})}, timeout=timeout)
+
+
+def _research_src(tmp_path: Path) -> Path:
+    """A tiny EAGLE-3 research checkpoint (`midlayer.*` names), as tests/test_convert.py builds them."""
+    from safetensors.torch import save_file
+
+    h, nh, nkv, hd, inter, v, vd = 16, 2, 1, 8, 32, 48, 24
+    folder = tmp_path / "src"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLMEagle3"], "hidden_size": h, "intermediate_size": inter,
+        "num_attention_heads": nh, "num_key_value_heads": nkv, "head_dim": hd, "num_hidden_layers": 1,
+        "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "max_position_embeddings": 512, "vocab_size": v,
+        "draft_vocab_size": vd, "model_type": "llama", "torch_dtype": "float32"}))
+    sel = torch.arange(0, v, 2)
+    t2d = torch.zeros(v, dtype=torch.bool)
+    t2d[sel] = True
+    m = "midlayer."
+    state = {"fc.weight": torch.randn(h, 3 * h), "norm.weight": torch.ones(h), "lm_head.weight": torch.randn(vd, h),
+             "d2t": sel - torch.arange(vd), "t2d": t2d,
+             m + "self_attn.q_proj.weight": torch.randn(nh * hd, 2 * h),
+             m + "self_attn.k_proj.weight": torch.randn(nkv * hd, 2 * h),
+             m + "self_attn.v_proj.weight": torch.randn(nkv * hd, 2 * h),
+             m + "self_attn.o_proj.weight": torch.randn(h, nh * hd),
+             m + "mlp.gate_proj.weight": torch.randn(inter, h), m + "mlp.up_proj.weight": torch.randn(inter, h),
+             m + "mlp.down_proj.weight": torch.randn(h, inter), m + "input_layernorm.weight": torch.ones(h),
+             m + "hidden_norm.weight": torch.ones(h), m + "post_attention_layernorm.weight": torch.ones(h)}
+    save_file(state, str(folder / "model.safetensors"))
+    return folder
+
+
+# -- 1. convert --out onto an existing folder --------------------------------------------------------------
+
+
+def test_convert_refuses_a_folder_it_did_not_write(tmp_path):
+    from engine.convert.base import convert
+
+    src = _research_src(tmp_path)
+    out = tmp_path / "my-models"
+    out.mkdir()
+    (out / "thesis.tex").write_text("years of work")
+    with pytest.raises(WorkbenchError, match="did not write") as info:
+        convert(src, out, verifier="org/verifier")
+    assert "--overwrite" in info.value.hint and info.value.where == str(out)
+    assert (out / "thesis.tex").read_text() == "years of work" and sorted(os.listdir(out)) == ["thesis.tex"]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".my-models")]  # no temp folder left behind
+
+
+def test_convert_replaces_its_own_draft_and_an_empty_folder(tmp_path):
+    from engine.convert.base import convert
+    from engine.format.validate import validate_draft
+
+    src = _research_src(tmp_path)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert validate_draft(convert(src, empty, verifier="org/verifier")).ok
+    out = convert(src, tmp_path / "out", verifier="org/verifier")
+    assert (out / ".workbench-owned.json").is_file()
+    convert(src, out, verifier="org/other")  # ours: replaced without --overwrite
+    assert json.loads((out / "config.json").read_text())["speculators_config"]["verifier"]["name_or_path"] == \
+        "org/other"
+    (out / "notes.md").write_text("mine")  # a file the user added to our draft makes it theirs too
+    with pytest.raises(WorkbenchError, match="notes.md"):
+        convert(src, out, verifier="org/verifier")
+    assert (out / "notes.md").is_file()
+
+
+def test_convert_overwrite_replaces_any_folder_but_never_a_file(tmp_path):
+    from engine.convert.base import convert
+
+    src = _research_src(tmp_path)
+    out = tmp_path / "other"
+    out.mkdir()
+    (out / "old.bin").write_bytes(b"x")
+    convert(src, out, verifier="org/verifier", overwrite=True)
+    assert not (out / "old.bin").exists() and (out / "model.safetensors").is_file()
+    a_file = tmp_path / "a-file"
+    a_file.write_text("keep")
+    with pytest.raises(WorkbenchError, match="not a folder"):
+        convert(src, a_file, verifier="org/verifier", overwrite=True)
+    assert a_file.read_text() == "keep"
+
+
+def test_convert_cli_refuses_then_overwrites(tmp_path):
+    src = _research_src(tmp_path)
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "keep.txt").write_text("keep")
+    run = _engine("convert", str(src), "--out", str(out), "--target", "org/verifier")
+    assert run.returncode != 0 and "did not write" in run.stderr and "--overwrite" in run.stderr
+    assert "Traceback" not in run.stderr and (out / "keep.txt").read_text() == "keep"
+    run = _engine("convert", str(src), "--out", str(out), "--target", "org/verifier", "--overwrite")
+    assert run.returncode == 0, run.stderr
+    assert not (out / "keep.txt").exists()
+
+
+def test_convert_page_passes_the_overwrite_checkbox():
+    from ui.convert import convert_argv
+
+    assert "--overwrite" not in convert_argv("s", "o", None, None)
+    assert convert_argv("s", "o", None, None, overwrite=True)[:4] == ["convert", "s", "--out", "o"]
+    assert "--overwrite" in convert_argv("s", "o", None, None, overwrite=True)
+
+
+def test_a_retrained_draft_from_before_markers_is_still_replaced(tmp_path):
+    """`train --out RUN` writes RUN/draft; a RUN from an older version (no marker) must not block retraining."""
+    from engine.format.checkpoint import save_checkpoint
+
+    run = tmp_path / "run"
+    (run / "draft").mkdir(parents=True)
+    (run / ".workbench.lock").write_text("")
+    (run / "draft" / "config.json").write_text("{}")
+    (run / "draft" / "model.safetensors").write_bytes(b"")
+    save_checkpoint(run / "draft", {"a": 1}, {"w": torch.zeros(2)})
+    assert json.loads((run / "draft" / "config.json").read_text()) == {"a": 1}
+
+
+# -- 6. files we write follow the umask -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o002, 0o664), (0o077, 0o600)])
+def test_checkpoint_files_follow_the_umask(tmp_path, umask, mode):
+    from engine.format.checkpoint import save_checkpoint
+    from engine.fsutil import atomic_save_safetensors
+
+    old = os.umask(umask)
+    try:
+        folder = save_checkpoint(tmp_path / "d", {"x": 1}, {"w": torch.zeros(4)})
+        sharded = save_checkpoint(tmp_path / "s", {"x": 1}, {"a": torch.zeros(4), "b": torch.zeros(4)},
+                                  max_shard_bytes=16)
+        lone = atomic_save_safetensors({"w": torch.zeros(1)}, tmp_path / "lone.safetensors")
+    finally:
+        os.umask(old)
+    files = [p for p in (*folder.iterdir(), *sharded.iterdir(), lone) if p.is_file()]
+    assert any(p.suffix == ".safetensors" for p in files) and len(files) >= 6
+    for p in files:
+        assert stat.S_IMODE(p.stat().st_mode) == mode, p
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o777 & ~umask
+
+
+def test_files_written_private_inside_an_atomic_directory_are_made_readable(tmp_path):
+    """save_pretrained (targets cache) writes through safetensors too."""
+    from safetensors.torch import save_file
+
+    from engine.fsutil import atomic_directory
+
+    old = os.umask(0o022)
+    try:
+        with atomic_directory(tmp_path / "t") as tmp:
+            save_file({"w": torch.zeros(1)}, str(tmp / "model.safetensors"))
+            (tmp / "sub").mkdir(mode=0o700)
+            os.close(os.open(tmp / "sub" / "secret-looking", os.O_CREAT | os.O_WRONLY, 0o600))
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "t" / "model.safetensors").stat().st_mode) == 0o644
+    assert stat.S_IMODE((tmp_path / "t" / "sub").stat().st_mode) == 0o755
+    assert stat.S_IMODE((tmp_path / "t" / "sub" / "secret-looking").stat().st_mode) == 0o644
+
+
+# -- 2. the app listens on this machine only -----------------------------------------------------------
+
+
+def test_app_config_and_make_app_bind_to_localhost():
+    import tomllib
+
+    config = tomllib.loads((ROOT / ".streamlit" / "config.toml").read_text())
+    assert config["server"]["address"] == "localhost"
+    make = subprocess.run(["make", "-n", "-W", ".venv/.installed", "app"], capture_output=True, text=True, cwd=ROOT)
+    line = next(x for x in make.stdout.splitlines() if "streamlit run" in x)
+    assert "--server.address localhost" in line, line
+    exposed = subprocess.run(["make", "-n", "-W", ".venv/.installed", "app", "ADDRESS=0.0.0.0"], capture_output=True,
+                             text=True, cwd=ROOT).stdout
+    assert "--server.address 0.0.0.0" in exposed  # exposing it is an explicit choice
+    assert "Network access" in (ROOT / "README.md").read_text()
+
+
+def _listening_addresses(port: int) -> list:
+    """Local addresses of the TCP sockets listening on `port` (from /proc/net/tcp and tcp6)."""
+    import ipaddress
+
+    found = []
+    for name, width in (("tcp", 4), ("tcp6", 16)):
+        path = Path("/proc/net") / name
+        if not path.exists():
+            continue
+        for line in path.read_text().splitlines()[1:]:
+            fields = line.split()
+            addr, hexport = fields[1].split(":")
+            if fields[3] != "0A" or int(hexport, 16) != port:  # 0A = LISTEN
+                continue
+            raw = bytes.fromhex(addr)
+            raw = b"".join(raw[i:i + 4][::-1] for i in range(0, width, 4))  # little-endian 32-bit words
+            ip = ipaddress.ip_address(raw)
+            found.append(getattr(ip, "ipv4_mapped", None) or ip)
+    return found
+
+
+def _non_loopback_address() -> str | None:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("192.0.2.1", 9))  # no packet is sent: this only picks the outgoing interface
+            ip = s.getsockname()[0]
+        except OSError:
+            return None
+    return None if ip.startswith("127.") or ip == "0.0.0.0" else ip
+
+
+def test_the_running_app_is_not_reachable_from_the_network(tmp_path):
+    """`streamlit run app.py` with the repo's config (no --server.address) listens on loopback only."""
+    import socket
+    import time
+    import urllib.request
+
+    if not Path("/proc/net/tcp").exists():
+        pytest.skip("needs Linux /proc/net/tcp")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = open(tmp_path / "streamlit.log", "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port),
+                             "--server.fileWatcherType", "none"],
+                            cwd=ROOT, env={**os.environ, "WORKBENCH_RUNS": str(tmp_path / "runs")}, stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.time() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.time() > deadline:
+                pytest.fail("streamlit did not start:\n" + (tmp_path / "streamlit.log").read_text())
+            time.sleep(0.3)
+        addresses = _listening_addresses(port)
+        assert addresses and all(a.is_loopback for a in addresses), addresses
+        other = _non_loopback_address()
+        if other:
+            with pytest.raises(OSError):
+                socket.create_connection((other, port), timeout=2).close()
+    finally:
+        import signal
+
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+        log.close()
+
+
+# -- 3. regenerate --out onto an unrelated file ------------------------------------------------------------
+
+_CHATS = [{"id": "a", "messages": [{"role": "user", "content": "Hello there?"}]},
+          {"id": "b", "messages": [{"role": "user", "content": "One more?"}]}]
+
+
+@pytest.fixture
+def fake_answers(monkeypatch):
+    import engine.data.regenerate as rg
+
+    monkeypatch.setattr(rg, "generate_answers", lambda target, histories, **kw: [("ok", 1, True) for _ in histories])
+
+
+class _Target:
+    verifier_name = "org/target"
+
+    class tokenizer:  # noqa: N801 - a stand-in; max_length is not used, so it is never called
+        pass
+
+
+@pytest.mark.parametrize("content", [
+    b"my notes, no newline at the end",  # plain text without a trailing newline: was cut to nothing
+    b"line one\nline two without newline",  # was cut to "line one\n"
+    b'{"id": "x", "messages": [{"role": "user", "content": "hi"}]}',  # an input dataset row, no final newline
+    b'{"id": "x", "messages": [{"role": "user", "content": "hi"}]}\n',  # a dataset, not regenerate's rows
+    b"\xff\xfe binary\n",
+])
+def test_regenerate_refuses_a_file_it_did_not_write(tmp_path, fake_answers, content):
+    import engine.data.regenerate as rg
+
+    out = tmp_path / "precious.jsonl"
+    out.write_bytes(content)
+    with pytest.raises(WorkbenchError, match="did not write") as info:
+        rg.regenerate(_Target(), _CHATS, out, progress=False)
+    assert info.value.where == str(out) and "new file" in info.value.hint
+    assert out.read_bytes() == content
+    with pytest.raises(WorkbenchError, match="did not write"):
+        rg.check_output(out)
+    with pytest.raises(WorkbenchError, match="did not write"):  # not "being written": the lock was released
+        rg.open_output(out)
+    assert out.read_bytes() == content
+
+
+def test_regenerate_still_repairs_and_resumes_its_own_file(tmp_path, fake_answers):
+    import engine.data.regenerate as rg
+
+    out = tmp_path / "r.jsonl"
+    rg.regenerate(_Target(), _CHATS[:1], out, progress=False)
+    rg.check_output(out)
+    with open(out, "ab") as f:
+        f.write(b'{"id": "b", "messages": [{"role": "us')  # a crash in the middle of a write
+    summary = rg.regenerate(_Target(), _CHATS, out, progress=False)
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["id"] for r in rows] == ["a", "b"] and summary.already_done == 1 and summary.written == 1
+
+
+def test_regenerate_cli_refuses_before_loading_the_target(tmp_path):
+    out = tmp_path / "notes.txt"
+    out.write_text("keep me")
+    run = _engine("regenerate", "--target", str(tmp_path / "no-such-target"), "--dataset", str(tmp_path / "none"),
+                  "--out", str(out))
+    assert run.returncode != 0 and "did not write" in run.stderr and "Traceback" not in run.stderr
+    assert out.read_text() == "keep me"
+
+
+# -- 4. uploaded zips on the Convert page ---------------------------------------------------------------
+
+
+def _zip(members: dict[str, bytes], level: int = 1) -> bytes:
+    import io
+    import zipfile
+
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=level) as zf:
+        for name, data in members.items():
+            zf.writestr(name, data)
+    return buf.getvalue()
+
+
+@pytest.fixture
+def uploads(tmp_path, monkeypatch):
+    monkeypatch.setenv("WORKBENCH_RUNS", str(tmp_path / "runs"))
+    return tmp_path / "runs" / "uploads"
+
+
+def test_a_zip_bomb_is_refused_before_anything_is_written(uploads):
+    from ui import convert as conv
+
+    bomb = _zip({"config.json": b"{}", "model.safetensors": bytes(80 * 2**20)})  # 80 MiB of zeros in ~80 KiB
+    assert len(bomb) < 2**20
+    with pytest.raises(WorkbenchError, match="zip bomb") as info:
+        conv.stage([("draft.zip", bomb)])
+    assert info.value.where == "draft.zip"
+    assert not list(uploads.rglob("*.safetensors"))  # nothing unpacked, no temp folder left
+    assert not [p for p in uploads.iterdir() if p.name.startswith(".")] if uploads.exists() else True
+
+
+def test_a_zip_over_the_size_limit_is_refused(uploads, monkeypatch, tmp_path):
+    from ui import convert as conv
+
+    monkeypatch.setattr(conv, "MAX_UNZIPPED_BYTES", 2**20)
+    big = _zip({"config.json": b"{}", "model.safetensors": os.urandom(2 * 2**20)})
+    with pytest.raises(WorkbenchError, match="more than the 1.0 MiB limit") as info:
+        conv.stage([("draft.zip", big)])
+    assert "WORKBENCH_MAX_UNZIP_GB" in info.value.hint
+    local = tmp_path / "local.zip"
+    local.write_bytes(big)
+    with pytest.raises(WorkbenchError, match="limit"):  # a local .zip path goes through the same checks
+        conv.resolve_input(str(local))
+    assert not list(uploads.rglob("*.safetensors"))
+
+
+def test_an_upload_is_extracted_once_and_stale_ones_are_removed(uploads, monkeypatch):
+    import time
+
+    from ui import convert as conv
+
+    data = _zip({"d/config.json": b'{"a": 1}', "d/model.safetensors": b"x"})
+    first = conv.stage([("draft.zip", data)])
+    assert (first / "config.json").is_file() and first.parent.parent == uploads
+    calls = []
+    with monkeypatch.context() as m:
+        m.setattr(conv, "extract_zip", lambda *a, **k: calls.append(a))
+        assert conv.stage([("draft.zip", data)]) == first and not calls  # a rerun reuses it: nothing re-extracted
+    assert conv.still_staged(first)
+    old = uploads / "convert-000000000000"
+    old.mkdir()
+    long_ago = time.time() - conv.STAGED_TTL_S - 60
+    os.utime(old, (long_ago, long_ago))
+    leftover = uploads / ".convert-111111111111.abc.tmp"  # an extraction killed midway
+    leftover.mkdir()
+    os.utime(leftover, (long_ago, long_ago))
+    other = conv.stage([("other.zip", _zip({"config.json": b"{}"}))])
+    assert not old.exists() and not leftover.exists() and first.exists() and other.exists()
+    assert not conv.still_staged(old)
+
+
+# -- 7. sampling parameters ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("field, value", [("top_p", 0.0), ("top_p", -0.5), ("top_p", 1.5), ("top_p", float("nan")),
+                                          ("temperature", -0.1), ("temperature", float("inf")), ("top_k", -1),
+                                          ("max_new_tokens", 0)])
+def test_bad_sampling_parameters_are_a_clear_error(field, value):
+    from engine.generate.sampling import SamplingParams
+
+    with pytest.raises(WorkbenchError, match=f"invalid sampling parameter {field}=") as info:
+        SamplingParams(**{field: value})
+    assert info.value.hint.startswith(f"{field} must be")
+
+
+def test_good_sampling_parameters_still_work():
+    from engine.generate.sampling import SamplingParams, logits_to_probs
+
+    for kw in ({}, {"temperature": 0.7, "top_p": 1.0, "top_k": 0}, {"temperature": 1, "top_p": 0.01, "top_k": 5}):
+        probs = logits_to_probs(torch.randn(10), SamplingParams(**kw))
+        assert torch.isfinite(probs).all() and abs(float(probs.sum()) - 1) < 1e-5
+
+
+def test_the_generate_api_checks_parameters_changed_after_creation(tiny_llama):
+    from engine.generate.runner import TargetRunner
+    from engine.generate.sampling import SamplingParams
+    from engine.generate.speculative import generate
+
+    params = SamplingParams(max_new_tokens=2, temperature=1.0)
+    params.top_p = 0.0  # used to divide by zero in top-p and sample garbage
+    with pytest.raises(WorkbenchError, match="top_p"):
+        list(generate(TargetRunner(tiny_llama, None), [1, 2, 3], params))
+
+
+@pytest.mark.parametrize("flags", [["--top-p", "0"], ["--temperature", "-1"], ["--top-k", "-3"]])
+def test_generate_cli_refuses_bad_sampling_before_loading_anything(tmp_path, flags):
+    run = _engine("generate", "hello", "--target", str(tmp_path / "no-such-target"), *flags)
+    assert run.returncode == 2 and "invalid sampling parameter" in run.stderr and "Fix:" in run.stderr
+    assert "Traceback" not in run.stderr
+
+
+# -- 5. the CLI's last line of defence: every error as what / where / how to fix ------------------------------
+
+
+def _engine_patched(patch: str, *args: str) -> subprocess.CompletedProcess:
+    """`python -m engine ARGS` with `patch` (Python) run first: a fault injected where no real one is handy."""
+    code = f"import sys\n{patch}\nfrom engine.cli import main\nraise SystemExit(main(sys.argv[1:]))"
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+
+
+def _clear(run: subprocess.CompletedProcess, *fragments: str) -> None:
+    assert run.returncode == 2, (run.returncode, run.stderr[-2000:])
+    assert "Traceback" not in run.stderr, run.stderr[-2000:]
+    last = run.stderr.strip().splitlines()
+    assert any(line.startswith("error: ") for line in last) and last[-1].startswith("Fix: "), run.stderr[-2000:]
+    for fragment in fragments:
+        assert fragment in run.stderr, (fragment, run.stderr[-2000:])
+
+
+def test_cli_pydantic_validation_error_names_the_field_and_the_file(tmp_path):
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text("lr: abc\n")
+    _clear(_engine("train", "--config", str(cfg)), "invalid settings", "`lr`", str(cfg))
+    debug = _engine("train", "--config", str(cfg), "--debug")
+    assert debug.returncode == 2 and "Traceback" in debug.stderr and "ValidationError" in debug.stderr
+    assert "Traceback" in _engine("--debug", "train", "--config", str(cfg)).stderr  # before or after the command
+
+
+def test_cli_undecodable_bytes(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "config.json").write_bytes(b'{"a": "\xff"}')
+    _clear(_engine("convert", str(src), "--out", str(tmp_path / "o")), "not valid UTF-8", str(src / "config.json"),
+           "0xff")
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(b"\x98\x00\x00binary")
+    _clear(_engine("validate", str(weights)), "not valid UTF-8")
+
+
+def test_cli_unpickling_refusal(tmp_path):
+    import argparse
+
+    from safetensors.torch import load_file
+
+    src = _research_src(tmp_path)
+
+    tensors = load_file(str(src / "model.safetensors"))
+    (src / "model.safetensors").unlink()
+    torch.save({**tensors, "extra": argparse.Namespace(run="me")}, src / "pytorch_model.bin")
+    run = _engine("convert", str(src), "--out", str(tmp_path / "o"), "--target", "org/v", "--allow-pickle")
+    _clear(run, "refused to unpickle", "argparse.Namespace", "pytorch_model.bin")
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.fixture(scope="module")
+def broken_drafts(tiny_llama, tmp_path_factory):
+    """A tiny draft with a truncated model.safetensors, and one whose fc.weight has the wrong shape."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from engine.algos.eagle3 import build_eagle3, save_eagle3
+
+    root = tmp_path_factory.mktemp("broken")
+    draft = build_eagle3(tiny_llama, draft_vocab_size=128, token_counts=torch.arange(tiny_llama.vocab_size),
+                         aux_layer_ids=[1, 2, 3])
+    good = save_eagle3(draft, root / "good", dtype=torch.float32)
+    truncated, shape = root / "truncated", root / "shape"
+    shutil.copytree(good, truncated)
+    shutil.copytree(good, shape)
+    data = (good / "model.safetensors").read_bytes()
+    (truncated / "model.safetensors").write_bytes(data[:-100])
+    state = load_file(str(good / "model.safetensors"))
+    state["fc.weight"] = torch.zeros(state["fc.weight"].shape[0], state["fc.weight"].shape[1] + 1)
+    save_file(state, str(shape / "model.safetensors"))
+    return {"truncated": truncated, "shape": shape}
+
+
+def test_cli_corrupt_safetensors(tiny_targets, broken_drafts):
+    run = _engine("generate", "hi", "--target", str(tiny_targets["llama"]), "--draft",
+                  str(broken_drafts["truncated"]), "--max-new-tokens", "2")
+    _clear(run, "a .safetensors file cannot be read", str(broken_drafts["truncated"] / "model.safetensors"),
+           "re-download")
+
+
+def test_cli_state_dict_that_does_not_fit(tiny_targets, broken_drafts):
+    run = _engine("generate", "hi", "--target", str(tiny_targets["llama"]), "--draft", str(broken_drafts["shape"]),
+                  "--max-new-tokens", "2")
+    _clear(run, "the weights do not fit the model", "fc.weight", "validate")
+
+
+_FAIL_MKDTEMP = """
+import errno, os, tempfile
+def fail(*a, dir=None, **k):
+    raise OSError(errno.{name}, os.strerror(errno.{name}), dir)
+tempfile.mkdtemp = fail
+"""
+
+
+@pytest.mark.parametrize("name, what", [("ENOSPC", "no space left on the disk"), ("EROFS", "read-only"),
+                                        ("EACCES", "permission denied"), ("EISDIR", "a folder was given"),
+                                        ("ENOENT", "no such file or folder")])
+def test_cli_os_errors(tmp_path, name, what):
+    src = _research_src(tmp_path)
+    run = _engine_patched(_FAIL_MKDTEMP.format(name=name), "convert", str(src), "--out", str(tmp_path / "o"),
+                          "--target", "org/v")
+    _clear(run, what, str(tmp_path))
+
+
+def test_cli_disk_full_during_a_checkpoint_write_leaves_nothing_half_written(tmp_path):
+    src = _research_src(tmp_path)
+    patch = """
+import errno, safetensors.torch as st
+def full(tensors, filename, metadata=None):
+    with open(filename, "wb") as f:
+        f.write(b"partial")
+    raise OSError(errno.ENOSPC, "No space left on device", filename)
+st.save_file = full
+"""
+    out = tmp_path / "o"
+    _clear(_engine_patched(patch, "convert", str(src), "--out", str(out), "--target", "org/v"), "no space left",
+           "free disk space")
+    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["src"]  # no temp folder either
+
+
+def test_cli_unexpected_errors_are_one_line_with_debug_for_the_traceback(tmp_path):
+    patch = "import engine.commands.validate as v\nv.run = lambda args: 1 / 0"
+    run = _engine_patched(patch, "validate", str(tmp_path))
+    assert run.returncode == 1 and "Traceback" not in run.stderr
+    assert "unexpected ZeroDivisionError" in run.stderr and "--debug" in run.stderr
+    debug = _engine_patched(patch, "validate", str(tmp_path), "--debug")
+    assert debug.returncode == 1 and "Traceback" in debug.stderr and "ZeroDivisionError" in debug.stderr
+
+
+def test_translator_unit_cases():
+    import errno
+
+    from engine.errors import translate
+
+    assert translate(ZeroDivisionError()) is None and translate(KeyError("x")) is None
+    err = translate(OSError(errno.ENOSPC, "No space left on device", "/data/out"))
+    assert err.where == "/data/out" and "no space" in err.message and err.hint
+    err = translate(UnicodeDecodeError("utf-8", b"a\xff", 1, 2, "invalid start byte"))
+    assert "0xff at offset 1" in err.message
+    same = WorkbenchError("x")
+    assert translate(same) is same
