@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 # A copy of ../shared/fixtures/speculators-0.9.0 (configs and tensor listings speculators 0.9.0 emits).
 FIXTURES = ROOT / "tests" / "fixtures" / "speculators-0.9.0"
+# A draft algorithm in one folder outside engine/ (tests/engine/test_algorithms.py), loaded as a plugin.
+TOY_ALGO = ROOT / "tests" / "toy_algo"
 
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
@@ -23,7 +26,7 @@ def fixtures_dir() -> Path:
 @pytest.fixture(scope="session")
 def tiny_targets(tmp_path_factory) -> dict[str, Path]:
     """Folders of tiny random Llama, Qwen3 and Qwen3-MoE targets (with a ChatML tokenizer)."""
-    from engine.tiny import ARCHS, save_tiny_target
+    from tiny import ARCHS, save_tiny_target
 
     root = tmp_path_factory.mktemp("tiny-targets")
     return {arch: save_tiny_target(root / arch, arch) for arch in ARCHS}
@@ -42,3 +45,15 @@ def builtin_target():
     from engine.targets import load_target
 
     return load_target("smollm2-135m-instruct")
+
+
+@pytest.fixture
+def toy_registered():
+    """The toy algorithm registered in this process too (AppTest runs the app here); removed afterwards."""
+    from engine.algos import ALGOS, load_plugins
+
+    load_plugins(str(TOY_ALGO))
+    yield ALGOS.get("toy")
+    ALGOS.unregister("toy")
+    sys.modules.pop("workbench_plugin_toy_algo", None)
+    sys.modules.pop("workbench_plugin_toy_algo.model", None)

@@ -134,7 +134,7 @@ def _mask_by_prefix(tokenizer, text: str, spans: list[tuple[int, int]], n: int) 
 # A long conversation is tokenised only up to its first max_length * _CHARS_PER_TOKEN + _EXTRA_CHARS characters
 # when that yields at least max_length + _TOKEN_MARGIN tokens: the first max_length tokens are then those of the
 # whole text (the cut can only change how the last word before it is split). Checked equal on the first 2,000
-# ShareGPT rows at 32, 256, 768 and 2048 tokens (tests/test_data_render.py checks long chats).
+# ShareGPT rows at 32, 256, 768 and 2048 tokens (tests/engine/test_data_render.py checks long chats).
 _CHARS_PER_TOKEN = 8
 _EXTRA_CHARS = 2048
 _TOKEN_MARGIN = 64

@@ -16,7 +16,7 @@ from engine.format.validate import validate_draft
 from engine.train.config import TrainConfig
 from engine.train.trainer import Trainer
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def extract(target_dir: Path, out: Path, n: int = 24, max_length: int = 160) -> Path:

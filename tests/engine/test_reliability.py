@@ -17,7 +17,7 @@ import torch
 
 from engine.errors import WorkbenchError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _engine(*args: str, env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
@@ -26,7 +26,7 @@ def _engine(*args: str, env: dict | None = None, timeout: int = 300) -> subproce
 
 
 def _research_src(tmp_path: Path) -> Path:
-    """A tiny EAGLE-3 research checkpoint (`midlayer.*` names), as tests/test_convert.py builds them."""
+    """A tiny EAGLE-3 research checkpoint (`midlayer.*` names), as tests/engine/test_convert.py builds them."""
     from safetensors.torch import save_file
 
     h, nh, nkv, hd, inter, v, vd = 16, 2, 1, 8, 32, 48, 24
@@ -515,7 +515,7 @@ def broken_drafts(tiny_llama, tmp_path_factory):
 
     from safetensors.torch import load_file, save_file
 
-    from engine.algos.eagle3 import build_eagle3, save_eagle3
+    from engine.algos.eagle3.io import build_eagle3, save_eagle3
 
     root = tmp_path_factory.mktemp("broken")
     draft = build_eagle3(tiny_llama, draft_vocab_size=128, token_counts=torch.arange(tiny_llama.vocab_size),

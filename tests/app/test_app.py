@@ -17,7 +17,7 @@ from streamlit.testing.v1 import AppTest
 
 from engine import jobs
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PAGES = ["models", "data", "train", "convert", "config_builder", "demo_chat", "benchmarks", "serve", "jobs"]
 TITLES = {"models": "Models", "data": "Data", "train": "Train", "convert": "Convert",
           "config_builder": "Config builder", "demo_chat": "Demo chat", "benchmarks": "Benchmarks", "serve": "Serve",

@@ -22,7 +22,7 @@ from engine import jobs
 
 pytestmark = pytest.mark.browser
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "test-artifacts" / "browser"
 CHROMIUM = os.environ.get("WORKBENCH_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -169,7 +169,7 @@ def test_demo_chat_colours_accepted_tokens_and_answers_identically(page):
 
 
 def test_training_job_chart_updates(page, tmp_path):
-    from engine.tiny import save_tiny_target
+    from tiny import save_tiny_target
 
     tiny = save_tiny_target(tmp_path / "tiny-llama")
     go(page, "Train")

@@ -1,4 +1,4 @@
-"""Tiny random targets (Llama, Qwen3, Qwen3-MoE) with a small ChatML tokenizer, for tests and demos."""
+"""Tiny random targets (Llama, Qwen3, Qwen3-MoE) with a small ChatML tokenizer, for the tests."""
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ from engine.convert.base import convert
 from engine.format.checkpoint import tensor_index
 from engine.format.validate import validate_draft
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 H, NH, NKV, HD, I, V, VD = 32, 4, 2, 8, 64, 96, 48
 
 

@@ -25,7 +25,7 @@ import torch
 from engine.errors import WorkbenchError
 from engine.serve.metrics import parse_prometheus, parse_spec_metrics, spec_delta
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 VERIFIER = "HuggingFaceTB/SmolLM2-135M-Instruct"
 TEST_DTYPE = "float32"
 MAX_TOKENS = 40

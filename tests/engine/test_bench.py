@@ -12,7 +12,7 @@ import pytest
 from engine.generate.bench import load_prompts, markdown_table, run_bench
 from engine.generate.sampling import SamplingParams
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
