@@ -668,8 +668,9 @@ def test_every_command_the_app_builds_is_accepted_by_the_cli(tmp_path):
     argv, _ = training.train_argv(cfg)
     args = parser.parse_args(argv)
     assert args.aux_layer_ids == [2, 15, 27] and args.fc_norm is True and args.norm_before_fc is False
-    given = {k: v for k, v in vars(args).items() if k in TrainConfig.model_fields and v is not None}
-    assert TrainConfig(**given) == cfg
+    from engine.commands.train import train_overrides
+
+    assert TrainConfig(**train_overrides(args)) == cfg  # common fields and the algorithm's own arguments
     commands = [
         data.prepare_argv("sharegpt", "t", split="train", rows=3, max_length=512),
         data.regenerate_argv("sharegpt", "t", "o.jsonl", split="train", max_samples=5, max_new_tokens=8,
