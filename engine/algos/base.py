@@ -113,6 +113,21 @@ class DraftAlgorithm:
         """A fresh proposer (its own caches) over loaded weights, for the decode engine."""
         raise NotImplementedError
 
+    def aux_layer_ids(self, draft: "nn.Module") -> list[int]:
+        """The target layer ids whose hidden states the draft reads (ascending)."""
+        return sorted(draft.config.aux_layer_ids or [])
+
+    def acceptance_counts(self, draft: "nn.Module", aux: "torch.Tensor", token_ids: "torch.Tensor",
+                          k: int) -> "torch.Tensor":
+        """Greedy decoding of a held-out target output, without decoding: aux [T, A*Ht] (the target's states at
+        the draft's layers), token_ids [T] -> a [T] int64, a[q] = how many of the k drafts made when token q is
+        the last committed one equal the data (tokens q+1..q+k). `engine.evaluate` walks these counts."""
+        raise NotImplementedError
+
+    def draft_vocabulary(self, draft: "nn.Module") -> "torch.Tensor | None":
+        """bool [V]: target tokens the draft can propose (None: all of them)."""
+        return None
+
 
 ALGOS: Registry[DraftAlgorithm] = Registry("algorithm")
 

@@ -259,10 +259,15 @@ class Trainer:
         return True
 
     # -- loop --------------------------------------------------------------------------------
-    def _batch(self, indices: list[int]) -> dict[str, torch.Tensor]:
-        samples = self.data.get_many(indices) if hasattr(self.data, "get_many") else [self.data[i] for i in indices]
+    def _samples(self, indices: list[int]) -> list[dict[str, torch.Tensor]]:
+        return self.data.get_many(indices) if hasattr(self.data, "get_many") else [self.data[i] for i in indices]
+
+    def _collate(self, samples: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
         batch = self.algo.collate(samples, self.layout, self.cfg.tokens_per_batch, self.cfg.algo_args)
         return {k: v.to(self.device) for k, v in batch.items()}
+
+    def _batch(self, indices: list[int]) -> dict[str, torch.Tensor]:
+        return self._collate(self._samples(indices))
 
     def _forward(self, batch):
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.autocast and self.device.startswith("cuda")):
@@ -284,15 +289,24 @@ class Trainer:
         self.draft.eval()
         plan = plan_packed_batches(self.val_idx, self.data.lengths, self.cfg.tokens_per_batch, self.cfg.seed, 0,
                             shuffle=False)[: self.cfg.val_max_batches]
+        from engine.evaluate import summarize_walk_sums, walk_sums
+
+        draft_k = self.draft.config.speculative_tokens
+        limit = self.algo.max_k(self.draft.config)
+        ks = [k for k in range(1, max(5, draft_k) + 1) if limit is None or k <= limit]
         totals: dict[str, float] = {}
         for indices in plan[self.d.rank::self.d.world]:
-            loss, stats = self._forward(self._batch(indices))
+            samples = self._samples(indices)
+            loss, stats = self._forward(self._collate(samples))
             stats["loss_sum"], stats["loss_count"] = float(loss), 1.0
+            # decoding-exact acceptance along the draft-verify walk (engine.evaluate), for every k at once
+            stats.update(walk_sums(self.algo, self.draft, samples, self.layout.aux_columns, ks))
             for k, v in stats.items():
                 totals[k] = totals.get(k, 0.0) + v
         totals = all_reduce_sum(totals, self.d)
         self.draft.train()
         out = self.objective.summarize(totals)
+        out.update(summarize_walk_sums(totals, ks, draft_k))
         out["loss"] = totals.get("loss_sum", 0.0) / max(1.0, totals.get("loss_count", 0.0))
         return out
 

@@ -69,3 +69,11 @@ class Eagle3(DraftAlgorithm):
         from engine.algos.eagle3.proposer import Eagle3Proposer
 
         return Eagle3Proposer(draft, **options)
+
+    def acceptance_counts(self, draft, aux, token_ids, k):
+        from engine.algos.eagle3.evaluate import acceptance_counts
+
+        return acceptance_counts(draft, aux, token_ids, k)
+
+    def draft_vocabulary(self, draft):
+        return None if draft.t2d is None else draft.t2d.bool().cpu()

@@ -1,0 +1,63 @@
+"""`evaluate`: decoding-exact acceptance per k on held-out target outputs, without decoding; speedup forecast."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def _ks(text: str) -> list[int]:
+    try:
+        if "-" in text or ".." in text:
+            lo, hi = text.replace("..", "-").split("-")
+            return list(range(int(lo), int(hi) + 1))
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a list of k values (e.g. 1,2,3 or 1-5)") from None
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--draft", default=None, help="draft folder (default: the shipped draft of a built-in target)")
+    p.add_argument("--target", default=None, help="target: built-in name, folder or hub id (default: built-in)")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--data", default=None,
+                     help="extracted hidden states of held-out target outputs (`extract` of a regenerated val split); "
+                          "the fast path: no target forward at all")
+    src.add_argument("--dataset", default="sharegpt",
+                     help="a dataset whose held-out (val) prompts the target answers once, greedily (default: sharegpt)")
+    p.add_argument("--num-prompts", type=int, default=20, help="held-out prompts or samples to use (default: 20)")
+    p.add_argument("--max-new-tokens", type=int, default=128,
+                   help="answer length, as `bench --max-new-tokens` (0 = the data's whole answers)")
+    p.add_argument("--k", type=_ks, default=None, help="k values, e.g. 1,2,3 or 1-5 (default: 1..max(5, the draft's k))")
+    p.add_argument("--max-prompt-chars", type=int, default=1500, help="skip longer held-out prompts (as bench)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--forecast", action="store_true",
+                   help="measure the target's verify cost and the draft's cost per step here and forecast the speedup")
+    p.add_argument("--walks", action="store_true", help="keep each sample's accepted-count sequence in the JSON")
+    p.add_argument("--json", dest="json_out", default=None, help="write the result JSON here")
+
+
+def run(args: argparse.Namespace) -> int:
+    from engine.evaluate import evaluate_draft, format_table
+    from engine.fsutil import atomic_write_json
+    from engine.jobs import reporter
+
+    reporter().update("evaluating")
+    result = evaluate_draft(draft=args.draft, target=args.target, data=args.data,
+                            dataset=None if args.data else args.dataset, num_prompts=args.num_prompts,
+                            max_new_tokens=args.max_new_tokens or None, ks=args.k,
+                            max_prompt_chars=args.max_prompt_chars, seed=args.seed, measure_speed=args.forecast,
+                            keep_walks=args.walks)
+    print(f"{result['algorithm']} draft {result['draft']} on {result['num_samples']} held-out samples "
+          f"({result['seconds']:.1f} s for the draft pass); greedy decoding, vLLM's definitions:\n")
+    print(format_table(result, result.get("forecast")))
+    oov = result.get("out_of_draft_vocab_fraction")
+    if oov is not None:
+        print(f"\n{100 * oov:.1f}% of the answers' tokens are outside the draft vocabulary (never proposable).")
+    fc = result.get("forecast")
+    if fc:
+        print(f"recommended k on this machine: {fc['recommended_k']} (one target step {fc['target_step_ms']:.1f} ms)")
+    if args.json_out:
+        atomic_write_json(args.json_out, result)
+        print(f"wrote {args.json_out}")
+    reporter().update("done", 1.0, json=args.json_out)
+    return 0
