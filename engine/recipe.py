@@ -23,7 +23,7 @@ from engine.jobs import reporter
 
 log = logging.getLogger(__name__)
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
-STEPS = ("regenerate", "extract", "train", "bench", "curve", "sweep", "ship")
+STEPS = ("regenerate", "extract", "train", "bench", "curve", "sweep", "evaluate", "ship")
 
 
 def find_recipe(name_or_path: str) -> Path:
@@ -163,15 +163,21 @@ def run_recipe(name_or_path: str, *, only: list[str] | None = None, force: bool 
     if "sweep" in recipe and (not only or "sweep" in only) and not dry_run:
         rep.update("recipe step sweep")
         k_sweep(recipe)
+    if "evaluate" in recipe and (not only or "evaluate" in only) and not dry_run:
+        rep.update("recipe step evaluate")
+        evaluate_step(recipe)
     if "ship" in recipe and (not only or "ship" in only) and not dry_run:
         ship(recipe)
     return {"work": str(work), "timings": timings}
 
 
 def acceptance_curve(recipe: dict[str, Any]) -> list[dict[str, Any]]:
-    """Measured mean acceptance length of every kept checkpoint vs the training tokens it had seen."""
-    from engine.generate.bench import load_prompts, run_bench
-    from engine.generate.sampling import SamplingParams
+    """Decoding-exact mean acceptance length (engine.evaluate's walk) of every kept checkpoint vs the training
+    tokens it had seen: the target answers the held-out prompts once, then each checkpoint costs one draft pass.
+    (The recipe's `bench` step decodes for real with the final draft: the cross-check.)"""
+    from engine.evaluate import evaluate_samples, samples_from_prompts
+    from engine.generate.api import draft_algorithm
+    from engine.generate.bench import load_prompts
     from engine.jobs import read_jsonl
     from engine.targets import load_target
 
@@ -187,18 +193,23 @@ def acceptance_curve(recipe: dict[str, Any]) -> list[dict[str, Any]]:
     for r in rows:
         seen += r.get("tokens", 0.0)
         tokens_at[r["step"]] = seen
-    target = load_target(recipe.get("target", "smollm2-135m-instruct"))
-    prompts = load_prompts(opts.get("prompts", "sharegpt"), opts.get("num_prompts", 10))
-    params = SamplingParams(max_new_tokens=opts.get("max_new_tokens", 64))
-    for step, ckpt in checkpoints.items():
-        if step in done:
-            continue
-        result = run_bench(target, prompts, methods=("draft",), draft=str(ckpt), k=opts.get("k", 3), params=params,
-                           measure_cost=False, progress=False)
-        row = result["methods"]["draft"]
+    todo = [s for s in checkpoints if s not in done]
+    if todo:
+        target = load_target(recipe.get("target", "smollm2-135m-instruct"))
+        prompts = load_prompts(opts.get("prompts", "sharegpt"), opts.get("num_prompts", 10))
+        max_new, k = opts.get("max_new_tokens", 64), opts.get("k", 3)
+        algorithm = draft_algorithm(checkpoints[todo[0]])
+        first = algorithm.load(checkpoints[todo[0]], target)
+        samples = samples_from_prompts(target, prompts, algorithm.aux_layer_ids(first), max_new_tokens=max_new)
+    for step in todo:
+        ckpt = checkpoints[step]
+        result = evaluate_samples(algorithm, algorithm.load(ckpt, target), samples, [k], max_new_tokens=max_new)
+        row = result["by_k"][str(k)]
         done[step] = {"step": step, "weights": _stamp(ckpt), "training_tokens": tokens_at.get(step, 0.0),
                       "mean_acceptance_length": row["mean_acceptance_length"],
-                      "per_position_acceptance": row["per_position_acceptance"]}
+                      "per_position_acceptance": row["per_position_acceptance"],
+                      "all_positions_acceptance_length": row["all_positions_acceptance_length"],
+                      "measured_by": "decoding walk (engine.evaluate)"}
         log.info("curve: step %d (%.0f tokens) -> acceptance length %.2f", step, done[step]["training_tokens"],
                  row["mean_acceptance_length"] or 0)
         atomic_write_json(out_file, [done[k] for k in sorted(done)])
@@ -240,6 +251,25 @@ def k_sweep(recipe: dict[str, Any]) -> list[dict[str, Any]]:
                  row["speedup"] or 0)
         atomic_write_json(out_file, [done[x] for x in sorted(done)])
     return [done[x] for x in sorted(done)]
+
+
+def evaluate_step(recipe: dict[str, Any]) -> dict[str, Any]:
+    """Decoding-exact acceptance of the trained draft for every k, with the speedup forecast (model card)."""
+    from engine.evaluate import evaluate_draft
+
+    work = Path(recipe["work"])
+    opts = recipe["evaluate"] or {}
+    draft = work / "train" / "draft"
+    out_file = work / "evaluate.json"
+    if out_file.is_file() and read_json(out_file).get("weights") == _stamp(draft):
+        return read_json(out_file)
+    result = evaluate_draft(draft=str(draft), target=recipe.get("target", "smollm2-135m-instruct"),
+                            dataset=opts.get("prompts", "sharegpt"), num_prompts=opts.get("num_prompts", 20),
+                            max_new_tokens=opts.get("max_new_tokens", 128), ks=opts.get("ks"),
+                            measure_speed=opts.get("forecast", True), progress=False)
+    result["weights"] = _stamp(draft)
+    atomic_write_json(out_file, result)
+    return result
 
 
 def ship(recipe: dict[str, Any]) -> Path:

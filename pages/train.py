@@ -155,14 +155,19 @@ with tab_watch:
                         return
                     last = training.last_row(rows) or {}
                     val = training.last_row(rows, "val") or {}
-                    m = st.columns(4)
+                    m = st.columns(5)
                     m[0].metric("step", last.get("step", 0))
                     m[1].metric("loss", f"{last['loss']:.3f}" if "loss" in last else "–")
                     m[2].metric("est. acceptance length", f"{last['est_acceptance_length']:.2f}"
                                 if "est_acceptance_length" in last else "–",
                                 delta=f"val {val['est_acceptance_length']:.2f}" if "est_acceptance_length" in val
                                 else None, delta_color="off")
-                    m[3].metric("tokens/s", f"{last['tokens_per_s']:.0f}" if "tokens_per_s" in last else "–")
+                    m[3].metric("decoding walk (val)", f"{val['walk_acceptance_length']:.2f}"
+                                if "walk_acceptance_length" in val else "–",
+                                help="Mean acceptance length greedy decoding will measure on the validation samples "
+                                     "at the draft's k (the draft-verify walk of `python -m engine evaluate`); best k "
+                                     + (f"{val['walk_best_k']:.0f}" if "walk_best_k" in val else "–") + ".")
+                    m[4].metric("tokens/s", f"{last['tokens_per_s']:.0f}" if "tokens_per_s" in last else "–")
                     figs = charts.training_figures({out.name: rows})
                     for name, fig in figs.items():
                         st.plotly_chart(fig, key=f"train_chart_{name}")

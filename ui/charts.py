@@ -55,11 +55,17 @@ def training_figures(runs: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[st
             x, y = _series(rows, split, "est_acceptance_length")
             if x:
                 figs["acceptance"].add_scatter(x=x, y=y, mode="lines+markers" if split == "val" else "lines",
-                                               name=f"{tag}{split}", line=dict(dash=dash))
+                                               name=f"{tag}{split} · per-token estimate", line=dict(dash=dash))
+        # what greedy decoding will measure on the validation split (engine.evaluate's walk)
+        x, y = _series(rows, "val", "walk_acceptance_length")
+        if x:
+            figs["acceptance"].add_scatter(x=x, y=y, mode="lines+markers", name=f"{tag}val · decoding walk",
+                                           line=dict(width=3))
     figs["loss"].update_layout(title="Loss", xaxis_title="optimizer step", **_LAYOUT)
     figs["accuracy"].update_layout(title="Accuracy per draft step (full_acc_k)", xaxis_title="optimizer step",
                                    yaxis_range=[0, 1], **_LAYOUT)
-    figs["acceptance"].update_layout(title="Estimated acceptance length", xaxis_title="optimizer step", **_LAYOUT)
+    figs["acceptance"].update_layout(title="Acceptance length: per-token estimate and decoding walk (val)",
+                                     xaxis_title="optimizer step", yaxis_title="tokens per step", **_LAYOUT)
     return figs
 
 

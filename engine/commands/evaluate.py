@@ -34,6 +34,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="measure the target's verify cost and the draft's cost per step here and forecast the speedup")
     p.add_argument("--walks", action="store_true", help="keep each sample's accepted-count sequence in the JSON")
     p.add_argument("--json", dest="json_out", default=None, help="write the result JSON here")
+    p.add_argument("--write-card", action="store_true",
+                   help="put the table (and forecast) into the draft's model card, README.md in the draft folder")
+    p.add_argument("--write-k", action="store_true",
+                   help="with --forecast: write the recommended k into the draft's config.json "
+                        "(speculators_config.proposal_methods[0].speculative_tokens)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -59,5 +64,20 @@ def run(args: argparse.Namespace) -> int:
     if args.json_out:
         atomic_write_json(args.json_out, result)
         print(f"wrote {args.json_out}")
+    if args.write_card:
+        from pathlib import Path
+
+        from engine.model_card import write_evaluation_section
+
+        print(f"wrote {write_evaluation_section(Path(result['draft']) / 'README.md', result)}")
+    if args.write_k:
+        if not fc:
+            from engine.errors import WorkbenchError
+
+            raise WorkbenchError("--write-k needs --forecast (the recommendation comes from measured costs)")
+        from engine.format.checkpoint import write_speculative_tokens
+
+        write_speculative_tokens(result["draft"], fc["recommended_k"])
+        print(f"speculative_tokens = {fc['recommended_k']} written to {result['draft']}/config.json")
     reporter().update("done", 1.0, json=args.json_out)
     return 0

@@ -198,3 +198,22 @@ def _shard(tensors: dict[str, torch.Tensor], max_bytes: int | None) -> list[dict
         shards[-1][k] = v
         size += n
     return shards
+
+
+def write_speculative_tokens(folder: str | os.PathLike, k: int) -> Path:
+    """Set `speculators_config.proposal_methods[0].speculative_tokens` (vLLM's default k) in a draft's config.json."""
+    from engine.format.config import parse_draft_config
+
+    path = config_path(folder)
+    cfg = read_config_dict(folder)
+    try:
+        cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"] = int(k)
+        typed = parse_draft_config(cfg)
+    except (KeyError, IndexError, TypeError) as exc:
+        raise WorkbenchError(f"{path} has no speculators_config.proposal_methods[0]", where=str(path),
+                             hint="validate the draft first") from exc
+    limit = typed.max_speculative_tokens()
+    if k < 1 or (limit is not None and k > limit):
+        raise WorkbenchError(f"k = {k} is outside 1..{limit or 'any'} for this draft", where=str(path))
+    atomic_write_text(path, json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    return path

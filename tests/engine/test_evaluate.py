@@ -88,3 +88,26 @@ def test_evaluate_cli_prints_the_table_and_writes_json(tmp_path):
     for acc in result["by_k"].values():
         tau, r = acc["mean_acceptance_length"], acc["per_position_acceptance"]
         assert tau == pytest.approx(1 + sum(r))  # vLLM's identity for a fixed k
+
+
+def test_forecast_and_card_section(tmp_path):
+    from engine.evaluate import forecast
+    from engine.model_card import EVAL_BEGIN, write_evaluation_section
+
+    result = {"by_k": {"1": {"mean_acceptance_length": 1.5, "per_position_acceptance": [0.5],
+                             "all_positions_acceptance_length": 1.6},
+                       "2": {"mean_acceptance_length": 1.8, "per_position_acceptance": [0.5, 0.3],
+                             "all_positions_acceptance_length": 1.9}},
+              "num_samples": 3, "dataset": "sharegpt", "held_out_prompts": 3, "max_new_tokens": 32}
+    costs = {"verify_cost": {1: 1.1, 2: 1.2}, "draft_cost": {1: 0.1, 2: 0.2}, "target_step_ms": 20.0}
+    fc = forecast(result, costs)
+    assert fc["by_k"]["1"]["speedup"] == pytest.approx(1.5 / 1.2)
+    assert fc["by_k"]["2"]["speedup"] == pytest.approx(1.8 / 1.4)
+    assert fc["recommended_k"] == 2
+    card = tmp_path / "README.md"
+    card.write_text("# A draft\n\n## Goals not reached, and why\ntext\n")
+    write_evaluation_section(card, {**result, "forecast": fc}, [{"k": 2, "speedup": 1.25}])
+    write_evaluation_section(card, {**result, "forecast": fc})  # replaced in place, not appended twice
+    text = card.read_text()
+    assert text.count(EVAL_BEGIN) == 1 and text.index(EVAL_BEGIN) < text.index("## Goals not reached")
+    assert "| 2 | 1.800 | 0.50, 0.30 | 1.900 | 1.29× |" in text

@@ -50,6 +50,9 @@ def test_training_lowers_val_loss_and_writes_a_valid_checkpoint(tiny_targets, ti
     val = [r for r in read_metrics(tmp_path / "run") if r["split"] == "val"]
     assert val[0]["step"] == 0 and val[-1]["loss"] < val[0]["loss"]
     assert val[-1]["full_acc_0"] > val[0]["full_acc_0"]
+    # the decoding walk on the validation split (engine.evaluate), beside the per-token estimate
+    assert all(1.0 <= r["walk_acceptance_length"] <= 1.0 + 3 for r in val)
+    assert {"walk_best_k", "all_positions_acceptance_length"} <= set(val[-1])
     train = [r for r in read_metrics(tmp_path / "run") if r["split"] == "train"]
     assert {"loss", "full_acc_0", "cond_acc_2", "est_acceptance_length", "tokens_per_s", "lr"} <= set(train[-1])
     report = validate_draft(final)
@@ -157,6 +160,7 @@ def test_tiny_recipe_runs_every_step_and_writes_the_model_card(tiny_targets, tmp
         "bench": {"prompts": "sharegpt", "num_prompts": 2, "max_new_tokens": 8, "k": 2, "methods": "baseline,draft"},
         "curve": {"num_prompts": 2, "max_new_tokens": 8, "k": 2},
         "sweep": {"num_prompts": 2, "max_new_tokens": 8, "ks": [1, 2]},
+        "evaluate": {"num_prompts": 2, "max_new_tokens": 8, "ks": [1, 2]},
         "ship": {"to": str(tmp_path / "shipped")},
     }
     path = tmp_path / "tiny.yaml"
@@ -183,6 +187,7 @@ def test_tiny_recipe_runs_every_step_and_writes_the_model_card(tiny_targets, tmp
     tau = bench["methods"]["draft"]["mean_acceptance_length"]
     assert f"Mean acceptance length **{tau:.2f}**" in card
     assert "| 4 |" in card and "### Number of speculative tokens (k)" in card
+    assert "### Decoding-exact acceptance per k (offline evaluator)" in card and "forecast speedup" in card
     assert run_recipe(str(path))["timings"] == {}  # nothing changed: every step is skipped
     assert json.loads((tmp_path / "work" / "sweep.json").read_text()) == sweep  # measurements kept too
 
