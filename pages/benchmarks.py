@@ -5,6 +5,7 @@ import json
 import streamlit as st
 
 from ui import bench, charts, state
+from ui import evaluate as evaluate_ui
 from ui.cli import show_cli
 from ui.errors import guard
 from ui.jobs import launch, watch_jobs
@@ -80,3 +81,16 @@ with results_tab:
                            ", ".join(f"{k_}: {v:.2f}×" for k_, v in result["cost_curve"].items()))
             if result.get("command"):
                 show_cli(result["command"], label="The command that produced it")
+
+    st.markdown("#### Offline evaluations (decoding walk, every k)")
+    with guard("Reading evaluation results"):
+        evaluations = evaluate_ui.results()
+        if not evaluations:
+            st.caption("None yet: the Models page evaluates the active draft (`python -m engine evaluate`): what "
+                       "greedy decoding will measure for k = 1…5 in seconds, with the forecast speedup.")
+        for job, evaluation in evaluations[:5]:
+            fc = evaluation.get("forecast") or {}
+            st.markdown(f"`{evaluation.get('draft')}` · {evaluation.get('num_samples')} held-out samples × "
+                        f"{evaluation.get('max_new_tokens')} tokens"
+                        + (f" · recommended k {fc['recommended_k']}" if fc else ""))
+            st.dataframe(evaluate_ui.table_rows(evaluation), hide_index=True, width="stretch")

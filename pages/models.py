@@ -2,10 +2,13 @@
 
 import streamlit as st
 
+from pathlib import Path
+
 from ui import catalog, report, resources, state
+from ui import evaluate as evaluate_ui
 from ui.cli import show_cli
 from ui.errors import guard
-from ui.jobs import runs_root
+from ui.jobs import launch, runs_root, watch_jobs
 
 st.title("Models")
 st.caption("The target (verifier) and the draft that the Data, Train, Demo chat, Benchmarks and Serve pages use.")
@@ -170,3 +173,28 @@ with tab_d:
         with guard("Validating the draft"):
             report.full(report.validate(shown))
         show_cli(["validate", shown])
+
+        st.markdown("#### Acceptance decoding will measure (offline evaluator)")
+        st.caption("The target answers held-out prompts once; one draft pass then gives, for every k, the mean "
+                   "acceptance length greedy speculative decoding reaches on them (not a per-token estimate), and "
+                   "the speedup that the costs measured on this machine imply.")
+        e1, e2, e3 = st.columns([1, 1, 2])
+        n_eval = e1.number_input("Held-out prompts", 1, 500, 10, key="models_eval_prompts")
+        new_eval = e2.number_input("Max new tokens", 8, 1024, 64, key="models_eval_tokens")
+        eval_argv = evaluate_ui.evaluate_argv(shown, state.active_target(), num_prompts=int(n_eval),
+                                              max_new_tokens=int(new_eval), out=evaluate_ui.result_path(shown))
+        if e3.button("Evaluate this draft", key="models_eval_go", icon=":material/speed:"):
+            launch(eval_argv, kind="evaluate", name=Path(shown).name)
+        watch_jobs(["evaluate"], "Evaluation jobs", key="models_eval")
+        with guard("Reading evaluation results"):
+            done = evaluate_ui.results(shown)
+            if done:
+                job, result = done[0]
+                fc = result.get("forecast") or {}
+                st.dataframe(evaluate_ui.table_rows(result), hide_index=True)
+                st.caption(f"{result.get('num_samples')} held-out samples, {result.get('max_new_tokens')} new tokens"
+                           + (f"; recommended k on this machine: **{fc['recommended_k']}**" if fc else "")
+                           + f" (job {job.id}).")
+            else:
+                st.caption("No evaluation of this draft yet.")
+        show_cli(eval_argv)
