@@ -6,13 +6,13 @@ Three things are timed in one process on the built-in SmolLM2-135M-Instruct (CPU
             layers): what `extract` of a regenerated val split stores once for every later evaluation;
 * evaluate: `engine.evaluate.evaluate_samples` on those samples for k = 1..5 (one draft pass per sample);
 * bench:    what `bench --methods baseline,draft` does to measure the same thing for one k: the baseline and
-            speculative decoding of every prompt.
+            speculative decoding of every prompt (models loaded once, as in `bench`).
 
 The machine is shared and noisy, so the three are interleaved prompt by prompt (each sees the same load), and
 both wall-clock and process CPU time are summed per method. It also checks that evaluate's mean acceptance
 length at k equals bench's on the same prompts.
 
-    .venv/bin/python benchmarks/bench_evaluate.py --samples 200 --max-new-tokens 32 --k 3 --json out.json
+    .venv/bin/python benchmarks/bench_evaluate.py --samples 200 --max-new-tokens 32 --k 3 --threads 1 --json out.json
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ def main() -> int:
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--k", type=int, default=3)
     parser.add_argument("--max-prompt-chars", type=int, default=1500)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (1 is steadier on a shared machine)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
 
@@ -40,11 +41,14 @@ def main() -> int:
 
     from engine.evaluate import samples_from_prompts
     from engine.generate.api import default_draft, draft_algorithm
-    from engine.generate.bench import load_prompts, run_bench
+    from engine.generate.api import prompt_ids
+    from engine.generate.bench import load_prompts
+    from engine.generate.runner import TargetRunner
+    from engine.generate.speculative import generate_all
     from engine.generate.sampling import SamplingParams
     from engine.targets import load_target
 
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
     target = load_target("smollm2-135m-instruct")
     path = default_draft("smollm2-135m-instruct")
     algorithm = draft_algorithm(path)
@@ -59,7 +63,8 @@ def main() -> int:
     acc = {k: Acceptance(k) for k in range(1, 6)}
     measured_metrics = SpecMetrics()
     aux_ids = algorithm.aux_layer_ids(draft)
-    params = SamplingParams(max_new_tokens=args.max_new_tokens)
+    params = SamplingParams(max_new_tokens=args.max_new_tokens, eos_token_ids=[target.tokenizer.eos_token_id])
+    baseline_runner, draft_runner = TargetRunner(target), TargetRunner(target, aux_ids)
     from tqdm import tqdm
 
     for prompt in tqdm(prompts, desc="interleaved"):
@@ -75,13 +80,15 @@ def main() -> int:
         wall["evaluate"] += time.perf_counter() - t
         cpu["evaluate"] += time.process_time() - c
         t, c = time.perf_counter(), time.process_time()
-        one = run_bench(target, [prompt], methods=("baseline", "draft"), draft=str(path), k=args.k, params=params,
-                        measure_cost=False, progress=False)
+        ids = prompt_ids(target.tokenizer, prompt)  # bench's two runs, with the draft loaded once (as bench does)
+        generate_all(baseline_runner, ids, params)
+        _, events = generate_all(draft_runner, ids, params, algorithm.proposer(draft), args.k)
         wall["bench"] += time.perf_counter() - t
         cpu["bench"] += time.process_time() - c
-        m = one["methods"]["draft"]
-        measured_metrics.num_drafts += m["num_drafts"]
-        measured_metrics.num_accepted_tokens += m["num_accepted_tokens"]
+        for event in events:
+            if event.drafted:
+                measured_metrics.num_drafts += 1
+                measured_metrics.num_accepted_tokens += event.accepted
     result = {"by_k": {str(k): v.to_dict() for k, v in acc.items()}}
     samples = prompts
     data_s, evaluate_s, bench_s = wall["data"], wall["evaluate"], wall["bench"]

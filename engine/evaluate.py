@@ -36,6 +36,7 @@ class HeldOutSample:
     prompt_len: int          # index of the first generated token (the prefill's output)
     end: int                 # index of the last generated token (inclusive)
     id: str = ""
+    target_logits: torch.Tensor | None = None  # [T, V], only for the sampled-decoding expectation
 
 
 @dataclass
@@ -78,6 +79,22 @@ class Acceptance:
     positions: int = 0                 # answer positions (all-positions average)
     positions_accepted: int = 0
     per_sample: list[float | None] = field(default_factory=list)
+    expected_steps: int = 0            # sampled decoding: drafting steps of the walk and their expectations
+    expected_accepted: float = 0.0
+    expected_per_pos: list[float] = field(default_factory=list)
+
+    def add_expectation(self, w: Walk, states: list[int], chances: torch.Tensor) -> None:
+        """chances [T, K]: P(drafts 1..j+1 accepted) at each state; summed over the walk's drafting steps."""
+        for q, d in zip(states, w.drafted):
+            if d < 1:
+                continue
+            row = chances[q, :d].tolist()
+            self.expected_steps += 1
+            self.expected_accepted += sum(row)
+            while len(self.expected_per_pos) < d:
+                self.expected_per_pos.append(0.0)
+            for i, c in enumerate(row):
+                self.expected_per_pos[i] += c
 
     def add(self, w: Walk, all_positions: list[int]) -> None:
         drafts = accepted = 0
@@ -107,13 +124,28 @@ class Acceptance:
             "all_positions_acceptance_length": 1.0 + self.positions_accepted / self.positions
             if self.positions else None,
             "per_sample_acceptance_length": self.per_sample,
+            **({"expected_mean_acceptance_length": 1.0 + self.expected_accepted / self.expected_steps,
+                "expected_per_position_acceptance": [c / self.expected_steps for c in self.expected_per_pos]}
+               if self.expected_steps else {}),
         }
 
 
+def walk_states(w: Walk, sample: HeldOutSample) -> list[int]:
+    """The index of the last committed token at the start of each step of a walk."""
+    states, q = [], sample.prompt_len
+    for n in w.accepted:
+        states.append(q)
+        q += n + 1
+    return states
+
+
 def evaluate_samples(algorithm, draft, samples: Iterable[HeldOutSample], ks: Sequence[int], *,
-                     max_new_tokens: int | None = None, keep_walks: bool = False,
+                     max_new_tokens: int | None = None, keep_walks: bool = False, temperature: float = 0.0,
                      progress: bool = False) -> dict[str, Any]:
-    """Decoding-exact acceptance of `draft` for each k in `ks` on held-out greedy target outputs."""
+    """Decoding-exact acceptance of `draft` for each k in `ks` on held-out greedy target outputs.
+
+    With `temperature` > 0 (samples with `target_logits`), also the expected acceptance of sampled decoding
+    (sum of min(p, q) per position, teacher-forced) at the greedy walk's states: labelled an expectation."""
     from tqdm import tqdm
 
     ks = sorted(set(int(k) for k in ks))
@@ -132,11 +164,20 @@ def evaluate_samples(algorithm, draft, samples: Iterable[HeldOutSample], ks: Seq
     n = 0
     for sample in tqdm(samples, desc="evaluate", disable=not progress):
         a_big = algorithm.acceptance_counts(draft, sample.aux, sample.token_ids, big).tolist()
+        chances = None
+        if temperature > 0:
+            if sample.target_logits is None:
+                raise WorkbenchError("the expectation for sampled decoding needs the target's logits",
+                                     hint="evaluate online (--dataset) with --temperature")
+            chances = algorithm.acceptance_expectation(draft, sample.aux, sample.token_ids, sample.target_logits,
+                                                       big, temperature)
         p, e = sample.prompt_len, sample.end
         for k in ks:
             a = [min(x, k) for x in a_big]
             w = walk(a, sample, k, max_new_tokens)
             results[k].add(w, [min(a[q], k, e - q) for q in range(p, e)])
+            if chances is not None:
+                results[k].add_expectation(w, walk_states(w, sample), chances)
             if keep_walks:
                 walks[k].append({"id": sample.id, "accepted": w.accepted, "drafted": w.drafted})
         if vocab is not None:
@@ -148,6 +189,7 @@ def evaluate_samples(algorithm, draft, samples: Iterable[HeldOutSample], ks: Seq
     if not n:
         raise WorkbenchError("no held-out samples to evaluate", hint="give extracted val data or more prompts")
     out = {"num_samples": n, "seconds": seconds, "ks": ks, "by_k": {str(k): results[k].to_dict() for k in ks},
+           "temperature": temperature,
            "out_of_draft_vocab_fraction": out_of_vocab / answer_tokens if answer_tokens else None}
     best = max(ks, key=lambda k: results[k].to_dict()["mean_acceptance_length"] or 0.0)
     out["best_k"] = best
@@ -248,7 +290,7 @@ def _sample(token_ids, aux, loss_mask, max_new_tokens, sid) -> HeldOutSample | N
 
 
 def samples_from_prompts(target, prompts: Sequence[Any], aux_layer_ids: Sequence[int], *, max_new_tokens: int,
-                         progress: bool = False) -> list[HeldOutSample]:
+                         with_logits: bool = False, progress: bool = False) -> list[HeldOutSample]:
     """Run the target once per held-out prompt: its greedy answer (exactly as `bench`'s baseline decodes it), then
     one forward over prompt + answer for the states at the draft's layers."""
     from tqdm import tqdm
@@ -267,9 +309,10 @@ def samples_from_prompts(target, prompts: Sequence[Any], aux_layer_ids: Sequence
         ids = prompt_ids(target.tokenizer, prompt)
         answer, _ = generate_all(TargetRunner(target), ids, params)
         runner.reset()
-        _, aux = runner.forward(ids + answer, all_logits=False)  # [T, A*H]
+        logits, aux = runner.forward(ids + answer, all_logits=with_logits)  # [T or 1, V], [T, A*H]
         tokens = torch.tensor(ids + answer, dtype=torch.long)
-        out.append(HeldOutSample(tokens, aux.float(), len(ids), len(ids) + len(answer) - 1, str(i)))
+        out.append(HeldOutSample(tokens, aux.float(), len(ids), len(ids) + len(answer) - 1, str(i),
+                                 target_logits=logits if with_logits else None))
     return out
 
 
@@ -354,7 +397,8 @@ def format_table(result: dict[str, Any], fc: dict[str, Any] | None = None) -> st
 def evaluate_draft(*, draft: str | None = None, target: str | None = None, data: str | None = None,
                    dataset: str | None = "sharegpt", num_prompts: int = 20, max_new_tokens: int | None = 128,
                    ks: Sequence[int] | None = None, max_prompt_chars: int = 1500, seed: int = 0,
-                   measure_speed: bool = False, keep_walks: bool = False, progress: bool = True) -> dict[str, Any]:
+                   measure_speed: bool = False, keep_walks: bool = False, temperature: float = 0.0,
+                   progress: bool = True) -> dict[str, Any]:
     """`python -m engine evaluate` as a function: offline from extracted held-out files (`data`), or online from
     held-out prompts of `dataset` (the target answers each once); optionally with the speedup forecast."""
     from engine.generate.api import default_draft, draft_algorithm
@@ -371,6 +415,9 @@ def evaluate_draft(*, draft: str | None = None, target: str | None = None, data:
         ks = list(range(1, max(5, model.config.speculative_tokens) + 1))
         limit = algorithm.max_k(model.config)
         ks = [k for k in ks if limit is None or k <= limit]
+    if data and temperature > 0:
+        raise WorkbenchError("--temperature needs the target's logits: evaluate online (--dataset)",
+                             hint="drop --data, or evaluate greedy decoding (temperature 0)")
     if data:
         samples: Iterable[HeldOutSample] = list(samples_from_extracted(data, aux_ids, max_samples=num_prompts,
                                                                        max_new_tokens=max_new_tokens))
@@ -380,10 +427,10 @@ def evaluate_draft(*, draft: str | None = None, target: str | None = None, data:
 
         prompts = load_prompts(dataset or "sharegpt", num_prompts, seed, max_prompt_chars)
         samples = samples_from_prompts(tgt, prompts, aux_ids, max_new_tokens=max_new_tokens or 128,
-                                       progress=progress)
+                                       with_logits=temperature > 0, progress=progress)
         source = {"dataset": dataset, "held_out_prompts": len(prompts)}
     result = evaluate_samples(algorithm, model, samples, ks, max_new_tokens=max_new_tokens, keep_walks=keep_walks,
-                              progress=progress)
+                              temperature=temperature, progress=progress)
     result.update(source, draft=str(draft_path), algorithm=algorithm.name, max_new_tokens=max_new_tokens,
                   draft_k=model.config.speculative_tokens)
     if measure_speed:

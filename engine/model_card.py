@@ -230,11 +230,28 @@ def evaluation_section(result: dict[str, Any], sweep: list[dict[str, Any]] | Non
     return lines + [EVAL_END, ""]
 
 
+def sweep_from_card(text: str) -> list[dict[str, Any]]:
+    """The measured k sweep a generated card holds (its "Number of speculative tokens" table): k and speedup."""
+    rows, inside = [], False
+    for line in text.splitlines():
+        if line.startswith("### Number of speculative tokens"):
+            inside = True
+            continue
+        if inside and line.startswith("#"):
+            break
+        cells = [c.strip() for c in line.strip().strip("|").split("|")] if inside and line.startswith("|") else []
+        if len(cells) == 5 and cells[0].isdigit() and cells[3].endswith("×"):
+            rows.append({"k": int(cells[0]), "speedup": float(cells[3].rstrip("×"))})
+    return rows
+
+
 def write_evaluation_section(card: str | Path, result: dict[str, Any], sweep: list[dict[str, Any]] | None = None
                              ) -> Path:
-    """Put (or replace) the evaluator's section in an existing model card, before its reproduce section."""
+    """Put (or replace) the evaluator's section in an existing model card, before its "Goals" section; the
+    measured speedups come from `sweep`, else from the card's own k-sweep table."""
     path = Path(card)
     text = path.read_text(encoding="utf-8") if path.is_file() else ""
+    sweep = sweep if sweep is not None else sweep_from_card(text)
     section = "\n".join(evaluation_section(result, sweep))
     if EVAL_BEGIN in text and EVAL_END in text:
         head, rest = text.split(EVAL_BEGIN, 1)

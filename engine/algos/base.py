@@ -124,6 +124,12 @@ class DraftAlgorithm:
         the last committed one equal the data (tokens q+1..q+k). `engine.evaluate` walks these counts."""
         raise NotImplementedError
 
+    def acceptance_expectation(self, draft: "nn.Module", aux: "torch.Tensor", token_ids: "torch.Tensor",
+                               target_logits: "torch.Tensor", k: int, temperature: float) -> "torch.Tensor":
+        """Sampled decoding (T > 0): [T, k], entry (q, j) = the chance that drafts 1..j+1 made at state q are all
+        accepted, prod_i sum_x min(p_i(x), q_i(x)) with both distributions at `temperature` (an expectation)."""
+        raise NotImplementedError
+
     def draft_vocabulary(self, draft: "nn.Module") -> "torch.Tensor | None":
         """bool [V]: target tokens the draft can propose (None: all of them)."""
         return None

@@ -30,6 +30,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--k", type=_ks, default=None, help="k values, e.g. 1,2,3 or 1-5 (default: 1..max(5, the draft's k))")
     p.add_argument("--max-prompt-chars", type=int, default=1500, help="skip longer held-out prompts (as bench)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="also the expected acceptance of sampled decoding at this temperature (sum of min(p, q) per "
+                        "position along the greedy walk: an expectation, not a walk; online only)")
     p.add_argument("--forecast", action="store_true",
                    help="measure the target's verify cost and the draft's cost per step here and forecast the speedup")
     p.add_argument("--walks", action="store_true", help="keep each sample's accepted-count sequence in the JSON")
@@ -51,10 +54,16 @@ def run(args: argparse.Namespace) -> int:
                             dataset=None if args.data else args.dataset, num_prompts=args.num_prompts,
                             max_new_tokens=args.max_new_tokens or None, ks=args.k,
                             max_prompt_chars=args.max_prompt_chars, seed=args.seed, measure_speed=args.forecast,
-                            keep_walks=args.walks)
+                            keep_walks=args.walks, temperature=args.temperature)
     print(f"{result['algorithm']} draft {result['draft']} on {result['num_samples']} held-out samples "
           f"({result['seconds']:.1f} s for the draft pass); greedy decoding, vLLM's definitions:\n")
     print(format_table(result, result.get("forecast")))
+    if args.temperature > 0:
+        print(f"\nsampled decoding at temperature {args.temperature} (an expectation from p and q, not a walk):")
+        for key, acc in result["by_k"].items():
+            if "expected_mean_acceptance_length" in acc:
+                print(f"  k={key}: expected mean acceptance length {acc['expected_mean_acceptance_length']:.3f}, "
+                      "per position " + ", ".join(f"{x:.3f}" for x in acc["expected_per_position_acceptance"]))
     oov = result.get("out_of_draft_vocab_fraction")
     if oov is not None:
         print(f"\n{100 * oov:.1f}% of the answers' tokens are outside the draft vocabulary (never proposable).")

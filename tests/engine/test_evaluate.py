@@ -105,9 +105,34 @@ def test_forecast_and_card_section(tmp_path):
     assert fc["by_k"]["2"]["speedup"] == pytest.approx(1.8 / 1.4)
     assert fc["recommended_k"] == 2
     card = tmp_path / "README.md"
-    card.write_text("# A draft\n\n## Goals not reached, and why\ntext\n")
+    card.write_text("# A draft\n\n### Number of speculative tokens (k)\n\n| k | mean acceptance length | per-position "
+                    "acceptance | speedup | identical |\n|---|---|---|---|---|\n| 1 | 1.35 | 0.35 | 0.77× | yes |\n\n"
+                    "## Goals not reached, and why\ntext\n")
     write_evaluation_section(card, {**result, "forecast": fc}, [{"k": 2, "speedup": 1.25}])
     write_evaluation_section(card, {**result, "forecast": fc})  # replaced in place, not appended twice
     text = card.read_text()
     assert text.count(EVAL_BEGIN) == 1 and text.index(EVAL_BEGIN) < text.index("## Goals not reached")
-    assert "| 2 | 1.800 | 0.50, 0.30 | 1.900 | 1.29× |" in text
+    assert "| 2 | 1.800 | 0.50, 0.30 | 1.900 | 1.29× | – |" in text
+    assert "| 1 | 1.500 | 0.50 | 1.600 | 1.25× | 0.77× |" in text  # measured: the card's own k sweep
+
+
+def test_sampled_expectation_is_a_probability_and_tends_to_the_greedy_walk(tiny_targets):
+    from engine.algos.eagle3.io import build_eagle3
+    from engine.algos import ALGOS
+    from engine.targets import load_target
+
+    target = load_target(str(tiny_targets["llama"]))
+    counts = torch.arange(target.vocab_size).flip(0)
+    draft = build_eagle3(target, draft_vocab_size=160, token_counts=counts, aux_layer_ids=[1, 2, 3]).eval()
+    algorithm = ALGOS.get("eagle3")
+    prompts = [[{"role": "user", "content": f"Count to {i}."}] for i in (3, 5)]
+    samples = samples_from_prompts(target, prompts, [1, 2, 3], max_new_tokens=12, with_logits=True)
+    for s in samples:
+        a = algorithm.acceptance_counts(draft, s.aux, s.token_ids, 3)
+        warm = algorithm.acceptance_expectation(draft, s.aux, s.token_ids, s.target_logits, 3, 1.0)
+        assert ((warm >= 0) & (warm <= 1 + 1e-6)).all() and (warm[:, 1:] <= warm[:, :-1] + 1e-6).all()
+        cold = algorithm.acceptance_expectation(draft, s.aux, s.token_ids, s.target_logits, 3, 1e-4)
+        for q in range(s.prompt_len, s.end - 3):  # near T = 0 both sample the argmax: the greedy hits
+            assert [round(float(c)) for c in cold[q]] == [int(int(a[q]) > j) for j in range(3)]
+    result = evaluate_samples(algorithm, draft, samples, [1, 3], temperature=1.0)
+    assert 1.0 <= result["by_k"]["3"]["expected_mean_acceptance_length"] <= 4.0

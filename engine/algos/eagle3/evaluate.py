@@ -14,6 +14,47 @@ from engine.algos.eagle3.model import Eagle3Draft
 
 
 @torch.inference_mode()
+def step_logits(draft: Eagle3Draft, aux: torch.Tensor, token_ids: torch.Tensor, k: int) -> list[torch.Tensor]:
+    """k x [T-1, Vd] (fp32, CPU): step j's logits at row r draft token r+j+2 (state q = r+1 drafts q+j+1)."""
+    t = int(token_ids.shape[0])
+    dtype, device = draft.fc.weight.dtype, draft.fc.weight.device
+    ids = token_ids.long().view(1, -1).to(device)
+    g = aux[:-1].to(device=device, dtype=dtype).unsqueeze(0)  # [1, T-1, A*Ht]: g_0..g_{T-2}
+    positions = torch.arange(1, t, device=device).view(1, -1)
+    logits = draft.ttt_forward(g, ids[:, 1:], positions, torch.zeros_like(ids[:, 1:]), steps=k)
+    return [x[0].float().cpu() for x in logits]
+
+
+@torch.inference_mode()
+def acceptance_expectation(draft: Eagle3Draft, aux: torch.Tensor, token_ids: torch.Tensor,
+                           target_logits: torch.Tensor, k: int, temperature: float) -> torch.Tensor:
+    """[T, k]: entry (q, j) = prod_{i<=j} sum_x min(p_i(x), q_i(x)), the chance that drafts 1..j+1 made at state q
+    are all accepted when both sample at `temperature` (teacher-forced distributions; an expectation).
+
+    target_logits [T, V]: the target's logits at every position (position q+j predicts token q+j+1)."""
+    t = int(token_ids.shape[0])
+    out = torch.zeros(t, k)
+    if t < 3 or k < 1:
+        return out
+    steps = step_logits(draft, aux, token_ids, k)
+    vocab = target_logits.shape[-1]
+    draft_ids = draft.draft_to_target(torch.arange(steps[0].shape[-1], device=draft.fc.weight.device)).cpu()
+    alive = torch.ones(t - 1)
+    for j, logits in enumerate(steps):
+        rows = t - 2 - j  # row r (state r+1) drafts token r+j+2, which the target's position r+j+1 predicts
+        if rows <= 0:
+            break
+        q = torch.zeros(rows, vocab)
+        q[:, draft_ids] = torch.softmax(logits[:rows] / temperature, dim=-1)
+        p = torch.softmax(target_logits[j + 1: j + 1 + rows].float() / temperature, dim=-1)
+        beta = torch.minimum(p, q).sum(-1)  # [rows]
+        alive[:rows] *= beta
+        alive[rows:] = 0.0
+        out[1:, j] = alive
+    return out
+
+
+@torch.inference_mode()
 def acceptance_counts(draft: Eagle3Draft, aux: torch.Tensor, token_ids: torch.Tensor, k: int) -> torch.Tensor:
     """aux [T, A*Ht] target features g_0..g_{T-1}, token_ids [T] -> a [T] int64 in 0..k.
 
@@ -24,17 +65,11 @@ def acceptance_counts(draft: Eagle3Draft, aux: torch.Tensor, token_ids: torch.Te
     out = torch.zeros(t, dtype=torch.long)
     if t < 3 or k < 1:
         return out
-    dtype, device = draft.fc.weight.dtype, draft.fc.weight.device
     token_ids = token_ids.long().cpu()
-    ids = token_ids.view(1, -1).to(device)
-    g = aux[:-1].to(device=device, dtype=dtype).unsqueeze(0)  # [1, T-1, A*Ht]: g_0..g_{T-2}
-    inputs = ids[:, 1:]                                        # x_1..x_{T-1}
-    positions = torch.arange(1, t, device=device).view(1, -1)
-    documents = torch.zeros_like(inputs)
-    logits = draft.ttt_forward(g, inputs, positions, documents, steps=k)  # k x [1, T-1, Vd]
+    logits = step_logits(draft, aux, token_ids, k)
     alive = torch.ones(t - 1, dtype=torch.bool)               # rows whose drafts 0..j-1 were all right
-    for j, step_logits in enumerate(logits):
-        pred = draft.draft_to_target(step_logits[0].argmax(-1)).cpu()  # [T-1]: row r predicts x_{r+j+2}
+    for j, step in enumerate(logits):
+        pred = draft.draft_to_target(step.argmax(-1).to(draft.fc.weight.device)).cpu()  # row r: x_{r+j+2}
         truth = torch.full((t - 1,), -1, dtype=torch.long)
         n = t - 2 - j                                            # rows with a data token to compare against
         if n > 0:
