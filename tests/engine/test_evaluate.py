@@ -117,8 +117,8 @@ def test_forecast_and_card_section(tmp_path):
 
 
 def test_sampled_expectation_is_a_probability_and_tends_to_the_greedy_walk(tiny_targets):
-    from engine.algos.eagle3.io import build_eagle3
     from engine.algos import ALGOS
+    from engine.algos.eagle3.io import build_eagle3
     from engine.targets import load_target
 
     target = load_target(str(tiny_targets["llama"]))
