@@ -120,6 +120,17 @@ class Attention(nn.Module):
         k = k * cos + rotate_half(k) * sin
         return q, k, v
 
+    def kv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values only (extra context rows, e.g. injected target features): x [B,T,in] -> k/v [B,nkv,T,hd]."""
+        b, t, _ = x.shape
+        k = self.k_proj(x).view(b, t, self.nkv, self.hd)
+        v = self.v_proj(x).view(b, t, self.nkv, self.hd).transpose(1, 2)
+        if self.k_norm is not None:
+            k = self.k_norm(k)
+        k = k.transpose(1, 2)
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        return k * cos + rotate_half(k) * sin, v
+
     def out(self, o: torch.Tensor) -> torch.Tensor:
         """o [B,nh,T,hd] -> [B,T,H]."""
         b, _, t, _ = o.shape

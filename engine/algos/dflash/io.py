@@ -1,0 +1,115 @@
+"""Build a fresh DFlash draft for a target, and load/save DFlash checkpoints in the speculators layout."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from engine.algos.common.layers import init_draft_weights, module_to_dtype_except
+from engine.algos.common.vocab import select_draft_vocab, selected_from_d2t, vocab_maps
+from engine.algos.dflash.model import DFlashDraft
+from engine.errors import WorkbenchError
+from engine.format.checkpoint import load_state_dict, read_config_dict, save_checkpoint
+from engine.format.config import DFlashConfig, build_draft_config, build_layer_config, parse_draft_config
+
+
+def choose_mask_token(target, explicit: int | None = None) -> int:
+    """The token of the mask slots, in speculators' order of preference: an explicit id, the tokenizer's mask
+    token, a spare embedding row beyond the tokenizer, then pad, unk and eos."""
+    if explicit is not None:
+        if not 0 <= explicit < target.vocab_size:
+            raise WorkbenchError(f"mask_token_id {explicit} is outside the vocabulary (0..{target.vocab_size - 1})")
+        return int(explicit)
+    tok = getattr(target, "tokenizer", None)
+    if tok is None and getattr(target, "ref", None) is not None:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(target.ref.path)
+    if tok is not None:
+        if getattr(tok, "mask_token_id", None) is not None:
+            return int(tok.mask_token_id)
+        if len(tok) < target.vocab_size:
+            return len(tok)  # an embedding row no token uses
+        for name in ("pad_token_id", "unk_token_id", "eos_token_id"):
+            value = getattr(tok, name, None)
+            if value is not None:
+                return int(value)
+    raise WorkbenchError("no mask token could be chosen for this target", hint="pass --mask-token-id")
+
+
+def build_dflash(target, *, aux_layer_ids: list[int] | None = None, num_layers: int = 5, block_size: int = 16,
+                 draft_vocab_size: int | None = None, token_counts: torch.Tensor | None = None,
+                 sliding_window: int | None = None, block_causal: bool = False, mask_token_id: int | None = None,
+                 speculative_tokens: int | None = None, seed: int = 0) -> DFlashDraft:
+    """A new DFlash draft for `target` (an engine.targets.Target or VerifierParts), initialised like speculators."""
+    vocab = target.vocab_size
+    draft_vocab_size = draft_vocab_size or vocab
+    aux = sorted(aux_layer_ids or DFlashConfig.default_aux_layer_ids(target.num_layers))
+    layer_config = build_layer_config(target.text_config, model_type="qwen3", num_layers=num_layers,
+                                      sliding_window=sliding_window)
+    cfg = build_draft_config(
+        "dflash", verifier_config=target.text_config, verifier_name=target.verifier_name, layer_config=layer_config,
+        speculative_tokens=speculative_tokens or block_size - 1, draft_vocab_size=draft_vocab_size,
+        block_size=block_size, aux_hidden_state_layer_ids=aux, mask_token_id=choose_mask_token(target, mask_token_id),
+        sliding_window_non_causal=not block_causal, sample_from_anchor=False)
+    cfg.speculators_config.verifier.architectures = list(getattr(target.config, "architectures", None) or [])
+    head = target.lm_head().weight.detach()  # [V, H]
+    torch.manual_seed(seed)
+    draft = DFlashDraft(cfg, embed_tokens=target.embed_tokens(), lm_head_weight=head if draft_vocab_size == vocab
+                        else None)
+    init_draft_weights(draft, std=float(target.text_config.to_dict().get("initializer_range", 0.02)))
+    if draft_vocab_size != vocab:
+        if token_counts is None:
+            raise WorkbenchError("a reduced draft vocabulary needs token frequencies",
+                                 hint="extract data first (it writes token_freq.safetensors) or use the full vocab")
+        selected = select_draft_vocab(token_counts, draft_vocab_size)
+        d2t, t2d = vocab_maps(selected, vocab)
+        draft.d2t.copy_(d2t)
+        draft.t2d.copy_(t2d)
+        with torch.no_grad():
+            draft.lm_head.weight.copy_(head[selected])
+    return draft
+
+
+def load_dflash(path: str | os.PathLike, target, *, allow_pickle: bool = False,
+                dtype: torch.dtype = torch.float32) -> DFlashDraft:
+    """Load a DFlash checkpoint (ours or speculators'); the target supplies the embedding (and the full-vocab head)."""
+    folder = Path(path)
+    cfg = parse_draft_config(read_config_dict(folder))
+    if not isinstance(cfg, DFlashConfig) or cfg.speculators_model_type != "dflash":
+        raise WorkbenchError(f"{folder} is a '{cfg.speculators_model_type}' draft, not dflash")
+    if target is None:
+        raise WorkbenchError(f"{folder}: a DFlash draft shares its target's embedding", hint="pass the target model")
+    if target.hidden_size != (cfg.target_hidden_size or cfg.hidden_size):
+        raise WorkbenchError(f"the draft expects target hidden size {cfg.target_hidden_size or cfg.hidden_size}, "
+                             f"the target has {target.hidden_size}", hint="pair the draft with its own verifier")
+    state = load_state_dict(folder, allow_pickle=allow_pickle)
+    embed = target.embed_tokens()
+    head = None if cfg.reduced_vocab else target.lm_head().weight.detach()
+    if not cfg.reduced_vocab and "lm_head.weight" in state:  # a full-vocab head of its own (earlier speculators)
+        head = state.pop("lm_head.weight")
+    draft = DFlashDraft(cfg, embed_tokens=embed, lm_head_weight=head)
+    expected = set(draft.checkpoint_state())
+    if draft.t2d is not None and "t2d" not in state and "d2t" in state:
+        state["t2d"] = vocab_maps(selected_from_d2t(state["d2t"]), cfg.vocab_size)[1]
+    extra = sorted(set(state) - expected - {"embed_tokens.weight", "verifier_lm_head.weight",
+                                             "verifier_norm.weight"})
+    missing = sorted(expected - set(state))
+    if missing or extra:
+        raise WorkbenchError(f"checkpoint tensors do not match the config: missing {missing[:5]}, unexpected "
+                             f"{extra[:5]}", where=str(folder), hint=f"run `python -m engine validate {folder}`")
+    draft.load_state_dict({k: v for k, v in state.items() if k in expected}, strict=False)
+    module_to_dtype_except(draft, dtype)
+    draft.target_head = draft.target_head.to(dtype) if draft.lm_head is None else draft.target_head
+    return draft.eval()
+
+
+def save_dflash(draft: DFlashDraft, path: str | os.PathLike, *, dtype: torch.dtype | None = torch.bfloat16,
+                config_updates: dict[str, Any] | None = None) -> Path:
+    """Write config.json + model.safetensors exactly as vLLM loads them (atomic)."""
+    cfg = draft.config.to_dict()
+    cfg.update(config_updates or {})
+    return save_checkpoint(path, cfg, draft.checkpoint_state(), dtype=dtype)

@@ -1,0 +1,133 @@
+"""The DFlash draft: a block [anchor, MASK x (B-1)] denoised in one forward, target features as extra keys/values.
+
+Tensor names match speculators 0.9.0 and vLLM 0.33's DFlash loader (`fc`, `hidden_norm`, `layers.{i}.*` Qwen3
+layers with q/k norms, `norm`, and `lm_head` + `d2t`/`t2d` only for a reduced draft vocabulary). The target's
+embedding (and its lm_head for the full vocabulary) are shared and frozen, never saved.
+
+Context c = hidden_norm(fc(g)) over the target features g of the committed positions, computed once and
+projected into every layer's keys and values by that layer's own k/v projections; queries come from the block
+only. A block's slots see the context strictly before the anchor (same document, within the window) and their
+own block (bidirectionally, or causally when the layer is causal in the block).
+
+Notation: T context positions, N blocks, B block size, H hidden, Ht target hidden, A aux layers.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.algos.common.layers import DecoderLayer, LayerDims, RMSNorm, layer_windows, repeat_kv, rotary_embedding
+from engine.format.config import DFlashConfig
+
+
+class DFlashDraft(nn.Module):
+    def __init__(self, cfg: DFlashConfig, embed_tokens: nn.Embedding, lm_head_weight: torch.Tensor | None = None):
+        super().__init__()
+        self.config = cfg
+        tlc = cfg.transformer_layer_config
+        dims = LayerDims.from_config({**tlc, "model_type": "qwen3"})  # vLLM builds Qwen3 layers (q/k norms)
+        self.hidden_size = h = dims.hidden
+        ids = cfg.aux_hidden_state_layer_ids or []
+        self.num_aux = len(ids) if ids else cfg.num_layers
+        ht = cfg.target_hidden_size or h
+        self.fc = nn.Linear(self.num_aux * ht, h, bias=False)
+        self.hidden_norm = RMSNorm(h, dims.eps)
+        self.layers = nn.ModuleList([DecoderLayer(dims, i) for i in range(cfg.num_layers)])
+        self.norm = RMSNorm(h, dims.eps)
+        if cfg.reduced_vocab:
+            self.lm_head = nn.Linear(h, cfg.draft_vocab_size, bias=False)
+            self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
+            self.register_buffer("t2d", torch.zeros(cfg.vocab_size, dtype=torch.bool))
+        else:  # the target's own head over the full vocabulary: shared, frozen, not a parameter of the draft
+            self.lm_head = None
+            self.register_buffer("target_head", lm_head_weight.detach() if lm_head_weight is not None
+                                 else torch.zeros(cfg.vocab_size, h), persistent=False)
+            self.d2t = self.t2d = None
+        self.embed_tokens = embed_tokens
+        self.embed_tokens.weight.requires_grad_(False)
+        self.rotary_emb = rotary_embedding(tlc)
+        self.windows = layer_windows(tlc, cfg.num_layers)
+        # speculators' rule: full-attention layers are bidirectional in the block; sliding ones unless told
+        # otherwise (vLLM applies `not sliding_window_non_causal` to every layer; our drafts make both agree)
+        self.block_causal = [w is not None and not cfg.sliding_window_non_causal for w in self.windows]
+        self.kv_groups = dims.heads // dims.kv_heads
+        self.mask_token_id = int(cfg.mask_token_id if cfg.mask_token_id is not None else 0)
+
+    @property
+    def block_size(self) -> int:
+        return self.config.block_size
+
+    def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return draft_ids if self.d2t is None else draft_ids + self.d2t[draft_ids]
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """Decoder output [.., H] -> draft-vocabulary logits [.., Vd]."""
+        x = self.norm(x)
+        return self.lm_head(x) if self.lm_head is not None else F.linear(x, self.target_head.to(x.dtype))
+
+    def context(self, aux: torch.Tensor) -> torch.Tensor:
+        """Target features [.., T, A*Ht] (ascending layer order) -> c [.., T, H]."""
+        return self.hidden_norm(self.fc(aux))
+
+    def context_kv(self, c: torch.Tensor, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """c [1,T,H], positions [1,T] -> per layer (k, v) [1,nkv,T,hd] of the context rows (RoPE applied)."""
+        cos, sin = self.rotary_emb(c, positions)
+        return [layer.self_attn.kv(c, cos, sin) for layer in self.layers]
+
+    def block_forward(self, block_ids: torch.Tensor, block_positions: torch.Tensor,
+                      ctx_kv: list[tuple[torch.Tensor, torch.Tensor]], ctx_mask: torch.Tensor) -> torch.Tensor:
+        """Blocks in one forward. block_ids/positions [1, N*B]; ctx_kv from `context_kv`; ctx_mask [N*B, T] (bool,
+        which context rows each slot sees; its own block is added here) -> decoder output [1, N*B, H]."""
+        n_slots = block_ids.shape[1]
+        b = self.block_size
+        with torch.no_grad():
+            x = self.embed_tokens(block_ids).to(self.fc.weight.dtype)
+        cos, sin = self.rotary_emb(x, block_positions)
+        blk = torch.arange(n_slots, device=block_ids.device) // b
+        slot = torch.arange(n_slots, device=block_ids.device) % b
+        same_block = blk[:, None] == blk[None, :]
+        masks = {causal: torch.cat([ctx_mask, same_block & (slot[None, :] <= slot[:, None]) if causal
+                                    else same_block], dim=1)[None, None] for causal in set(self.block_causal)}
+
+        def attend(i, q, k, v):
+            k_ctx, v_ctx = ctx_kv[i]
+            keys = repeat_kv(torch.cat([k_ctx, k], dim=2), self.kv_groups)
+            values = repeat_kv(torch.cat([v_ctx, v], dim=2), self.kv_groups)
+            return F.scaled_dot_product_attention(q, keys, values, attn_mask=masks[self.block_causal[i]])
+
+        for layer in self.layers:
+            x = layer(x, cos, sin, attend)
+        return x
+
+    # -- training / evaluation: blocks at chosen anchors of packed rows -------------------------------------------
+    def anchored_blocks(self, aux: torch.Tensor, input_ids: torch.Tensor, position_ids: torch.Tensor,
+                        document_ids: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
+        """aux [1,T,A*Ht], input_ids/position_ids/document_ids [1,T], anchors [N] (indices into the row) ->
+        logits [N, B, Vd]; slot i of block j drafts the token at anchors[j] + i (slot 0 is the anchor itself)."""
+        b = self.block_size
+        n = int(anchors.numel())
+        dev = input_ids.device
+        c = self.context(aux)
+        ctx_kv = self.context_kv(c, position_ids)
+        block_ids = torch.full((n, b), self.mask_token_id, dtype=torch.long, device=dev)
+        block_ids[:, 0] = input_ids[0, anchors]
+        block_pos = position_ids[0, anchors][:, None] + torch.arange(b, device=dev)[None, :]  # [N, B]
+        t = input_ids.shape[1]
+        idx = torch.arange(t, device=dev)
+        ctx_mask = (idx[None, :] < anchors[:, None]) & (document_ids[0][None, :] == document_ids[0, anchors][:, None])
+        window = next((w for w in self.windows if w), None)
+        if window:
+            ctx_mask = ctx_mask & (idx[None, :] >= anchors[:, None] - window)
+        ctx_mask = ctx_mask.repeat_interleave(b, dim=0)  # [N*B, T]
+        x = self.block_forward(block_ids.view(1, -1), block_pos.view(1, -1), ctx_kv, ctx_mask)
+        return self.logits(x).view(n, b, -1)
+
+    def forward(self, aux, input_ids, position_ids, document_ids, anchors):  # the training entry point (DDP calls it)
+        return self.anchored_blocks(aux, input_ids, position_ids, document_ids, anchors)
+
+    def checkpoint_state(self) -> dict[str, torch.Tensor]:
+        """Exactly the tensors vLLM loads (no shared embedding, target head or rotary buffers)."""
+        return {k: v for k, v in self.state_dict().items()
+                if not k.startswith(("embed_tokens.", "rotary_emb.", "target_head"))}
