@@ -378,6 +378,9 @@ def _weight_rules(folder: Path, cfg: dict[str, Any], hf: dict[str, Any] | None, 
         _finite_rules(folder, index, report)
 
 
+EMBEDDING_FAMILY = ("eagle3", "peagle")  # types whose speculators model builds its own embed_tokens
+
+
 def _shape_rules(cfg: dict[str, Any], hf: dict[str, Any], shapes: dict[str, tuple], report: ValidationReport) -> bool:
     """Names and shapes against vLLM's loader and against the config; False if shapes cannot be derived."""
     try:
@@ -403,6 +406,11 @@ def _shape_rules(cfg: dict[str, Any], hf: dict[str, Any], shapes: dict[str, tupl
     if "embed_tokens.weight" not in present and ht != int(hf["hidden_size"]):
         report.add(Issue("tensor:embed_tokens.weight", "the draft's hidden size differs from the target's, so the "
                          "target embedding cannot be shared; save embed_tokens"))
+    elif "embed_tokens.weight" not in present and cfg.get("speculators_model_type") in EMBEDDING_FAMILY:
+        report.add(Issue("tensor:embed_tokens.weight", "absent: vLLM shares the target's embedding, but speculators "
+                         "0.9.0 fills a missing embed_tokens with random values, so this draft drafts differently "
+                         "(and badly) there; save it (the workbench's default; `--no-save-embeddings` drops it)",
+                         severity="warning"))
     if "t2d" in shapes and tuple(shapes["t2d"]) != (vocab,):
         report.add(Issue("tensor:t2d", f"shape {list(shapes['t2d'])}, expected [{vocab}] (one flag per target token)"))
     if dvocab != vocab and "t2d" not in shapes:
