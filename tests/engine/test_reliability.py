@@ -644,3 +644,119 @@ def test_validate_warns_that_the_shipped_draft_lacks_embed_tokens():
     assert report.ok, report.errors
     [warning] = [w for w in report.warnings if w.field == "tensor:embed_tokens.weight"]
     assert "random values" in warning.message and "speculators 0.9.0" in warning.message
+
+
+# -- validation does not pass drafts that cannot work ---------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def good_draft(tiny_llama, tmp_path_factory) -> Path:
+    from engine.algos.eagle3.io import build_eagle3, save_eagle3
+
+    draft = build_eagle3(tiny_llama, draft_vocab_size=128, token_counts=torch.arange(tiny_llama.vocab_size),
+                         aux_layer_ids=[1, 2, 3])
+    return save_eagle3(draft, tmp_path_factory.mktemp("vd") / "good", dtype=torch.float32)
+
+
+def _variant(good: Path, dest: Path, *, config=None, tensors=None) -> Path:
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(good, dest)
+    if config:
+        cfg = json.loads((dest / "config.json").read_text())
+        config(cfg)
+        (dest / "config.json").write_text(json.dumps(cfg))
+    if tensors:
+        state = load_file(str(dest / "model.safetensors"))
+        tensors(state)
+        save_file(state, str(dest / "model.safetensors"))
+    return dest
+
+
+def _k(value):
+    return lambda c: c["speculators_config"]["proposal_methods"][0].__setitem__("speculative_tokens", value)
+
+
+K = "speculators_config.proposal_methods[0].speculative_tokens"
+
+
+@pytest.mark.parametrize("name, change, field, fragment", [
+    ("int-weights", dict(tensors=lambda s: s.__setitem__("fc.weight", s["fc.weight"].to(torch.int32))),
+     "tensor:fc.weight", "dtype I32 where a floating-point tensor belongs"),
+    ("float-d2t", dict(tensors=lambda s: s.__setitem__("d2t", s["d2t"].float())), "tensor:d2t", "expected I64"),
+    ("nan", dict(tensors=lambda s: s["layers.0.self_attn.q_proj.weight"].__setitem__((0, 0), float("nan"))),
+     "tensor:layers.0.self_attn.q_proj.weight", "NaN or inf"),
+    ("inf", dict(tensors=lambda s: s["lm_head.weight"].__setitem__((1, 1), float("inf"))), "tensor:lm_head.weight",
+     "NaN or inf"),
+    ("k-huge", dict(config=_k(100_000)), K, "at most 64"),
+    ("k-string", dict(config=_k("3")), K, 'got "3" (a JSON string)'),
+    ("k-float", dict(config=_k(2.5)), K, "must be a positive integer, got 2.5"),
+    ("k-bool", dict(config=_k(True)), K, "got true"),
+    ("vocab-string", dict(config=lambda c: c.__setitem__("draft_vocab_size", "128")), "draft_vocab_size",
+     'must be an integer, got "128" (a JSON string)'),
+    ("bool-string", dict(config=lambda c: c.__setitem__("norm_before_residual", "false")), "norm_before_residual",
+     'the string "false" is true'),
+    ("aux-strings", dict(config=lambda c: c.__setitem__("eagle_aux_hidden_state_layer_ids", ["1", "2", "3"])),
+     "eagle_aux_hidden_state_layer_ids", "must be an integer"),
+])
+def test_validation_refuses_drafts_that_cannot_work(good_draft, tmp_path, name, change, field, fragment):
+    from engine.format.validate import validate_draft
+
+    report = validate_draft(_variant(good_draft, tmp_path / name, **change))
+    assert not report.ok
+    hits = [e for e in report.errors if e.field == field]
+    assert hits and fragment in hits[0].message, [(e.field, e.message) for e in report.errors]
+    # the hint names the field that is wrong, and only that one
+    assert {e.field for e in report.errors} == {field}, [(e.field, e.message) for e in report.errors]
+
+
+def test_the_good_draft_passes_and_int_buffers_are_not_flagged(good_draft):
+    from engine.format.validate import validate_draft
+
+    report = validate_draft(good_draft)
+    assert report.ok, [(e.field, e.message) for e in report.errors]
+
+
+def test_a_shard_index_pointing_outside_the_draft_folder_is_refused(good_draft, tmp_path):
+    from safetensors.torch import load_file
+
+    from engine.format.checkpoint import load_state_dict
+    from engine.format.validate import validate_draft
+
+    names = list(load_file(str(good_draft / "model.safetensors")))
+
+    def outside(state):
+        (tmp_path / "elsewhere").mkdir()
+        (tmp_path / "bad" / "model.safetensors").rename(tmp_path / "elsewhere" / "w.safetensors")
+        index = {"metadata": {}, "weight_map": {n: "../elsewhere/w.safetensors" for n in names}}
+        (tmp_path / "bad" / "model.safetensors.index.json").write_text(json.dumps(index))
+
+    folder = _variant(good_draft, tmp_path / "bad")
+    outside(None)
+    report = validate_draft(folder)
+    assert [e.field for e in report.errors] == ["model.safetensors.index.json"]
+    assert "outside the draft folder" in report.errors[0].message and "../elsewhere" in report.errors[0].message
+    with pytest.raises(WorkbenchError, match="outside the draft folder"):
+        load_state_dict(folder)  # loading refuses it too, not only validate
+    index = json.loads((folder / "model.safetensors.index.json").read_text())
+    index["weight_map"] = {n: str(tmp_path / "elsewhere" / "w.safetensors") for n in names}  # absolute
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    assert "outside the draft folder" in validate_draft(folder).errors[0].message
+
+
+def test_a_draft_whose_verifier_is_not_the_chosen_target(good_draft, tiny_targets):
+    from engine.format.validate import validate_draft
+
+    assert validate_draft(good_draft, target=str(tiny_targets["llama"])).ok  # its own verifier
+    other = validate_draft(good_draft, target=str(tiny_targets["qwen3"]))
+    assert not other.ok and {e.field for e in other.errors} == {"target"}
+    assert "trained for" in other.errors[0].message and str(tiny_targets["qwen3"]) in other.errors[0].message
+    run = _engine("validate", str(good_draft), "--target", str(tiny_targets["qwen3"]))
+    assert run.returncode == 1 and "target: the draft was trained for" in run.stdout
+    # a target of other shapes: the mismatch is the target's, not a config field to edit
+    builtin = validate_draft(good_draft, verifier_config={"hidden_size": 576, "vocab_size": 49152,
+                                                          "num_hidden_layers": 30}, target="smollm2-135m-instruct")
+    assert {e.field for e in builtin.errors} == {"target"}
+    assert not any("set target_hidden_size" in e.message for e in builtin.errors)
