@@ -760,3 +760,64 @@ def test_a_draft_whose_verifier_is_not_the_chosen_target(good_draft, tiny_target
                                                           "num_hidden_layers": 30}, target="smollm2-135m-instruct")
     assert {e.field for e in builtin.errors} == {"target"}
     assert not any("set target_hidden_size" in e.message for e in builtin.errors)
+
+
+# -- datasets: one bad row is one skipped row -----------------------------------------------------------
+
+
+def _chat(i: int) -> dict:
+    return {"id": f"c{i}", "messages": [{"role": "user", "content": f"question {i}"},
+                                        {"role": "assistant", "content": f"answer {i}"}]}
+
+
+def test_an_undecodable_byte_skips_one_row_with_its_line_number(tmp_path):
+    from engine.data.datasets import load_conversations
+
+    lines = [json.dumps(_chat(i)).encode() for i in range(6)]
+    lines[2] = lines[2].replace(b"question 2", b"question \xff\xfe 2")  # not UTF-8
+    lines[4] = b'{"id": "c4", "messages": [oops'  # invalid JSON, for comparison
+    (tmp_path / "d.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+    rows, summary = load_conversations(str(tmp_path / "d.jsonl"), split="all")
+    assert [r["id"] for r in rows] == ["c0", "c1", "c3", "c5"]
+    assert summary.skipped == {"undecodable bytes (not UTF-8)": 1, "invalid JSON line": 1}
+    assert summary.bad_lines == {"undecodable bytes (not UTF-8)": [3], "invalid JSON line": [5]}
+    assert "undecodable bytes (not UTF-8): line 3" in summary.format()
+    # a JSON array: the record holding the bytes is skipped, the rest kept
+    text = json.dumps([_chat(i) for i in range(4)], indent=1).encode().replace(b"answer 1", b"answer \xc3\x28 1")
+    (tmp_path / "d.json").write_bytes(text)
+    rows, summary = load_conversations(str(tmp_path / "d.json"), split="all")
+    assert [r["id"] for r in rows] == ["c0", "c2", "c3"]
+    [line] = summary.bad_lines["undecodable bytes (not UTF-8)"]
+    assert text.splitlines()[line - 1].strip() == b"{"  # the line where that record starts
+
+
+def test_prepare_reports_undecodable_rows_instead_of_failing(tiny_targets, tmp_path):
+    lines = [json.dumps(_chat(i)).encode() for i in range(3)]
+    lines[1] = b'{"id": "c1", "messages": "\x80"}'
+    (tmp_path / "d.jsonl").write_bytes(b"\n".join(lines))
+    run = _engine("prepare", "--dataset", str(tmp_path / "d.jsonl"), "--target", str(tiny_targets["llama"]),
+                  "--json", "--split", "all")
+    assert run.returncode == 0, run.stderr
+    summary = json.loads(run.stdout)
+    assert summary["rows_kept"] == 2 and summary["bad_lines"] == {"undecodable bytes (not UTF-8)": [2]}
+
+
+def test_regenerate_keeps_prompt_only_rows(tiny_targets, tmp_path, monkeypatch):
+    from engine.data import regenerate as rg
+    from engine.data.datasets import load_conversations
+    from engine.data.pipeline import regenerate_dataset
+
+    rows = [{"id": "p1", "messages": [{"role": "user", "content": "hi"}]},
+            {"id": "p2", "prompt": "tell me a joke"},
+            {"id": "p3", "conversations": [{"from": "system", "value": "be brief"}, {"from": "human", "value": "x"}]},
+            _chat(4)]
+    (tmp_path / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    kept, summary = load_conversations(str(tmp_path / "prompts.jsonl"), split="all")
+    assert [r["id"] for r in kept] == ["c4"] and summary.skipped["no assistant turn"] == 3  # training: dropped
+    monkeypatch.setattr(rg, "generate_answers", lambda target, histories, **kw: [("sure", 1, True)] * len(histories))
+    result = regenerate_dataset(out=str(tmp_path / "out.jsonl"), dataset=str(tmp_path / "prompts.jsonl"),
+                                target=str(tiny_targets["llama"]), split="all", max_new_tokens=2)
+    written = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert result.written == 4 and [r["id"] for r in written] == ["p1", "p2", "p3", "c4"]
+    assert written[1]["messages"] == [{"role": "user", "content": "tell me a joke"},
+                                      {"role": "assistant", "content": "sure"}]
