@@ -42,6 +42,11 @@ def read_config_dict(path: str | os.PathLike) -> dict[str, Any]:
         raise WorkbenchError(f"no config.json at {p}", hint="give a draft folder or the path of its config.json")
     try:
         data = json.loads(p.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise WorkbenchError(f"config.json is not valid UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset "
+                             f"{exc.start})", where=str(p), hint="re-save it as UTF-8 JSON") from exc
+    except RecursionError as exc:
+        raise WorkbenchError("config.json is nested too deeply to read", where=str(p)) from exc
     except json.JSONDecodeError as exc:
         raise WorkbenchError(
             f"config.json is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})", where=str(p),

@@ -114,7 +114,52 @@ def validate_draft(
             return report
         folder = p if p.is_dir() else None
     report.algorithm = cfg.get("speculators_model_type") if isinstance(cfg.get("speculators_model_type"), str) else None
+    if not _structure_rules(cfg, report):
+        return report  # the rules below read these objects; their findings would only repeat this one
+    try:
+        _all_rules(report, cfg, folder, verifier_config, check_weights, deep, tensor_shapes, target)
+    except (TypeError, AttributeError, KeyError, IndexError, ValueError) as exc:  # a value of a kind we did not foresee
+        report.add(Issue("config", f"a value has a kind the checks did not expect ({type(exc).__name__}: {exc}); "
+                         "compare config.json with a draft the workbench wrote"))
+    return report
 
+
+_STRUCTURE = (  # (path, JSON type, what it is): values every later rule reads as this type
+    (("speculators_model_type",), str, "a string (the algorithm, e.g. \"eagle3\")"),
+    (("speculators_config",), dict, "an object"),
+    (("speculators_config", "verifier"), dict, "an object with name_or_path"),
+    (("speculators_config", "proposal_methods"), list, "a list of objects"),
+    (("speculators_config", "verifier", "architectures"), list, "a list of class names"),
+    (("transformer_layer_config",), dict, "an object (the draft decoder's config)"),
+    (("transformer_layer_config", "model_type"), str, "a string (\"llama\" or \"qwen3\")"),
+    (("transformer_layer_config", "layer_types"), list, "a list of strings"),
+)
+
+
+def _structure_rules(cfg: dict[str, Any], report: ValidationReport) -> bool:
+    """The objects other rules look into must be of their JSON type; False (with the field named) if not."""
+    ok = True
+    for path, kind, what in _STRUCTURE:
+        node: Any = cfg
+        for key in path[:-1]:
+            node = node.get(key) if isinstance(node, dict) else None
+        if not isinstance(node, dict) or path[-1] not in node or node[path[-1]] is None:
+            continue  # absent: the rules that need it say so
+        value = node[path[-1]]
+        if not isinstance(value, kind):
+            report.add(Issue(".".join(path), f"must be {what}, got {json.dumps(value, default=str)} (a JSON "
+                             f"{_json_kind(value)})"))
+            ok = False
+    methods = (cfg.get("speculators_config") or {}).get("proposal_methods") \
+        if isinstance(cfg.get("speculators_config"), dict) else None
+    if isinstance(methods, list) and not all(isinstance(m, dict) for m in methods):
+        report.add(Issue("speculators_config.proposal_methods", "must be a list of objects, each with "
+                         "speculative_tokens"))
+        ok = False
+    return ok
+
+
+def _all_rules(report, cfg, folder, verifier_config, check_weights, deep, tensor_shapes, target) -> None:
     hf = _vllm_layer(cfg, report)
     typed = _typed_config(cfg, report)
     _project_config_rules(cfg, typed, hf, report)
@@ -140,7 +185,6 @@ def validate_draft(
         draft_path = str(folder.resolve()) if folder is not None else "<draft-dir>"
         report.vllm_speculative_config = {**report.vllm_speculative_config, "model": draft_path}
         report.serve_commands = serve_commands(cfg, draft_path, report.vllm_speculative_config)
-    return report
 
 
 # -- layer 1: vLLM -------------------------------------------------------------------------------

@@ -490,7 +490,8 @@ def test_cli_undecodable_bytes(tmp_path):
            "0xff")
     weights = tmp_path / "model.safetensors"
     weights.write_bytes(b"\x98\x00\x00binary")
-    _clear(_engine("validate", str(weights)), "not valid UTF-8")
+    run = _engine("validate", str(weights))  # validate reports it as a finding on config.json (exit code 1)
+    assert run.returncode == 1 and "Traceback" not in run.stderr and "not valid UTF-8" in run.stdout
 
 
 def test_cli_unpickling_refusal(tmp_path):
@@ -821,3 +822,96 @@ def test_regenerate_keeps_prompt_only_rows(tiny_targets, tmp_path, monkeypatch):
     assert result.written == 4 and [r["id"] for r in written] == ["p1", "p2", "p3", "c4"]
     assert written[1]["messages"] == [{"role": "user", "content": "tell me a joke"},
                                       {"role": "assistant", "content": "sure"}]
+
+
+# -- jobs and training ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_hs(tiny_targets, tmp_path_factory) -> Path:
+    from engine.data.extract import extract_dataset
+
+    out = tmp_path_factory.mktemp("hs") / "llama"
+    extract_dataset(str(tiny_targets["llama"]), "sharegpt", out, algo="eagle3", max_samples=12, max_length=96,
+                    dtype="fp32", progress=False)
+    return out
+
+
+def _train_cfg(target, data, out, **kw):
+    from engine.train.config import TrainConfig
+
+    base = dict(target=str(target), data=str(data), out=str(out), tokens_per_batch=192, max_length=96,
+                draft_vocab_size=128, warmup_steps=1, lr=3e-3, val_every=1000, checkpoint_every=2,
+                val_fraction=0.2, seed=0, max_steps=4)
+    return TrainConfig(**{**base, **kw})
+
+
+def test_a_refused_second_train_does_not_touch_the_running_jobs_files(tiny_targets, tiny_hs, tmp_path):
+    from engine.jobs import DirLock
+    from engine.train.trainer import Trainer
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "config.yaml").write_text("the first job's config\n")
+    (out / "metrics.jsonl").write_text('{"split": "train", "step": 1}\n')
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    with DirLock(out, "the first job"):
+        with pytest.raises(WorkbenchError, match="in use by another job"):
+            Trainer(_train_cfg(tiny_targets["llama"], tiny_hs, out)).run()
+        assert {p.name: p.read_bytes() for p in out.iterdir() if p.name != ".workbench.lock"} == \
+            {k: v for k, v in before.items()}
+
+
+def test_resume_refuses_changed_model_flags_and_records_harmless_ones(tiny_targets, tiny_hs, tmp_path):
+    from engine.train.trainer import Trainer
+
+    out = tmp_path / "run"
+    Trainer(_train_cfg(tiny_targets["llama"], tiny_hs, out, max_steps=2)).run()
+    config_before = (out / "config.yaml").read_bytes()
+    for change, named in ((dict(num_layers=2), "num_layers: 1 -> 2"), (dict(lr=1e-2), "lr: 0.003 -> 0.01"),
+                          (dict(draft_vocab_size=64), "draft_vocab_size: 128 -> 64")):
+        with pytest.raises(WorkbenchError, match="trained with other settings") as err:
+            Trainer(_train_cfg(tiny_targets["llama"], tiny_hs, out, max_steps=2, **change)).run()
+        assert named in err.value.message and "new --out folder" in err.value.hint
+        assert (out / "config.yaml").read_bytes() == config_before  # a refused resume writes nothing
+    Trainer(_train_cfg(tiny_targets["llama"], tiny_hs, out, max_steps=3, epochs=2)).run()  # harmless: allowed
+    [row] = [json.loads(line) for line in (out / "resumes.jsonl").read_text().splitlines()]
+    assert row["step"] == 2 and row["changed"] == {"max_steps": {"before": 2, "now": 3},
+                                                   "epochs": {"before": 1, "now": 2}}
+    steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()
+             if json.loads(line)["split"] == "train"]
+    assert steps == [1, 2, 3]
+
+
+def test_metrics_after_a_hard_kill_are_valid_jsonl_without_duplicate_steps(tiny_targets, tiny_hs, tmp_path):
+    """The state a SIGKILL leaves: rows logged after the last checkpoint, half a line, a temp checkpoint folder."""
+    from engine.train.trainer import Trainer
+
+    out = tmp_path / "run"
+    Trainer(_train_cfg(tiny_targets["llama"], tiny_hs, out, max_steps=2)).run()  # checkpoint at step 2
+    with open(out / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"split": "train", "step": 3, "loss": 1.0}) + "\n")  # logged, then killed before step 4
+        f.write('{"split": "train", "step": 4, "lo')  # killed in the middle of a write
+    temp = out / "checkpoints" / ".step_0000004.abc123.tmp"
+    temp.mkdir()
+    (temp / "model.safetensors").write_bytes(b"partial")
+    (out / ".draft.old-1234abcd").mkdir()
+    Trainer(_train_cfg(tiny_targets["llama"], tiny_hs, out, max_steps=4)).run()
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]  # every line parses
+    train_steps = [r["step"] for r in rows if r["split"] == "train"]
+    assert train_steps == [1, 2, 3, 4]
+    assert not temp.exists() and not (out / ".draft.old-1234abcd").exists()
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["latest", "step_0000002", "step_0000004"]
+
+
+def test_the_disk_precheck_names_the_real_requirement_with_its_margin(tmp_path, monkeypatch):
+    import shutil as sh
+
+    from engine.data import extraction
+
+    monkeypatch.setattr(sh, "disk_usage", lambda p: sh._ntuple_diskusage(10 * 2**30, 9 * 2**30, 2**30))
+    with pytest.raises(WorkbenchError) as err:
+        extraction.check_disk(tmp_path, 2**30)  # 1 GiB of samples: needs 1.1 GiB with the margin
+    assert "needs 1.1 GiB free" in err.value.message and "plus 5% and 64 MiB" in err.value.message
+    assert "only 1.0 GiB is free" in err.value.message
+    extraction.check_disk(tmp_path, 900 * 2**20)  # fits with its margin

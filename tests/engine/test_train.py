@@ -282,8 +282,9 @@ def test_speculators_runs_a_draft_saved_exactly_as_we_ship_drafts(tiny_targets, 
         hook.remove()
         return max(float((theirs[k] - mine[k]).abs().max()) for k in range(2))
 
-    assert gap(shipped) <= 1e-4
-    assert gap(slim) > 1e-2  # the random embedding speculators makes up
+    same = gap(shipped)
+    assert same <= 1e-4
+    assert gap(slim) > 100 * max(same, 1e-6)  # the random embedding speculators makes up
 
 
 @pytest.mark.speculators
