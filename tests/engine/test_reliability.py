@@ -915,3 +915,36 @@ def test_the_disk_precheck_names_the_real_requirement_with_its_margin(tmp_path, 
     assert "needs 1.1 GiB free" in err.value.message and "plus 5% and 64 MiB" in err.value.message
     assert "only 1.0 GiB is free" in err.value.message
     extraction.check_disk(tmp_path, 900 * 2**20)  # fits with its margin
+
+
+def test_a_full_disk_during_a_training_checkpoint_keeps_the_previous_one(tiny_targets, tiny_hs, tmp_path,
+                                                                         monkeypatch):
+    import errno
+
+    from safetensors.torch import load_file
+
+    from engine.errors import translate
+    from engine.format import checkpoint
+    from engine.train.trainer import Trainer
+
+    out = tmp_path / "run"
+    Trainer(_train_cfg(tiny_targets["llama"], tiny_hs, out, max_steps=2)).run()
+    good = load_file(str(out / "checkpoints" / "step_0000002" / "model.safetensors"))
+
+    def full(tensors, path, metadata=None):
+        with open(path, "wb") as f:
+            f.write(b"partial")
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(checkpoint, "atomic_save_safetensors", full)
+    with pytest.raises(OSError) as err:
+        Trainer(_train_cfg(tiny_targets["llama"], tiny_hs, out, max_steps=4)).run()
+    message = translate(err.value)
+    assert "no space left" in message.message and message.hint  # what the CLI prints
+    assert (out / "checkpoints" / "latest").read_text().strip() == "step_0000002"
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["latest", "step_0000002"]  # no temp folder
+    again = load_file(str(out / "checkpoints" / "step_0000002" / "model.safetensors"))
+    assert all(torch.equal(good[k], again[k]) for k in good)
+    monkeypatch.undo()
+    Trainer(_train_cfg(tiny_targets["llama"], tiny_hs, out, max_steps=4)).run()  # resumes once there is room
+    assert (out / "checkpoints" / "latest").read_text().strip() == "step_0000004"
