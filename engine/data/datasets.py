@@ -1,7 +1,8 @@
 """Turn raw records of any supported shape into normalised chat rows with a deterministic train/val split.
 
 Shapes (detected per record): `tokenised` (`input_ids` + `loss_mask`), `messages` (OpenAI `role`/`content`),
-`conversations` (ShareGPT `from`/`value`) and `prompt_completion`. A record that fits none, or is broken, is
+`conversations` (ShareGPT `from`/`value`), `prompt_completion` and `prompt` (prompt-only: kept only for
+`regenerate`, which writes the answers). A record that fits none, or is broken, is
 skipped and counted by reason in the summary; nothing here is fatal for one bad row.
 
 Contract for other parts of the workbench:
@@ -46,6 +47,7 @@ class DatasetSummary:
     adjusted: Counter = field(default_factory=Counter)  # reason -> rows kept after a fix
     split_counts: Counter = field(default_factory=Counter)  # over rows read before max_samples stopped the scan
     truncated_source: bool = False
+    bad_lines: dict[str, list[int]] = field(default_factory=dict)  # reason -> first line numbers of unreadable rows
 
     @property
     def shape(self) -> str:
@@ -57,7 +59,7 @@ class DatasetSummary:
         return {"source": self.source, "split": self.split, "shape": self.shape, "shapes": dict(self.shapes),
                 "rows_read": self.rows_read, "rows_kept": self.rows_kept, "skipped": dict(self.skipped),
                 "adjusted": dict(self.adjusted), "split_counts": dict(self.split_counts),
-                "truncated_source": self.truncated_source}
+                "truncated_source": self.truncated_source, "bad_lines": self.bad_lines}
 
     def format(self) -> str:
         lines = [f"dataset {self.source}: shape {self.shape}; {self.rows_read} rows read, {self.rows_kept} kept "
@@ -66,6 +68,9 @@ class DatasetSummary:
             lines.append("  the source file is truncated: only its complete records were used")
         if self.skipped:
             lines.append(f"  skipped {sum(self.skipped.values())}: {dict(self.skipped.most_common())}")
+        for reason, numbers in self.bad_lines.items():
+            more = self.skipped[reason] - len(numbers)
+            lines.append(f"  {reason}: line {', '.join(map(str, numbers))}" + (f" and {more} more" if more > 0 else ""))
         if self.adjusted:
             lines.append(f"  adjusted: {dict(self.adjusted.most_common())}")
         return "\n".join(lines)
@@ -86,6 +91,8 @@ def detect_shape(record: Any) -> str | None:
         return "conversations"
     if "prompt" in record and "completion" in record:
         return "prompt_completion"
+    if "prompt" in record:
+        return "prompt"
     return None
 
 
@@ -107,11 +114,13 @@ def _turns(record: dict, shape: str) -> list[tuple[Any, Any]]:
     if shape == "conversations":
         return [(t.get("from", t.get("role")), t.get("value", t.get("content"))) if isinstance(t, dict)
                 else (None, None) for t in record["conversations"]]
-    prompt, completion = record["prompt"], record["completion"]
+    prompt, completion = record["prompt"], record.get("completion")
     turns: list[tuple[Any, Any]] = []
     if record.get("system"):
         turns.append(("system", record["system"]))
     for part, role in ((prompt, "user"), (completion, "assistant")):
+        if part is None and shape == "prompt":
+            continue
         if isinstance(part, list):  # conversational prompt/completion: lists of messages
             turns += [(m.get("role"), m.get("content")) if isinstance(m, dict) else (None, None) for m in part]
         else:
@@ -119,8 +128,11 @@ def _turns(record: dict, shape: str) -> list[tuple[Any, Any]]:
     return turns
 
 
-def normalise_messages(turns: list[tuple[Any, Any]], adjusted: Counter | None = None) -> tuple[list | None, str]:
-    """Map roles and contents to [{"role", "content"}]; return (messages, "") or (None, skip reason)."""
+def normalise_messages(turns: list[tuple[Any, Any]], adjusted: Counter | None = None, *,
+                       prompt_only: bool = False) -> tuple[list | None, str]:
+    """Map roles and contents to [{"role", "content"}]; return (messages, "") or (None, skip reason).
+
+    `prompt_only` keeps conversations without an assistant turn (what `regenerate` answers)."""
     messages = []
     for raw_role, raw_content in turns:
         role = ROLE_MAP.get(str(raw_role).lower()) if raw_role is not None else None
@@ -145,7 +157,7 @@ def normalise_messages(turns: list[tuple[Any, Any]], adjusted: Counter | None = 
             adjusted["leading assistant turns dropped"] += 1
     if not any(m["role"] == "user" for m in messages):
         return None, "no user turn"
-    if not any(m["role"] == "assistant" for m in messages):
+    if not prompt_only and not any(m["role"] == "assistant" for m in messages):
         return None, "no assistant turn"
     return messages, ""
 
@@ -165,7 +177,8 @@ def normalise_tokenised(record: dict) -> tuple[dict | None, str]:
     return {"input_ids": ids, "loss_mask": mask}, ""
 
 
-def normalise_record(record: Any, adjusted: Counter | None = None) -> tuple[str | None, dict | None, str]:
+def normalise_record(record: Any, adjusted: Counter | None = None, *,
+                     prompt_only: bool = False) -> tuple[str | None, dict | None, str]:
     """(shape, normalised row without id, "") or (shape, None, skip reason) for one raw record."""
     if isinstance(record, BadRecord):
         return None, None, record.reason
@@ -175,7 +188,7 @@ def normalise_record(record: Any, adjusted: Counter | None = None) -> tuple[str 
     if shape == "tokenised":
         row, reason = normalise_tokenised(record)
         return shape, row, reason
-    messages, reason = normalise_messages(_turns(record, shape), adjusted)
+    messages, reason = normalise_messages(_turns(record, shape), adjusted, prompt_only=prompt_only)
     return shape, ({"messages": messages} if messages else None), reason
 
 
@@ -210,7 +223,7 @@ def _is_later_part(key: str, name_or_path: str) -> bool:
 
 
 def _iter_rows(name_or_path: str, summary: DatasetSummary, val_fraction: float,
-               seed: int) -> Iterator[tuple[dict, bool]]:
+               seed: int, prompt_only: bool = False) -> Iterator[tuple[dict, bool]]:
     """(row, continued) for the requested split; `continued` = leading assistant turns were dropped."""
     if summary.split not in SPLITS:
         raise WorkbenchError(f"unknown split '{summary.split}'", hint="use train, val or all")
@@ -222,11 +235,15 @@ def _iter_rows(name_or_path: str, summary: DatasetSummary, val_fraction: float,
         summary.rows_read += 1
         summary.truncated_source = info.truncated
         before = summary.adjusted["leading assistant turns dropped"]
-        shape, row, reason = normalise_record(record, summary.adjusted)
+        shape, row, reason = normalise_record(record, summary.adjusted, prompt_only=prompt_only)
         if shape:
             summary.shapes[shape] += 1
         if row is None:
             summary.skipped[reason] += 1
+            if isinstance(record, BadRecord) and record.line is not None:
+                numbers = summary.bad_lines.setdefault(reason, [])
+                if len(numbers) < 5:
+                    numbers.append(record.line)
             continue
         key = _record_key(record, index)
         split = split_of(_split_key(key, name_or_path), val_fraction, seed)  # duplicates stay in one split
@@ -242,15 +259,17 @@ def _iter_rows(name_or_path: str, summary: DatasetSummary, val_fraction: float,
 
 
 def iter_conversations(name_or_path: str, summary: DatasetSummary, *, val_fraction: float = DEFAULT_VAL_FRACTION,
-                       seed: int = 0) -> Iterator[dict]:
-    """Normalised rows of the requested split (summary.split), in dataset order, with unique ids."""
-    for row, _ in _iter_rows(name_or_path, summary, val_fraction, seed):
+                       seed: int = 0, prompt_only: bool = False) -> Iterator[dict]:
+    """Normalised rows of the requested split (summary.split), in dataset order, with unique ids.
+
+    `prompt_only` also keeps rows without an assistant turn (a prompt-only dataset, for `regenerate`)."""
+    for row, _ in _iter_rows(name_or_path, summary, val_fraction, seed, prompt_only):
         yield row
 
 
 def load_conversations(name_or_path: str = "sharegpt", split: str = "train",
                        val_fraction: float = DEFAULT_VAL_FRACTION, seed: int = 0,
-                       max_samples: int | None = None) -> tuple[list[dict], DatasetSummary]:
+                       max_samples: int | None = None, prompt_only: bool = False) -> tuple[list[dict], DatasetSummary]:
     """Load a built-in name or local path as `(rows, summary)`.
 
     rows: `{"id": str, "messages": [{"role": "system"|"user"|"assistant", "content": str}, ...]}` or, for
@@ -260,7 +279,8 @@ def load_conversations(name_or_path: str = "sharegpt", split: str = "train",
     """
     summary = DatasetSummary(source=str(name_or_path), split=split)
     rows = []
-    for row in iter_conversations(name_or_path, summary, val_fraction=val_fraction, seed=seed):
+    for row in iter_conversations(name_or_path, summary, val_fraction=val_fraction, seed=seed,
+                                  prompt_only=prompt_only):
         rows.append(row)
         if max_samples is not None and len(rows) >= max_samples:
             break

@@ -78,9 +78,11 @@ def estimate_bytes(num_tokens: int, num_samples: int, num_layers: int, hidden_si
 def check_disk(folder: Path, needed: int) -> None:
     """Refuse to start when the disk under `folder` cannot hold `needed` bytes (with 5% + 64 MiB to spare)."""
     free = shutil.disk_usage(folder).free
-    if needed * 1.05 + 64 * 2**20 > free:
+    required = needed * 1.05 + 64 * 2**20
+    if required > free:
         raise WorkbenchError(
-            f"extraction needs about {_human(needed)} but only {_human(free)} is free under {folder}",
+            f"extraction needs {_human(required)} free (about {_human(needed)} of samples, plus 5% and 64 MiB to "
+            f"spare) but only {_human(free)} is free under {folder}",
             hint="use --max-samples or --max-length to extract less, fewer --layers, --dtype bf16, "
             "or an --out folder on a larger disk")
     log.info("estimated size %s (%s free)", _human(needed), _human(free))

@@ -22,9 +22,14 @@ _warned_truncated: set[str] = set()
 
 @dataclass(frozen=True)
 class BadRecord:
-    """A record that could not even be parsed (an invalid JSONL line); counted, never fatal."""
+    """A record that could not even be parsed (an invalid JSONL line, bytes that are not UTF-8); counted, never
+    fatal. `line` is its 1-based line in the file, when known."""
 
     reason: str
+    line: int | None = None
+
+
+UNDECODABLE = "undecodable bytes (not UTF-8)"
 
 
 @dataclass
@@ -50,8 +55,11 @@ def sharegpt_path() -> Path:
     return path
 
 
-def iter_json_array(text: str, where: str, info: SourceInfo | None = None) -> Iterator[object]:
-    """Yield the elements of a top-level JSON array one by one; stop (warn once) where the text is cut off."""
+def iter_json_array(text: str, where: str, info: SourceInfo | None = None, *,
+                    positions: list[int] | None = None) -> Iterator[object]:
+    """Yield the elements of a top-level JSON array one by one; stop (warn once) where the text is cut off.
+
+    `positions` (when given) receives the offset where each yielded element starts."""
     decoder = json.JSONDecoder()
     start = text.find("[")
     if start < 0:
@@ -63,12 +71,15 @@ def iter_json_array(text: str, where: str, info: SourceInfo | None = None) -> It
             if pos >= len(text):
                 _report_truncation(where, count, info)
             return
+        begin = pos
         try:
             element, pos = decoder.raw_decode(text, pos)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             _report_truncation(where, count, info)
             return
         count += 1
+        if positions is not None:
+            positions.append(begin)
         yield element
 
 
@@ -116,22 +127,31 @@ def read_records(name_or_path: str | Path, info: SourceInfo | None = None) -> It
 
 
 def _read_jsonl(path: Path) -> Iterator[dict | BadRecord]:
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            line = line.strip()
+    with open(path, "rb") as f:  # bytes: one undecodable line is one bad row, not a failed dataset
+        for number, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8").strip()
+            except UnicodeDecodeError:
+                yield BadRecord(UNDECODABLE, number)
+                continue
             if not line:
                 continue
             try:
                 yield json.loads(line)
-            except json.JSONDecodeError:
-                yield BadRecord("invalid JSON line")
+            except (json.JSONDecodeError, RecursionError):
+                yield BadRecord("invalid JSON line", number)
 
 
 def _read_json(path: Path, info: SourceInfo) -> Iterator[dict | BadRecord]:
-    text = path.read_text(encoding="utf-8")
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:  # keep the rows that are text; records holding the bad bytes are skipped
+        yield from _undecodable_array(raw.decode("utf-8", errors="surrogateescape"), str(path), info)
+        return
     try:
         data = json.loads(text)
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):
         yield from iter_json_array(text, str(path), info)  # a cut-off array: keep what is complete
         return
     if isinstance(data, dict):
@@ -140,7 +160,23 @@ def _read_json(path: Path, info: SourceInfo) -> Iterator[dict | BadRecord]:
             raise WorkbenchError(f"{path} is a JSON object without a list of records",
                                  hint="use a JSON list of records, {'data': [...]}, or JSONL")
         data = lists[0]
+    elif not isinstance(data, list):
+        raise WorkbenchError(f"{path} holds a single JSON value, not a list of records",
+                             hint="use a JSON list of records, {'data': [...]}, or JSONL")
     yield from data
+
+
+_ESCAPED = re.compile("[\udc80-\udcff]")  # what surrogateescape makes of bytes that are not UTF-8
+
+
+def _undecodable_array(text: str, where: str, info: SourceInfo) -> Iterator[dict | BadRecord]:
+    """A JSON array read with the bad bytes escaped: records that hold them become BadRecords with their line."""
+    positions: list[int] = []
+    for element in iter_json_array(text, where, info, positions=positions):
+        if _ESCAPED.search(json.dumps(element, ensure_ascii=False)):
+            yield BadRecord(UNDECODABLE, text.count("\n", 0, positions[-1]) + 1)
+        else:
+            yield element
 
 
 def _read_parquet(path: Path) -> Iterator[dict]:

@@ -42,6 +42,11 @@ def read_config_dict(path: str | os.PathLike) -> dict[str, Any]:
         raise WorkbenchError(f"no config.json at {p}", hint="give a draft folder or the path of its config.json")
     try:
         data = json.loads(p.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise WorkbenchError(f"config.json is not valid UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset "
+                             f"{exc.start})", where=str(p), hint="re-save it as UTF-8 JSON") from exc
+    except RecursionError as exc:
+        raise WorkbenchError("config.json is nested too deeply to read", where=str(p)) from exc
     except json.JSONDecodeError as exc:
         raise WorkbenchError(
             f"config.json is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})", where=str(p),
@@ -65,6 +70,14 @@ def weight_files(folder: str | os.PathLike) -> list[Path]:
             weight_map = json.loads(index.read_text())["weight_map"]
         except (json.JSONDecodeError, KeyError) as exc:
             raise WorkbenchError(f"{INDEX_NAME} is malformed ({exc})", where=str(folder)) from exc
+        if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
+            raise WorkbenchError(f"{INDEX_NAME}: weight_map must map tensor names to shard file names",
+                                 where=str(folder), hint="re-save the checkpoint")
+        outside = sorted({f for f in weight_map.values() if not _inside(f)})
+        if outside:
+            raise WorkbenchError(f"{INDEX_NAME} lists shards outside the draft folder: {outside[:3]}; only file names "
+                                 "inside the folder are read", where=str(folder),
+                                 hint="copy the shards into the folder and list them by file name")
         files = sorted({folder / f for f in weight_map.values()})
         missing = [f.name for f in files if not f.is_file()]
         if missing:
@@ -84,6 +97,13 @@ def weight_files(folder: str | os.PathLike) -> list[Path]:
             "file (loaded with torch.load(weights_only=True))",
         )
     raise WorkbenchError("no model.safetensors in the folder", where=str(folder), hint="save the weights as safetensors")
+
+
+def _inside(name: str) -> bool:
+    """A shard name of an index: relative, and inside the folder written as it is (symlinked files are fine)."""
+    norm = os.path.normpath(name)
+    return bool(name) and not os.path.isabs(name) and not norm.startswith("..") and "\\" not in name \
+        and norm != "."
 
 
 def tensor_index(folder: str | os.PathLike) -> dict[str, TensorInfo]:

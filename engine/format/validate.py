@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -13,7 +14,7 @@ from pydantic import ValidationError
 
 from engine.errors import WorkbenchError
 from engine.format import vllm_rules as vr
-from engine.format.checkpoint import CONFIG_NAME, read_config_dict, tensor_index
+from engine.format.checkpoint import CONFIG_NAME, INDEX_NAME, read_config_dict, tensor_index
 from engine.format.config import CONFIG_CLASSES
 
 Layer = Literal["vllm", "project"]
@@ -88,6 +89,7 @@ def validate_draft(
     check_weights: bool = True,
     deep: bool = False,
     tensor_shapes: dict[str, tuple[int, ...]] | None = None,
+    target: str | os.PathLike | None = None,
 ) -> ValidationReport:
     """Validate a draft folder, a lone config.json, or a config dict.
 
@@ -95,6 +97,8 @@ def validate_draft(
     without it we look the verifier up locally (built-in, local folder, HF cache) and skip if absent.
     `deep` also loads every tensor and checks its values are finite. `tensor_shapes` checks a
     listing of tensor names and shapes instead of files (e.g. a checkpoint seen only as a table).
+    `target` (a built-in name, local folder or hub id) is the target the draft is meant to run with: a draft
+    whose verifier is another model is an error, and the target's config (when local) is checked against.
     """
     folder: Path | None = None
     if isinstance(path_or_config, dict):
@@ -110,14 +114,63 @@ def validate_draft(
             return report
         folder = p if p.is_dir() else None
     report.algorithm = cfg.get("speculators_model_type") if isinstance(cfg.get("speculators_model_type"), str) else None
+    if not _structure_rules(cfg, report):
+        return report  # the rules below read these objects; their findings would only repeat this one
+    try:
+        _all_rules(report, cfg, folder, verifier_config, check_weights, deep, tensor_shapes, target)
+    except (TypeError, AttributeError, KeyError, IndexError, ValueError) as exc:  # a value of a kind we did not foresee
+        report.add(Issue("config", f"a value has a kind the checks did not expect ({type(exc).__name__}: {exc}); "
+                         "compare config.json with a draft the workbench wrote"))
+    return report
 
+
+_STRUCTURE = (  # (path, JSON type, what it is): values every later rule reads as this type
+    (("speculators_model_type",), str, "a string (the algorithm, e.g. \"eagle3\")"),
+    (("speculators_config",), dict, "an object"),
+    (("speculators_config", "verifier"), dict, "an object with name_or_path"),
+    (("speculators_config", "proposal_methods"), list, "a list of objects"),
+    (("speculators_config", "verifier", "architectures"), list, "a list of class names"),
+    (("transformer_layer_config",), dict, "an object (the draft decoder's config)"),
+    (("transformer_layer_config", "model_type"), str, "a string (\"llama\" or \"qwen3\")"),
+    (("transformer_layer_config", "layer_types"), list, "a list of strings"),
+)
+
+
+def _structure_rules(cfg: dict[str, Any], report: ValidationReport) -> bool:
+    """The objects other rules look into must be of their JSON type; False (with the field named) if not."""
+    ok = True
+    for path, kind, what in _STRUCTURE:
+        node: Any = cfg
+        for key in path[:-1]:
+            node = node.get(key) if isinstance(node, dict) else None
+        if not isinstance(node, dict) or path[-1] not in node or node[path[-1]] is None:
+            continue  # absent: the rules that need it say so
+        value = node[path[-1]]
+        if not isinstance(value, kind):
+            report.add(Issue(".".join(path), f"must be {what}, got {json.dumps(value, default=str)} (a JSON "
+                             f"{_json_kind(value)})"))
+            ok = False
+    methods = (cfg.get("speculators_config") or {}).get("proposal_methods") \
+        if isinstance(cfg.get("speculators_config"), dict) else None
+    if isinstance(methods, list) and not all(isinstance(m, dict) for m in methods):
+        report.add(Issue("speculators_config.proposal_methods", "must be a list of objects, each with "
+                         "speculative_tokens"))
+        ok = False
+    return ok
+
+
+def _all_rules(report, cfg, folder, verifier_config, check_weights, deep, tensor_shapes, target) -> None:
     hf = _vllm_layer(cfg, report)
     typed = _typed_config(cfg, report)
     _project_config_rules(cfg, typed, hf, report)
+    wrong_target = False
+    if target is not None:
+        wrong_target = _target_rules(cfg, str(target), report)
+        verifier_config = verifier_config or _local_config(str(target))
     verifier = verifier_config or _find_verifier_config(cfg)
     if verifier is not None:
         report.verifier_checked = True
-        _verifier_rules(cfg, hf, verifier, report)
+        _verifier_rules(cfg, hf, verifier, report, chosen=verifier_config is not None, wrong_target=wrong_target)
     else:
         report.add(Issue("speculators_config.verifier.name_or_path",
                          "the verifier's config is not available offline, so aux layer ids, hidden size and vocab "
@@ -132,7 +185,6 @@ def validate_draft(
         draft_path = str(folder.resolve()) if folder is not None else "<draft-dir>"
         report.vllm_speculative_config = {**report.vllm_speculative_config, "model": draft_path}
         report.serve_commands = serve_commands(cfg, draft_path, report.vllm_speculative_config)
-    return report
 
 
 # -- layer 1: vLLM -------------------------------------------------------------------------------
@@ -149,8 +201,20 @@ def _vllm_layer(cfg: dict[str, Any], report: ValidationReport) -> dict[str, Any]
         vr.check_speculative_config(spec)
     except vr.VllmError as e:
         hint = next((h for k, h in _FIX_HINTS.items() if e.message.startswith(k)), None)
+        k = _written_k(cfg)
+        if e.message.startswith("Expected num_speculative_tokens") and not isinstance(k, int):
+            hint = (f"speculative_tokens must be a positive integer, got {json.dumps(k)} (a JSON {_json_kind(k)}); "
+                    "write it without quotes, e.g. 3")
         _vllm(report, e, hint or f"vLLM rejects this config: {e.message}")
         return None
+    k = _written_k(cfg)
+    if isinstance(k, bool):
+        report.add(Issue(K_FIELD, f"must be a positive integer, got {json.dumps(k)}: vLLM reads a boolean as "
+                         f"{int(k)} token(s); write the number"))
+    elif isinstance(k, int) and k > MAX_SPECULATIVE_TOKENS:
+        report.add(Issue(K_FIELD, f"{k} tokens per step: vLLM reserves k+1 slots per request and step, and acceptance "
+                         f"falls off geometrically with k; the workbench accepts at most {MAX_SPECULATIVE_TOKENS} "
+                         "(drafts are trained for 3-8)"))
     report.vllm_speculative_config = spec
     try:
         hf = vr.extract_transformers_pre_trained_config(cfg)
@@ -173,6 +237,17 @@ def _vllm_layer(cfg: dict[str, Any], report: ValidationReport) -> dict[str, Any]
               "(e.g. 'HuggingFaceTB/SmolLM2-135M-Instruct'); the explicit --speculative-config form still works",
               severity="warning")
     return hf
+
+
+K_FIELD = "speculators_config.proposal_methods[0].speculative_tokens"
+MAX_SPECULATIVE_TOKENS = 64  # beyond this a draft cannot be useful (and vLLM's per-step buffers grow with k)
+
+
+def _written_k(cfg: dict[str, Any]) -> Any:
+    try:
+        return cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"]
+    except (KeyError, IndexError, TypeError):
+        return None
 
 
 _FIX_HINTS = {
@@ -200,12 +275,41 @@ def _typed_config(cfg: dict[str, Any], report: ValidationReport):
                              f"handle {list(CONFIG_CLASSES)}"))
         return None
     try:
-        return cls.model_validate(cfg)
+        typed = cls.model_validate(cfg)
     except ValidationError as exc:
         for err in exc.errors():
-            loc = ".".join(str(x) if not isinstance(x, int) else f"[{x}]" for x in err["loc"]).replace(".[", "[")
-            report.add(Issue(loc or "config", f"{err['msg']} (got {err.get('input')!r})"))
+            report.add(Issue(_loc(err["loc"]), f"{err['msg']} (got {err.get('input')!r})"))
         return None
+    try:  # JSON types as written: "3" or true where an integer belongs pass the lax check above
+        cls.model_validate(cfg, strict=True)
+    except ValidationError as exc:
+        for err in exc.errors():
+            value, expected = err.get("input"), _JSON_TYPES.get(err["type"])
+            if expected is None:
+                continue
+            field = re.sub(r"\[\d+\]$", "", _loc(err["loc"]))  # one finding per list
+            if any(i.field == field for i in report.errors):
+                continue  # already named (by vLLM's layer, or an earlier item of the list)
+            report.add(Issue(field, f"must be {expected}, got {json.dumps(value)} (a JSON {_json_kind(value)}): vLLM "
+                             "reads config.json values as they are written, so it fails or misreads them (the string "
+                             "\"false\" is true in Python); write the value without quotes"))
+        return None
+    return typed
+
+
+_JSON_TYPES = {"int_type": "an integer", "bool_type": "true or false", "float_type": "a number",
+               "string_type": "a string", "list_type": "a list", "dict_type": "an object"}
+
+
+def _json_kind(value: Any) -> str:
+    if isinstance(value, bool):
+        return "boolean"
+    return {str: "string", int: "integer", float: "number", list: "list", dict: "object"}.get(type(value), "null") \
+        if value is not None else "null"
+
+
+def _loc(loc) -> str:
+    return ".".join(str(x) if not isinstance(x, int) else f"[{x}]" for x in loc).replace(".[", "[") or "config"
 
 
 def _aux_ids(cfg: dict[str, Any]) -> tuple[str, Any]:
@@ -240,7 +344,8 @@ def _project_config_rules(cfg: dict[str, Any], typed, hf: dict[str, Any] | None,
     name, ids = _aux_ids(cfg)
     if ids:
         if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
-            report.add(Issue(name, f"must be a list of ints, got {ids!r}"))
+            if not any(i.field == name for i in report.errors):
+                report.add(Issue(name, f"must be a list of ints, got {ids!r}"))
         else:
             if len(set(ids)) != len(ids):
                 report.add(Issue(name, f"duplicate layer ids {ids}: vLLM de-duplicates them, so fc would see fewer "
@@ -331,11 +436,64 @@ TYPE_RULES: dict[str, list] = {
 }
 
 
+def _target_rules(cfg: dict[str, Any], target: str, report: ValidationReport) -> bool:
+    """True (and an error) when the draft's recorded verifier is not the chosen target."""
+    spec = cfg.get("speculators_config")
+    verifier = spec.get("verifier") if isinstance(spec, dict) else None
+    recorded = verifier.get("name_or_path") if isinstance(verifier, dict) else None
+    if not isinstance(recorded, str) or not recorded or _identities(recorded) & _identities(target):
+        return False
+    report.add(Issue("target",
+                     f"the draft was trained for '{recorded}', but the chosen target is '{target}': the draft reads "
+                     "that model's hidden states, so with another target it drafts garbage (or fails on shapes); "
+                     f"run it with '{recorded}', or pick a draft trained for '{target}' (if both name the same "
+                     "model, set name_or_path to its hub id)"))
+    return True
+
+
+def _identities(name: str) -> set[str]:
+    """The names one target goes by: itself, a built-in's name and hub id, a local folder's path and hub id."""
+    from engine.targets import builtin_for
+
+    out = {name.lower().rstrip("/")}
+    b = builtin_for(name)
+    p = Path(name).expanduser()
+    if p.is_dir():
+        out.add(str(p.resolve()).lower())
+        marker = p / "workbench_target.json"
+        try:
+            hub = json.loads(marker.read_text()).get("hub_id") if marker.is_file() else None
+        except (OSError, ValueError, AttributeError):
+            hub = None
+        b = b or builtin_for(hub)
+        if isinstance(hub, str):
+            out.add(hub.lower())
+    if b is not None:
+        out |= {b.name.lower(), b.hub_id.lower()}
+    return out
+
+
+def _local_config(name: str) -> dict[str, Any] | None:
+    return _find_verifier_config({"speculators_config": {"verifier": {"name_or_path": name}}})
+
+
 def _verifier_rules(cfg: dict[str, Any], hf: dict[str, Any] | None, verifier: dict[str, Any],
-                    report: ValidationReport) -> None:
+                    report: ValidationReport, *, chosen: bool = False, wrong_target: bool = False) -> None:
+    """The draft against its verifier's config. With `wrong_target` (another model was chosen as target), a
+    mismatch is the target's fault, not a field to edit: it is reported under `target`."""
     vcfg = verifier.get("text_config", verifier) if "num_hidden_layers" not in verifier else verifier
     n = vcfg.get("num_hidden_layers")
     name, ids = _aux_ids(cfg)
+    tlc = cfg.get("transformer_layer_config") if isinstance(cfg.get("transformer_layer_config"), dict) else {}
+    vh, vv = vcfg.get("hidden_size"), vcfg.get("vocab_size")
+    ht = cfg.get("target_hidden_size") or tlc.get("hidden_size")
+    if wrong_target:
+        for what, theirs, ours in (("hidden size", vh, ht), ("vocabulary", vv, tlc.get("vocab_size"))):
+            if isinstance(theirs, int) and isinstance(ours, int) and theirs != ours:
+                report.add(Issue("target", f"the chosen target's {what} is {theirs}, the draft was trained for "
+                                 f"{ours}: another model than the draft's verifier; choose the draft's verifier "
+                                 "(do not edit the draft's config)"))
+        return
     if isinstance(n, int) and isinstance(ids, list):
         outside = [i for i in ids if isinstance(i, int) and not 0 <= i <= n]
         if outside:
@@ -343,9 +501,6 @@ def _verifier_rules(cfg: dict[str, Any], hf: dict[str, Any] | None, verifier: di
         if n in ids:
             report.add(Issue(name, f"layer {n} is the verifier's last layer (the training target), not an aux layer; "
                              "speculators stores only aux ids — drop it (vllm#54526)"))
-    tlc = cfg.get("transformer_layer_config") if isinstance(cfg.get("transformer_layer_config"), dict) else {}
-    vh, vv = vcfg.get("hidden_size"), vcfg.get("vocab_size")
-    ht = cfg.get("target_hidden_size") or tlc.get("hidden_size")
     if isinstance(vh, int) and isinstance(ht, int) and vh != ht:
         report.add(Issue("target_hidden_size", f"the verifier's hidden size is {vh} but the draft expects {ht}; "
                          f"set target_hidden_size to {vh}"))
@@ -355,8 +510,9 @@ def _verifier_rules(cfg: dict[str, Any], hf: dict[str, Any] | None, verifier: di
     va = verifier.get("architectures")
     spec_va = ((cfg.get("speculators_config") or {}).get("verifier") or {}).get("architectures")
     if va and spec_va and list(va) != list(spec_va):
-        report.add(Issue("speculators_config.verifier.architectures", f"{spec_va} differs from the verifier's {va}",
-                         severity="warning"))
+        report.add(Issue("speculators_config.verifier.architectures", f"{spec_va} differs from the verifier's {va}"
+                         + (": the draft was trained on another kind of model than the chosen target" if chosen else ""),
+                         severity="error" if chosen else "warning"))
 
 
 def _weight_rules(folder: Path, cfg: dict[str, Any], hf: dict[str, Any] | None, report: ValidationReport,
@@ -364,18 +520,52 @@ def _weight_rules(folder: Path, cfg: dict[str, Any], hf: dict[str, Any] | None, 
     try:
         index = tensor_index(folder)
     except WorkbenchError as exc:
-        report.add(Issue("model.safetensors", exc.message + (f" Fix: {exc.hint}" if exc.hint else "")))
+        field = INDEX_NAME if INDEX_NAME in exc.message else "model.safetensors"
+        report.add(Issue(field, exc.message + (f" Fix: {exc.hint}" if exc.hint else "")))
         return
     report.checked_weights = True
-    if hf is None:
-        return  # the config itself is broken; shapes cannot be derived
-    if not _shape_rules(cfg, hf, {k: v.shape for k, v in index.items()}, report):
-        return
-    vocab, dvocab = int(hf["vocab_size"]), int(hf.get("draft_vocab_size") or hf["vocab_size"])
-    if "d2t" in index or "t2d" in index:
-        _vocab_mapping_rules(folder, index, vocab, dvocab, report)
-    if deep:
+    _dtype_rules(index, report)
+    if hf is not None and _shape_rules(cfg, hf, {k: v.shape for k, v in index.items()}, report):
+        vocab, dvocab = int(hf["vocab_size"]), int(hf.get("draft_vocab_size") or hf["vocab_size"])
+        if "d2t" in index or "t2d" in index:
+            _vocab_mapping_rules(folder, index, vocab, dvocab, report)
+    size = sum(_nbytes(i) for i in index.values())
+    if deep or size <= ALWAYS_CHECK_VALUES_BYTES:
         _finite_rules(folder, index, report)
+    else:
+        report.add(Issue("model.safetensors", f"values not checked for NaN/inf ({size / 2**30:.1f} GiB of weights); "
+                         "run `validate --deep` to check them", severity="warning"))
+
+
+ALWAYS_CHECK_VALUES_BYTES = 4 << 30  # drafts up to this size get their values checked on every validation
+_FLOAT_DTYPES = {"F16", "BF16", "F32", "F64", "float16", "bfloat16", "float32", "float64"}
+_DTYPE_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2, "U16": 2}
+
+
+def _nbytes(info) -> int:
+    n = 1
+    for d in info.shape:
+        n *= int(d)
+    return n * _DTYPE_BYTES.get(str(info.dtype).upper(), 1)
+
+
+def _dtype_rules(index, report: ValidationReport) -> None:
+    """Header-only: float weights where vLLM copies into float parameters; d2t int64; t2d bool."""
+    for name, info in index.items():
+        canon = vr.canonical_name(name) or name
+        dtype = str(info.dtype).upper()
+        if canon == "d2t":
+            if dtype != "I64":
+                report.add(Issue("tensor:d2t", f"dtype {info.dtype}, expected I64 (int64 offsets draft -> target)"))
+        elif canon == "t2d":
+            if dtype not in ("BOOL", "U8", "I64"):
+                report.add(Issue("tensor:t2d", f"dtype {info.dtype}, expected BOOL (one flag per target token)"))
+        elif dtype not in {d.upper() for d in _FLOAT_DTYPES}:
+            report.add(Issue(f"tensor:{name}", f"dtype {info.dtype} where a floating-point tensor belongs: vLLM copies "
+                             "it into a float parameter and the draft computes garbage; save it as bf16/fp16/fp32"))
+
+
+EMBEDDING_FAMILY = ("eagle3", "peagle")  # types whose speculators model builds its own embed_tokens
 
 
 def _shape_rules(cfg: dict[str, Any], hf: dict[str, Any], shapes: dict[str, tuple], report: ValidationReport) -> bool:
@@ -403,6 +593,11 @@ def _shape_rules(cfg: dict[str, Any], hf: dict[str, Any], shapes: dict[str, tupl
     if "embed_tokens.weight" not in present and ht != int(hf["hidden_size"]):
         report.add(Issue("tensor:embed_tokens.weight", "the draft's hidden size differs from the target's, so the "
                          "target embedding cannot be shared; save embed_tokens"))
+    elif "embed_tokens.weight" not in present and cfg.get("speculators_model_type") in EMBEDDING_FAMILY:
+        report.add(Issue("tensor:embed_tokens.weight", "absent: vLLM shares the target's embedding, but speculators "
+                         "0.9.0 fills a missing embed_tokens with random values, so this draft drafts differently "
+                         "(and badly) there; save it (the workbench's default; `--no-save-embeddings` drops it)",
+                         severity="warning"))
     if "t2d" in shapes and tuple(shapes["t2d"]) != (vocab,):
         report.add(Issue("tensor:t2d", f"shape {list(shapes['t2d'])}, expected [{vocab}] (one flag per target token)"))
     if dvocab != vocab and "t2d" not in shapes:
@@ -422,8 +617,6 @@ def _vocab_mapping_rules(folder: Path, index, vocab: int, dvocab: int, report: V
     d2t = load("d2t") if "d2t" in index else None
     t2d = load("t2d") if "t2d" in index else None
     if d2t is not None:
-        if d2t.dtype != torch.int64:
-            report.add(Issue("tensor:d2t", f"dtype {d2t.dtype}, expected int64"))
         if d2t.shape != (dvocab,):
             report.add(Issue("tensor:d2t", f"shape {list(d2t.shape)} but draft_vocab_size is {dvocab}; d2t holds one "
                              "offset per draft token"))
@@ -467,10 +660,12 @@ def _find_verifier_config(cfg: dict[str, Any]) -> dict[str, Any] | None:
         return None
     if not isinstance(name, str) or not name:
         return None
-    from engine.targets import BUILTIN_BY_HUB_ID, builtin_cache_dir
+    from engine.targets import builtin_cache_dir
 
     candidates = [Path(name).expanduser() / CONFIG_NAME]
-    builtin = BUILTIN_BY_HUB_ID.get(name.lower())
+    from engine.targets import builtin_for
+
+    builtin = builtin_for(name)
     if builtin is not None:
         candidates.append(builtin_cache_dir(builtin.name) / CONFIG_NAME)
     try:

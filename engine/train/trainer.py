@@ -26,6 +26,7 @@ from engine.jobs import DirLock, reporter
 from engine.targets import load_verifier_parts, pick_device
 from engine.train.config import TrainConfig
 from engine.train.data import layout_for, plan_packed_batches, split_indices
+from engine.train.resume import clean_temp_checkpoints, record_resume, repair_metrics, resume_changes
 
 log = logging.getLogger(__name__)
 
@@ -251,10 +252,16 @@ class Trainer:
         if state.get("world", 1) != self.d.world:
             raise WorkbenchError(f"checkpoint {path} was written by {state['world']} processes, not {self.d.world}",
                                  hint="resume with the same number of processes, or start a new output folder")
+        # issue 18: flags that change what is trained are refused; harmless changes are recorded
+        changes = resume_changes(state.get("config"), self.cfg.model_dump(mode="json"))
         loaded = self.algo.load(path, self.verifier)
         self.draft.load_state_dict(loaded.state_dict(), strict=False)
         load_optimizer(self.opt, path / "trainer_state")
         self.step, self.epoch, self.cursor = state["step"], state["epoch"], state["cursor"]
+        if self.d.main:
+            repair_metrics(self.out / "metrics.jsonl", self.step)  # no half line, no step logged twice
+            if changes:
+                record_resume(self.out, self.step, changes)
         log.info("resumed from %s (step %d, epoch %d, batch %d)", path, self.step, self.epoch, self.cursor)
         return True
 
@@ -319,14 +326,16 @@ class Trainer:
     def run(self) -> Path:
         """Train to the end (resuming if a checkpoint exists); returns the final draft folder."""
         cfg = self.cfg
-        if self.d.main:
-            self.out.mkdir(parents=True, exist_ok=True)
-            atomic_write_text(self.out / "config.yaml", cfg.to_yaml())
         lock = DirLock(self.out, "train") if self.d.main else None
         if lock:
-            lock.__enter__()
+            lock.__enter__()  # before anything is written: a refused second job touches nothing (issue 18)
         try:
-            self.resume()
+            resumed = self.resume()
+            if self.d.main:
+                atomic_write_text(self.out / "config.yaml", cfg.to_yaml())
+                clean_temp_checkpoints(self.out)
+                if not resumed:
+                    repair_metrics(self.out / "metrics.jsonl", -1)  # rows of a run killed before its first checkpoint
             return self._loop()
         finally:
             if lock:

@@ -337,9 +337,14 @@ def test_broken_tensors(tmp_path, mutate, field, fragment, layer):
     assert any(fragment in (e.vllm_message or e.message) for e in hits)
 
 
-def test_nan_weights_found_with_deep(tmp_path):
+def test_nan_weights_found_always_in_small_drafts_and_with_deep_in_large_ones(tmp_path, monkeypatch):
+    from engine.format import validate
+
     folder = tiny_eagle3_checkpoint(tmp_path, mutate=lambda s: s["fc.weight"].__setitem__((0, 0), float("nan")))
-    assert validate_draft(folder).ok
+    assert [e.field for e in validate_draft(folder).errors if "NaN" in e.message] == ["tensor:fc.weight"]
+    monkeypatch.setattr(validate, "ALWAYS_CHECK_VALUES_BYTES", 10)  # "a large draft": values only with --deep
+    report = validate_draft(folder)
+    assert report.ok and any("validate --deep" in w.message for w in report.warnings)
     assert any("NaN" in e.message for e in validate_draft(folder, deep=True).errors)
 
 

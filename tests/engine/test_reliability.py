@@ -490,7 +490,8 @@ def test_cli_undecodable_bytes(tmp_path):
            "0xff")
     weights = tmp_path / "model.safetensors"
     weights.write_bytes(b"\x98\x00\x00binary")
-    _clear(_engine("validate", str(weights)), "not valid UTF-8")
+    run = _engine("validate", str(weights))  # validate reports it as a finding on config.json (exit code 1)
+    assert run.returncode == 1 and "Traceback" not in run.stderr and "not valid UTF-8" in run.stdout
 
 
 def test_cli_unpickling_refusal(tmp_path):
@@ -600,3 +601,350 @@ def test_translator_unit_cases():
     assert "0xff at offset 1" in err.message
     same = WorkbenchError("x")
     assert translate(same) is same
+
+
+# -- drafts load the same everywhere (embed_tokens) ----------------------------------------------------
+
+
+SHIPPED = ROOT / "assets" / "drafts" / "smollm2-135m-instruct-eagle3"
+
+
+def test_eagle3_drafts_carry_embed_tokens_unless_opted_out(tiny_llama, tmp_path):
+    from engine.algos import ALGOS
+    from engine.algos.eagle3.args import Eagle3Args
+    from engine.commands.train import add_arguments, train_overrides
+    from engine.format.checkpoint import tensor_index
+    from engine.format.validate import validate_draft
+
+    field = Eagle3Args.model_fields["save_embeddings"]
+    assert field.default is True and "random" in field.description and "speculators 0.9.0" in field.description
+    algo = ALGOS.get("eagle3")
+    names = {}
+    for keep in (True, False):
+        draft = algo.build(tiny_llama, Eagle3Args(save_embeddings=keep), aux_layer_ids=[1, 2, 3], token_counts=None,
+                           seed=0)
+        folder = algo.save(draft, tmp_path / str(keep))
+        names[keep] = set(tensor_index(folder))
+        warned = [w for w in validate_draft(folder).warnings if w.field == "tensor:embed_tokens.weight"]
+        assert bool(warned) is not keep
+        assert algo.load(folder, tiny_llama) is not None  # both load in our model
+    assert names[True] - names[False] == {"embed_tokens.weight"}
+    import argparse
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    args = p.parse_args(["--data", "x", "--no-save-embeddings"])
+    assert train_overrides(args)["save_embeddings"] is False
+
+
+def test_validate_warns_that_the_shipped_draft_lacks_embed_tokens():
+    """The shipped draft predates the default (its bytes are pinned by other tests): validate says so."""
+    from engine.format.validate import validate_draft
+
+    report = validate_draft(SHIPPED, check_weights=True)
+    assert report.ok, report.errors
+    [warning] = [w for w in report.warnings if w.field == "tensor:embed_tokens.weight"]
+    assert "random values" in warning.message and "speculators 0.9.0" in warning.message
+
+
+# -- validation does not pass drafts that cannot work ---------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def good_draft(tiny_llama, tmp_path_factory) -> Path:
+    from engine.algos.eagle3.io import build_eagle3, save_eagle3
+
+    draft = build_eagle3(tiny_llama, draft_vocab_size=128, token_counts=torch.arange(tiny_llama.vocab_size),
+                         aux_layer_ids=[1, 2, 3])
+    return save_eagle3(draft, tmp_path_factory.mktemp("vd") / "good", dtype=torch.float32)
+
+
+def _variant(good: Path, dest: Path, *, config=None, tensors=None) -> Path:
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(good, dest)
+    if config:
+        cfg = json.loads((dest / "config.json").read_text())
+        config(cfg)
+        (dest / "config.json").write_text(json.dumps(cfg))
+    if tensors:
+        state = load_file(str(dest / "model.safetensors"))
+        tensors(state)
+        save_file(state, str(dest / "model.safetensors"))
+    return dest
+
+
+def _k(value):
+    return lambda c: c["speculators_config"]["proposal_methods"][0].__setitem__("speculative_tokens", value)
+
+
+K = "speculators_config.proposal_methods[0].speculative_tokens"
+
+
+@pytest.mark.parametrize("name, change, field, fragment", [
+    ("int-weights", dict(tensors=lambda s: s.__setitem__("fc.weight", s["fc.weight"].to(torch.int32))),
+     "tensor:fc.weight", "dtype I32 where a floating-point tensor belongs"),
+    ("float-d2t", dict(tensors=lambda s: s.__setitem__("d2t", s["d2t"].float())), "tensor:d2t", "expected I64"),
+    ("nan", dict(tensors=lambda s: s["layers.0.self_attn.q_proj.weight"].__setitem__((0, 0), float("nan"))),
+     "tensor:layers.0.self_attn.q_proj.weight", "NaN or inf"),
+    ("inf", dict(tensors=lambda s: s["lm_head.weight"].__setitem__((1, 1), float("inf"))), "tensor:lm_head.weight",
+     "NaN or inf"),
+    ("k-huge", dict(config=_k(100_000)), K, "at most 64"),
+    ("k-string", dict(config=_k("3")), K, 'got "3" (a JSON string)'),
+    ("k-float", dict(config=_k(2.5)), K, "must be a positive integer, got 2.5"),
+    ("k-bool", dict(config=_k(True)), K, "got true"),
+    ("vocab-string", dict(config=lambda c: c.__setitem__("draft_vocab_size", "128")), "draft_vocab_size",
+     'must be an integer, got "128" (a JSON string)'),
+    ("bool-string", dict(config=lambda c: c.__setitem__("norm_before_residual", "false")), "norm_before_residual",
+     'the string "false" is true'),
+    ("aux-strings", dict(config=lambda c: c.__setitem__("eagle_aux_hidden_state_layer_ids", ["1", "2", "3"])),
+     "eagle_aux_hidden_state_layer_ids", "must be an integer"),
+])
+def test_validation_refuses_drafts_that_cannot_work(good_draft, tmp_path, name, change, field, fragment):
+    from engine.format.validate import validate_draft
+
+    report = validate_draft(_variant(good_draft, tmp_path / name, **change))
+    assert not report.ok
+    hits = [e for e in report.errors if e.field == field]
+    assert hits and fragment in hits[0].message, [(e.field, e.message) for e in report.errors]
+    # the hint names the field that is wrong, and only that one
+    assert {e.field for e in report.errors} == {field}, [(e.field, e.message) for e in report.errors]
+
+
+def test_the_good_draft_passes_and_int_buffers_are_not_flagged(good_draft):
+    from engine.format.validate import validate_draft
+
+    report = validate_draft(good_draft)
+    assert report.ok, [(e.field, e.message) for e in report.errors]
+
+
+def test_a_shard_index_pointing_outside_the_draft_folder_is_refused(good_draft, tmp_path):
+    from safetensors.torch import load_file
+
+    from engine.format.checkpoint import load_state_dict
+    from engine.format.validate import validate_draft
+
+    names = list(load_file(str(good_draft / "model.safetensors")))
+
+    def outside(state):
+        (tmp_path / "elsewhere").mkdir()
+        (tmp_path / "bad" / "model.safetensors").rename(tmp_path / "elsewhere" / "w.safetensors")
+        index = {"metadata": {}, "weight_map": {n: "../elsewhere/w.safetensors" for n in names}}
+        (tmp_path / "bad" / "model.safetensors.index.json").write_text(json.dumps(index))
+
+    folder = _variant(good_draft, tmp_path / "bad")
+    outside(None)
+    report = validate_draft(folder)
+    assert [e.field for e in report.errors] == ["model.safetensors.index.json"]
+    assert "outside the draft folder" in report.errors[0].message and "../elsewhere" in report.errors[0].message
+    with pytest.raises(WorkbenchError, match="outside the draft folder"):
+        load_state_dict(folder)  # loading refuses it too, not only validate
+    index = json.loads((folder / "model.safetensors.index.json").read_text())
+    index["weight_map"] = {n: str(tmp_path / "elsewhere" / "w.safetensors") for n in names}  # absolute
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    assert "outside the draft folder" in validate_draft(folder).errors[0].message
+
+
+def test_a_draft_whose_verifier_is_not_the_chosen_target(good_draft, tiny_targets):
+    from engine.format.validate import validate_draft
+
+    assert validate_draft(good_draft, target=str(tiny_targets["llama"])).ok  # its own verifier
+    other = validate_draft(good_draft, target=str(tiny_targets["qwen3"]))
+    assert not other.ok and {e.field for e in other.errors} == {"target"}
+    assert "trained for" in other.errors[0].message and str(tiny_targets["qwen3"]) in other.errors[0].message
+    run = _engine("validate", str(good_draft), "--target", str(tiny_targets["qwen3"]))
+    assert run.returncode == 1 and "target: the draft was trained for" in run.stdout
+    # a target of other shapes: the mismatch is the target's, not a config field to edit
+    builtin = validate_draft(good_draft, verifier_config={"hidden_size": 576, "vocab_size": 49152,
+                                                          "num_hidden_layers": 30}, target="smollm2-135m-instruct")
+    assert {e.field for e in builtin.errors} == {"target"}
+    assert not any("set target_hidden_size" in e.message for e in builtin.errors)
+
+
+# -- datasets: one bad row is one skipped row -----------------------------------------------------------
+
+
+def _chat(i: int) -> dict:
+    return {"id": f"c{i}", "messages": [{"role": "user", "content": f"question {i}"},
+                                        {"role": "assistant", "content": f"answer {i}"}]}
+
+
+def test_an_undecodable_byte_skips_one_row_with_its_line_number(tmp_path):
+    from engine.data.datasets import load_conversations
+
+    lines = [json.dumps(_chat(i)).encode() for i in range(6)]
+    lines[2] = lines[2].replace(b"question 2", b"question \xff\xfe 2")  # not UTF-8
+    lines[4] = b'{"id": "c4", "messages": [oops'  # invalid JSON, for comparison
+    (tmp_path / "d.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+    rows, summary = load_conversations(str(tmp_path / "d.jsonl"), split="all")
+    assert [r["id"] for r in rows] == ["c0", "c1", "c3", "c5"]
+    assert summary.skipped == {"undecodable bytes (not UTF-8)": 1, "invalid JSON line": 1}
+    assert summary.bad_lines == {"undecodable bytes (not UTF-8)": [3], "invalid JSON line": [5]}
+    assert "undecodable bytes (not UTF-8): line 3" in summary.format()
+    # a JSON array: the record holding the bytes is skipped, the rest kept
+    text = json.dumps([_chat(i) for i in range(4)], indent=1).encode().replace(b"answer 1", b"answer \xc3\x28 1")
+    (tmp_path / "d.json").write_bytes(text)
+    rows, summary = load_conversations(str(tmp_path / "d.json"), split="all")
+    assert [r["id"] for r in rows] == ["c0", "c2", "c3"]
+    [line] = summary.bad_lines["undecodable bytes (not UTF-8)"]
+    assert text.splitlines()[line - 1].strip() == b"{"  # the line where that record starts
+
+
+def test_prepare_reports_undecodable_rows_instead_of_failing(tiny_targets, tmp_path):
+    lines = [json.dumps(_chat(i)).encode() for i in range(3)]
+    lines[1] = b'{"id": "c1", "messages": "\x80"}'
+    (tmp_path / "d.jsonl").write_bytes(b"\n".join(lines))
+    run = _engine("prepare", "--dataset", str(tmp_path / "d.jsonl"), "--target", str(tiny_targets["llama"]),
+                  "--json", "--split", "all")
+    assert run.returncode == 0, run.stderr
+    summary = json.loads(run.stdout)
+    assert summary["rows_kept"] == 2 and summary["bad_lines"] == {"undecodable bytes (not UTF-8)": [2]}
+
+
+def test_regenerate_keeps_prompt_only_rows(tiny_targets, tmp_path, monkeypatch):
+    from engine.data import regenerate as rg
+    from engine.data.datasets import load_conversations
+    from engine.data.pipeline import regenerate_dataset
+
+    rows = [{"id": "p1", "messages": [{"role": "user", "content": "hi"}]},
+            {"id": "p2", "prompt": "tell me a joke"},
+            {"id": "p3", "conversations": [{"from": "system", "value": "be brief"}, {"from": "human", "value": "x"}]},
+            _chat(4)]
+    (tmp_path / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    kept, summary = load_conversations(str(tmp_path / "prompts.jsonl"), split="all")
+    assert [r["id"] for r in kept] == ["c4"] and summary.skipped["no assistant turn"] == 3  # training: dropped
+    monkeypatch.setattr(rg, "generate_answers", lambda target, histories, **kw: [("sure", 1, True)] * len(histories))
+    result = regenerate_dataset(out=str(tmp_path / "out.jsonl"), dataset=str(tmp_path / "prompts.jsonl"),
+                                target=str(tiny_targets["llama"]), split="all", max_new_tokens=2)
+    written = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert result.written == 4 and [r["id"] for r in written] == ["p1", "p2", "p3", "c4"]
+    assert written[1]["messages"] == [{"role": "user", "content": "tell me a joke"},
+                                      {"role": "assistant", "content": "sure"}]
+
+
+# -- jobs and training ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_hs(tiny_targets, tmp_path_factory) -> Path:
+    from engine.data.extract import extract_dataset
+
+    out = tmp_path_factory.mktemp("hs") / "llama"
+    extract_dataset(str(tiny_targets["llama"]), "sharegpt", out, algo="eagle3", max_samples=12, max_length=96,
+                    dtype="fp32", progress=False)
+    return out
+
+
+def _train_cfg(target, data, out, **kw):
+    from engine.train.config import TrainConfig
+
+    base = dict(target=str(target), data=str(data), out=str(out), tokens_per_batch=192, max_length=96,
+                draft_vocab_size=128, warmup_steps=1, lr=3e-3, val_every=1000, checkpoint_every=2,
+                val_fraction=0.2, seed=0, max_steps=4)
+    return TrainConfig(**{**base, **kw})
+
+
+def test_a_refused_second_train_does_not_touch_the_running_jobs_files(tiny_targets, tiny_hs, tmp_path):
+    from engine.jobs import DirLock
+    from engine.train.trainer import Trainer
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "config.yaml").write_text("the first job's config\n")
+    (out / "metrics.jsonl").write_text('{"split": "train", "step": 1}\n')
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    with DirLock(out, "the first job"):
+        with pytest.raises(WorkbenchError, match="in use by another job"):
+            Trainer(_train_cfg(tiny_targets["llama"], tiny_hs, out)).run()
+        assert {p.name: p.read_bytes() for p in out.iterdir() if p.name != ".workbench.lock"} == \
+            {k: v for k, v in before.items()}
+
+
+def test_resume_refuses_changed_model_flags_and_records_harmless_ones(tiny_targets, tiny_hs, tmp_path):
+    from engine.train.trainer import Trainer
+
+    out = tmp_path / "run"
+    Trainer(_train_cfg(tiny_targets["llama"], tiny_hs, out, max_steps=2)).run()
+    config_before = (out / "config.yaml").read_bytes()
+    for change, named in ((dict(num_layers=2), "num_layers: 1 -> 2"), (dict(lr=1e-2), "lr: 0.003 -> 0.01"),
+                          (dict(draft_vocab_size=64), "draft_vocab_size: 128 -> 64")):
+        with pytest.raises(WorkbenchError, match="trained with other settings") as err:
+            Trainer(_train_cfg(tiny_targets["llama"], tiny_hs, out, max_steps=2, **change)).run()
+        assert named in err.value.message and "new --out folder" in err.value.hint
+        assert (out / "config.yaml").read_bytes() == config_before  # a refused resume writes nothing
+    Trainer(_train_cfg(tiny_targets["llama"], tiny_hs, out, max_steps=3, epochs=2)).run()  # harmless: allowed
+    [row] = [json.loads(line) for line in (out / "resumes.jsonl").read_text().splitlines()]
+    assert row["step"] == 2 and row["changed"] == {"max_steps": {"before": 2, "now": 3},
+                                                   "epochs": {"before": 1, "now": 2}}
+    steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()
+             if json.loads(line)["split"] == "train"]
+    assert steps == [1, 2, 3]
+
+
+def test_metrics_after_a_hard_kill_are_valid_jsonl_without_duplicate_steps(tiny_targets, tiny_hs, tmp_path):
+    """The state a SIGKILL leaves: rows logged after the last checkpoint, half a line, a temp checkpoint folder."""
+    from engine.train.trainer import Trainer
+
+    out = tmp_path / "run"
+    Trainer(_train_cfg(tiny_targets["llama"], tiny_hs, out, max_steps=2)).run()  # checkpoint at step 2
+    with open(out / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"split": "train", "step": 3, "loss": 1.0}) + "\n")  # logged, then killed before step 4
+        f.write('{"split": "train", "step": 4, "lo')  # killed in the middle of a write
+    temp = out / "checkpoints" / ".step_0000004.abc123.tmp"
+    temp.mkdir()
+    (temp / "model.safetensors").write_bytes(b"partial")
+    (out / ".draft.old-1234abcd").mkdir()
+    Trainer(_train_cfg(tiny_targets["llama"], tiny_hs, out, max_steps=4)).run()
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]  # every line parses
+    train_steps = [r["step"] for r in rows if r["split"] == "train"]
+    assert train_steps == [1, 2, 3, 4]
+    assert not temp.exists() and not (out / ".draft.old-1234abcd").exists()
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["latest", "step_0000002", "step_0000004"]
+
+
+def test_the_disk_precheck_names_the_real_requirement_with_its_margin(tmp_path, monkeypatch):
+    import shutil as sh
+
+    from engine.data import extraction
+
+    monkeypatch.setattr(sh, "disk_usage", lambda p: sh._ntuple_diskusage(10 * 2**30, 9 * 2**30, 2**30))
+    with pytest.raises(WorkbenchError) as err:
+        extraction.check_disk(tmp_path, 2**30)  # 1 GiB of samples: needs 1.1 GiB with the margin
+    assert "needs 1.1 GiB free" in err.value.message and "plus 5% and 64 MiB" in err.value.message
+    assert "only 1.0 GiB is free" in err.value.message
+    extraction.check_disk(tmp_path, 900 * 2**20)  # fits with its margin
+
+
+def test_a_full_disk_during_a_training_checkpoint_keeps_the_previous_one(tiny_targets, tiny_hs, tmp_path,
+                                                                         monkeypatch):
+    import errno
+
+    from safetensors.torch import load_file
+
+    from engine.errors import translate
+    from engine.format import checkpoint
+    from engine.train.trainer import Trainer
+
+    out = tmp_path / "run"
+    Trainer(_train_cfg(tiny_targets["llama"], tiny_hs, out, max_steps=2)).run()
+    good = load_file(str(out / "checkpoints" / "step_0000002" / "model.safetensors"))
+
+    def full(tensors, path, metadata=None):
+        with open(path, "wb") as f:
+            f.write(b"partial")
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(checkpoint, "atomic_save_safetensors", full)
+    with pytest.raises(OSError) as err:
+        Trainer(_train_cfg(tiny_targets["llama"], tiny_hs, out, max_steps=4)).run()
+    message = translate(err.value)
+    assert "no space left" in message.message and message.hint  # what the CLI prints
+    assert (out / "checkpoints" / "latest").read_text().strip() == "step_0000002"
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["latest", "step_0000002"]  # no temp folder
+    again = load_file(str(out / "checkpoints" / "step_0000002" / "model.safetensors"))
+    assert all(torch.equal(good[k], again[k]) for k in good)
+    monkeypatch.undo()
+    Trainer(_train_cfg(tiny_targets["llama"], tiny_hs, out, max_steps=4)).run()  # resumes once there is room
+    assert (out / "checkpoints" / "latest").read_text().strip() == "step_0000004"

@@ -58,7 +58,8 @@ def test_training_lowers_val_loss_and_writes_a_valid_checkpoint(tiny_targets, ti
     report = validate_draft(final)
     assert report.ok, report.errors
     names = set(tensor_index(final))
-    assert "embed_tokens.weight" not in names and "verifier_norm.weight" not in names
+    assert "embed_tokens.weight" in names and "verifier_norm.weight" not in names  # speculators' layout (issue 18)
+    assert not [w for w in report.warnings if w.field == "tensor:embed_tokens.weight"]
     assert {"fc.weight", "layers.0.hidden_norm.weight", "lm_head.weight", "d2t", "t2d"} <= names
     assert all(info.dtype == "BF16" for n, info in tensor_index(final).items() if n not in ("d2t", "t2d"))
 
@@ -244,6 +245,51 @@ def test_speculators_loads_our_checkpoint_and_computes_the_same_logits(tiny_targ
     assert len(theirs) == 3
     for k in range(3):
         assert (theirs[k] - mine[k]).abs().max() <= 1e-4, k
+
+
+@pytest.mark.speculators
+def test_speculators_runs_a_draft_saved_exactly_as_we_ship_drafts(tiny_targets, tiny_data, tmp_path):
+    """The trainer's own `draft/` folder (bf16, defaults), not a re-save: speculators computes our logits.
+
+    Without embed_tokens speculators 0.9.0 fills the embedding with random values (issue 18): the opt-out
+    run shows that the check can fail, and that `validate` warns about such a draft."""
+    pytest.importorskip("speculators")
+    from speculators import SpeculatorModel
+    from speculators.models.eagle3 import Eagle3SpeculatorConfig
+
+    from engine.algos.eagle3.io import load_eagle3
+    from engine.targets import load_target
+
+    target = load_target(str(tiny_targets["llama"]))
+    shipped = Trainer(config(tiny_targets["llama"], tiny_data, tmp_path / "run", max_steps=2)).run()
+    slim = Trainer(config(tiny_targets["llama"], tiny_data, tmp_path / "slim", max_steps=2,
+                          save_embeddings=False)).run()
+    assert "embed_tokens.weight" in tensor_index(shipped) and "embed_tokens.weight" not in tensor_index(slim)
+    assert [w.field for w in validate_draft(slim).warnings if "speculators 0.9.0" in w.message] == \
+        ["tensor:embed_tokens.weight"]
+
+    def gap(folder: Path) -> float:
+        ours = load_eagle3(folder, target)  # fp32 copies of the bf16 values
+        cfg = Eagle3SpeculatorConfig.from_pretrained(folder)
+        cfg.transformer_layer_config._attn_implementation = "eager"  # CPU: no flex attention
+        torch.manual_seed(0)
+        ref = SpeculatorModel.from_pretrained(folder, config=cfg, dtype=torch.float32).eval()
+        t = 29
+        torch.manual_seed(1)
+        aux = torch.randn(1, t, ours.fc.in_features)
+        ids = torch.randint(3, target.vocab_size, (1, t))
+        doc, pos = torch.zeros(1, t, dtype=torch.long), 1 + torch.arange(t)[None]
+        theirs: list[torch.Tensor] = []
+        hook = ref.lm_head.register_forward_hook(lambda m, i, o: theirs.append(o.detach().float()))
+        with torch.no_grad():
+            ref(hidden_states=aux, input_ids=ids, document_ids=doc, position_ids=pos, ttt_steps=2)
+            mine = ours.ttt_forward(aux, ids, pos, doc, 2)
+        hook.remove()
+        return max(float((theirs[k] - mine[k]).abs().max()) for k in range(2))
+
+    same = gap(shipped)
+    assert same <= 1e-4
+    assert gap(slim) > 100 * max(same, 1e-6)  # the random embedding speculators makes up
 
 
 @pytest.mark.speculators

@@ -39,6 +39,7 @@ class Eagle3(DraftAlgorithm):
                 norm_before_fc=args.norm_before_fc, fc_norm=args.fc_norm, norm_output=args.norm_output,
                 sliding_window=args.sliding_window, seed=seed)
         draft.lm_head.weight.requires_grad_(args.train_lm_head)
+        draft.save_embeddings = args.save_embeddings  # read by save(): the trainer passes no arguments there
         return draft
 
     def load(self, path, target=None, *, allow_pickle=False, dtype=None):
@@ -53,7 +54,8 @@ class Eagle3(DraftAlgorithm):
 
         from engine.algos.eagle3.io import save_eagle3
 
-        return save_eagle3(draft, path, dtype=dtype or torch.bfloat16, config_updates=config_updates)
+        return save_eagle3(draft, path, dtype=dtype or torch.bfloat16, config_updates=config_updates,
+                           include_embeddings=getattr(draft, "save_embeddings", True))
 
     def collate(self, samples, layout, max_tokens, args):
         from engine.algos.eagle3.train import collate

@@ -14,7 +14,8 @@ class Eagle3Args(AlgoArgs):
 
     groups: ClassVar[dict[str, list[str]]] = {
         "Draft architecture": ["num_layers", "draft_arch", "draft_vocab_size", "norm_before_residual",
-                               "norm_before_fc", "fc_norm", "norm_output", "train_lm_head", "sliding_window"],
+                               "norm_before_fc", "fc_norm", "norm_output", "train_lm_head", "sliding_window",
+                               "save_embeddings"],
         "Objective": ["ttt_steps", "ttt_step_loss_decay", "speculative_tokens"],
     }
 
@@ -28,6 +29,10 @@ class Eagle3Args(AlgoArgs):
     norm_output: bool = Field(True, description="Feed the post-norm hidden to the next step (Eagle 3.1).")
     train_lm_head: bool = Field(False, description="Train the draft lm_head (speculators 0.9.0 keeps it frozen).")
     sliding_window: int | None = Field(2048, description="Sliding window of the draft layers (None = full attention).")
+    save_embeddings: bool = Field(
+        True, description="Write embed_tokens (a copy of the target's) into the draft, as speculators does. "
+        "Off saves vocab x hidden values, but speculators 0.9.0 then fills the missing embed_tokens with random "
+        "values (vLLM shares the target's), so the same draft drafts differently there.")
     ttt_steps: int = Field(3, ge=1, description="Training-time-test steps (draft tokens unrolled per position).")
     ttt_step_loss_decay: float = Field(1.0, gt=0, description="Weight of step k is decay**k.")
     speculative_tokens: int | None = Field(None, ge=1, description="k written into the config (default: ttt_steps).")

@@ -108,9 +108,12 @@ def load_eagle3(path: str | os.PathLike, target=None, *, allow_pickle: bool = Fa
 
 
 def save_eagle3(draft: Eagle3Draft, path: str | os.PathLike, *, dtype: torch.dtype | None = torch.bfloat16,
-                include_embeddings: bool = False, extra_files: dict[str, str] | None = None,
+                include_embeddings: bool = True, extra_files: dict[str, str] | None = None,
                 config_updates: dict[str, Any] | None = None) -> Path:
-    """Write config.json + model.safetensors exactly as vLLM loads them (atomic)."""
+    """Write config.json + model.safetensors exactly as vLLM loads them (atomic).
+
+    `embed_tokens` is written by default, as speculators does: speculators 0.9.0 fills a missing one with
+    random values (vLLM would share the target's), so a draft without it drafts differently there."""
     cfg = draft.config.to_dict()
     cfg["architectures"] = ["Eagle3DraftModel"]  # what speculators' trainer writes for trained drafts
     cfg.update(config_updates or {})
