@@ -94,7 +94,8 @@ def reporter() -> Reporter:
     """The current process's reporter (writes into $WORKBENCH_JOB_DIR when run as a job)."""
     global _REPORTER
     if _REPORTER is None:
-        d = os.environ.get(JOB_DIR_ENV)
+        # under torchrun only rank 0 reports (every rank inherits the job's environment)
+        d = os.environ.get(JOB_DIR_ENV) if os.environ.get("RANK", "0") == "0" else None
         _REPORTER = Reporter(Path(d) if d else None)
     return _REPORTER
 
