@@ -181,3 +181,33 @@ def test_fsdp_trains_an_algorithm_without_layers(tiny_targets, dist_data, tmp_pa
                                                                      "grad_accum": 2})],
                    check=True, cwd=ROOT, env=env(**plugin), capture_output=True)
     assert_close(weights(tmp_path / "fsdp", 3), weights(tmp_path / "one", 3))
+
+
+def test_offline_data_streams_each_rank_reads_only_its_samples(dist_data, tmp_path, monkeypatch):
+    """Opening a folder reads headers only (no hidden states, even without token_freq); each rank's batch plan is
+    its own, disjoint from the other rank's, and the same every time (the resume cursor indexes into it)."""
+    import shutil
+
+    from engine.data import store
+    from engine.train.data import plan_packed_batches, split_indices
+    from engine.train.trainer import OfflineData
+
+    folder = tmp_path / "hs"
+    shutil.copytree(dist_data, folder)
+    expected = store.HiddenStatesDataset(folder).token_freq()
+    (folder / store.TOKEN_FREQ).unlink()
+    loads = []
+    real = store.load_sample
+    monkeypatch.setattr(store, "load_sample", lambda path: loads.append(path) or real(path))
+    data = OfflineData(str(folder))
+    assert torch.equal(data.token_counts(), expected) and loads == []
+    assert len(data.lengths) == len(data) and all(n > 0 for n in data.lengths)
+    train, _ = split_indices(len(data), 0.2, 0)
+    plan = plan_packed_batches(train, data.lengths, 256, 0, 0)
+    per_rank = [plan[: len(plan) // 2 * 2][r::2] for r in (0, 1)]
+    seen = [{i for b in p for i in b} for p in per_rank]
+    assert seen[0] and seen[1] and not seen[0] & seen[1]
+    assert plan_packed_batches(train, data.lengths, 256, 0, 0) == plan != plan_packed_batches(train, data.lengths,
+                                                                                              256, 0, 1)
+    data[per_rank[1][0][0]]
+    assert len(loads) == 1
