@@ -48,16 +48,24 @@ class Dist:
 def init_distributed(device: str) -> Dist:
     if "RANK" not in os.environ or int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return Dist()
+    if device.startswith("cuda"):
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))  # one GPU per rank (NCCL needs it)
     if not dist.is_initialized():
         dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
     return Dist(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
 
 
 def all_reduce_sum(values: dict[str, float], d: Dist) -> dict[str, float]:
-    if d.world == 1 or not values:
+    """Sums over ranks. Every rank must call it, also one with nothing to add (e.g. no validation batch)."""
+    if d.world == 1:
         return values
-    keys = sorted(values)
-    t = torch.tensor([values[k] for k in keys], dtype=torch.float64)
+    names: list[list[str] | None] = [None] * d.world
+    dist.all_gather_object(names, sorted(values))
+    keys = sorted(set().union(*names))
+    if not keys:
+        return values
+    device = f"cuda:{torch.cuda.current_device()}" if dist.get_backend() == "nccl" else "cpu"
+    t = torch.tensor([values.get(k, 0.0) for k in keys], dtype=torch.float64, device=device)
     dist.all_reduce(t)
     return dict(zip(keys, t.tolist()))
 

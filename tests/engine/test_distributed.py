@@ -170,10 +170,11 @@ def test_two_nodes_meet_through_c10d_rendezvous(runs):
 
 
 def test_fsdp_trains_an_algorithm_without_layers(tiny_targets, dist_data, tmp_path):
-    """The toy plugin (one linear head, no decoder layers): FSDP2 shards the draft as a single unit."""
+    """The toy plugin (one linear head, no decoder layers): FSDP2 shards the draft as a single unit. One validation
+    batch for two ranks: the rank without one still joins the reduction (this used to hang)."""
     base = dict(target=str(tiny_targets["llama"]), data=str(dist_data), algo="toy", tokens_per_batch=256,
                 max_length=160, warmup_steps=1, lr=3e-3, val_fraction=0.2, max_steps=3, checkpoint_every=3,
-                seed=0)
+                val_max_batches=1, val_every=2, seed=0)
     plugin = {"WORKBENCH_ALGO_PLUGINS": str(ROOT / "tests" / "toy_algo")}
     out = finish(torchrun(two_procs(), {**base, "out": tmp_path / "fsdp", "strategy": "fsdp"}, extra_env=plugin))
     assert "FSDP2 over 2 ranks: 0 sharded unit(s)" in out
