@@ -94,7 +94,8 @@ def reporter() -> Reporter:
     """The current process's reporter (writes into $WORKBENCH_JOB_DIR when run as a job)."""
     global _REPORTER
     if _REPORTER is None:
-        d = os.environ.get(JOB_DIR_ENV)
+        # under torchrun only rank 0 reports (every rank inherits the job's environment)
+        d = os.environ.get(JOB_DIR_ENV) if os.environ.get("RANK", "0") == "0" else None
         _REPORTER = Reporter(Path(d) if d else None)
     return _REPORTER
 
@@ -109,10 +110,11 @@ class Job:
     argv: list[str]
     created: float
     status: JobStatus
+    launcher: list[str] | None = None  # e.g. torchrun's module and flags; None: `python -m engine`
 
     @property
     def command(self) -> str:
-        return "python -m engine " + shlex.join(self.argv)
+        return launcher_command(self.launcher) + " " + shlex.join(self.argv)
 
     @property
     def running(self) -> bool:
@@ -123,6 +125,16 @@ class Job:
 
     def metrics(self) -> list[dict[str, Any]]:
         return read_jsonl(self.dir / "metrics.jsonl")
+
+
+def launcher_command(launcher: Sequence[str] | None) -> str:
+    """How a job's argv is run, as a shell prefix: `python -m engine` or `torchrun ... -m engine`."""
+    if not launcher:
+        return "python -m engine"
+    parts = list(launcher)
+    if parts[:2] == ["-m", "torch.distributed.run"]:
+        parts = ["torchrun", *parts[2:]]
+    return shlex.join([*parts, "-m", "engine"])
 
 
 def tail(path: Path, lines: int = 40) -> str:
@@ -185,7 +197,7 @@ def load_job(job_dir: Path) -> Job | None:
             status.state = "failed"
             status.message = status.message or "the process ended without reporting (see stdout.log)"
     return Job(id=job_dir.name, dir=job_dir, kind=meta.get("kind", "?"), argv=meta.get("argv", []),
-               created=meta.get("created", 0.0), status=status)
+               created=meta.get("created", 0.0), status=status, launcher=meta.get("launcher"))
 
 
 def list_jobs(root: Path | None = None) -> list[Job]:
@@ -197,7 +209,7 @@ def list_jobs(root: Path | None = None) -> list[Job]:
     return sorted((j for j in jobs if j is not None), key=lambda j: j.created, reverse=True)
 
 
-def _provenance(argv: Sequence[str]) -> str:
+def _provenance(argv: Sequence[str], launcher: Sequence[str] | None = None) -> str:
     sha = ""
     with contextlib.suppress(Exception):
         sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
@@ -206,13 +218,16 @@ def _provenance(argv: Sequence[str]) -> str:
     for mod in ("torch", "transformers"):
         with contextlib.suppress(Exception):
             versions.append(f"{mod}=={__import__(mod).__version__}")
-    return (f"python -m engine {shlex.join(argv)}\n# git {sha or 'unknown'}; python {platform.python_version()}; "
-            f"{' '.join(versions)}\n")
+    return (f"{launcher_command(launcher)} {shlex.join(argv)}\n# git {sha or 'unknown'}; "
+            f"python {platform.python_version()}; {' '.join(versions)}\n")
 
 
 def launch(argv: Sequence[str], *, kind: str | None = None, name: str | None = None, root: Path | None = None,
-           env: dict[str, str] | None = None) -> Job:
-    """Start `python -m engine <argv>` as a job in its own process group; return at once."""
+           env: dict[str, str] | None = None, launcher: Sequence[str] | None = None) -> Job:
+    """Start `python -m engine <argv>` as a job in its own process group; return at once.
+
+    `launcher` runs it through a Python module instead, e.g. `["-m", "torch.distributed.run", "--standalone",
+    "--nproc-per-node", "2"]` for `python -m torch.distributed.run ... -m engine <argv>` (torchrun)."""
     root = root or runs_dir()
     kind = kind or argv[0]
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -223,16 +238,18 @@ def launch(argv: Sequence[str], *, kind: str | None = None, name: str | None = N
         job_dir = root / f"{stamp}_{kind}{'_' + name if name else ''}-{n}"
     job_dir.mkdir(parents=True)
     argv = list(argv)
-    atomic_write_text(job_dir / "command.txt", _provenance(argv))
+    launcher = list(launcher) if launcher else None
+    atomic_write_text(job_dir / "command.txt", _provenance(argv, launcher))
     atomic_write_json(job_dir / STATUS, asdict(JobStatus(state="queued", updated=time.time())))
     child_env = {**os.environ, **(env or {}), JOB_DIR_ENV: str(job_dir), "PYTHONUNBUFFERED": "1"}
     repo = Path(__file__).resolve().parents[1]
     child_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(repo), child_env.get("PYTHONPATH", "")) if p)
     with open(job_dir / "stdout.log", "ab") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "engine", *argv], stdout=log, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen([sys.executable, *(launcher or []), "-m", "engine", *argv], stdout=log,
+                                stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, env=child_env, start_new_session=True)
     atomic_write_json(job_dir / "job.json", {"kind": kind, "argv": argv, "created": time.time(), "pid": proc.pid,
-                                             "pgid": proc.pid})
+                                             "pgid": proc.pid, **({"launcher": launcher} if launcher else {})})
     return load_job(job_dir)  # type: ignore[return-value]
 
 

@@ -5,7 +5,6 @@ from pathlib import Path
 import streamlit as st
 
 from ui import charts, forms, state, training
-from ui.cli import command
 from ui.errors import callback, guard
 from ui.jobs import all_jobs, job_panel, job_selector, launch
 from ui.training import TrainConfig
@@ -13,13 +12,15 @@ from ui.training import TrainConfig
 st.title("Train")
 st.caption("Train a draft for the active target. Each field's help is its description in "
            "`engine.train.config.TrainConfig` or in the chosen algorithm's arguments; the run is "
-           "`python -m engine train ...` in the background.")
+           "`python -m engine train ...` in the background (`torchrun ... -m engine train ...` with several "
+           "processes).")
 
 ss = st.session_state
 P = "train_f_"
 ALGO_KEY = P + "algo"
 ss.setdefault("train_run_name", training.new_run_name())
 ss.setdefault(ALGO_KEY, training.defaults()["algo"])
+ss.setdefault("train_nproc", 1)
 forms.init_values(P, TrainConfig, {**training.defaults(), "target": state.active_target(),
                                    "out": training.default_out(ss["train_run_name"])})
 
@@ -72,7 +73,7 @@ def _launch() -> None:
     out = cfg.out
     if yaml_fields:
         argv = argv + ["--config", training.write_yaml_overrides(out, yaml_fields)]
-    job = launch(argv, kind="train", name=Path(out).name)
+    job = launch(argv, kind="train", name=Path(out).name, launcher=training.launcher(int(ss["train_nproc"])))
     if job is not None:
         ss["train_job"] = job.id
         ss["train_run_name"] = training.new_run_name()
@@ -101,6 +102,13 @@ with tab_new:
                      exclude=training.COMMON_SKIP)
     forms.model_form(training.algo_prefix(P, _algo()), training.args_class(_algo()), training.algo_groups(_algo()),
                      errors=errors)
+    st.number_input("Processes (torchrun --nproc-per-node)", min_value=1, max_value=64, step=1, key="train_nproc",
+                    help="More than 1 launches `torchrun --standalone --nproc-per-node N -m engine train ...` on this "
+                         "machine (one process per GPU; on a CPU, gloo). Pick the strategy in 'Several processes'. "
+                         "Across machines, see the README's multi-node commands.")
+    nproc = int(ss["train_nproc"])
+    if cfg is not None and nproc == 1 and cfg.strategy == "fsdp":
+        st.caption("fsdp shards over several processes; with 1 process the draft trains whole in that process.")
     for message in errors.get("", []):
         st.warning(message, icon=":material/warning:")
     if cfg is not None:
@@ -112,7 +120,7 @@ with tab_new:
                     icon=":material/history:")
         shown = argv + (["--config", str(out / "train_overrides.yaml")] if yaml_fields else [])
         st.markdown("**Command**")
-        st.code(command(shown), language="bash", wrap_lines=True)
+        st.code(training.launch_command(shown, nproc), language="bash", wrap_lines=True)
         if yaml_fields:
             st.caption(f"`train_overrides.yaml` will hold {sorted(yaml_fields)} (not expressible as flags).")
     st.button("Launch training", key="train_launch", type="primary", icon=":material/rocket_launch:",
@@ -137,7 +145,8 @@ with tab_watch:
             if not job.running and ckpt and job.status.state != "done":
                 st.button(f"Resume from {ckpt}", key="train_resume", icon=":material/play_arrow:",
                           on_click=callback("Resuming", lambda: ss.update(
-                              train_job=getattr(launch(job.argv, kind="train", name=out.name), "id", job.id))),
+                              train_job=getattr(launch(job.argv, kind="train", name=out.name, launcher=job.launcher),
+                                                "id", job.id))),
                           help="Relaunch the same command: the trainer continues from the latest checkpoint.")
             st.caption(f"Output folder: `{out}`" + (f" · latest checkpoint `{ckpt}`" if ckpt else ""))
             if (out / "draft" / "config.json").is_file():
@@ -168,6 +177,13 @@ with tab_watch:
                                      "at the draft's k (the draft-verify walk of `python -m engine evaluate`); best k "
                                      + (f"{val['walk_best_k']:.0f}" if "walk_best_k" in val else "–") + ".")
                     m[4].metric("tokens/s", f"{last['tokens_per_s']:.0f}" if "tokens_per_s" in last else "–")
+                    ranks = training.rank_progress(out)
+                    if ranks and (ranks[0].get("world", 1) > 1 or training.job_processes(job) > 1):
+                        import pandas as pd
+
+                        st.markdown(f"**Processes** ({ranks[0].get('world', len(ranks))} ranks, "
+                                    f"`{out / 'progress'}`)")
+                        st.dataframe(pd.DataFrame(training.progress_table(ranks)), hide_index=True)
                     figs = charts.training_figures({out.name: rows})
                     for name, fig in figs.items():
                         st.plotly_chart(fig, key=f"train_chart_{name}")
@@ -191,6 +207,7 @@ with tab_compare, guard("Finding runs"):
 with st.expander("Equivalent CLI commands", icon=":material/terminal:"):
     st.code("python -m engine train --help\npython -m engine jobs            # list runs\n"
             "python -m engine jobs stop JOB   # SIGTERM: the trainer checkpoints and exits\n"
-            "python -m engine train ... (same flags, same --out)   # resumes from the latest checkpoint",
+            "python -m engine train ... (same flags, same --out)   # resumes from the latest checkpoint\n"
+            "torchrun --standalone --nproc-per-node 2 -m engine train ... --strategy fsdp   # 2 processes",
             language="bash")
 

@@ -28,10 +28,11 @@ def state_md(state: str) -> str:
 POLL_S = 2.0
 
 
-def launch(argv: Sequence[str], *, kind: str | None = None, name: str | None = None) -> engine_jobs.Job | None:
-    """Start a job; errors become a message. Returns the job or None."""
+def launch(argv: Sequence[str], *, kind: str | None = None, name: str | None = None,
+           launcher: Sequence[str] | None = None) -> engine_jobs.Job | None:
+    """Start a job (through `launcher`, e.g. torchrun, if given); errors become a message. Returns the job or None."""
     with guard("Starting the job"):
-        job = engine_jobs.launch([str(a) for a in argv], kind=kind, name=name)
+        job = engine_jobs.launch([str(a) for a in argv], kind=kind, name=name, launcher=launcher)
         st.toast(f"Started {job.kind} job {job.id}", icon=":material/rocket_launch:")
         return job
     return None

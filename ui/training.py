@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ GROUPS = {
                      "max_steps", "tokens_per_batch", "max_length", "grad_accum", "clip_grad", "precision", "seed"],
     "Validation, logging, checkpoints, device": ["val_fraction", "val_every", "val_max_batches", "log_every",
                                                  "checkpoint_every", "keep_checkpoints", "device"],
+    "Several processes (torchrun)": ["strategy"],
 }
 # A run that finishes in about a minute on a CPU: to try the pipeline, not to get a useful draft.
 SMOKE = {"online_dataset": "sharegpt", "online_max_samples": 24, "data": None, "max_steps": 12, "epochs": 1,
@@ -113,6 +115,54 @@ def train_argv(cfg: TrainConfig) -> tuple[list[str], dict[str, Any]]:
     return ["train", *flags(as_flags)], in_yaml
 
 
+def launcher(nproc: int) -> list[str] | None:
+    """How a run of `nproc` processes is started: torchrun on this machine (None: one plain process).
+
+    `--standalone` gives every run its own rendezvous on a free port, so two runs never collide."""
+    if nproc <= 1:
+        return None
+    return ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(int(nproc))]
+
+
+def launch_command(argv: list[str], nproc: int) -> str:
+    """The shell command of a run: `python -m engine train ...` or `torchrun ... -m engine train ...`."""
+    import shlex
+
+    return engine_jobs.launcher_command(launcher(nproc)) + " " + shlex.join([str(a) for a in argv])
+
+
+def job_processes(job: engine_jobs.Job) -> int:
+    """--nproc-per-node of a job's launcher (1 for a plain job)."""
+    parts = job.launcher or []
+    for i, a in enumerate(parts):
+        if a in ("--nproc-per-node", "--nproc_per_node") and i + 1 < len(parts):
+            try:
+                return int(parts[i + 1])
+            except ValueError:
+                return 1
+    return 1
+
+
+def rank_progress(out: Path) -> list[dict[str, Any]]:
+    """Each rank's last record (`<out>/progress/rank{r}.json`, written by the trainer), by rank."""
+    rows = []
+    for f in sorted(Path(out, "progress").glob("rank*.json")):
+        try:
+            rows.append(json.loads(f.read_text()))
+        except (OSError, ValueError):
+            continue  # being replaced right now
+    return sorted(rows, key=lambda r: r.get("rank", 0))
+
+
+def progress_table(rows: list[dict[str, Any]], now: float | None = None) -> list[dict[str, Any]]:
+    """Rows for the per-rank table: rank, host, state, step, epoch, micro-batch, seconds since the last update."""
+    now = time.time() if now is None else now
+    return [{"rank": r.get("rank"), "host": r.get("host"), "pid": r.get("pid"), "state": r.get("state"),
+             "step": f"{r.get('step', 0)}/{r.get('total_steps', '?')}", "epoch": r.get("epoch"),
+             "micro-batch": r.get("cursor"), "updated (s ago)": round(now - r.get("updated", now), 1)}
+            for r in rows]
+
+
 def write_yaml_overrides(out: str, values: dict[str, Any]) -> str:
     path = Path(out) / "train_overrides.yaml"
     atomic_write_text(path, yaml.safe_dump({"train": values}, sort_keys=False))
@@ -182,10 +232,15 @@ __all__ = [
     "TrainConfig",
     "default_out",
     "defaults",
+    "job_processes",
     "last_row",
+    "launch_command",
+    "launcher",
     "latest_checkpoint",
     "metric_runs",
     "new_run_name",
+    "progress_table",
+    "rank_progress",
     "read_metrics",
     "train_argv",
     "train_out",

@@ -109,6 +109,14 @@ class DraftAlgorithm:
     def objective(self, draft: "nn.Module", verifier, args: AlgoArgs, device: str) -> Objective:
         raise NotImplementedError
 
+    def fsdp_units(self, draft: "nn.Module") -> "list[nn.Module]":
+        """Submodules FSDP2 shards as units of their own (each gathered just before it runs), before the draft
+        itself is sharded as the last unit. Default: the items of `draft.layers` (the decoder layers)."""
+        from torch import nn
+
+        layers = getattr(draft, "layers", None)
+        return list(layers) if isinstance(layers, nn.ModuleList) else []
+
     def proposer(self, draft: "nn.Module", **options: Any) -> "Proposer":
         """A fresh proposer (its own caches) over loaded weights, for the decode engine."""
         raise NotImplementedError

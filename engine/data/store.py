@@ -199,6 +199,7 @@ class HiddenStatesDataset(torch.utils.data.Dataset):
         return len(self.indices)
 
     def __getitem__(self, k: int) -> dict[str, torch.Tensor]:
+        """One sample, read from its file now (nothing is cached: a folder larger than memory streams)."""
         return load_sample(sample_path(self.folder, self.indices[k]))
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
@@ -226,13 +227,20 @@ class HiddenStatesDataset(torch.utils.data.Dataset):
         path = self.folder / TOKEN_FREQ
         if path.is_file():
             return load_file(str(path))["counts"]
-        vocab = int(self.manifest.get("vocab_size") or 0)
-        if not vocab:
-            vocab = 1 + max(int(self[k]["token_ids"].max()) for k in range(len(self)))
-        stats = FolderStats(vocab)
-        for k, i in enumerate(self.indices):
-            sample = self[k]
-            stats.add(i, sample["token_ids"], sample["loss_mask"])
-        return stats.counts
+        # one file at a time, token ids and masks only: the hidden states (nearly all of a file) are never read
+        counts: torch.Tensor | None = None
+        for i in self.indices:
+            read = read_sample_stats(sample_path(self.folder, i))
+            if read is None:
+                raise WorkbenchError(f"{sample_path(self.folder, i)} is unreadable",
+                                     hint="re-run the extraction into the same folder: it rewrites broken samples")
+            ids, vocab = read[0][read[1].bool()], int(self.manifest.get("vocab_size") or 0)
+            c = torch.bincount(ids.clamp(0, vocab - 1) if vocab else ids, minlength=vocab)
+            if counts is not None and counts.numel() < c.numel():
+                counts = torch.cat([counts, counts.new_zeros(c.numel() - counts.numel())])
+            elif counts is not None and c.numel() < counts.numel():
+                c = torch.cat([c, c.new_zeros(counts.numel() - c.numel())])
+            counts = c if counts is None else counts + c
+        return counts
 
     token_counts = token_freq

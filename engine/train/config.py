@@ -60,6 +60,11 @@ class TrainConfig(BaseModel):
     keep_checkpoints: int = Field(2, ge=1, description="Step checkpoints to keep (the final one is always kept).")
     device: str = Field("auto", description="auto, cpu or cuda.")
 
+    # several processes (under torchrun)
+    strategy: Literal["ddp", "fsdp"] = Field(
+        "ddp", description="With several processes (torchrun): ddp = every rank holds the whole draft; fsdp = "
+                           "FSDP2 shards the draft's layers, gradients and optimizer state over the ranks.")
+
     @model_validator(mode="before")
     @classmethod
     def _typed_algo_args(cls, data: Any) -> Any:

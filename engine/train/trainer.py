@@ -1,7 +1,7 @@
-"""The draft trainer: packed batches, AdamW with warm-up/decay, metrics.jsonl, checkpoints, exact resume, DDP.
+"""The draft trainer: packed batches, AdamW with warm-up/decay, metrics.jsonl, checkpoints, exact resume, DDP/FSDP2.
 
-Run in one process or under `torchrun` (gloo on CPU, nccl on GPU). Rank 0 writes metrics and
-checkpoints. Resuming from a checkpoint replays the same batch plan and optimizer state, so the
+Run in one process or under `torchrun` (gloo on CPU, nccl on GPU); `strategy` picks DDP or FSDP2
+(engine.train.distributed). Rank 0 writes metrics and checkpoints (FSDP: every rank writes its shards). Resuming from a checkpoint replays the same batch plan and optimizer state, so the
 result equals an uninterrupted run with the same seed.
 """
 
@@ -26,6 +26,7 @@ from engine.jobs import DirLock, reporter
 from engine.targets import load_verifier_parts, pick_device
 from engine.train.config import TrainConfig
 from engine.train.data import layout_for, plan_packed_batches, split_indices
+from engine.train.distributed import RankProgress, make_strategy
 from engine.train.resume import clean_temp_checkpoints, record_resume, repair_metrics, resume_changes
 
 log = logging.getLogger(__name__)
@@ -48,16 +49,24 @@ class Dist:
 def init_distributed(device: str) -> Dist:
     if "RANK" not in os.environ or int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return Dist()
+    if device.startswith("cuda"):
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))  # one GPU per rank (NCCL needs it)
     if not dist.is_initialized():
         dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
     return Dist(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
 
 
 def all_reduce_sum(values: dict[str, float], d: Dist) -> dict[str, float]:
-    if d.world == 1 or not values:
+    """Sums over ranks. Every rank must call it, also one with nothing to add (e.g. no validation batch)."""
+    if d.world == 1:
         return values
-    keys = sorted(values)
-    t = torch.tensor([values[k] for k in keys], dtype=torch.float64)
+    names: list[list[str] | None] = [None] * d.world
+    dist.all_gather_object(names, sorted(values))
+    keys = sorted(set().union(*names))
+    if not keys:
+        return values
+    device = f"cuda:{torch.cuda.current_device()}" if dist.get_backend() == "nccl" else "cpu"
+    t = torch.tensor([values.get(k, 0.0) for k in keys], dtype=torch.float64, device=device)
     dist.all_reduce(t)
     return dict(zip(keys, t.tolist()))
 
@@ -177,11 +186,9 @@ class Trainer:
         self.train_idx, self.val_idx = split_indices(len(self.data), cfg.val_fraction, cfg.seed)
         if not self.train_idx:
             raise WorkbenchError("no training samples", hint="extract more samples or lower val_fraction")
-        self.model = self.draft
-        if self.d.world > 1:
-            from torch.nn.parallel import DistributedDataParallel as DDP
-
-            self.model = DDP(self.draft, device_ids=[self.d.local_rank] if self.device.startswith("cuda") else None)
+        self.strategy = make_strategy(cfg, self.d, self.device)
+        self.model = self.strategy.wrap(self.draft, self.verifier)
+        self.progress = RankProgress(self.out, self.d)
         params = [p for p in self.draft.parameters() if p.requires_grad]
         self.opt = torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
         self.step = 0
@@ -212,6 +219,8 @@ class Trainer:
         return self.out / "checkpoints"
 
     def save(self, reason: str) -> Path | None:
+        if self.strategy.sharded:
+            return self.strategy.save(self, reason)
         if not self.d.main:
             return None
         name = f"step_{self.step:07d}"
@@ -226,6 +235,7 @@ class Trainer:
             save_optimizer(self.opt, state)
             atomic_write_json(state / "state.json", {"step": self.step, "epoch": self.epoch, "cursor": self.cursor,
                                                       "reason": reason, "world": self.d.world,
+                                                      "strategy": self.strategy.kind,
                                                       "config": self.cfg.model_dump(mode="json")})
         atomic_write_text(self.checkpoint_dir() / "latest", name + "\n")
         self._prune()
@@ -252,11 +262,15 @@ class Trainer:
         if state.get("world", 1) != self.d.world:
             raise WorkbenchError(f"checkpoint {path} was written by {state['world']} processes, not {self.d.world}",
                                  hint="resume with the same number of processes, or start a new output folder")
-        # issue 18: flags that change what is trained are refused; harmless changes are recorded
+        self.strategy.check_resumable(state, path)
+        # flags that change what is trained are refused; harmless changes are recorded
         changes = resume_changes(state.get("config"), self.cfg.model_dump(mode="json"))
-        loaded = self.algo.load(path, self.verifier)
-        self.draft.load_state_dict(loaded.state_dict(), strict=False)
-        load_optimizer(self.opt, path / "trainer_state")
+        if self.strategy.sharded:
+            self.strategy.load(self, path)
+        else:
+            loaded = self.algo.load(path, self.verifier)
+            self.draft.load_state_dict(loaded.state_dict(), strict=False)
+            load_optimizer(self.opt, path / "trainer_state")
         self.step, self.epoch, self.cursor = state["step"], state["epoch"], state["cursor"]
         if self.d.main:
             repair_metrics(self.out / "metrics.jsonl", self.step)  # no half line, no step logged twice
@@ -383,6 +397,7 @@ class Trainer:
                     rep.update(f"step {self.step}/{self.total_steps} loss {row['loss']:.3f}",
                                self.step / self.total_steps, step=self.step)
                     window, t_window = {}, time.perf_counter()
+                    self.progress.update(self)
                 bar.update(1)
                 if self.step % cfg.val_every == 0 or self.step == self.total_steps:
                     self._log_validation()
@@ -398,15 +413,19 @@ class Trainer:
             self._log_validation()
         self.save("final")
         final = self.out / "draft"
+        full = self.strategy.consolidated(self.draft)
         if self.d.main:
-            self.algo.save(self.draft, final, dtype=torch.bfloat16)
+            self.algo.save(full, final, dtype=torch.bfloat16)
         if self.d.world > 1:
-            self._check_ranks_agree()
+            if not self.strategy.sharded:
+                self._check_ranks_agree()
             dist.barrier()
+        self.progress.update(self, state="done")
         return final
 
     def _log_validation(self) -> None:
-        val = self.validate()
+        with self.strategy.evaluating():
+            val = self.validate()
         if val:
             self._log({"split": "val", "step": self.step, "epoch": self.epoch, **val})
 
