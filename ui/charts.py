@@ -8,12 +8,14 @@ from typing import Any
 
 import plotly.graph_objects as go
 
+from ui import palette
+
 _LAYOUT = dict(margin=dict(l=10, r=10, t=40, b=10), height=320, legend=dict(orientation="h", y=-0.2))
 
 
 def acceptance_bars(lengths: Sequence[int], k: int) -> go.Figure:
     """Tokens emitted per speculative step (1 = no draft accepted, k+1 = all accepted plus the bonus)."""
-    fig = go.Figure(go.Bar(x=list(range(1, len(lengths) + 1)), y=list(lengths), marker_color="#4c9f70",
+    fig = go.Figure(go.Bar(x=list(range(1, len(lengths) + 1)), y=list(lengths), marker_color=palette.ACCEPTED_BAR,
                            hovertemplate="step %{x}: %{y} tokens<extra></extra>"))
     fig.add_hline(y=k + 1, line_dash="dot", line_color="#999", annotation_text=f"max k+1 = {k + 1}")
     fig.update_layout(title="Acceptance length per step", xaxis_title="step", yaxis_title="tokens emitted",
@@ -109,4 +111,44 @@ def per_position_bars(per_position: Sequence[float]) -> go.Figure:
                            text=[f"{p:.0%}" for p in per_position], textposition="auto"))
     fig.update_layout(title="Acceptance per position (from /metrics)", xaxis_title="draft position",
                       yaxis_range=[0, 1.05], xaxis_dtick=1, **{**_LAYOUT, "height": 280})
+    return fig
+
+
+# -- demo chat: why a turn was fast or slow ------------------------------------------------------------
+
+
+def step_cost_bars(rows: Mapping[str, Mapping[str, Any]]) -> go.Figure:
+    """One horizontal stacked bar per proposer: what one step costs, in baseline steps, split by where it goes."""
+    names = [n for n, r in rows.items() if r.get("step_cost") is not None]
+    labels = ["baseline"] + [rows[n]["label"] for n in names]
+    fig = go.Figure()
+    for part, key in (("target verification", "target_cost"), ("drafting", "draft_cost"), ("the rest", "rest_cost")):
+        values = [1.0 if part == "target verification" else 0.0] + [rows[n][key] for n in names]
+        fig.add_bar(y=labels, x=values, name=part, orientation="h", marker_color=palette.TIME_SPLIT[part],
+                    hovertemplate=f"%{{y}}: {part} %{{x:.2f}} baseline steps<extra></extra>")
+    for n in names:
+        tau = rows[n].get("tokens_per_step")
+        if tau:
+            fig.add_annotation(y=rows[n]["label"], x=rows[n]["step_cost"], text=f"emits {tau:.1f} tokens",
+                               showarrow=False, xanchor="left", xshift=6)
+    fig.update_layout(barmode="stack", title="What one step costs (baseline step = 1)",
+                      xaxis_title="cost of one step, in baseline steps", yaxis_autorange="reversed",
+                      **{**_LAYOUT, "height": 130 + 40 * len(labels), "margin": dict(l=10, r=90, t=40, b=10),
+                         "legend": dict(orientation="h", y=-0.35)})
+    return fig
+
+
+def per_position_compare(rows: Mapping[str, Mapping[str, Any]]) -> go.Figure:
+    """Acceptance per draft position for every proposer of one turn (P[the first i drafts accepted])."""
+    fig = go.Figure()
+    for i, (name, r) in enumerate(rows.items()):
+        pos = r.get("per_position_acceptance") or []
+        if pos:
+            fig.add_bar(x=[str(j) for j in range(1, len(pos) + 1)], y=pos, name=r["label"],
+                        marker_color=palette.method_colour(name, i), text=[f"{p:.0%}" for p in pos],
+                        textposition="outside",
+                        hovertemplate="position %{x}: %{y:.0%}<extra>" + r["label"] + "</extra>")
+    fig.update_layout(title="Acceptance per draft position", xaxis_title="draft position",
+                      yaxis_title="accepted (share of steps)", yaxis_range=[0, 1.15], yaxis_tickformat=".0%",
+                      barmode="group", **{**_LAYOUT, "height": 300})
     return fig

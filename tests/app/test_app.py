@@ -182,34 +182,75 @@ def test_models_page_switches_target_and_draft(runs, tiny_target, tiny_draft):
 # -- demo chat --------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("proposer", ["ngram", "draft"])
-def test_demo_chat_streams_both_answers_and_colours_tokens(runs, tiny_target, tiny_draft, proposer):
+def test_demo_chat_compares_baseline_draft_and_ngram_in_one_run_and_says_why(runs, tiny_target, tiny_draft):
     at = open_app(tiny_target, tiny_draft, page="demo_chat")
-    at.radio(key="chat_proposer").set_value(proposer).run()
-    at.number_input(key="chat_max_new_tokens").set_value(24).run()
+    assert at.multiselect(key="chat_proposers").value == ["draft", "ngram"]  # both beside the baseline by default
+    assert "Draft:" in texts(at.caption)
+    at.number_input(key="chat_max_new_tokens").set_value(40).run()
     at.chat_input(key="chat_prompt").set_value("Repeat: 1 2 3 4 5 6 7 8 9 10, 1 2 3 4 5 6 7 8 9 10").run()
     ok(at)
     history = at.session_state["chat_history"]
     assert len(history) == 1
     turn = history[0]
-    assert turn["identical"], "greedy speculative decoding must reproduce the baseline"
-    assert "Identical output" in texts(at.markdown)
+    assert list(turn["sides"]) == ["baseline", "draft", "ngram"]
+    for name in ("draft", "ngram"):
+        assert turn["sides"][name]["identical"], f"greedy {name} must reproduce the baseline"
+        assert turn["sides"][name]["metrics"]["tokens"] == turn["sides"]["baseline"]["metrics"]["tokens"] > 0
+        assert sum(turn["sides"][name]["step_lengths"]) + 1 >= turn["sides"][name]["metrics"]["tokens"]
+        row = turn["explain"][name]
+        assert row["step_cost"] > 0 and row["target_share"] > 0 and row["per_position_acceptance"]
+        assert "tokens per step; a step costs" in row["sentence"] and "baseline steps" in row["sentence"]
+        assert "Identical output: " + row["label"] in texts(at.markdown)
+    md = texts(at.markdown)
+    assert "Why this speed" in md and turn["explain"]["ngram"]["sentence"] in md
+    assert turn["cost_curve"][turn["k"] + 1] > 0  # the target's cost curve, measured once and cached
+    table = at.dataframe[0].value
+    assert list(table["proposer"]) == ["Draft model", "n-gram (prompt lookup)"]
+    assert {"step cost (baseline steps)", "target verification", "drafting", "ceiling (free drafting)"} <= set(table)
     html = texts(at.html)
-    assert 'class="baseline-answer"' in html and 'class="spec-answer"' in html and "tok tok-" in html
-    assert turn["spec_metrics"]["tokens"] == turn["base_metrics"]["tokens"] > 0
-    assert sum(turn["step_lengths"]) + 1 >= turn["spec_metrics"]["tokens"]
-    assert "--method baseline" in turn["cli"] and f"--method {proposer}" in turn["cli"]
-    # the history survives a rerun and a second prompt adds a turn
+    assert 'class="baseline-answer"' in html and html.count('class="spec-answer"') == 2 and "tok tok-" in html
+    assert "--method baseline" in turn["cli"] and "--method draft" in turn["cli"] and "--method ngram" in turn["cli"]
+    # the history survives a rerun and a second prompt with one proposer adds a turn
+    at.multiselect(key="chat_proposers").set_value(["ngram"]).run()
+    assert "Draft:" not in texts(at.caption)  # the draft caption only while the draft answers
     at.chat_input(key="chat_prompt").set_value("Again: a b c a b c a b c").run()
     ok(at)
     assert len(at.session_state["chat_history"]) == 2
+    assert list(at.session_state["chat_history"][1]["sides"]) == ["baseline", "ngram"]
+
+
+def test_demo_chat_short_answers_busy_machine_and_sampling_are_worded(runs, tiny_target, tiny_draft, monkeypatch):
+    import os
+
+    monkeypatch.setattr(os, "getloadavg", lambda: (64.0, 60.0, 50.0))
+    at = open_app(tiny_target, tiny_draft, page="demo_chat")
+    at.multiselect(key="chat_proposers").set_value(["ngram"]).run()
+    at.slider(key="chat_temperature").set_value(0.8).run()
+    assert "same distribution" in texts(at.info) and "sampled_speculation" in texts(at.info)
+    at.number_input(key="chat_max_new_tokens").set_value(8).run()
+    at.chat_input(key="chat_prompt").set_value("a b a b a b").run()
+    ok(at)
+    turn = at.session_state["chat_history"][0]
+    assert turn["explain"]["ngram"]["short"]
+    assert "rough indication" in texts(at.caption) and "This machine is busy" in texts(at.caption)
+    assert "≈" in at.dataframe[0].value["speedup"][0]
 
 
 def test_demo_chat_without_a_draft_offers_ngram_only(runs, tiny_target):
     at = open_app(tiny_target, page="demo_chat")
-    assert at.radio(key="chat_proposer").options == ["n-gram (prompt lookup)"]
-    assert at.radio(key="chat_proposer").value == "ngram"
-    assert "n-gram only" in texts(at.caption)
+    assert at.multiselect(key="chat_proposers").options == ["n-gram (prompt lookup)"]
+    assert at.multiselect(key="chat_proposers").value == ["ngram"]
+    captions = texts(at.caption)
+    assert "n-gram only" in captions and "Draft:" not in captions and "still being trained" not in captions
+
+
+def test_newline_tokens_stay_outside_the_coloured_spans():
+    from ui.tokens import TokenMark, spec_html
+
+    out = spec_html([TokenMark("Hi", "accepted", 1), TokenMark("\n", "accepted", 1), TokenMark("a\nb", "bonus", 2)])
+    assert "\n</span>" not in out and ">\n" not in out.split("</span>", 1)[0]
+    assert "↵" in out  # a newline-only token stays visible and hoverable
+    assert out.count("tok-bonus") == 2  # "a" and "b" coloured, the newline between them plain
 
 
 # -- data ---------------------------------------------------------------------------------------------------
