@@ -74,35 +74,89 @@ def training_figures(runs: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[st
 # -- benchmarks -----------------------------------------------------------------------------------
 
 
+def _bench_layout(title: str, subtitle: str, **extra) -> dict:
+    return {**_LAYOUT, "title": dict(text=title, subtitle=dict(text=subtitle), x=0, xanchor="left"),
+            "margin": dict(l=10, r=10, t=70, b=10), "height": 340, **extra}
+
+
 def bench_figures(result: Mapping[str, Any]) -> dict[str, go.Figure]:
-    """From `python -m engine bench --json`: acceptance per position, acceptance length and speedup per method."""
+    """From `python -m engine bench --json`: acceptance per position, acceptance length and speedup per method,
+    and (when the JSON has per-prompt data) the spread of acceptance length over prompts."""
     methods = {m: r for m, r in (result.get("methods") or {}).items() if not r.get("skipped")}
+    n = result.get("num_prompts", result.get("prompts"))
+    over = f"mean over {n} prompts" if isinstance(n, int) else "mean over the benchmark's prompts"
+    k = result.get("k")
+    colour = {m: palette.method_colour(m, i) for i, m in enumerate(methods)}
+
     per_pos = go.Figure()
     for name, row in methods.items():
         pos = row.get("per_position_acceptance") or []
         if pos:
-            per_pos.add_scatter(x=list(range(1, len(pos) + 1)), y=pos, mode="lines+markers", name=name)
-    per_pos.update_layout(title="Acceptance per position (P[first i drafts accepted])", xaxis_title="draft position",
-                          yaxis_range=[0, 1.05], xaxis_dtick=1, **_LAYOUT)
+            per_pos.add_scatter(x=list(range(1, len(pos) + 1)), y=pos, mode="lines+markers", name=name,
+                                line=dict(color=colour[name]),
+                                hovertemplate=name + " · position %{x}: %{y:.0%}<extra></extra>")
+    per_pos.update_layout(**_bench_layout("Acceptance per draft position",
+                                          f"share of steps whose first i drafts were all accepted · {over}"),
+                          xaxis_title="draft position", yaxis_title="accepted (share of steps)",
+                          yaxis_range=[0, 1.05], yaxis_tickformat=".0%", xaxis_dtick=1)
 
     spec = {m: r for m, r in methods.items() if r.get("mean_acceptance_length") is not None}
-    tau = go.Figure(go.Bar(x=list(spec), y=[r["mean_acceptance_length"] for r in spec.values()],
-                           text=[f"{r['mean_acceptance_length']:.2f}" for r in spec.values()], textposition="auto",
-                           marker_color="#4c9f70"))
-    tau.update_layout(title="Mean acceptance length", yaxis_title="tokens per step", **_LAYOUT)
+    taus = [r["mean_acceptance_length"] for r in spec.values()]
+    tau = go.Figure(go.Bar(x=list(spec), y=taus, text=[f"{t:.2f}" for t in taus], textposition="outside",
+                           marker_color=[colour[m] for m in spec], cliponaxis=False,
+                           hovertemplate="%{x}: %{y:.2f} tokens per step<extra></extra>"))
+    tau.update_layout(**_bench_layout("Mean acceptance length",
+                                      f"tokens per verification step (1 + accepted drafts){f' · k = {k}' if k else ''}"
+                                      f" · {over}"),
+                      yaxis_title="tokens per step", yaxis_range=[0, max(taus + [(k or 0) + 1, 1]) * 1.15])
+    if k:
+        tau.add_hline(y=k + 1, line_dash="dot", line_color=palette.REFERENCE, annotation_text=f"k+1 = {k + 1}")
 
     names = [m for m, r in methods.items() if r.get("speedup") is not None]
-    speed = go.Figure(go.Bar(x=names, y=[methods[m]["speedup"] for m in names], name="measured speedup",
-                             text=[f"{methods[m]['speedup']:.2f}×" for m in names], textposition="auto",
-                             marker_color="#5b8def"))
+    speeds = [methods[m]["speedup"] for m in names]
+    speed = go.Figure(go.Bar(x=names, y=speeds, name="measured speedup", text=[f"{v:.2f}×" for v in speeds],
+                             textposition="inside", insidetextanchor="end", marker_color=[colour[m] for m in names],
+                             hovertemplate="%{x}: %{y:.2f}× the baseline's tokens/s<extra></extra>"))
     ceil = [(m, methods[m]["speedup_ceiling"]) for m in names if methods[m].get("speedup_ceiling")]
     if ceil:
-        speed.add_scatter(x=[m for m, _ in ceil], y=[c for _, c in ceil], mode="markers+text", name="speedup ceiling",
-                          marker=dict(symbol="line-ew-open", size=46, line=dict(width=3, color="#c0392b")),
-                          text=[f"ceiling {c:.2f}×" for _, c in ceil], textposition="top center")
-    speed.add_hline(y=1.0, line_dash="dot", line_color="#999", annotation_text="baseline")
-    speed.update_layout(title="Speedup vs baseline (ceiling: if drafting were free)", yaxis_title="×", **_LAYOUT)
-    return {"per_position": per_pos, "acceptance_length": tau, "speedup": speed}
+        speed.add_scatter(x=[m for m, _ in ceil], y=[c for _, c in ceil], mode="markers+text",
+                          name="ceiling (free drafting)", cliponaxis=False,
+                          marker=dict(symbol="line-ew-open", size=40, line=dict(width=3, color=palette.CEILING)),
+                          text=[f"ceiling {c:.2f}×" for _, c in ceil], textposition="top center",
+                          hovertemplate="%{x}: at most %{y:.2f}× if drafting were free<extra></extra>")
+    speed.add_hline(y=1.0, line_dash="dot", line_color=palette.REFERENCE, annotation_text="baseline",
+                    annotation_position="bottom right")
+    top = max(speeds + [c for _, c in ceil] + [1.0])
+    speed.update_layout(**_bench_layout("Speedup vs baseline", f"tokens/s ÷ the baseline's · {over}"),
+                        yaxis_title="speedup (× baseline)", yaxis_range=[0, top * 1.2])
+    figs = {"per_position": per_pos, "acceptance_length": tau, "speedup": speed}
+
+    spread = go.Figure()
+    for name, row in spec.items():
+        values = [p["mean_acceptance_length"] for p in row.get("per_prompt") or []
+                  if p.get("mean_acceptance_length") is not None]
+        if values:
+            spread.add_box(y=values, name=name, boxpoints="all", jitter=0.4, marker_color=colour[name],
+                           hovertemplate=name + ": %{y:.2f} tokens per step<extra></extra>")
+    if spread.data:
+        spread.update_layout(**_bench_layout("Acceptance length per prompt",
+                                             "the spread over prompts (one point per prompt)"),
+                             yaxis_title="tokens per step", showlegend=False)
+        figs["spread"] = spread
+    return figs
+
+
+def acceptance_heatmap(z: Sequence[Sequence[float | None]], prompts: Sequence[str], method: str) -> go.Figure:
+    """Acceptance per draft position × prompt for one method (green = accepted, like the token colouring)."""
+    fig = go.Figure(go.Heatmap(z=z, x=[str(i) for i in range(1, max(len(r) for r in z) + 1)], y=list(prompts),
+                               zmin=0, zmax=1, colorscale=[[0, "#ffffff"], [1, palette.ACCEPTED_BAR]],
+                               colorbar=dict(title="accepted", tickformat=".0%"),
+                               hovertemplate="%{y} · position %{x}: %{z:.0%}<extra></extra>"))
+    fig.update_layout(**_bench_layout(f"Acceptance per position and prompt · {method}",
+                                      "share of that prompt's steps whose first i drafts were accepted"),
+                      xaxis_title="draft position", yaxis_title="prompt", yaxis_autorange="reversed",
+                      height=max(300, 120 + 18 * len(prompts)))
+    return fig
 
 
 def per_position_bars(per_position: Sequence[float]) -> go.Figure:

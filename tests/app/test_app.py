@@ -496,17 +496,81 @@ BENCH = {
 }
 
 
+def _chart_specs(at) -> list[dict]:
+    return [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+
+
+def test_benchmarks_page_opens_on_the_shipped_results_with_readable_charts(runs, tiny_target):
+    from ui import bench as bench_ui
+
+    shipped = bench_ui.shipped_results()
+    assert shipped, "benchmarks/results/*.json ship with the project"
+    at = open_app(tiny_target, page="benchmarks")
+    sel = at.selectbox(key="bench_result")
+    assert sel.value == next(iter(shipped)) and sel.value.startswith("shipped · ")
+    for key in shipped:  # every shipped result: titled charts with units, no None anywhere
+        at.selectbox(key="bench_result").set_value(key).run()
+        ok(at)
+        caption = texts(at.caption)
+        assert "None" not in caption and " prompts × up to " in caption
+        specs = _chart_specs(at)
+        assert len(specs) >= 3
+        for spec in specs:
+            layout = spec["layout"]
+            assert layout["title"]["text"] and layout["title"]["subtitle"]["text"]
+            assert layout["yaxis"]["title"]["text"] not in ("", "×")
+            assert "prompt" in layout["title"]["subtitle"]["text"] or "prompt" in layout["title"]["text"]
+        table = at.dataframe[0].value
+        cells = [str(v) for v in table.to_numpy().ravel()]
+        assert "None" not in cells and "nan" not in cells
+        assert not any(c.count(".") == 1 and len(c.split(".")[1].rstrip("×%")) > 2 for c in cells)
+        assert at.get("download_button")
+        if "vllm" in key:
+            assert any("bf16 drift" in c for c in table["identical to baseline"])
+            assert "bf16" in texts(at.info)
+        # per-prompt drill-down: one row per prompt
+        n = bench_ui.num_prompts(bench_ui.load(shipped[key]))
+        prompt_tables = [d.value for d in at.dataframe if "prompt" in d.value.columns]
+        if prompt_tables:
+            assert len(prompt_tables[0]) == n
+
+
 def test_benchmarks_page_plots_a_result(runs, tiny_target):
     (runs / "bench").mkdir(parents=True)
     (runs / "bench" / "bench-1.json").write_text(json.dumps(BENCH))
     at = open_app(tiny_target, page="benchmarks")
-    charts = at.get("plotly_chart")
-    assert len(charts) == 3
-    specs = [json.loads(c.proto.spec) for c in charts]
+    assert at.selectbox(key="bench_result").value.startswith("shipped · ")  # the shipped results first
+    at.selectbox(key="bench_result").set_value("bench-1.json").run()
+    ok(at)
+    specs = _chart_specs(at)
+    assert len(specs) == 3
     speed = next(s for s in specs if "Speedup" in s["layout"]["title"]["text"])
-    ceiling = next(t for t in speed["data"] if t.get("name") == "speedup ceiling")
+    ceiling = next(t for t in speed["data"] if "ceiling" in t.get("name", ""))
     assert ceiling["y"] == [2.1, 1.2]
+    assert "2 prompts" in speed["layout"]["title"]["subtitle"]["text"]
     assert any("draft" in d.value["method"].tolist() for d in at.dataframe)
+    assert "target `tiny`" in texts(at.caption) and "None" not in texts(at.caption)
+
+
+def test_benchmarks_per_prompt_rows_heatmap_and_csv():
+    from ui import bench as bench_ui
+
+    result = json.loads(json.dumps(BENCH))
+    result["prompt_previews"] = ["first prompt", "second prompt"]
+    for name, taus in (("baseline", [None, None]), ("draft", [2.5, 1.5]), ("ngram", [1.2, 1.4])):
+        result["methods"][name]["per_prompt"] = [
+            {"tokens": 16, "seconds": 0.5 if name == "baseline" else 0.25, "mean_acceptance_length": t,
+             "per_position_acceptance": [] if t is None else [0.9, 0.5, 0.1]} for t in taus]
+    rows = bench_ui.per_prompt_rows(result)
+    assert [r["text"] for r in rows] == ["first prompt", "second prompt"]
+    assert rows[0]["draft · acceptance length"] == 2.5 and rows[0]["draft · speedup"] == 2.0
+    z, labels = bench_ui.heatmap_data(result, "draft")
+    assert labels == ["prompt 1", "prompt 2"] and z[0] == [0.9, 0.5, 0.1]
+    csv = bench_ui.to_csv(bench_ui.table_raw(result))
+    assert csv.splitlines()[0].startswith("method,") and "draft,,2.4," in csv
+    from ui import charts
+
+    assert "spread" in charts.bench_figures(result)
 
 
 def test_benchmarks_page_launches_bench_as_a_job(runs, tiny_target):
@@ -522,8 +586,8 @@ def test_benchmarks_page_launches_bench_as_a_job(runs, tiny_target):
     assert done.status.state == "done", done.log_tail()
     at.run()
     ok(at)
-    assert at.selectbox(key="bench_result").value == job.id
-    assert len(at.get("plotly_chart")) == 3
+    assert at.selectbox(key="bench_result").value == job.id  # a run that finished is shown at once
+    assert len(at.get("plotly_chart")) >= 3
 
 
 # -- serve ----------------------------------------------------------------------------------------------------
