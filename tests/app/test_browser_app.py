@@ -151,7 +151,7 @@ def test_benchmarks_results_open_on_the_shipped_results(page):
     no_traceback(page)
     body = page.locator("section.stMain").inner_text()
     assert "shipped · " in body and "None prompts" not in body and "on None" not in body
-    titles = [t.inner_text() for t in page.locator(".js-plotly-plot .gtitle").all()]
+    titles = [t.text_content() for t in page.locator(".js-plotly-plot .gtitle").all()]
     assert "Acceptance per draft position" in titles and "Speedup vs baseline" in titles, titles
     assert page.locator(".js-plotly-plot .g-ytitle").count() >= 3  # every chart titles its y-axis
     assert page.get_by_text("Download the table (CSV)").count() == 1
