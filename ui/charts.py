@@ -37,6 +37,21 @@ def acc_keys(rows: Sequence[Mapping[str, Any]], prefix: str = "full_acc_") -> li
     return sorted(keys, key=lambda k: int(k.rsplit("_", 1)[1]))
 
 
+def _mode(x: Sequence, split: str) -> str:
+    """Lines for the training split, markers too for validation and for any single point (visible alone)."""
+    return "lines+markers" if split == "val" or len(x) == 1 else "lines"
+
+
+def step_axis(runs: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, Any]:
+    """Integer optimizer-step ticks (no 2.5 steps), one per step while there are few."""
+    steps = [r["step"] for rows in runs.values() for r in rows if isinstance(r.get("step"), (int, float))]
+    top = max(steps, default=0)
+    axis: dict[str, Any] = {"title": "optimizer step", "tickformat": "d", "rangemode": "tozero"}
+    if top <= 12:
+        axis.update(dtick=1, tick0=0)
+    return axis
+
+
 def training_figures(runs: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, go.Figure]:
     """Loss, per-step accuracy and estimated acceptance length over steps, one trace per run and split."""
     figs = {name: go.Figure() for name in ("loss", "accuracy", "acceptance")}
@@ -46,28 +61,29 @@ def training_figures(runs: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[st
         for split, dash in (("train", None), ("val", "dot")):
             x, y = _series(rows, split, "loss")
             if x:
-                figs["loss"].add_scatter(x=x, y=y, mode="lines+markers" if split == "val" else "lines",
-                                         name=f"{tag}{split}", line=dict(dash=dash))
+                figs["loss"].add_scatter(x=x, y=y, mode=_mode(x, split), name=f"{tag}{split}", line=dict(dash=dash))
             for key in acc_keys(rows):
                 x, y = _series(rows, split, key)
                 if x:
-                    figs["accuracy"].add_scatter(x=x, y=y, mode="lines+markers" if split == "val" else "lines",
+                    figs["accuracy"].add_scatter(x=x, y=y, mode=_mode(x, split),
                                                  name=f"{tag}{split} step {int(key.rsplit('_', 1)[1]) + 1}",
                                                  line=dict(dash=dash))
             x, y = _series(rows, split, "est_acceptance_length")
             if x:
-                figs["acceptance"].add_scatter(x=x, y=y, mode="lines+markers" if split == "val" else "lines",
+                figs["acceptance"].add_scatter(x=x, y=y, mode=_mode(x, split),
                                                name=f"{tag}{split} · per-token estimate", line=dict(dash=dash))
         # what greedy decoding will measure on the validation split (engine.evaluate's walk)
         x, y = _series(rows, "val", "walk_acceptance_length")
         if x:
             figs["acceptance"].add_scatter(x=x, y=y, mode="lines+markers", name=f"{tag}val · decoding walk",
                                            line=dict(width=3))
-    figs["loss"].update_layout(title="Loss", xaxis_title="optimizer step", **_LAYOUT)
-    figs["accuracy"].update_layout(title="Accuracy per draft step (full_acc_k)", xaxis_title="optimizer step",
-                                   yaxis_range=[0, 1], **_LAYOUT)
-    figs["acceptance"].update_layout(title="Acceptance length: per-token estimate and decoding walk (val)",
-                                     xaxis_title="optimizer step", yaxis_title="tokens per step", **_LAYOUT)
+    xaxis = step_axis(runs)
+    figs["loss"].update_layout(title="Loss", xaxis=xaxis, yaxis_title="loss (lower is better)", **_LAYOUT)
+    figs["accuracy"].update_layout(title="Accuracy per draft step", xaxis=xaxis,
+                                   yaxis_title="draft token = target token", yaxis_range=[0, 1],
+                                   yaxis_tickformat=".0%", **_LAYOUT)
+    figs["acceptance"].update_layout(title="Acceptance length", xaxis=xaxis, yaxis_title="tokens per step",
+                                     **_LAYOUT)
     return figs
 
 

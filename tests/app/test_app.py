@@ -298,27 +298,28 @@ def test_train_form_is_generated_from_the_config(runs, tiny_target):
     from engine.train.config import TrainConfig
 
     at = open_app(tiny_target, page="train")
-    labels = {w.label: w for w in [*at.text_input, *at.number_input, *at.checkbox, *at.selectbox]}
-    from ui.training import GROUPS
-
-    from ui.training import COMMON_SKIP, algo_groups
+    widgets = {w.key: w for w in [*at.text_input, *at.number_input, *at.checkbox, *at.selectbox]}
+    from ui.forms import human_label
+    from ui.training import GROUPS, COMMON_SKIP, algo_groups, algo_prefix
 
     from engine.algos import ALGOS
 
     grouped = [name for names in GROUPS.values() for name in names]
     assert set(grouped) <= set(TrainConfig.model_fields), "the form groups name fields the config does not have"
-    for name, info in TrainConfig.model_fields.items():
-        if name in COMMON_SKIP:
-            continue
-        assert name in labels, f"no widget for {name}"
-        assert labels[name].help == info.description
-    assert labels["Algorithm"].help == TrainConfig.model_fields["algo"].description
+    for prefix, model in (("train_f_", TrainConfig), (algo_prefix("train_f_", "eagle3"), ALGOS.get("eagle3").args_class)):
+        for name, info in model.model_fields.items():
+            if name in COMMON_SKIP:
+                continue
+            w = widgets.get(prefix + name)
+            assert w is not None, f"no widget for {name}"
+            assert w.label == human_label(name, info) and "_" not in w.label, w.label  # words, not field names
+            assert w.help.startswith(info.description) and f"`{name}`" in w.help
+    assert widgets["train_f_online_max_samples"].label == "Rows to use (online)"
+    assert widgets["train_f_algo"].help == TrainConfig.model_fields["algo"].description
     args_cls = ALGOS.get("eagle3").args_class
     assert {n for names in algo_groups("eagle3").values() for n in names} == set(args_cls.model_fields)
-    for name, info in args_cls.model_fields.items():  # the default algorithm's own arguments have widgets too
-        assert name in labels, f"no widget for {name}"
-        assert labels[name].help == info.description
-    assert "give `data`" in texts(at.warning)  # no data chosen yet: a clear message, launch disabled
+    # nothing chosen yet: a pointer to the data fields, no warning; launch disabled
+    assert not at.warning and "Choose what to train on" in texts(at.caption)
     assert at.button(key="train_launch").disabled
 
 
@@ -334,6 +335,7 @@ def test_train_launch_watch_stop_resume(runs, tiny_target, tiny_dataset):
     assert f"--online-dataset {tiny_dataset}" in command and "--max-steps 100000" in command
     at.button(key="train_launch").click().run()
     ok(at)
+    assert at.session_state["train_tab"] == "Watch and control runs"  # the launched run's live view opens
     job = only_job(runs, "train")
     out = Path(next(a for i, a in enumerate(job.argv) if job.argv[i - 1] == "--out"))
     wait_for(lambda: any(r.get("split") == "train" for r in jobs.read_jsonl(out / "metrics.jsonl")), timeout=180)
@@ -342,6 +344,8 @@ def test_train_launch_watch_stop_resume(runs, tiny_target, tiny_dataset):
     assert job.running, job.log_tail()
     assert at.selectbox(key="train_watch").value == job.id
     assert len(at.get("plotly_chart")) >= 3  # loss, accuracy per step, acceptance length
+    for spec in [json.loads(c.proto.spec) for c in at.get("plotly_chart")]:
+        assert spec["layout"]["xaxis"]["tickformat"] == "d" and spec["layout"]["yaxis"]["title"]["text"]
     assert any(m.label == "step" for m in at.metric)
     at.button(key="train_panel_stop").click().run()  # SIGTERM: the trainer checkpoints and exits
     stopped = jobs.wait(job, timeout=120)

@@ -199,13 +199,13 @@ def test_training_job_chart_updates(page, tmp_path):
     go(page, "Train")
     page.get_by_role("button", name="Smoke-test preset (12 steps, online)").click()
     idle(page)
-    for label, value in (("target", str(tiny)),):
+    for label, value in (("Target", str(tiny)),):
         box = page.get_by_label(label, exact=True)
         box.fill(value)
         box.press("Enter")
         idle(page)
     page.get_by_text("Optimisation", exact=True).click()  # open the expander holding max_steps and epochs
-    for label, value in (("epochs", "20"), ("max_steps", "400")):
+    for label, value in (("Epochs", "20"), ("Max steps", "400")):
         box = page.get_by_label(label, exact=True)
         box.fill(value)
         box.press("Enter")
