@@ -264,6 +264,9 @@ def test_data_page_previews_loss_spans_and_runs_an_extraction(runs, tiny_target,
     html = texts(at.html)
     assert 'class="loss"' in html and 'class="noloss"' in html and "Count to 3." in html
     assert f"python -m engine prepare --dataset {tiny_dataset}" in texts(at.code)
+    captions = texts(at.caption)
+    assert "Detected shape:" in texts(at.markdown) and "Showing 3 rows (asked for 3)" in captions
+    assert "on disk for 100 samples" in captions  # the extraction's size, estimated before it runs
     at.number_input(key="data_extract_samples").set_value(4)
     at.button(key="FormSubmitter:data_extract_form-Launch extraction").click().run()
     ok(at)
@@ -289,6 +292,22 @@ def test_data_page_upload_is_saved_for_jobs(runs, tiny_target, tiny_dataset):
     saved = list((runs / "uploads").glob("mine-*.jsonl"))
     assert len(saved) == 1
     assert "Count to 3." in texts(at.html)
+    assert not [s for s in at.selectbox if s.key == "data_split"]  # an uploaded file: no split to choose
+
+
+def test_data_page_names_the_records_it_skipped(runs, tiny_target, tmp_path):
+    rows = [{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]},
+            {"nonsense": 1},
+            {"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]},
+            {"also": "bad"}]
+    path = tmp_path / "mixed.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    at = open_app(tiny_target, page="data")
+    at.radio(key="data_source").set_value("Local path").run()
+    at.selectbox(key="data_split").set_value("all").run()
+    at.text_input(key="data_path").set_value(str(path)).run()
+    ok(at)
+    assert "records 2, 4" in texts(at.caption)
 
 
 # -- train --------------------------------------------------------------------------------------------------

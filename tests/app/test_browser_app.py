@@ -155,7 +155,7 @@ def test_benchmarks_results_open_on_the_shipped_results(page):
     assert "Acceptance per draft position" in titles and "Speedup vs baseline" in titles, titles
     assert page.locator(".js-plotly-plot .g-ytitle").count() >= 3  # every chart titles its y-axis
     assert page.get_by_text("Download the table (CSV)").count() == 1
-    shot(page, "11-benchmarks-results")
+    shot(page, "12-benchmarks-results")
 
 
 def test_demo_chat_colours_accepted_tokens_and_answers_identically(page):
