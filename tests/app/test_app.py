@@ -491,6 +491,31 @@ def test_config_builder_form_and_json_stay_in_sync_with_live_validation(runs, ti
     assert at.download_button(key="builder_download") is not None
 
 
+def test_config_builder_hints_k_mask_token_and_writes_eps_as_written(runs, tiny_target, tiny_draft):
+    from engine.format.config import CONFIG_CLASSES
+
+    at = open_app(tiny_target, tiny_draft, page="config_builder")
+    k_key = "builder_f_speculators_config_proposal_methods_0_speculative_tokens"
+    assert not at.warning
+    at.number_input(key=k_key).set_value(6).run()
+    assert "k = 6 is more than the 3 draft positions" in texts(at.warning)  # past what it was trained for
+    for algorithm, cls in CONFIG_CLASSES.items():
+        at.selectbox(key="builder_new_algo").set_value(algorithm).run()
+        at.button(key="builder_new").click().run()
+        ok(at)
+        text = at.text_area(key="builder_json").value
+        assert "e-06" not in text or "9.99999" not in text  # no float32 artefacts
+        assert ("Mask token suggested" in texts(at.caption)) == cls.uses_mask_token, algorithm
+        assert not at.warning  # a fresh config has no trained k to exceed
+
+
+def test_tidy_floats_writes_float32_values_as_written():
+    from ui.builder import tidy_floats
+
+    assert tidy_floats({"a": [9.999999747378752e-06, 0.1, 1e-6]}) == {"a": [1e-05, 0.1, 1e-6]}
+    assert tidy_floats(3) == 3 and tidy_floats(0.30000001192092896) == 0.3
+
+
 def test_config_builder_new_config_for_each_algorithm(runs, tiny_target):
     at = open_app(tiny_target, page="config_builder")
     for algorithm in ("dflash", "peagle", "eagle3"):
