@@ -113,7 +113,9 @@ def _sentence(row: dict[str, Any], others: Mapping[str, dict[str, Any]]) -> str:
     label, tau, cost, speedup = row["label"], row["tokens_per_step"], row["step_cost"], row["speedup"]
     if tau is None or cost is None or speedup is None:
         return f"{label}: too few steps to judge."
-    head = f"{label} emits {tau:.1f} tokens per step; a step costs {cost:.1f} baseline steps on this machine"
+    mal = row["mean_acceptance_length"]
+    when = f" ({mal:.1f} on the steps it drafted)" if mal is not None and abs(mal - tau) >= 0.2 else ""
+    head = f"{label} emits {tau:.1f} tokens per step{when}; a step costs {cost:.1f} baseline steps on this machine"
     parts = []
     if row["target_cost"] is not None:
         parts.append(f"target verification {row['target_cost']:.1f}")
@@ -130,8 +132,11 @@ def _sentence(row: dict[str, Any], others: Mapping[str, dict[str, Any]]) -> str:
     if row["ceiling"] is not None and row["ceiling"] < 1.0:
         why.append(f"even with free drafting this acceptance could give at most {row['ceiling']:.2f}× "
                    f"(verifying {row['verify_cost']:.1f}× the cost of one token)")
-    elif row["draft_cost"] is not None and row["draft_cost"] > max(0.0, tau - (row["target_cost"] or 0.0)):
-        why.append("drafting costs more than the accepted tokens save")
+    elif row["target_cost"] is not None and row["target_cost"] >= tau:
+        why.append(f"verifying a step alone costs {row['target_cost']:.1f} baseline steps, more than the "
+                   f"{tau:.1f} tokens it yields")
+    elif row["draft_cost"] is not None and row["draft_cost"] >= 0.05:
+        why.append(f"drafting ({row['draft_cost']:.1f} baseline steps per step) tips the balance")
     text = f"{head}, so speculation loses here: {speedup:.2f}×{rough}"
     if why:
         text += "; " + why[0]

@@ -149,8 +149,12 @@ def test_benchmarks_results_open_on_the_shipped_results(page):
     page.wait_for_selector(".js-plotly-plot", timeout=120_000)
     idle(page)
     no_traceback(page)
-    body = page.locator("section.stMain").inner_text()
-    assert "shipped · " in body and "None prompts" not in body and "on None" not in body
+    shot(page, "12-benchmarks-results")
+    body = page.locator("body").inner_text()
+    picker = page.locator(".st-key-bench_result")
+    picked = picker.inner_text() + " ".join(i.input_value() for i in picker.locator("input").all())
+    assert "shipped · " in picked, picked
+    assert "None prompts" not in body and "on None" not in body
     titles = [t.text_content() for t in page.locator(".js-plotly-plot .gtitle").all()]
     assert "Acceptance per draft position" in titles and "Speedup vs baseline" in titles, titles
     assert page.locator(".js-plotly-plot .g-ytitle").count() >= 3  # every chart titles its y-axis

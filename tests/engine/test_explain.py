@@ -40,3 +40,17 @@ def test_short_answers_are_marked_rough():
                    k=3)
     assert rows["ngram"]["short"] and "rough indication" in rows["ngram"]["sentence"]
     assert rows["ngram"]["ceiling"] is None  # no cost curve given
+
+
+def test_steps_without_drafts_are_named_when_they_lower_the_rate():
+    events = _events(10, 3, 0.012, drafted=3) + [StepEvent(step=11 + i, tokens=[1], sources=["target"],
+                                                           step_s=0.01, target_s=0.009) for i in range(10)]
+    rows = explain({"baseline": profile(_events(30, 1, 0.01)), "ngram": profile(events)}, k=3)
+    assert "emits 2.0 tokens per step (3.0 on the steps it drafted)" in rows["ngram"]["sentence"]
+
+
+def test_a_verification_dearer_than_its_tokens_is_the_reason_given():
+    rows = explain({"baseline": profile(_events(60, 1, 0.01)),
+                    "draft": profile(_events(40, 1, 0.02, draft_s=0.002, drafted=3))}, k=3)
+    assert "verifying a step alone costs 1.7 baseline steps, more than the 1.0 tokens it yields" in \
+        rows["draft"]["sentence"]
