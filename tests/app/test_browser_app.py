@@ -191,7 +191,7 @@ def test_demo_chat_colours_accepted_tokens_and_answers_identically(page):
         assert page.locator(".spec-answer").count() == 2
     why = page.get_by_text("Why this speed")
     assert why.count() == 1
-    assert page.get_by_text("tokens per step; a step costs").count() >= 1
+    assert page.get_by_text("baseline steps on this machine").count() >= 1
     why.scroll_into_view_if_needed()
     shot(page, "10-demo-chat-answer")
 
