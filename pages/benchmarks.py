@@ -56,10 +56,19 @@ with results_tab:
     result = None
     with guard("Loading results"):
         files = bench.results()
-        c1, c2 = st.columns([2, 1])
+        user = [key for key in files if not key.startswith(bench.SHIPPED_PREFIX)]
+        seen = ss.setdefault("bench_seen", set(user))
+        fresh = [key for key in user if key not in seen]
+        if fresh:  # a run finished since the last look: show it
+            ss["bench_result"] = fresh[0]
+            seen.update(fresh)
         if ss.get("bench_result") not in files:
             ss["bench_result"] = next(iter(files), None)
-        choice = c1.selectbox("Result", list(files), key="bench_result", placeholder="no finished benchmark yet")
+        c1, c2 = st.columns([2, 1])
+        choice = c1.selectbox("Result", list(files), key="bench_result", format_func=bench.label,
+                              placeholder="no benchmark result yet",
+                              help="The results that ship with the project (benchmarks/results/), then your runs, "
+                                   "newest first.")
         upload = c2.file_uploader("…or a bench JSON", type=["json"], key="bench_upload")
         if upload is not None:
             result = bench.check(json.loads(upload.getvalue().decode("utf-8")))
@@ -67,18 +76,43 @@ with results_tab:
             result = bench.load(files[choice])
     if result is not None:
         with guard("Plotting"):
-            st.caption(f"target `{result.get('target')}` · draft `{result.get('draft')}` · k={result.get('k')} · "
-                       f"{result.get('num_prompts')} prompts × {result.get('max_new_tokens')} tokens · "
-                       f"temperature {result.get('temperature')} · {result.get('backend')} on {result.get('device')}")
+            st.caption(bench.describe(result))
             figs = charts.bench_figures(result)
-            cols = st.columns(3)
-            for col, (name, fig) in zip(cols, figs.items()):
-                with col:
-                    st.plotly_chart(fig, key=f"bench_fig_{name}")
+            names = list(figs)
+            for i in range(0, len(names), 2):
+                cols = st.columns(2)
+                for col, name in zip(cols, names[i:i + 2]):
+                    with col:
+                        st.plotly_chart(figs[name], key=f"bench_fig_{name}")
+            st.caption("Charts: hover for values; the camera icon above a chart saves it as PNG.")
             st.dataframe(bench.table(result), hide_index=True, width="stretch")
+            st.download_button("Download the table (CSV)", bench.to_csv(bench.table_raw(result)),
+                               file_name="bench-methods.csv", mime="text/csv", key="bench_csv",
+                               icon=":material/download:")
+            if result.get("backend") == "vllm" and any(bench.drift(r) or r.get("identical_to_baseline") is False
+                                                       for r in result["methods"].values()):
+                st.info("**Why “identical to baseline: no” with vLLM.** vLLM runs the target in bfloat16 with "
+                        "kernels whose rounding depends on the batch shape: verifying k+1 tokens at once does not "
+                        "round exactly like decoding one token at a time. Where two tokens are nearly tied, the "
+                        "argmax can flip and the answers part from there on. This is numeric drift of bf16, not a "
+                        "loss of exactness of speculative decoding: the in-process benchmark (transformers, float32) "
+                        "is identical token for token.", icon=":material/info:")
             if result.get("cost_curve"):
-                st.caption("Target cost of one forward over n tokens relative to one token: " +
-                           ", ".join(f"{k_}: {v:.2f}×" for k_, v in result["cost_curve"].items()))
+                st.caption("Target cost of one forward over n new tokens, in units of one token: " +
+                           ", ".join(f"n = {k_}: {v:.2f}×" for k_, v in result["cost_curve"].items()))
+            per_prompt = bench.per_prompt_rows(result)
+            if per_prompt:
+                with st.expander(f"Per prompt ({len(per_prompt)} prompts): which prompts accept well or badly",
+                                 icon=":material/table_rows:"):
+                    st.dataframe(per_prompt, hide_index=True, width="stretch")
+                    st.download_button("Download per-prompt rows (CSV)", bench.to_csv(per_prompt),
+                                       file_name="bench-per-prompt.csv", mime="text/csv", key="bench_csv_prompts",
+                                       icon=":material/download:")
+                    spec = [m for m, r in result["methods"].items() if bench.heatmap_data(result, m)]
+                    if spec:
+                        method = st.selectbox("Heat map of", spec, key="bench_heat_method")
+                        z, labels = bench.heatmap_data(result, method)
+                        st.plotly_chart(charts.acceptance_heatmap(z, labels, method), key="bench_heatmap")
             if result.get("command"):
                 show_cli(result["command"], label="The command that produced it")
 
@@ -86,7 +120,7 @@ with results_tab:
     with guard("Reading evaluation results"):
         evaluations = evaluate_ui.results()
         if not evaluations:
-            st.caption("None yet: the Models page evaluates the active draft (`python -m engine evaluate`): what "
+            st.caption("No offline evaluation yet: the Models page evaluates the active draft (`python -m engine evaluate`): what "
                        "greedy decoding will measure for k = 1…5 in seconds, with the forecast speedup.")
         for job, evaluation in evaluations[:5]:
             fc = evaluation.get("forecast") or {}

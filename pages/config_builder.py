@@ -16,19 +16,22 @@ target = state.active_target()
 
 def _new(algorithm: str) -> None:
     ref = resources.target_ref(state.active_target())
-    builder.load(builder.template(algorithm, ref.path, ref.hub_id or ref.path))
+    cfg = builder.template(algorithm, ref.path, ref.hub_id or ref.path)
+    builder.load(cfg)
+    if "mask_token_id" in cfg:
+        ss[builder.MASK_HINT] = builder.suggest_mask_token(ref.path)[1]
 
 
 def _from_draft(path: str) -> None:
     from ui.catalog import config_json
 
-    builder.load(config_json(path))
+    builder.load(config_json(path), from_draft=True)
 
 
 def _from_upload() -> None:
     upload = ss.get("builder_upload")
     if upload is not None:
-        builder.load(builder.parse_upload(upload.name, upload.getvalue()))
+        builder.load(builder.parse_upload(upload.name, upload.getvalue()), from_draft=True)
 
 
 if builder.CFG not in ss:
@@ -59,6 +62,10 @@ with st.expander("Start from…", icon=":material/note_add:", expanded=False):
                   on_click=callback("Reading the upload", _from_upload))
 
 cfg = ss[builder.CFG]
+if ss.get(builder.MASK_HINT) and "mask_token_id" in cfg:
+    st.caption(f":material/lightbulb: Mask token suggested: {ss[builder.MASK_HINT]}.")
+if builder.k_hint(cfg):
+    st.warning(builder.k_hint(cfg), icon=":material/speed:")
 with guard("Validating"):
     import copy
 

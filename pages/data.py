@@ -41,25 +41,34 @@ with st.container(border=True):
             dataset = st.text_input("Path of a .jsonl/.json/.parquet file or a `save_to_disk` folder",
                                     key="data_path", persist_state="session").strip() or None
     c3, c4, c5 = st.columns(3)
-    split = c3.selectbox("Split", ["train", "val", "all"], key="data_split", persist_state="session",
-                         help="Deterministic split by a hash of the row id (val = held-out prompts).")
+    if source == "Upload JSONL":  # your own file: every row, no held-out split to choose
+        split = "all"
+        c3.caption("Split: all rows of your file.")
+    else:
+        split = c3.selectbox("Split", ["train", "val", "all"], key="data_split", persist_state="session",
+                             help="Deterministic split by a hash of the row id (val = held-out prompts).")
     rows = c4.number_input("Rows to preview", 1, 50, 3, key="data_rows", persist_state="session")
     max_length = c5.number_input("Max length (tokens)", 16, 32768, 2048, 16, key="data_max_length",
                                  persist_state="session", help="Rows are truncated to this many tokens.")
 
 # -- preview ----------------------------------------------------------------------------------------
 st.subheader("Preview", anchor=False)
+preview, preview_ok = [], False
 if dataset:
     with guard("Previewing the dataset"):
         preview, summary = resources.dataset_preview(dataset, target, split, int(rows), int(max_length),
                                                      resources.file_stamp(dataset))
-        m = st.columns(4)
-        m[0].metric("shape", summary["shape"])
-        m[1].metric("rows read", summary["rows_read"])
-        m[2].metric("rows kept", summary["rows_kept"])
-        m[3].metric("rows skipped", sum(summary["skipped"].values()))
-        if summary["skipped"]:
-            st.caption("Skipped: " + ", ".join(f"{k} ({v})" for k, v in summary["skipped"].items()))
+        preview_ok = True
+        st.markdown(f"**Detected shape:** {summary['shape']}")
+        skipped = sum(summary["skipped"].values())
+        st.caption(f"Showing {len(preview)} row{'s' if len(preview) != 1 else ''} (asked for {int(rows)}): "
+                   f"{summary['rows_read']} records read to find them, {summary['rows_kept']} kept"
+                   + (f" in the `{split}` split" if split != "all" else "") + f", {skipped} skipped.")
+        for reason, count in summary["skipped"].items():
+            at = summary.get("skipped_at", {}).get(reason) or []
+            where = (" — record" + ("s " if len(at) > 1 else " ") + ", ".join(map(str, at))
+                     + (" …" if count > len(at) else "") + " (line numbers of a JSONL file)") if at else ""
+            st.caption(f":material/block: skipped {count}: {reason}{where}")
         if summary.get("truncated_source"):
             st.warning("The file ends in the middle of a record: only its complete records are used.")
         if not preview:
@@ -122,6 +131,12 @@ with extract_tab:
             argv = data_ui.extract_argv(dataset, target, out, split=split, max_samples=int(n) or None,
                                         max_length=int(max_length), layers=layers.replace(" ", ""), algo=algo,
                                         dtype=dtype, batch_size=int(batch))
+            with guard("Estimating the size"):
+                estimate = data_ui.disk_estimate(resources.target_ref(target).path, preview if preview_ok else [],
+                                                 samples=int(n) or None, max_length=int(max_length), algo=algo,
+                                                 layers=layers.replace(" ", ""), dtype=dtype)
+                if estimate:
+                    st.caption(f":material/hard_drive: {estimate}")
             if st.form_submit_button("Launch extraction", type="primary", icon=":material/rocket_launch:"):
                 job = launch(argv, kind="extract")
                 if job:

@@ -1,17 +1,19 @@
-"""Demo chat: one prompt, the baseline and the speculative answer streamed side by side with acceptance colouring."""
+"""Demo chat: one prompt answered by the baseline and each chosen proposer side by side, and why each is fast or slow."""
 
 import time
 
 import streamlit as st
 
-from ui import charts, resources, state
+from ui import catalog, charts, resources, state
+from ui.chat import SHORT_TOKENS, explain, explain_row
 from ui.cli import command, show_cli
 from ui.errors import guard
-from ui.tokens import legend_html, plain_html, spec_html
+from ui.tokens import legend_html, plain_html, spec_html, waiting_html
 
 st.title("Demo chat")
-st.caption("The target answers twice: alone (baseline) and with a proposer drafting tokens it verifies. "
-           "With temperature 0 both answers must be identical; speculative decoding only changes the speed.")
+st.caption("The target answers the same prompt alone (baseline) and with each proposer you pick drafting tokens it "
+           "verifies, side by side. With temperature 0 every answer must be identical; speculative decoding only "
+           "changes the speed. Each turn says why a proposer was faster or slower than the baseline.")
 
 ss = st.session_state
 ss.setdefault("chat_history", [])
@@ -20,42 +22,57 @@ draft = state.active_draft()
 EXAMPLES = ["Repeat this sentence three times: The cat sat on the mat.",
             "Write a Python function that adds two numbers.",
             "What is speculative decoding? Answer in two sentences."]
-PROPOSERS = {"draft": "Draft model", "ngram": "n-gram (prompt lookup)"}
+PROPOSERS = {"draft": "Draft model", "draft_2": "Second draft", "ngram": "n-gram (prompt lookup)"}
+NO_SECOND = "none"
 
 # -- controls -------------------------------------------------------------------------------------
 with st.container(border=True):
     c1, c2, c3, c4, c5 = st.columns([2, 1, 1, 1, 1])
-    options = list(PROPOSERS) if draft else ["ngram"]
-    if ss.get("chat_proposer") not in options:
-        ss["chat_proposer"] = options[0]
+    others = [d for d in catalog.find_drafts() if d.path != draft] if draft else []
+    second_options = {NO_SECOND: "none"} | {d.path: d.label for d in others}
+    if ss.get("chat_second_draft") not in second_options:
+        ss["chat_second_draft"] = NO_SECOND
+    second = ss["chat_second_draft"] if ss["chat_second_draft"] != NO_SECOND else None
+    options = (["draft"] if draft else []) + (["draft_2"] if second else []) + ["ngram"]
+    if "chat_proposers" not in ss or any(p not in options for p in ss["chat_proposers"]):
+        ss["chat_proposers"] = [p for p in ss.get("chat_proposers", options) if p in options] or options
     with c1:
-        proposer_name = st.radio("Proposer", options, key="chat_proposer", horizontal=True,
-                                 format_func=PROPOSERS.get,
-                                 help="Draft: the active draft model. n-gram: copies continuations of earlier text "
-                                 "(no model; works on repetitive prompts).")
+        chosen = st.multiselect("Proposers (each answers beside the baseline)", options, key="chat_proposers",
+                                format_func=PROPOSERS.get,
+                                help="Draft: the active draft model. n-gram: copies continuations of earlier text "
+                                "(no model; works on repetitive prompts). Every proposer answers the same prompt.")
         if not draft:
-            st.caption("No draft for this target yet (the shipped one is still being trained): n-gram only. "
-                       "Pick a draft on the Models page.")
-        else:
+            st.caption("No draft for this target: n-gram only. Pick or train a draft on the Models page.")
+        elif "draft" in chosen:
             st.caption(f"Draft: `{state.short(draft, 60)}`")
     with c2:
         k = st.slider("k (drafts per step)", 1, 8, 3, key="chat_k")
     with c3:
         temperature = st.slider("Temperature", 0.0, 1.5, 0.0, 0.1, key="chat_temperature",
-                                help="0 = greedy: both answers identical. Above 0 sampling is lossless in "
-                                "distribution, so single answers may differ.")
+                                help="0 = greedy: all answers identical. Above 0 speculative sampling is lossless "
+                                "in distribution: the same distribution as the target alone, not the same text.")
     with c4:
         max_new = st.number_input("Max new tokens", 8, 1024, 96, 8, key="chat_max_new_tokens")
     with c5:
         seed = st.number_input("Seed", 0, 2**31 - 1, 0, key="chat_seed")
-    c6, c7 = st.columns([3, 1])
+    c6, c8, c7 = st.columns([2, 2, 1])
     with c6:
         multi_turn = st.toggle("Continue the conversation (earlier turns are context)", key="chat_multi_turn",
                                value=False)
+    with c8:
+        if others:
+            st.selectbox("Second draft to compare (optional)", list(second_options), key="chat_second_draft",
+                         format_func=second_options.get)
     with c7:
         if st.button("Clear chat", key="chat_clear", icon=":material/delete_sweep:", disabled=not ss["chat_history"]):
             ss["chat_history"] = []
             st.rerun()
+    if temperature > 0:
+        st.info("Temperature > 0: lossless means every speculative answer is drawn from **the same distribution** "
+                "as the target alone, not that it is the same text. Each side draws its own samples, so the texts "
+                "differ. The sampling check (`python -m pytest tests/engine/test_generate.py -k "
+                "sampled_speculation`) compares the two distributions with a chi-square test.",
+                icon=":material/casino:")
 
 st.html(legend_html())
 st.caption("Examples:")
@@ -73,39 +90,80 @@ def _messages(prompt: str) -> list[dict]:
     return msgs + [{"role": "user", "content": prompt}]
 
 
-def _metrics_line(side: dict, base_tps: float | None) -> str:
-    parts = [f"{side['tokens']} tokens", f"{side['tokens_per_s']:.1f} tokens/s"]
+def _speedup_text(row: dict) -> str | None:
+    if row.get("speedup") is None:
+        return None
+    if row["short"]:
+        return f"speedup ≈{row['speedup']:.1f}× (only {row['tokens']} tokens: a rough indication)"
+    return f"speedup **{row['speedup']:.2f}×**"
+
+
+def _metrics_line(side: dict, row: dict | None) -> str:
+    parts = [f"{side['tokens']} tokens"]
+    if side.get("decode_tokens_per_s"):
+        parts.append(f"{side['decode_tokens_per_s']:.1f} tokens/s")
     if side.get("first_token_s") is not None:
         parts.append(f"first token {side['first_token_s']:.2f} s")
     if side.get("mean_acceptance_length"):
         parts.append(f"mean acceptance length {side['mean_acceptance_length']:.2f}")
-    if base_tps:
-        parts.append(f"speedup **{side['tokens_per_s'] / base_tps:.2f}×**")
+    if row and _speedup_text(row):
+        parts.append(_speedup_text(row))
     return " · ".join(parts)
+
+
+def _why(turn: dict, index: int) -> None:
+    rows = turn["explain"]
+    if not rows:
+        return
+    with st.container(border=True):
+        st.markdown("**Why this speed**")
+        for name, row in rows.items():
+            won = row.get("speedup") is not None and row["speedup"] >= 1.0
+            st.markdown(f"{':material/trending_up:' if won else ':material/trending_down:'} {row['sentence']}")
+        if any(r["short"] for r in rows.values()):
+            st.caption(f"Answers under {SHORT_TOKENS} tokens: the speed of a few steps varies a lot; ask for a longer "
+                       "answer (or run Benchmarks) before drawing conclusions.")
+        if turn.get("busy"):
+            st.caption(turn["busy"])
+        st.dataframe([explain_row(r) for r in rows.values()], hide_index=True, width="stretch")
+        c1, c2 = st.columns(2)
+        c1.plotly_chart(charts.step_cost_bars(rows), key=f"chat_cost_{index}")
+        if any(r.get("per_position_acceptance") for r in rows.values()):
+            c2.plotly_chart(charts.per_position_compare(rows), key=f"chat_pos_{index}")
+        curve = turn.get("cost_curve") or {}
+        if curve.get(turn["k"] + 1):
+            st.caption(f"The target's cost curve on this machine: one forward over {turn['k'] + 1} tokens costs "
+                       f"{curve[turn['k'] + 1]:.2f}× one over 1 token, so an acceptance length of τ can give at most "
+                       f"τ / {curve[turn['k'] + 1]:.2f} even if drafting were free (the ceiling column).")
 
 
 def _show_turn(turn: dict, index: int) -> None:
     with st.chat_message("user"):
         st.markdown(turn["prompt"])
     with st.chat_message("assistant"):
-        if turn["identical"]:
-            st.badge("Identical output: speculative = baseline", icon=":material/check_circle:", color="green")
-        else:
-            st.badge("Outputs differ", icon=":material/difference:", color="orange",
-                     help="Expected with temperature > 0 (the same distribution, different samples).")
-        b, s = st.columns(2)
-        with b:
-            st.markdown("**Baseline** (target alone)")
-            st.html(plain_html(turn["baseline"]))
-            st.caption(_metrics_line(turn["base_metrics"], None))
-        with s:
-            st.markdown(f"**Speculative** ({PROPOSERS[turn['proposer']]}, k={turn['k']})")
-            st.html(turn["spec_html"])
-            st.caption(_metrics_line(turn["spec_metrics"], turn["base_metrics"]["tokens_per_s"]))
-        if turn["step_lengths"]:
-            st.plotly_chart(charts.acceptance_bars(turn["step_lengths"], turn["k"]), key=f"chat_bars_{index}")
+        names = [n for n in turn["sides"] if n != "baseline"]
+        for name in names:
+            label = turn["sides"][name]["label"]
+            if turn["sides"][name]["identical"]:
+                st.badge(f"Identical output: {label} = baseline", icon=":material/check_circle:", color="green")
+            else:
+                st.badge(f"{label}: output differs", icon=":material/difference:", color="orange",
+                         help="Expected with temperature > 0 (the same distribution, different samples).")
+        cols = st.columns(len(turn["sides"]))
+        for col, (name, side) in zip(cols, turn["sides"].items()):
+            with col:
+                st.markdown(f"**{side['title']}**")
+                st.html(side["html"])
+                st.caption(_metrics_line(side["metrics"], turn["explain"].get(name)))
+        _why(turn, index)
         with st.expander("Step details (accepted and rejected drafts)"):
-            st.dataframe(turn["steps"], hide_index=True, width="stretch")
+            for name in names:
+                side = turn["sides"][name]
+                if side["step_lengths"]:
+                    st.plotly_chart(charts.acceptance_bars(side["step_lengths"], turn["k"]),
+                                    key=f"chat_bars_{index}_{name}")
+                st.markdown(f"**{side['label']}**")
+                st.dataframe(side["steps"], hide_index=True, width="stretch")
         show_cli(turn["cli"], label="Equivalent CLI commands")
 
 
@@ -118,41 +176,67 @@ if prompt:
     with st.chat_message("user"):
         st.markdown(prompt)
     with st.chat_message("assistant"), guard("Generating"):
-        target = resources.target(target_name)
-        proposer = resources.proposer(proposer_name, target_name, draft)
-        from ui.chat import prompt_ids, race, sampling
+        from ui.chat import Race, busy_note, prompt_ids, sampling
 
+        target = resources.target(target_name)
+        paths = {"draft": draft, "draft_2": second}
+        proposers = {"baseline": None} | {name: resources.proposer("draft" if name in paths else name, target_name,
+                                                                    paths.get(name))
+                                          for name in chosen}
+        curve = resources.cost_curve(target_name)
         ids = prompt_ids(target.tokenizer, _messages(prompt))
         params = sampling(target.tokenizer, max_new_tokens=int(max_new), temperature=float(temperature),
                           seed=int(seed))
-        b, s = st.columns(2)
-        b.markdown("**Baseline** (target alone)")
-        s.markdown(f"**Speculative** ({PROPOSERS[proposer_name]}, k={k})")
-        holders = {"baseline": b.empty(), "speculative": s.empty()}
-        last_draw = {"baseline": 0.0, "speculative": 0.0}
-
-        def draw(side) -> None:
-            now = time.monotonic()
-            if not side.done and now - last_draw[side.name] < 0.15:
-                return
-            last_draw[side.name] = now
-            if side.name == "baseline":
-                holders["baseline"].html(plain_html(side.text.text, cursor=not side.done))
-            else:
-                holders["speculative"].html(spec_html(side.marks, cursor=not side.done))
-
-        base, spec = race(target, ids, params, proposer, int(k), on_event=draw)
+        busy = busy_note()
+        if busy:
+            st.caption(f":material/hourglass_top: {busy}")
+        titles = {"baseline": "Baseline (target alone)"} | {n: f"{PROPOSERS[n]}, k={k}" for n in chosen}
+        cols = st.columns(len(proposers))
+        holders = {}
+        for col, name in zip(cols, proposers):
+            col.markdown(f"**{titles[name]}**")
+            holders[name] = col.empty()
+        race = Race(target, ids, params, proposers, int(k)).start()
+        try:
+            with st.spinner("Generating…", show_time=True):
+                while True:
+                    running = race.running
+                    for name, side in race.sides.items():
+                        if not side.marks:
+                            holders[name].html(waiting_html(race.elapsed, started=bool(side.events)))
+                        elif name == "baseline":
+                            holders[name].html(plain_html(side.text.text, cursor=not side.done))
+                        else:
+                            holders[name].html(spec_html(list(side.marks), cursor=not side.done))
+                    if not running:
+                        break
+                    time.sleep(0.25)
+            race.join()
+        finally:
+            race.cancel()
+        sides = race.sides
+        base = sides["baseline"]
         argv = ["generate", prompt, "--target", target_name, "--k", str(k), "--max-new-tokens", str(max_new),
                 "--temperature", str(temperature), "--seed", str(seed)]
-        cli = "\n".join([command(argv[:2] + ["--method", "baseline"] + argv[2:]),
-                         command(argv[:2] + ["--method", proposer_name] + argv[2:]
-                                 + (["--draft", draft] if proposer_name == "draft" else []))])
-        turn = {"prompt": prompt, "proposer": proposer_name, "k": int(k), "baseline": base.text.text,
-                "spec_html": spec_html(spec.marks), "identical": base.ids == spec.ids,
-                "base_metrics": base.summary(), "spec_metrics": spec.summary(),
-                "step_lengths": spec.step_lengths(), "steps": spec.step_rows(), "cli": cli}
+        lines = [command(argv[:2] + ["--method", "baseline"] + argv[2:])]
+        for name in chosen:
+            method = "ngram" if name == "ngram" else "draft"
+            lines.append(command(argv[:2] + ["--method", method] + argv[2:]
+                                 + (["--draft", paths[name]] if method == "draft" else [])))
+        profiles = {name: side.profile() for name, side in sides.items()}
+        rows = explain(profiles, k=int(k), cost_curve=curve, labels={n: PROPOSERS[n] for n in chosen})
+        turn = {"prompt": prompt, "k": int(k), "temperature": float(temperature), "baseline": base.text.text,
+                "cost_curve": curve, "busy": busy, "explain": rows, "cli": "\n".join(lines),
+                "sides": {name: {"label": PROPOSERS.get(name, "baseline"), "title": titles[name],
+                                 "html": (plain_html(side.text.text) if name == "baseline" else spec_html(side.marks)),
+                                 "identical": side.ids == base.ids,
+                                 "metrics": side.summary() | {"decode_tokens_per_s": (
+                                     profiles[name].tokens / profiles[name].decode_s
+                                     if profiles[name].decode_s > 0 else None)},
+                                 "step_lengths": side.step_lengths(), "steps": side.step_rows()}
+                          for name, side in sides.items()}}
         ss["chat_history"].append(turn)
-        st.rerun()  # draw the finished turn from the history (badge, bars, details)
+        st.rerun()  # draw the finished turn from the history (badges, explanation, details)
 
 if not ss["chat_history"] and not prompt:
     show_cli(["generate", EXAMPLES[0], "--method", "ngram", "--target", target_name, "--k", "3"])

@@ -76,11 +76,13 @@ def _launch() -> None:
     job = launch(argv, kind="train", name=Path(out).name, launcher=training.launcher(int(ss["train_nproc"])))
     if job is not None:
         ss["train_job"] = job.id
+        ss["train_tab"] = TABS[1]  # follow the launched run: open its live view
         ss["train_run_name"] = training.new_run_name()
         ss[P + "out"] = training.default_out(ss["train_run_name"])  # the next run gets its own folder
 
 
-tab_new, tab_watch, tab_compare = st.tabs(["New run", "Watch and control runs", "Compare runs"])
+TABS = ["New run", "Watch and control runs", "Compare runs"]
+tab_new, tab_watch, tab_compare = st.tabs(TABS, key="train_tab", on_change="rerun")
 
 # -- new run ----------------------------------------------------------------------------------------
 with tab_new:
@@ -99,9 +101,9 @@ with tab_new:
     _init_algo_args(_algo())
     cfg, errors = _form_config()
     forms.model_form(P, TrainConfig, training.GROUPS, errors=errors, expanded=["What to train"],
-                     exclude=training.COMMON_SKIP)
+                     exclude=training.COMMON_SKIP, human=True)
     forms.model_form(training.algo_prefix(P, _algo()), training.args_class(_algo()), training.algo_groups(_algo()),
-                     errors=errors)
+                     errors=errors, human=True)
     st.number_input("Processes (torchrun --nproc-per-node)", min_value=1, max_value=64, step=1, key="train_nproc",
                     help="More than 1 launches `torchrun --standalone --nproc-per-node N -m engine train ...` on this "
                          "machine (one process per GPU; on a CPU, gloo). Pick the strategy in 'Several processes'. "
@@ -109,8 +111,13 @@ with tab_new:
     nproc = int(ss["train_nproc"])
     if cfg is not None and nproc == 1 and cfg.strategy == "fsdp":
         st.caption("fsdp shards over several processes; with 1 process the draft trains whole in that process.")
+    untouched = not ss.get(P + "data") and not ss.get(P + "online_dataset")
     for message in errors.get("", []):
-        st.warning(message, icon=":material/warning:")
+        if untouched and message.startswith("give `data`"):  # nothing chosen yet: a pointer, not a warning
+            st.caption(":material/arrow_upward: Choose what to train on under *What to train*: a hidden-states folder "
+                       "(extract one on the Data page) or a dataset to train online, or press the smoke-test preset.")
+        else:
+            st.warning(message, icon=":material/warning:")
     if cfg is not None:
         argv, yaml_fields = training.train_argv(cfg)
         out = Path(cfg.out)
@@ -169,8 +176,10 @@ with tab_watch:
                     m[1].metric("loss", f"{last['loss']:.3f}" if "loss" in last else "–")
                     m[2].metric("est. acceptance length", f"{last['est_acceptance_length']:.2f}"
                                 if "est_acceptance_length" in last else "–",
-                                delta=f"val {val['est_acceptance_length']:.2f}" if "est_acceptance_length" in val
-                                else None, delta_color="off")
+                                delta=f"validation {val['est_acceptance_length']:.2f}"
+                                if "est_acceptance_length" in val else None, delta_color="off", delta_arrow="off",
+                                help="Per-token estimate on the training batches; the figure below it is the "
+                                     "same estimate on the validation split (not a change).")
                     m[3].metric("decoding walk (val)", f"{val['walk_acceptance_length']:.2f}"
                                 if "walk_acceptance_length" in val else "–",
                                 help="Mean acceptance length greedy decoding will measure on the validation samples "
@@ -191,18 +200,25 @@ with tab_watch:
             live_charts()
 
 # -- compare ----------------------------------------------------------------------------------------
-with tab_compare, guard("Finding runs"):
-    runs = training.metric_runs()
-    if not runs:
-        st.info("No run has written metrics yet.")
-    else:
-        chosen = st.multiselect("Runs to compare", list(runs), default=list(runs)[:2], key="train_compare")
-        if chosen:
-            figs = charts.training_figures({name: training.read_metrics(runs[name]) for name in chosen})
-            cols = st.columns(3)
-            for col, (name, fig) in zip(cols, figs.items()):
-                with col:
-                    st.plotly_chart(fig, key=f"train_compare_{name}")
+with tab_compare:
+    @st.fragment(run_every=5.0 if any(j.running for j in all_jobs(["train"])) else None)
+    def compare_runs() -> None:
+        """Re-read runs/ every few seconds while a run is going, so runs started after the page loaded appear."""
+        with guard("Finding runs"):
+            runs = training.metric_runs()
+            if not runs:
+                st.info("No run has written metrics yet.")
+                return
+            chosen = st.multiselect("Runs to compare", list(runs), default=list(runs)[:2], key="train_compare")
+            if chosen:
+                figs = charts.training_figures({name: training.read_metrics(runs[name]) for name in chosen})
+                cols = st.columns(3)
+                for col, (name, fig) in zip(cols, figs.items()):
+                    with col:
+                        st.plotly_chart(fig, key=f"train_compare_{name}")
+
+    compare_runs()
+    st.button("Refresh the list of runs", key="train_compare_refresh", icon=":material/refresh:")
 
 with st.expander("Equivalent CLI commands", icon=":material/terminal:"):
     st.code("python -m engine train --help\npython -m engine jobs            # list runs\n"

@@ -33,7 +33,18 @@ def result_path(job: engine_jobs.Job) -> Path | None:
     return Path(path) if path else None
 
 
-def results() -> dict[str, Path]:
+SHIPPED = Path(__file__).resolve().parents[1] / "benchmarks" / "results"  # results that ship with the project
+SHIPPED_PREFIX = "shipped · "
+
+
+def shipped_results() -> dict[str, Path]:
+    """benchmarks/results/*.json, keyed "shipped · NAME"."""
+    if not SHIPPED.is_dir():
+        return {}
+    return {SHIPPED_PREFIX + p.name: p for p in sorted(SHIPPED.glob("*.json"))}
+
+
+def user_results() -> dict[str, Path]:
     """Finished bench jobs whose JSON exists, newest first, plus loose files under runs/bench/."""
     out: dict[str, Path] = {}
     for job in engine_jobs.list_jobs():
@@ -47,6 +58,15 @@ def results() -> dict[str, Path]:
             if p not in out.values():
                 out[p.name] = p
     return out
+
+
+def results() -> dict[str, Path]:
+    """The shipped results first, then the user's runs (newest first)."""
+    return shipped_results() | user_results()
+
+
+def label(key: str) -> str:
+    return key if key.startswith(SHIPPED_PREFIX) else f"your run · {key}"
 
 
 def load(path: str | Path) -> dict[str, Any]:
@@ -68,15 +88,153 @@ def check(data: Any) -> dict[str, Any]:
     return data
 
 
+def num_prompts(result: dict[str, Any]) -> int | None:
+    """bench JSONs say `num_prompts` (transformers backend) or `prompts` (vllm backend)."""
+    n = result.get("num_prompts", result.get("prompts"))
+    return n if isinstance(n, int) else None
+
+
+def _short(name: Any) -> str:
+    text = str(name)
+    return Path(text).name if "/" in text else text
+
+
+def describe(result: dict[str, Any]) -> str:
+    """What was measured, from the fields present only (no "None prompts", no "on None")."""
+    parts = []
+    if result.get("target"):
+        parts.append(f"target `{_short(result['target'])}`")
+    if result.get("draft"):
+        parts.append(f"draft `{_short(result['draft'])}`")
+    if result.get("k") is not None:
+        parts.append(f"k = {result['k']}")
+    n, new = num_prompts(result), result.get("max_new_tokens")
+    if n:
+        parts.append(f"{n} prompts" + (f" × up to {new} new tokens" if new else ""))
+    if result.get("temperature") is not None:
+        parts.append("greedy" if not result["temperature"] else f"temperature {result['temperature']:g}")
+    where = result.get("backend") or ""
+    if result.get("device"):
+        where += f" on {result['device']}" + (f" ({result['threads']} threads)" if result.get("threads") else "")
+    if result.get("dtype"):
+        where += f" · {result['dtype']}"
+    if where.strip():
+        parts.append(where.strip())
+    return " · ".join(parts)
+
+
+def _fmt(value: Any, fmt: str, suffix: str = "") -> str:
+    return format(value, fmt) + suffix if isinstance(value, (int, float)) and not isinstance(value, bool) else "–"
+
+
+def drift(row: dict[str, Any]) -> dict[str, Any] | None:
+    """For a method not identical to the baseline with per-prompt first divergences (vllm): where answers parted."""
+    first = [d for d in row.get("first_divergence") or [] if d is not None]
+    if row.get("identical_to_baseline") or not first:
+        return None
+    first.sort()
+    return {"parted": len(first), "of": len(row["first_divergence"]), "earliest": first[0],
+            "median": first[len(first) // 2]}
+
+
+def identical_text(result: dict[str, Any], row: dict[str, Any]) -> str:
+    if row.get("identical_to_baseline"):
+        return "yes"
+    d = drift(row)
+    if result.get("backend") == "vllm" and d:
+        return f"no: bf16 drift ({d['parted']}/{d['of']} prompts part, median at token {d['median']})"
+    if result.get("backend") == "vllm":
+        return "no: bf16 drift"
+    if result.get("temperature"):
+        return "no (sampled: same distribution, other samples)"
+    return "no"
+
+
+def table_raw(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per method, numbers unrounded (the CSV export)."""
+    rows = []
+    for name, r in result["methods"].items():
+        rows.append({"method": name, "skipped": r.get("skipped") or "",
+                     "mean_acceptance_length": r.get("mean_acceptance_length"),
+                     "acceptance_rate": r.get("acceptance_rate"),
+                     "per_position_acceptance": " ".join(f"{x:.4f}" for x in r.get("per_position_acceptance") or []),
+                     "tokens_per_s": r.get("tokens_per_s"), "speedup": r.get("speedup"),
+                     "speedup_ceiling": r.get("speedup_ceiling"),
+                     "identical_to_baseline": r.get("identical_to_baseline")})
+    return rows
+
+
 def table(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per method for display: rounded, units in the headers, "–" where a value does not apply."""
     rows = []
     for name, r in result["methods"].items():
         if r.get("skipped"):
-            rows.append({"method": name, "skipped": r["skipped"]})
+            rows.append({"method": name, "mean acceptance length (tokens/step)": "–", "acceptance rate": "–",
+                         "tokens/s": "–", "speedup": "–", "speedup ceiling": "–",
+                         "identical to baseline": f"skipped: {r['skipped']}"})
             continue
-        rows.append({"method": name, "mean acceptance length": r.get("mean_acceptance_length"),
-                     "tokens/s": r.get("tokens_per_s"), "speedup": r.get("speedup"),
-                     "speedup ceiling": r.get("speedup_ceiling"),
-                     "identical to baseline": r.get("identical_to_baseline"),
-                     "acceptance rate": r.get("acceptance_rate")})
+        rows.append({"method": name,
+                     "mean acceptance length (tokens/step)": _fmt(r.get("mean_acceptance_length"), ".2f"),
+                     "acceptance rate": _fmt(r.get("acceptance_rate"), ".0%"),
+                     "tokens/s": _fmt(r.get("tokens_per_s"), ".1f"),
+                     "speedup": _fmt(r.get("speedup"), ".2f", "×"),
+                     "speedup ceiling": _fmt(r.get("speedup_ceiling"), ".2f", "×"),
+                     "identical to baseline": identical_text(result, r)})
     return rows
+
+
+def per_prompt_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per prompt: its preview and, per method, acceptance length, speedup or where it parted from the
+    baseline (whatever the JSON has); [] when the JSON has no per-prompt data."""
+    methods = {m: r for m, r in result["methods"].items() if not r.get("skipped")}
+    n = max([len(r.get("per_prompt") or r.get("outputs") or []) for r in methods.values()] + [0])
+    if not n:
+        return []
+    previews = result.get("prompt_previews") or []
+    base = (methods.get("baseline") or {}).get("per_prompt") or []
+    rows = []
+    for i in range(n):
+        row: dict[str, Any] = {"prompt": i + 1}
+        if i < len(previews):
+            row["text"] = previews[i]
+        elif (methods.get("baseline") or {}).get("outputs"):
+            row["baseline answer"] = " ".join(str(methods["baseline"]["outputs"][i]).split())[:100]
+        for name, r in methods.items():
+            pp = r.get("per_prompt") or []
+            if i < len(pp):
+                if pp[i].get("mean_acceptance_length") is not None:
+                    row[f"{name} · acceptance length"] = round(pp[i]["mean_acceptance_length"], 2)
+                if name != "baseline" and i < len(base) and pp[i].get("seconds") and base[i].get("seconds") \
+                        and pp[i].get("tokens"):
+                    rate = pp[i]["tokens"] / pp[i]["seconds"]
+                    base_rate = base[i]["tokens"] / base[i]["seconds"]
+                    row[f"{name} · speedup"] = round(rate / base_rate, 2)
+            fd = r.get("first_divergence") or []
+            if name != "baseline" and i < len(fd):
+                row[f"{name} · parts from baseline at token"] = "–" if fd[i] is None else int(fd[i])
+        rows.append(row)
+    return rows
+
+
+def heatmap_data(result: dict[str, Any], method: str) -> tuple[list[list[float]], list[str]] | None:
+    """Acceptance per position × prompt for one method: (z [prompt][position], y labels), or None."""
+    pp = (result["methods"].get(method) or {}).get("per_prompt") or []
+    z = [r.get("per_position_acceptance") or [] for r in pp]
+    if not any(z):
+        return None
+    width = max(len(row) for row in z)
+    return [row + [None] * (width - len(row)) for row in z], [f"prompt {i + 1}" for i in range(len(z))]
+
+
+def to_csv(rows: list[dict[str, Any]]) -> str:
+    import csv
+    import io
+
+    if not rows:
+        return ""
+    columns = list(dict.fromkeys(c for r in rows for c in r))
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=columns)
+    writer.writeheader()
+    writer.writerows(rows)
+    return buf.getvalue()

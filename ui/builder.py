@@ -148,8 +148,32 @@ def _drop_form_keys() -> None:
         del st.session_state[key]
 
 
-def load(cfg: dict[str, Any]) -> None:
-    """Replace the edited config (both views)."""
+TRAINED_K = "builder_trained_k"  # k of the config as loaded from a draft (what it was written and trained for)
+MASK_HINT = "builder_mask_hint"
+
+
+def speculative_tokens(cfg: dict[str, Any]) -> int | None:
+    methods = (cfg.get("speculators_config") or {}).get("proposal_methods") or [{}]
+    k = methods[0].get("speculative_tokens") if isinstance(methods[0], dict) else None
+    return k if isinstance(k, int) and not isinstance(k, bool) else None
+
+
+def k_hint(cfg: dict[str, Any]) -> str | None:
+    """A hint when k is above the k of the draft as it was loaded (the training default: positions past it are
+    untrained, so they are rarely accepted)."""
+    trained, k = st.session_state.get(TRAINED_K), speculative_tokens(cfg)
+    if trained and k and k > trained:
+        return (f"k = {k} is more than the {trained} draft positions this draft was written with (its training "
+                "default): positions past it were not trained and are rarely accepted. Measure it on Benchmarks "
+                "or with `python -m engine evaluate --k 1-8` before serving it.")
+    return None
+
+
+def load(cfg: dict[str, Any], *, from_draft: bool = False) -> None:
+    """Replace the edited config (both views); `from_draft` remembers its k (for `k_hint`)."""
+    st.session_state[TRAINED_K] = speculative_tokens(cfg) if from_draft else None
+    if not from_draft:
+        st.session_state.pop(MASK_HINT, None)
     st.session_state[CFG] = copy.deepcopy(cfg)
     st.session_state[TEXT] = dump(cfg)
     st.session_state.pop(JSON_ERROR, None)
@@ -239,10 +263,46 @@ def template(algorithm: str, target_path: str, verifier_name: str | None) -> dic
     fields: dict[str, Any] = {"draft_vocab_size": text.get("vocab_size"),
                               cls.aux_field: default_layer_ids(int(text["num_hidden_layers"]), algorithm)}
     if cls.uses_mask_token:
-        fields["mask_token_id"] = None
+        fields["mask_token_id"] = suggest_mask_token(target_path)[0]
     cfg = build_draft_config(algorithm, verifier_config=text, verifier_name=verifier_name, **fields)
     cfg.speculators_config.verifier.architectures = list(verifier.get("architectures") or [])
-    return cfg.to_dict()
+    return tidy_floats(cfg.to_dict())
+
+
+def suggest_mask_token(target_path: str) -> tuple[int | None, str]:
+    """A token id for the parallel slots of configs whose class `uses_mask_token`: the tokenizer's mask token,
+    else its pad token when it differs from EOS; (None, why) when the tokenizer has neither."""
+    try:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(target_path)
+    except (OSError, ValueError) as exc:
+        return None, f"the target's tokenizer could not be read ({exc})"
+    if tok.mask_token_id is not None:
+        return int(tok.mask_token_id), f"the tokenizer's mask token `{tok.mask_token}` (id {tok.mask_token_id})"
+    if tok.pad_token_id is not None and tok.pad_token_id != tok.eos_token_id:
+        return int(tok.pad_token_id), (f"the tokenizer's pad token `{tok.pad_token}` (id {tok.pad_token_id}): it has "
+                                       "no mask token; any id the target never emits works")
+    return None, ("this tokenizer has no mask or separate pad token: set `mask_token_id` to a token id the target "
+                  "never emits (e.g. an unused special token), the same one the draft is trained with")
+
+
+def tidy_floats(obj: Any) -> Any:
+    """Floats that are float32 values printed in float64 (9.999999747378752e-06) as they were written (1e-05)."""
+    import struct
+
+    if isinstance(obj, dict):
+        return {k: tidy_floats(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [tidy_floats(v) for v in obj]
+    if isinstance(obj, float) and obj == obj and obj not in (float("inf"), float("-inf")):
+        as32 = struct.unpack("f", struct.pack("f", obj))[0]
+        if as32 == obj:
+            for digits in range(1, 10):
+                short = float(f"{obj:.{digits}g}")
+                if struct.unpack("f", struct.pack("f", short))[0] == as32:
+                    return short
+    return obj
 
 
 def algorithms() -> list[str]:

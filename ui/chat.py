@@ -6,11 +6,14 @@ they would have alone; tokens/s and the speedup use each side's own time only (d
 
 from __future__ import annotations
 
+import os
+import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from engine.generate.events import StepEvent
+from engine.generate.explain import SHORT_ANSWER_TOKENS as SHORT_TOKENS  # noqa: F401 (re-exported for pages)
+from engine.generate.explain import explain  # noqa: F401 (re-exported for pages)
 from engine.generate.metrics import SpecMetrics
 from engine.generate.runner import TargetRunner
 from engine.generate.sampling import SamplingParams
@@ -65,6 +68,12 @@ class Side:
                  "rejected drafts": " ".join(repr(tok.decode([t], skip_special_tokens=False)) for t in e.rejected)}
                 for e in self.events]
 
+    def profile(self):
+        """The decode steps summed (engine.generate.explain.Profile): tokens, steps, time split, acceptance."""
+        from engine.generate.explain import profile
+
+        return profile(self.events)
+
     def summary(self) -> dict:
         return {"tokens": len(self.ids), "seconds": round(self.own_s, 3), "tokens_per_s": self.tokens_per_s,
                 "first_token_s": self.first_s,
@@ -72,33 +81,92 @@ class Side:
                 "per_position_acceptance": self.metrics.per_position_acceptance, "finished": self.finished}
 
 
-def race(target, prompt_ids: list[int], params: SamplingParams, proposer, k: int,
-         on_event: Callable[[Side], None] | None = None) -> tuple[Side, Side]:
-    """Generate the baseline and the speculative answer of one prompt, interleaved; returns (baseline, spec)."""
-    tok = target.tokenizer
-    base = Side("baseline", TokenText(tok))
-    spec = Side("speculative", TokenText(tok))
-    gens = {
-        "baseline": generate(TargetRunner(target), prompt_ids, params, None, k),
-        "speculative": generate(TargetRunner(target, getattr(proposer, "aux_layer_ids", None)), prompt_ids, params,
-                                proposer, k),
-    }
-    while not (base.done and spec.done):
-        side = min((s for s in (base, spec) if not s.done), key=lambda s: s.own_s)
-        t0 = time.perf_counter()
+class Race:
+    """Baseline and every proposer answering one prompt, interleaved, in a worker thread the page polls.
+
+    `sides` holds one Side per entry of `proposers` (None = the target alone); the page draws them while
+    `running` and reads `error` afterwards. `cancel()` stops the worker at its next step (page left or rerun).
+    """
+
+    def __init__(self, target, prompt_ids: list[int], params: SamplingParams, proposers: dict, k: int):
+        tok = target.tokenizer
+        self.sides = {name: Side(name, TokenText(tok)) for name in proposers}
+        self._gens = {name: generate(TargetRunner(target, getattr(p, "aux_layer_ids", None)), prompt_ids, params,
+                                     p, k)
+                      for name, p in proposers.items()}
+        self.error: BaseException | None = None
+        self.started = time.monotonic()
+        self._cancel = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def run(self) -> None:
         try:
-            event = next(gens[side.name])
-        except StopIteration:
-            side.done = True
-            event = None
-        side.own_s += time.perf_counter() - t0
-        if event is not None:
-            if side.first_s is None:
-                side.first_s = side.own_s
-            side.add(event)
-        if on_event is not None:
-            on_event(side)
-    return base, spec
+            while not self._cancel.is_set() and not all(s.done for s in self.sides.values()):
+                side = min((s for s in self.sides.values() if not s.done), key=lambda s: s.own_s)
+                t0 = time.perf_counter()
+                try:
+                    event = next(self._gens[side.name])
+                except StopIteration:
+                    side.done = True
+                    event = None
+                side.own_s += time.perf_counter() - t0
+                if event is not None:
+                    if side.first_s is None:
+                        side.first_s = side.own_s
+                    side.add(event)
+        except BaseException as exc:  # re-raised in the page's thread, where the error guard shows it
+            self.error = exc
+        finally:
+            for side in self.sides.values():
+                side.done = True
+
+    def start(self) -> "Race":
+        self._thread = threading.Thread(target=self.run, name="demo-chat-race", daemon=True)
+        self._thread.start()
+        return self
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    @property
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+    def join(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+        if self.error is not None:
+            raise self.error
+
+    def cancel(self) -> None:
+        self._cancel.set()
+
+
+def race(target, prompt_ids: list[int], params: SamplingParams, proposer, k: int) -> tuple[Side, Side]:
+    """The baseline and one speculative answer, interleaved, in this thread; returns (baseline, spec)."""
+    r = Race(target, prompt_ids, params, {"baseline": None, "speculative": proposer}, k)
+    r.run()
+    if r.error is not None:
+        raise r.error
+    return r.sides["baseline"], r.sides["speculative"]
+
+
+def machine_load() -> tuple[float, int] | None:
+    """(1-minute load average, CPU count), or None where the OS has no load average."""
+    try:
+        return os.getloadavg()[0], os.cpu_count() or 1
+    except (AttributeError, OSError):
+        return None
+
+
+def busy_note() -> str | None:
+    """A sentence when the machine is busy (load above its core count): timings are slower and noisier."""
+    load = machine_load()
+    if load is None or load[0] < 0.9 * load[1]:
+        return None
+    return (f"This machine is busy (load {load[0]:.1f} on {load[1]} cores): answers take longer and speeds are "
+            "noisier than on an idle machine; compare sides of the same turn, not turns.")
 
 
 def prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
@@ -111,3 +179,22 @@ def prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
 def sampling(tokenizer, *, max_new_tokens: int, temperature: float, seed: int) -> SamplingParams:
     eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     return SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, eos_token_ids=eos)
+
+
+def _num(value: float | None, fmt: str) -> str:
+    return format(value, fmt) if value is not None else "–"
+
+
+def explain_row(row: dict) -> dict:
+    """One proposer of a turn as a table row: acceptance, step cost and its split, speedup and ceiling."""
+    pos = row.get("per_position_acceptance") or []
+    return {"proposer": row["label"],
+            "mean acceptance length": _num(row.get("mean_acceptance_length"), ".2f"),
+            "per-position acceptance": " · ".join(f"{p:.0%}" for p in pos) or "–",
+            "step cost (baseline steps)": _num(row.get("step_cost"), ".2f"),
+            "target verification": _num(row.get("target_share"), ".0%"),
+            "drafting": _num(row.get("draft_share"), ".0%"),
+            "the rest": _num(row.get("rest_share"), ".0%"),
+            "speedup": (("≈" if row.get("short") else "") + _num(row.get("speedup"), ".2f") + "×")
+            if row.get("speedup") is not None else "–",
+            "ceiling (free drafting)": _num(row.get("ceiling"), ".2f") + "×" if row.get("ceiling") else "–"}

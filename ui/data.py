@@ -85,3 +85,32 @@ def extraction_folders() -> list[str]:
     for depth in range(1, 5):
         found += [str(p.parent) for p in sorted(root.glob("/".join(["*"] * depth) + "/manifest.json"))]
     return found
+
+
+def disk_estimate(target_path: str, preview: list[dict[str, Any]], *, samples: int | None, max_length: int,
+                  algo: str, layers: str, dtype: str) -> str | None:
+    """What an extraction would write, from the previewed rows' mean length and the target's config (no weights):
+    a sentence, or None when it cannot be estimated."""
+    from transformers import AutoConfig
+
+    from engine.data.extraction import _human, estimate_bytes
+    from engine.data.layers import resolve_layer_ids
+
+    lengths = [min(int(r["tokens"]), max_length) for r in preview if r.get("tokens")]
+    if not lengths:
+        return None
+    try:
+        config = AutoConfig.from_pretrained(target_path)
+    except (OSError, ValueError):
+        return None
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    try:
+        ids = resolve_layer_ids(int(text.num_hidden_layers), layers or None, algo)
+    except Exception:  # noqa: BLE001 - a bad layer list is reported by the job; no estimate meanwhile
+        return None
+    mean = sum(lengths) / len(lengths)
+    n = samples or 1000
+    size = estimate_bytes(int(mean * n), n, len(ids), int(text.hidden_size), dtype)
+    return (f"About {_human(size)} on disk for {n if samples else 'every 1,000'} samples "
+            f"(~{mean:.0f} tokens each, from the preview; {len(ids)} layers × {text.hidden_size} values × {dtype}). "
+            "The job checks the free space before it starts.")

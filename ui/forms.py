@@ -118,12 +118,44 @@ def validation_errors(model_cls: type[BaseModel],
         return None, errors
 
 
-def field_widget(prefix: str, name: str, info: Any, *, errors: Iterable[str] = (), disabled: bool = False) -> None:
-    """One widget for a pydantic field; the value lives in session state under `prefix + name`."""
+# labels for field names that words alone do not explain; other names are humanised word by word
+LABELS = {"lr": "Learning rate", "min_lr_ratio": "Final learning rate (share of peak)", "out": "Output folder",
+          "data": "Hidden-states folder (offline)", "online_dataset": "Dataset (online training)",
+          "online_max_samples": "Rows to use (online)", "grad_accum": "Gradient accumulation (micro-batches)",
+          "clip_grad": "Gradient clipping (max norm)", "val_fraction": "Validation share",
+          "val_every": "Validate every (steps)", "val_max_batches": "Validation batches",
+          "log_every": "Log every (steps)", "checkpoint_every": "Checkpoint every (steps)",
+          "keep_checkpoints": "Checkpoints to keep", "init_from": "Start from a draft (fine-tune)",
+          "aux_layer_ids": "Target layers read (aux layer ids)", "betas": "AdamW betas",
+          "weight_decay": "Weight decay (AdamW)", "tokens_per_batch": "Tokens per micro-batch",
+          "max_length": "Max tokens per sample", "warmup_steps": "Warm-up steps", "max_steps": "Max steps"}
+_WORDS = {"ttt": "TTT", "fc": "FC", "kl": "KL", "lr": "learning rate", "ids": "ids", "vocab": "vocabulary",
+          "num": "number of", "val": "validation", "hs": "hidden-state", "lm": "LM", "rms": "RMS"}
+
+
+def human_label(name: str, info: Any = None) -> str:
+    """A field's label: its pydantic title, else LABELS, else its name in words ("ttt_steps" -> "TTT steps")."""
+    if info is not None and getattr(info, "title", None):
+        return info.title
+    if name in LABELS:
+        return LABELS[name]
+    words = [_WORDS.get(w, w) for w in name.split("_")]
+    text = " ".join(words)
+    return text[:1].upper() + text[1:]
+
+
+def field_widget(prefix: str, name: str, info: Any, *, errors: Iterable[str] = (), disabled: bool = False,
+                 human: bool = False) -> None:
+    """One widget for a pydantic field; the value lives in session state under `prefix + name`.
+
+    With `human`, the label is `human_label` and the help ends with the field's name (its CLI flag)."""
     kind = field_kind(info.annotation)
     key = key_for(prefix, name)
     help_text = info.description or None
     label = name
+    if human:
+        label = human_label(name, info)
+        help_text = f"{help_text or ''}\n\nField `{name}` (flag `--{name.replace('_', '-')}`).".strip()
     common = dict(key=key, help=help_text, disabled=disabled, persist_state="session")
     if kind.kind == "bool":
         st.checkbox(label, **common)
@@ -149,7 +181,7 @@ def field_widget(prefix: str, name: str, info: Any, *, errors: Iterable[str] = (
 
 def model_form(prefix: str, model_cls: type[BaseModel], groups: dict[str, list[str]], *, columns: int = 3,
                errors: dict[str, list[str]] | None = None, expanded: Iterable[str] = (),
-               exclude: Iterable[str] = ()) -> None:
+               exclude: Iterable[str] = (), human: bool = False) -> None:
     """Fields in titled groups (expanders); fields not in any group (nor excluded) go to "Other"."""
     errors = errors or {}
     listed = {n for names in groups.values() for n in names} | set(exclude)
@@ -162,4 +194,5 @@ def model_form(prefix: str, model_cls: type[BaseModel], groups: dict[str, list[s
             cols = st.columns(columns)
             for i, name in enumerate(names):
                 with cols[i % columns]:
-                    field_widget(prefix, name, model_cls.model_fields[name], errors=errors.get(name, ()))
+                    field_widget(prefix, name, model_cls.model_fields[name], errors=errors.get(name, ()),
+                                 human=human)

@@ -123,3 +123,19 @@ def file_stamp(path: str) -> float:
         return Path(path).stat().st_mtime
     except OSError:
         return 0.0
+
+
+@st.cache_resource(max_entries=4, show_spinner="Measuring the target's cost curve (once per target)…")
+def cost_curve(name: str, max_k: int = 8) -> dict[int, float]:
+    """Cost of one target forward over n = 1…max_k+1 new tokens, in units of a one-token forward, at ~256 tokens
+    of context (engine.generate.metrics.measure_cost_curve); measured once per target and process."""
+    import torch
+
+    from engine.generate.metrics import measure_cost_curve
+    from engine.generate.runner import TargetRunner
+
+    loaded = target(name)
+    seed = loaded.tokenizer.encode("The quick brown fox jumps over the lazy dog. ") or [0]
+    context = (seed * (256 // len(seed) + 1))[:256]
+    with torch.inference_mode():
+        return measure_cost_curve(TargetRunner(loaded), context, list(range(2, max_k + 2)), repeats=3)

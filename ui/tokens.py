@@ -7,11 +7,13 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from ui import palette
+
 # source -> (background colour, what it means)
 SOURCES = {
-    "accepted": ("#b7ebc0", "accepted draft token"),
-    "correction": ("#ffd3a8", "target correction (first rejected position)"),
-    "bonus": ("#b9d7ff", "bonus token (every draft token was accepted)"),
+    "accepted": (palette.ACCEPTED, "accepted draft token"),
+    "correction": (palette.CORRECTION, "target correction (first rejected position)"),
+    "bonus": (palette.BONUS, "bonus token (every draft token was accepted)"),
     "target": ("transparent", "target token (prefill or no draft)"),
 }
 _BOX = "white-space:pre-wrap;line-height:1.75;font-size:0.95rem;font-family:ui-sans-serif,system-ui,sans-serif;"
@@ -55,15 +57,23 @@ class TokenMark:
     rejected: list[str] = field(default_factory=list)
 
 
+_NEWLINE = '<span class="tok-nl" style="opacity:0.45;user-select:none">↵</span>'
+
+
 def _span(mark: TokenMark) -> str:
+    """A coloured span per token; newlines stay outside the coloured box (no stray bars at line ends)."""
     colour, meaning = SOURCES.get(mark.source, SOURCES["target"])
     title = f"step {mark.step} · {meaning}"
     style = f"background:{colour};border-radius:3px;padding:0 1px;"
     if mark.rejected:
         title += " · rejected drafts: " + " ".join(repr(r) for r in mark.rejected)
-        style += "text-decoration:underline dotted #c0392b;text-underline-offset:3px;"
-    return (f'<span class="tok tok-{html.escape(mark.source)}" data-step="{mark.step}" title="{html.escape(title)}" '
-            f'style="{style}">{html.escape(mark.piece)}</span>')
+        style += f"text-decoration:underline dotted {palette.REJECTED};text-underline-offset:3px;"
+    attrs = (f'class="tok tok-{html.escape(mark.source)}" data-step="{mark.step}" title="{html.escape(title)}" '
+             f'style="{style}"')
+    lines = mark.piece.split("\n")
+    if not any(lines):  # a token made of newlines only: a faint ↵ keeps it visible and hoverable
+        return f"<span {attrs}>{_NEWLINE}</span>" + "\n" * (len(lines) - 1)
+    return "\n".join(f"<span {attrs}>{html.escape(line)}</span>" if line else "" for line in lines)
 
 
 def spec_html(marks: Iterable[TokenMark], *, cursor: bool = False) -> str:
@@ -75,11 +85,17 @@ def plain_html(text: str, *, cursor: bool = False, css_class: str = "baseline-an
     return f'<div class="{css_class}" style="{_BOX}">{html.escape(text)}{"▌" if cursor else ""}</div>'
 
 
+def waiting_html(elapsed_s: float, *, started: bool = False) -> str:
+    """Where an answer will appear, before its first token: an hourglass and the time waited so far."""
+    what = "waiting for the next token" if started else "waiting for the first token (prefill)"
+    return (f'<div class="answer-waiting" style="{_BOX}color:#6b6b6b">⏳ {what} · {elapsed_s:.0f} s</div>')
+
+
 def legend_html() -> str:
     chips = "".join(f'<span style="background:{c};border:1px solid #ccc;border-radius:3px;padding:0 6px;'
                     f'margin-right:10px">{html.escape(m.split(" (")[0])}</span>'
                     for s, (c, m) in SOURCES.items() if s != "target")
-    return (f'<div style="font-size:0.85rem">{chips}<span style="text-decoration:underline dotted #c0392b">'
+    return (f'<div style="font-size:0.85rem">{chips}<span style="text-decoration:underline dotted {palette.REJECTED}">'
             f'dotted underline</span>: drafts were rejected here (hover to see them)</div>')
 
 
@@ -93,7 +109,8 @@ def loss_html(segments: Iterable[tuple[str, bool]], *, max_chars: int | None = N
         if max_chars is not None:
             text = text[: max_chars - used]
         used += len(text)
-        style = ("background:#c8f2cf;color:#0b3d16;border-radius:3px" if is_loss else "color:#6b6b6b")
+        style = (f"background:{palette.TRAINED};color:{palette.TRAINED_TEXT};border-radius:3px" if is_loss
+                 else f"color:{palette.UNTRAINED_TEXT}")
         out.append(f'<span class="{"loss" if is_loss else "noloss"}" style="{style}">{html.escape(text)}</span>')
     return (f'<div class="loss-preview" style="{_BOX}font-family:ui-monospace,monospace;font-size:0.85rem;'
             f'border:1px solid #e5e5e5;border-radius:6px;padding:8px">{"".join(out)}</div>')

@@ -44,6 +44,7 @@ class DatasetSummary:
     rows_read: int = 0
     rows_kept: int = 0
     skipped: Counter = field(default_factory=Counter)  # reason -> rows dropped
+    skipped_at: dict = field(default_factory=dict)  # reason -> the first record numbers (1-based) dropped for it
     adjusted: Counter = field(default_factory=Counter)  # reason -> rows kept after a fix
     split_counts: Counter = field(default_factory=Counter)  # over rows read before max_samples stopped the scan
     truncated_source: bool = False
@@ -58,6 +59,7 @@ class DatasetSummary:
     def to_json(self) -> dict[str, Any]:
         return {"source": self.source, "split": self.split, "shape": self.shape, "shapes": dict(self.shapes),
                 "rows_read": self.rows_read, "rows_kept": self.rows_kept, "skipped": dict(self.skipped),
+                "skipped_at": {k: list(v) for k, v in self.skipped_at.items()},
                 "adjusted": dict(self.adjusted), "split_counts": dict(self.split_counts),
                 "truncated_source": self.truncated_source, "bad_lines": self.bad_lines}
 
@@ -244,6 +246,9 @@ def _iter_rows(name_or_path: str, summary: DatasetSummary, val_fraction: float,
                 numbers = summary.bad_lines.setdefault(reason, [])
                 if len(numbers) < 5:
                     numbers.append(record.line)
+            at = summary.skipped_at.setdefault(reason, [])
+            if len(at) < 10:
+                at.append(index + 1)
             continue
         key = _record_key(record, index)
         split = split_of(_split_key(key, name_or_path), val_fraction, seed)  # duplicates stay in one split

@@ -37,6 +37,7 @@ class MethodRun:
     draft_s: float = 0.0
     steps: int = 0
     skipped: str | None = None
+    per_prompt: list[dict[str, Any]] = field(default_factory=list)  # tokens, seconds, acceptance of each prompt
 
 
 def load_prompts(spec: str, n: int | None = None, seed: int = 0, max_chars: int | None = 1500) -> list[dict[str, Any]]:
@@ -132,6 +133,7 @@ def run_bench(
                 run.seconds += seconds
                 run.metrics.num_tokens += len(out)
                 run.metrics.total_seconds += seconds
+                run.per_prompt.append({"tokens": len(out), "seconds": round(seconds, 4)})
                 continue
             m_run = SpecMetrics()
             out: list[int] = []
@@ -144,10 +146,26 @@ def run_bench(
             run.metrics.merge(m_run)
             run.seconds += m_run.total_seconds
             run.outputs.append(out)
+            tau = m_run.mean_acceptance_length
+            run.per_prompt.append({"tokens": len(out), "seconds": round(m_run.total_seconds, 4),
+                                   "mean_acceptance_length": round(tau, 4) if tau is not None else None,
+                                   "per_position_acceptance": [round(x, 4) for x in m_run.per_position_acceptance]})
     curve = measure_cost_curve(runners["baseline"] if "baseline" in runners else TargetRunner(target),
                                encoded[0] * max(1, 256 // max(1, len(encoded[0]))), [k + 1]) if measure_cost else {}
-    return summarize(runs, k=k, params=params, cost_curve=curve, num_prompts=len(prompts), target=target,
-                     draft=draft)
+    result = summarize(runs, k=k, params=params, cost_curve=curve, num_prompts=len(prompts), target=target,
+                       draft=draft)
+    result["prompt_previews"] = [_preview(p) for p in prompts]
+    return result
+
+
+def _preview(prompt: dict[str, Any], width: int = 120) -> str:
+    """The last user message of a bench prompt, on one line, cut to `width` characters (for per-prompt tables)."""
+    text = prompt.get("prompt")
+    if text is None:
+        users = [m.get("content", "") for m in prompt.get("messages") or [] if m.get("role") == "user"]
+        text = users[-1] if users else ""
+    text = " ".join(str(text).split())
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def summarize(runs: dict[str, MethodRun], *, k: int, params: SamplingParams, cost_curve: dict[int, float],
@@ -173,6 +191,7 @@ def summarize(runs: dict[str, MethodRun], *, k: int, params: SamplingParams, cos
             "tokens_per_s": m.tokens_per_s,
             "speedup": m.tokens_per_s / base_tps if base_tps else None,
             "identical_to_baseline": bool(base and not base.skipped and run.outputs == base.outputs),
+            "per_prompt": run.per_prompt,
         }
         if run.steps:
             overhead = max(0.0, run.seconds - run.target_s - run.draft_s)

@@ -182,34 +182,75 @@ def test_models_page_switches_target_and_draft(runs, tiny_target, tiny_draft):
 # -- demo chat --------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("proposer", ["ngram", "draft"])
-def test_demo_chat_streams_both_answers_and_colours_tokens(runs, tiny_target, tiny_draft, proposer):
+def test_demo_chat_compares_baseline_draft_and_ngram_in_one_run_and_says_why(runs, tiny_target, tiny_draft):
     at = open_app(tiny_target, tiny_draft, page="demo_chat")
-    at.radio(key="chat_proposer").set_value(proposer).run()
-    at.number_input(key="chat_max_new_tokens").set_value(24).run()
+    assert at.multiselect(key="chat_proposers").value == ["draft", "ngram"]  # both beside the baseline by default
+    assert "Draft:" in texts(at.caption)
+    at.number_input(key="chat_max_new_tokens").set_value(40).run()
     at.chat_input(key="chat_prompt").set_value("Repeat: 1 2 3 4 5 6 7 8 9 10, 1 2 3 4 5 6 7 8 9 10").run()
     ok(at)
     history = at.session_state["chat_history"]
     assert len(history) == 1
     turn = history[0]
-    assert turn["identical"], "greedy speculative decoding must reproduce the baseline"
-    assert "Identical output" in texts(at.markdown)
+    assert list(turn["sides"]) == ["baseline", "draft", "ngram"]
+    for name in ("draft", "ngram"):
+        assert turn["sides"][name]["identical"], f"greedy {name} must reproduce the baseline"
+        assert turn["sides"][name]["metrics"]["tokens"] == turn["sides"]["baseline"]["metrics"]["tokens"] > 0
+        assert sum(turn["sides"][name]["step_lengths"]) + 1 >= turn["sides"][name]["metrics"]["tokens"]
+        row = turn["explain"][name]
+        assert row["step_cost"] > 0 and row["target_share"] > 0 and row["per_position_acceptance"]
+        assert "tokens per step" in row["sentence"] and "a step costs" in row["sentence"]
+        assert "Identical output: " + row["label"] in texts(at.markdown)
+    md = texts(at.markdown)
+    assert "Why this speed" in md and turn["explain"]["ngram"]["sentence"] in md
+    assert turn["cost_curve"][turn["k"] + 1] > 0  # the target's cost curve, measured once and cached
+    table = at.dataframe[0].value
+    assert list(table["proposer"]) == ["Draft model", "n-gram (prompt lookup)"]
+    assert {"step cost (baseline steps)", "target verification", "drafting", "ceiling (free drafting)"} <= set(table)
     html = texts(at.html)
-    assert 'class="baseline-answer"' in html and 'class="spec-answer"' in html and "tok tok-" in html
-    assert turn["spec_metrics"]["tokens"] == turn["base_metrics"]["tokens"] > 0
-    assert sum(turn["step_lengths"]) + 1 >= turn["spec_metrics"]["tokens"]
-    assert "--method baseline" in turn["cli"] and f"--method {proposer}" in turn["cli"]
-    # the history survives a rerun and a second prompt adds a turn
+    assert 'class="baseline-answer"' in html and html.count('class="spec-answer"') == 2 and "tok tok-" in html
+    assert "--method baseline" in turn["cli"] and "--method draft" in turn["cli"] and "--method ngram" in turn["cli"]
+    # the history survives a rerun and a second prompt with one proposer adds a turn
+    at.multiselect(key="chat_proposers").set_value(["ngram"]).run()
+    assert "Draft:" not in texts(at.caption)  # the draft caption only while the draft answers
     at.chat_input(key="chat_prompt").set_value("Again: a b c a b c a b c").run()
     ok(at)
     assert len(at.session_state["chat_history"]) == 2
+    assert list(at.session_state["chat_history"][1]["sides"]) == ["baseline", "ngram"]
+
+
+def test_demo_chat_short_answers_busy_machine_and_sampling_are_worded(runs, tiny_target, tiny_draft, monkeypatch):
+    import os
+
+    monkeypatch.setattr(os, "getloadavg", lambda: (64.0, 60.0, 50.0))
+    at = open_app(tiny_target, tiny_draft, page="demo_chat")
+    at.multiselect(key="chat_proposers").set_value(["ngram"]).run()
+    at.slider(key="chat_temperature").set_value(0.8).run()
+    assert "same distribution" in texts(at.info) and "sampled_speculation" in texts(at.info)
+    at.number_input(key="chat_max_new_tokens").set_value(8).run()
+    at.chat_input(key="chat_prompt").set_value("a b a b a b").run()
+    ok(at)
+    turn = at.session_state["chat_history"][0]
+    assert turn["explain"]["ngram"]["short"]
+    assert "rough indication" in texts(at.caption) and "This machine is busy" in texts(at.caption)
+    assert "≈" in at.dataframe[0].value["speedup"][0]
 
 
 def test_demo_chat_without_a_draft_offers_ngram_only(runs, tiny_target):
     at = open_app(tiny_target, page="demo_chat")
-    assert at.radio(key="chat_proposer").options == ["n-gram (prompt lookup)"]
-    assert at.radio(key="chat_proposer").value == "ngram"
-    assert "n-gram only" in texts(at.caption)
+    assert at.multiselect(key="chat_proposers").options == ["n-gram (prompt lookup)"]
+    assert at.multiselect(key="chat_proposers").value == ["ngram"]
+    captions = texts(at.caption)
+    assert "n-gram only" in captions and "Draft:" not in captions and "still being trained" not in captions
+
+
+def test_newline_tokens_stay_outside_the_coloured_spans():
+    from ui.tokens import TokenMark, spec_html
+
+    out = spec_html([TokenMark("Hi", "accepted", 1), TokenMark("\n", "accepted", 1), TokenMark("a\nb", "bonus", 2)])
+    assert "\n</span>" not in out and ">\n" not in out.split("</span>", 1)[0]
+    assert "↵" in out  # a newline-only token stays visible and hoverable
+    assert out.count("tok-bonus") == 2  # "a" and "b" coloured, the newline between them plain
 
 
 # -- data ---------------------------------------------------------------------------------------------------
@@ -223,6 +264,9 @@ def test_data_page_previews_loss_spans_and_runs_an_extraction(runs, tiny_target,
     html = texts(at.html)
     assert 'class="loss"' in html and 'class="noloss"' in html and "Count to 3." in html
     assert f"python -m engine prepare --dataset {tiny_dataset}" in texts(at.code)
+    captions = texts(at.caption)
+    assert "Detected shape:" in texts(at.markdown) and "Showing 3 rows (asked for 3)" in captions
+    assert "on disk for 100 samples" in captions  # the extraction's size, estimated before it runs
     at.number_input(key="data_extract_samples").set_value(4)
     at.button(key="FormSubmitter:data_extract_form-Launch extraction").click().run()
     ok(at)
@@ -248,6 +292,22 @@ def test_data_page_upload_is_saved_for_jobs(runs, tiny_target, tiny_dataset):
     saved = list((runs / "uploads").glob("mine-*.jsonl"))
     assert len(saved) == 1
     assert "Count to 3." in texts(at.html)
+    assert not [s for s in at.selectbox if s.key == "data_split"]  # an uploaded file: no split to choose
+
+
+def test_data_page_names_the_records_it_skipped(runs, tiny_target, tmp_path):
+    rows = [{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]},
+            {"nonsense": 1},
+            {"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]},
+            {"also": "bad"}]
+    path = tmp_path / "mixed.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    at = open_app(tiny_target, page="data")
+    at.radio(key="data_source").set_value("Local path").run()
+    at.selectbox(key="data_split").set_value("all").run()
+    at.text_input(key="data_path").set_value(str(path)).run()
+    ok(at)
+    assert "records 2, 4" in texts(at.caption)
 
 
 # -- train --------------------------------------------------------------------------------------------------
@@ -257,27 +317,28 @@ def test_train_form_is_generated_from_the_config(runs, tiny_target):
     from engine.train.config import TrainConfig
 
     at = open_app(tiny_target, page="train")
-    labels = {w.label: w for w in [*at.text_input, *at.number_input, *at.checkbox, *at.selectbox]}
-    from ui.training import GROUPS
-
-    from ui.training import COMMON_SKIP, algo_groups
+    widgets = {w.key: w for w in [*at.text_input, *at.number_input, *at.checkbox, *at.selectbox]}
+    from ui.forms import human_label
+    from ui.training import GROUPS, COMMON_SKIP, algo_groups, algo_prefix
 
     from engine.algos import ALGOS
 
     grouped = [name for names in GROUPS.values() for name in names]
     assert set(grouped) <= set(TrainConfig.model_fields), "the form groups name fields the config does not have"
-    for name, info in TrainConfig.model_fields.items():
-        if name in COMMON_SKIP:
-            continue
-        assert name in labels, f"no widget for {name}"
-        assert labels[name].help == info.description
-    assert labels["Algorithm"].help == TrainConfig.model_fields["algo"].description
+    for prefix, model in (("train_f_", TrainConfig), (algo_prefix("train_f_", "eagle3"), ALGOS.get("eagle3").args_class)):
+        for name, info in model.model_fields.items():
+            if name in COMMON_SKIP:
+                continue
+            w = widgets.get(prefix + name)
+            assert w is not None, f"no widget for {name}"
+            assert w.label == human_label(name, info) and "_" not in w.label, w.label  # words, not field names
+            assert w.help.startswith(info.description) and f"`{name}`" in w.help
+    assert widgets["train_f_online_max_samples"].label == "Rows to use (online)"
+    assert widgets["train_f_algo"].help == TrainConfig.model_fields["algo"].description
     args_cls = ALGOS.get("eagle3").args_class
     assert {n for names in algo_groups("eagle3").values() for n in names} == set(args_cls.model_fields)
-    for name, info in args_cls.model_fields.items():  # the default algorithm's own arguments have widgets too
-        assert name in labels, f"no widget for {name}"
-        assert labels[name].help == info.description
-    assert "give `data`" in texts(at.warning)  # no data chosen yet: a clear message, launch disabled
+    # nothing chosen yet: a pointer to the data fields, no warning; launch disabled
+    assert not at.warning and "Choose what to train on" in texts(at.caption)
     assert at.button(key="train_launch").disabled
 
 
@@ -293,6 +354,7 @@ def test_train_launch_watch_stop_resume(runs, tiny_target, tiny_dataset):
     assert f"--online-dataset {tiny_dataset}" in command and "--max-steps 100000" in command
     at.button(key="train_launch").click().run()
     ok(at)
+    assert at.session_state["train_tab"] == "Watch and control runs"  # the launched run's live view opens
     job = only_job(runs, "train")
     out = Path(next(a for i, a in enumerate(job.argv) if job.argv[i - 1] == "--out"))
     wait_for(lambda: any(r.get("split") == "train" for r in jobs.read_jsonl(out / "metrics.jsonl")), timeout=180)
@@ -301,6 +363,8 @@ def test_train_launch_watch_stop_resume(runs, tiny_target, tiny_dataset):
     assert job.running, job.log_tail()
     assert at.selectbox(key="train_watch").value == job.id
     assert len(at.get("plotly_chart")) >= 3  # loss, accuracy per step, acceptance length
+    for spec in [json.loads(c.proto.spec) for c in at.get("plotly_chart")]:
+        assert spec["layout"]["xaxis"]["tickformat"] == "d" and spec["layout"]["yaxis"]["title"]["text"]
     assert any(m.label == "step" for m in at.metric)
     at.button(key="train_panel_stop").click().run()  # SIGTERM: the trainer checkpoints and exits
     stopped = jobs.wait(job, timeout=120)
@@ -427,6 +491,31 @@ def test_config_builder_form_and_json_stay_in_sync_with_live_validation(runs, ti
     assert at.download_button(key="builder_download") is not None
 
 
+def test_config_builder_hints_k_mask_token_and_writes_eps_as_written(runs, tiny_target, tiny_draft):
+    from engine.format.config import CONFIG_CLASSES
+
+    at = open_app(tiny_target, tiny_draft, page="config_builder")
+    k_key = "builder_f_speculators_config_proposal_methods_0_speculative_tokens"
+    assert not at.warning
+    at.number_input(key=k_key).set_value(6).run()
+    assert "k = 6 is more than the 3 draft positions" in texts(at.warning)  # past what it was trained for
+    for algorithm, cls in CONFIG_CLASSES.items():
+        at.selectbox(key="builder_new_algo").set_value(algorithm).run()
+        at.button(key="builder_new").click().run()
+        ok(at)
+        text = at.text_area(key="builder_json").value
+        assert "e-06" not in text or "9.99999" not in text  # no float32 artefacts
+        assert ("Mask token suggested" in texts(at.caption)) == cls.uses_mask_token, algorithm
+        assert not at.warning  # a fresh config has no trained k to exceed
+
+
+def test_tidy_floats_writes_float32_values_as_written():
+    from ui.builder import tidy_floats
+
+    assert tidy_floats({"a": [9.999999747378752e-06, 0.1, 1e-6]}) == {"a": [1e-05, 0.1, 1e-6]}
+    assert tidy_floats(3) == 3 and tidy_floats(0.30000001192092896) == 0.3
+
+
 def test_config_builder_new_config_for_each_algorithm(runs, tiny_target):
     at = open_app(tiny_target, page="config_builder")
     for algorithm in ("dflash", "peagle", "eagle3"):
@@ -455,17 +544,81 @@ BENCH = {
 }
 
 
+def _chart_specs(at) -> list[dict]:
+    return [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+
+
+def test_benchmarks_page_opens_on_the_shipped_results_with_readable_charts(runs, tiny_target):
+    from ui import bench as bench_ui
+
+    shipped = bench_ui.shipped_results()
+    assert shipped, "benchmarks/results/*.json ship with the project"
+    at = open_app(tiny_target, page="benchmarks")
+    sel = at.selectbox(key="bench_result")
+    assert sel.value == next(iter(shipped)) and sel.value.startswith("shipped · ")
+    for key in shipped:  # every shipped result: titled charts with units, no None anywhere
+        at.selectbox(key="bench_result").set_value(key).run()
+        ok(at)
+        caption = texts(at.caption)
+        assert "None" not in caption and " prompts × up to " in caption
+        specs = _chart_specs(at)
+        assert len(specs) >= 3
+        for spec in specs:
+            layout = spec["layout"]
+            assert layout["title"]["text"] and layout["title"]["subtitle"]["text"]
+            assert layout["yaxis"]["title"]["text"] not in ("", "×")
+            assert "prompt" in layout["title"]["subtitle"]["text"] or "prompt" in layout["title"]["text"]
+        table = at.dataframe[0].value
+        cells = [str(v) for v in table.to_numpy().ravel()]
+        assert "None" not in cells and "nan" not in cells
+        assert not any(c.count(".") == 1 and len(c.split(".")[1].rstrip("×%")) > 2 for c in cells)
+        assert at.get("download_button")
+        if "vllm" in key:
+            assert any("bf16 drift" in c for c in table["identical to baseline"])
+            assert "bf16" in texts(at.info)
+        # per-prompt drill-down: one row per prompt
+        n = bench_ui.num_prompts(bench_ui.load(shipped[key]))
+        prompt_tables = [d.value for d in at.dataframe if "prompt" in d.value.columns]
+        if prompt_tables:
+            assert len(prompt_tables[0]) == n
+
+
 def test_benchmarks_page_plots_a_result(runs, tiny_target):
     (runs / "bench").mkdir(parents=True)
     (runs / "bench" / "bench-1.json").write_text(json.dumps(BENCH))
     at = open_app(tiny_target, page="benchmarks")
-    charts = at.get("plotly_chart")
-    assert len(charts) == 3
-    specs = [json.loads(c.proto.spec) for c in charts]
+    assert at.selectbox(key="bench_result").value.startswith("shipped · ")  # the shipped results first
+    at.selectbox(key="bench_result").set_value("bench-1.json").run()
+    ok(at)
+    specs = _chart_specs(at)
+    assert len(specs) == 3
     speed = next(s for s in specs if "Speedup" in s["layout"]["title"]["text"])
-    ceiling = next(t for t in speed["data"] if t.get("name") == "speedup ceiling")
+    ceiling = next(t for t in speed["data"] if "ceiling" in t.get("name", ""))
     assert ceiling["y"] == [2.1, 1.2]
+    assert "2 prompts" in speed["layout"]["title"]["subtitle"]["text"]
     assert any("draft" in d.value["method"].tolist() for d in at.dataframe)
+    assert "target `tiny`" in texts(at.caption) and "None" not in texts(at.caption)
+
+
+def test_benchmarks_per_prompt_rows_heatmap_and_csv():
+    from ui import bench as bench_ui
+
+    result = json.loads(json.dumps(BENCH))
+    result["prompt_previews"] = ["first prompt", "second prompt"]
+    for name, taus in (("baseline", [None, None]), ("draft", [2.5, 1.5]), ("ngram", [1.2, 1.4])):
+        result["methods"][name]["per_prompt"] = [
+            {"tokens": 16, "seconds": 0.5 if name == "baseline" else 0.25, "mean_acceptance_length": t,
+             "per_position_acceptance": [] if t is None else [0.9, 0.5, 0.1]} for t in taus]
+    rows = bench_ui.per_prompt_rows(result)
+    assert [r["text"] for r in rows] == ["first prompt", "second prompt"]
+    assert rows[0]["draft · acceptance length"] == 2.5 and rows[0]["draft · speedup"] == 2.0
+    z, labels = bench_ui.heatmap_data(result, "draft")
+    assert labels == ["prompt 1", "prompt 2"] and z[0] == [0.9, 0.5, 0.1]
+    csv = bench_ui.to_csv(bench_ui.table_raw(result))
+    assert csv.splitlines()[0].startswith("method,") and "draft,,2.4," in csv
+    from ui import charts
+
+    assert "spread" in charts.bench_figures(result)
 
 
 def test_benchmarks_page_launches_bench_as_a_job(runs, tiny_target):
@@ -481,8 +634,8 @@ def test_benchmarks_page_launches_bench_as_a_job(runs, tiny_target):
     assert done.status.state == "done", done.log_tail()
     at.run()
     ok(at)
-    assert at.selectbox(key="bench_result").value == job.id
-    assert len(at.get("plotly_chart")) == 3
+    assert at.selectbox(key="bench_result").value == job.id  # a run that finished is shown at once
+    assert len(at.get("plotly_chart")) >= 3
 
 
 # -- serve ----------------------------------------------------------------------------------------------------

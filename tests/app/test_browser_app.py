@@ -138,7 +138,28 @@ def test_every_page_opens_without_a_traceback(page):
         assert page.locator("h1").first.inner_text().strip() == title
         no_traceback(page)
         assert "Running jobs" in page.locator('[data-testid="stSidebarUserContent"]').inner_text()
+        assert page.locator('[data-testid="stAppDeployButton"]').count() == 0  # toolbarMode = "viewer"
+        assert page.get_by_role("button", name="Deploy", exact=True).count() == 0
         shot(page, f"{i:02d}-{title.lower().replace(' ', '-')}")
+
+
+def test_benchmarks_results_open_on_the_shipped_results(page):
+    go(page, "Benchmarks")
+    page.get_by_role("tab", name="Results").click()
+    page.wait_for_selector(".js-plotly-plot", timeout=120_000)
+    idle(page)
+    no_traceback(page)
+    shot(page, "12-benchmarks-results")
+    body = page.locator("body").inner_text()
+    picker = page.locator(".st-key-bench_result")
+    picked = picker.inner_text() + " ".join(i.input_value() for i in picker.locator("input").all())
+    assert "shipped · " in picked, picked
+    assert "None prompts" not in body and "on None" not in body
+    titles = [t.text_content() for t in page.locator(".js-plotly-plot .gtitle").all()]
+    assert "Acceptance per draft position" in titles and "Speedup vs baseline" in titles, titles
+    assert page.locator(".js-plotly-plot .g-ytitle").count() >= 3  # every chart titles its y-axis
+    assert page.get_by_text("Download the table (CSV)").count() == 1
+    shot(page, "12-benchmarks-results")
 
 
 def test_demo_chat_colours_accepted_tokens_and_answers_identically(page):
@@ -147,9 +168,10 @@ def test_demo_chat_colours_accepted_tokens_and_answers_identically(page):
     shipped = default_draft("smollm2-135m-instruct")
     go(page, "Demo chat")
     if shipped:
-        assert page.get_by_text("Draft model").count() >= 1  # the shipped draft is the default proposer
+        assert page.get_by_text("Draft model").count() >= 1  # the shipped draft answers beside n-gram by default
     else:
         assert page.get_by_text("n-gram only").count() >= 1
+    assert page.get_by_text("still being trained").count() == 0
     max_new = page.get_by_label("Max new tokens")
     max_new.fill("48")
     max_new.press("Enter")
@@ -165,6 +187,12 @@ def test_demo_chat_colours_accepted_tokens_and_answers_identically(page):
     assert accepted.count() >= 1
     assert "accepted draft token" in accepted.first.get_attribute("title")
     assert page.locator(".baseline-answer").first.inner_text().strip()
+    if shipped:  # baseline, the draft and n-gram answered side by side
+        assert page.locator(".spec-answer").count() == 2
+    why = page.get_by_text("Why this speed")
+    assert why.count() == 1
+    assert page.get_by_text("baseline steps on this machine").count() >= 1
+    why.scroll_into_view_if_needed()
     shot(page, "10-demo-chat-answer")
 
 
@@ -175,13 +203,13 @@ def test_training_job_chart_updates(page, tmp_path):
     go(page, "Train")
     page.get_by_role("button", name="Smoke-test preset (12 steps, online)").click()
     idle(page)
-    for label, value in (("target", str(tiny)),):
+    for label, value in (("Target", str(tiny)),):
         box = page.get_by_label(label, exact=True)
         box.fill(value)
         box.press("Enter")
         idle(page)
     page.get_by_text("Optimisation", exact=True).click()  # open the expander holding max_steps and epochs
-    for label, value in (("epochs", "20"), ("max_steps", "400")):
+    for label, value in (("Epochs", "20"), ("Max steps", "400")):
         box = page.get_by_label(label, exact=True)
         box.fill(value)
         box.press("Enter")

@@ -44,6 +44,11 @@ def test_all_methods_on_the_same_prompts(tiny_llama, tiny_targets, tiny_draft_di
     assert methods["hf_prompt_lookup"]["mean_acceptance_length"] is None  # transformers does not report it
     assert "2" in result["cost_curve"] or "4" in result["cost_curve"]
     assert "| draft |" in markdown_table(result)
+    # per prompt: small rows the Benchmarks page drills into
+    assert [len(methods[m]["per_prompt"]) for m in ("baseline", "draft", "hf_prompt_lookup")] == [2, 2, 2]
+    assert methods["draft"]["per_prompt"][0]["mean_acceptance_length"] >= 1.0
+    assert sum(r["tokens"] for r in methods["draft"]["per_prompt"]) == methods["draft"]["tokens"]
+    assert result["prompt_previews"] == ["1 2 3 4 5 6 7 8 9 10, the numbers go on and on", "hello there, how are you"]
     json.dumps(result)  # serialisable for the app
 
 
