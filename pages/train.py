@@ -188,11 +188,9 @@ with tab_watch:
                     m[4].metric("tokens/s", f"{last['tokens_per_s']:.0f}" if "tokens_per_s" in last else "–")
                     ranks = training.rank_progress(out)
                     if ranks and (ranks[0].get("world", 1) > 1 or training.job_processes(job) > 1):
-                        import pandas as pd
-
                         st.markdown(f"**Processes** ({ranks[0].get('world', len(ranks))} ranks, "
                                     f"`{out / 'progress'}`)")
-                        st.dataframe(pd.DataFrame(training.progress_table(ranks)), hide_index=True)
+                        st.dataframe(training.progress_table(ranks), hide_index=True)
                     figs = charts.training_figures({out.name: rows})
                     for name, fig in figs.items():
                         st.plotly_chart(fig, key=f"train_chart_{name}")

@@ -41,7 +41,15 @@ def shipped_results() -> dict[str, Path]:
     """benchmarks/results/*.json, keyed "shipped · NAME"."""
     if not SHIPPED.is_dir():
         return {}
-    return {SHIPPED_PREFIX + p.name: p for p in sorted(SHIPPED.glob("*.json"))}
+    return {SHIPPED_PREFIX + p.name: p for p in sorted(SHIPPED.glob("*.json")) if _is_bench(p)}
+
+
+def _is_bench(path: Path) -> bool:
+    """A `bench --json` result (other benchmark outputs live beside them)."""
+    try:
+        return isinstance(json.loads(path.read_text()).get("methods"), dict)
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def user_results() -> dict[str, Path]:

@@ -115,7 +115,11 @@ def validate_draft(
         folder = p if p.is_dir() else None
     report.algorithm = cfg.get("speculators_model_type") if isinstance(cfg.get("speculators_model_type"), str) else None
     if not _structure_rules(cfg, report):
-        return report  # the rules below read these objects; their findings would only repeat this one
+        try:  # vLLM's own verdict still (its rules are written for exactly these inputs)
+            _vllm_layer(cfg, report)
+        except (TypeError, AttributeError, KeyError, IndexError, ValueError):
+            pass
+        return report  # our rules below read these objects; their findings would only repeat this one
     try:
         _all_rules(report, cfg, folder, verifier_config, check_weights, deep, tensor_shapes, target)
     except (TypeError, AttributeError, KeyError, IndexError, ValueError) as exc:  # a value of a kind we did not foresee

@@ -6,7 +6,7 @@
        the draft's decoder layers) and then the draft itself are sharded over the ranks, so parameters,
        gradients and AdamW state are split N ways. Frozen parameters shared with the verifier (the target's
        token embedding) stay plain, replicated tensors outside FSDP: no gradient, no optimizer state, and the
-       verifier's own module is never swapped for shards. Frozen parameters the draft owns (EAGLE-3's frozen
+       verifier's own module is never swapped for shards. Frozen parameters the draft owns (e.g. a frozen
        lm_head) are sharded like the rest but get no optimizer state either (the optimizer only holds
        trainable parameters). On GPUs a bf16 mixed-precision policy (bf16 compute, fp32 gradient reduction,
        fp32 master weights) is used; on CPU everything stays fp32.

@@ -166,3 +166,45 @@ def test_a_broken_acceptance_rule_is_caught(tiny, tiny_dflash, monkeypatch):
     prop = proposer(tiny_dflash)
     spec, _ = generate_all(TargetRunner(tiny, prop.aux_layer_ids), ids, params, prop, 3)
     assert spec != base
+
+
+@pytest.mark.speculators
+@pytest.mark.parametrize("vocab", ["full", "reduced"])
+def test_speculators_dflash_computes_our_block_logits(tiny, tmp_path, vocab):
+    """Our checkpoint in speculators 0.9.0's DFlashDraftModel: the same logits for the same anchored blocks."""
+    pytest.importorskip("speculators")
+    from speculators import SpeculatorModel
+    from speculators.models.dflash import DFlashSpeculatorConfig
+
+    from engine.algos.dflash.io import save_dflash
+
+    counts = torch.arange(tiny.vocab_size).flip(0)
+    ours = build_dflash(tiny, aux_layer_ids=[1, 2, 3], num_layers=2, block_size=4, seed=3,
+                        draft_vocab_size=160 if vocab == "reduced" else None, token_counts=counts).eval()
+    with torch.no_grad():  # non-trivial norms, so a swapped norm would show
+        for name, p in ours.named_parameters():
+            if name.endswith("norm.weight"):
+                p.uniform_(0.5, 1.5)
+    path = save_dflash(ours, tmp_path / "d", dtype=torch.float32)
+    cfg = DFlashSpeculatorConfig.from_pretrained(path)
+    cfg.transformer_layer_config._attn_implementation = "eager"  # CPU: no flex attention
+    ref = SpeculatorModel.from_pretrained(path, config=cfg).eval()
+    with torch.no_grad():  # verifier-owned weights our checkpoint does not carry
+        ref.embed_tokens.weight.copy_(tiny.embed_tokens().weight)
+        if vocab == "full":
+            ref.lm_head.weight.copy_(tiny.lm_head().weight)
+    t = 37
+    torch.manual_seed(1)
+    aux = torch.randn(1, t, ours.fc.in_features)
+    ids = torch.randint(3, tiny.vocab_size, (1, t))
+    loss_mask = torch.ones(1, t, dtype=torch.long)
+    doc = torch.zeros(1, t, dtype=torch.long)
+    last = torch.randn(1, t, tiny.hidden_size)
+    with torch.no_grad():
+        _, theirs, _, _, indices = ref._backbone_forward(hidden_states=aux, input_ids=ids, loss_mask=loss_mask,
+                                                         verifier_last_hidden_states=last, document_ids=doc,
+                                                         max_anchors=6)
+        anchors = indices.view(-1, 4)[:, 0]
+        mine = ours.anchored_blocks(aux, ids, torch.arange(t)[None], doc, anchors)
+    assert theirs.view(-1, 4, theirs.shape[-1]).shape == mine.shape
+    assert (theirs.view_as(mine) - mine).abs().max() <= 1e-4

@@ -141,7 +141,7 @@ def test_every_recipe_in_configs_loads():
         recipe = load_recipe(str(path))
         if "train" in recipe:
             cfg = TrainConfig(**{**recipe["train"], "data": "x"})
-            assert cfg.algo == "eagle3"
+            assert cfg.algo == recipe["train"]["algo"] and cfg.algo_args.model_dump()  # typed by its algorithm
         assert step_commands(recipe)
 
 
