@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -12,6 +13,8 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from engine.errors import WorkbenchError
+
+log = logging.getLogger(__name__)
 
 # mkstemp/mkdtemp (and safetensors' own writer) create private (0600/0700) entries; the final files get the
 # usual umask-based modes.
@@ -88,7 +91,8 @@ def atomic_save_safetensors(tensors: dict, path: str | Path, metadata: dict[str,
 # A folder written through `atomic_directory(..., owner=...)` lists what it holds in this file, so that a later
 # write may replace it without the risk of deleting anything a user put there (or a folder that is not ours).
 OWNER_MARKER = ".workbench-owned.json"
-_INTERNAL = (OWNER_MARKER, ".workbench.lock")  # our own bookkeeping files, never user data
+PARTIAL_MARKER = ".workbench-partial"  # in every temp folder of `atomic_directory` while it is being written
+_INTERNAL = (OWNER_MARKER, ".workbench.lock", PARTIAL_MARKER)  # our own bookkeeping files, never user data
 
 
 def _files_under(folder: Path) -> list[str]:
@@ -124,6 +128,30 @@ def foreign_files(folder: str | Path, limit: int | None = None) -> list[str]:
             if limit is not None and len(found) >= limit:
                 break
     return sorted(found)
+
+
+def is_ours(folder: str | Path, also_ours=None) -> bool:
+    """True for a folder the workbench wrote: every file is listed in its owner marker, or it is one of
+    `atomic_directory`'s unfinished temp folders (partial marker), or `also_ours(folder)` vouches for it."""
+    folder = Path(folder)
+    if not folder.is_dir() or folder.is_symlink():
+        return False
+    if (folder / PARTIAL_MARKER).is_file():
+        return True
+    if (folder / OWNER_MARKER).is_file() and not foreign_files(folder, limit=1):
+        return True
+    return bool(also_ours is not None and also_ours(folder))
+
+
+def remove_ours(folder: str | Path, also_ours=None) -> bool:
+    """Delete `folder` only if the workbench wrote it (`is_ours`); otherwise leave it and say so. True if removed."""
+    folder = Path(folder)
+    if not is_ours(folder, also_ours):
+        if folder.exists():
+            log.warning("not removing %s: the workbench did not write it (or files were added to it)", folder)
+        return False
+    shutil.rmtree(folder, ignore_errors=True)
+    return True
 
 
 def check_replaceable(final: str | Path, *, overwrite: bool = False, what: str = "output folder",
@@ -166,8 +194,10 @@ def atomic_directory(final: str | Path, *, owner: str | None = None, overwrite: 
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
     os.chmod(tmp, dir_mode())
+    (tmp / PARTIAL_MARKER).touch()  # a leftover of an interrupted write is recognisably ours
     try:
         yield tmp
+        (tmp / PARTIAL_MARKER).unlink(missing_ok=True)
         _public_modes(tmp)
         if owner is not None:
             write_owner_marker(tmp, owner)

@@ -89,7 +89,7 @@ def _staged(name: str, write) -> Path:
     if folder.is_dir():
         os.utime(folder)  # used now: not stale
     else:
-        with atomic_directory(folder) as tmp:
+        with atomic_directory(folder, owner="upload") as tmp:
             write(tmp)
     prune_staged(keep=folder)
     return folder
@@ -121,8 +121,9 @@ def prune_staged(keep: Path | None = None, now: float | None = None) -> list[Pat
         if p != keep and (age > STAGED_TTL_S or (rank >= STAGED_KEEP and age > STAGED_RECENT_S)):
             removed.append(p)
     removed += [p for p in staged if p.name.startswith(".") and now - p.stat().st_mtime > STAGED_TTL_S]
-    for p in removed:
-        shutil.rmtree(p, ignore_errors=True)
+    from engine.fsutil import remove_ours
+
+    removed = [p for p in removed if remove_ours(p)]  # only what the staging itself wrote
     return removed
 
 

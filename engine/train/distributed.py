@@ -32,7 +32,6 @@ from __future__ import annotations
 import copy
 import logging
 import os
-import shutil
 import socket
 import time
 from contextlib import contextmanager
@@ -44,7 +43,8 @@ import torch.distributed as dist
 from torch import nn
 
 from engine.errors import WorkbenchError
-from engine.fsutil import atomic_save_safetensors, atomic_write_json, atomic_write_text
+from engine.fsutil import (PARTIAL_MARKER, atomic_save_safetensors, atomic_write_json, atomic_write_text,
+                            check_replaceable, remove_ours, write_owner_marker)
 
 if TYPE_CHECKING:
     from engine.train.trainer import Dist, Trainer
@@ -210,8 +210,9 @@ class Sharded(Strategy):
         final = trainer.checkpoint_dir() / name
         tmp = trainer.checkpoint_dir() / f".{name}.fsdp.tmp"
         if self.d.main:
-            shutil.rmtree(tmp, ignore_errors=True)
+            remove_ours(tmp)  # an interrupted earlier attempt (it carries the partial marker)
             (tmp / "trainer_state" / "rng").mkdir(parents=True)
+            (tmp / PARTIAL_MARKER).touch()
         dist.barrier()
         dcp.save(self._state(trainer.opt), checkpoint_id=str(tmp / "dcp"))
         atomic_save_safetensors({"rng.torch": torch.get_rng_state()},
@@ -227,8 +228,13 @@ class Sharded(Strategy):
                 "world": self.d.world, "strategy": self.kind, "config": trainer.cfg.model_dump(mode="json")})
         dist.barrier()  # every rank's files are in place
         if self.d.main:
+            from engine.train.trainer import is_legacy_checkpoint
+
+            (tmp / PARTIAL_MARKER).unlink()
+            write_owner_marker(tmp, "checkpoint")
             if final.exists():
-                shutil.rmtree(final)
+                check_replaceable(final, what="checkpoint", also_ours=is_legacy_checkpoint)
+                remove_ours(final, also_ours=is_legacy_checkpoint)
             os.replace(tmp, final)
             atomic_write_text(trainer.checkpoint_dir() / "latest", name + "\n")
             trainer._prune()

@@ -6,12 +6,11 @@ Kept apart from the training loop: `Trainer.run` and `Trainer.resume` call these
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
 from engine.errors import WorkbenchError
-from engine.fsutil import atomic_write_text
+from engine.fsutil import atomic_write_text, remove_ours
 
 # Flags that may change between a run and its resume: how long to train and what to write, not what is trained.
 HARMLESS_ON_RESUME = frozenset({
@@ -83,13 +82,14 @@ def repair_metrics(path: Path, last_step: int) -> int:
 
 def clean_temp_checkpoints(out: Path) -> list[str]:
     """Remove what interrupted checkpoint writes leave: `atomic_directory`'s `.step_*.tmp` / `.step_*.old-*`
-    folders under `out/checkpoints`, and `.draft.*.tmp` / `.draft.old-*` next to the final draft."""
+    folders under `out/checkpoints`, and `.draft.*.tmp` / `.draft.old-*` next to the final draft, when they carry
+    the workbench's partial or ownership marker."""
     removed = []
     for folder, prefix in ((out / "checkpoints", ".step_"), (out, ".draft.")):
         if not folder.is_dir():
             continue
         for p in folder.iterdir():
-            if p.is_dir() and p.name.startswith(prefix) and (p.name.endswith(".tmp") or ".old-" in p.name):
-                shutil.rmtree(p, ignore_errors=True)
+            if p.is_dir() and p.name.startswith(prefix) and (p.name.endswith(".tmp") or ".old-" in p.name) \
+                    and remove_ours(p):  # only our own temp folders (partial or owner marker), never a user's
                 removed.append(p.name)
     return removed

@@ -11,7 +11,6 @@ import json
 import logging
 import math
 import os
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +20,8 @@ import torch
 import torch.distributed as dist
 
 from engine.errors import WorkbenchError
-from engine.fsutil import atomic_directory, atomic_save_safetensors, atomic_write_json, atomic_write_text, read_json
+from engine.fsutil import (atomic_directory, atomic_save_safetensors, atomic_write_json, atomic_write_text, read_json,
+                            remove_ours)
 from engine.jobs import DirLock, reporter
 from engine.targets import load_verifier_parts, pick_device
 from engine.train.config import TrainConfig
@@ -225,7 +225,7 @@ class Trainer:
             return None
         name = f"step_{self.step:07d}"
         path = self.checkpoint_dir() / name
-        with atomic_directory(path) as tmp:
+        with atomic_directory(path, owner="checkpoint", also_ours=is_legacy_checkpoint) as tmp:
             self.algo.save(self.draft, tmp / "draft", dtype=torch.float32)
             for f in (tmp / "draft").iterdir():
                 f.rename(tmp / f.name)
@@ -243,9 +243,7 @@ class Trainer:
         return path
 
     def _prune(self) -> None:
-        steps = sorted(p for p in self.checkpoint_dir().glob("step_*") if p.is_dir())
-        for p in steps[: -self.cfg.keep_checkpoints]:
-            shutil.rmtree(p, ignore_errors=True)
+        prune_checkpoints(self.checkpoint_dir(), self.cfg.keep_checkpoints)
 
     def latest_checkpoint(self) -> Path | None:
         pointer = self.checkpoint_dir() / "latest"
@@ -448,6 +446,23 @@ class Trainer:
                 "loss": window.get("loss_sum", 0.0) / max(1.0, window.get("loss_count", 0.0)),
                 "tokens": window.get("tokens", 0.0), "loss_tokens": window.get("loss_tokens", 0.0),
                 "tokens_per_s": window.get("tokens", 0.0) / max(seconds, 1e-9), "time": time.time(), **ratios}
+
+
+_CHECKPOINT_FILES = ("config.json", "model.safetensors", "README.md")
+
+
+def is_legacy_checkpoint(folder: Path) -> bool:
+    """A step checkpoint written before ownership markers: only the files the trainer writes, and its state."""
+    if not (folder / "trainer_state" / "state.json").is_file():
+        return False
+    return all(p.is_dir() or p.name in _CHECKPOINT_FILES or p.relative_to(folder).parts[0] in ("trainer_state", "dcp")
+               for p in folder.rglob("*"))
+
+
+def prune_checkpoints(folder: Path, keep: int) -> list[Path]:
+    """Delete the oldest `step_*` checkpoints beyond `keep`, only those the trainer wrote; return them."""
+    steps = sorted(p for p in folder.glob("step_*") if p.is_dir())
+    return [p for p in steps[:-keep] if remove_ours(p, also_ours=is_legacy_checkpoint)]
 
 
 def train(cfg: TrainConfig) -> Path:

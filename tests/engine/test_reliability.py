@@ -402,12 +402,16 @@ def test_an_upload_is_extracted_once_and_stale_ones_are_removed(uploads, monkeyp
         m.setattr(conv, "extract_zip", lambda *a, **k: calls.append(a))
         assert conv.stage([("draft.zip", data)]) == first and not calls  # a rerun reuses it: nothing re-extracted
     assert conv.still_staged(first)
-    old = uploads / "convert-000000000000"
+    from engine.fsutil import PARTIAL_MARKER, write_owner_marker
+
+    old = uploads / "convert-000000000000"  # an earlier staged upload (written with its ownership marker)
     old.mkdir()
+    write_owner_marker(old, "upload")
     long_ago = time.time() - conv.STAGED_TTL_S - 60
     os.utime(old, (long_ago, long_ago))
     leftover = uploads / ".convert-111111111111.abc.tmp"  # an extraction killed midway
     leftover.mkdir()
+    (leftover / PARTIAL_MARKER).touch()
     os.utime(leftover, (long_ago, long_ago))
     other = conv.stage([("other.zip", _zip({"config.json": b"{}"}))])
     assert not old.exists() and not leftover.exists() and first.exists() and other.exists()
@@ -892,10 +896,14 @@ def test_metrics_after_a_hard_kill_are_valid_jsonl_without_duplicate_steps(tiny_
     with open(out / "metrics.jsonl", "a") as f:
         f.write(json.dumps({"split": "train", "step": 3, "loss": 1.0}) + "\n")  # logged, then killed before step 4
         f.write('{"split": "train", "step": 4, "lo')  # killed in the middle of a write
-    temp = out / "checkpoints" / ".step_0000004.abc123.tmp"
+    from engine.fsutil import PARTIAL_MARKER, write_owner_marker
+
+    temp = out / "checkpoints" / ".step_0000004.abc123.tmp"  # as atomic_directory leaves it when killed
     temp.mkdir()
+    (temp / PARTIAL_MARKER).touch()
     (temp / "model.safetensors").write_bytes(b"partial")
-    (out / ".draft.old-1234abcd").mkdir()
+    (out / ".draft.old-1234abcd").mkdir()  # a finished draft moved aside, with its ownership marker
+    write_owner_marker(out / ".draft.old-1234abcd", "draft")
     Trainer(_train_cfg(tiny_targets["llama"], tiny_hs, out, max_steps=4)).run()
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]  # every line parses
     train_steps = [r["step"] for r in rows if r["split"] == "train"]
@@ -948,3 +956,46 @@ def test_a_full_disk_during_a_training_checkpoint_keeps_the_previous_one(tiny_ta
     monkeypatch.undo()
     Trainer(_train_cfg(tiny_targets["llama"], tiny_hs, out, max_steps=4)).run()  # resumes once there is room
     assert (out / "checkpoints" / "latest").read_text().strip() == "step_0000004"
+
+
+# -- deleting only what the workbench wrote ---------------------------------------------------------------
+
+
+def test_cleanups_never_delete_a_users_folders(tmp_path, monkeypatch):
+    """Checkpoint pruning, temp-folder cleanup and upload pruning look like ours by name only; they must not
+    delete a folder of the user's with such a name (no ownership or partial marker, or files added to it)."""
+    import time
+
+    from engine.fsutil import atomic_directory, remove_ours
+    from engine.train.resume import clean_temp_checkpoints
+    from engine.train.trainer import prune_checkpoints
+    from ui import convert as conv
+
+    ckpts = tmp_path / "run" / "checkpoints"
+    for step in (1, 2, 3):  # ours, written as the trainer writes checkpoints
+        with atomic_directory(ckpts / f"step_{step:07d}", owner="checkpoint") as tmp:
+            (tmp / "model.safetensors").write_bytes(b"w")
+    users = ckpts / "step_0000000"  # the user's own folder that happens to match the pattern
+    users.mkdir()
+    (users / "notes.txt").write_text("mine")
+    (ckpts / "step_0000001" / "added.txt").write_text("mine too")  # a user file added to one of ours
+    removed = prune_checkpoints(ckpts, keep=1)
+    assert [p.name for p in removed] == ["step_0000002"]
+    assert (users / "notes.txt").is_file() and (ckpts / "step_0000001" / "added.txt").is_file()
+
+    lookalike = ckpts / ".step_0000009.mine.tmp"
+    lookalike.mkdir()
+    (lookalike / "data.bin").write_bytes(b"x")
+    (tmp_path / "run" / ".draft.old-backup").mkdir()
+    assert clean_temp_checkpoints(tmp_path / "run") == []
+    assert (lookalike / "data.bin").is_file() and (tmp_path / "run" / ".draft.old-backup").is_dir()
+
+    monkeypatch.setenv("WORKBENCH_RUNS", str(tmp_path / "runs"))
+    uploads = conv.uploads_dir()
+    theirs = uploads / "convert-123456789abc"
+    theirs.mkdir(parents=True)
+    (theirs / "config.json").write_text("{}")
+    long_ago = time.time() - conv.STAGED_TTL_S - 60
+    os.utime(theirs, (long_ago, long_ago))
+    assert conv.prune_staged(now=time.time()) == [] and (theirs / "config.json").is_file()
+    assert not remove_ours(tmp_path / "run" / "checkpoints" / "step_0000000")
