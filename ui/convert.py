@@ -225,7 +225,8 @@ def detect(folder: str | Path) -> Detection:
         if any(k.startswith("midlayer.") for k in keys):
             det.notes.append("Uses the older `midlayer.*` names; vLLM and the workbench rename them to `layers.0.*`.")
         return det
-    from engine.convert import CONVERTERS, detect as detect_source, mapping_table
+    from engine.convert import CONVERTERS, mapping_table
+    from engine.convert import detect as detect_source
 
     found = detect_source(folder)
     if found.format in CONVERTERS:

@@ -43,8 +43,15 @@ import torch.distributed as dist
 from torch import nn
 
 from engine.errors import WorkbenchError
-from engine.fsutil import (PARTIAL_MARKER, atomic_save_safetensors, atomic_write_json, atomic_write_text,
-                            check_replaceable, remove_ours, write_owner_marker)
+from engine.fsutil import (
+    PARTIAL_MARKER,
+    atomic_save_safetensors,
+    atomic_write_json,
+    atomic_write_text,
+    check_replaceable,
+    remove_ours,
+    write_owner_marker,
+)
 
 if TYPE_CHECKING:
     from engine.train.trainer import Dist, Trainer
@@ -244,8 +251,11 @@ class Sharded(Strategy):
 
     def load(self, trainer: "Trainer", path: Path) -> None:
         import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
-                                                             set_optimizer_state_dict)
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
 
         if not (path / "dcp").is_dir():
             raise WorkbenchError(f"checkpoint {path} has no sharded state (dcp/)",

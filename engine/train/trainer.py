@@ -20,8 +20,14 @@ import torch
 import torch.distributed as dist
 
 from engine.errors import WorkbenchError
-from engine.fsutil import (atomic_directory, atomic_save_safetensors, atomic_write_json, atomic_write_text, read_json,
-                            remove_ours)
+from engine.fsutil import (
+    atomic_directory,
+    atomic_save_safetensors,
+    atomic_write_json,
+    atomic_write_text,
+    read_json,
+    remove_ours,
+)
 from engine.jobs import DirLock, reporter
 from engine.targets import load_verifier_parts, pick_device
 from engine.train.config import TrainConfig
