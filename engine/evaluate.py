@@ -303,11 +303,11 @@ def samples_from_prompts(target, prompts: Sequence[Any], aux_layer_ids: Sequence
     params = SamplingParams(max_new_tokens=max_new_tokens)
     if target.tokenizer is not None and target.tokenizer.eos_token_id is not None:
         params.eos_token_ids = [target.tokenizer.eos_token_id]
-    runner = TargetRunner(target, list(aux_layer_ids))
+    runner, decoder = TargetRunner(target, list(aux_layer_ids)), TargetRunner(target)
     out = []
     for i, prompt in enumerate(tqdm(prompts, desc="target answers", disable=not progress)):
         ids = prompt_ids(target.tokenizer, prompt)
-        answer, _ = generate_all(TargetRunner(target), ids, params)
+        answer, _ = generate_all(decoder, ids, params)
         runner.reset()
         logits, aux = runner.forward(ids + answer, all_logits=with_logits)  # [T or 1, V], [T, A*H]
         tokens = torch.tensor(ids + answer, dtype=torch.long)

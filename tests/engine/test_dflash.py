@@ -14,15 +14,12 @@ from engine.generate.runner import TargetRunner
 from engine.generate.sampling import SamplingParams
 from engine.generate.speculative import generate_all
 
-PROMPTS = ["hello there, how are you", "1 2 3 4 5 6 7 8 9 10, the numbers go on", "def add(a, b):",
-           "The quick brown fox jumps over the lazy dog. The quick brown fox", "user assistant system"]
+from test_generate import PROMPTS  # the decode engine's own prompts
 
 
 @pytest.fixture(scope="module")
-def tiny(tiny_targets):
-    from engine.targets import load_target
-
-    return load_target(str(tiny_targets["llama"]))
+def tiny(tiny_llama):
+    return tiny_llama
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +74,7 @@ def test_draft_proposing_eos_inside_the_block_stops_like_baseline(tiny, tiny_dfl
 
 
 def test_sampled_block_drafting_matches_the_target_distribution(tiny, tiny_dflash):
-    from test_generate import chi_square_pvalue, second_token_distribution
+    from test_generate import chi_square_pvalue, second_token_distribution  # the engine's own checks
 
     params = SamplingParams(max_new_tokens=2, temperature=1.0, top_k=40)
     prompt = prompt_ids(tiny.tokenizer, "hello")

@@ -35,3 +35,15 @@ def vocab_maps(selected: torch.Tensor, vocab_size: int) -> tuple[torch.Tensor, t
 
 def selected_from_d2t(d2t: torch.Tensor) -> torch.Tensor:
     return torch.arange(d2t.numel(), dtype=torch.long) + d2t.long()
+
+
+def reduced_vocab(token_counts: torch.Tensor | None, draft_vocab_size: int, vocab_size: int
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(selected target ids, d2t, t2d) of a reduced draft vocabulary, or a clear error without frequencies."""
+    if token_counts is None:
+        from engine.errors import WorkbenchError
+
+        raise WorkbenchError("a reduced draft vocabulary needs token frequencies",
+                             hint="extract data first (it writes token_freq.safetensors) or use the full vocab")
+    selected = select_draft_vocab(token_counts, draft_vocab_size)
+    return (selected, *vocab_maps(selected, vocab_size))

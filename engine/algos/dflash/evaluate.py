@@ -26,9 +26,10 @@ def acceptance_counts(draft: DFlashDraft, aux: torch.Tensor, token_ids: torch.Te
     g = aux.to(device=device, dtype=dtype).unsqueeze(0)
     positions = torch.arange(t, device=device).view(1, -1)
     documents = torch.zeros_like(ids)
+    ctx_kv = draft.context_kv(draft.context(g), positions)  # once per sequence, shared by every chunk of anchors
     for start in range(1, t - 1, chunk):  # anchors 1..T-2 (q = 0 has no context; q = T-1 nothing to draft)
         anchors = torch.arange(start, min(start + chunk, t - 1), device=device)
-        logits = draft.anchored_blocks(g, ids, positions, documents, anchors)[:, 1: k + 1]   # [n, k, Vd]
+        logits = draft.anchored_blocks(g, ids, positions, documents, anchors, ctx_kv)[:, 1: k + 1]  # [n, k, Vd]
         pred = draft.draft_to_target(logits.argmax(-1)).cpu()                              # [n, k]
         pos = anchors.cpu()[:, None] + torch.arange(1, k + 1)[None, :]
         truth = torch.where(pos < t, tokens[pos.clamp(max=t - 1)], torch.full_like(pos, -1))

@@ -103,14 +103,17 @@ class DFlashDraft(nn.Module):
 
     # -- training / evaluation: blocks at chosen anchors of packed rows -------------------------------------------
     def anchored_blocks(self, aux: torch.Tensor, input_ids: torch.Tensor, position_ids: torch.Tensor,
-                        document_ids: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
+                        document_ids: torch.Tensor, anchors: torch.Tensor,
+                        ctx_kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None) -> torch.Tensor:
         """aux [1,T,A*Ht], input_ids/position_ids/document_ids [1,T], anchors [N] (indices into the row) ->
-        logits [N, B, Vd]; slot i of block j drafts the token at anchors[j] + i (slot 0 is the anchor itself)."""
+        logits [N, B, Vd]; slot i of block j drafts the token at anchors[j] + i (slot 0 is the anchor itself).
+
+        `ctx_kv` (from `context_kv`) may be passed when several calls share one row."""
         b = self.block_size
         n = int(anchors.numel())
         dev = input_ids.device
-        c = self.context(aux)
-        ctx_kv = self.context_kv(c, position_ids)
+        if ctx_kv is None:
+            ctx_kv = self.context_kv(self.context(aux), position_ids)
         block_ids = torch.full((n, b), self.mask_token_id, dtype=torch.long, device=dev)
         block_ids[:, 0] = input_ids[0, anchors]
         block_pos = position_ids[0, anchors][:, None] + torch.arange(b, device=dev)[None, :]  # [N, B]

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from engine.algos.common.layers import init_draft_weights, module_to_dtype_except
-from engine.algos.common.vocab import select_draft_vocab, selected_from_d2t, vocab_maps
+from engine.algos.common.vocab import reduced_vocab, selected_from_d2t, vocab_maps
 from engine.algos.eagle3.model import Eagle3Draft
 from engine.errors import WorkbenchError
 from engine.format.checkpoint import load_state_dict, read_config_dict, save_checkpoint
@@ -57,11 +57,7 @@ def build_eagle3(
     init_draft_weights(draft, std=float(target.text_config.to_dict().get("initializer_range", 0.02)))
     head = target.lm_head().weight.detach()  # [V, H] (tied to the embedding for SmolLM2)
     if draft_vocab_size != vocab:
-        if token_counts is None:
-            raise WorkbenchError("a reduced draft vocabulary needs token frequencies",
-                                 hint="extract data first (it writes token_freq.safetensors) or use the full vocab")
-        selected = select_draft_vocab(token_counts, draft_vocab_size)
-        d2t, t2d = vocab_maps(selected, vocab)
+        selected, d2t, t2d = reduced_vocab(token_counts, draft_vocab_size, vocab)
         draft.d2t.copy_(d2t)
         draft.t2d.copy_(t2d)
         head = head[selected]
