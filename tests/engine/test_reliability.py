@@ -979,8 +979,12 @@ def test_cleanups_never_delete_a_users_folders(tmp_path, monkeypatch):
     users.mkdir()
     (users / "notes.txt").write_text("mine")
     (ckpts / "step_0000001" / "added.txt").write_text("mine too")  # a user file added to one of ours
+    legacy = ckpts / "step_0000001_legacy"  # written before markers existed: only the trainer's files
+    (legacy / "trainer_state").mkdir(parents=True)
+    (legacy / "trainer_state" / "state.json").write_text("{}")
+    (legacy / "model.safetensors").write_bytes(b"w")
     removed = prune_checkpoints(ckpts, keep=1)
-    assert [p.name for p in removed] == ["step_0000002"]
+    assert [p.name for p in removed] == ["step_0000001_legacy", "step_0000002"]
     assert (users / "notes.txt").is_file() and (ckpts / "step_0000001" / "added.txt").is_file()
 
     lookalike = ckpts / ".step_0000009.mine.tmp"
