@@ -18,8 +18,11 @@ from test_generate import PROMPTS  # the decode engine's own prompts
 
 
 @pytest.fixture(scope="module")
-def tiny(tiny_llama):
-    return tiny_llama
+def tiny(tiny_targets):
+    """A private copy of the tiny target: DFlash drafts share (and freeze) its embedding."""
+    from engine.targets import load_target
+
+    return load_target(str(tiny_targets["llama"]))
 
 
 @pytest.fixture(scope="module")
