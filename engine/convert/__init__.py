@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from engine.convert import (
                                      dflash_zlab,  # noqa: F401
-                                     eagle3_modelopt,  # noqa: F401  (registration, most specific layout first)
+                                     eagle3_modelopt,  # noqa: F401  (registration; detection order: Converter.precedence)
                                      eagle3_qwen3,  # noqa: F401
                                      eagle3_safeailab,  # noqa: F401
                                      eagle3_specforge,  # noqa: F401

@@ -70,6 +70,7 @@ class Converter:
     key_map: ClassVar[tuple[KeyRule, ...]] = ()
     options: ClassVar[tuple[str, ...]] = ()  # the ConvertOptions fields it reads
     notes: ClassVar[tuple[str, ...]] = ()  # what the user should know before converting
+    precedence: ClassVar[int] = 50  # detection tries lower values first (more specific layouts)
 
     def matches(self, config: dict[str, Any], index: dict[str, TensorInfo]) -> bool:
         raise NotImplementedError
@@ -97,6 +98,11 @@ class Converter:
 
 
 CONVERTERS: Registry[type[Converter]] = Registry("converter")
+
+
+def converters_by_precedence() -> list[type[Converter]]:
+    """The registered converters in the order detection tries them (most specific layout first)."""
+    return sorted((CONVERTERS.get(n) for n in CONVERTERS.names()), key=lambda c: c.precedence)
 
 
 @dataclass(frozen=True)

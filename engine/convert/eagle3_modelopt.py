@@ -20,6 +20,7 @@ def is_modelopt(config: dict[str, Any]) -> bool:
 @CONVERTERS.register("eagle3-modelopt")
 class Eagle3ModelOpt(Eagle3Source):
     name = "eagle3-modelopt"
+    precedence = 10  # its eagle_config keys are unambiguous
     title = "EAGLE-3 NVIDIA ModelOpt export (eagle_config, midlayer.* / midlayer.{i}.*, d2t)"
     key_map = (
         KeyRule(r"midlayer\.(\d+)\.(.+)", r"layers.\1.\2", "decoder layer i of a multi-layer export"),
@@ -45,12 +46,12 @@ class Eagle3ModelOpt(Eagle3Source):
     def transform(self, state, config, options):
         import torch
 
-        from engine.algos.common.vocab import selected_from_d2t, vocab_maps
-
         out = super().transform(state, config, options)
         vocab = int(config["vocab_size"])
         if "d2t" in out and int(out["d2t"].shape[0]) == vocab and not bool(out["d2t"].any()):
             del out["d2t"]  # an identity map over the full vocabulary: vLLM expects none
         elif "d2t" in out and "t2d" not in out:
-            out["t2d"] = vocab_maps(selected_from_d2t(out["d2t"]), vocab)[1].to(torch.bool)
+            t2d = torch.zeros(vocab, dtype=torch.bool)  # target id = draft id + d2t[draft id]
+            t2d[torch.arange(out["d2t"].shape[0]) + out["d2t"]] = True
+            out["t2d"] = t2d
         return out

@@ -10,6 +10,7 @@ from engine.convert.eagle3_common import Eagle3Source, architectures, has_midlay
 @CONVERTERS.register("eagle3-qwen3")
 class Eagle3Qwen3(Eagle3Source):
     name = "eagle3-qwen3"
+    precedence = 20
     title = "EAGLE-3 checkpoint with Qwen3 layers (midlayer.* with q_norm/k_norm)"
     draft_arch = "qwen3"
     notes = (

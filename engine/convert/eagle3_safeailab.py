@@ -10,6 +10,7 @@ from engine.convert.eagle3_common import MIDLAYER_RULES, Eagle3Source, architect
 @CONVERTERS.register("eagle3-safeailab")
 class Eagle3SafeAILab(Eagle3Source):
     name = "eagle3-safeailab"
+    precedence = 40
     title = "EAGLE-3 research checkpoint (SafeAILab/EAGLE and its hub uploads: midlayer.*, fc, d2t/t2d)"
     key_map = MIDLAYER_RULES + (
         KeyRule(r"target_model\..+", None, "the verifier's own weights (SafeAILab's training Model holds them)"),

@@ -10,6 +10,7 @@ from engine.convert.eagle3_common import Eagle3Source, architectures, has_midlay
 @CONVERTERS.register("eagle3-specforge")
 class Eagle3SpecForge(Eagle3Source):
     name = "eagle3-specforge"
+    precedence = 30
     title = "EAGLE-3 SpecForge checkpoint (LlamaForCausalLMEagle3: midlayer.* with its own embed_tokens)"
     notes = (
         ("SpecForge's config does not record the verifier layers the draft reads: the target's defaults apply "

@@ -82,7 +82,7 @@ def _header_index(file: Path) -> dict[str, TensorInfo]:
     try:
         with safe_open(str(file), framework="pt") as handle:
             return {n: TensorInfo(n, tuple(handle.get_slice(n).get_shape()), str(handle.get_slice(n).get_dtype()),
-                                  file.name) for n in handle}
+                                  file.name) for n in handle.keys()}  # noqa: SIM118
     except Exception as exc:
         raise WorkbenchError(f"cannot read {file.name}: {exc}", where=str(file),
                              hint="the file is corrupt or not safetensors; re-save it") from exc

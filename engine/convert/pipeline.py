@@ -9,7 +9,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.convert.base import CONVERTERS, NOT_CONVERTIBLE, UNMAPPED, Converter, ConvertOptions, MappingRow
+from engine.convert.base import (
+    CONVERTERS,
+    NOT_CONVERTIBLE,
+    UNMAPPED,
+    Converter,
+    ConvertOptions,
+    MappingRow,
+    converters_by_precedence,
+)
 from engine.convert.inputs import Source, open_source
 from engine.errors import WorkbenchError
 from engine.format import vllm_rules as vr
@@ -49,10 +57,10 @@ def detect_source(source: Source) -> Detection:
         if layout.matches(config, index):
             title, why, instead = layout.described(config)
             return Detection(name, title, "not-convertible", why=why, instead=instead, index=index)
-    for name in CONVERTERS.names():
-        conv = CONVERTERS.get(name)()
+    for cls in converters_by_precedence():
+        conv = cls()
         if conv.matches(config, index):
-            return Detection(name, conv.title, "convertible", algorithm=conv.algorithm, index=index)
+            return Detection(conv.name, conv.title, "convertible", algorithm=conv.algorithm, index=index)
     known = "; ".join(CONVERTERS.get(n).title for n in CONVERTERS.names())
     return Detection(UNKNOWN, "unknown layout", "unknown",
                      why="neither a speculators config (speculators_model_type) nor a layout the converters know",
