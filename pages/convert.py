@@ -18,7 +18,8 @@ c1, c2 = st.columns(2, gap="large")
 with c1:
     uploads = st.file_uploader("Checkpoint files", type=["json", "safetensors", "zip"], accept_multiple_files=True,
                                key="convert_upload", help="config.json and the .safetensors file(s), or one .zip. "
-                               "Pickled .bin/.pt weights are not accepted (unpickling can run code).")
+                               "Pickled .bin/.pt weights are not accepted here (unpickling can run code); "
+                               "convert them with the CLI's --allow-pickle if you trust them.")
     if uploads:
         with guard("Reading the upload"):
             ids = tuple(u.file_id for u in uploads)  # staged (and unzipped) once per upload, not on every rerun
@@ -45,7 +46,8 @@ if det is None:
     st.stop()
 
 st.subheader("Detected format", anchor=False)
-colour = "green" if det.format == conv.SPECULATORS else "blue" if conv.convertible(det) else "gray"
+colour = "green" if det.format == conv.SPECULATORS else "blue" if conv.convertible(det) else \
+    "red" if det.kind == "not-convertible" else "gray"
 st.badge(det.title, color=colour, icon=":material/fingerprint:")
 st.caption(f"Folder: `{det.folder}`")
 st.json(det.facts)
@@ -73,13 +75,29 @@ elif conv.convertible(det):
                             help="An existing folder is replaced only when it is empty or a draft the workbench "
                             "wrote. Tick this to replace any folder: everything in it is deleted.")
     argv = conv.convert_argv(det.folder, out, verifier.strip() or None, aux.replace(" ", "") or None, overwrite)
+    with st.expander("Dry run: the resulting config.json (nothing is written)"):
+        if st.button("Run the dry run", key="convert_dry", icon=":material/preview:"):
+            with guard("Dry run"):
+                result = conv.dry_run(det, verifier.strip() or None, aux.replace(" ", "") or None)
+                for problem in result["problems"]:
+                    st.error(problem)
+                if not result["problems"]:
+                    st.success("Every tensor maps; the conversion will write this config.", icon=":material/check:")
+                st.json(result["config"], expanded=False)
+        show_cli(argv[:1] + argv[1:2] + ["--dry-run"] + argv[2:], label="The dry-run command")
     if st.button("Convert", type="primary", key="convert_go", icon=":material/transform:"):
         job = launch(argv, kind="convert")
         if job:
             ss["convert_job"] = job.id
     show_cli(argv, label="The conversion command")
+elif det.kind == "not-convertible":
+    st.error(f"{det.title}: this cannot be converted into a draft vLLM 0.33 loads. Why: {det.why}.",
+             icon=":material/block:")
+    st.info(f"What you can do instead: {det.instead}", icon=":material/lightbulb:")
 else:
-    st.error("This checkpoint's format is not recognised, so it cannot be converted.", icon=":material/help:")
+    st.error(f"This checkpoint's format is not recognised, so it cannot be converted ({det.why}).",
+             icon=":material/help:")
+    st.caption(det.instead)
 
 picked = watch_jobs(["convert"], "Conversion jobs", key="convert")
 if picked and picked.status.state == "done":

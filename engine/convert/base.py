@@ -1,119 +1,134 @@
-"""The converter contract: detect a source format, map its tensor names, write a validated speculators draft."""
+"""The converter contract: a source layout's detector, its explicit key-mapping table and its config builder;
+the registry of sources and of layouts that cannot be converted (with why and what to do instead)."""
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+import re
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
-import torch
+from pydantic import BaseModel, Field
 
-from engine.errors import WorkbenchError
-from engine.format.checkpoint import PICKLE_SUFFIXES, read_config_dict
+from engine.format.checkpoint import TensorInfo
 from engine.registry import Registry
 
 
+class ConvertOptions(BaseModel):
+    """What a source does not record; each converter says which of these it reads (`Converter.options`)."""
+
+    aux_layer_ids: list[int] | None = Field(
+        None, description="Verifier layer ids the draft reads (vLLM numbering: id k = the input of layer k), when "
+        "the source does not record them, e.g. 2,15,27. Default: the source's own, else the target's defaults.")
+    norm_before_residual: bool | None = Field(
+        None, description="Whether the first layer adds the normalised (not the raw) fused features to its residual. "
+        "Default: what the source's published forward does.")
+    mask_token_id: int | None = Field(None, description="The mask token id of a parallel (block) drafter, when the "
+                                      "source does not record it.")
+    speculative_tokens: int | None = Field(None, ge=1, description="Tokens drafted per step written into the "
+                                           "config (vLLM's default k). Default: the source's algorithm default.")
+
+
+@dataclass(frozen=True)
+class KeyRule:
+    """One row of a key-mapping table: a source-name pattern (regex, whole name) -> a target template (or None:
+    dropped, with the reason in `note`)."""
+
+    source: str
+    target: str | None
+    note: str = ""
+
+    def apply(self, name: str) -> str | None | bool:
+        m = re.fullmatch(self.source, name)
+        if m is None:
+            return False
+        return None if self.target is None else m.expand(self.target)
+
+
+UNMAPPED = "no rule of this source maps it"
+
+
+@dataclass
+class MappingRow:
+    source: str
+    target: str | None  # None: dropped (note says why) or unmapped (note == UNMAPPED)
+    shape: tuple[int, ...]
+    dtype: str
+    note: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"source": self.source, "target": self.target, "shape": list(self.shape), "dtype": self.dtype,
+                "note": self.note}
+
+
 class Converter:
-    """One source format. Subclasses implement `matches`, `rename` and `build_config` (and may reshape tensors)."""
+    """One published source layout. Subclasses set the table `key_map` and implement `matches` and
+    `build_config`; `transform` may reshape tensors (it runs after renaming)."""
 
-    name = ""
-    description = ""
-    algorithm = ""  # the speculators_model_type it writes
-    notes: tuple[str, ...] = ()  # what the user should know before converting (shown by the Convert page)
+    name: ClassVar[str] = ""
+    title: ClassVar[str] = ""  # what the Convert page and --dry-run call the format
+    algorithm: ClassVar[str] = ""  # the speculators_model_type it writes
+    key_map: ClassVar[tuple[KeyRule, ...]] = ()
+    options: ClassVar[tuple[str, ...]] = ()  # the ConvertOptions fields it reads
+    notes: ClassVar[tuple[str, ...]] = ()  # what the user should know before converting
+    precedence: ClassVar[int] = 50  # detection tries lower values first (more specific layouts)
 
-    def matches(self, config: dict[str, Any], names: list[str]) -> bool:
+    def matches(self, config: dict[str, Any], index: dict[str, TensorInfo]) -> bool:
         raise NotImplementedError
 
-    def rename(self, name: str) -> str | None:
-        """Target tensor name for a source name (None = dropped)."""
-        return name
+    def rename(self, name: str) -> tuple[str | None, str]:
+        """(target name or None, note) for a source tensor name, by the first rule of `key_map` that matches."""
+        for rule in self.key_map:
+            target = rule.apply(name)
+            if target is not False:
+                return target, rule.note if target is None else ("renamed" if target != name else "")
+        return None, UNMAPPED
 
-    def transform(self, state: dict[str, torch.Tensor], config: dict[str, Any], **options: Any) -> dict[str, torch.Tensor]:
-        return {new: t for k, t in state.items() if (new := self.rename(k)) is not None}
+    def transform(self, state: dict[str, Any], config: dict[str, Any], options: ConvertOptions) -> dict[str, Any]:
+        """The renamed tensors (dropped ones left out); override to split, slice or add derived tensors."""
+        out = {}
+        for name, tensor in state.items():
+            target, _ = self.rename(name)
+            if target is not None:
+                out[target] = tensor
+        return out
 
-    def build_config(self, config: dict[str, Any], state: dict[str, torch.Tensor], *, verifier: str | None,
-                     verifier_config: dict[str, Any] | None, **options: Any) -> dict[str, Any]:
+    def build_config(self, config: dict[str, Any], state: dict[str, Any], *, verifier: str | None,
+                     verifier_config: dict[str, Any] | None, options: ConvertOptions) -> dict[str, Any]:
         raise NotImplementedError
 
 
 CONVERTERS: Registry[type[Converter]] = Registry("converter")
 
 
-@dataclass
-class Detection:
-    format: str  # a converter name, "speculators", or "unknown"
-    description: str
-    tensor_names: list[str]
+def converters_by_precedence() -> list[type[Converter]]:
+    """The registered converters in the order detection tries them (most specific layout first)."""
+    return sorted((CONVERTERS.get(n) for n in CONVERTERS.names()), key=lambda c: c.precedence)
 
 
-def source_names(folder: str | os.PathLike) -> list[str]:
-    """Tensor names of a checkpoint folder without loading data (safetensors headers; pickles are not opened)."""
-    from engine.format.checkpoint import tensor_index
+@dataclass(frozen=True)
+class NotConvertible:
+    """A layout we recognise but cannot turn into a draft vLLM 0.33 loads: what it is, why, and what to do."""
 
-    folder = Path(folder)
-    try:
-        return sorted(tensor_index(folder))
-    except WorkbenchError:
-        if any(f.suffix in PICKLE_SUFFIXES for f in folder.iterdir()):
-            return []  # names unknown until the user allows unpickling
-        raise
+    name: str
+    title: str
+    why: str
+    instead: str
+    test: Any = field(repr=False, default=None)  # (config, index) -> bool
+    explain: Any = field(repr=False, default=None)  # config -> (title, why, instead) when they depend on it
 
+    def matches(self, config: dict[str, Any], index: dict[str, TensorInfo]) -> bool:
+        return bool(self.test(config, index))
 
-def detect(folder: str | os.PathLike) -> Detection:
-    config = read_config_dict(folder)
-    names = source_names(folder)
-    if "speculators_model_type" in config:
-        return Detection("speculators", f"already in the speculators format ({config['speculators_model_type']})",
-                         names)
-    for name in CONVERTERS.names():
-        conv = CONVERTERS.get(name)()
-        if conv.matches(config, names):
-            return Detection(name, conv.description, names)
-    return Detection("unknown", "no converter recognises this checkpoint", names)
+    def described(self, config: dict[str, Any]) -> tuple[str, str, str]:
+        return self.explain(config) if self.explain is not None else (self.title, self.why, self.instead)
 
 
-def mapping_table(folder: str | os.PathLike, fmt: str | None = None) -> list[tuple[str, str | None]]:
-    """(source name, target name or None if dropped) for every tensor of the checkpoint."""
-    det = detect(folder)
-    fmt = fmt or det.format
-    if fmt in ("speculators", "unknown"):
-        return [(n, n) for n in det.tensor_names]
-    conv = CONVERTERS.get(fmt)()
-    return [(n, conv.rename(n)) for n in det.tensor_names]
+NOT_CONVERTIBLE: Registry[NotConvertible] = Registry("non-convertible layout")
 
 
-def convert(src: str | os.PathLike, out: str | os.PathLike, *, fmt: str | None = None, verifier: str | None = None,
-            allow_pickle: bool = False, dtype: torch.dtype | None = None, overwrite: bool = False,
-            **options: Any) -> Path:
-    """Convert `src` into a speculators draft at `out` (atomic) and return it.
-
-    An existing non-empty `out` that is not a draft the workbench wrote is refused unless `overwrite`.
-    """
-    from engine.format.checkpoint import legacy_job_draft, load_state_dict, save_checkpoint
-    from engine.fsutil import check_replaceable
-
-    check_replaceable(out, overwrite=overwrite, also_ours=legacy_job_draft)  # refuse before reading anything
-
-    det = detect(src)
-    fmt = fmt or det.format
-    if fmt == "speculators":
-        raise WorkbenchError("the checkpoint is already in the speculators format", hint="validate it instead")
-    if fmt == "unknown":
-        raise WorkbenchError("unrecognised source checkpoint", where=str(src),
-                             hint=f"known formats: {CONVERTERS.names()}")
-    conv = CONVERTERS.get(fmt)()
-    config = read_config_dict(src)
-    state = load_state_dict(src, allow_pickle=allow_pickle)
-    verifier_config = _verifier_config(verifier)
-    new_state = conv.transform(state, config, verifier_config=verifier_config, **options)
-    new_config = conv.build_config(config, new_state, verifier=verifier, verifier_config=verifier_config, **options)
-    return save_checkpoint(out, new_config, new_state, dtype=dtype, overwrite=overwrite)
-
-
-def _verifier_config(verifier: str | None) -> dict[str, Any] | None:
-    if not verifier:
-        return None
-    from engine.format.validate import _find_verifier_config
-
-    return _find_verifier_config({"speculators_config": {"verifier": {"name_or_path": verifier}}})
+def not_convertible(name: str, title: str, *, why: str, instead: str, explain=None):
+    """Register a detector function `(config, index) -> bool` for a layout that cannot be converted."""
+    def deco(test):
+        NOT_CONVERTIBLE.register(name)(NotConvertible(name, title, why, instead, test, explain))
+        return test
+    return deco

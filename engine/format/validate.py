@@ -477,8 +477,12 @@ def _identities(name: str) -> set[str]:
     return out
 
 
-def _local_config(name: str) -> dict[str, Any] | None:
+def find_verifier_config(name: str) -> dict[str, Any] | None:
+    """The config.json of a verifier named by folder or hub id, from local sources only (nothing downloaded)."""
     return _find_verifier_config({"speculators_config": {"verifier": {"name_or_path": name}}})
+
+
+_local_config = find_verifier_config
 
 
 def _verifier_rules(cfg: dict[str, Any], hf: dict[str, Any] | None, verifier: dict[str, Any],

@@ -1,119 +1,380 @@
-"""Converters: EAGLE-3 research and z-lab DFlash checkpoints become valid speculators drafts."""
+"""Converters: every published source layout, built here as a tiny synthetic checkpoint with the real key names and
+config fields, is detected, mapped, refused when it does not map, converted, validated, loaded and test-drafted;
+layouts that cannot be converted say why; the results match speculators 0.9.0's converters."""
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import save_file
 
-from engine.convert import detect, mapping_table
-from engine.convert.base import convert
+from engine.convert import ConvertOptions, convert, detect, mapping_table, plan, verify
+from engine.errors import WorkbenchError
 from engine.format.checkpoint import tensor_index
 from engine.format.validate import validate_draft
 
 ROOT = Path(__file__).resolve().parents[2]
-H, NH, NKV, HD, I, V, VD = 32, 4, 2, 8, 64, 96, 48
+# the tiny targets' dimensions (tests/tiny.py): a converted draft pairs with them
+H, NH, NKV, HD, I, V, N = 64, 4, 2, 16, 128, 384, 4
+VD = 96  # reduced draft vocabulary
 
 
-def eagle3_research(folder: Path, *, pickled: bool = False) -> Path:
-    folder.mkdir(parents=True)
-    (folder / "config.json").write_text(json.dumps({
-        "architectures": ["LlamaForCausalLMEagle3"], "hidden_size": H, "intermediate_size": I,
-        "num_attention_heads": NH, "num_key_value_heads": NKV, "head_dim": HD, "num_hidden_layers": 1,
-        "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "max_position_embeddings": 2048, "vocab_size": V,
-        "draft_vocab_size": VD, "model_type": "llama", "torch_dtype": "float16"}))
-    sel = torch.sort(torch.randperm(V)[:VD]).values
+def _vocab_maps(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    sel = torch.sort(torch.randperm(V, generator=g)[:VD]).values
     t2d = torch.zeros(V, dtype=torch.bool)
     t2d[sel] = True
-    state = {"fc.weight": torch.randn(H, 3 * H), "norm.weight": torch.ones(H), "lm_head.weight": torch.randn(VD, H),
-             "d2t": sel - torch.arange(VD), "t2d": t2d,
-             "midlayer.self_attn.q_proj.weight": torch.randn(NH * HD, 2 * H),
-             "midlayer.self_attn.k_proj.weight": torch.randn(NKV * HD, 2 * H),
-             "midlayer.self_attn.v_proj.weight": torch.randn(NKV * HD, 2 * H),
-             "midlayer.self_attn.o_proj.weight": torch.randn(H, NH * HD),
-             "midlayer.mlp.gate_proj.weight": torch.randn(I, H), "midlayer.mlp.up_proj.weight": torch.randn(I, H),
-             "midlayer.mlp.down_proj.weight": torch.randn(H, I), "midlayer.input_layernorm.weight": torch.ones(H),
-             "midlayer.hidden_norm.weight": torch.ones(H), "midlayer.post_attention_layernorm.weight": torch.ones(H)}
+    return sel - torch.arange(VD), t2d  # d2t [VD] int64, t2d [V] bool
+
+
+def _layer(prefix: str, in_dim: int, *, qk_norm: bool = False, first: bool = True) -> dict[str, torch.Tensor]:
+    out = {f"{prefix}self_attn.q_proj.weight": torch.randn(NH * HD, in_dim) * 0.1,
+           f"{prefix}self_attn.k_proj.weight": torch.randn(NKV * HD, in_dim) * 0.1,
+           f"{prefix}self_attn.v_proj.weight": torch.randn(NKV * HD, in_dim) * 0.1,
+           f"{prefix}self_attn.o_proj.weight": torch.randn(H, NH * HD) * 0.1,
+           f"{prefix}mlp.gate_proj.weight": torch.randn(I, H) * 0.1, f"{prefix}mlp.up_proj.weight": torch.randn(I, H) * 0.1,
+           f"{prefix}mlp.down_proj.weight": torch.randn(H, I) * 0.1,
+           f"{prefix}input_layernorm.weight": 1 + 0.1 * torch.randn(H),
+           f"{prefix}post_attention_layernorm.weight": 1 + 0.1 * torch.randn(H)}
+    if first:
+        out[f"{prefix}hidden_norm.weight"] = 1 + 0.1 * torch.randn(H)
+    if qk_norm:
+        out[f"{prefix}self_attn.q_norm.weight"] = 1 + 0.1 * torch.randn(HD)
+        out[f"{prefix}self_attn.k_norm.weight"] = 1 + 0.1 * torch.randn(HD)
+    return out
+
+
+def _llama_config(**extra) -> dict:
+    # the fields SafeAILab's / SpecForge's EAGLE-3 configs carry (LlamaConfig + draft_vocab_size)
+    return {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": H,
+            "intermediate_size": I, "num_attention_heads": NH, "num_key_value_heads": NKV, "head_dim": HD,
+            "num_hidden_layers": 1, "hidden_act": "silu", "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+            "rope_scaling": None, "max_position_embeddings": 1024, "vocab_size": V, "draft_vocab_size": VD,
+            "tie_word_embeddings": False, "torch_dtype": "float32", **extra}
+
+
+def _write(folder: Path, config: dict, state: dict, *, pickled: bool = False) -> Path:
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps(config))
     if pickled:
         torch.save(state, folder / "pytorch_model.bin")
     else:
-        save_file(state, str(folder / "model.safetensors"))
+        save_file({k: v.contiguous() for k, v in state.items()}, str(folder / "model.safetensors"))
     return folder
+
+
+def _eagle3_head(seed: int, *, embed: bool = False, t2d: bool = True) -> dict[str, torch.Tensor]:
+    torch.manual_seed(seed)
+    d2t, t2d_map = _vocab_maps(seed)
+    state = {"fc.weight": torch.randn(H, 3 * H) * 0.1, "norm.weight": 1 + 0.1 * torch.randn(H),
+             "lm_head.weight": torch.randn(VD, H) * 0.3, "d2t": d2t}
+    if t2d:
+        state["t2d"] = t2d_map
+    if embed:
+        state["embed_tokens.weight"] = torch.randn(V, H) * 0.3
+    return state
+
+
+def safeailab(folder: Path, *, pickled: bool = True) -> Path:
+    """SafeAILab/EAGLE EAGLE-3 (cnets `Model`: midlayer, fc, norm, lm_head, d2t/t2d), uploaded as pytorch_model.bin."""
+    state = _eagle3_head(0) | {"midlayer." + k: v for k, v in _layer("", 2 * H).items()}
+    return _write(folder, _llama_config(), state, pickled=pickled)
+
+
+def specforge(folder: Path) -> Path:
+    """SpecForge LlamaForCausalLMEagle3 (save_pretrained: safetensors, its own embed_tokens)."""
+    state = _eagle3_head(1, embed=True) | {"midlayer." + k: v for k, v in _layer("", 2 * H).items()}
+    return _write(folder, _llama_config(max_window_layers=1, use_sliding_window=False), state)
+
+
+def modelopt(folder: Path, layers: int = 2) -> Path:
+    """NVIDIA ModelOpt export: eagle_config, midlayer.{i}.* for several layers, d2t without t2d."""
+    state = _eagle3_head(2, t2d=False)
+    for i in range(layers):
+        state |= {f"midlayer.{i}." + k: v for k, v in _layer("", 2 * H if i == 0 else H, first=i == 0).items()}
+    cfg = _llama_config(num_hidden_layers=layers, eagle_config={
+        "eagle_aux_hidden_state_layer_ids": [1, 2, 3], "use_aux_hidden_state": True,
+        "use_input_layernorm_in_first_layer": True, "use_last_layernorm": True, "use_mtp_layernorm": False,
+        "next_layer_regular": True, "parallel_draft_step": 1, "parallel_draft_heads_num_layers": 0})
+    return _write(folder, cfg, state)
+
+
+def qwen3_layers(folder: Path) -> Path:
+    """An EAGLE-3 draft with Qwen3 layers (Qwen3ForCausalLMEagle3: q_norm/k_norm, eagle_config aux ids)."""
+    state = _eagle3_head(3) | {"midlayer." + k: v for k, v in _layer("", 2 * H, qk_norm=True).items()}
+    cfg = _llama_config(architectures=["Qwen3ForCausalLMEagle3"], model_type="qwen3",
+                        eagle_config={"eagle_aux_hidden_state_layer_ids": [1, 2, 3]})
+    return _write(folder, cfg, state)
 
 
 def dflash_zlab(folder: Path, layers: int = 2) -> Path:
-    folder.mkdir(parents=True)
-    (folder / "config.json").write_text(json.dumps({
-        "architectures": ["DFlashDraftModel"], "model_type": "qwen3", "hidden_size": H, "intermediate_size": I,
-        "num_attention_heads": NH, "num_key_value_heads": NKV, "head_dim": HD, "num_hidden_layers": layers,
-        "rms_norm_eps": 1e-6, "vocab_size": V, "block_size": 8, "num_target_layers": 8,
-        "dflash_config": {"mask_token_id": 5, "target_layer_ids": [1, 3, 5, 7]}, "max_position_embeddings": 4096,
-        "rope_theta": 1000000}))
-    state = {"fc.weight": torch.randn(H, 4 * H), "hidden_norm.weight": torch.ones(H), "norm.weight": torch.ones(H)}
+    """z-lab DFlash (dflash_config.target_layer_ids in output numbering, fused qkv, g_proj gates)."""
+    torch.manual_seed(4)
+    cfg = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "hidden_size": H, "intermediate_size": I,
+           "num_attention_heads": NH, "num_key_value_heads": NKV, "head_dim": HD, "num_hidden_layers": layers,
+           "rms_norm_eps": 1e-6, "vocab_size": V, "block_size": 4, "num_target_layers": N,
+           "dflash_config": {"mask_token_id": 5, "target_layer_ids": [0, 1, 2]}, "max_position_embeddings": 1024,
+           "rope_theta": 1000000, "tie_word_embeddings": False}
+    state = {"fc.weight": torch.randn(H, 3 * H) * 0.1, "hidden_norm.weight": torch.ones(H), "norm.weight": torch.ones(H)}
     for i in range(layers):
-        p = f"layers.{i}."
-        state.update({p + "self_attn.qkv_proj.weight": torch.randn((NH + 2 * NKV) * HD, H),
-                      p + "self_attn.o_proj.weight": torch.randn(H, NH * HD),
-                      p + "self_attn.q_norm.weight": torch.ones(HD), p + "self_attn.k_norm.weight": torch.ones(HD),
-                      p + "mlp.gate_proj.weight": torch.randn(I, H), p + "mlp.up_proj.weight": torch.randn(I, H),
-                      p + "mlp.down_proj.weight": torch.randn(H, I), p + "input_layernorm.weight": torch.ones(H),
-                      p + "post_attention_layernorm.weight": torch.ones(H), p + "self_attn.g_proj.weight": torch.ones(H)})
-    save_file(state, str(folder / "model.safetensors"))
-    return folder
+        layer = _layer(f"layers.{i}.", H, qk_norm=True, first=False)
+        q, k, v = (layer.pop(f"layers.{i}.self_attn.{p}_proj.weight") for p in "qkv")
+        layer[f"layers.{i}.self_attn.qkv_proj.weight"] = torch.cat([q, k, v])
+        layer[f"layers.{i}.self_attn.g_proj.weight"] = torch.ones(H)
+        state |= layer
+    return _write(folder, cfg, state)
 
 
-def test_eagle3_research_detected_mapped_converted_and_valid(tmp_path):
-    src = eagle3_research(tmp_path / "src")
-    assert detect(src).format == "eagle3-research"
-    table = dict(mapping_table(src))
-    assert table["midlayer.hidden_norm.weight"] == "layers.0.hidden_norm.weight" and table["fc.weight"] == "fc.weight"
-    out = convert(src, tmp_path / "out", verifier="org/verifier", aux_layer_ids=[1, 4, 6])
-    report = validate_draft(out)
-    assert report.ok, report.errors
+LAYOUTS = {"eagle3-safeailab": safeailab, "eagle3-specforge": specforge, "eagle3-modelopt": modelopt,
+           "eagle3-qwen3": qwen3_layers, "dflash-zlab": dflash_zlab}
+
+
+@pytest.mark.parametrize("fmt", list(LAYOUTS))
+def test_each_published_layout_is_detected(tmp_path, fmt):
+    assert detect(LAYOUTS[fmt](tmp_path / "src")).format == fmt
+
+
+@pytest.mark.parametrize("fmt,arch", [("eagle3-safeailab", "llama"), ("eagle3-specforge", "llama"),
+                                      ("eagle3-modelopt", "llama"), ("eagle3-qwen3", "qwen3"),
+                                      ("dflash-zlab", "qwen3")])
+def test_each_layout_converts_validates_loads_and_drafts(tmp_path, tiny_targets, fmt, arch):
+    src = LAYOUTS[fmt](tmp_path / "src")
+    verifier = str(tiny_targets[arch])
+    given = [1, 2, 3] if fmt in ("eagle3-safeailab", "eagle3-specforge") else None  # the config records none
+    out = convert(src, tmp_path / "out", verifier=verifier, allow_pickle=True, aux_layer_ids=given)
+    verdict = verify(out, verifier, max_new_tokens=6)
+    assert verdict.ok, verdict.to_json()
+    assert verdict.drafted.startswith("ok") and "identical" in verdict.drafted
     cfg = json.loads((out / "config.json").read_text())
-    assert cfg["speculators_model_type"] == "eagle3" and cfg["draft_vocab_size"] == VD
-    assert cfg["transformer_layer_config"]["rope_parameters"]["rope_theta"] == 500000.0
-    assert cfg["eagle_aux_hidden_state_layer_ids"] == [1, 4, 6] and cfg["norm_before_residual"] is False
-    assert "layers.0.self_attn.q_proj.weight" in tensor_index(out)
-    assert detect(out).format == "speculators"
-
-
-def test_pickled_source_needs_permission(tmp_path):
-    src = eagle3_research(tmp_path / "src", pickled=True)
-    with pytest.raises(Exception, match="unpickling"):
-        convert(src, tmp_path / "out", verifier="org/verifier")
-    out = convert(src, tmp_path / "out", verifier="org/verifier", allow_pickle=True)
-    assert validate_draft(out).ok
-
-
-def test_dflash_zlab_layer_ids_shift_and_qkv_split(tmp_path):
-    src = dflash_zlab(tmp_path / "src")
-    assert detect(src).format == "dflash-zlab"
-    assert dict(mapping_table(src))["layers.0.self_attn.g_proj.weight"] is None
-    out = convert(src, tmp_path / "out", verifier="org/verifier")
-    cfg = json.loads((out / "config.json").read_text())
-    assert cfg["aux_hidden_state_layer_ids"] == [2, 4, 6]  # 7 + 1 == N (8) is the last layer: dropped
-    assert cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 7
-    assert cfg["mask_token_id"] == 5 and cfg["sliding_window_non_causal"] is True
+    assert cfg["speculators_config"]["verifier"]["name_or_path"] == verifier
     names = tensor_index(out)
-    assert names["fc.weight"].shape == (H, 3 * H) and names["layers.1.self_attn.k_proj.weight"].shape == (NKV * HD, H)
-    report = validate_draft(out)
-    assert report.ok, report.errors
-    assert report.vllm_hf_config["dflash_config"]["target_layer_ids"] == [1, 3, 5]
+    assert not any(n.startswith("midlayer.") or "qkv_proj" in n or "g_proj" in n for n in names)
+    if fmt == "eagle3-modelopt":  # two layers, ids kept as recorded, t2d derived from d2t
+        assert cfg["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3] and "layers.1.self_attn.q_proj.weight" in names
+        assert names["t2d"].shape == (V,)
+    if fmt == "eagle3-qwen3":
+        assert cfg["transformer_layer_config"]["model_type"] == "qwen3"
+        assert "layers.0.self_attn.q_norm.weight" in names
+    if fmt == "dflash-zlab":
+        assert cfg["aux_hidden_state_layer_ids"] == [1, 2, 3] and cfg["mask_token_id"] == 5  # z-lab ids + 1
 
 
-def test_convert_cli_detect_and_convert(tmp_path):
-    src = eagle3_research(tmp_path / "src")
-    det = subprocess.run([sys.executable, "-m", "engine", "convert", str(src), "--detect", "--json"],
+def _rms(x, w, eps=1e-6):
+    return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+
+def _rope(x, pos, theta=10000.0):  # x [nh, T, hd], rotate-half RoPE as the published Llama code
+    hd = x.shape[-1]
+    inv = 1.0 / theta ** (torch.arange(0, hd, 2).float() / hd)
+    freqs = torch.outer(pos.float(), inv)
+    cos, sin = torch.cat([freqs, freqs], -1).cos(), torch.cat([freqs, freqs], -1).sin()
+    x1, x2 = x[..., : hd // 2], x[..., hd // 2:]
+    return x * cos + torch.cat([-x2, x1], -1) * sin
+
+
+def safeailab_forward(w: dict[str, torch.Tensor], embed: torch.Tensor, aux: torch.Tensor, ids: torch.Tensor):
+    """SafeAILab's EAGLE-3 draft step (traineagle3/cnets.py Model + LlamaDecoderLayeremb), written from its
+    definition: fc over the aux states; residual = fc output; cat(input_layernorm(emb), hidden_norm(h)); causal
+    attention; MLP; final norm; lm_head. ids [T], aux [T, 3H] -> logits [T, VD]."""
+    m = lambda n: w["midlayer." + n]
+    hidden = aux @ w["fc.weight"].T  # [T, H]
+    x = torch.cat([_rms(embed[ids], m("input_layernorm.weight")), _rms(hidden, m("hidden_norm.weight"))], -1)
+    t = ids.shape[0]
+    q = (x @ m("self_attn.q_proj.weight").T).view(t, NH, HD).transpose(0, 1)
+    k = (x @ m("self_attn.k_proj.weight").T).view(t, NKV, HD).transpose(0, 1)
+    v = (x @ m("self_attn.v_proj.weight").T).view(t, NKV, HD).transpose(0, 1)
+    pos = torch.arange(t)
+    q, k = _rope(q, pos), _rope(k, pos)
+    k, v = k.repeat_interleave(NH // NKV, 0), v.repeat_interleave(NH // NKV, 0)
+    scores = (q @ k.transpose(-1, -2)) / HD ** 0.5 + torch.full((t, t), float("-inf")).triu(1)
+    attn = (scores.softmax(-1) @ v).transpose(0, 1).reshape(t, NH * HD) @ m("self_attn.o_proj.weight").T
+    h = hidden + attn
+    g = _rms(h, m("post_attention_layernorm.weight"))
+    h = h + (torch.nn.functional.silu(g @ m("mlp.gate_proj.weight").T) * (g @ m("mlp.up_proj.weight").T)) \
+        @ m("mlp.down_proj.weight").T
+    return _rms(h, w["norm.weight"]) @ w["lm_head.weight"].T
+
+
+def test_converted_eagle3_computes_the_published_forward(tmp_path, tiny_llama, tiny_targets):
+    from engine.algos.common.layers import DraftCache
+    from engine.generate.api import load_draft
+
+    src = safeailab(tmp_path / "src", pickled=False)
+    out = convert(src, tmp_path / "out", verifier=str(tiny_targets["llama"]), aux_layer_ids=[1, 2, 3])
+    draft = load_draft(out, tiny_llama)
+    from safetensors.torch import load_file
+
+    w = load_file(str(src / "model.safetensors"))
+    torch.manual_seed(0)
+    ids, aux = torch.randint(0, V, (7,)), torch.randn(7, 3 * H)
+    want = safeailab_forward(w, tiny_llama.embed_tokens().weight.detach(), aux, ids)
+    with torch.no_grad():
+        _, got = draft.forward_cached(ids[None], draft.fuse(aux[None]), torch.arange(7)[None], DraftCache())
+    torch.testing.assert_close(got[0], want, atol=2e-5, rtol=1e-4)
+    # the draft-vocabulary ids map back to the same target tokens as the source's d2t says
+    assert torch.equal(draft.draft_to_target(torch.arange(VD)), torch.arange(VD) + w["d2t"])
+
+
+def test_same_tensors_and_config_as_speculators_eagle3_converter(tmp_path, tiny_targets):
+    from safetensors.torch import load_file
+    from speculators.convert.eagle.eagle3_converter import Eagle3Converter
+
+    src = specforge(tmp_path / "src")
+    verifier = str(tiny_targets["llama"])
+    ours = convert(src, tmp_path / "ours", verifier=verifier, aux_layer_ids=[1, 2, 3])
+    Eagle3Converter().convert(src, tmp_path / "theirs", base_model=verifier, validate=False,
+                              eagle_aux_hidden_state_layer_ids=[1, 2, 3])
+    a, b = load_file(str(ours / "model.safetensors")), load_file(str(tmp_path / "theirs" / "model.safetensors"))
+    assert set(a) == set(b)
+    for name in a:
+        assert torch.equal(a[name].to(b[name].dtype), b[name]), name
+    ca = json.loads((ours / "config.json").read_text())
+    cb = json.loads((tmp_path / "theirs" / "config.json").read_text())
+    for key in ("speculators_model_type", "draft_vocab_size", "norm_before_residual", "norm_before_fc", "fc_norm",
+                "eagle_aux_hidden_state_layer_ids"):
+        assert ca.get(key) == cb.get(key), key
+    assert ca["speculators_config"]["verifier"] == cb["speculators_config"]["verifier"]
+    assert ca["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 3
+    la, lb = ca["transformer_layer_config"], cb["transformer_layer_config"]
+    for key in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+                "num_hidden_layers", "vocab_size", "rms_norm_eps", "max_position_embeddings", "rope_parameters"):
+        assert la.get(key) == lb.get(key), key
+
+
+def test_refuses_unmapped_missing_and_wrong_shape_tensors(tmp_path):
+    src = safeailab(tmp_path / "src", pickled=False)
+    from safetensors.torch import load_file
+
+    state = load_file(str(src / "model.safetensors"))
+    cases = {"extra": {**state, "fusion_bias": torch.ones(8)},
+             "missing": {k: v for k, v in state.items() if k != "norm.weight"},
+             "shape": {**state, "midlayer.mlp.down_proj.weight": torch.randn(H, I + 1)}}
+    expected = {"extra": "fusion_bias [8]: no rule", "missing": "norm.weight [64]: missing",
+                "shape": "layers.0.mlp.down_proj.weight"}
+    for case, bad in cases.items():
+        folder = _write(tmp_path / case, json.loads((src / "config.json").read_text()), bad)
+        assert plan(folder).problems, case
+        with pytest.raises(WorkbenchError, match="do not all map") as info:
+            convert(folder, tmp_path / f"out-{case}")
+        assert expected[case] in info.value.message
+        assert not (tmp_path / f"out-{case}").exists()  # nothing written
+
+
+def test_dry_run_shows_mapping_and_config_and_writes_nothing(tmp_path, capsys):
+    from engine.cli import main
+
+    src = modelopt(tmp_path / "src")
+    out = tmp_path / "never"
+    assert main(["convert", str(src), "--out", str(out), "--dry-run", "--json", "--target", "org/verifier"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["format"] == "eagle3-modelopt" and not shown["problems"] and not out.exists()
+    row = next(r for r in shown["mapping"] if r["source"] == "midlayer.1.mlp.up_proj.weight")
+    assert row["target"] == "layers.1.mlp.up_proj.weight" and row["shape"] == [I, H] and row["dtype"] == "F32"
+    assert shown["config"]["speculators_model_type"] == "eagle3"
+    assert main(["convert", str(src), "--out", str(out), "--target", "org/verifier"]) == 0
+    printed = capsys.readouterr().out
+    assert "validate: OK" in printed and "not tried (the verifier is not on this machine)" in printed
+
+
+def test_convert_cli_errors_cleanly(tmp_path):
+    """A source that cannot be converted ends as `error: ... Fix: ...`, exit code 2, no traceback."""
+    folder = _write(tmp_path / "medusa", {"medusa_num_heads": 2}, {"medusa_head.0.0.linear.weight": torch.ones(2, 2)})
+    run = subprocess.run([sys.executable, "-m", "engine", "convert", str(folder), "--out", str(tmp_path / "o")], check=False,
                          capture_output=True, text=True, cwd=ROOT)
-    assert det.returncode == 0 and json.loads(det.stdout)["format"] == "eagle3-research"
-    run = subprocess.run([sys.executable, "-m", "engine", "convert", str(src), "--out", str(tmp_path / "o"),
-                          "--target", "org/verifier", "--aux-layer-ids", "1,4,6"], capture_output=True, text=True,
-                         cwd=ROOT)
-    assert run.returncode == 0, run.stderr
-    assert "OK" in run.stdout
+    assert run.returncode == 2 and "Medusa" in run.stderr and "Fix:" in run.stderr and "Traceback" not in run.stderr
+
+
+def _unconvertible(tmp_path: Path) -> dict[str, Path]:
+    out = {}
+    eagle2 = {"fc.weight": torch.randn(H, 2 * H), "fc.bias": torch.zeros(H), "embed_tokens.weight": torch.randn(V, H),
+              **_layer("layers.0.", H, first=False)}
+    out["eagle1-2"] = _write(tmp_path / "eagle2", {"architectures": ["LlamaForCausalLM"], "hidden_size": H}, eagle2)
+    out["hass"] = _write(tmp_path / "hass", {"architectures": ["LlamaForCausalLM"], "hidden_size": H},
+                         {**eagle2, "hidden_layernorm.weight": torch.ones(H)})
+    out["medusa"] = _write(tmp_path / "medusa", {"medusa_num_heads": 2, "medusa_num_layers": 1},
+                           {"medusa_head.0.0.linear.weight": torch.randn(H, H), "medusa_head.0.1.weight": torch.randn(V, H)})
+    out["mtp-native"] = _write(tmp_path / "mtp", {"architectures": ["Qwen3NextForCausalLM"], "mtp_num_hidden_layers": 1},
+                               {"mtp.fc.weight": torch.randn(H, 2 * H), "mtp.norm.weight": torch.ones(H)})
+    out["modelopt-parallel-draft"] = modelopt(tmp_path / "parallel")
+    cfg = json.loads((out["modelopt-parallel-draft"] / "config.json").read_text())
+    cfg["eagle_config"]["parallel_draft_step"] = 3
+    (out["modelopt-parallel-draft"] / "config.json").write_text(json.dumps(cfg))
+    for kind in ("mtp", "xpress", "eagle"):
+        out[f"speculators-{kind}"] = _write(tmp_path / f"spec-{kind}", {"speculators_model_type": kind}, {"x": torch.ones(1)})
+    return out
+
+
+def test_layouts_that_cannot_be_converted_say_what_why_and_instead(tmp_path):
+    for expected, folder in _unconvertible(tmp_path).items():
+        det = detect(folder)
+        fmt = "speculators-unsupported" if expected.startswith("speculators-") else expected
+        assert (det.kind, det.format) == ("not-convertible", fmt), expected
+        assert det.why and det.instead
+        with pytest.raises(WorkbenchError) as info:
+            convert(folder, tmp_path / f"out-{expected}")
+        assert det.why in info.value.message and info.value.hint == det.instead
+    assert "serve them natively" in detect(tmp_path / "mtp").instead
+    assert "`xpress`" in detect(tmp_path / "spec-xpress").title and "0.33" in detect(tmp_path / "spec-xpress").why
+
+
+def test_inputs_single_file_shards_zip_and_pickle(tmp_path):
+    src = safeailab(tmp_path / "src", pickled=False)
+    # one .safetensors file, named directly
+    assert detect(src / "model.safetensors").format == "eagle3-safeailab"
+    # sharded safetensors with an index
+    from safetensors.torch import load_file
+
+    state = load_file(str(src / "model.safetensors"))
+    sharded = tmp_path / "sharded"
+    sharded.mkdir()
+    (sharded / "config.json").write_text((src / "config.json").read_text())
+    names = sorted(state)
+    halves = {"model-00001-of-00002.safetensors": names[: len(names) // 2],
+              "model-00002-of-00002.safetensors": names[len(names) // 2:]}
+    for file, keys in halves.items():
+        save_file({k: state[k] for k in keys}, str(sharded / file))
+    (sharded / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {k: f for f, keys in halves.items() for k in keys}}))
+    assert validate_draft(convert(sharded, tmp_path / "from-shards")).ok
+    # a zip (wrapped in a sub-folder) is extracted under the staging folder; '..' members are refused
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        for f in src.iterdir():
+            zf.write(f, f"ckpt/{f.name}")
+    (tmp_path / "ok.zip").write_bytes(buf.getvalue())
+    from engine.convert.inputs import open_source
+
+    staged = open_source(tmp_path / "ok.zip", staging=tmp_path / "staging")
+    assert staged.folder.name == "ckpt" and detect(staged.folder).format == "eagle3-safeailab"
+    bad = io.BytesIO()
+    with zipfile.ZipFile(bad, "w") as zf:
+        zf.writestr("../evil.json", "{}")
+    (tmp_path / "bad.zip").write_bytes(bad.getvalue())
+    with pytest.raises(WorkbenchError, match="unsafe paths"):
+        open_source(tmp_path / "bad.zip", staging=tmp_path / "staging")
+    assert not (tmp_path / "evil.json").exists()
+    # pickles: only with the allow flag, weights_only, and a clear message when the file holds objects
+    pickled = safeailab(tmp_path / "pickled")
+    with pytest.raises(WorkbenchError, match="unpickling"):
+        convert(pickled, tmp_path / "p-out")
+    assert validate_draft(convert(pickled, tmp_path / "p-out", allow_pickle=True)).ok
+    torch.save({"state": state, "opt": ConvertOptions()}, pickled / "pytorch_model.bin")
+    with pytest.raises(WorkbenchError, match="holds more than tensors"):
+        convert(pickled, tmp_path / "p-out2", allow_pickle=True)
+
+
+def test_mapping_table_and_options(tmp_path):
+    src = dflash_zlab(tmp_path / "src")
+    table = dict(mapping_table(src))
+    assert table["layers.0.self_attn.g_proj.weight"] is None
+    assert table["layers.1.self_attn.qkv_proj.weight"] == "layers.1.self_attn.qkv_proj.weight"  # split afterwards
+    p = plan(src, options=ConvertOptions(mask_token_id=7, aux_layer_ids=[1, 3, 4]))
+    assert p.config["mask_token_id"] == 7 and p.config["aux_hidden_state_layer_ids"] == [1, 3, 4]
+    assert p.state["layers.1.self_attn.k_proj.weight"].shape == (NKV * HD, H)

@@ -58,7 +58,7 @@ def _research_src(tmp_path: Path) -> Path:
 
 
 def test_convert_refuses_a_folder_it_did_not_write(tmp_path):
-    from engine.convert.base import convert
+    from engine.convert import convert
 
     src = _research_src(tmp_path)
     out = tmp_path / "my-models"
@@ -72,7 +72,7 @@ def test_convert_refuses_a_folder_it_did_not_write(tmp_path):
 
 
 def test_convert_replaces_its_own_draft_and_an_empty_folder(tmp_path):
-    from engine.convert.base import convert
+    from engine.convert import convert
     from engine.format.validate import validate_draft
 
     src = _research_src(tmp_path)
@@ -91,7 +91,7 @@ def test_convert_replaces_its_own_draft_and_an_empty_folder(tmp_path):
 
 
 def test_convert_overwrite_replaces_any_folder_but_never_a_file(tmp_path):
-    from engine.convert.base import convert
+    from engine.convert import convert
 
     src = _research_src(tmp_path)
     out = tmp_path / "other"
@@ -377,7 +377,9 @@ def test_a_zip_bomb_is_refused_before_anything_is_written(uploads):
 def test_a_zip_over_the_size_limit_is_refused(uploads, monkeypatch, tmp_path):
     from ui import convert as conv
 
-    monkeypatch.setattr(conv, "MAX_UNZIPPED_BYTES", 2**20)
+    from engine.convert import inputs
+
+    monkeypatch.setattr(inputs, "MAX_UNZIPPED_BYTES", 2**20)
     big = _zip({"config.json": b"{}", "model.safetensors": os.urandom(2 * 2**20)})
     with pytest.raises(WorkbenchError, match="more than the 1.0 MiB limit") as info:
         conv.stage([("draft.zip", big)])
@@ -399,7 +401,9 @@ def test_an_upload_is_extracted_once_and_stale_ones_are_removed(uploads, monkeyp
     assert (first / "config.json").is_file() and first.parent.parent == uploads
     calls = []
     with monkeypatch.context() as m:
-        m.setattr(conv, "extract_zip", lambda *a, **k: calls.append(a))
+        from engine.convert import inputs
+
+        m.setattr(inputs, "extract_zip", lambda *a, **k: calls.append(a))
         assert conv.stage([("draft.zip", data)]) == first and not calls  # a rerun reuses it: nothing re-extracted
     assert conv.still_staged(first)
     from engine.fsutil import PARTIAL_MARKER, write_owner_marker

@@ -1,0 +1,263 @@
+"""Detect a source's layout, plan its conversion (the dry run: mapping table + resulting config), refuse what does
+not map, write the draft atomically, then prove it: validate, load into our model, draft a few tokens."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from engine.convert.base import (
+    CONVERTERS,
+    NOT_CONVERTIBLE,
+    UNMAPPED,
+    Converter,
+    ConvertOptions,
+    MappingRow,
+    converters_by_precedence,
+)
+from engine.convert.inputs import Source, open_source
+from engine.errors import WorkbenchError
+from engine.format import vllm_rules as vr
+from engine.format.checkpoint import TensorInfo
+
+log = logging.getLogger(__name__)
+
+SPECULATORS, UNKNOWN = "speculators", "unknown"
+
+
+@dataclass
+class Detection:
+    """What a source is: a converter's name, `speculators` (already loadable), a non-convertible layout, or
+    `unknown`; for the last two `why` and `instead` say why and what the user can do."""
+
+    format: str
+    title: str
+    kind: str  # "convertible" | "speculators" | "not-convertible" | "unknown"
+    algorithm: str | None = None
+    why: str = ""
+    instead: str = ""
+    index: dict[str, TensorInfo] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"format": self.format, "title": self.title, "kind": self.kind, "algorithm": self.algorithm,
+                "why": self.why, "instead": self.instead, "tensors": len(self.index)}
+
+
+def detect_source(source: Source) -> Detection:
+    config, index = source.config, source.index()
+    kind = config.get("speculators_model_type")
+    if isinstance(kind, str) and kind in vr.SUPPORTED_SPECULATORS_TYPES:
+        return Detection(SPECULATORS, f"speculators format ({kind}): vLLM serves it as it is", "speculators",
+                         algorithm=kind, index=index)
+    for name in NOT_CONVERTIBLE.names():
+        layout = NOT_CONVERTIBLE.get(name)
+        if layout.matches(config, index):
+            title, why, instead = layout.described(config)
+            return Detection(name, title, "not-convertible", why=why, instead=instead, index=index)
+    for cls in converters_by_precedence():
+        conv = cls()
+        if conv.matches(config, index):
+            return Detection(conv.name, conv.title, "convertible", algorithm=conv.algorithm, index=index)
+    known = "; ".join(CONVERTERS.get(n).title for n in CONVERTERS.names())
+    return Detection(UNKNOWN, "unknown layout", "unknown",
+                     why="neither a speculators config (speculators_model_type) nor a layout the converters know",
+                     instead=f"the converters read: {known}; give --format NAME if you know the layout", index=index)
+
+
+def detect(path: str | os.PathLike) -> Detection:
+    return detect_source(open_source(path))
+
+
+def mapping_rows(conv: Converter, index: dict[str, TensorInfo]) -> list[MappingRow]:
+    rows = []
+    for name in sorted(index):
+        target, note = conv.rename(name)
+        rows.append(MappingRow(name, target, index[name].shape, index[name].dtype, note))
+    return rows
+
+
+def mapping_table(path: str | os.PathLike, fmt: str | None = None) -> list[tuple[str, str | None]]:
+    """(source name, target name or None) for every tensor (identity for speculators and unknown sources)."""
+    source = open_source(path)
+    det = detect_source(source)
+    fmt = fmt or det.format
+    if fmt not in CONVERTERS:
+        return [(n, n) for n in sorted(det.index)]
+    return [(r.source, r.target) for r in mapping_rows(CONVERTERS.get(fmt)(), det.index)]
+
+
+@dataclass
+class Plan:
+    """A conversion worked out in memory: nothing is written (the dry run shows it)."""
+
+    source: Source
+    detection: Detection
+    converter: Converter
+    rows: list[MappingRow]
+    config: dict[str, Any]
+    state: dict[str, Any]
+    problems: list[str]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"detection": self.detection.to_json(), "format": self.converter.name,
+                "mapping": [r.to_json() for r in self.rows], "config": self.config, "problems": self.problems}
+
+
+def _converter_for(det: Detection, fmt: str | None, where: str) -> Converter:
+    if fmt is None and det.kind != "convertible":
+        if det.kind == SPECULATORS:
+            raise WorkbenchError("the checkpoint is already in the speculators format", where=where,
+                                 hint=f"validate it instead: python -m engine validate {where}")
+        raise WorkbenchError(f"{det.title}: {det.why}", where=where, hint=det.instead)
+    return CONVERTERS.get(fmt or det.format)()
+
+
+def plan(path: str | os.PathLike, *, fmt: str | None = None, verifier: str | None = None,
+         options: ConvertOptions | None = None, allow_pickle: bool = False) -> Plan:
+    """Detect, map every tensor, build the config and check the result against it (loads the weights)."""
+    options = options or ConvertOptions()
+    source = open_source(path)
+    det = detect_source(source)
+    conv = _converter_for(det, fmt, str(source.folder))
+    config = source.config
+    state = source.load(allow_pickle=allow_pickle)
+    index = det.index or {k: TensorInfo(k, tuple(v.shape), str(v.dtype), "") for k, v in state.items()}
+    rows = mapping_rows(conv, index)
+    problems = [f"{r.source} {list(r.shape)}: {UNMAPPED}" for r in rows if r.note == UNMAPPED]
+    verifier_config = verifier_config_for(verifier)
+    new_state = conv.transform(state, config, options)
+    new_config = conv.build_config(config, new_state, verifier=verifier, verifier_config=verifier_config,
+                                   options=options)
+    problems += tensor_problems(new_config, {k: tuple(v.shape) for k, v in new_state.items()})
+    return Plan(source, det, conv, rows, new_config, new_state, problems)
+
+
+def tensor_problems(config: dict[str, Any], shapes: dict[str, tuple]) -> list[str]:
+    """Missing, unexpected and wrong-shape tensors of a converted draft, by vLLM's loader for its config."""
+    try:
+        hf = vr.extract_transformers_pre_trained_config(config)
+        expected, optional = vr.expected_parameters(config, hf)
+        errors = vr.load_errors(config, hf, shapes)
+    except (vr.VllmError, KeyError, TypeError, ValueError) as exc:
+        return [f"the converted config is not one vLLM loads: {getattr(exc, 'message', exc)}"]
+    problems = [f"{e.field.removeprefix('tensor:')}: {e.message}" for e in errors]
+    present = {vr.canonical_name(k) for k in shapes}
+    problems += [f"{name} {list(shape)}: missing (the source has no tensor for it)"
+                 for name, shape in expected.items() if name not in present and name not in optional]
+    vocab, dvocab = int(hf["vocab_size"]), int(hf.get("draft_vocab_size") or hf["vocab_size"])
+    if dvocab != vocab and "lm_head.weight" not in present:
+        problems.append(f"lm_head.weight: missing (the draft vocabulary is reduced, {dvocab} of {vocab})")
+    return problems
+
+
+def refuse_problems(p: Plan) -> None:
+    if p.problems:
+        shown = "\n  ".join(p.problems[:20]) + (f"\n  ... and {len(p.problems) - 20} more" if len(p.problems) > 20
+                                                 else "")
+        raise WorkbenchError(f"the {p.converter.title} tensors do not all map; nothing was written:\n  {shown}",
+                             where=str(p.source.folder),
+                             hint="check that the source is the layout detected (--format), that its config.json "
+                             "matches its weights, and the options (--aux-layer-ids); --dry-run shows the table")
+
+
+def convert(src: str | os.PathLike, out: str | os.PathLike, *, fmt: str | None = None, verifier: str | None = None,
+            allow_pickle: bool = False, dtype=None, overwrite: bool = False,
+            options: ConvertOptions | None = None, **option_fields: Any) -> Path:
+    """Convert `src` into a speculators draft at `out` (atomic) and return it; refuses when a tensor does not map.
+
+    `out` must be new, empty or a draft the workbench wrote (`engine.fsutil.is_ours`), unless `overwrite`.
+    """
+    from engine.format.checkpoint import legacy_job_draft, save_checkpoint
+    from engine.fsutil import check_replaceable
+
+    check_replaceable(out, overwrite=overwrite, also_ours=legacy_job_draft)  # refuse before reading anything
+    options = options or ConvertOptions(**option_fields)
+    p = plan(src, fmt=fmt, verifier=verifier, options=options, allow_pickle=allow_pickle)
+    refuse_problems(p)
+    return save_checkpoint(out, p.config, p.state, dtype=dtype, overwrite=overwrite)
+
+
+def verifier_config_for(verifier: str | None) -> dict[str, Any] | None:
+    """The verifier's config.json from local sources only (a folder, the built-in cache, the hub cache)."""
+    if not verifier:
+        return None
+    from engine.format.validate import find_verifier_config
+
+    return find_verifier_config(verifier)
+
+
+@dataclass
+class Verdict:
+    """What was proven about a converted draft."""
+
+    valid: bool
+    errors: list[str]
+    loaded: str = "not tried"  # "ok", "not tried (why)", or the error
+    drafted: str = "not tried"
+    ok: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def verify(out: str | os.PathLike, verifier: str | None, *, max_new_tokens: int = 8) -> Verdict:
+    """`validate`, then (with the verifier at hand) load into our model, a finite forward, a short draft."""
+    from engine.format.validate import validate_draft
+
+    report = validate_draft(out)
+    verdict = Verdict(report.ok, [f"{i.field}: {i.message}" for i in report.errors])
+    target = _local_target(verifier)
+    if target is None:
+        verdict.loaded = verdict.drafted = "not tried (the verifier is not on this machine)"
+        verdict.ok = verdict.valid
+        return verdict
+    try:
+        verdict.drafted = _draft_a_few(out, target, max_new_tokens)
+        verdict.loaded = "ok"
+    except WorkbenchError as exc:
+        verdict.loaded = verdict.loaded if verdict.loaded == "ok" else f"failed: {exc.message}"
+        verdict.drafted = f"failed: {exc.message}"
+    verdict.ok = verdict.valid and verdict.loaded == "ok" and verdict.drafted.startswith("ok")
+    return verdict
+
+
+def _local_target(verifier: str | None):
+    if not verifier or verifier_config_for(verifier) is None:
+        return None
+    from engine.targets import load_target
+
+    try:
+        return load_target(verifier, with_tokenizer=True)
+    except WorkbenchError as exc:
+        log.info("verifier %s not loadable here: %s", verifier, exc.message)
+        return None
+
+
+def _draft_a_few(out, target, max_new_tokens: int) -> str:
+    """Load the draft through the registry, check a finite forward, and draft through the decode engine."""
+    import torch
+
+    from engine.generate.api import load_draft, prompt_ids, proposer_for
+    from engine.generate.runner import TargetRunner
+    from engine.generate.sampling import SamplingParams
+    from engine.generate.speculative import generate_all
+
+    draft = load_draft(out, target)
+    proposer = proposer_for(draft)
+    ids = prompt_ids(target.tokenizer, "Write one sentence about the sea.")
+    runner = TargetRunner(target, proposer.aux_layer_ids)
+    logits, _ = runner.forward(ids, all_logits=False)
+    if not bool(torch.isfinite(logits).all()):
+        raise WorkbenchError("the target's logits are not finite on the test prompt")
+    base, _ = generate_all(TargetRunner(target), ids, SamplingParams(max_new_tokens=max_new_tokens))
+    spec, events = generate_all(runner, ids, SamplingParams(max_new_tokens=max_new_tokens), proposer, 3)
+    drafted = sum(e.drafted for e in events)
+    accepted = sum(e.accepted for e in events)
+    if spec != base:
+        raise WorkbenchError("speculative output differs from the target alone (the draft broke losslessness)")
+    if drafted == 0:
+        raise WorkbenchError("the draft proposed no token")
+    return f"ok: {len(spec)} tokens, {drafted} drafted, {accepted} accepted, output identical to the target alone"
