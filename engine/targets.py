@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
@@ -290,6 +291,8 @@ class LayerCapture:
     Layer id k < N is the input of decoder layer k (= HF `hidden_states[k]`, id 0 = embeddings);
     id N is the last layer's output BEFORE the final norm (HF's `hidden_states[-1]` is after it).
     Captured tensors are cloned: transformers may modify the hooked tensor in place afterwards.
+    Hooks sit on the (shared) model but capture only forwards run by the thread that entered the capture: the app
+    serves several browser sessions from one cached target, each generating in its own thread.
     """
 
     def __init__(self, model: nn.Module, layer_ids: Iterable[int], *, stop_early: bool = False):
@@ -308,6 +311,8 @@ class LayerCapture:
 
     def _hook_for(self, layer_id: int):
         def hook(module, args, kwargs):
+            if threading.get_ident() != self._thread:
+                return  # another session's forward through the same model
             hidden = args[0] if args else kwargs["hidden_states"]
             self.captured[layer_id] = hidden.detach().clone()
             if self.stop_early and layer_id == self.layer_ids[-1]:
@@ -315,6 +320,7 @@ class LayerCapture:
         return hook
 
     def __enter__(self) -> "LayerCapture":
+        self._thread = threading.get_ident()
         for i in self.layer_ids:
             module = self.decoder.layers[i] if i < self.num_layers else self.decoder.norm
             self._handles.append(module.register_forward_pre_hook(self._hook_for(i), with_kwargs=True))

@@ -240,3 +240,31 @@ def test_inference_drafting_computes_what_training_time_test_trains(tiny, tiny_d
     torch.testing.assert_close(first[0], step0[0, :7], rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(last[0, 0], step0[0, q], rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(own[0, 0], step1[0, q], rtol=1e-4, atol=1e-4)
+
+
+def test_sessions_generating_at_once_on_one_shared_target_do_not_mix(tiny, tiny_draft):
+    """The app serves every browser session from one cached target, each generating in its own thread: the aux
+    hidden-state hooks on that shared model must capture only their own thread's forwards (they once collected
+    every thread's, and drafting failed with a size mismatch)."""
+    import threading
+
+    params = SamplingParams(max_new_tokens=24, eos_token_ids=[2])
+    alone = {text: run(tiny, text, params, Eagle3Proposer(tiny_draft))[0] for text in PROMPTS}
+    results, errors = {}, []
+    start = threading.Barrier(len(PROMPTS))
+
+    def session(text):
+        try:
+            start.wait()
+            for _ in range(3):
+                results.setdefault(text, []).append(run(tiny, text, params, Eagle3Proposer(tiny_draft))[0])
+        except Exception as exc:  # noqa: BLE001 - reported below, with the thread's prompt
+            errors.append((text, repr(exc)))
+
+    threads = [threading.Thread(target=session, args=(text,)) for text in PROMPTS]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert not errors, errors
+    assert {text: outs for text, outs in results.items()} == {text: [alone[text]] * 3 for text in PROMPTS}
