@@ -8,6 +8,7 @@ from __future__ import annotations
 import streamlit as st
 
 from ui import sidebar, state
+from ui.resources import log_to_terminal
 from ui.errors import guard, show_pending
 
 PAGES = {
@@ -34,6 +35,7 @@ PAGES = {
 
 
 def run() -> None:
+    log_to_terminal()
     st.set_page_config(page_title="Speculators Workbench", page_icon=":material/bolt:", layout="wide")
     state.init_state()
     nav = st.navigation({section: [st.Page(path, title=title, icon=icon, default=(path == "pages/models.py"))

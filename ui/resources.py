@@ -6,11 +6,26 @@ builds its own KV cache (`TargetRunner`) and proposer state, so sessions never s
 
 from __future__ import annotations
 
+import logging
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
 import streamlit as st
+
+log = logging.getLogger("workbench.ui.resources")
+
+
+def log_to_terminal() -> None:
+    """Show the app's own INFO lines (model loads, jobs started) in the terminal that runs it, once per process."""
+    root = logging.getLogger("workbench")
+    if not any(getattr(h, "_workbench", False) for h in root.handlers):
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
+        handler._workbench = True
+        root.addHandler(handler)
+        root.setLevel(logging.INFO)
 
 
 def _stamp(path: str | os.PathLike) -> float:
@@ -35,6 +50,7 @@ def target(name: str):
 
     from engine.targets import load_target
 
+    log.info("loading the target model %s (once, shared by every browser session)", name)
     loaded = load_target(name)
     with torch.inference_mode():  # warm up the kernels so the first timed generation is not penalised
         loaded.model(input_ids=torch.zeros(1, 8, dtype=torch.long, device=loaded.device))
@@ -61,6 +77,7 @@ def tokenizer(name: str):
 def _draft_model(path: str, target_name: str, stamp: float):
     from engine.generate.api import load_draft
 
+    log.info("loading the draft model %s (once, shared by every browser session)", path)
     return load_draft(path, target(target_name))
 
 

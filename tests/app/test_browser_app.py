@@ -49,7 +49,7 @@ def app_url(tmp_path_factory):
     runs = tmp_path_factory.mktemp("browser") / "runs"
     port = _free_port()
     env = {**os.environ, "WORKBENCH_RUNS": str(runs), "PYTHONUNBUFFERED": "1"}
-    log = open(runs.parent / "streamlit.log", "wb")
+    log = open(runs.parent / "streamlit.log", "wb")  # the app's terminal (model loads are logged there)
     proc = subprocess.Popen(
         [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port), "--server.address",
          "127.0.0.1", "--server.headless", "true", "--browser.gatherUsageStats", "false",
@@ -251,3 +251,43 @@ def test_jobs_page_lists_what_ran(page, app_url):
     for job in jobs.list_jobs(runs):
         assert page.get_by_text(job.id).count() >= 1
     shot(page, "13-jobs")
+
+
+def test_parallel_demo_chat_sessions_all_answer_and_share_one_model(browser, app_url):
+    """Three browser sessions ask the Demo chat at the same moment: each gets its own lossless answer, none shows
+    an error, and the app's terminal shows the target (and the draft) loaded once for all of them."""
+    _, runs = app_url
+    prompts = ["Count from one to five.", "Name three colours.", "Say hello in French."]
+    tabs = []
+    for _ in prompts:
+        pg = browser.new_page()
+        pg.set_default_timeout(60_000)
+        pg.goto(app_url[0])
+        idle(pg)
+        go(pg, "Demo chat")
+        box = pg.get_by_label("Max new tokens")
+        box.fill("16")
+        box.press("Enter")
+        idle(pg)
+        tabs.append(pg)
+    try:
+        for pg, prompt in zip(tabs, prompts):  # sent back to back: the three generations overlap
+            pg.bring_to_front()
+            box = pg.get_by_test_id("stChatInputTextArea")
+            box.fill(prompt)
+            box.press("Enter")
+        for i, pg in enumerate(tabs):
+            pg.bring_to_front()  # a background tab does not render (Chromium pauses its animation frames)
+            pg.get_by_text("Identical output").first.wait_for(timeout=float(os.environ.get("PARALLEL_WAIT_MS", 600_000)))
+            idle(pg)
+            no_traceback(pg)
+            assert pg.locator(".baseline-answer").first.inner_text().strip()
+            assert prompts[i] in pg.locator('[data-testid="stChatMessage"]').first.inner_text()
+            shot(pg, f"14-parallel-session-{i + 1}")
+    finally:
+        for i, pg in enumerate(tabs):
+            shot(pg, f"14-parallel-session-{i + 1}-last")  # what each session showed at the end (or the failure)
+            pg.close()
+    terminal = (runs.parent / "streamlit.log").read_text()
+    assert terminal.count("loading the target model") == 1, terminal[-3000:]
+    assert terminal.count("loading the draft model") <= 1
