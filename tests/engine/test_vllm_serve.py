@@ -437,6 +437,8 @@ def peagle_draft(tmp_path_factory, builtin_target) -> Path:
     from engine.algos.peagle.io import save_peagle
 
     draft = peagle_from_eagle3(SHIPPED, builtin_target, K)
+    with torch.no_grad():  # a mask row of its own, as after training: vLLM keeps the draft's table, not the target's
+        draft.mask_embedding.add_(0.01 * torch.randn_like(draft.mask_embedding))
     return save_peagle(draft, tmp_path_factory.mktemp("drafts") / "peagle", dtype=torch.float32)
 
 
