@@ -341,3 +341,37 @@ def test_speculators_peagle_computes_our_logits(tiny, tmp_path, vocab):
         mine = ours.parallel_forward(aux, ids, torch.arange(t)[None], doc, anchors, depths)
     assert seen["logits"].shape == mine.shape
     assert (seen["logits"] - mine).abs().max() <= 1e-4
+
+
+def test_offline_training_resumes_to_identical_weights(tiny_targets, tmp_path, monkeypatch):
+    """Extracted hidden states, COD sampling drawn from the trainer's checkpointed RNG: a run interrupted mid-epoch
+    and resumed ends with the same weights (mask row and mask_hidden included) as an uninterrupted one."""
+    from safetensors.torch import load_file
+    from test_train import config, extract
+
+    from engine.train.trainer import Trainer
+
+    data = extract(tiny_targets["llama"], tmp_path / "hs", n=16, max_length=96)
+    kw = dict(algo="peagle", epochs=2, algo_args={"num_layers": 1, "num_depths": 3, "max_anchors": 32})
+    Trainer(config(tiny_targets["llama"], data, tmp_path / "a", **kw)).run()
+    full = Trainer(config(tiny_targets["llama"], data, tmp_path / "b", **kw))
+    stop_at = full.total_steps // 3
+    original = Trainer._micro_step
+    calls = {"n": 0}
+
+    def interrupting(self, batch):
+        calls["n"] += 1
+        if calls["n"] > stop_at:
+            raise KeyboardInterrupt  # what SIGTERM becomes in the CLI
+        return original(self, batch)
+
+    monkeypatch.setattr(Trainer, "_micro_step", interrupting)
+    with pytest.raises(KeyboardInterrupt):
+        full.run()
+    monkeypatch.setattr(Trainer, "_micro_step", original)
+    Trainer(config(tiny_targets["llama"], data, tmp_path / "b", **kw)).run()
+    a = load_file(str(tmp_path / "a" / "draft" / "model.safetensors"))
+    b = load_file(str(tmp_path / "b" / "draft" / "model.safetensors"))
+    assert a.keys() == b.keys() and {"mask_hidden", "embed_tokens.weight"} <= a.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
