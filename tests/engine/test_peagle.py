@@ -352,7 +352,7 @@ def test_offline_training_resumes_to_identical_weights(tiny_targets, tmp_path, m
     from engine.train.trainer import Trainer
 
     data = extract(tiny_targets["llama"], tmp_path / "hs", n=16, max_length=96)
-    kw = dict(algo="peagle", epochs=2, algo_args={"num_layers": 1, "num_depths": 3, "max_anchors": 32})
+    kw = {"algo": "peagle", "epochs": 2, "algo_args": {"num_layers": 1, "num_depths": 3, "max_anchors": 32}}
     Trainer(config(tiny_targets["llama"], data, tmp_path / "a", **kw)).run()
     full = Trainer(config(tiny_targets["llama"], data, tmp_path / "b", **kw))
     stop_at = full.total_steps // 3

@@ -98,7 +98,7 @@ class RolloutAttention:
 
     def __init__(self, anchors: torch.Tensor, depths: torch.Tensor, document_ids: torch.Tensor,
                  positions: torch.Tensor, windows: list[int | None], kv_groups: int, t: int):
-        self.t, self.windows, self.kv_groups = t, windows, kv_groups
+        self.windows, self.kv_groups = windows, kv_groups
         dev = anchors.device
         self.spans = document_spans(document_ids)
         self.causal = {w: [causal_mask(e - s, w, padding=False, device=dev) for s, e in self.spans]
@@ -114,23 +114,23 @@ class RolloutAttention:
             self.depth_rows.append((start, start + n, a))
             self.rollout.append([lo + torch.searchsorted(prev_a, a) for lo, _, prev_a in self.depth_rows])
             start += n
-        # per depth and document: (first element row of the depth, query range i0:i1 within the depth, document s:e, mask [1,1,n,T_doc])
-        self.context: dict[int | None, list[list[tuple[int, int, int, int, int, torch.Tensor]]]] = {}
-        for w in set(windows):
-            per_depth = []
-            for (lo, _, a), d in zip(self.depth_rows, range(1, max_depth + 1)):
-                parts = []
-                for s, e in self.spans:
-                    i0, i1 = int(torch.searchsorted(a, s)), int(torch.searchsorted(a, e))
-                    if i1 == i0:
-                        continue
-                    rows = torch.arange(s, e, device=dev)
-                    m = rows[None, :] <= a[i0:i1, None]
-                    if w:
-                        m = m & (pos[rows][None, :] > (pos[a[i0:i1]] + d)[:, None] - w)
-                    parts.append((lo, i0, i1, s, e, m[None, None]))
-                per_depth.append(parts)
-            self.context[w] = per_depth
+        self.context = {w: [self._context_parts(lo, a, d, w, pos) for d, (lo, _, a) in enumerate(self.depth_rows, 1)]
+                        for w in set(windows)}
+
+    def _context_parts(self, lo: int, a: torch.Tensor, d: int, window: int | None, pos: torch.Tensor) -> list[tuple]:
+        """Depth d's queries (anchors `a`, element rows from `lo`) per document: (lo, i0:i1 the queries of that
+        document, s:e its rows, context mask [1,1,n,T_doc]: rows r <= anchor, within the window of position a+d)."""
+        parts = []
+        for s, e in self.spans:
+            i0, i1 = int(torch.searchsorted(a, s)), int(torch.searchsorted(a, e))
+            if i1 == i0:
+                continue
+            rows = torch.arange(s, e, device=a.device)
+            m = rows[None, :] <= a[i0:i1, None]
+            if window:
+                m = m & (pos[rows][None, :] > (pos[a[i0:i1]] + d)[:, None] - window)
+            parts.append((lo, i0, i1, s, e, m[None, None]))
+        return parts
 
     def __call__(self, i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q [1,nh,T+M,hd], k/v [1,nkv,T+M,hd] -> [1,nh,T+M,hd]."""
