@@ -375,3 +375,29 @@ def test_offline_training_resumes_to_identical_weights(tiny_targets, tmp_path, m
     assert a.keys() == b.keys() and {"mask_hidden", "embed_tokens.weight"} <= a.keys()
     for name in a:
         assert torch.equal(a[name], b[name]), name
+
+
+@pytest.mark.slow
+def test_ddp_two_processes_agree(tiny_targets, tmp_path):
+    """`torchrun` with two processes: each rank draws its own COD samples, the replicas stay identical."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from test_train import ROOT, extract
+
+    from engine.format.validate import validate_draft
+
+    data = extract(tiny_targets["llama"], tmp_path / "hs", n=16, max_length=96)
+    out = tmp_path / "ddp"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29533",
+           "-m", "engine", "train", "--algo", "peagle", "--target", str(tiny_targets["llama"]), "--data", str(data),
+           "--out", str(out), "--max-steps", "4", "--tokens-per-batch", "192", "--max-length", "96",
+           "--num-layers", "1", "--num-depths", "3", "--warmup-steps", "1", "--val-fraction", "0.2"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, cwd=ROOT, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    check = json.loads((out / "ddp_check.json").read_text())
+    assert check["world"] == 2 and check["ranks_agree"] is True
+    assert validate_draft(out / "draft").ok
