@@ -372,6 +372,7 @@ class Trainer:
         if self.step == 0:  # the starting point of the validation curve
             self._log_validation()
         t_window = time.perf_counter()
+        step_rng = None
         try:
             while self.step < self.total_steps:
                 plan = self.batches_for_epoch(self.epoch)
@@ -380,6 +381,7 @@ class Trainer:
                     if self.epoch >= cfg.epochs:
                         break
                     continue
+                step_rng = torch.get_rng_state()  # collate may draw (anchors, COD samples): replayed on resume
                 lr = lr_at(self.step, self.total_steps, cfg)
                 for g in self.opt.param_groups:
                     g["lr"] = lr
@@ -387,6 +389,7 @@ class Trainer:
                     stats = self._micro_step(self._batch(plan[self.cursor + j]))
                     for k, v in stats.items():
                         window[k] = window.get(k, 0.0) + v
+                step_rng = None  # past the step's draws: an interruption from here on keeps the live state
                 torch.nn.utils.clip_grad_norm_(self.draft.parameters(), cfg.clip_grad)
                 self.opt.step()
                 self.opt.zero_grad(set_to_none=True)
@@ -409,6 +412,8 @@ class Trainer:
                 if self.step % cfg.checkpoint_every == 0:
                     self.save("periodic")
         except KeyboardInterrupt:
+            if step_rng is not None:  # the interrupted step restarts from its first batch with the same draws
+                torch.set_rng_state(step_rng)
             self.save("interrupted")
             raise
         finally:

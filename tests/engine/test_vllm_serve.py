@@ -427,3 +427,38 @@ def test_dflash_draft_is_served_by_vllm_losslessly_and_counted_like_ours(vllm_be
                      params=SamplingParams(max_new_tokens=MAX_TOKENS), measure_cost=False, progress=False)
     ours_tau = ours["methods"]["draft"]["mean_acceptance_length"]
     assert abs(draft["mean_acceptance_length"] - ours_tau) <= 0.10 * ours_tau
+
+
+@pytest.fixture(scope="module")
+def peagle_draft(tmp_path_factory, builtin_target) -> Path:
+    """A P-EAGLE draft whose first slot is the shipped EAGLE-3 draft's step 0 (untrained mask slots after it)."""
+    from test_peagle import peagle_from_eagle3
+
+    from engine.algos.peagle.io import save_peagle
+
+    draft = peagle_from_eagle3(SHIPPED, builtin_target, K)
+    with torch.no_grad():  # a mask row of its own, as after training: vLLM keeps the draft's table, not the target's
+        draft.mask_embedding.add_(0.01 * torch.randn_like(draft.mask_embedding))
+    return save_peagle(draft, tmp_path_factory.mktemp("drafts") / "peagle", dtype=torch.float32)
+
+
+@pytest.mark.vllm
+def test_peagle_draft_is_served_by_vllm_losslessly_with_our_per_position_acceptance(vllm_bench, peagle_draft,
+                                                                                  builtin_target):
+    """Our P-EAGLE checkpoint in real vLLM (eagle3 + parallel_drafting, fp32): loads (mask_hidden, embed_tokens with
+    the mask row, pard_token), greedy output identical to vLLM alone, K drafts per step from one forward, and vLLM's
+    per-position acceptance within 10% of ours on the same prompts (position 1 is accepted: EAGLE-3's trained step)."""
+    from engine.generate.bench import run_bench
+    from engine.generate.sampling import SamplingParams
+
+    result = vllm_bench(peagle_draft, methods=("baseline", "draft"), tokenize=True)
+    draft = result["methods"]["draft"]
+    assert draft["identical_to_baseline"], draft["first_divergence"]
+    assert draft["num_drafts"] > 0 and draft["num_draft_tokens"] == K * draft["num_drafts"]
+    ours = run_bench(builtin_target, PROMPTS, methods=("draft",), draft=str(peagle_draft), k=K,
+                     params=SamplingParams(max_new_tokens=MAX_TOKENS), measure_cost=False, progress=False)
+    mine, theirs = ours["methods"]["draft"]["per_position_acceptance"], draft["per_position_acceptance"]
+    print(f"\nP-EAGLE per-position acceptance: vLLM {theirs}, ours {mine}")
+    assert len(theirs) == len(mine) == K and mine[0] > 0.2
+    for v, o in zip(theirs, mine):  # 10% of ours, or one draft in 50 where ours is near zero
+        assert abs(v - o) <= max(0.10 * o, 0.02)

@@ -9,35 +9,11 @@ from typing import Any
 import torch
 
 from engine.algos.common.layers import init_draft_weights, module_to_dtype_except
-from engine.algos.common.vocab import reduced_vocab, selected_from_d2t, vocab_maps
+from engine.algos.common.vocab import choose_mask_token, reduced_vocab, selected_from_d2t, vocab_maps
 from engine.algos.dflash.model import DFlashDraft
 from engine.errors import WorkbenchError
 from engine.format.checkpoint import load_state_dict, read_config_dict, save_checkpoint
 from engine.format.config import DFlashConfig, build_draft_config, build_layer_config, parse_draft_config
-
-
-def choose_mask_token(target, explicit: int | None = None) -> int:
-    """The token of the mask slots, in speculators' order of preference: an explicit id, the tokenizer's mask
-    token, a spare embedding row beyond the tokenizer, then pad, unk and eos."""
-    if explicit is not None:
-        if not 0 <= explicit < target.vocab_size:
-            raise WorkbenchError(f"mask_token_id {explicit} is outside the vocabulary (0..{target.vocab_size - 1})")
-        return int(explicit)
-    tok = getattr(target, "tokenizer", None)
-    if tok is None and getattr(target, "ref", None) is not None:
-        from transformers import AutoTokenizer
-
-        tok = AutoTokenizer.from_pretrained(target.ref.path)
-    if tok is not None:
-        if getattr(tok, "mask_token_id", None) is not None:
-            return int(tok.mask_token_id)
-        if len(tok) < target.vocab_size:
-            return len(tok)  # an embedding row no token uses
-        for name in ("pad_token_id", "unk_token_id", "eos_token_id"):
-            value = getattr(tok, name, None)
-            if value is not None:
-                return int(value)
-    raise WorkbenchError("no mask token could be chosen for this target", hint="pass --mask-token-id")
 
 
 def build_dflash(target, *, aux_layer_ids: list[int] | None = None, num_layers: int = 5, block_size: int = 16,

@@ -33,10 +33,16 @@ def acceptance_expectation(draft: Eagle3Draft, aux: torch.Tensor, token_ids: tor
 
     target_logits [T, V]: the target's logits at every position (position q+j predicts token q+j+1)."""
     t = int(token_ids.shape[0])
-    out = torch.zeros(t, k)
     if t < 3 or k < 1:
-        return out
-    steps = step_logits(draft, aux, token_ids, k)
+        return torch.zeros(t, k)
+    return expectation_from_steps(draft, step_logits(draft, aux, token_ids, k), target_logits, t, k, temperature)
+
+
+def expectation_from_steps(draft, steps: list[torch.Tensor], target_logits: torch.Tensor, t: int, k: int,
+                           temperature: float) -> torch.Tensor:
+    """`acceptance_expectation` from k x [T-1, Vd] draft logits aligned as `step_logits` returns them (any
+    drafter whose step j at row r drafts token r+j+2: EAGLE-3's unroll, P-EAGLE's parallel depths)."""
+    out = torch.zeros(t, k)
     vocab = target_logits.shape[-1]
     draft_ids = draft.draft_to_target(torch.arange(steps[0].shape[-1], device=draft.fc.weight.device)).cpu()
     alive = torch.ones(t - 1)
@@ -62,11 +68,17 @@ def acceptance_counts(draft: Eagle3Draft, aux: torch.Tensor, token_ids: torch.Te
     predict tokens q+1..q+k). Step-0 drafting at q reads the pair (g_{q-1}, x_q): row q-1 of the shifted
     sequence, as `collate` builds it for training; a[0] = 0 (no feature precedes the first token)."""
     t = int(token_ids.shape[0])
-    out = torch.zeros(t, dtype=torch.long)
     if t < 3 or k < 1:
-        return out
+        return torch.zeros(t, dtype=torch.long)
     token_ids = token_ids.long().cpu()
-    logits = step_logits(draft, aux, token_ids, k)
+    return counts_from_steps(draft, step_logits(draft, aux, token_ids, k), token_ids)
+
+
+def counts_from_steps(draft, logits: list[torch.Tensor], token_ids: torch.Tensor) -> torch.Tensor:
+    """`acceptance_counts` from k x [T-1, Vd] draft logits aligned as `step_logits` returns them (step j at row r
+    drafts token r+j+2), for any drafter with `draft_to_target`; token_ids [T] int64 on the CPU."""
+    t = int(token_ids.shape[0])
+    out = torch.zeros(t, dtype=torch.long)
     alive = torch.ones(t - 1, dtype=torch.bool)               # rows whose drafts 0..j-1 were all right
     for j, step in enumerate(logits):
         pred = draft.draft_to_target(step.argmax(-1).to(draft.fc.weight.device)).cpu()  # row r: x_{r+j+2}

@@ -114,11 +114,15 @@ class Eagle3Draft(nn.Module):
         normed = self.norm(x)
         return (normed if self.config.norm_output else x), self.lm_head(normed)
 
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Token embeddings [B,T] -> [B,T,H] (no graph through a frozen shared table). Drafts with trainable
+        rows (P-EAGLE's mask token) override this."""
+        with torch.no_grad() if not self.embed_tokens.weight.requires_grad else torch.enable_grad():
+            return self.embed_tokens(input_ids)
+
     def _layers(self, input_ids: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor,
                 attend: Attend) -> torch.Tensor:
-        with torch.no_grad() if not self.embed_tokens.weight.requires_grad else torch.enable_grad():
-            embeds = self.embed_tokens(input_ids)
-        x = torch.cat([embeds.to(hidden.dtype), hidden], dim=-1)  # [B,T,2H]
+        x = torch.cat([self.embed(input_ids).to(hidden.dtype), hidden], dim=-1)  # [B,T,2H]
         cos, sin = self.rotary_emb(x, position_ids)
         for layer in self.layers:
             x = layer(x, cos, sin, attend)

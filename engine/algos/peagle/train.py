@@ -1,0 +1,157 @@
+"""P-EAGLE training: EAGLE-3's shifted packed rows, COD-sampled (anchor, depth) elements, forward KL on each."""
+
+from __future__ import annotations
+
+import torch
+
+from engine.algos.eagle3.train import collate as eagle3_collate
+from engine.algos.eagle3.train import forward_kl, target_logits
+from engine.algos.peagle.model import PEagleDraft
+from engine.train.data import Layout
+
+
+def cod_sample(loss_mask: torch.Tensor, document_ids: torch.Tensor, *, num_depths: int, ratio: float,
+               ratio_min: float, max_anchors: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Conditional drop-token sampling (PARD, P-EAGLE) over one packed row: loss_mask/document_ids [T] ->
+    (anchors [M], depths [M]) of the mask-slot elements, grouped by depth, anchors ascending.
+
+    Depth 0 keeps every row (it is not returned). The n candidate anchors a are rows whose depth-1 element (row
+    a+1) is in the loss and in a's document, at most `max_anchors` of them drawn at random. Depth d keeps
+    n * max(ratio^d, ratio_min) anchors drawn among those whose depth d-1 element was kept and whose row a+d is in
+    the loss and the document, so every kept element has its whole rollout. Random draws use the torch RNG (the
+    trainer seeds and checkpoints it)."""
+    t = loss_mask.numel()
+    valid = loss_mask.bool()
+    doc = document_ids
+
+    def continues(a: torch.Tensor, d: int) -> torch.Tensor:
+        """Anchors whose row a+d exists, is in the loss and in a's document."""
+        row = a + d
+        ok = row < t
+        row = row.clamp(max=t - 1)
+        return a[ok & valid[row] & (doc[row] == doc[a])]
+
+    pool = continues(torch.arange(t, device=loss_mask.device), 1)
+    if max_anchors is not None and pool.numel() > max_anchors:
+        pool = pool[torch.randperm(pool.numel(), device=pool.device)[:max_anchors]].sort().values
+    n = pool.numel()
+    anchors, depths = [], []
+    for d in range(1, num_depths):
+        if d > 1:
+            pool = continues(pool, d)
+        size = min(pool.numel(), int(n * max(ratio ** d, ratio_min)))
+        if size <= 0:
+            break
+        if size < pool.numel():
+            pool = pool[torch.randperm(pool.numel(), device=pool.device)[:size]].sort().values
+        anchors.append(pool)
+        depths.append(torch.full_like(pool, d))
+    if not anchors:
+        empty = torch.zeros(0, dtype=torch.long, device=loss_mask.device)
+        return empty, empty.clone()
+    return torch.cat(anchors), torch.cat(depths)
+
+
+def collate(samples: list[dict[str, torch.Tensor]], layout: Layout, max_tokens: int, *, num_depths: int,
+            ratio: float, ratio_min: float, max_anchors: int | None) -> dict[str, torch.Tensor]:
+    """EAGLE-3's shifted packed row (aux, verifier_last, input_ids, loss_mask, position_ids, document_ids) plus
+    the COD-sampled mask-slot elements `anchors`/`depths` [M]."""
+    batch = eagle3_collate(samples, layout, max_tokens)
+    batch["anchors"], batch["depths"] = cod_sample(batch["loss_mask"][0], batch["document_ids"][0],
+                                                   num_depths=num_depths, ratio=ratio, ratio_min=ratio_min,
+                                                   max_anchors=max_anchors)
+    return batch
+
+
+def element_rows(batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(anchor [T+M], depth [T+M], target row o = anchor + depth [T+M]) of every element of `parallel_forward`."""
+    t = batch["input_ids"].shape[1]
+    rows = torch.arange(t, device=batch["anchors"].device)
+    anchor = torch.cat([rows, batch["anchors"]])
+    depth = torch.cat([torch.zeros_like(rows), batch["depths"]])
+    return anchor, depth, anchor + depth
+
+
+@torch.no_grad()
+def top1_in_draft_vocab(verifier_last: torch.Tensor, norm, head: torch.Tensor, t2d: torch.Tensor,
+                        chunk: int = 256) -> torch.Tensor:
+    """verifier_last [T, Ht] -> bool [T]: the target's top-1 over its full vocabulary is a draft token (chunked:
+    [chunk, V] logits at a time)."""
+    out = []
+    for part in verifier_last.split(chunk):
+        out.append(t2d[(norm(part.float()) @ head.float().T).argmax(-1)])
+    return torch.cat(out) if out else torch.zeros(0, dtype=torch.bool, device=verifier_last.device)
+
+
+class PEagleObjective:
+    """Forward KL to the target on every sampled (anchor, depth) element, all weighted alike (speculators: no depth
+    decay); elements outside the loss, or whose target top-1 is not a draft token, are dropped."""
+
+    def __init__(self, draft: PEagleDraft, verifier, *, num_depths: int, device: str):
+        self.num_depths = num_depths
+        self.norm = verifier.final_norm_fn()
+        head = verifier.head_weight
+        self.t2d = draft.t2d.to(device) if draft.t2d is not None else None
+        self.full_head = head.to(device) if draft.t2d is not None else None
+        self.head_rows = (head[draft.t2d.cpu()] if draft.t2d is not None else head).to(device)  # [Vd, H]
+
+    def __call__(self, model, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
+        logits = model(batch["aux"], batch["input_ids"], batch["position_ids"], batch["document_ids"],
+                       batch["anchors"], batch["depths"])[0]                       # [T+M, Vd]
+        anchor, depth, row = element_rows(batch)
+        last = batch["verifier_last"][0]                                          # [T, Ht]
+        valid = batch["loss_mask"][0].bool()                                      # [T] per target row
+        if self.t2d is not None:
+            valid = valid & top1_in_draft_vocab(last, self.norm, self.full_head, self.t2d)
+        targets = target_logits(last, self.norm, self.head_rows)                 # [T, Vd]
+        keep = valid[row]                                                         # [T+M]
+        kl = forward_kl(logits[keep], torch.softmax(targets[row[keep]], -1))
+        loss = kl.sum() / keep.sum().clamp(min=1)
+        with torch.no_grad():
+            stats = depth_stats(logits.argmax(-1) == targets.argmax(-1)[row], keep, anchor, depth, kl,
+                                self.num_depths, batch["input_ids"].shape[1])
+        return loss, stats
+
+    def summarize(self, stats: dict[str, float]) -> dict[str, float]:
+        return summarize(stats, self.num_depths)
+
+
+def depth_stats(correct: torch.Tensor, keep: torch.Tensor, anchor: torch.Tensor, depth: torch.Tensor,
+                kl: torch.Tensor, num_depths: int, t: int) -> dict[str, float]:
+    """Per depth d: loss, pos_acc (depth d right) and full_acc (depths 0..d of the same anchor all right, over
+    anchors whose elements 0..d are all in the loss) as `*_sum`/`*_total` pairs. Elements come grouped by depth."""
+    stats: dict[str, float] = {}
+    kl_full = torch.zeros(keep.shape, device=kl.device)
+    kl_full[keep] = kl.detach()
+    alive = torch.zeros(t, dtype=torch.bool, device=correct.device)   # per anchor: depths so far all right
+    counted = torch.zeros(t, dtype=torch.bool, device=correct.device)  # per anchor: depths so far all in the loss
+    for d in range(num_depths):
+        sel = depth == d
+        a = anchor[sel]
+        if d == 0:
+            alive[a], counted[a] = correct[sel] & keep[sel], keep[sel]
+        else:
+            now_alive, now_counted = alive[a] & correct[sel] & keep[sel], counted[a] & keep[sel]
+            alive.zero_()
+            counted.zero_()
+            alive[a], counted[a] = now_alive, now_counted
+        kept = keep[sel]
+        stats[f"loss_{d}_sum"] = float(kl_full[sel].sum())
+        stats[f"pos_acc_{d}_sum"] = float((correct[sel] & kept).sum())
+        stats[f"depth_{d}_total"] = float(kept.sum())
+        stats[f"full_acc_{d}_sum"] = float(alive[a].sum())
+        stats[f"full_acc_{d}_total"] = float(counted[a].sum())
+    return stats
+
+
+def summarize(stats: dict[str, float], num_depths: int) -> dict[str, float]:
+    """Ratios per depth and the acceptance-length estimate 1 + sum_d full_acc_d (teacher-forced, sampled anchors)."""
+    out = {}
+    for d in range(num_depths):
+        total = stats.get(f"depth_{d}_total", 0.0)
+        out[f"loss_{d}"] = stats.get(f"loss_{d}_sum", 0.0) / total if total else 0.0
+        out[f"pos_acc_{d}"] = stats.get(f"pos_acc_{d}_sum", 0.0) / total if total else 0.0
+        full = stats.get(f"full_acc_{d}_total", 0.0)
+        out[f"full_acc_{d}"] = stats.get(f"full_acc_{d}_sum", 0.0) / full if full else 0.0
+    out["est_acceptance_length"] = 1.0 + sum(out[f"full_acc_{d}"] for d in range(num_depths))
+    return out

@@ -1,0 +1,403 @@
+"""P-EAGLE: lossless parallel drafting (greedy, k < K, EOS inside the block, sampled), decoding = the training
+forward, COD sampling, training, checkpoints vLLM's rules accept, the evaluator's walk equal to real decoding, and
+parity with speculators 0.9.0's PEagleDraftModel."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from test_generate import PROMPTS  # the decode engine's own prompts
+
+from engine.algos import ALGOS
+from engine.algos.peagle.io import build_peagle, load_peagle, save_peagle
+from engine.algos.peagle.train import cod_sample
+from engine.generate import speculative
+from engine.generate.api import prompt_ids
+from engine.generate.runner import TargetRunner
+from engine.generate.sampling import SamplingParams
+from engine.generate.speculative import generate_all
+
+K = 4  # depths of the tiny draft
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_targets):
+    """A private copy of the tiny target (drafts share its embedding)."""
+    from engine.targets import load_target
+
+    return load_target(str(tiny_targets["llama"]))
+
+
+@pytest.fixture(scope="module")
+def tiny_peagle(tiny):
+    counts = torch.arange(tiny.vocab_size).flip(0)  # reduced vocabulary: exercises d2t
+    draft = build_peagle(tiny, aux_layer_ids=[1, 2, 3], num_layers=2, draft_vocab_size=160, token_counts=counts,
+                         speculative_tokens=K, sliding_window=None, mask_token_id=300).eval()
+    with torch.no_grad():  # a mask row unlike the target's, as after training
+        draft.mask_embedding.normal_(0.0, 0.2)
+    return draft
+
+
+def proposer(draft):
+    return ALGOS.get("peagle").proposer(draft)
+
+
+def test_greedy_parallel_drafting_equals_baseline_on_tiny(tiny, tiny_peagle):
+    """For k = K and k < K (a shorter block read): the target's own text, one forward drafting k tokens."""
+    params = SamplingParams(max_new_tokens=24)
+    for text in PROMPTS:
+        ids = prompt_ids(tiny.tokenizer, text)
+        base, _ = generate_all(TargetRunner(tiny), ids, params)
+        for k in (1, 2, K):
+            prop = proposer(tiny_peagle)
+            spec, events = generate_all(TargetRunner(tiny, prop.aux_layer_ids), ids, params, prop, k)
+            assert spec == base
+            assert max(e.drafted for e in events) == k
+
+
+def test_proposer_block_equals_the_training_forward(tiny, tiny_peagle):
+    """The cached decoding path (committed pairs + one block) computes `parallel_forward`'s chain at that anchor,
+    also after a verification step rolled the cache back."""
+    ids = prompt_ids(tiny.tokenizer, PROMPTS[1])
+    prop = proposer(tiny_peagle)
+    runner = TargetRunner(tiny, prop.aux_layer_ids)
+    logits, aux = runner.forward(ids, all_logits=False)
+    first = int(logits[-1].argmax())
+    prop.start(ids, aux, first)
+    prop.propose(K, SamplingParams(), None)
+    seq = ids + [first]
+    full_logits, full_aux = runner.forward(seq, all_logits=True)
+    nxt = int(full_logits[-1].argmax())
+    prop.update([], nxt, full_aux[-1:])                      # nothing accepted: the next step starts after `first`
+    drafted = prop.propose(K, SamplingParams(), None).tokens
+    seq = seq + [nxt]
+    g = full_aux.unsqueeze(0)                                 # g_0..g_{n-1} of seq[:-1]
+    x = torch.tensor(seq[1:])[None]                           # rows r: (g_r, x_{r+1})
+    t = x.shape[1]
+    anchor = t - 1
+    out = tiny_peagle.parallel_forward(g, x, torch.arange(1, t + 1)[None], torch.zeros_like(x),
+                                       torch.full((K - 1,), anchor), torch.arange(1, K))[0]
+    chain = torch.cat([out[anchor: anchor + 1], out[t:]])
+    assert drafted == tiny_peagle.draft_to_target(chain.argmax(-1)).tolist()
+
+
+def test_draft_proposing_eos_inside_the_block_stops_like_baseline(tiny, tiny_peagle):
+    ids = prompt_ids(tiny.tokenizer, PROMPTS[0])
+    params = SamplingParams(max_new_tokens=24)
+    base, _ = generate_all(TargetRunner(tiny), ids, params)
+    eos = base[5]  # treat the 6th baseline token as EOS: generation must stop right after it
+    params = SamplingParams(max_new_tokens=24, eos_token_ids=[eos])
+    expected, _ = generate_all(TargetRunner(tiny), ids, params)
+    prop = proposer(tiny_peagle)
+    out, _ = generate_all(TargetRunner(tiny, prop.aux_layer_ids), ids, params, prop, K)
+    assert out == expected and out[-1] == eos
+
+
+def test_sampled_drafts_come_from_the_distributions_they_report(tiny, tiny_peagle):
+    """At temperature 1 each of the k drafts is drawn from the distribution the proposer hands to verification
+    (the engine's rejection sampling is lossless given that: tests/engine/test_generate.py)."""
+    from test_generate import chi_square_pvalue
+
+    ids = prompt_ids(tiny.tokenizer, PROMPTS[1])
+    prop = proposer(tiny_peagle)
+    logits, aux = TargetRunner(tiny, prop.aux_layer_ids).forward(ids, all_logits=False)
+    prop.start(ids, aux, int(logits[-1].argmax()))
+    committed = prop.cache.length
+    greedy = prop.propose(K, SamplingParams(), None).tokens
+    prop.cache.crop(committed)
+    params = SamplingParams(temperature=1.0)
+    counts = torch.zeros(K, tiny.vocab_size)
+    for seed in range(1500):
+        proposal = prop.propose(K, params, torch.Generator().manual_seed(seed))
+        prop.cache.crop(committed)                            # the same state every time
+        counts[torch.arange(K), torch.tensor(proposal.tokens)] += 1
+    q = proposal.probs                                        # [K, V]
+    assert torch.allclose(q.sum(-1), torch.ones(K)) and float(q[:, ~tiny_peagle.t2d].sum()) == 0.0
+    assert q.argmax(-1).tolist() == greedy
+    assert min(chi_square_pvalue(counts[j], q[j]) for j in range(K)) > 1e-3
+
+
+@pytest.mark.slow
+def test_sampled_parallel_drafting_matches_the_target_distribution(tiny, tiny_peagle):
+    from test_generate import chi_square_pvalue, second_token_distribution  # the engine's own checks
+
+    params = SamplingParams(max_new_tokens=2, temperature=1.0, top_k=40)
+    prompt = prompt_ids(tiny.tokenizer, "hello")
+    exact = second_token_distribution(tiny, prompt, params)
+    counts = torch.zeros(tiny.vocab_size)
+    prop = proposer(tiny_peagle)
+    runner = TargetRunner(tiny, prop.aux_layer_ids)
+    for seed in range(1200):
+        params.seed = seed
+        out, _ = generate_all(runner, prompt, params, prop, k=2)
+        counts[out[1]] += 1
+    assert chi_square_pvalue(counts, exact) > 1e-3
+
+
+def test_a_broken_acceptance_rule_is_caught(tiny, tiny_peagle, monkeypatch):
+    """The greedy identity check can fail: accepting every draft changes the text."""
+    monkeypatch.setattr(speculative, "verify_greedy", lambda drafts, logits: speculative.Verdict(len(drafts), 0))
+    params = SamplingParams(max_new_tokens=16)
+    ids = prompt_ids(tiny.tokenizer, PROMPTS[2])
+    base, _ = generate_all(TargetRunner(tiny), ids, params)
+    prop = proposer(tiny_peagle)
+    spec, _ = generate_all(TargetRunner(tiny, prop.aux_layer_ids), ids, params, prop, K)
+    assert spec != base
+
+
+def test_cod_sampling_keeps_whole_rollouts_inside_documents_and_decays():
+    torch.manual_seed(0)
+    t = 400
+    doc = torch.cat([torch.zeros(150, dtype=torch.long), torch.ones(250, dtype=torch.long)])
+    mask = torch.ones(t, dtype=torch.bool)
+    mask[:20] = False                                          # a prompt: not in the loss
+    anchors, depths = cod_sample(mask, doc, num_depths=8, ratio=0.7, ratio_min=0.2, max_anchors=None)
+    n = int((mask[1:] & (doc[1:] == doc[:-1])).sum())         # candidate anchors: depth 1 in the loss and document
+    assert int((depths == 1).sum()) == int(n * 0.7) and int((depths == 2).sum()) == int(n * 0.49)
+    for d in range(1, 8):
+        a = anchors[depths == d]
+        assert 0 < a.numel() <= int(n * max(0.7 ** d, 0.2))
+        assert torch.equal(a, a.sort().values)                  # grouped by depth, anchors ascending
+        assert bool(mask[a + d].all()) and bool((doc[a + d] == doc[a]).all())
+        if d > 1:
+            assert bool(torch.isin(a, anchors[depths == d - 1]).all())  # the whole rollout prefix is kept
+    assert torch.equal(depths, depths.sort().values)
+    capped, _ = cod_sample(mask, doc, num_depths=3, ratio=0.7, ratio_min=0.2, max_anchors=50)
+    assert capped.numel() == int(50 * 0.7) + int(50 * 0.49)
+
+
+def test_evaluator_walk_equals_decoding(tiny, tiny_peagle):
+    from engine.evaluate import evaluate_samples, samples_from_prompts
+
+    algo = ALGOS.get("peagle")
+    prompts = [[{"role": "user", "content": p}] for p in PROMPTS]
+    samples = samples_from_prompts(tiny, prompts, algo.aux_layer_ids(tiny_peagle), max_new_tokens=20)
+    result = evaluate_samples(algo, tiny_peagle, samples, [1, 3], max_new_tokens=20, keep_walks=True)
+    params = SamplingParams(max_new_tokens=20, eos_token_ids=[tiny.tokenizer.eos_token_id])
+    for k in (1, 3):
+        for prompt, walked in zip(prompts, result["walks"][str(k)]):
+            ids = prompt_ids(tiny.tokenizer, prompt)
+            prop = proposer(tiny_peagle)
+            _, events = generate_all(TargetRunner(tiny, prop.aux_layer_ids), ids, params, prop, k)
+            steps = [(e.drafted, e.accepted) for e in events if e.step > 0]
+            assert steps == list(zip(walked["drafted"], walked["accepted"]))
+
+
+def test_peagle_trains_and_writes_a_checkpoint_vllm_rules_accept(tiny_targets, tmp_path):
+    import json
+
+    from engine.format.checkpoint import tensor_index
+    from engine.format.validate import validate_draft
+    from engine.targets import load_target
+    from engine.train.config import TrainConfig
+    from engine.train.trainer import Trainer
+
+    cfg = TrainConfig(algo="peagle", target=str(tiny_targets["llama"]), online_dataset="sharegpt",
+                      online_max_samples=16, out=str(tmp_path / "run"), tokens_per_batch=384, max_length=128,
+                      epochs=8, warmup_steps=2, lr=3e-3, val_fraction=0.25, val_every=8, checkpoint_every=1000,
+                      algo_args={"num_layers": 2, "num_depths": 4, "max_anchors": 64})
+    final = Trainer(cfg).run()
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    val = [r for r in rows if r["split"] == "val"]
+    assert val[-1]["loss"] < val[0]["loss"]
+    assert {"full_acc_0", "pos_acc_3", "est_acceptance_length", "walk_acceptance_length"} <= set(val[-1])
+    report = validate_draft(final)
+    assert report.ok, [i.message for i in report.errors]
+    shapes = tensor_index(final)
+    names = set(shapes)
+    assert {"fc.weight", "mask_hidden", "embed_tokens.weight", "lm_head.weight", "layers.0.hidden_norm.weight",
+            "layers.1.self_attn.q_norm.weight"} <= names
+    assert not names & {"mask_embedding", "layers.1.hidden_norm.weight", "verifier_lm_head.weight"}
+    config = json.loads((final / "config.json").read_text())
+    assert config["speculators_model_type"] == "peagle" and config["mask_token_id"] is not None
+    assert config["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 4
+    target = load_target(str(tiny_targets["llama"]))
+    reloaded = load_peagle(final, target)
+    mask_row = reloaded.mask_embedding.detach()
+    target_row = target.embed_tokens().weight[reloaded.mask_token_id].detach()
+    assert not torch.allclose(mask_row, target_row)  # the mask token's embedding row was trained
+
+
+def test_checkpoint_round_trip_keeps_the_drafts(tiny, tiny_peagle, tmp_path):
+    path = save_peagle(tiny_peagle, tmp_path / "d", dtype=torch.float32)
+    again = load_peagle(path, tiny)
+    ids = prompt_ids(tiny.tokenizer, PROMPTS[0])
+    params = SamplingParams(max_new_tokens=16)
+    outs = []
+    for draft in (tiny_peagle, again):
+        prop = proposer(draft)
+        _, events = generate_all(TargetRunner(tiny, prop.aux_layer_ids), ids, params, prop, K)
+        outs.append([(e.drafted, e.accepted) for e in events])
+    assert outs[0] == outs[1]
+
+
+SHIPPED_EAGLE3 = Path(__file__).resolve().parents[2] / "assets" / "drafts" / "smollm2-135m-instruct-eagle3"
+
+
+def peagle_from_eagle3(eagle3_dir: Path, target, speculative_tokens: int):
+    """A P-EAGLE draft whose slot 1 is the shipped EAGLE-3 draft's step 0 (its layer, fc, norms, head and draft
+    vocabulary; P-EAGLE's first slot is EAGLE-3's step 0): accepted like it at position 1, with untrained mask
+    slots after it. Drafts that get accepted exercise the accept and rollback paths."""
+    from engine.algos.common.vocab import choose_mask_token
+    from engine.algos.peagle.model import PEagleDraft
+    from engine.format.config import parse_draft_config
+
+    eagle3 = ALGOS.get("eagle3").load(eagle3_dir, target)
+    cfg = eagle3.config.to_dict()
+    cfg.update(speculators_model_type="peagle", architectures=["PEagleSpeculator"], embed_requires_grad=True,
+               auto_map={"": "config.PEagleSpeculatorConfig"}, mask_token_id=choose_mask_token(target))
+    cfg["speculators_config"]["algorithm"] = "peagle"
+    cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"] = speculative_tokens
+    torch.manual_seed(0)
+    draft = PEagleDraft(parse_draft_config(cfg), embed_tokens=target.embed_tokens())
+    state = {k: v for k, v in eagle3.state_dict().items() if not k.startswith(("embed_tokens.", "rotary_emb."))}
+    assert not [k for k in draft.load_state_dict(state, strict=False).unexpected_keys]
+    return draft.eval()
+
+
+def _builtin_identity(builtin_target, num_prompts):
+    from engine.generate.bench import load_prompts
+
+    draft = peagle_from_eagle3(SHIPPED_EAGLE3, builtin_target, 5)
+    params = SamplingParams(max_new_tokens=16, eos_token_ids=[builtin_target.tokenizer.eos_token_id])
+    prompts = load_prompts("sharegpt", num_prompts, 0, 300)
+    assert len(prompts) == num_prompts
+    base_runner = TargetRunner(builtin_target)
+    accepted = 0
+    for prompt in prompts:
+        ids = prompt_ids(builtin_target.tokenizer, prompt)
+        base, _ = generate_all(base_runner, ids, params)
+        prop = proposer(draft)
+        spec, events = generate_all(TargetRunner(builtin_target, prop.aux_layer_ids), ids, params, prop, 5)
+        assert spec == base
+        accepted += sum(e.accepted for e in events)
+    assert accepted > 0  # the identity held while drafts were being accepted
+
+
+def test_builtin_greedy_identity_on_5_prompts(builtin_target):
+    """Greedy parallel drafting on the built-in target (fp32) gives the target's own text (the default variant of
+    the 50-prompt test)."""
+    _builtin_identity(builtin_target, 5)
+
+
+@pytest.mark.slow
+def test_builtin_greedy_identity_on_50_prompts(builtin_target):
+    """The same on 50 held-out prompts."""
+    _builtin_identity(builtin_target, 50)
+
+
+@pytest.mark.speculators
+@pytest.mark.parametrize("vocab", ["full", "reduced"])
+def test_speculators_peagle_computes_our_logits(tiny, tmp_path, vocab):
+    """Our checkpoint in speculators 0.9.0's PEagleDraftModel: the same logits for the same (anchor, depth)
+    elements (its COD sampler replaced by fixed indices: both sides see one sample)."""
+    pytest.importorskip("speculators")
+    import speculators.models.peagle.core as ref_core
+    from speculators import SpeculatorModel
+    from speculators.models.peagle import PEagleSpeculatorConfig
+
+    counts = torch.arange(tiny.vocab_size).flip(0)
+    ours = build_peagle(tiny, aux_layer_ids=[1, 2, 3], num_layers=2, seed=3, speculative_tokens=K,
+                        draft_vocab_size=160 if vocab == "reduced" else None, token_counts=counts,
+                        mask_token_id=300, norm_before_fc=True).eval()
+    with torch.no_grad():  # non-trivial norms and mask row, so a swapped norm or row would show
+        for name, p in ours.named_parameters():
+            if name.endswith("norm.weight"):
+                p.uniform_(0.5, 1.5)
+        ours.mask_embedding.normal_(0.0, 0.2)
+    path = save_peagle(ours, tmp_path / "d", dtype=torch.float32)
+    cfg = PEagleSpeculatorConfig.from_pretrained(path)
+    cfg.transformer_layer_config._attn_implementation = "eager"  # CPU: no flex attention
+    ref = SpeculatorModel.from_pretrained(path, config=cfg).eval()
+    t = 37
+    torch.manual_seed(1)
+    aux = torch.randn(1, t, ours.fc.in_features)
+    ids = torch.randint(3, 290, (1, t))
+    doc = torch.zeros(1, t, dtype=torch.long)
+    anchors = torch.cat([torch.tensor([2, 5, 9, 20, 30]), torch.tensor([5, 20, 30]), torch.tensor([20])])
+    depths = torch.cat([torch.full((5,), 1), torch.full((3,), 2), torch.full((1,), 3)])
+    seen = {}
+
+    def fixed_sample(**kwargs):
+        return torch.cat([torch.arange(t), anchors]), torch.cat([torch.zeros(t, dtype=torch.long), depths])
+
+    def capture(logits, targets, loss_mask, anchor_pos, depth, num_depths, loss_config=None):
+        seen["logits"] = logits
+        return torch.zeros(()), {}
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(ref_core, "generate_cod_sample_indices", fixed_sample)
+    mp.setattr(ref_core, "compute_metrics", capture)
+    try:
+        with torch.no_grad():
+            ref(hidden_states=aux, input_ids=ids, document_ids=doc, position_ids=torch.arange(t)[None],
+                loss_mask=torch.ones(1, t), verifier_last_hidden_states=torch.randn(1, t, tiny.hidden_size),
+                num_depths=K)
+    finally:
+        mp.undo()
+    with torch.no_grad():
+        mine = ours.parallel_forward(aux, ids, torch.arange(t)[None], doc, anchors, depths)
+    assert seen["logits"].shape == mine.shape
+    assert (seen["logits"] - mine).abs().max() <= 1e-4
+
+
+def test_offline_training_resumes_to_identical_weights(tiny_targets, tmp_path, monkeypatch):
+    """Extracted hidden states, COD sampling drawn from the trainer's checkpointed RNG: a run interrupted mid-epoch
+    and resumed ends with the same weights (mask row and mask_hidden included) as an uninterrupted one."""
+    from safetensors.torch import load_file
+    from test_train import config, extract
+
+    from engine.train.trainer import Trainer
+
+    data = extract(tiny_targets["llama"], tmp_path / "hs", n=16, max_length=96)
+    kw = {"algo": "peagle", "epochs": 2, "algo_args": {"num_layers": 1, "num_depths": 3, "max_anchors": 32}}
+    Trainer(config(tiny_targets["llama"], data, tmp_path / "a", **kw)).run()
+    full = Trainer(config(tiny_targets["llama"], data, tmp_path / "b", **kw))
+    stop_at = full.total_steps // 3
+    original = Trainer._micro_step
+    calls = {"n": 0}
+
+    def interrupting(self, batch):
+        calls["n"] += 1
+        if calls["n"] > stop_at:
+            raise KeyboardInterrupt  # what SIGTERM becomes in the CLI
+        return original(self, batch)
+
+    monkeypatch.setattr(Trainer, "_micro_step", interrupting)
+    with pytest.raises(KeyboardInterrupt):
+        full.run()
+    monkeypatch.setattr(Trainer, "_micro_step", original)
+    Trainer(config(tiny_targets["llama"], data, tmp_path / "b", **kw)).run()
+    a = load_file(str(tmp_path / "a" / "draft" / "model.safetensors"))
+    b = load_file(str(tmp_path / "b" / "draft" / "model.safetensors"))
+    assert a.keys() == b.keys() and {"mask_hidden", "embed_tokens.weight"} <= a.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+
+
+@pytest.mark.slow
+def test_ddp_two_processes_agree(tiny_targets, tmp_path):
+    """`torchrun` with two processes: each rank draws its own COD samples, the replicas stay identical."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from test_train import ROOT, extract
+
+    from engine.format.validate import validate_draft
+
+    data = extract(tiny_targets["llama"], tmp_path / "hs", n=16, max_length=96)
+    out = tmp_path / "ddp"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29533",
+           "-m", "engine", "train", "--algo", "peagle", "--target", str(tiny_targets["llama"]), "--data", str(data),
+           "--out", str(out), "--max-steps", "4", "--tokens-per-batch", "192", "--max-length", "96",
+           "--num-layers", "1", "--num-depths", "3", "--warmup-steps", "1", "--val-fraction", "0.2"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, cwd=ROOT, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    check = json.loads((out / "ddp_check.json").read_text())
+    assert check["world"] == 2 and check["ranks_agree"] is True
+    assert validate_draft(out / "draft").ok
