@@ -145,23 +145,44 @@ def test_engine_errors_are_messages_not_tracebacks(runs, tmp_path):
     assert "What to do" in texts(at.info)
     at.switch_page("pages/models.py").run()
     ok(at)
-    assert "not in the Hugging Face cache" in texts(at.warning)
+    assert "Cannot use this target" in texts(at.error) and "no such folder" in texts(at.error)
 
 
 # -- models -----------------------------------------------------------------------------------------------
 
 
-def test_models_page_inspects_and_validates_the_draft(runs, tiny_target, tiny_draft):
+def test_models_page_inspects_and_validates_the_draft(runs, tiny_target, tiny_draft, tmp_path):
+    import shutil
+
+    tiny_draft = str(shutil.copytree(tiny_draft, tmp_path / "tiny-eagle3"))
+    (Path(tiny_draft) / "README.md").write_text("---\nlibrary_name: speculators\n---\n# Tiny draft\n\n"
+                                                "## Training\n- 12 optimizer steps\n")
     at = open_app(tiny_target, tiny_draft, page="models")
-    shown = texts(at.json)
-    assert '"layers": 4' in shown and '"hidden_size": 64' in shown  # the tiny target's config
-    assert '"algorithm": "eagle3"' in shown and '"aux layer ids": [1, 2, 3]' in shown
+    facts = {row["what"]: row["value"] for d in at.dataframe if "what" in d.value.columns
+             for row in d.value.to_dict("records")}
+    assert facts["layers"] == "4" and facts["hidden_size"] == "64"  # the tiny target's config, as numbers
+    assert facts["vocab_size"] == f"{int(facts['vocab_size'].replace(',', '')):,}"  # thousands separated
+    assert facts["algorithm"] == "eagle3" and facts["aux layer ids"] == "1, 2, 3"
+    assert {m.label for m in at.metric} >= {"parameters", "on disk", "tensors"}
     assert "160 draft tokens" in texts(at.caption)  # vocabulary mapping
     assert any("target id" in d.value.columns for d in at.dataframe)
+    card = texts(at.markdown)  # the model card, front matter dropped, headings below the page's own
+    assert "### Tiny draft" in card and "12 optimizer steps" in card and "library_name" not in card
     badges = texts(at.markdown)
     assert "vLLM 0.33: loads it" in badges and "workbench checks: pass" in badges
     assert f"python -m engine validate {tiny_draft}" in texts(at.code)
-    assert '"method": "eagle3"' in shown  # the derived vLLM speculative_config
+    assert '"method": "eagle3"' in texts(at.json)  # the derived vLLM speculative_config
+
+
+def test_models_page_refuses_a_hub_target_that_is_not_cached(runs, tiny_target):
+    at = open_app(tiny_target, page="models")
+    at.radio(key="models_target_source").set_value("Hub id").run()
+    at.text_input(key="models_target_hub").set_value("someone/not-cached-model").run()
+    ok(at)
+    assert at.button(key="models_use_target").disabled  # refused here, not when a chat message is sent
+    assert "not in the local Hugging Face cache" in texts(at.error)
+    assert "huggingface-cli download someone/not-cached-model" in texts(at.error)
+    assert at.session_state["app_target"] == tiny_target
 
 
 def test_models_page_switches_target_and_draft(runs, tiny_target, tiny_draft):
