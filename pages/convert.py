@@ -81,7 +81,8 @@ elif conv.convertible(det):
 else:
     st.error("This checkpoint's format is not recognised, so it cannot be converted.", icon=":material/help:")
 
-picked = watch_jobs(["convert"], "Conversion jobs", key="convert")
+picked = watch_jobs(["convert"], "Conversions of this checkpoint", key="convert",
+                    where=lambda job: conv.converts(job, det.folder))  # not another checkpoint's failed job
 if picked and picked.status.state == "done":
     result_dir = argv_value(picked, "--out") or result_dir
 

@@ -450,6 +450,36 @@ def test_convert_detects_research_checkpoint_and_does_not_fake_a_conversion(runs
     assert f"python -m engine convert {src}" in texts(at.code)
 
 
+def _failed_convert_job(runs: Path, src: str, name: str) -> None:
+    """A finished, failed conversion job of `src` as the CLI leaves it (what, then Fix)."""
+    job = runs / f"20000101-00000{len(name)}_convert_{name}"
+    job.mkdir(parents=True)
+    (job / "job.json").write_text(json.dumps({"kind": "convert", "argv": ["convert", src, "--out", str(job / "o")],
+                                              "created": time.time() - 60, "pid": None, "pgid": None}))
+    (job / "status.json").write_text(json.dumps({
+        "state": "failed", "message": f"{src}: no model.safetensors in the folder, and a long explanation that has "
+        "to wrap inside its box rather than run off the page\nFix: save the weights as safetensors"}))
+
+
+def test_convert_shows_only_this_checkpoints_jobs_and_failures_readably(runs, tiny_target, tiny_draft, tmp_path):
+    src = _research_checkpoint(tiny_draft, tmp_path / "research")
+    _failed_convert_job(runs, str(tmp_path / "another-checkpoint"), "other")
+    at = open_app(tiny_target, tiny_draft, page="convert")
+    at.text_input(key="convert_path").set_value(str(tiny_draft)).run()  # already in the speculators format
+    ok(at)
+    assert "nothing to convert" in texts(at.success)
+    assert not at.error, texts(at.error)  # the unrelated failed job is not this page's failure
+    assert not [box for box in at.selectbox if box.key == "convert_watch"]
+    assert "convert_other" not in texts(at.markdown)
+    _failed_convert_job(runs, str(src), "this")
+    at.text_input(key="convert_path").set_value(str(src)).run()
+    ok(at)
+    errors, hints = texts(at.error), texts(at.info)
+    assert "convert failed:" in errors and "no model.safetensors in the folder" in errors and "Fix:" not in errors
+    assert "What to do:** save the weights as safetensors" in hints
+    assert len(at.selectbox(key="convert_watch").options) == 1  # this checkpoint's job only
+
+
 def test_convert_accepts_a_zip_upload_validates_and_offers_the_zip(runs, tiny_target, tiny_draft):
     import io
     import zipfile
