@@ -521,6 +521,11 @@ def test_config_builder_form_and_json_stay_in_sync_with_live_validation(runs, ti
     assert cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 0
     assert "vLLM 0.33: rejects" in texts(at.markdown)
     assert "greater than zero" in texts(at.caption)
+    assert at.number_input(key=k_key).label == "speculative tokens"  # words that wrap, the JSON path in the help
+    findings = at.table[0].value  # a static table: its cells wrap inside the column
+    fields = [f.replace("\u200b", "") for f in findings["field"]]
+    assert "speculators_config.proposal_methods[0].speculative_tokens" in fields
+    assert any("greater than zero" in v for v in findings["vLLM says"])
     # JSON -> form, and our own verdict on the field
     cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"] = 4
     cfg["eagle_aux_hidden_state_layer_ids"] = [1, 1, 2]
