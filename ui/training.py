@@ -226,7 +226,7 @@ def smoke_duration(algo: str) -> tuple[float, str]:
     else the figure measured when the preset was written (EAGLE-3)."""
     from ui.jobs import argv_value
 
-    default_algo = TrainConfig.model_fields["algo"].default
+    default_algo = defaults()["algo"]
     for job in engine_jobs.list_jobs():  # newest first
         if job.status.state == "done" and job.status.updated and is_smoke_run(job) \
                 and (argv_value(job, "--algo") or default_algo) == algo:

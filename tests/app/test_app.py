@@ -415,6 +415,47 @@ def test_train_compare_runs_from_disk(runs, tiny_target):
     at = open_app(tiny_target, page="train")
     assert set(at.multiselect(key="train_compare").value) == {"train/a", "train/b"}
     assert len(at.get("plotly_chart")) == 3
+    from ui import palette
+
+    loss = next(spec for spec in _chart_specs(at) if spec["layout"]["title"]["text"] == "Loss")
+    colours = {trace["name"]: (trace["line"]["color"], trace["line"].get("dash")) for trace in loss["data"]}
+    runs_shown = at.multiselect(key="train_compare").value  # one colour per run, the split as the line style
+    assert colours[f"{runs_shown[0]} · train"] == (palette.run_colour(0), None)
+    assert colours[f"{runs_shown[1]} · train"][0] == palette.run_colour(1) != palette.run_colour(0)
+    assert colours[f"{runs_shown[0]} · val"] == (palette.run_colour(0), "dot")
+    # the built-in target's shipped draft: its own curve (from its model card) beside the runs
+    at = open_app("smollm2-135m-instruct", page="train")
+    ok(at)
+    assert at.checkbox(key="train_compare_shipped").value
+    acceptance = next(spec for spec in _chart_specs(at) if spec["layout"]["title"]["text"] == "Acceptance length")
+    shipped = next(t for t in acceptance["data"] if t["name"].startswith("shipped draft"))
+    assert len(shipped["x"]) >= 2 and shipped["line"]["color"] == palette.SHIPPED
+    at.checkbox(key="train_compare_shipped").uncheck().run()
+    acceptance = next(spec for spec in _chart_specs(at) if spec["layout"]["title"]["text"] == "Acceptance length")
+    assert not any(t["name"].startswith("shipped draft") for t in acceptance["data"])
+
+
+def test_train_smoke_preset_time_is_measured(runs, tiny_target):
+    from ui import training
+
+    seconds, where = training.smoke_duration("eagle3")  # no smoke run here yet: the figure measured on a CPU
+    assert (seconds, where) == (training.SMOKE_MEASURED_S, training.SMOKE_MEASURED_ON)
+    argv = ["train", "--online-dataset", "sharegpt", "--online-max-samples", "24", "--max-steps", "12",
+            "--tokens-per-batch", "256"]
+    now = time.time()
+    for name, extra, took in (("e", [], 42.0), ("d", ["--algo", "dflash"], 99.0), ("big", ["--max-steps", "13"], 5)):
+        job = runs / f"20000101-00000{len(name)}_train_{name}"
+        job.mkdir(parents=True)
+        (job / "job.json").write_text(json.dumps({"kind": "train", "argv": (argv + extra) if name != "big" else
+                                                  argv[:5] + ["--max-steps", "400", "--tokens-per-batch", "256"],
+                                                  "created": now - 1000, "pid": None, "pgid": None}))
+        (job / "status.json").write_text(json.dumps({"state": "done", "started": now - 1000 + 3,
+                                                     "updated": now - 1000 + took}))
+    seconds, where = training.smoke_duration("eagle3")
+    assert round(seconds) == 42 and "your last smoke run here (20000101-000001_train_e)" == where
+    assert round(training.smoke_duration("dflash")[0]) == 99
+    at = open_app(tiny_target, page="train")
+    assert "Measured: 42 s on your last smoke run here" in at.button(key="train_smoke").help
 
 
 # -- convert ------------------------------------------------------------------------------------------------
@@ -639,6 +680,45 @@ def test_benchmarks_page_opens_on_the_shipped_results_with_readable_charts(runs,
             assert len(prompt_tables[0]) == n
 
 
+def test_benchmarks_page_shows_the_recipe_curve_checkpoint_heatmap_and_k_sweep(runs, tiny_target):
+    at = open_app(tiny_target, page="benchmarks")
+    assert at.selectbox(key="bench_recipe").value.startswith("shipped · ")  # the shipped draft's model card
+    specs = {spec["layout"]["title"]["text"]: spec for spec in _chart_specs(at)}
+    curve = specs["Acceptance length against training tokens"]
+    assert len(curve["data"][0]["x"]) >= 2 and curve["layout"]["xaxis"]["title"]["text"] == "training tokens seen"
+    heat = specs["Acceptance per position and checkpoint"]["data"][0]
+    assert len(heat["y"]) == len(curve["data"][0]["x"]) and len(heat["x"]) >= 1  # checkpoint × position
+    sweep = specs["Acceptance length by k"]["data"][0]
+    assert sweep["x"][:2] == [1, 2] and specs["Speedup by k"]["data"][0]["y"]
+    tables = [d.value for d in at.dataframe]
+    assert any("training tokens" in t.columns for t in tables) and any("k" in t.columns for t in tables)
+    for chart in at.get("plotly_chart"):  # every chart carries a visible PNG export button
+        config = json.loads(chart.proto.config)
+        assert config["displayModeBar"] is True and config["modeBarButtons"] == [["toImage"]]
+        assert config["toImageButtonOptions"]["format"] == "png" and config["toImageButtonOptions"]["filename"]
+
+
+def test_recipe_results_from_a_work_folder_and_from_a_card(tmp_path):
+    from engine.model_card import curve_from_card, sweep_from_card
+    from ui import recipes
+
+    (tmp_path / "curve.json").write_text(json.dumps([{"step": 5, "training_tokens": 1234.0,
+                                                      "mean_acceptance_length": 1.3333,
+                                                      "per_position_acceptance": [0.3, 0.1]}]))
+    found = recipes.from_work("tiny", tmp_path)
+    assert found.curve[0]["step"] == 5 and not found.sweep and not found.rounded
+    assert recipes.curve_rows(found) == [{"step": 5, "training tokens": 1234, "mean acceptance length": 1.33,
+                                          "per-position acceptance": "0.30, 0.10"}]
+    assert recipes.from_work("empty", tmp_path / "nothing") is None
+    card = ("### Acceptance length against training tokens\n| step | training tokens | a | b |\n|---|---|---|---|\n"
+            "| 50 | 194k | 1.18 | 0.15, 0.03 |\n\n### Number of speculative tokens (k)\n"
+            "| k | a | b | speedup | identical |\n|---|---|---|---|---|\n| 2 | 1.45 | 0.33, 0.12 | 0.73× | yes |\n")
+    assert curve_from_card(card) == [{"step": 50, "training_tokens": 194000.0, "mean_acceptance_length": 1.18,
+                                      "per_position_acceptance": [0.15, 0.03]}]
+    assert sweep_from_card(card) == [{"k": 2, "mean_acceptance_length": 1.45, "per_position_acceptance": [0.33, 0.12],
+                                      "speedup": 0.73, "identical_to_baseline": True}]
+
+
 def test_benchmarks_page_plots_a_result(runs, tiny_target):
     (runs / "bench").mkdir(parents=True)
     (runs / "bench" / "bench-1.json").write_text(json.dumps(BENCH))
@@ -646,9 +726,9 @@ def test_benchmarks_page_plots_a_result(runs, tiny_target):
     assert at.selectbox(key="bench_result").value.startswith("shipped · ")  # the shipped results first
     at.selectbox(key="bench_result").set_value("bench-1.json").run()
     ok(at)
-    specs = _chart_specs(at)
-    assert len(specs) == 3
-    speed = next(s for s in specs if "Speedup" in s["layout"]["title"]["text"])
+    specs = [s for s in _chart_specs(at) if "model card" not in s["layout"]["title"]["subtitle"]["text"]]
+    assert len(specs) == 3  # the result's own charts (the recipe's follow them)
+    speed = next(s for s in specs if "Speedup vs" in s["layout"]["title"]["text"])
     ceiling = next(t for t in speed["data"] if "ceiling" in t.get("name", ""))
     assert ceiling["y"] == [2.1, 1.2]
     assert "2 prompts" in speed["layout"]["title"]["subtitle"]["text"]
@@ -675,6 +755,7 @@ def test_benchmarks_per_prompt_rows_heatmap_and_csv():
     from ui import charts
 
     assert "spread" in charts.bench_figures(result)
+    assert charts.acceptance_heatmap(z, labels, "draft").layout.height >= 300  # drawn (height given once)
 
 
 def test_benchmarks_page_launches_bench_as_a_job(runs, tiny_target):
