@@ -36,9 +36,7 @@ ss.setdefault("models_target_folder", active_target if ss["models_target_source"
 
 def facts_table(facts: dict) -> None:
     """Facts as a two-column table, numbers as numbers (49,152; 1e-05), not strings in a JSON tree."""
-    st.dataframe(catalog.fact_rows(facts), hide_index=True, width="stretch",
-                 column_config={"what": st.column_config.TextColumn("property", width="medium"),
-                                "value": st.column_config.TextColumn("value", width="large")})
+    st.table(catalog.fact_rows(facts), hide_index=True, hide_header=True)
 
 
 def weight_metrics(folder: str) -> None:

@@ -286,7 +286,8 @@ def checkpoint_heatmap(curve: Sequence[Mapping[str, Any]], *, source: str) -> go
                                colorbar=dict(title="accepted", tickformat=".0%"),
                                texttemplate="%{z:.0%}", hovertemplate="%{y} · position %{x}: %{z:.0%}<extra></extra>"))
     fig.update_layout(**_bench_layout("Acceptance per position and checkpoint",
-                                      f"share of steps whose first i drafts were accepted, held-out prompts · {source}",
+                                      "share of steps whose first i drafts were accepted, held-out prompts · "
+                                      + source,
                                       height=max(340, 130 + 24 * len(rows))),
                       xaxis_title="draft position", yaxis_title="checkpoint", yaxis_autorange="reversed")
     return fig
@@ -316,7 +317,8 @@ def k_sweep(sweep: Sequence[Mapping[str, Any]], *, source: str) -> dict[str, go.
                              cliponaxis=False, hovertemplate="k = %{x}: %{y:.2f}× the baseline<extra></extra>"))
     speed.add_hline(y=1.0, line_dash="dot", line_color=palette.REFERENCE, annotation_text="baseline",
                     annotation_position="bottom right")
-    speed.update_layout(**_bench_layout("Speedup by k", f"tokens/s ÷ the baseline's, interleaved per k · {over} · {source}"),
+    speed.update_layout(**_bench_layout("Speedup by k",
+                                        f"tokens/s ÷ the baseline's, interleaved per k · {over} · {source}"),
                         xaxis_title="k (drafts per step)", xaxis_dtick=1, yaxis_title="speedup (× baseline)",
                         yaxis_range=[0, max([v for v in speeds if v is not None] + [1.0]) * 1.25], showlegend=False)
     return {"sweep_acceptance": tau, "sweep_speedup": speed}

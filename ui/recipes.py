@@ -3,11 +3,14 @@ cards of the drafts on disk (the shipped draft's card holds its curve and k swee
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from engine.fsutil import read_json
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -64,7 +67,8 @@ def all_results() -> dict[str, RecipeResults]:
     for config in sorted(CONFIGS.glob("*.yaml")):
         try:
             recipe = load_recipe(str(config))
-        except Exception:  # noqa: BLE001 - a broken recipe file is the recipe command's to report
+        except Exception as exc:  # noqa: BLE001 - a broken recipe file is the recipe command's to report
+            log.info("skipping recipe %s: %s", config, exc)
             continue
         found = from_work(recipe["name"], recipe["work"])
         if found:

@@ -158,7 +158,7 @@ def test_models_page_inspects_and_validates_the_draft(runs, tiny_target, tiny_dr
     (Path(tiny_draft) / "README.md").write_text("---\nlibrary_name: speculators\n---\n# Tiny draft\n\n"
                                                 "## Training\n- 12 optimizer steps\n")
     at = open_app(tiny_target, tiny_draft, page="models")
-    facts = {row["what"]: row["value"] for d in at.dataframe if "what" in d.value.columns
+    facts = {row["what"]: row["value"] for d in at.table if "what" in d.value.columns
              for row in d.value.to_dict("records")}
     assert facts["layers"] == "4" and facts["hidden_size"] == "64"  # the tiny target's config, as numbers
     assert facts["vocab_size"] == f"{int(facts['vocab_size'].replace(',', '')):,}"  # thousands separated
