@@ -205,7 +205,11 @@ with tab_compare:
             runs = training.metric_runs()
             if not runs:
                 st.info("No run has written metrics yet.")
-            chosen = st.multiselect("Runs to compare", list(runs), default=list(runs)[:2], key="train_compare")
+            default = list(runs)[:2]
+            if ss.get("train_compare") in (None, ss.get("train_compare_auto")):  # untouched: follow new runs
+                ss["train_compare"] = default
+            ss["train_compare_auto"] = default
+            chosen = st.multiselect("Runs to compare", list(runs), key="train_compare")
             shipped = recipes.shipped_curve(catalog.shipped_draft(state.active_target()))
             show_shipped = shipped is not None and st.checkbox(
                 "Beside them, the shipped draft's own curve", True, key="train_compare_shipped",

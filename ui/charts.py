@@ -107,6 +107,8 @@ def training_figures(runs: Mapping[str, Sequence[Mapping[str, Any]]],
             name="shipped draft · decoding (model card)", line=dict(width=2, dash="dash", color=palette.SHIPPED),
             hovertemplate="shipped draft, step %{x}: %{y:.2f} tokens per step<extra></extra>")
     xaxis = step_axis(runs)
+    for fig in figs.values():
+        fig.update_layout(showlegend=True)  # a lone trace still says what it is
     figs["loss"].update_layout(title="Loss", xaxis=xaxis, yaxis_title="loss (lower is better)", **_LAYOUT)
     figs["accuracy"].update_layout(title="Accuracy per draft step", xaxis=xaxis,
                                    yaxis_title="draft token = target token", yaxis_range=[0, 1],

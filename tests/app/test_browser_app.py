@@ -264,7 +264,8 @@ def test_training_job_chart_updates(page, tmp_path):
     no_traceback(page)
     shot(page, "12-train-stopped")
     page.get_by_role("tab", name="Compare runs").click()
-    page.get_by_text("shipped draft · decoding (model card)").first.wait_for(timeout=60_000)  # legend entry
+    page.wait_for_function("() => [...document.querySelectorAll('.js-plotly-plot')].some(g => (g.data || [])"
+                           ".some(t => (t.name || '').startsWith('shipped draft')))", timeout=60_000)
     idle(page)
     no_traceback(page)
     shot(page, "12-train-compare")
