@@ -230,19 +230,39 @@ def evaluation_section(result: dict[str, Any], sweep: list[dict[str, Any]] | Non
     return lines + [EVAL_END, ""]
 
 
-def sweep_from_card(text: str) -> list[dict[str, Any]]:
-    """The measured k sweep a generated card holds (its "Number of speculative tokens" table): k and speedup."""
+def _table_rows(text: str, heading: str, width: int) -> list[list[str]]:
+    """The data rows (cells stripped) of the first markdown table under `### heading...` in a generated card."""
     rows, inside = [], False
     for line in text.splitlines():
-        if line.startswith("### Number of speculative tokens"):
+        if line.startswith("### " + heading):
             inside = True
             continue
         if inside and line.startswith("#"):
             break
         cells = [c.strip() for c in line.strip().strip("|").split("|")] if inside and line.startswith("|") else []
-        if len(cells) == 5 and cells[0].isdigit() and cells[3].endswith("×"):
-            rows.append({"k": int(cells[0]), "speedup": float(cells[3].rstrip("×"))})
+        if len(cells) == width and cells[0].isdigit():
+            rows.append(cells)
     return rows
+
+
+def _floats(cell: str) -> list[float]:
+    return [float(x) for x in cell.split(",") if x.strip() not in ("", "–")]
+
+
+def sweep_from_card(text: str) -> list[dict[str, Any]]:
+    """The measured k sweep a generated card holds (its "Number of speculative tokens" table): k, acceptance
+    length, per-position acceptance, speedup and whether the output was identical (values as the card rounds them)."""
+    return [{"k": int(c[0]), "mean_acceptance_length": float(c[1]), "per_position_acceptance": _floats(c[2]),
+             "speedup": float(c[3].rstrip("×")), "identical_to_baseline": c[4] == "yes"}
+            for c in _table_rows(text, "Number of speculative tokens", 5) if c[3].endswith("×")]
+
+
+def curve_from_card(text: str) -> list[dict[str, Any]]:
+    """The acceptance curve a generated card holds ("Acceptance length against training tokens"): per kept
+    checkpoint its step, training tokens (the card rounds them to thousands), acceptance length and per position."""
+    return [{"step": int(c[0]), "training_tokens": float(c[1].rstrip("k")) * 1e3,
+             "mean_acceptance_length": float(c[2]), "per_position_acceptance": _floats(c[3])}
+            for c in _table_rows(text, "Acceptance length against training tokens", 4) if c[1].endswith("k")]
 
 
 def write_evaluation_section(card: str | Path, result: dict[str, Any], sweep: list[dict[str, Any]] | None = None

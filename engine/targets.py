@@ -155,14 +155,47 @@ def resolve_target(name_or_path: str | os.PathLike | None = None) -> TargetRef:
     return TargetRef(name, name, name)
 
 
-def in_hf_cache(repo_id: str) -> bool:
-    """True when a hub id's config.json is in the local Hugging Face cache (nothing is downloaded)."""
+def cached_snapshot(repo_id: str) -> Path | None:
+    """The local Hugging Face cache folder of a hub id (the one holding its config.json), or None (nothing is
+    downloaded)."""
     try:
         from huggingface_hub import try_to_load_from_cache
 
-        return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
+        found = try_to_load_from_cache(repo_id, "config.json")
     except Exception:  # noqa: BLE001 - an unusable cache simply means "not cached"
-        return False
+        return None
+    return Path(found).parent if isinstance(found, str) else None
+
+
+def in_hf_cache(repo_id: str) -> bool:
+    """True when a hub id's config.json is in the local Hugging Face cache (nothing is downloaded)."""
+    return cached_snapshot(repo_id) is not None
+
+
+def target_problem(name: str) -> WorkbenchError | None:
+    """Why `name` cannot be used as a target on this machine, offline (None when it can); loads nothing and
+    prepares nothing, so a page can check a name before it is made active."""
+    name = str(name).strip()
+    if not name:
+        return WorkbenchError("no target given", hint="give a built-in name, a local model folder or a hub id")
+    if name in BUILTIN_TARGETS or name.lower() in BUILTIN_BY_HUB_ID:
+        return None  # served from its package
+    local = Path(name).expanduser()
+    if local.is_dir():
+        if (local / "config.json").is_file():
+            return None
+        return WorkbenchError(f"{local} has no config.json", hint="point at a Hugging Face model folder")
+    if local.exists():
+        return WorkbenchError(f"{local} is a file, not a model folder", hint="give the folder that holds config.json")
+    if in_hf_cache(name):
+        return None
+    looks_local = name.startswith(("/", "~", ".")) or name.count("/") != 1
+    if looks_local:
+        return WorkbenchError(f"{name}: no such folder", hint="check the path (it is read on the machine that runs "
+                              "the app)")
+    return WorkbenchError(f"{name} is not in the local Hugging Face cache, and the workbench downloads nothing",
+                          hint=f"run `huggingface-cli download {name}` where there is network access (same "
+                          "HF_HOME), or use the built-in target or a local model folder")
 
 
 @dataclass

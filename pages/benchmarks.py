@@ -4,7 +4,7 @@ import json
 
 import streamlit as st
 
-from ui import bench, charts, state
+from ui import bench, charts, recipes, state
 from ui import evaluate as evaluate_ui
 from ui.cli import show_cli
 from ui.errors import guard
@@ -15,8 +15,11 @@ st.caption("The baseline and each speculative method generate the same held-out 
            "definitions, and the speedup ceiling is what the acceptance would give if drafting were free.")
 
 ss = st.session_state
+RECIPE_COLUMNS = {"training tokens": st.column_config.NumberColumn(format="localized"),
+                  "mean acceptance length": st.column_config.NumberColumn(format="%.2f"),
+                  "speedup": st.column_config.NumberColumn(format="%.2f×")}
 target, draft = state.active_target(), state.active_draft()
-run_tab, results_tab = st.tabs(["Run a benchmark", "Results"])
+results_tab, run_tab = st.tabs(["Results", "Run a benchmark"])  # opens on the results
 
 with run_tab:
     with st.form("bench_form", border=False):
@@ -83,8 +86,8 @@ with results_tab:
                 cols = st.columns(2)
                 for col, name in zip(cols, names[i:i + 2]):
                     with col:
-                        st.plotly_chart(figs[name], key=f"bench_fig_{name}")
-            st.caption("Charts: hover for values; the camera icon above a chart saves it as PNG.")
+                        charts.show(figs[name], key=f"bench_fig_{name}", filename=f"bench-{name}")
+            st.caption("Charts: hover for values; the camera button at the top right of a chart saves it as PNG.")
             st.dataframe(bench.table(result), hide_index=True, width="stretch")
             st.download_button("Download the table (CSV)", bench.to_csv(bench.table_raw(result)),
                                file_name="bench-methods.csv", mime="text/csv", key="bench_csv",
@@ -112,9 +115,43 @@ with results_tab:
                     if spec:
                         method = st.selectbox("Heat map of", spec, key="bench_heat_method")
                         z, labels = bench.heatmap_data(result, method)
-                        st.plotly_chart(charts.acceptance_heatmap(z, labels, method), key="bench_heatmap")
+                        charts.show(charts.acceptance_heatmap(z, labels, method), key="bench_heatmap",
+                                    filename=f"bench-heatmap-{method}")
             if result.get("command"):
                 show_cli(result["command"], label="The command that produced it")
+
+    st.markdown("#### Training recipe: acceptance over checkpoints and the k sweep")
+    with guard("Reading the recipe's results"):
+        found = recipes.all_results()
+        if not found:
+            st.caption("No recipe results yet: `python -m engine recipe NAME` measures every kept checkpoint "
+                       "(curve.json) and each k (sweep.json) in its work folder.")
+        else:
+            pick = st.selectbox("Measurements of", list(found), key="bench_recipe",
+                                help="The shipped draft's model card (its tables), then each recipe's work folder.")
+            rec = found[pick]
+            st.caption(f"From `{rec.where}`" + (" (the card's tables: 2 decimals, tokens in thousands)."
+                                                 if rec.rounded else " (exact values)."))
+            source = "shipped model card" if rec.rounded else "recipe"
+            if rec.curve:
+                c1, c2 = st.columns(2)
+                charts.show(charts.acceptance_curve(rec.curve, source=source), key="bench_recipe_curve",
+                            filename="acceptance-vs-training-tokens", container=c1)
+                charts.show(charts.checkpoint_heatmap(rec.curve, source=source), key="bench_recipe_heatmap",
+                            filename="acceptance-per-position-and-checkpoint", container=c2)
+            if rec.sweep:
+                figs = charts.k_sweep(rec.sweep, source=source)
+                c1, c2 = st.columns(2)
+                for col, (name, fig) in zip((c1, c2), figs.items()):
+                    charts.show(fig, key=f"bench_recipe_{name}", filename=name.replace("_", "-"), container=col)
+            t1, t2 = st.columns(2)
+            for col, (title, rows, name) in zip((t1, t2), (("Checkpoints", recipes.curve_rows(rec), "curve"),
+                                                           ("k sweep", recipes.sweep_rows(rec), "sweep"))):
+                if rows:
+                    col.markdown(f"**{title}**")
+                    col.dataframe(rows, hide_index=True, width="stretch", column_config=RECIPE_COLUMNS)
+                    col.download_button(f"Download ({name}.csv)", bench.to_csv(rows), file_name=f"recipe-{name}.csv",
+                                        mime="text/csv", key=f"bench_recipe_csv_{name}", icon=":material/download:")
 
     st.markdown("#### Offline evaluations (decoding walk, every k)")
     with guard("Reading evaluation results"):

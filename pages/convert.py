@@ -99,7 +99,8 @@ else:
              icon=":material/help:")
     st.caption(det.instead)
 
-picked = watch_jobs(["convert"], "Conversion jobs", key="convert")
+picked = watch_jobs(["convert"], "Conversions of this checkpoint", key="convert",
+                    where=lambda job: conv.converts(job, det.folder))  # not another checkpoint's failed job
 if picked and picked.status.state == "done":
     result_dir = argv_value(picked, "--out") or result_dir
 

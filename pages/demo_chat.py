@@ -127,9 +127,10 @@ def _why(turn: dict, index: int) -> None:
             st.caption(turn["busy"])
         st.dataframe([explain_row(r) for r in rows.values()], hide_index=True, width="stretch")
         c1, c2 = st.columns(2)
-        c1.plotly_chart(charts.step_cost_bars(rows), key=f"chat_cost_{index}")
+        charts.show(charts.step_cost_bars(rows), key=f"chat_cost_{index}", filename="step-cost", container=c1)
         if any(r.get("per_position_acceptance") for r in rows.values()):
-            c2.plotly_chart(charts.per_position_compare(rows), key=f"chat_pos_{index}")
+            charts.show(charts.per_position_compare(rows), key=f"chat_pos_{index}", filename="acceptance-per-position",
+                        container=c2)
         curve = turn.get("cost_curve") or {}
         if curve.get(turn["k"] + 1):
             st.caption(f"The target's cost curve on this machine: one forward over {turn['k'] + 1} tokens costs "
@@ -160,8 +161,8 @@ def _show_turn(turn: dict, index: int) -> None:
             for name in names:
                 side = turn["sides"][name]
                 if side["step_lengths"]:
-                    st.plotly_chart(charts.acceptance_bars(side["step_lengths"], turn["k"]),
-                                    key=f"chat_bars_{index}_{name}")
+                    charts.show(charts.acceptance_bars(side["step_lengths"], turn["k"]),
+                                key=f"chat_bars_{index}_{name}", filename=f"acceptance-per-step-{name}")
                 st.markdown(f"**{side['label']}**")
                 st.dataframe(side["steps"], hide_index=True, width="stretch")
         show_cli(turn["cli"], label="Equivalent CLI commands")

@@ -1,8 +1,8 @@
 """Models: choose the target (built-in, hub id, local folder) and the draft; inspect and validate them."""
 
-import streamlit as st
-
 from pathlib import Path
+
+import streamlit as st
 
 from ui import catalog, report, resources, state
 from ui import evaluate as evaluate_ui
@@ -20,8 +20,6 @@ DRAFT_SOURCES = ["Shipped", "Trained runs", "Converted", "Local folder", "None"]
 
 
 def _initial_target_source(active: str) -> str:
-    from pathlib import Path
-
     if active in BUILTIN_TARGETS:
         return "Built-in"
     return "Local folder" if Path(active).expanduser().exists() else "Hub id"
@@ -33,6 +31,19 @@ ss.setdefault("models_target_source", _initial_target_source(active_target))
 ss.setdefault("models_target_builtin", active_target if active_target in BUILTIN_TARGETS else DEFAULT_TARGET)
 ss.setdefault("models_target_hub", "" if active_target in BUILTIN_TARGETS else active_target)
 ss.setdefault("models_target_folder", active_target if ss["models_target_source"] == "Local folder" else "")
+
+
+
+def facts_table(facts: dict) -> None:
+    """Facts as a two-column table, numbers as numbers (49,152; 1e-05), not strings in a JSON tree."""
+    st.table(catalog.fact_rows(facts), hide_index=True, hide_header=True)
+
+
+def weight_metrics(folder: str) -> None:
+    cols = st.columns(3)
+    for col, (name, value, exact) in zip(cols, catalog.weights_summary(folder).metrics()):
+        col.metric(name, value, help=exact)
+
 
 left, right = st.columns(2, gap="large")
 
@@ -53,8 +64,12 @@ with left:
         candidate = st.text_input("Local model folder", key="models_target_folder",
                                   placeholder="/path/to/model (holds config.json)").strip()
     is_active = candidate == active_target
+    problem = catalog.target_problem(candidate) if candidate else None
+    if problem:  # checked before it is made active, not when the first chat message is sent
+        st.error(f"**Cannot use this target:** {problem}", icon=":material/cloud_off:")
     if st.button("Active target" if is_active else "Use this target", key="models_use_target",
-                 disabled=not candidate or is_active, type="primary", icon=":material/check:"):
+                 disabled=not candidate or is_active or problem is not None, type="primary",
+                 icon=":material/check:"):
         state.set_target(candidate)
         if state.draft_choice() != state.NONE:
             state.set_draft(state.AUTO)  # the previous draft belongs to the previous target
@@ -81,8 +96,8 @@ with right:
             st.success(f"The shipped draft for this target: `{shipped}`", icon=":material/inventory_2:")
             draft_candidate = state.AUTO
         else:
-            st.info("No shipped draft for this target yet (the one for the built-in target is being trained). "
-                    "The Demo chat and Benchmarks pages then offer the **n-gram** proposer only; train a draft on "
+            st.info("No shipped draft for this target. The Demo chat and Benchmarks pages then offer the **n-gram** "
+                    "proposer only; train a draft on "
                     "the Train page or pick a folder.", icon=":material/info:")
     elif dsource in ("Trained runs", "Converted"):
         entries = by_origin[("trained", "checkpoint")] if dsource == "Trained runs" else by_origin[("converted",)]
@@ -107,32 +122,28 @@ with right:
 st.divider()
 
 # -- details ----------------------------------------------------------------------------------------
-tab_t, tab_d = st.tabs(["Target details", "Draft details and validation"])
+tab_t, tab_d, tab_card = st.tabs(["Target details", "Draft details and validation", "Draft model card"])
 with tab_t:
     with guard("Reading the target"):
+        problem = catalog.target_problem(candidate) if candidate else None
         if not candidate:
             st.info("Enter a target above.")
+        elif problem:
+            st.info(f"Nothing to show: {problem}", icon=":material/cloud_off:")
         else:
             ref = resources.target_ref(candidate)
-            from pathlib import Path
-
-            if not Path(ref.path).is_dir():
-                st.warning(f"`{candidate}` is not a local folder and not in the Hugging Face cache. This machine "
-                           "may be offline and the workbench downloads nothing.", icon=":material/cloud_off:")
-                st.info("**What to do:** use the built-in target, a local model folder, or run "
-                        "`huggingface-cli download ...` where you have network access.")
-            else:
-                summary = catalog.target_summary(candidate, ref.path)
-                c1, c2 = st.columns(2)
-                with c1:
-                    st.markdown("**Architecture**")
-                    st.json({k: v for k, v in summary.items() if k != "folder"})
-                with c2:
-                    st.markdown("**Weights** (from safetensors headers; nothing loaded)")
-                    st.json(catalog.weights_summary(ref.path).rows())
-                    st.caption(f"Folder: `{ref.path}`" + (f" · hub id `{ref.hub_id}`" if ref.hub_id else ""))
-                with st.expander("config.json"):
-                    st.json(catalog.config_json(ref.path))
+            folder = catalog.target_folder(candidate, ref.path) or ref.path
+            summary = catalog.target_summary(candidate, folder)
+            c1, c2 = st.columns(2)
+            with c1:
+                st.markdown("**Architecture**")
+                facts_table({k: v for k, v in summary.items() if k != "folder"})
+            with c2:
+                st.markdown("**Weights** (from safetensors headers; nothing loaded)")
+                weight_metrics(folder)
+                st.caption(f"Folder: `{folder}`" + (f" · hub id `{ref.hub_id}`" if ref.hub_id else ""))
+            with st.expander("config.json"):
+                st.json(catalog.config_json(folder))
     show_cli(["targets"] + (["--prepare", candidate] if candidate in BUILTIN_TARGETS else ["--prepare", "none"]))
 
 with tab_d:
@@ -146,7 +157,7 @@ with tab_d:
             c1, c2 = st.columns(2)
             with c1:
                 st.markdown("**Draft**")
-                st.json(summary)
+                facts_table(summary)
                 target_hub = resources.target_ref(state.active_target()).hub_id
                 verifier = summary.get("verifier")
                 if verifier and target_hub and verifier != target_hub:
@@ -154,7 +165,7 @@ with tab_d:
                                icon=":material/link_off:")
             with c2:
                 st.markdown("**Weights**")
-                st.json(catalog.weights_summary(shown).rows())
+                weight_metrics(shown)
                 tok = None
                 with guard("Loading the tokenizer"):
                     tok = resources.tokenizer(state.active_target())
@@ -198,3 +209,17 @@ with tab_d:
             else:
                 st.caption("No evaluation of this draft yet.")
         show_cli(eval_argv)
+
+with tab_card:
+    if not shown:
+        st.info("No draft selected: no model card to show.")
+    else:
+        card = catalog.model_card(shown)
+        if card is None:
+            st.info(f"`{shown}` has no model card ({catalog.CARD}). `python -m engine recipe NAME` writes one for the "
+                    "draft it ships (training data, steps, results); `python -m engine evaluate --write-card` adds "
+                    "the decoding-exact acceptance per k to an existing card.", icon=":material/description:")
+        else:
+            st.caption(f"`{shown}/{catalog.CARD}`: what the draft was trained on, for how long, and what it reaches.")
+            with st.container(border=True):
+                st.markdown(card)

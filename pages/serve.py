@@ -107,8 +107,8 @@ with use_tab:
                         c2.metric("mean acceptance length", f"{tau:.2f}" if tau else "–")
                         rate = acc["acceptance_rate"]
                         c3.metric("acceptance rate", f"{rate:.0%}" if rate is not None else "–")
-                        st.plotly_chart(charts.per_position_bars(acc["per_position_acceptance"]),
-                                        key="serve_acceptance_chart")
+                        charts.show(charts.per_position_bars(acc["per_position_acceptance"]),
+                                    key="serve_acceptance_chart", filename="vllm-acceptance-per-position")
 
                 live_acceptance()
         if ready:

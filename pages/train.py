@@ -4,7 +4,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from ui import charts, forms, state, training
+from ui import catalog, charts, forms, recipes, state, training
 from ui.errors import callback, guard
 from ui.jobs import all_jobs, job_panel, job_selector, launch
 from ui.training import TrainConfig
@@ -88,8 +88,7 @@ tab_new, tab_watch, tab_compare = st.tabs(TABS, key="train_tab", on_change="reru
 with tab_new:
     b1, b2, b3 = st.columns(3)
     b1.button("Smoke-test preset (12 steps, online)", key="train_smoke", icon=":material/bolt:",
-              on_click=callback("Applying the preset", _preset, training.SMOKE),
-              help="Online training on 24 ShareGPT rows for 12 steps: checks the pipeline in about a minute on a CPU.")
+              on_click=callback("Applying the preset", _preset, training.SMOKE), help=training.smoke_help(_algo()))
     b2.button("Use the active target", key="train_use_active", icon=":material/hub:",
               on_click=callback("Setting the target", _preset, {"target": state.active_target()}))
     b3.button("Reset to defaults", key="train_reset", icon=":material/restart_alt:",
@@ -193,7 +192,7 @@ with tab_watch:
                         st.dataframe(training.progress_table(ranks), hide_index=True)
                     figs = charts.training_figures({out.name: rows})
                     for name, fig in figs.items():
-                        st.plotly_chart(fig, key=f"train_chart_{name}")
+                        charts.show(fig, key=f"train_chart_{name}", filename=f"{out.name}-{name}")
 
             live_charts()
 
@@ -206,14 +205,25 @@ with tab_compare:
             runs = training.metric_runs()
             if not runs:
                 st.info("No run has written metrics yet.")
-                return
-            chosen = st.multiselect("Runs to compare", list(runs), default=list(runs)[:2], key="train_compare")
-            if chosen:
-                figs = charts.training_figures({name: training.read_metrics(runs[name]) for name in chosen})
+            default = list(runs)[:2]
+            if ss.get("train_compare") in (None, ss.get("train_compare_auto")):  # untouched: follow new runs
+                ss["train_compare"] = default
+            ss["train_compare_auto"] = default
+            chosen = st.multiselect("Runs to compare", list(runs), key="train_compare")
+            shipped = recipes.shipped_curve(catalog.shipped_draft(state.active_target()))
+            show_shipped = shipped is not None and st.checkbox(
+                "Beside them, the shipped draft's own curve", True, key="train_compare_shipped",
+                help=f"Mean acceptance length decoding measured on held-out prompts at each kept checkpoint of the "
+                     f"shipped draft (its model card, `{shipped.where if shipped else ''}`), by optimizer step (runs "
+                     "with other batch sizes see other numbers of tokens per step).")
+            if chosen or show_shipped:
+                figs = charts.training_figures({name: training.read_metrics(runs[name]) for name in chosen},
+                                               reference=shipped.curve if show_shipped else None)
+                figs = {name: fig for name, fig in figs.items() if fig.data}  # the shipped curve alone: one chart
                 cols = st.columns(3)
                 for col, (name, fig) in zip(cols, figs.items()):
                     with col:
-                        st.plotly_chart(fig, key=f"train_compare_{name}")
+                        charts.show(fig, key=f"train_compare_{name}", filename=f"compare-{name}")
 
     compare_runs()
     st.button("Refresh the list of runs", key="train_compare_refresh", icon=":material/refresh:")

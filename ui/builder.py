@@ -215,6 +215,15 @@ def on_form_edit(path: str, kind: FieldKind, raw: bool) -> None:
     st.session_state.pop(JSON_ERROR, None)
 
 
+def field_label(path: str) -> str:
+    """A form label that wraps between words: the field's name in words, with its parent object when that is not
+    the form section's own (`verifier · name or path`); the exact JSON path is in the help."""
+    parts = [re.sub(r"\[\d+\]$", "", p) for p in path.split(".")
+             if p not in ("speculators_config", "transformer_layer_config")]
+    words = [p.replace("_", " ") for p in parts if p != "proposal_methods"]
+    return " · ".join(words)
+
+
 def widget(field: BuilderField, issues: list) -> None:
     """The widget for one path of the config, with its validation findings under it."""
     cfg = st.session_state[CFG]
@@ -226,7 +235,7 @@ def widget(field: BuilderField, issues: list) -> None:
             st.session_state[key] = "" if value is MISSING else json.dumps(value)
         else:
             st.session_state[key] = to_widget(field.kind, None if value is MISSING else value)
-    label = field.path.replace("speculators_config.", "").replace("transformer_layer_config.", "")
+    label = field_label(field.path)
     help_text = (field.help or "") + f"\n\nJSON path: `{field.path}`" + ("" if value is not MISSING else " (not set)")
     common = dict(key=key, help=help_text, on_change=on_form_edit, args=(field.path, field.kind, raw))
     kind = field.kind.kind

@@ -94,6 +94,12 @@ class WeightsSummary:
         return {"parameters": _human_count(self.parameters), "on disk": _human_bytes(self.bytes_on_disk),
                 "tensors": str(self.tensors), "dtypes": ", ".join(f"{k} ({v})" for k, v in self.dtypes.items())}
 
+    def metrics(self) -> list[tuple[str, str, str]]:
+        """(label, short value, exact value) for metric cards: 134.5M parameters, exactly 134,515,008."""
+        return [("parameters", _human_count(self.parameters), f"{self.parameters:,} parameters"),
+                ("on disk", _human_bytes(self.bytes_on_disk), f"{self.bytes_on_disk:,} bytes"),
+                ("tensors", f"{self.tensors:,}", ", ".join(f"{v} in {k}" for k, v in self.dtypes.items()))]
+
 
 def weights_summary(folder: str | Path) -> WeightsSummary:
     """Parameter count, size and dtypes from safetensors headers only (no weights loaded)."""
@@ -179,6 +185,69 @@ def vocab_mapping(path: str, rows: int = 12, tokenizer=None) -> dict[str, Any] |
             "has t2d": "t2d" in index, "first rows": head}
 
 
+def format_value(value: Any) -> str:
+    """A fact as a person reads it: 49,152 not "49152", 1e-05 as written, lists as "2, 15, 27", – for none."""
+    if value is None:
+        return "–"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(format_value(v) for v in value) or "–"
+    if isinstance(value, dict):
+        return ", ".join(f"{k}: {format_value(v)}" for k, v in value.items()) or "–"
+    return str(value)
+
+
+def fact_rows(facts: dict[str, Any]) -> list[dict[str, str]]:
+    """A facts dict as two-column table rows (what, value), values formatted by `format_value`."""
+    return [{"what": str(k), "value": format_value(v)} for k, v in facts.items()]
+
+
+def target_problem(name: str) -> str | None:
+    """Why a target cannot be made active on this machine (e.g. a hub id not in the local cache), or None."""
+    from engine.targets import target_problem as problem
+
+    exc = problem(name)
+    if exc is None:
+        return None
+    return exc.message + (f". {exc.hint[0].upper()}{exc.hint[1:]}." if exc.hint else "")
+
+
+def target_folder(name: str, resolved_path: str) -> str | None:
+    """The local folder holding a resolved target's files: the folder itself, or a hub id's cache snapshot."""
+    from engine.targets import cached_snapshot
+
+    if Path(resolved_path).is_dir():
+        return resolved_path
+    snapshot = cached_snapshot(name)
+    return str(snapshot) if snapshot else None
+
+
+CARD = "README.md"
+
+
+def model_card(folder: str | Path) -> str | None:
+    """A draft's model card (README.md) without its YAML front matter, headings moved two levels down so they
+    sit under the page's own; None when the folder has no card."""
+    path = Path(folder) / CARD
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+    if text.startswith("---"):
+        end = text.find("\n---", 3)
+        text = text[end + 4:] if end != -1 else text
+    lines, in_code = [], False
+    for line in text.strip().splitlines():
+        in_code ^= line.startswith("```")
+        lines.append("##" + line if line.startswith("#") and not in_code else line)
+    return "\n".join(lines)
+
+
 def config_json(path: str) -> dict[str, Any]:
     return read_config_dict(path)
 
@@ -188,14 +257,20 @@ def pretty(obj: Any) -> str:
 
 
 __all__ = [
+    "CARD",
     "DraftEntry",
     "builtin_targets",
     "config_json",
     "default_target",
     "draft_summary",
+    "fact_rows",
     "find_drafts",
+    "format_value",
+    "model_card",
     "pretty",
     "shipped_draft",
+    "target_folder",
+    "target_problem",
     "target_summary",
     "vocab_mapping",
     "weights_summary",

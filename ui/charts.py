@@ -13,6 +13,21 @@ from ui import palette
 _LAYOUT = dict(margin=dict(l=10, r=10, t=40, b=10), height=320, legend=dict(orientation="h", y=-0.2))
 
 
+def png_config(filename: str) -> dict[str, Any]:
+    """Plotly's toolbar always shown, reduced to its PNG export button (2× scale, named after the chart)."""
+    return {"displayModeBar": True, "displaylogo": False,
+            "modeBarButtons": [["toImage"]],
+            "toImageButtonOptions": {"format": "png", "filename": re.sub(r"[^A-Za-z0-9_.-]+", "-", filename),
+                                     "scale": 2}}
+
+
+def show(fig: go.Figure, *, key: str, filename: str | None = None, container: Any = None) -> None:
+    """Draw a figure with its PNG export button (camera icon, "Download plot as a png") always visible."""
+    import streamlit as st
+
+    (container or st).plotly_chart(fig, key=key, config=png_config(filename or key))
+
+
 def acceptance_bars(lengths: Sequence[int], k: int) -> go.Figure:
     """Tokens emitted per speculative step (1 = no draft accepted, k+1 = all accepted plus the bonus)."""
     fig = go.Figure(go.Bar(x=list(range(1, len(lengths) + 1)), y=list(lengths), marker_color=palette.ACCEPTED_BAR,
@@ -52,38 +67,54 @@ def step_axis(runs: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, Any]
     return axis
 
 
-def training_figures(runs: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, go.Figure]:
-    """Loss, per-step accuracy and estimated acceptance length over steps, one trace per run and split."""
+def training_figures(runs: Mapping[str, Sequence[Mapping[str, Any]]],
+                     reference: Sequence[Mapping[str, Any]] | None = None) -> dict[str, go.Figure]:
+    """Loss, per-step accuracy and estimated acceptance length over steps, one colour per run, the split as the
+    line style (ui/palette.py); `reference` (the shipped draft's curve: step, mean_acceptance_length) is drawn
+    on the acceptance chart."""
     figs = {name: go.Figure() for name in ("loss", "accuracy", "acceptance")}
     many = len(runs) > 1
-    for run, rows in runs.items():
-        tag = f"{run} · " if many else ""
-        for split, dash in (("train", None), ("val", "dot")):
+    for i, (run, rows) in enumerate(runs.items()):
+        tag, colour = (f"{run} · " if many else ""), palette.run_colour(i)
+        keys = acc_keys(rows)
+        for split in ("train", "val"):
+            dash = palette.SPLIT_DASH[split]
             x, y = _series(rows, split, "loss")
             if x:
-                figs["loss"].add_scatter(x=x, y=y, mode=_mode(x, split), name=f"{tag}{split}", line=dict(dash=dash))
-            for key in acc_keys(rows):
+                figs["loss"].add_scatter(x=x, y=y, mode=_mode(x, split), name=f"{tag}{split}",
+                                         line=dict(dash=dash, color=colour))
+            for j, key in enumerate(keys):
                 x, y = _series(rows, split, key)
                 if x:
                     figs["accuracy"].add_scatter(x=x, y=y, mode=_mode(x, split),
                                                  name=f"{tag}{split} step {int(key.rsplit('_', 1)[1]) + 1}",
-                                                 line=dict(dash=dash))
+                                                 line=dict(dash=dash,
+                                                           color=palette.position_colour(colour, j, len(keys))))
             x, y = _series(rows, split, "est_acceptance_length")
             if x:
                 figs["acceptance"].add_scatter(x=x, y=y, mode=_mode(x, split),
-                                               name=f"{tag}{split} · per-token estimate", line=dict(dash=dash))
+                                               name=f"{tag}{split} · per-token estimate",
+                                               line=dict(dash=dash, color=colour))
         # what greedy decoding will measure on the validation split (engine.evaluate's walk)
         x, y = _series(rows, "val", "walk_acceptance_length")
         if x:
             figs["acceptance"].add_scatter(x=x, y=y, mode="lines+markers", name=f"{tag}val · decoding walk",
-                                           line=dict(width=3))
+                                           line=dict(width=3, color=palette.WALK if not many else colour))
+    ref = [r for r in reference or [] if r.get("mean_acceptance_length") is not None]
+    if ref:
+        figs["acceptance"].add_scatter(
+            x=[r["step"] for r in ref], y=[r["mean_acceptance_length"] for r in ref], mode="lines+markers",
+            name="shipped draft · decoding (model card)", line=dict(width=2, dash="dash", color=palette.SHIPPED),
+            hovertemplate="shipped draft, step %{x}: %{y:.2f} tokens per step<extra></extra>")
     xaxis = step_axis(runs)
+    for fig in figs.values():
+        fig.update_layout(showlegend=True)  # a lone trace still says what it is
     figs["loss"].update_layout(title="Loss", xaxis=xaxis, yaxis_title="loss (lower is better)", **_LAYOUT)
     figs["accuracy"].update_layout(title="Accuracy per draft step", xaxis=xaxis,
                                    yaxis_title="draft token = target token", yaxis_range=[0, 1],
                                    yaxis_tickformat=".0%", **_LAYOUT)
-    figs["acceptance"].update_layout(title="Acceptance length", xaxis=xaxis, yaxis_title="tokens per step",
-                                     **_LAYOUT)
+    figs["acceptance"].update_layout(title="Acceptance length", xaxis=step_axis({**runs, "shipped": ref}),
+                                     yaxis_title="tokens per step", **_LAYOUT)
     return figs
 
 
@@ -137,7 +168,8 @@ def bench_figures(result: Mapping[str, Any]) -> dict[str, go.Figure]:
     if ceil:
         speed.add_scatter(x=[m for m, _ in ceil], y=[c for _, c in ceil], mode="markers+text",
                           name="ceiling (free drafting)", cliponaxis=False,
-                          marker=dict(symbol="line-ew-open", size=40, line=dict(width=3, color=palette.CEILING)),
+                          marker=dict(symbol="line-ew-open", size=40, color=palette.CEILING,
+                                      line=dict(width=3, color=palette.CEILING)),
                           text=[f"ceiling {c:.2f}×" for _, c in ceil], textposition="top center",
                           hovertemplate="%{x}: at most %{y:.2f}× if drafting were free<extra></extra>")
     speed.add_hline(y=1.0, line_dash="dot", line_color=palette.REFERENCE, annotation_text="baseline",
@@ -169,9 +201,9 @@ def acceptance_heatmap(z: Sequence[Sequence[float | None]], prompts: Sequence[st
                                colorbar=dict(title="accepted", tickformat=".0%"),
                                hovertemplate="%{y} · position %{x}: %{z:.0%}<extra></extra>"))
     fig.update_layout(**_bench_layout(f"Acceptance per position and prompt · {method}",
-                                      "share of that prompt's steps whose first i drafts were accepted"),
-                      xaxis_title="draft position", yaxis_title="prompt", yaxis_autorange="reversed",
-                      height=max(300, 120 + 18 * len(prompts)))
+                                      "share of that prompt's steps whose first i drafts were accepted",
+                                      height=max(300, 120 + 18 * len(prompts))),
+                      xaxis_title="draft position", yaxis_title="prompt", yaxis_autorange="reversed")
     return fig
 
 
@@ -222,3 +254,73 @@ def per_position_compare(rows: Mapping[str, Mapping[str, Any]]) -> go.Figure:
                       yaxis_title="accepted (share of steps)", yaxis_range=[0, 1.15], yaxis_tickformat=".0%",
                       barmode="group", **{**_LAYOUT, "height": 300})
     return fig
+
+
+# -- the recipe's measurements: acceptance over checkpoints, the k sweep -------------------------------
+
+
+def acceptance_curve(curve: Sequence[Mapping[str, Any]], *, source: str) -> go.Figure:
+    """Mean acceptance length of each kept checkpoint against the training tokens it had seen."""
+    rows = [r for r in curve if r.get("mean_acceptance_length") is not None]
+    fig = go.Figure(go.Scatter(
+        x=[r.get("training_tokens", 0) for r in rows], y=[r["mean_acceptance_length"] for r in rows],
+        customdata=[r.get("step") for r in rows], mode="lines+markers", name="mean acceptance length",
+        line=dict(color=palette.ACCEPTED_BAR, width=3),
+        hovertemplate="step %{customdata} · %{x:,.0f} tokens: %{y:.2f} tokens per step<extra></extra>"))
+    fig.add_hline(y=1.0, line_dash="dot", line_color=palette.REFERENCE, annotation_text="1 = nothing accepted",
+                  annotation_position="bottom right")
+    top = max([r["mean_acceptance_length"] for r in rows] + [1.0])
+    fig.update_layout(**_bench_layout("Acceptance length against training tokens",
+                                      f"each kept checkpoint, measured on held-out prompts · {source}"),
+                      xaxis_title="training tokens seen", xaxis_tickformat="~s", yaxis_title="tokens per step",
+                      yaxis_range=[0.9, top * 1.1], showlegend=False)
+    return fig
+
+
+def checkpoint_heatmap(curve: Sequence[Mapping[str, Any]], *, source: str) -> go.Figure:
+    """Acceptance per draft position × checkpoint (green = accepted, as everywhere)."""
+    rows = [r for r in curve if r.get("per_position_acceptance")]
+    width = max((len(r["per_position_acceptance"]) for r in rows), default=0)
+    z = [list(r["per_position_acceptance"]) + [None] * (width - len(r["per_position_acceptance"])) for r in rows]
+    labels = [f"step {r.get('step')} · {(r.get('training_tokens') or 0) / 1e3:,.0f}k tokens" for r in rows]
+    fig = go.Figure(go.Heatmap(z=z, x=[str(i) for i in range(1, width + 1)], y=labels, zmin=0, zmax=1,
+                               colorscale=[[0, "#ffffff"], [1, palette.ACCEPTED_BAR]],
+                               colorbar=dict(title="accepted", tickformat=".0%"),
+                               texttemplate="%{z:.0%}", hovertemplate="%{y} · position %{x}: %{z:.0%}<extra></extra>"))
+    fig.update_layout(**_bench_layout("Acceptance per position and checkpoint",
+                                      "share of steps whose first i drafts were accepted, held-out prompts · "
+                                      + source,
+                                      height=max(340, 130 + 24 * len(rows))),
+                      xaxis_title="draft position", yaxis_title="checkpoint", yaxis_autorange="reversed")
+    return fig
+
+
+def k_sweep(sweep: Sequence[Mapping[str, Any]], *, source: str) -> dict[str, go.Figure]:
+    """For each k: the mean acceptance length (against its k+1 ceiling) and the measured speedup."""
+    rows = [r for r in sweep if r.get("k") is not None]
+    ks = [int(r["k"]) for r in rows]
+    taus = [r.get("mean_acceptance_length") for r in rows]
+    tau = go.Figure()
+    tau.add_bar(x=ks, y=taus, name="mean acceptance length", marker_color=palette.ACCEPTED_BAR,
+                text=[f"{t:.2f}" if t is not None else "" for t in taus], textposition="outside", cliponaxis=False,
+                hovertemplate="k = %{x}: %{y:.2f} tokens per step<extra></extra>")
+    tau.add_scatter(x=ks, y=[k + 1 for k in ks], mode="markers", name="at most k + 1",
+                    marker=dict(symbol="line-ew-open", size=30, color=palette.REFERENCE,
+                                line=dict(width=2, color=palette.REFERENCE)),
+                    hovertemplate="k = %{x}: at most %{y} tokens per step<extra></extra>")
+    n = next((r.get("num_prompts") for r in rows if r.get("num_prompts")), None)
+    over = f"{n} held-out prompts" if n else "held-out prompts"
+    tau.update_layout(**_bench_layout("Acceptance length by k", f"tokens per verification step · {over} · {source}"),
+                      xaxis_title="k (drafts per step)", xaxis_dtick=1, yaxis_title="tokens per step",
+                      yaxis_range=[0, max(ks + [1]) + 1.5])
+    speeds = [r.get("speedup") for r in rows]
+    speed = go.Figure(go.Bar(x=ks, y=speeds, marker_color=palette.method_colour("draft"),
+                             text=[f"{v:.2f}×" if v is not None else "" for v in speeds], textposition="outside",
+                             cliponaxis=False, hovertemplate="k = %{x}: %{y:.2f}× the baseline<extra></extra>"))
+    speed.add_hline(y=1.0, line_dash="dot", line_color=palette.REFERENCE, annotation_text="baseline",
+                    annotation_position="bottom right")
+    speed.update_layout(**_bench_layout("Speedup by k",
+                                        f"tokens/s ÷ the baseline's, interleaved per k · {over} · {source}"),
+                        xaxis_title="k (drafts per step)", xaxis_dtick=1, yaxis_title="speedup (× baseline)",
+                        yaxis_range=[0, max([v for v in speeds if v is not None] + [1.0]) * 1.25], showlegend=False)
+    return {"sweep_acceptance": tau, "sweep_speedup": speed}

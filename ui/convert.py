@@ -149,6 +149,13 @@ def convert_argv(src: str, out: str, verifier: str | None, aux_layer_ids: str | 
     return argv
 
 
+def converts(job, src: str | Path) -> bool:
+    """Whether a convert job's source (its first argument) is the checkpoint folder `src`."""
+    argv = list(job.argv)
+    source = argv[argv.index("convert") + 1] if "convert" in argv[:-1] else None
+    return source is not None and Path(source).resolve() == Path(src).resolve()
+
+
 def default_out(src: str | Path) -> str:
     return str(runs_dir() / "converted" / Path(src).name)
 

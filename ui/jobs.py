@@ -6,7 +6,7 @@ Everything shown is rebuilt from `runs/<id>/` on each poll, so a browser refresh
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import streamlit as st
@@ -65,8 +65,27 @@ def argv_value(job: engine_jobs.Job, flag: str) -> str | None:
     return None
 
 
+def failure_parts(message: str) -> tuple[str, str | None]:
+    """A failed job's message ("error: what" lines, then "Fix: how") split into (what, how)."""
+    what, how = [], []
+    for line in (message or "").splitlines():
+        line = line.strip()
+        if line.lower().startswith("fix:"):
+            how.append(line[4:].strip())
+        elif line:
+            (how if how else what).append(line.removeprefix("error:").strip())
+    return " ".join(what) or "the job failed without a message (see its log)", " ".join(how) or None
+
+
 def status_line(job: engine_jobs.Job) -> None:
     s = job.status
+    if s.state == "failed":  # the error on its own, wrapped and readable, with what to do
+        st.markdown(f"{state_md(s.state)} · `{job.id}`")
+        what, how = failure_parts(s.message)
+        st.error(f"**{job.kind} failed:** {what}", icon=":material/error:")
+        if how:
+            st.info(f"**What to do:** {how}", icon=":material/lightbulb:")
+        return
     st.markdown(f"{state_md(s.state)} · `{job.id}`" + (f" — {s.message}" if s.message else ""))
     if s.progress is not None:
         st.progress(min(1.0, max(0.0, s.progress)))
@@ -89,7 +108,7 @@ def job_details(job: engine_jobs.Job, *, key: str, log_lines: int = 25, show_log
     if show_log:
         log = job.log_tail(log_lines)
         with st.expander("Log (stdout.log)", expanded=job.status.state == "failed"):
-            st.code(log or "(empty so far)", language="text")
+            st.code(log or "(empty so far)", language="text", wrap_lines=True)
     if job.status.result:
         with st.expander("Result (status.json)"):
             st.json(job.status.result)
@@ -143,9 +162,11 @@ def job_selector(title: str, jobs: Sequence[engine_jobs.Job], *, key: str, prefe
     return by_id[st.selectbox(title, ids, key=key, format_func=lambda i: label(by_id[i]))]
 
 
-def watch_jobs(kinds: Sequence[str], title: str, *, key: str) -> engine_jobs.Job | None:
-    """Pick one of the jobs of these kinds (a new launch stored in `<key>_job` is chosen) and show its live panel."""
-    jobs = all_jobs(kinds)
+def watch_jobs(kinds: Sequence[str], title: str, *, key: str,
+               where: Callable[[engine_jobs.Job], bool] | None = None) -> engine_jobs.Job | None:
+    """Pick one of the jobs of these kinds (a new launch stored in `<key>_job` is chosen) and show its live panel;
+    `where` keeps only the jobs about what the page shows (not another checkpoint's failed conversion)."""
+    jobs = [j for j in all_jobs(kinds) if where is None or where(j)]
     if not jobs:
         return None
     picked = job_selector(title, jobs, key=f"{key}_watch", prefer_key=f"{key}_job")

@@ -2,7 +2,10 @@
 
 Green means an accepted draft token (Demo chat, acceptance charts); the trained (loss-masked) span of a data
 row is a yellow highlighter, never green; methods keep one colour in every chart; status badges use
-Streamlit's named colours (green = passes/done, orange = warning/differs, red = fails).
+Streamlit's named colours (green = passes/done, orange = warning/differs, red = fails). Training charts: one
+colour per run (the first run in slate blue), the split as the line style (training solid, validation dotted),
+draft positions as a ramp of the run's colour, the decoding walk (what decoding will accept) in the accepted
+green and the shipped draft's own curve in the draft's purple.
 """
 
 from __future__ import annotations
@@ -27,3 +30,22 @@ TIME_SPLIT = {"target verification": "#5b6b7d", "drafting": "#a98bd6", "the rest
 
 def method_colour(name: str, i: int = 0) -> str:
     return METHODS.get(name) or _EXTRA[i % len(_EXTRA)]
+
+
+RUNS = ["#3b6fb6", "#d08c2a", "#5a7d2a", "#b04a4a", "#6d6d6d", "#1f8a8a"]  # training runs, in the order shown
+SPLIT_DASH = {"train": None, "val": "dot"}
+WALK = ACCEPTED_BAR  # the decoding walk's acceptance length: what greedy decoding will accept
+SHIPPED = METHODS["draft"]  # the shipped draft's own curve, beside your runs
+
+
+def run_colour(i: int) -> str:
+    return RUNS[i % len(RUNS)]
+
+
+def position_colour(base: str, position: int, positions: int) -> str:
+    """Draft position `position` (0-based) of `positions` as a ramp of `base`: the first one full, later ones
+    blended towards white (position 0 is the draft's first token, the one accepted most often)."""
+    mix = 0.65 * position / max(1, positions - 1) if positions > 1 else 0.0
+    r, g, b = (int(base[i:i + 2], 16) for i in (1, 3, 5))
+    r, g, b = (round(c + (255 - c) * mix) for c in (r, g, b))
+    return f"#{r:02x}{g:02x}{b:02x}"

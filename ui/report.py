@@ -8,7 +8,7 @@ import streamlit as st
 
 from engine.format.validate import Issue, ValidationReport, serve_commands, validate_draft
 
-__all__ = ["full", "issue_rows", "issues_table", "serve_commands", "serving", "validate", "verdicts"]
+__all__ = ["breakable", "full", "issue_rows", "issues_table", "serve_commands", "serving", "validate", "verdicts"]
 
 
 def validate(path_or_config, **options) -> ValidationReport:
@@ -48,15 +48,18 @@ def issue_rows(issues: list[Issue]) -> list[dict[str, Any]]:
              "problem and fix": i.message, "vLLM says": i.vllm_message or ""} for i in issues]
 
 
-def issues_table(report: ValidationReport) -> None:
-    import pandas as pd
+def breakable(path: str) -> str:
+    """A JSON path that may wrap after each dot (a zero-width space there), so it fits a narrow column."""
+    return path.replace(".", ".\u200b")
 
+
+def issues_table(report: ValidationReport) -> None:
+    """The findings as a static table whose cells wrap, so every message fits the column it is drawn in."""
     rows = issue_rows(report.errors + report.warnings)
     if not rows:
         st.success("No findings: vLLM would load this draft and our extra checks pass.", icon=":material/done_all:")
         return
-    st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch",
-                 column_config={"problem and fix": st.column_config.TextColumn(width="large")})
+    st.table([{**row, "field": breakable(row["field"] or "")} for row in rows], hide_index=True)
 
 
 def serving(report: ValidationReport, commands: list[str] | None = None) -> None:

@@ -26,10 +26,14 @@ GROUPS = {
                                                  "checkpoint_every", "keep_checkpoints", "device"],
     "Several processes (torchrun)": ["strategy"],
 }
-# A run that finishes in about a minute on a CPU: to try the pipeline, not to get a useful draft.
+# A tiny run to try the pipeline, not to get a useful draft; its duration is measured (smoke_duration).
 SMOKE = {"online_dataset": "sharegpt", "online_max_samples": 24, "data": None, "max_steps": 12, "epochs": 1,
          "tokens_per_batch": 256, "max_length": 192, "warmup_steps": 2, "val_fraction": 0.2, "val_every": 4,
          "val_max_batches": 2, "log_every": 1, "checkpoint_every": 6}
+# Wall time of `python -m engine train` with the preset (the default algorithm, built-in target, process start
+# to exit), measured on the development machine: 2 CPU cores shared with other jobs (load average 9-15).
+SMOKE_MEASURED_S = 460.0
+SMOKE_MEASURED_ON = "a 2-core CPU shared with other jobs (load average 9-15), with the default algorithm"
 
 
 COMMON_SKIP = ("algo", "algo_args")  # the algorithm is chosen by its own selector; its arguments have a form
@@ -210,6 +214,37 @@ def metric_runs(max_depth: int = 4) -> dict[str, Path]:
     return found
 
 
+def is_smoke_run(job: engine_jobs.Job) -> bool:
+    """A train job launched with the smoke preset (its step, row and batch limits on the command line)."""
+    from ui.jobs import argv_value
+
+    return job.kind == "train" and all(argv_value(job, "--" + name.replace("_", "-")) == str(SMOKE[name])
+                                       for name in ("max_steps", "online_max_samples", "tokens_per_batch"))
+
+
+def smoke_duration(algo: str) -> tuple[float, str]:
+    """(seconds, where measured) of the smoke preset: the latest finished smoke run of `algo` on this machine,
+    else the figure measured when the preset was written (with the default algorithm)."""
+    from ui.jobs import argv_value
+
+    default_algo = defaults()["algo"]
+    for job in engine_jobs.list_jobs():  # newest first
+        if job.status.state == "done" and job.status.updated and is_smoke_run(job) \
+                and (argv_value(job, "--algo") or default_algo) == algo:
+            return job.status.updated - job.created, f"your last smoke run here ({job.id})"
+    return SMOKE_MEASURED_S, SMOKE_MEASURED_ON
+
+
+def smoke_help(algo: str) -> str:
+    seconds, where = smoke_duration(algo)
+    took = f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
+    other = where == SMOKE_MEASURED_ON and algo != defaults()["algo"]
+    return (f"Online training on {SMOKE['online_max_samples']} ShareGPT rows for {SMOKE['max_steps']} steps: checks "
+            f"the pipeline, does not make a useful draft. Measured: {took} on {where}"
+            + ("; this algorithm's steps cost differently, and its first smoke run here is measured" if other else "")
+            + "; the time grows with the machine's load.")
+
+
 def read_metrics(folder: Path) -> list[dict[str, Any]]:
     return engine_jobs.read_jsonl(Path(folder) / "metrics.jsonl")
 
@@ -229,9 +264,12 @@ __all__ = [
     "args_class",
     "config_values",
     "SMOKE",
+    "SMOKE_MEASURED_ON",
+    "SMOKE_MEASURED_S",
     "TrainConfig",
     "default_out",
     "defaults",
+    "is_smoke_run",
     "job_processes",
     "last_row",
     "launch_command",
@@ -242,6 +280,8 @@ __all__ = [
     "progress_table",
     "rank_progress",
     "read_metrics",
+    "smoke_duration",
+    "smoke_help",
     "train_argv",
     "train_out",
     "write_yaml_overrides",

@@ -145,23 +145,44 @@ def test_engine_errors_are_messages_not_tracebacks(runs, tmp_path):
     assert "What to do" in texts(at.info)
     at.switch_page("pages/models.py").run()
     ok(at)
-    assert "not in the Hugging Face cache" in texts(at.warning)
+    assert "Cannot use this target" in texts(at.error) and "no such folder" in texts(at.error)
 
 
 # -- models -----------------------------------------------------------------------------------------------
 
 
-def test_models_page_inspects_and_validates_the_draft(runs, tiny_target, tiny_draft):
+def test_models_page_inspects_and_validates_the_draft(runs, tiny_target, tiny_draft, tmp_path):
+    import shutil
+
+    tiny_draft = str(shutil.copytree(tiny_draft, tmp_path / "tiny-eagle3"))
+    (Path(tiny_draft) / "README.md").write_text("---\nlibrary_name: speculators\n---\n# Tiny draft\n\n"
+                                                "## Training\n- 12 optimizer steps\n")
     at = open_app(tiny_target, tiny_draft, page="models")
-    shown = texts(at.json)
-    assert '"layers": 4' in shown and '"hidden_size": 64' in shown  # the tiny target's config
-    assert '"algorithm": "eagle3"' in shown and '"aux layer ids": [1, 2, 3]' in shown
+    facts = {row["what"]: row["value"] for d in at.table if "what" in d.value.columns
+             for row in d.value.to_dict("records")}
+    assert facts["layers"] == "4" and facts["hidden_size"] == "64"  # the tiny target's config, as numbers
+    assert facts["vocab_size"] == f"{int(facts['vocab_size'].replace(',', '')):,}"  # thousands separated
+    assert facts["algorithm"] == "eagle3" and facts["aux layer ids"] == "1, 2, 3"
+    assert {m.label for m in at.metric} >= {"parameters", "on disk", "tensors"}
     assert "160 draft tokens" in texts(at.caption)  # vocabulary mapping
     assert any("target id" in d.value.columns for d in at.dataframe)
+    card = texts(at.markdown)  # the model card, front matter dropped, headings below the page's own
+    assert "### Tiny draft" in card and "12 optimizer steps" in card and "library_name" not in card
     badges = texts(at.markdown)
     assert "vLLM 0.33: loads it" in badges and "workbench checks: pass" in badges
     assert f"python -m engine validate {tiny_draft}" in texts(at.code)
-    assert '"method": "eagle3"' in shown  # the derived vLLM speculative_config
+    assert '"method": "eagle3"' in texts(at.json)  # the derived vLLM speculative_config
+
+
+def test_models_page_refuses_a_hub_target_that_is_not_cached(runs, tiny_target):
+    at = open_app(tiny_target, page="models")
+    at.radio(key="models_target_source").set_value("Hub id").run()
+    at.text_input(key="models_target_hub").set_value("someone/not-cached-model").run()
+    ok(at)
+    assert at.button(key="models_use_target").disabled  # refused here, not when a chat message is sent
+    assert "not in the local Hugging Face cache" in texts(at.error)
+    assert "huggingface-cli download someone/not-cached-model" in texts(at.error)
+    assert at.session_state["app_target"] == tiny_target
 
 
 def test_models_page_switches_target_and_draft(runs, tiny_target, tiny_draft):
@@ -384,6 +405,7 @@ def test_train_launch_watch_stop_resume(runs, tiny_target, tiny_dataset):
 
 
 def test_train_compare_runs_from_disk(runs, tiny_target):
+    at = None
     for name, loss in (("a", 3.0), ("b", 2.0)):
         folder = runs / "train" / name
         folder.mkdir(parents=True)
@@ -391,9 +413,53 @@ def test_train_compare_runs_from_disk(runs, tiny_target):
                  "est_acceptance_length": 1 + 0.1 * s, "tokens_per_s": 100.0} for s in range(1, 5)]
         rows.append({"split": "val", "step": 4, "loss": loss / 4, "full_acc_0": 0.4, "est_acceptance_length": 1.3})
         (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    at = open_app(tiny_target, page="train")
+        if at is None:
+            at = open_app(tiny_target, page="train")
+            assert at.multiselect(key="train_compare").value == ["train/a"]
+    at.run()  # a run that started after the page loaded is selected too (the user had not changed the choice)
     assert set(at.multiselect(key="train_compare").value) == {"train/a", "train/b"}
     assert len(at.get("plotly_chart")) == 3
+    from ui import palette
+
+    loss = next(spec for spec in _chart_specs(at) if spec["layout"]["title"]["text"] == "Loss")
+    colours = {trace["name"]: (trace["line"]["color"], trace["line"].get("dash")) for trace in loss["data"]}
+    runs_shown = at.multiselect(key="train_compare").value  # one colour per run, the split as the line style
+    assert colours[f"{runs_shown[0]} · train"] == (palette.run_colour(0), None)
+    assert colours[f"{runs_shown[1]} · train"][0] == palette.run_colour(1) != palette.run_colour(0)
+    assert colours[f"{runs_shown[0]} · val"] == (palette.run_colour(0), "dot")
+    # the built-in target's shipped draft: its own curve (from its model card) beside the runs
+    at = open_app("smollm2-135m-instruct", page="train")
+    ok(at)
+    assert at.checkbox(key="train_compare_shipped").value
+    acceptance = next(spec for spec in _chart_specs(at) if spec["layout"]["title"]["text"] == "Acceptance length")
+    shipped = next(t for t in acceptance["data"] if t["name"].startswith("shipped draft"))
+    assert len(shipped["x"]) >= 2 and shipped["line"]["color"] == palette.SHIPPED
+    at.checkbox(key="train_compare_shipped").uncheck().run()
+    acceptance = next(spec for spec in _chart_specs(at) if spec["layout"]["title"]["text"] == "Acceptance length")
+    assert not any(t["name"].startswith("shipped draft") for t in acceptance["data"])
+
+
+def test_train_smoke_preset_time_is_measured(runs, tiny_target):
+    from ui import training
+
+    seconds, where = training.smoke_duration("eagle3")  # no smoke run here yet: the figure measured on a CPU
+    assert (seconds, where) == (training.SMOKE_MEASURED_S, training.SMOKE_MEASURED_ON)
+    argv = ["train", "--online-dataset", "sharegpt", "--online-max-samples", "24", "--max-steps", "12",
+            "--tokens-per-batch", "256"]
+    now = time.time()
+    for name, extra, took in (("e", [], 42.0), ("d", ["--algo", "dflash"], 99.0), ("big", ["--max-steps", "13"], 5)):
+        job = runs / f"20000101-00000{len(name)}_train_{name}"
+        job.mkdir(parents=True)
+        (job / "job.json").write_text(json.dumps({"kind": "train", "argv": (argv + extra) if name != "big" else
+                                                  argv[:5] + ["--max-steps", "400", "--tokens-per-batch", "256"],
+                                                  "created": now - 1000, "pid": None, "pgid": None}))
+        (job / "status.json").write_text(json.dumps({"state": "done", "started": now - 1000 + 3,
+                                                     "updated": now - 1000 + took}))
+    seconds, where = training.smoke_duration("eagle3")
+    assert round(seconds) == 42 and "your last smoke run here (20000101-000001_train_e)" == where
+    assert round(training.smoke_duration("dflash")[0]) == 99
+    at = open_app(tiny_target, page="train")
+    assert "Measured: 42 s on your last smoke run here" in at.button(key="train_smoke").help
 
 
 # -- convert ------------------------------------------------------------------------------------------------
@@ -427,6 +493,36 @@ def test_convert_detects_research_checkpoint_and_does_not_fake_a_conversion(runs
         assert "Converter not available yet" in texts(at.warning)
         assert not list((runs / "converted").glob("*")) if (runs / "converted").exists() else True
     assert f"python -m engine convert {src}" in texts(at.code)
+
+
+def _failed_convert_job(runs: Path, src: str, name: str) -> None:
+    """A finished, failed conversion job of `src` as the CLI leaves it (what, then Fix)."""
+    job = runs / f"20000101-00000{len(name)}_convert_{name}"
+    job.mkdir(parents=True)
+    (job / "job.json").write_text(json.dumps({"kind": "convert", "argv": ["convert", src, "--out", str(job / "o")],
+                                              "created": time.time() - 60, "pid": None, "pgid": None}))
+    (job / "status.json").write_text(json.dumps({
+        "state": "failed", "message": f"{src}: no model.safetensors in the folder, and a long explanation that has "
+        "to wrap inside its box rather than run off the page\nFix: save the weights as safetensors"}))
+
+
+def test_convert_shows_only_this_checkpoints_jobs_and_failures_readably(runs, tiny_target, tiny_draft, tmp_path):
+    src = _research_checkpoint(tiny_draft, tmp_path / "research")
+    _failed_convert_job(runs, str(tmp_path / "another-checkpoint"), "other")
+    at = open_app(tiny_target, tiny_draft, page="convert")
+    at.text_input(key="convert_path").set_value(str(tiny_draft)).run()  # already in the speculators format
+    ok(at)
+    assert "nothing to convert" in texts(at.success)
+    assert not at.error, texts(at.error)  # the unrelated failed job is not this page's failure
+    assert not [box for box in at.selectbox if box.key == "convert_watch"]
+    assert "convert_other" not in texts(at.markdown)
+    _failed_convert_job(runs, str(src), "this")
+    at.text_input(key="convert_path").set_value(str(src)).run()
+    ok(at)
+    errors, hints = texts(at.error), texts(at.info)
+    assert "convert failed:" in errors and "no model.safetensors in the folder" in errors and "Fix:" not in errors
+    assert "What to do:** save the weights as safetensors" in hints
+    assert len(at.selectbox(key="convert_watch").options) == 1  # this checkpoint's job only
 
 
 def test_convert_accepts_a_zip_upload_validates_and_offers_the_zip(runs, tiny_target, tiny_draft):
@@ -470,6 +566,11 @@ def test_config_builder_form_and_json_stay_in_sync_with_live_validation(runs, ti
     assert cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 0
     assert "vLLM 0.33: rejects" in texts(at.markdown)
     assert "greater than zero" in texts(at.caption)
+    assert at.number_input(key=k_key).label == "speculative tokens"  # words that wrap, the JSON path in the help
+    findings = at.table[0].value  # a static table: its cells wrap inside the column
+    fields = [f.replace("\u200b", "") for f in findings["field"]]
+    assert "speculators_config.proposal_methods[0].speculative_tokens" in fields
+    assert any("greater than zero" in v for v in findings["vLLM says"])
     # JSON -> form, and our own verdict on the field
     cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"] = 4
     cfg["eagle_aux_hidden_state_layer_ids"] = [1, 1, 2]
@@ -583,6 +684,45 @@ def test_benchmarks_page_opens_on_the_shipped_results_with_readable_charts(runs,
             assert len(prompt_tables[0]) == n
 
 
+def test_benchmarks_page_shows_the_recipe_curve_checkpoint_heatmap_and_k_sweep(runs, tiny_target):
+    at = open_app(tiny_target, page="benchmarks")
+    assert at.selectbox(key="bench_recipe").value.startswith("shipped · ")  # the shipped draft's model card
+    specs = {spec["layout"]["title"]["text"]: spec for spec in _chart_specs(at)}
+    curve = specs["Acceptance length against training tokens"]
+    assert len(curve["data"][0]["x"]) >= 2 and curve["layout"]["xaxis"]["title"]["text"] == "training tokens seen"
+    heat = specs["Acceptance per position and checkpoint"]["data"][0]
+    assert len(heat["y"]) == len(curve["data"][0]["x"]) and len(heat["x"]) >= 1  # checkpoint × position
+    sweep = specs["Acceptance length by k"]["data"][0]
+    assert sweep["x"][:2] == [1, 2] and specs["Speedup by k"]["data"][0]["y"]
+    tables = [d.value for d in at.dataframe]
+    assert any("training tokens" in t.columns for t in tables) and any("k" in t.columns for t in tables)
+    for chart in at.get("plotly_chart"):  # every chart carries a visible PNG export button
+        config = json.loads(chart.proto.config)
+        assert config["displayModeBar"] is True and config["modeBarButtons"] == [["toImage"]]
+        assert config["toImageButtonOptions"]["format"] == "png" and config["toImageButtonOptions"]["filename"]
+
+
+def test_recipe_results_from_a_work_folder_and_from_a_card(tmp_path):
+    from engine.model_card import curve_from_card, sweep_from_card
+    from ui import recipes
+
+    (tmp_path / "curve.json").write_text(json.dumps([{"step": 5, "training_tokens": 1234.0,
+                                                      "mean_acceptance_length": 1.3333,
+                                                      "per_position_acceptance": [0.3, 0.1]}]))
+    found = recipes.from_work("tiny", tmp_path)
+    assert found.curve[0]["step"] == 5 and not found.sweep and not found.rounded
+    assert recipes.curve_rows(found) == [{"step": 5, "training tokens": 1234, "mean acceptance length": 1.33,
+                                          "per-position acceptance": "0.30, 0.10"}]
+    assert recipes.from_work("empty", tmp_path / "nothing") is None
+    card = ("### Acceptance length against training tokens\n| step | training tokens | a | b |\n|---|---|---|---|\n"
+            "| 50 | 194k | 1.18 | 0.15, 0.03 |\n\n### Number of speculative tokens (k)\n"
+            "| k | a | b | speedup | identical |\n|---|---|---|---|---|\n| 2 | 1.45 | 0.33, 0.12 | 0.73× | yes |\n")
+    assert curve_from_card(card) == [{"step": 50, "training_tokens": 194000.0, "mean_acceptance_length": 1.18,
+                                      "per_position_acceptance": [0.15, 0.03]}]
+    assert sweep_from_card(card) == [{"k": 2, "mean_acceptance_length": 1.45, "per_position_acceptance": [0.33, 0.12],
+                                      "speedup": 0.73, "identical_to_baseline": True}]
+
+
 def test_benchmarks_page_plots_a_result(runs, tiny_target):
     (runs / "bench").mkdir(parents=True)
     (runs / "bench" / "bench-1.json").write_text(json.dumps(BENCH))
@@ -590,9 +730,9 @@ def test_benchmarks_page_plots_a_result(runs, tiny_target):
     assert at.selectbox(key="bench_result").value.startswith("shipped · ")  # the shipped results first
     at.selectbox(key="bench_result").set_value("bench-1.json").run()
     ok(at)
-    specs = _chart_specs(at)
-    assert len(specs) == 3
-    speed = next(s for s in specs if "Speedup" in s["layout"]["title"]["text"])
+    specs = [s for s in _chart_specs(at) if "model card" not in s["layout"]["title"]["subtitle"]["text"]]
+    assert len(specs) == 3  # the result's own charts (the recipe's follow them)
+    speed = next(s for s in specs if "Speedup vs" in s["layout"]["title"]["text"])
     ceiling = next(t for t in speed["data"] if "ceiling" in t.get("name", ""))
     assert ceiling["y"] == [2.1, 1.2]
     assert "2 prompts" in speed["layout"]["title"]["subtitle"]["text"]
@@ -619,6 +759,7 @@ def test_benchmarks_per_prompt_rows_heatmap_and_csv():
     from ui import charts
 
     assert "spread" in charts.bench_figures(result)
+    assert charts.acceptance_heatmap(z, labels, "draft").layout.height >= 300  # drawn (height given once)
 
 
 def test_benchmarks_page_launches_bench_as_a_job(runs, tiny_target):

@@ -141,6 +141,18 @@ def test_every_page_opens_without_a_traceback(page):
         assert page.locator('[data-testid="stAppDeployButton"]').count() == 0  # toolbarMode = "viewer"
         assert page.get_by_role("button", name="Deploy", exact=True).count() == 0
         shot(page, f"{i:02d}-{title.lower().replace(' ', '-')}")
+        if title == "Models":
+            _models_page_shows_numbers_and_the_model_card(page)
+
+
+def _models_page_shows_numbers_and_the_model_card(page) -> None:
+    main = page.locator('[data-testid="stMain"]')
+    assert "49,152" in main.inner_text()  # the built-in target's vocabulary as a number, not "49152" in a tree
+    assert page.locator('[data-testid="stMetric"]').count() >= 3  # parameters, size on disk, tensors
+    page.get_by_role("tab", name="Draft model card").click()
+    page.get_by_text("Acceptance length against training tokens").first.wait_for(timeout=60_000)
+    assert "library_name:" not in main.inner_text()  # the card's YAML front matter is not shown
+    shot(page, "01-models-model-card")
 
 
 def test_benchmarks_results_open_on_the_shipped_results(page):
@@ -160,6 +172,14 @@ def test_benchmarks_results_open_on_the_shipped_results(page):
     assert page.locator(".js-plotly-plot .g-ytitle").count() >= 3  # every chart titles its y-axis
     assert page.get_by_text("Download the table (CSV)").count() == 1
     shot(page, "12-benchmarks-results")
+    for title in ("Acceptance length against training tokens", "Acceptance per position and checkpoint",
+                  "Acceptance length by k", "Speedup by k"):  # the recipe's curve, heat map and k sweep
+        assert title in titles, titles
+    png = page.locator('.js-plotly-plot .modebar-btn[data-title="Download plot as a PNG"]')
+    assert png.count() == page.locator(".js-plotly-plot").count()  # every chart: a visible PNG button
+    page.get_by_text("Training recipe: acceptance over checkpoints").scroll_into_view_if_needed()
+    time.sleep(0.5)
+    page.screenshot(path=str(ARTIFACTS / "12-benchmarks-recipe.png"))
 
 
 def test_demo_chat_colours_accepted_tokens_and_answers_identically(page):
@@ -243,6 +263,12 @@ def test_training_job_chart_updates(page, tmp_path):
     idle(page)
     no_traceback(page)
     shot(page, "12-train-stopped")
+    page.get_by_role("tab", name="Compare runs").click()
+    page.wait_for_function("() => [...document.querySelectorAll('.js-plotly-plot')].some(g => (g.data || [])"
+                           ".some(t => (t.name || '').startsWith('shipped draft')))", timeout=60_000)
+    idle(page)
+    no_traceback(page)
+    shot(page, "12-train-compare")
 
 
 def test_jobs_page_lists_what_ran(page, app_url):
