@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from engine.errors import WorkbenchError
+from engine.errors import WorkbenchError, translate
 from engine.format.checkpoint import (
     INDEX_NAME,
     PICKLE_SUFFIXES,
@@ -104,8 +104,8 @@ def _load_pickles(files: list[Path], *, allow_pickle: bool, where: str) -> dict[
         try:
             obj = torch.load(f, map_location="cpu", weights_only=True)
         except pickle.UnpicklingError as exc:
-            raise WorkbenchError(f"{f.name} holds more than tensors (Python objects that weights_only loading "
-                                 f"refuses: {str(exc).splitlines()[0][:200]})", where=str(f),
+            refused = translate(exc)  # names the Python object the file holds, without torch's advice text
+            raise WorkbenchError(refused.message, where=str(f),
                                  hint="load it once in a trusted Python session and save only its state dict "
                                  "with safetensors.torch.save_file") from exc
         if isinstance(obj, dict) and isinstance(obj.get("state_dict"), dict):

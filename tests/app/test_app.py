@@ -483,7 +483,7 @@ def test_convert_detects_research_checkpoint_and_does_not_fake_a_conversion(runs
     at = open_app(tiny_target, page="convert")
     at.text_input(key="convert_path").set_value(str(src)).run()
     ok(at)
-    assert "EAGLE-3 research checkpoint" in texts(at.markdown)
+    assert "EAGLE-3 SpecForge checkpoint" in texts(at.markdown)  # midlayer.* with its own embed_tokens
     mapping = at.dataframe[0].value
     row = mapping[mapping["source key"] == "midlayer.self_attn.q_proj.weight"].iloc[0]
     assert row["speculators key"] == "layers.0.self_attn.q_proj.weight"
