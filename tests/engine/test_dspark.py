@@ -249,7 +249,7 @@ def test_our_draft_has_the_tensors_speculators_writes(fixtures_dir):
     from engine.algos.dspark.model import DSparkDraft
     from engine.format.config import parse_draft_config
 
-    folder = fixtures_dir / "speculators-0.9.0" / "dspark_qwen3_8b"
+    folder = fixtures_dir / "dspark_qwen3_8b"
     cfg = parse_draft_config(json.loads((folder / "config.json").read_text()))
     with torch.device("meta"):
         draft = DSparkDraft(cfg, embed_tokens=nn.Embedding(cfg.vocab_size, cfg.hidden_size))
@@ -259,9 +259,10 @@ def test_our_draft_has_the_tensors_speculators_writes(fixtures_dir):
     assert ours == saved
 
 
-def test_builtin_greedy_identity_on_10_prompts(builtin_target):
-    """The default-suite variant of the 50-prompt check: greedy drafting with the cut on the built-in target."""
-    _builtin_identity(builtin_target, 10)
+def test_builtin_greedy_identity_on_5_prompts(builtin_target):
+    """The default-suite variant of the 50-prompt check (slow): greedy drafting with the cut on the built-in target
+    (about 10 s a prompt on the shared 2-core machine)."""
+    _builtin_identity(builtin_target, 5)
 
 
 @pytest.mark.slow
