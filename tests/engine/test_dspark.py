@@ -6,10 +6,12 @@ writes, and parity with speculators' DSparkDraftModel."""
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 
 import pytest
 import torch
+from test_generate import PROMPTS  # the decode engine's own prompts
 
 from engine.algos import ALGOS
 from engine.algos.dspark.io import build_dspark, load_dspark, save_dspark
@@ -18,8 +20,6 @@ from engine.generate.api import prompt_ids
 from engine.generate.runner import TargetRunner
 from engine.generate.sampling import SamplingParams
 from engine.generate.speculative import generate_all
-
-from test_generate import PROMPTS  # the decode engine's own prompts
 
 BLOCK = 4
 
@@ -85,7 +85,7 @@ def test_the_cut_keeps_the_prefix_whose_survival_stays_above_the_threshold(tiny,
     survival = full.last_survival
     n = next((i for i, s in enumerate(survival) if s < 0.5), len(survival))
     assert kept == drafts[:n] and cut.last_cut == n
-    assert all(a >= b for a, b in zip(survival, survival[1:]))  # a product of probabilities only falls
+    assert all(a >= b for a, b in itertools.pairwise(survival))  # a product of probabilities only falls
 
 
 def test_proposer_block_equals_the_training_block(tiny, tiny_dspark):
@@ -166,6 +166,30 @@ def test_evaluator_walk_equals_decoding(tiny, tiny_dspark):
             _, events = generate_all(TargetRunner(tiny, prop.aux_layer_ids), ids, params, prop, k)
             steps = [(e.drafted, e.accepted) for e in events if e.step > 0]
             assert steps == list(zip(walked["drafted"], walked["accepted"]))
+
+
+def test_sampled_acceptance_expectation_is_the_product_of_overlaps(tiny, tiny_dspark):
+    """The evaluator's T > 0 hook: entry (q, j) = prod_{i<=j} sum_x min(p_i, q_i), with q_i the teacher-forced
+    corrected draft distribution of slot i and p_i the target's at q + i (recomputed here for one state)."""
+    algo = ALGOS.get("dspark")
+    ids = prompt_ids(tiny.tokenizer, PROMPTS[0])
+    ids = ids + generate_all(TargetRunner(tiny), ids, SamplingParams(max_new_tokens=12))[0]
+    logits, aux = TargetRunner(tiny, algo.aux_layer_ids(tiny_dspark)).forward(ids)
+    tokens = torch.tensor(ids)
+    chances = algo.acceptance_expectation(tiny_dspark, aux, tokens, logits, BLOCK, 0.8)      # [T, k]
+    q = len(ids) - 8
+    with torch.no_grad():
+        block, _ = tiny_dspark(aux[None], tokens[None], torch.arange(len(ids))[None],
+                               torch.zeros(1, len(ids), dtype=torch.long), torch.tensor([q]))
+    vocab_ids = tiny_dspark.draft_to_target(torch.arange(block.shape[-1]))
+    alive, expected = 1.0, []
+    for j in range(BLOCK):
+        q_j = torch.zeros(tiny.vocab_size)
+        q_j[vocab_ids] = torch.softmax(block[0, j] / 0.8, -1)
+        alive *= float(torch.minimum(torch.softmax(logits[q + j] / 0.8, -1), q_j).sum())
+        expected.append(alive)
+    assert chances[q].tolist() == pytest.approx(expected, abs=1e-5)
+    assert float(chances[:, 0].max()) <= 1.0 and bool((chances[:, 1:] <= chances[:, :-1] + 1e-7).all())
 
 
 def test_sequential_temperature_scaling_lowers_the_calibration_error():
