@@ -344,9 +344,8 @@ def test_train_form_is_generated_from_the_config(runs, tiny_target):
 
 def test_train_form_offers_every_algorithm(runs, tiny_target):
     """Choosing any registered algorithm renders its own argument widgets, one per field."""
-    from ui.training import algo_prefix
-
     from engine.algos import ALGOS
+    from ui.training import algo_prefix
 
     at = open_app(tiny_target, page="train")
     for name in ALGOS.names():
