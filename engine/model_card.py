@@ -59,6 +59,7 @@ def gather(recipe: dict[str, Any]) -> dict[str, Any]:
         "curve": _load(work / "curve.json", []),
         "sweep": _load(work / "sweep.json", []),
         "evaluate": _load(work / "evaluate.json", {}),
+        "calibration": _load(work / "train" / "calibration.json", {}),
         "train_config": (yaml.safe_load((work / "train" / "config.yaml").read_text()) or {}).get("train", {})
         if (work / "train" / "config.yaml").is_file() else {},
         "hardware": f"{cpu_name()}, {os.cpu_count()} cores, no GPU" if not _has_cuda() else "GPU",
@@ -144,6 +145,7 @@ def render(recipe: dict[str, Any], facts: dict[str, Any]) -> str:
         f"{facts['val_last'].get('loss', float('nan')):.3f}, step-0 accuracy "
         f"{facts['val_first'].get('full_acc_0', float('nan')):.3f} → {facts['val_last'].get('full_acc_0', float('nan')):.3f}, "
         f"estimated acceptance length {facts['val_last'].get('est_acceptance_length', float('nan')):.2f}.",
+        *_calibration_lines(facts.get("calibration") or {}),
         f"- Hardware: {facts['hardware']}. Wall time: "
         + ", ".join(f"{k} {_hours(v)}" for k, v in timings.items()) + f" (total {_hours(total)}).",
         "",
@@ -181,6 +183,17 @@ def render(recipe: dict[str, Any], facts: dict[str, Any]) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _calibration_lines(cal: dict[str, Any]) -> list[str]:
+    """The post-hoc calibration the algorithm ran after training (`calibration.json`), if any."""
+    if not cal.get("temperatures"):
+        return []
+    return [f"- Confidence calibration (per-slot temperature scaling on {cal.get('blocks', '?')} held-out blocks; "
+            f"ECE of the cumulative survival, on blocks the fit did not see): mean {cal.get('mean_ece_before', 0):.3f} "
+            f"before → {cal.get('mean_ece_after', 0):.3f} after; per slot "
+            + ", ".join(f"{a:.3f}→{b:.3f}" for a, b in zip(cal.get("ece_before", []), cal.get("ece_after", [])))
+            + f"; temperatures {', '.join(f'{t:g}' for t in cal['temperatures'])}."]
 
 
 def _sweep_section(sweep: list[dict[str, Any]]) -> list[str]:

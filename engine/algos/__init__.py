@@ -10,6 +10,7 @@ from engine.algos.base import (ALGOS, AlgoArgs, DraftAlgorithm, Objective, algor
 from engine.algos import eagle3  # noqa: E402,F401  (registration)
 from engine.algos import dflash  # noqa: E402,F401  (registration)
 from engine.algos import peagle  # noqa: E402,F401  (registration)
+from engine.algos import dspark  # noqa: E402,F401  (registration)
 
 load_plugins()  # WORKBENCH_ALGO_PLUGINS: algorithms kept outside the tree
 

@@ -16,7 +16,7 @@ import importlib.util
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Iterable, Protocol, Sequence
 
 from pydantic import BaseModel, ConfigDict
 
@@ -108,6 +108,13 @@ class DraftAlgorithm:
 
     def objective(self, draft: "nn.Module", verifier, args: AlgoArgs, device: str) -> Objective:
         raise NotImplementedError
+
+    def calibrate(self, draft: "nn.Module", objective: Objective, batches: "Iterable[dict[str, torch.Tensor]]",
+                  args: AlgoArgs) -> dict[str, Any] | None:
+        """Post-hoc calibration after training on held-out batches: updates the draft in place (what `save` writes)
+        and returns a report of plain values for the run (`calibration.json`), or None when there is nothing to
+        calibrate (the default)."""
+        return None
 
     def fsdp_units(self, draft: "nn.Module") -> "list[nn.Module]":
         """Submodules FSDP2 shards as units of their own (each gathered just before it runs), before the draft

@@ -213,6 +213,15 @@ class DSparkConfig(DFlashConfig):
     markov_head_type: Literal["vanilla", "gated", "rnn"] = Field("vanilla", description="Markov head variant.")
     enable_confidence_head: bool = Field(True, description="Train a per-slot confidence head.")
     confidence_head_with_markov: bool = Field(True, description="Confidence head also sees the Markov state.")
+    confidence_temperatures: list[float] | None = Field(
+        None, description="Per-slot temperatures of the confidence head, fitted after training (sequential "
+                          "temperature scaling; the workbench's own field, vLLM and speculators ignore it).")
+
+    def to_dict(self) -> dict[str, Any]:
+        out = super().to_dict()
+        if out.get("confidence_temperatures") is None:  # uncalibrated: exactly speculators' field set
+            out.pop("confidence_temperatures", None)
+        return out
 
 
 def eagle_default_layer_ids(num_layers: int) -> list[int]:

@@ -424,6 +424,7 @@ class Trainer:
         final = self.out / "draft"
         full = self.strategy.consolidated(self.draft)
         if self.d.main:
+            self._calibrate(full)
             self.algo.save(full, final, dtype=torch.bfloat16)
         if self.d.world > 1:
             if not self.strategy.sharded:
@@ -431,6 +432,20 @@ class Trainer:
             dist.barrier()
         self.progress.update(self, state="done")
         return final
+
+    @torch.no_grad()
+    def _calibrate(self, draft) -> None:
+        """The algorithm's post-hoc calibration on the validation split (it updates the draft before the final save);
+        its report goes to `calibration.json` and one metrics row."""
+        if not self.val_idx:
+            return
+        plan = plan_packed_batches(self.val_idx, self.data.lengths, self.cfg.tokens_per_batch, self.cfg.seed, 0,
+                                   shuffle=False)
+        report = self.algo.calibrate(draft, self.objective, (self._batch(ix) for ix in plan), self.cfg.algo_args)
+        if report:
+            atomic_write_json(self.out / "calibration.json", report)
+            self._log({"split": "calibration", "step": self.step,
+                       **{k: v for k, v in report.items() if isinstance(v, (int, float))}})
 
     def _log_validation(self) -> None:
         with self.strategy.evaluating():

@@ -363,6 +363,20 @@ def test_train_form_is_generated_from_the_config(runs, tiny_target):
     assert at.button(key="train_launch").disabled
 
 
+def test_train_form_offers_every_algorithm(runs, tiny_target):
+    """Choosing any registered algorithm renders its own argument widgets, one per field."""
+    from engine.algos import ALGOS
+    from ui.training import algo_prefix
+
+    at = open_app(tiny_target, page="train")
+    for name in ALGOS.names():
+        at.selectbox(key="train_f_algo").set_value(name).run()
+        ok(at)
+        keys = {w.key for w in [*at.text_input, *at.number_input, *at.checkbox, *at.selectbox]}
+        missing = {f for f in ALGOS.get(name).args_class.model_fields if algo_prefix("train_f_", name) + f not in keys}
+        assert not missing, f"{name}: no widget for {missing}"
+
+
 def test_train_launch_watch_stop_resume(runs, tiny_target, tiny_dataset):
     at = open_app(tiny_target, page="train")
     at.button(key="train_smoke").click().run()
@@ -619,7 +633,7 @@ def test_tidy_floats_writes_float32_values_as_written():
 
 def test_config_builder_new_config_for_each_algorithm(runs, tiny_target):
     at = open_app(tiny_target, page="config_builder")
-    for algorithm in ("dflash", "peagle", "eagle3"):
+    for algorithm in ("dflash", "dspark", "peagle", "eagle3"):
         at.selectbox(key="builder_new_algo").set_value(algorithm).run()
         at.button(key="builder_new").click().run()
         ok(at)

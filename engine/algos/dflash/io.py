@@ -19,22 +19,27 @@ from engine.format.config import DFlashConfig, build_draft_config, build_layer_c
 def build_dflash(target, *, aux_layer_ids: list[int] | None = None, num_layers: int = 5, block_size: int = 16,
                  draft_vocab_size: int | None = None, token_counts: torch.Tensor | None = None,
                  sliding_window: int | None = None, block_causal: bool = False, mask_token_id: int | None = None,
-                 speculative_tokens: int | None = None, seed: int = 0) -> DFlashDraft:
-    """A new DFlash draft for `target` (an engine.targets.Target or VerifierParts), initialised like speculators."""
+                 speculative_tokens: int | None = None, seed: int = 0, algorithm: str = "dflash",
+                 draft_class: type[DFlashDraft] = DFlashDraft, config_fields: dict[str, Any] | None = None
+                 ) -> DFlashDraft:
+    """A new DFlash-family draft for `target` (an engine.targets.Target or VerifierParts), initialised like
+    speculators. `algorithm`, `draft_class` and `config_fields` (e.g. sample_from_anchor) build a family member
+    on the same backbone."""
     vocab = target.vocab_size
     draft_vocab_size = draft_vocab_size or vocab
+    fields = {"sample_from_anchor": False, **(config_fields or {})}
     aux = sorted(aux_layer_ids or DFlashConfig.default_aux_layer_ids(target.num_layers))
     layer_config = build_layer_config(target.text_config, model_type="qwen3", num_layers=num_layers,
                                       sliding_window=sliding_window)
     cfg = build_draft_config(
-        "dflash", verifier_config=target.text_config, verifier_name=target.verifier_name, layer_config=layer_config,
-        speculative_tokens=speculative_tokens or block_size - 1, draft_vocab_size=draft_vocab_size,
-        block_size=block_size, aux_hidden_state_layer_ids=aux, mask_token_id=choose_mask_token(target, mask_token_id),
-        sliding_window_non_causal=not block_causal, sample_from_anchor=False)
+        algorithm, verifier_config=target.text_config, verifier_name=target.verifier_name, layer_config=layer_config,
+        speculative_tokens=speculative_tokens or block_size - (0 if fields["sample_from_anchor"] else 1),
+        draft_vocab_size=draft_vocab_size, block_size=block_size, aux_hidden_state_layer_ids=aux,
+        mask_token_id=choose_mask_token(target, mask_token_id), sliding_window_non_causal=not block_causal, **fields)
     cfg.speculators_config.verifier.architectures = list(getattr(target.config, "architectures", None) or [])
     head = target.lm_head().weight.detach()  # [V, H]
     torch.manual_seed(seed)
-    draft = DFlashDraft(cfg, embed_tokens=target.embed_tokens(), lm_head_weight=head if draft_vocab_size == vocab
+    draft = draft_class(cfg, embed_tokens=target.embed_tokens(), lm_head_weight=head if draft_vocab_size == vocab
                         else None)
     init_draft_weights(draft, std=float(target.text_config.to_dict().get("initializer_range", 0.02)))
     if draft_vocab_size != vocab:
@@ -47,14 +52,17 @@ def build_dflash(target, *, aux_layer_ids: list[int] | None = None, num_layers: 
 
 
 def load_dflash(path: str | os.PathLike, target, *, allow_pickle: bool = False,
-                dtype: torch.dtype = torch.float32) -> DFlashDraft:
-    """Load a DFlash checkpoint (ours or speculators'); the target supplies the embedding (and the full-vocab head)."""
+                dtype: torch.dtype = torch.float32, algorithm: str = "dflash",
+                draft_class: type[DFlashDraft] = DFlashDraft) -> DFlashDraft:
+    """Load a DFlash-family checkpoint (ours or speculators'; `algorithm` its type, `draft_class` its model); the
+    target supplies the embedding (and the full-vocab head)."""
     folder = Path(path)
     cfg = parse_draft_config(read_config_dict(folder))
-    if not isinstance(cfg, DFlashConfig) or cfg.speculators_model_type != "dflash":
-        raise WorkbenchError(f"{folder} is a '{cfg.speculators_model_type}' draft, not dflash")
+    if not isinstance(cfg, DFlashConfig) or cfg.speculators_model_type != algorithm:
+        raise WorkbenchError(f"{folder} is a '{cfg.speculators_model_type}' draft, not {algorithm}")
     if target is None:
-        raise WorkbenchError(f"{folder}: a DFlash draft shares its target's embedding", hint="pass the target model")
+        raise WorkbenchError(f"{folder}: a {algorithm} draft shares its target's embedding",
+                             hint="pass the target model")
     if target.hidden_size != (cfg.target_hidden_size or cfg.hidden_size):
         raise WorkbenchError(f"the draft expects target hidden size {cfg.target_hidden_size or cfg.hidden_size}, "
                              f"the target has {target.hidden_size}", hint="pair the draft with its own verifier")
@@ -63,7 +71,7 @@ def load_dflash(path: str | os.PathLike, target, *, allow_pickle: bool = False,
     head = None if cfg.reduced_vocab else target.lm_head().weight.detach()
     if not cfg.reduced_vocab and "lm_head.weight" in state:  # a full-vocab head of its own (earlier speculators)
         head = state.pop("lm_head.weight")
-    draft = DFlashDraft(cfg, embed_tokens=embed, lm_head_weight=head)
+    draft = draft_class(cfg, embed_tokens=embed, lm_head_weight=head)
     expected = set(draft.checkpoint_state())
     if draft.t2d is not None and "t2d" not in state and "d2t" in state:
         state["t2d"] = vocab_maps(selected_from_d2t(state["d2t"]), cfg.vocab_size)[1]

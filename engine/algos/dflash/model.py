@@ -64,8 +64,11 @@ class DFlashDraft(nn.Module):
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         """Decoder output [.., H] -> draft-vocabulary logits [.., Vd]."""
-        x = self.norm(x)
-        return self.lm_head(x) if self.lm_head is not None else F.linear(x, self.target_head.to(x.dtype))
+        return self.project(self.norm(x))
+
+    def project(self, hn: torch.Tensor) -> torch.Tensor:
+        """Normed decoder output [.., H] -> draft-vocabulary logits [.., Vd] (own head, or the target's)."""
+        return self.lm_head(hn) if self.lm_head is not None else F.linear(hn, self.target_head.to(hn.dtype))
 
     def context(self, aux: torch.Tensor) -> torch.Tensor:
         """Target features [.., T, A*Ht] (ascending layer order) -> c [.., T, H]."""
@@ -109,6 +112,12 @@ class DFlashDraft(nn.Module):
         logits [N, B, Vd]; slot i of block j drafts the token at anchors[j] + i (slot 0 is the anchor itself).
 
         `ctx_kv` (from `context_kv`) may be passed when several calls share one row."""
+        return self.logits(self.anchored_hidden(aux, input_ids, position_ids, document_ids, anchors, ctx_kv))
+
+    def anchored_hidden(self, aux: torch.Tensor, input_ids: torch.Tensor, position_ids: torch.Tensor,
+                        document_ids: torch.Tensor, anchors: torch.Tensor,
+                        ctx_kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None) -> torch.Tensor:
+        """As `anchored_blocks`, but the decoder output [N, B, H] before the final norm and the head."""
         b = self.block_size
         n = int(anchors.numel())
         dev = input_ids.device
@@ -125,7 +134,7 @@ class DFlashDraft(nn.Module):
             ctx_mask = ctx_mask & (idx[None, :] >= anchors[:, None] - window)
         ctx_mask = ctx_mask.repeat_interleave(b, dim=0)  # [N*B, T]
         x = self.block_forward(block_ids.view(1, -1), block_pos.view(1, -1), ctx_kv, ctx_mask)
-        return self.logits(x).view(n, b, -1)
+        return x.view(n, b, -1)
 
     def forward(self, aux, input_ids, position_ids, document_ids, anchors):  # the training entry point (DDP calls it)
         return self.anchored_blocks(aux, input_ids, position_ids, document_ids, anchors)

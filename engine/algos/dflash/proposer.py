@@ -42,12 +42,9 @@ class DFlashProposer(Proposer):
         self._extend(prompt_aux)                 # g_0..g_{P-1}
         self.anchor, self.anchor_pos = int(first_token), len(prompt_ids)
 
-    @torch.inference_mode()
-    def propose(self, k: int, params: SamplingParams, generator: torch.Generator | None) -> Proposal:
+    def block_hidden(self) -> torch.Tensor:
+        """The decoder output [1, B, H] of the block [anchor, MASK x (B-1)] over the committed context."""
         b = self.draft.block_size
-        k = min(k, b - 1)
-        if k < 1:
-            return Proposal([])
         device = self.draft.fc.weight.device
         ids = torch.full((1, b), self.draft.mask_token_id, dtype=torch.long, device=device)
         ids[0, 0] = self.anchor
@@ -57,7 +54,15 @@ class DFlashProposer(Proposer):
         window = next((w for w in self.draft.windows if w), None)
         if window:
             ctx_mask[:, : max(0, s - window)] = False
-        x = self.draft.block_forward(ids, positions, self.ctx, ctx_mask)
+        return self.draft.block_forward(ids, positions, self.ctx, ctx_mask)
+
+    @torch.inference_mode()
+    def propose(self, k: int, params: SamplingParams, generator: torch.Generator | None) -> Proposal:
+        k = min(k, self.draft.block_size - 1)
+        if k < 1:
+            return Proposal([])
+        device = self.draft.fc.weight.device
+        x = self.block_hidden()
         logits = self.draft.logits(x[0, 1: k + 1]).float()   # [k, Vd]: slot i drafts the token at anchor + i
         if params.greedy or not self.sample_drafts:
             return Proposal(self.draft.draft_to_target(logits.argmax(-1)).tolist())

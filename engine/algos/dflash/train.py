@@ -50,17 +50,20 @@ def collate(samples: list[dict[str, torch.Tensor]], layout: Layout, max_tokens: 
     return batch
 
 
-def block_labels(batch: dict[str, torch.Tensor], block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(labels [N,B] target ids, valid [N,B]): slot i of block j drafts the token at anchor_j + i (i >= 1), valid
-    when that position is in the loss and in the anchor's document; slot 0 (the anchor) never counts."""
+def block_labels(batch: dict[str, torch.Tensor], block_size: int, *,
+                 offset: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(labels [N,B] target ids, valid [N,B]): slot i of block j drafts the token at anchor_j + i + offset, valid
+    when that position is in the loss and in the anchor's document. offset 0 (DFlash): slot 0 is the anchor and
+    never counts; offset 1: every slot predicts (the anchor's slot drafts the next token)."""
     ids, mask, doc = batch["input_ids"][0], batch["loss_mask"][0].bool(), batch["document_ids"][0]
     anchors = batch["anchors"]
     t = ids.numel()
-    pos = anchors[:, None] + torch.arange(block_size, device=ids.device)[None, :]   # [N, B]
+    pos = anchors[:, None] + offset + torch.arange(block_size, device=ids.device)[None, :]   # [N, B]
     inside = pos < t
     pos_c = pos.clamp(max=t - 1)
     valid = inside & mask[pos_c] & (doc[pos_c] == doc[anchors][:, None])
-    valid[:, 0] = False
+    if offset == 0:
+        valid[:, 0] = False
     return ids[pos_c], valid
 
 

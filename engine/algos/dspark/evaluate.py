@@ -1,0 +1,74 @@
+"""DSpark's accepted-draft counts a(q) and sampled-acceptance expectations for every position of a held-out
+sequence: one backbone block per anchor (batched, as DFlash), then the Markov head left to right.
+
+Greedy counts run the head on the draft's own choices, exactly what the proposer does; the static cut is not
+applied (the walk drafts min(k, remaining) tokens), so they give the acceptance of the uncut block."""
+
+from __future__ import annotations
+
+import torch
+
+from engine.algos.dspark.model import DSparkDraft
+
+
+def _blocks(draft: DSparkDraft, aux: torch.Tensor, token_ids: torch.Tensor, chunk: int):
+    """Yield (anchors [n] on the draft's device, decoder output [n, B, H]) for anchors 1..T-2 in chunks."""
+    t = int(token_ids.shape[0])
+    dtype, device = draft.fc.weight.dtype, draft.fc.weight.device
+    ids = token_ids.long().view(1, -1).to(device)
+    g = aux.to(device=device, dtype=dtype).unsqueeze(0)
+    positions = torch.arange(t, device=device).view(1, -1)
+    documents = torch.zeros_like(ids)
+    ctx_kv = draft.context_kv(draft.context(g), positions)  # once per sequence, shared by every chunk of anchors
+    for start in range(1, t - 1, chunk):  # q = 0 has no context; q = T-1 has nothing to draft
+        anchors = torch.arange(start, min(start + chunk, t - 1), device=device)
+        yield anchors, draft.anchored_hidden(g, ids, positions, documents, anchors, ctx_kv)
+
+
+@torch.inference_mode()
+def acceptance_counts(draft: DSparkDraft, aux: torch.Tensor, token_ids: torch.Tensor, k: int,
+                      chunk: int = 64) -> torch.Tensor:
+    """aux [T, A*Ht], token_ids [T] -> a [T] int64: leading greedy drafts of the block at q equal to q+1..q+k."""
+    t = int(token_ids.shape[0])
+    out = torch.zeros(t, dtype=torch.long)
+    k = min(k, draft.block_size)
+    if t < 2 or k < 1:
+        return out
+    tokens = token_ids.long().cpu()
+    for anchors, x in _blocks(draft, aux, token_ids, chunk):
+        drafted, _, _ = draft.draft_sequentially(x, token_ids.long().to(anchors.device)[anchors], k,
+                                                 lambda logits: logits.argmax(-1))
+        pred = draft.draft_to_target(drafted).cpu()                                   # [n, k]
+        pos = anchors.cpu()[:, None] + torch.arange(1, k + 1)[None, :]
+        truth = torch.where(pos < t, tokens[pos.clamp(max=t - 1)], torch.full_like(pos, -1))
+        out[anchors.cpu()] = torch.cumprod((pred == truth).long(), dim=1).sum(1)
+    return out
+
+
+@torch.inference_mode()
+def acceptance_expectation(draft: DSparkDraft, aux: torch.Tensor, token_ids: torch.Tensor,
+                           target_logits: torch.Tensor, k: int, temperature: float, chunk: int = 64) -> torch.Tensor:
+    """[T, k]: entry (q, j) = prod_{i<=j} sum_x min(p_i(x), q_i(x)), both at `temperature`; q_i is the corrected
+    draft distribution of slot i given the data's earlier tokens (teacher-forced), p_i the target's at q + i."""
+    t = int(token_ids.shape[0])
+    out = torch.zeros(t, k)
+    k = min(k, draft.block_size)
+    if t < 3 or k < 1:
+        return out
+    ids = token_ids.long()
+    vocab = target_logits.shape[-1]
+    for anchors, x in _blocks(draft, aux, token_ids, chunk):
+        device = anchors.device
+        prev = (anchors[:, None] + torch.arange(draft.block_size, device=device)[None, :]).clamp(max=t - 1)
+        logits, _ = draft.heads(x, ids.to(device)[prev])                               # [n, B, Vd]
+        draft_ids = draft.draft_to_target(torch.arange(logits.shape[-1], device=device)).cpu()
+        alive = torch.ones(anchors.numel())
+        for j in range(k):
+            pos = anchors.cpu() + j                                                      # target row predicting +1
+            inside = pos + 1 < t
+            q = torch.zeros(anchors.numel(), vocab)
+            q[:, draft_ids] = torch.softmax(logits[:, j].float().cpu() / temperature, dim=-1)
+            p = torch.softmax(target_logits[pos.clamp(max=t - 1)].float() / temperature, dim=-1)
+            alive = alive * torch.minimum(p, q).sum(-1) * inside
+            out[anchors.cpu(), j] = alive
+    return out

@@ -1,0 +1,45 @@
+"""Build a fresh DSpark draft for a target, and load/save DSpark checkpoints in the speculators layout (through
+DFlash's builder and loader, which serve the whole DFlash family)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from engine.algos.dflash.io import build_dflash, load_dflash, save_dflash
+from engine.algos.dspark.model import DSparkDraft
+from engine.errors import WorkbenchError
+
+
+def build_dspark(target, *, markov_rank: int = 256, markov_head_type: str = "vanilla",
+                 enable_confidence_head: bool = True, confidence_head_with_markov: bool = True,
+                 block_size: int = 8, **backbone: Any) -> DSparkDraft:
+    """A new DSpark draft: DFlash's backbone (`backbone`: num_layers, aux_layer_ids, draft_vocab_size, ...) with
+    every slot predicting, plus the Markov and confidence heads."""
+    if confidence_head_with_markov and enable_confidence_head and markov_rank <= 0:
+        raise WorkbenchError("confidence_head_with_markov needs a Markov head (markov_rank > 0)",
+                             hint="set --markov-rank to a positive rank or --no-confidence-head-with-markov")
+    fields = {"sample_from_anchor": True, "markov_rank": markov_rank, "markov_head_type": markov_head_type,
+              "enable_confidence_head": enable_confidence_head,
+              "confidence_head_with_markov": confidence_head_with_markov}
+    draft = build_dflash(target, block_size=block_size, algorithm="dspark", draft_class=DSparkDraft,
+                         config_fields=fields, **backbone)
+    if draft.markov_head is not None:  # speculators' start: a small previous-token embedding, a near-zero bias
+        with torch.no_grad():
+            draft.markov_head.markov_w1.weight.normal_(0.0, 0.01)
+    return draft
+
+
+def load_dspark(path: str | os.PathLike, target, *, allow_pickle: bool = False,
+                dtype: torch.dtype = torch.float32) -> DSparkDraft:
+    return load_dflash(path, target, allow_pickle=allow_pickle, dtype=dtype, algorithm="dspark",
+                       draft_class=DSparkDraft)
+
+
+def save_dspark(draft: DSparkDraft, path: str | os.PathLike, *, dtype: torch.dtype | None = torch.bfloat16,
+                config_updates: dict[str, Any] | None = None) -> Path:
+    """config.json (with the fitted confidence temperatures) + model.safetensors, as vLLM loads them (atomic)."""
+    return save_dflash(draft, path, dtype=dtype, config_updates=config_updates)
