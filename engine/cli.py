@@ -125,10 +125,11 @@ def _unwrap(annotation: Any) -> tuple[Any, bool]:
 
 
 def add_model_fields(parser: argparse.ArgumentParser, model_cls, *, skip: Sequence[str] = (),
-                     title: str | None = None) -> None:
+                     title: str | None = None, defaults: dict[str, str] | None = None) -> None:
     """One flag per pydantic field (`--field-name`), help text from the field's description.
 
-    Defaults are left as None so that a YAML file can fill what the command line does not.
+    Defaults are left as None so that a YAML file can fill what the command line does not. `defaults` replaces
+    the default shown in a field's help (e.g. one per algorithm for a flag several algorithms share).
     """
     group = parser.add_argument_group(title or model_cls.__name__, (model_cls.__doc__ or "").strip() or None)
     for name, field in model_cls.model_fields.items():
@@ -138,6 +139,7 @@ def add_model_fields(parser: argparse.ArgumentParser, model_cls, *, skip: Sequen
         kind, _ = _unwrap(field.annotation)
         origin = typing.get_origin(kind)
         default = field.default if field.default is not None else "none"
+        default = (defaults or {}).get(name, default)
         help_text = f"{field.description or ''} (default: {default})".strip()
         if kind is bool:
             group.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)

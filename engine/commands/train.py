@@ -16,10 +16,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"{TrainConfig.model_fields['algo'].description} (default: {default_algo()})")
     add_model_fields(p, TrainConfig, skip=("algo", "algo_args"), title="training (every algorithm)")
     seen: set[str] = set()
+    shared = shared_defaults()
     for name in ALGOS.names():
         algo = ALGOS.get(name)
-        add_model_fields(p, algo.args_class, skip=tuple(seen), title=f"{algo.title} arguments (--algo {name})")
+        add_model_fields(p, algo.args_class, skip=tuple(seen), title=f"{algo.title} arguments (--algo {name})",
+                         defaults=shared)
         seen |= set(algo.args_class.model_fields)
+
+
+def shared_defaults() -> dict[str, str]:
+    """For an argument several algorithms have with different defaults: "dflash 16, dspark 8" for its help."""
+    from engine.algos import ALGOS
+
+    per_field: dict[str, dict[str, object]] = {}
+    for name in ALGOS.names():
+        for field, info in ALGOS.get(name).args_class.model_fields.items():
+            per_field.setdefault(field, {})[name] = "none" if info.default is None else info.default
+    return {field: ", ".join(f"{algo} {value}" for algo, value in by_algo.items())
+            for field, by_algo in per_field.items() if len({repr(v) for v in by_algo.values()}) > 1}
 
 
 def train_overrides(args: argparse.Namespace) -> dict[str, Any]:

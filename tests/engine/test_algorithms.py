@@ -134,3 +134,17 @@ def test_format_types_we_only_validate_get_a_clear_error(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"speculators_model_type": "dflash2"}))
     with pytest.raises(WorkbenchError, match="cannot train or draft 'dflash2'"):
         draft_algorithm(tmp_path)
+
+
+def test_a_flag_several_algorithms_share_shows_each_ones_default():
+    from engine.algos import ALGOS
+    from engine.commands.train import shared_defaults
+
+    shared = shared_defaults()
+    for field, text in shared.items():
+        owners = [n for n in ALGOS.names() if field in ALGOS.get(n).args_class.model_fields]
+        assert len(owners) > 1 and all(f"{n} " in text for n in owners), (field, text)
+    differing = {f for f in {f for n in ALGOS.names() for f in ALGOS.get(n).args_class.model_fields}
+                 if len({repr(ALGOS.get(n).args_class.model_fields[f].default) for n in ALGOS.names()
+                         if f in ALGOS.get(n).args_class.model_fields}) > 1}
+    assert set(shared) == differing and "num_layers" in shared
