@@ -5,7 +5,7 @@ import time
 import streamlit as st
 
 from ui import catalog, charts, resources, state
-from ui.chat import SHORT_TOKENS, explain, explain_row
+from ui.chat import BLOCK_LEGEND, SHORT_TOKENS, explain, explain_row
 from ui.cli import command, show_cli
 from ui.errors import guard
 from ui.tokens import legend_html, plain_html, spec_html, waiting_html
@@ -158,6 +158,7 @@ def _show_turn(turn: dict, index: int) -> None:
                 st.caption(_metrics_line(side["metrics"], turn["explain"].get(name)))
         _why(turn, index)
         with st.expander("Step details (accepted and rejected drafts)"):
+            st.caption(BLOCK_LEGEND)
             for name in names:
                 side = turn["sides"][name]
                 if side["step_lengths"]:

@@ -62,11 +62,19 @@ class Side:
         return [len(e.tokens) for e in self.events if e.step > 0]
 
     def step_rows(self) -> list[dict]:
+        """One row per verification step; a block drafter's whole block is one step (`block` marks each slot)."""
         tok = self.text.tokenizer
-        return [{"step": e.step, "emitted": tok.decode(e.tokens, skip_special_tokens=False),
-                 "sources": " ".join(e.sources), "accepted/drafted": f"{e.accepted}/{e.drafted}",
-                 "rejected drafts": " ".join(repr(tok.decode([t], skip_special_tokens=False)) for t in e.rejected)}
-                for e in self.events]
+        cuts = any(e.withheld or e.confidence for e in self.events)
+        rows = []
+        for e in self.events:
+            row = {"step": e.step, "emitted": tok.decode(e.tokens, skip_special_tokens=False),
+                   "sources": " ".join(e.sources), "accepted/drafted": f"{e.accepted}/{e.drafted}",
+                   "block": block_marks(e),
+                   "rejected drafts": " ".join(repr(tok.decode([t], skip_special_tokens=False)) for t in e.rejected)}
+            if cuts:
+                row["survival (cut at |)"] = survival_text(e)
+            rows.append(row)
+        return rows
 
     def profile(self):
         """The decode steps summed (engine.generate.explain.Profile): tokens, steps, time split, acceptance."""
@@ -141,6 +149,29 @@ class Race:
 
     def cancel(self) -> None:
         self._cancel.set()
+
+
+BLOCK_MARKS = {"accepted": "✓", "rejected": "✗", "after": "·", "withheld": "✂"}
+BLOCK_LEGEND = ("block: one mark per drafted slot, ✓ accepted, ✗ the first rejected, · after it (not used), "
+                "✂ drafted but cut by the confidence head before verification")
+
+
+def block_marks(event) -> str:
+    """'✓✓✗··✂' for a step: which drafted slots the target accepted, rejected, never reached, or never saw."""
+    if not event.drafted and not event.withheld:
+        return ""
+    rejected = event.drafted - event.accepted
+    return (BLOCK_MARKS["accepted"] * event.accepted + (BLOCK_MARKS["rejected"] if rejected else "")
+            + BLOCK_MARKS["after"] * max(0, rejected - 1) + BLOCK_MARKS["withheld"] * event.withheld)
+
+
+def survival_text(event) -> str:
+    """The proposer's survival estimates of a step, a bar where its cut fell: '0.93 0.71 | 0.14'."""
+    values = [f"{v:.2f}" for v in event.confidence]
+    if not values:
+        return ""
+    kept = event.drafted
+    return " ".join(values[:kept]) + (" | " + " ".join(values[kept:]) if kept < len(values) else "")
 
 
 def race(target, prompt_ids: list[int], params: SamplingParams, proposer, k: int) -> tuple[Side, Side]:

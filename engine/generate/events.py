@@ -25,6 +25,8 @@ class StepEvent:
     target_s: float = 0.0     # the target forward alone
     text: str = ""            # decoded text of `tokens` (filled when a tokenizer is given)
     finished: str | None = None  # "eos" | "stop" | "length" on the last event
+    withheld: int = 0         # drafted but cut before verification by the proposer (decided before verifying)
+    confidence: list[float] = field(default_factory=list)  # the proposer's survival estimate per drafted token
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -18,6 +18,8 @@ from engine.generate.sampling import SamplingParams
 class Proposal:
     tokens: list[int]                 # draft tokens in the target vocabulary (may be fewer than k, or none)
     probs: torch.Tensor | None = None  # [n, V] the distributions the tokens were sampled from; None = deterministic
+    withheld: int = 0                  # tokens drafted after `tokens` but not sent for verification (a confidence cut)
+    confidence: list[float] | None = None  # the proposer's own survival estimate per drafted token, withheld included
 
 
 class Proposer:

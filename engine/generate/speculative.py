@@ -163,6 +163,7 @@ def _speculative_step(runner, proposer, last, params, k, generator, stopper, ste
             break
     event = _event(step, out_tokens, out_sources, drafts[n:], len(drafts), n, t0, tv - td, verify_s, target_s,
                    stopper, tokenizer, step_start=td)
+    event.withheld, event.confidence = proposal.withheld, list(proposal.confidence or [])
     return event, verdict.next_token
 
 

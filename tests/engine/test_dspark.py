@@ -88,6 +88,25 @@ def test_the_cut_keeps_the_prefix_whose_survival_stays_above_the_threshold(tiny,
     assert all(a >= b for a, b in itertools.pairwise(survival))  # a product of probabilities only falls
 
 
+def test_events_say_where_the_cut_fell(tiny, tiny_dspark):
+    """Each step's event carries the withheld slots and the survival estimates (the Demo chat's block view)."""
+    from ui.chat import block_marks, survival_text
+
+    ids = prompt_ids(tiny.tokenizer, PROMPTS[1])
+    prop = proposer(tiny_dspark, 0.5)
+    _, events = generate_all(TargetRunner(tiny, prop.aux_layer_ids), ids, SamplingParams(max_new_tokens=24), prop,
+                             BLOCK)
+    steps = [e for e in events if e.step > 0]
+    assert any(e.withheld for e in steps)
+    for e in steps:
+        assert len(e.confidence) == e.drafted + e.withheld
+        assert all(v >= 0.5 for v in e.confidence[: e.drafted])
+        assert all(v < 0.5 for v in e.confidence[e.drafted:])
+        marks = block_marks(e)
+        assert marks.count("✓") == e.accepted and marks.count("✂") == e.withheld and len(marks) == len(e.confidence)
+        assert ("|" in survival_text(e)) == bool(e.withheld)
+
+
 def test_proposer_block_equals_the_training_block(tiny, tiny_dspark):
     """The cached decoding path (committed context K/V + one block + the Markov head on its own choices) computes
     the batched training path's block when the data continues with the drafts (teacher forcing = free running)."""

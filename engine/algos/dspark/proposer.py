@@ -64,9 +64,10 @@ class DSparkProposer(DFlashProposer):
             n = confident_prefix(conf[0], self.threshold) if self.threshold > 0 else n
             self.last_cut = n
         drafts = self.draft.draft_to_target(tokens[0, :n]).tolist()
+        cut = dict(withheld=tokens.shape[1] - n, confidence=self.last_survival or None)
         if not sampled:
-            return Proposal(drafts)
-        return Proposal(drafts, self._target_vocab_probs(probs[:n]))
+            return Proposal(drafts, **cut)
+        return Proposal(drafts, self._target_vocab_probs(probs[:n]), **cut)
 
     def _target_vocab_probs(self, probs: list[torch.Tensor]) -> torch.Tensor:
         """Draft-vocabulary distributions n x [Vd] -> [n, V] in the target vocabulary (zero outside the draft's)."""
