@@ -25,7 +25,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def shared_defaults() -> dict[str, str]:
-    """For an argument several algorithms have with different defaults: "name1 16, name2 8" (one default per algorithm) for its help."""
+    """Help text for an argument several algorithms have with different defaults: "name1 16, name2 8"."""
     from engine.algos import ALGOS
 
     per_field: dict[str, dict[str, object]] = {}
