@@ -140,14 +140,25 @@ def test_dflash_trains_and_writes_a_checkpoint_vllm_rules_accept(tiny_targets, t
     assert load_dflash(final, load_target(str(tiny_targets["llama"]))).block_size == 4
 
 
+def test_builtin_greedy_identity_on_8_prompts(builtin_target):
+    """Greedy block drafting on the built-in target (fp32) gives the target's own text (the default variant of the
+    50-prompt test)."""
+    _builtin_identity(builtin_target, 8)
+
+
+@pytest.mark.slow
 def test_builtin_greedy_identity_on_50_prompts(builtin_target):
-    """Greedy block drafting on the built-in target (fp32) gives the target's own text on 50 held-out prompts."""
+    """The same on 50 held-out prompts."""
+    _builtin_identity(builtin_target, 50)
+
+
+def _builtin_identity(builtin_target, n: int) -> None:
     from engine.generate.bench import load_prompts
 
     draft = build_dflash(builtin_target, num_layers=1, block_size=8).eval()
     params = SamplingParams(max_new_tokens=12, eos_token_ids=[builtin_target.tokenizer.eos_token_id])
-    prompts = load_prompts("sharegpt", 50, 0, 300)
-    assert len(prompts) == 50
+    prompts = load_prompts("sharegpt", n, 0, 300)
+    assert len(prompts) == n
     base_runner = TargetRunner(builtin_target)
     for prompt in prompts:
         ids = prompt_ids(builtin_target.tokenizer, prompt)

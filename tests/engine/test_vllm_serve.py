@@ -288,6 +288,7 @@ def vllm_bench(vllm_pool):
 
 
 @pytest.mark.vllm
+@pytest.mark.slow  # the default suite's budget: the shipped/random-draft tests below cover the same paths
 def test_explicit_form_and_ngram_are_lossless_and_counted(vllm_bench, random_draft):
     result = vllm_bench(random_draft, methods=("baseline", "draft", "ngram"))
     assert result["backend"] == "vllm"
@@ -365,6 +366,7 @@ def test_shipped_draft_explicit_form_lossless_and_acceptance_matches_ours(vllm_b
 
 
 @pytest.mark.vllm
+@pytest.mark.slow  # the default suite's budget: the shipped/random-draft tests below cover the same paths
 def test_shipped_draft_auto_form_is_lossless(vllm_bench, vllm_pool, builtin_target):
     """`vllm serve <draft>`: the draft folder as the model; the target comes from the verifier's hub id."""
     from engine.serve.server import plan_server
