@@ -234,7 +234,9 @@ def widget(field: BuilderField, issues: list) -> None:
         if raw:
             st.session_state[key] = "" if value is MISSING else json.dumps(value)
         else:
-            st.session_state[key] = to_widget(field.kind, None if value is MISSING else value)
+            shown = to_widget(field.kind, None if value is MISSING else value)
+            # a float32 value a draft was saved with (9.999999747378752e-06) is shown as written (1e-05)
+            st.session_state[key] = tidy_floats(shown) if field.kind.kind == "float" else shown
     label = field_label(field.path)
     help_text = (field.help or "") + f"\n\nJSON path: `{field.path}`" + ("" if value is not MISSING else " (not set)")
     common = dict(key=key, help=help_text, on_change=on_form_edit, args=(field.path, field.kind, raw))

@@ -624,6 +624,21 @@ def test_config_builder_hints_k_mask_token_and_writes_eps_as_written(runs, tiny_
         assert not at.warning  # a fresh config has no trained k to exceed
 
 
+def test_config_builder_shows_a_loaded_drafts_float32_eps_as_written(runs, tiny_target):
+    import json
+
+    from engine.generate.api import default_draft
+
+    shipped = default_draft("smollm2-135m-instruct")
+    assert "9.99999974" in (shipped / "config.json").read_text()  # saved from a float32 value
+    at = open_app(tiny_target, str(shipped), page="config_builder")
+    ok(at)
+    [eps] = [w for w in at.number_input if w.key.endswith("rms_norm_eps")]
+    assert eps.value == 1e-05
+    assert json.loads(at.text_area(key="builder_json").value)["transformer_layer_config"]["rms_norm_eps"] == \
+        9.999999747378752e-06  # the JSON keeps the file's value until the user edits the field
+
+
 def test_tidy_floats_writes_float32_values_as_written():
     from ui.builder import tidy_floats
 
