@@ -343,7 +343,9 @@ class LayerCapture:
         self._handles: list = []
 
     def _hook_for(self, layer_id: int):
-        def hook(module, args, kwargs):
+        def hook(module, args, kwargs=None):
+            # kwargs=None: torch registers a kwargs hook in two steps, so another thread's forward running in
+            # between calls it without kwargs; that call is another session's and is ignored below
             if threading.get_ident() != self._thread:
                 return  # another session's forward through the same model
             hidden = args[0] if args else kwargs["hidden_states"]
