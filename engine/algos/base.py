@@ -146,8 +146,10 @@ class DraftAlgorithm:
         raise NotImplementedError
 
     def draft_vocabulary(self, draft: "nn.Module") -> "torch.Tensor | None":
-        """bool [V]: target tokens the draft can propose (None: all of them)."""
-        return None
+        """bool [V]: target tokens the draft can propose (None: all of them). Default: the draft's `t2d` buffer
+        (target -> draft vocabulary mask) when it has one."""
+        t2d = getattr(draft, "t2d", None)
+        return None if t2d is None else t2d.bool().cpu()
 
 
 ALGOS: Registry[DraftAlgorithm] = Registry("algorithm")

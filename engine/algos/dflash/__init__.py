@@ -70,6 +70,3 @@ class DFlash(DraftAlgorithm):
         from engine.algos.dflash.evaluate import acceptance_counts
 
         return acceptance_counts(draft, aux, token_ids, k)
-
-    def draft_vocabulary(self, draft):
-        return None if draft.t2d is None else draft.t2d.bool().cpu()

@@ -91,6 +91,3 @@ class DSpark(DraftAlgorithm):
         from engine.algos.dspark.evaluate import acceptance_expectation
 
         return acceptance_expectation(draft, aux, token_ids, target_logits, k, temperature)
-
-    def draft_vocabulary(self, draft):
-        return None if draft.t2d is None else draft.t2d.bool().cpu()

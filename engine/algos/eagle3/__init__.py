@@ -81,6 +81,3 @@ class Eagle3(DraftAlgorithm):
         from engine.algos.eagle3.evaluate import acceptance_expectation
 
         return acceptance_expectation(draft, aux, token_ids, target_logits, k, temperature)
-
-    def draft_vocabulary(self, draft):
-        return None if draft.t2d is None else draft.t2d.bool().cpu()

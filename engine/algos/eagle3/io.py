@@ -54,7 +54,14 @@ def build_eagle3(
     cfg.speculators_config.verifier.architectures = list(getattr(target.config, "architectures", None) or [])
     torch.manual_seed(seed)
     draft = Eagle3Draft(cfg, embed_tokens=target.embed_tokens())
-    init_draft_weights(draft, std=float(target.text_config.to_dict().get("initializer_range", 0.02)))
+    return init_from_target(draft, target, draft_vocab_size, vocab, token_counts)
+
+
+def init_from_target(draft, target, draft_vocab_size: int, vocab: int, token_counts,
+                     skip: tuple[str, ...] = ("embed_tokens",)):
+    """Random-initialise a new EAGLE-3-family draft (except `skip`), then copy the target's lm_head rows of the
+    draft vocabulary (and its d2t/t2d maps) into it."""
+    init_draft_weights(draft, std=float(target.text_config.to_dict().get("initializer_range", 0.02)), skip=skip)
     head = target.lm_head().weight.detach()  # [V, H] (tied to the embedding for SmolLM2)
     if draft_vocab_size != vocab:
         selected, d2t, t2d = reduced_vocab(token_counts, draft_vocab_size, vocab)

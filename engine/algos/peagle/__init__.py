@@ -79,6 +79,3 @@ class PEagle(DraftAlgorithm):
         from engine.algos.peagle.evaluate import acceptance_expectation
 
         return acceptance_expectation(draft, aux, token_ids, target_logits, k, temperature)
-
-    def draft_vocabulary(self, draft):
-        return None if draft.t2d is None else draft.t2d.bool().cpu()

@@ -9,8 +9,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from engine.algos.common.layers import init_draft_weights, module_to_dtype_except
-from engine.algos.common.vocab import choose_mask_token, reduced_vocab, selected_from_d2t, vocab_maps
+from engine.algos.common.layers import module_to_dtype_except
+from engine.algos.common.vocab import choose_mask_token, selected_from_d2t, vocab_maps
+from engine.algos.eagle3.io import init_from_target
 from engine.algos.peagle.model import PEagleDraft
 from engine.errors import WorkbenchError
 from engine.format.checkpoint import load_state_dict, read_config_dict, save_checkpoint
@@ -46,17 +47,7 @@ def build_peagle(target, *, aux_layer_ids: list[int] | None = None, draft_vocab_
     cfg.speculators_config.verifier.architectures = list(getattr(target.config, "architectures", None) or [])
     torch.manual_seed(seed)
     draft = PEagleDraft(cfg, embed_tokens=target.embed_tokens())
-    init_draft_weights(draft, std=float(target.text_config.to_dict().get("initializer_range", 0.02)),
-                       skip=_NOT_INITIALISED)
-    head = target.lm_head().weight.detach()  # [V, H]
-    if draft_vocab_size != vocab:
-        selected, d2t, t2d = reduced_vocab(token_counts, draft_vocab_size, vocab)
-        draft.d2t.copy_(d2t)
-        draft.t2d.copy_(t2d)
-        head = head[selected]
-    with torch.no_grad():
-        draft.lm_head.weight.copy_(head)
-    return draft
+    return init_from_target(draft, target, draft_vocab_size, vocab, token_counts, skip=_NOT_INITIALISED)
 
 
 def load_peagle(path: str | os.PathLike, target=None, *, allow_pickle: bool = False,
