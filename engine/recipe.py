@@ -45,11 +45,28 @@ def load_recipe(name_or_path: str) -> dict[str, Any]:
         raise WorkbenchError(f"{path} is not valid YAML: {exc}") from exc
     recipe.setdefault("name", path.stem)
     recipe.setdefault("work", f"runs/recipes/{recipe['name']}")
-    unknown = set(recipe) - set(STEPS) - {"name", "work", "target", "description"}
+    unknown = set(recipe) - set(STEPS) - {"name", "work", "target", "description", "data"}
     if unknown:
         raise WorkbenchError(f"unknown recipe keys {sorted(unknown)}", where=str(path),
                              hint=f"steps are {list(STEPS)}")
+    if "data" in recipe and ({"regenerate", "extract"} & set(recipe)):
+        raise WorkbenchError("a recipe with 'data:' (another recipe's data) cannot have its own regenerate or "
+                             "extract steps", where=str(path), hint="keep one of the two")
     return recipe
+
+
+def _data_recipe(recipe: dict[str, Any]) -> dict[str, Any] | None:
+    """The recipe whose regenerate/extract steps (and data folder) this one shares, named by its `data:` key."""
+    if "data" not in recipe:
+        return None
+    source = load_recipe(str(recipe["data"]))
+    if "data" in source:
+        raise WorkbenchError(f"recipe '{source['name']}' itself borrows data (data: {source['data']})",
+                             hint="point 'data:' at the recipe that regenerates and extracts")
+    if source.get("target", "smollm2-135m-instruct") != recipe.get("target", "smollm2-135m-instruct"):
+        raise WorkbenchError(f"recipe '{source['name']}' extracts hidden states of another target",
+                             hint="share data only between recipes of the same target")
+    return source
 
 
 def _flags(options: dict[str, Any]) -> list[str]:
@@ -69,11 +86,26 @@ def _flags(options: dict[str, Any]) -> list[str]:
     return argv
 
 
+def data_work(recipe: dict[str, Any]) -> Path:
+    """The folder holding the recipe's regenerated.jsonl, hidden/ and data step markers (its own or the lender's)."""
+    source = _data_recipe(recipe)
+    return Path((source or recipe)["work"])
+
+
 def step_options(recipe: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
-    """(step, options of the engine function it calls) in order, with the recipe's paths filled in."""
+    """(step, options of the engine function it calls) in order, with the recipe's paths filled in.
+
+    A recipe with `data: <other recipe>` runs that recipe's regenerate and extract steps (skipped when already
+    done there) and trains on its hidden states."""
     work = Path(recipe["work"])
     target = recipe.get("target", "smollm2-135m-instruct")
+    source = _data_recipe(recipe)
     steps: list[tuple[str, dict[str, Any]]] = []
+    if source is not None:
+        steps = [(s, o) for s, o in step_options(source) if s in ("regenerate", "extract")]
+        work_data = Path(source["work"]) / "hidden"
+    else:
+        work_data = work / "hidden"
     if "regenerate" in recipe:
         steps.append(("regenerate", {"target": target, **recipe["regenerate"],
                                      "out": str(work / "regenerated.jsonl")}))
@@ -82,7 +114,7 @@ def step_options(recipe: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
         steps.append(("extract", {"target": target, "dataset": dataset, "split": "all", **recipe["extract"],
                                   "out": str(work / "hidden")}))
     if "train" in recipe:
-        steps.append(("train", {"target": target, "data": str(work / "hidden"), **recipe["train"],
+        steps.append(("train", {"target": target, "data": str(work_data), **recipe["train"],
                                 "out": str(work / "train")}))
     if "bench" in recipe:
         steps.append(("bench", {"target": target, "draft": str(work / "train" / "draft"), **recipe["bench"],
@@ -140,10 +172,13 @@ def run_recipe(name_or_path: str, *, only: list[str] | None = None, force: bool 
     done_dir.mkdir(exist_ok=True)
     timings: dict[str, float] = {}
     steps = [(s, o) for s, o in step_options(recipe) if not only or s in only]
+    source = _data_recipe(recipe)
     rep = reporter()
     for i, (step, opts) in enumerate(steps):
         argv = [step, *_flags(opts)]
-        marker = done_dir / f"{step}.json"
+        shared = source is not None and step in ("regenerate", "extract")  # its marker lives with the data
+        marker = (Path(source["work"]) / "steps" if shared else done_dir) / f"{step}.json"
+        marker.parent.mkdir(parents=True, exist_ok=True)
         digest = _digest(argv)
         if not force and marker.is_file() and read_json(marker).get("digest") == digest:
             log.info("step %s: already done (%s)", step, marker)

@@ -81,6 +81,17 @@ class DraftAlgorithm:
         """One line on what these arguments train (model cards, job names)."""
         return self.title
 
+    def card_model_lines(self, config: dict[str, Any], args: AlgoArgs) -> list[str]:
+        """Markdown bullets for a model card's "Model" section, from the draft's config.json and its arguments."""
+        layers = (config.get("transformer_layer_config") or {}).get("num_hidden_layers", "?")
+        return [f"- {self.describe(args)}: {self.summary} Reads the target's layers "
+                f"{config.get('aux_hidden_state_layer_ids') or config.get('eagle_aux_hidden_state_layer_ids', '?')}; "
+                f"{layers} draft layer(s); `speculative_tokens` = {self.speculative_tokens(args)}. Weights in bf16."]
+
+    def card_objective(self, args: AlgoArgs) -> str:
+        """The training objective in a few words (a model card's "Training" section)."""
+        return getattr(args, "loss_fn", "its own loss")
+
     # -- torch side -----------------------------------------------------------------------------
     def build(self, target, args: AlgoArgs, *, aux_layer_ids: Sequence[int], token_counts: "torch.Tensor | None",
               seed: int, init_from: str | None = None) -> "nn.Module":

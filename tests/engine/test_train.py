@@ -365,3 +365,40 @@ def test_packed_documents_do_not_see_each_other(tiny_llama):
             torch.testing.assert_close(packed[0][:, start:start + n], alone[0], rtol=1e-5, atol=1e-5)
             torch.testing.assert_close(packed[1][:, start:start + n - 1], alone[1][:, : n - 1], rtol=1e-5, atol=1e-5)
             start += n
+
+
+def test_a_recipe_borrowing_data_trains_on_the_lenders_hidden_states_and_shares_its_step_markers(tmp_path, capsys):
+    """`data: <recipe>`: the lender's regenerate/extract steps (its markers, its folders), our train step on them."""
+    import yaml
+
+    from engine.errors import WorkbenchError
+    from engine.model_card import gather
+    from engine.recipe import _digest, _flags, load_recipe, run_recipe, step_options
+
+    lender = {"name": "lender", "work": str(tmp_path / "lender"),
+              "extract": {"dataset": "sharegpt", "algo": "dflash", "max_samples": 4}}
+    (tmp_path / "lender.yaml").write_text(yaml.safe_dump(lender))
+    borrower = {"name": "borrower", "work": str(tmp_path / "borrower"), "data": str(tmp_path / "lender.yaml"),
+                "train": {"algo": "dspark", "max_steps": 1}}
+    (tmp_path / "borrower.yaml").write_text(yaml.safe_dump(borrower))
+    steps = dict(step_options(load_recipe(str(tmp_path / "borrower.yaml"))))
+    assert list(steps) == ["extract", "train"]
+    assert steps["extract"]["out"] == steps["train"]["data"] == str(tmp_path / "lender" / "hidden")
+    assert steps["train"]["out"] == str(tmp_path / "borrower" / "train")
+
+    # the lender's extraction is done: the borrower's run skips it (a dry run prints only what it would run)
+    markers = tmp_path / "lender" / "steps"
+    markers.mkdir(parents=True)
+    (markers / "extract.json").write_text(json.dumps(
+        {"digest": _digest(["extract", *_flags(steps["extract"])]), "seconds": 12.0}))
+    (tmp_path / "lender" / "hidden").mkdir()
+    (tmp_path / "lender" / "hidden" / "manifest.json").write_text(json.dumps({"samples": 4, "layer_ids": [1, 2]}))
+    run_recipe(str(tmp_path / "borrower.yaml"), dry_run=True)
+    printed = capsys.readouterr().out
+    assert "== train:" in printed and "== extract:" not in printed
+    facts = gather(load_recipe(str(tmp_path / "borrower.yaml")))
+    assert facts["manifest"]["samples"] == 4 and facts["steps"]["extract"]["seconds"] == 12.0  # the card's data
+
+    (tmp_path / "both.yaml").write_text(yaml.safe_dump({**borrower, "extract": lender["extract"]}))
+    with pytest.raises(WorkbenchError, match="cannot have its own regenerate or extract"):
+        load_recipe(str(tmp_path / "both.yaml"))

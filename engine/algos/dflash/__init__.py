@@ -25,6 +25,24 @@ class DFlash(DraftAlgorithm):
     def describe(self, args: DFlashArgs) -> str:
         return f"{self.title}, {args.num_layers} Qwen3 layer(s), block {args.block_size}, {args.loss_fn} loss"
 
+    def card_model_lines(self, config, args: DFlashArgs) -> list[str]:
+        tl = config.get("transformer_layer_config") or {}
+        attention = "causal" if args.block_causal else "bidirectional"
+        return [f"- {tl.get('num_hidden_layers', args.num_layers)} Qwen3 decoder layers (hidden "
+                f"{tl.get('hidden_size', '?')}); the target's layers {config.get('aux_hidden_state_layer_ids', '?')} "
+                "fused by `fc` into every layer's keys and values; block of "
+                f"{config.get('block_size', args.block_size)} (the last token and mask token "
+                f"{config.get('mask_token_id', '?')} in the other slots), {attention} inside the block; the "
+                "target's embedding and `lm_head` (not stored).",
+                f"- `speculative_tokens` = {self.speculative_tokens(args)} (up to block − 1 per draft forward). "
+                "Weights in bf16."]
+
+    def card_objective(self, args: DFlashArgs) -> str:
+        loss = "hard-label cross-entropy on the data tokens" if args.loss_fn == "ce" else \
+            "forward KL to the target's distribution"
+        return (f"{args.max_anchors} random anchor blocks per packed row, {loss}, slot i weighted "
+                f"exp(−(i−1)/{args.dflash_decay_gamma:g})")
+
     def build(self, target, args: DFlashArgs, *, aux_layer_ids, token_counts, seed, init_from=None):
         from engine.algos.dflash.io import build_dflash, load_dflash
 

@@ -28,6 +28,12 @@ class DSpark(DraftAlgorithm):
         conf = ", confidence head" if args.enable_confidence_head else ""
         return f"{self.title}, {args.num_layers} Qwen3 layer(s), block {args.block_size}, {head}{conf}"
 
+    def card_objective(self, args: DSparkArgs) -> str:
+        return (f"{args.max_anchors} random anchor blocks per packed row, {args.ce_alpha:g} × CE on the data tokens "
+                f"+ {args.tv_alpha:g} × total variation to the target's distribution + "
+                f"{args.confidence_head_alpha:g} × the confidence head's BCE, slot i weighted "
+                f"exp(−(i−1)/{args.dflash_decay_gamma:g})")
+
     def build(self, target, args: DSparkArgs, *, aux_layer_ids, token_counts, seed, init_from=None):
         from engine.algos.dspark.io import build_dspark, load_dspark
 

@@ -26,6 +26,19 @@ class Eagle3(DraftAlgorithm):
         vocab = f"draft vocab {args.draft_vocab_size}" if args.draft_vocab_size else "full vocab"
         return f"{self.title}, {args.num_layers} {args.draft_arch} layer(s), {vocab}, {args.ttt_steps} TTT steps"
 
+    def card_model_lines(self, config, args: Eagle3Args) -> list[str]:
+        tl = config.get("transformer_layer_config") or {}
+        return [f"- {args.num_layers} {args.draft_arch.capitalize()} decoder layer(s) over the target's layers "
+                f"{config.get('eagle_aux_hidden_state_layer_ids', '?')} (fused by `fc`), hidden "
+                f"{tl.get('hidden_size', '?')}; draft vocabulary {config.get('draft_vocab_size', '?')} of "
+                f"{tl.get('vocab_size', '?')} tokens (the most frequent assistant tokens, `d2t`/`t2d`); the token "
+                "embedding is the target's (not stored).",
+                f"- `norm_before_fc`, `norm_before_residual`, `norm_output` as speculators 0.9.0's trainer defaults; "
+                f"`speculative_tokens` = {self.speculative_tokens(args)}. Weights in bf16."]
+
+    def card_objective(self, args: Eagle3Args) -> str:
+        return f"training-time test with {args.ttt_steps} steps, forward KL to the target's distribution"
+
     def build(self, target, args: Eagle3Args, *, aux_layer_ids, token_counts, seed, init_from=None):
         from engine.algos.eagle3.io import build_eagle3, load_eagle3
 

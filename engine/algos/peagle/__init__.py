@@ -25,6 +25,10 @@ class PEagle(DraftAlgorithm):
         vocab = f"draft vocab {args.draft_vocab_size}" if args.draft_vocab_size else "full vocab"
         return f"{self.title}, {args.num_layers} {args.draft_arch} layer(s), {vocab}, {args.num_depths} depths"
 
+    def card_objective(self, args: PEagleArgs) -> str:
+        return (f"{args.num_depths} depths per anchor (COD sampling r = {args.down_sample_ratio:g}, floor "
+                f"{args.down_sample_ratio_min:g}), forward KL to the target's distribution")
+
     def build(self, target, args: PEagleArgs, *, aux_layer_ids, token_counts, seed, init_from=None):
         from engine.algos.peagle.io import build_peagle, load_peagle
 

@@ -1,0 +1,231 @@
+"""Every draft algorithm side by side on the same held-out prompts, in-process and in real vLLM, in one run.
+
+Each method is `NAME=DRAFT_FOLDER@K` (a draft), `ngram@K` (prompt lookup) or `baseline`. In-process, one target is
+loaded and the methods run round-robin prompt by prompt (so they see the same machine load); the table has mean
+acceptance length, per-position acceptance, the draft's cost per step (ms, and as a fraction of one baseline target
+step), tokens/s, speedup and whether the output is identical to the baseline. With `--vllm`, the same prompts go
+through the managed vLLM server (one server per method, one after the other), with vLLM's own counters.
+
+    .venv/bin/python benchmarks/bench_drafters.py \\
+        --method eagle3=assets/drafts/smollm2-135m-instruct-eagle3@3 \\
+        --method dflash=assets/drafts/smollm2-135m-instruct-dflash@3 --method ngram@3 \\
+        --num-prompts 20 --max-new-tokens 128 --vllm --json benchmarks/results/drafters/builtin.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+@dataclass
+class Method:
+    """One column of the comparison: a name, a draft folder (None: baseline or ngram) and its k."""
+    name: str
+    draft: str | None = None
+    k: int = 3
+    kind: str = "draft"  # draft | ngram | baseline
+
+
+def parse_method(spec: str) -> Method:
+    """`baseline`, `ngram@K` or `NAME=FOLDER@K` -> Method."""
+    if spec == "baseline":
+        return Method("baseline", kind="baseline", k=1)
+    if spec.startswith("ngram"):
+        return Method("ngram", kind="ngram", k=int(spec.partition("@")[2] or 3))
+    name, sep, rest = spec.partition("=")
+    folder, _, k = rest.rpartition("@") if "@" in rest else (rest, "", "")
+    if not sep or not folder:
+        raise SystemExit(f"--method {spec!r}: write NAME=DRAFT_FOLDER@K, ngram@K or baseline")
+    return Method(name, folder, int(k or 3))
+
+
+@dataclass
+class Tally:
+    """What one method measured over all prompts in-process."""
+    outputs: list[list[int]] = field(default_factory=list)
+    tokens: int = 0
+    seconds: float = 0.0
+    draft_s: float = 0.0
+    target_s: float = 0.0
+    steps: int = 0
+    metrics: Any = None
+
+
+def run_inprocess(methods: list[Method], prompts: list[dict], *, target: str | None, max_new_tokens: int,
+                  threads: int | None) -> dict[str, Any]:
+    import torch
+    from tqdm import tqdm
+
+    from engine.generate.api import make_proposer, prompt_ids
+    from engine.generate.metrics import SpecMetrics
+    from engine.generate.runner import TargetRunner
+    from engine.generate.sampling import SamplingParams
+    from engine.generate.speculative import generate
+    from engine.targets import load_target
+
+    if threads:
+        torch.set_num_threads(threads)
+    model = load_target(target)
+    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, seed=0)
+    if model.tokenizer.eos_token_id is not None:
+        params.eos_token_ids = [model.tokenizer.eos_token_id]
+    proposers = {m.name: make_proposer(m.kind if m.kind != "draft" else "draft", model, draft=m.draft)
+                 for m in methods}
+    runners = {m.name: TargetRunner(model, getattr(proposers[m.name], "aux_layer_ids", None)) for m in methods}
+    tallies = {m.name: Tally(metrics=SpecMetrics()) for m in methods}
+    encoded = [prompt_ids(model.tokenizer, p) for p in prompts]
+    for ids in tqdm(encoded, desc="in-process"):
+        for m in methods:
+            t, run = tallies[m.name], SpecMetrics()
+            out: list[int] = []
+            for event in generate(runners[m.name], ids, params, proposers[m.name], m.k):
+                run.observe(event)
+                out.extend(event.tokens)
+                t.draft_s += event.draft_s
+                t.target_s += event.target_s
+                t.steps += 1
+            t.metrics.merge(run)
+            t.seconds += run.total_seconds
+            t.tokens += len(out)
+            t.outputs.append(out)
+    base = tallies.get("baseline")
+    base_step_ms = 1e3 * base.seconds / max(1, base.steps) if base else None
+    rows = {}
+    for m in methods:
+        t = tallies[m.name]
+        tps = t.tokens / t.seconds if t.seconds else 0.0
+        draft_ms = 1e3 * t.draft_s / max(1, t.steps) if m.kind != "baseline" else None
+        rows[m.name] = {
+            "k": m.k if m.kind != "baseline" else None, "draft": m.draft,
+            "mean_acceptance_length": t.metrics.mean_acceptance_length if m.kind != "baseline" else None,
+            "per_position_acceptance": t.metrics.per_position_acceptance if m.kind != "baseline" else [],
+            "draft_ms_per_step": draft_ms,
+            "draft_fraction_of_target_step": draft_ms / base_step_ms if draft_ms is not None and base_step_ms else None,
+            "step_ms": 1e3 * t.seconds / max(1, t.steps),
+            "tokens": t.tokens, "seconds": t.seconds, "tokens_per_s": tps,
+            "speedup": tps / (base.tokens / base.seconds) if base and base.seconds else None,
+            "identical_to_baseline": t.outputs == base.outputs if base else None,
+        }
+    return {"backend": "transformers", "threads": torch.get_num_threads(), "baseline_step_ms": base_step_ms,
+            "methods": rows}
+
+
+def run_vllm(methods: list[Method], prompts: list[dict], *, target: str | None, max_new_tokens: int) -> dict:
+    """One server per method through the managed vLLM; every speedup against the one baseline run."""
+    from engine.serve.bench import run_vllm_bench
+    from engine.serve.server import ServerPool
+
+    pool = ServerPool()
+    rows: dict[str, Any] = {}
+    base_outputs, base_tps = None, None
+    try:
+        for m in methods:
+            kind = {"baseline": "baseline", "ngram": "ngram"}.get(m.kind, "draft")
+            res = run_vllm_bench(prompts, target=target, draft=m.draft, k=m.k if kind != "baseline" else None,
+                                 max_new_tokens=max_new_tokens, methods=(kind,), tokenize=True, pool=pool)
+            row = res["methods"][kind]
+            pool.close()  # one server at a time: they share the 2 cores and the memory
+            if kind == "baseline":
+                base_outputs, base_tps = row["outputs"], row["tokens_per_s"]
+            rows[m.name] = {
+                "k": m.k if kind != "baseline" else None, "draft": m.draft,
+                "mean_acceptance_length": row.get("mean_acceptance_length"),
+                "per_position_acceptance": row.get("per_position_acceptance") or [],
+                "tokens_per_s": row["tokens_per_s"],
+                "speedup": row["tokens_per_s"] / base_tps if base_tps else None,
+                "identical_to_baseline": row["outputs"] == base_outputs if base_outputs is not None else None,
+                "server_start_s": row.get("server_start_s"),
+                "tokens": row.get("completion_tokens"),
+            }
+    finally:
+        pool.close()
+    return {"backend": "vllm", "dtype": "bfloat16", "methods": rows}
+
+
+def markdown(result: dict[str, Any]) -> str:
+    """Both tables, as BENCHMARKS.md shows them."""
+    lines = []
+    ip = result.get("inprocess")
+    if ip:
+        lines += ["| method | k | mean acceptance length | per-position acceptance | draft ms / step | "
+                  "draft / target step | tokens/s | speedup | identical |", "|---|---|---|---|---|---|---|---|---|"]
+        for name, r in ip["methods"].items():
+            lines.append(
+                f"| {name} | {r['k'] or '–'} | {_f(r['mean_acceptance_length'])} | "
+                f"{', '.join(f'{x:.2f}' for x in r['per_position_acceptance']) or '–'} | "
+                f"{_f(r['draft_ms_per_step'], 1)} | {_f(r['draft_fraction_of_target_step'])} | "
+                f"{r['tokens_per_s']:.1f} | {_f(r['speedup'])}× | {_yes(r['identical_to_baseline'])} |")
+        lines.append(f"\nBaseline target step {ip['baseline_step_ms']:.1f} ms ({ip['threads']} threads, fp32).")
+    vl = result.get("vllm")
+    if vl:
+        lines += ["", "| method | k | mean acceptance length | per-position acceptance | tokens/s | speedup | "
+                  "identical | server start |", "|---|---|---|---|---|---|---|---|"]
+        for name, r in vl["methods"].items():
+            lines.append(
+                f"| {name} | {r['k'] or '–'} | {_f(r['mean_acceptance_length'])} | "
+                f"{', '.join(f'{x:.2f}' for x in r['per_position_acceptance']) or '–'} | {r['tokens_per_s']:.1f} | "
+                f"{_f(r['speedup'])}× | {_yes(r['identical_to_baseline'])} | {_f(r['server_start_s'], 0)} s |")
+    return "\n".join(lines)
+
+
+def _f(x, digits: int = 2) -> str:
+    return "–" if x is None else f"{x:.{digits}f}"
+
+
+def _yes(x) -> str:
+    return "–" if x is None else ("yes" if x else "no")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--method", action="append", required=True,
+                    help="NAME=DRAFT_FOLDER@K, ngram@K (repeatable; the baseline is always run first)")
+    ap.add_argument("--vllm-method", action="append", default=None,
+                    help="methods for the vLLM part when they differ (default: the same --method list)")
+    ap.add_argument("--target", default=None)
+    ap.add_argument("--prompts", default="sharegpt")
+    ap.add_argument("--num-prompts", type=int, default=20)
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--vllm", action="store_true", help="also run the same prompts in real vLLM")
+    ap.add_argument("--no-inprocess", action="store_true", help="only the vLLM part")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+
+    from engine.generate.bench import load_prompts
+
+    methods = [parse_method("baseline")] + [parse_method(s) for s in args.method if s != "baseline"]
+    prompts = load_prompts(args.prompts, args.num_prompts, 0, 1500)
+    started = time.time()
+    result: dict[str, Any] = {"num_prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
+                              "prompts": args.prompts, "command": "python benchmarks/bench_drafters.py "
+                              + " ".join(sys.argv[1:] if argv is None else argv)}
+    if not args.no_inprocess:
+        result["inprocess"] = run_inprocess(methods, prompts, target=args.target,
+                                            max_new_tokens=args.max_new_tokens, threads=args.threads)
+    if args.vllm:
+        vmethods = methods if not args.vllm_method else \
+            [parse_method("baseline")] + [parse_method(s) for s in args.vllm_method if s != "baseline"]
+        result["vllm"] = run_vllm(vmethods, prompts, target=args.target, max_new_tokens=args.max_new_tokens)
+    result["seconds"] = time.time() - started
+    print(markdown(result))
+    if args.json:
+        from engine.fsutil import atomic_write_json
+
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(args.json, result)
+        print(f"\nwrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
