@@ -23,7 +23,7 @@ from engine.jobs import reporter
 
 log = logging.getLogger(__name__)
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
-STEPS = ("regenerate", "extract", "train", "bench", "curve", "sweep", "evaluate", "ship")
+STEPS = ("regenerate", "extract", "train", "bench", "vllm_bench", "curve", "sweep", "evaluate", "ship")
 
 
 def find_recipe(name_or_path: str) -> Path:
@@ -45,7 +45,7 @@ def load_recipe(name_or_path: str) -> dict[str, Any]:
         raise WorkbenchError(f"{path} is not valid YAML: {exc}") from exc
     recipe.setdefault("name", path.stem)
     recipe.setdefault("work", f"runs/recipes/{recipe['name']}")
-    unknown = set(recipe) - set(STEPS) - {"name", "work", "target", "description", "data"}
+    unknown = set(recipe) - set(STEPS) - {"name", "work", "target", "description", "data", "goals"}
     if unknown:
         raise WorkbenchError(f"unknown recipe keys {sorted(unknown)}", where=str(path),
                              hint=f"steps are {list(STEPS)}")
@@ -119,12 +119,18 @@ def step_options(recipe: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     if "bench" in recipe:
         steps.append(("bench", {"target": target, "draft": str(work / "train" / "draft"), **recipe["bench"],
                                 "json": str(work / "bench.json")}))
+    if "vllm_bench" in recipe:  # the same benchmark through the managed vLLM server (the draft as vLLM serves it)
+        steps.append(("vllm_bench", {"target": target, "draft": str(work / "train" / "draft"), **recipe["vllm_bench"],
+                                     "backend": "vllm", "json": str(work / "vllm_bench.json")}))
     return steps
 
 
 def step_commands(recipe: dict[str, Any]) -> list[tuple[str, list[str]]]:
     """(step, the equivalent `python -m engine` argv) in order."""
-    return [(step, [step, *_flags(opts)]) for step, opts in step_options(recipe)]
+    return [(step, [_COMMAND.get(step, step), *_flags(opts)]) for step, opts in step_options(recipe)]
+
+
+_COMMAND = {"vllm_bench": "bench"}  # recipe steps that are another CLI command with other options
 
 
 def _run_regenerate(opts: dict[str, Any]) -> None:
@@ -157,7 +163,8 @@ def _run_bench(opts: dict[str, Any]) -> None:
     atomic_write_json(out, result)
 
 
-STEP_FUNCTIONS = {"regenerate": _run_regenerate, "extract": _run_extract, "train": _run_train, "bench": _run_bench}
+STEP_FUNCTIONS = {"regenerate": _run_regenerate, "extract": _run_extract, "train": _run_train, "bench": _run_bench,
+                  "vllm_bench": _run_bench}
 
 
 def _digest(argv: list[str]) -> str:
@@ -176,6 +183,7 @@ def run_recipe(name_or_path: str, *, only: list[str] | None = None, force: bool 
     rep = reporter()
     for i, (step, opts) in enumerate(steps):
         argv = [step, *_flags(opts)]
+        shown = [_COMMAND.get(step, step), *argv[1:]]
         shared = source is not None and step in ("regenerate", "extract")  # its marker lives with the data
         marker = (Path(source["work"]) / "steps" if shared else done_dir) / f"{step}.json"
         marker.parent.mkdir(parents=True, exist_ok=True)
@@ -183,7 +191,7 @@ def run_recipe(name_or_path: str, *, only: list[str] | None = None, force: bool 
         if not force and marker.is_file() and read_json(marker).get("digest") == digest:
             log.info("step %s: already done (%s)", step, marker)
             continue
-        print(f"\n== {step}: python -m engine {' '.join(argv)}", flush=True)
+        print(f"\n== {step}: python -m engine {' '.join(shown)}", flush=True)
         if dry_run:
             continue
         rep.update(f"recipe step {step}", i / max(1, len(steps)))
