@@ -132,8 +132,69 @@ def dflash_zlab(folder: Path, layers: int = 2) -> Path:
     return _write(folder, cfg, state)
 
 
+MASK = 383  # the tiny vocabulary's token the parallel slots / block mask slots were "trained" with
+R = 8  # DSpark's Markov rank
+
+
+def _peagle_layers(first_prefix: str, layers: int) -> dict[str, torch.Tensor]:
+    """P-EAGLE's decoder: layer 0 reads [embedding; hidden] (2H) and has hidden_norm, later layers read H."""
+    out = {}
+    for i in range(layers):
+        prefix = first_prefix if i == 0 else f"layers.{i}."
+        out |= {prefix + k: v for k, v in _layer("", 2 * H if i == 0 else H, first=i == 0).items()}
+    return out
+
+
+def peagle_specforge(folder: Path, layers: int = 2) -> Path:
+    """SpecForge PEagleDraftModel (train_peagle.py): layers.{i}.*, mask_hidden, own embed_tokens, reduced vocabulary
+    maps, a Llama config, and peagle_config.json with the mask token and the depths."""
+    state = _eagle3_head(5, embed=True) | {"mask_hidden": torch.randn(1, 1, 3 * H)} | _peagle_layers("layers.0.", layers)
+    _write(folder, _llama_config(architectures=["PEagleDraftModel"], num_hidden_layers=layers), state)
+    (folder / "peagle_config.json").write_text(json.dumps({
+        "num_depths": 4, "down_sample_ratio": 0.7, "down_sample_ratio_min": 0.2, "mask_token_id": MASK,
+        "num_draft_layers": layers, "norm_before_residual": False}))
+    return folder
+
+
+def peagle_aws(folder: Path, layers: int = 2) -> Path:
+    """An AWS hub P-EAGLE (vLLM's eagle3 + parallel_drafting layout): midlayer.* then layers.{i}.*, mask_hidden,
+    own embed_tokens, the full vocabulary (identity d2t/t2d) and ptd_token_id in a Llama config."""
+    torch.manual_seed(6)
+    state = {"fc.weight": torch.randn(H, 3 * H) * 0.1, "norm.weight": 1 + 0.1 * torch.randn(H),
+             "lm_head.weight": torch.randn(V, H) * 0.3, "embed_tokens.weight": torch.randn(V, H) * 0.3,
+             "mask_hidden": torch.randn(1, 1, 3 * H), "d2t": torch.zeros(V, dtype=torch.long),
+             "t2d": torch.ones(V, dtype=torch.bool)} | _peagle_layers("midlayer.", layers)
+    cfg = _llama_config(architectures=["LlamaForCausalLMEagle3"], num_hidden_layers=layers, draft_vocab_size=V,
+                        ptd_token_id=MASK)
+    return _write(folder, cfg, state)
+
+
+def dspark_deepspec(folder: Path, layers: int = 2, shared: tuple[torch.Tensor, torch.Tensor] | None = None) -> Path:
+    """DeepSpec Qwen3DSparkModel: Qwen3 block layers, fc/hidden_norm/norm, Markov and confidence heads, copies of the
+    verifier's embedding and head (`shared`, else random), target_layer_ids in output numbering."""
+    torch.manual_seed(7)
+    embed, head = shared if shared is not None else (torch.randn(V, H) * 0.3, torch.randn(V, H) * 0.3)
+    cfg = {"architectures": ["Qwen3DSparkModel"], "model_type": "qwen3", "hidden_size": H, "intermediate_size": I,
+           "num_attention_heads": NH, "num_key_value_heads": NKV, "head_dim": HD, "num_hidden_layers": layers,
+           "hidden_act": "silu", "rms_norm_eps": 1e-6, "vocab_size": V, "max_position_embeddings": 1024,
+           "rope_theta": 1000000, "tie_word_embeddings": False, "attention_bias": False,
+           "layer_types": ["full_attention"] * layers, "sliding_window": None, "use_sliding_window": False,
+           "num_target_layers": N, "block_size": 4, "mask_token_id": MASK, "target_layer_ids": [0, 1, 2],
+           "num_anchors": 512, "enable_confidence_head": True, "confidence_head_with_markov": True,
+           "markov_rank": R, "markov_head_type": "vanilla"}
+    state = {"embed_tokens.weight": embed.clone(), "lm_head.weight": head.clone(),
+             "fc.weight": torch.randn(H, 3 * H) * 0.1, "hidden_norm.weight": 1 + 0.1 * torch.randn(H),
+             "norm.weight": 1 + 0.1 * torch.randn(H), "markov_head.markov_w1.weight": torch.randn(V, R) * 0.3,
+             "markov_head.markov_w2.weight": torch.randn(V, R) * 0.3,
+             "confidence_head.proj.weight": torch.randn(1, H + R) * 0.1, "confidence_head.proj.bias": torch.randn(1)}
+    for i in range(layers):
+        state |= _layer(f"layers.{i}.", H, qk_norm=True, first=False)
+    return _write(folder, cfg, state)
+
+
 LAYOUTS = {"eagle3-safeailab": safeailab, "eagle3-specforge": specforge, "eagle3-modelopt": modelopt,
-           "eagle3-qwen3": qwen3_layers, "dflash-zlab": dflash_zlab}
+           "eagle3-qwen3": qwen3_layers, "dflash-zlab": dflash_zlab, "peagle-specforge": peagle_specforge,
+           "peagle-aws": peagle_aws, "dspark-deepspec": dspark_deepspec}
 
 
 @pytest.mark.parametrize("fmt", list(LAYOUTS))
