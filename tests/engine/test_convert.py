@@ -204,11 +204,13 @@ def test_each_published_layout_is_detected(tmp_path, fmt):
 
 @pytest.mark.parametrize("fmt,arch", [("eagle3-safeailab", "llama"), ("eagle3-specforge", "llama"),
                                       ("eagle3-modelopt", "llama"), ("eagle3-qwen3", "qwen3"),
-                                      ("dflash-zlab", "qwen3")])
+                                      ("dflash-zlab", "qwen3"), ("peagle-specforge", "llama"),
+                                      ("peagle-aws", "llama"), ("dspark-deepspec", "qwen3")])
 def test_each_layout_converts_validates_loads_and_drafts(tmp_path, tiny_targets, fmt, arch):
     src = LAYOUTS[fmt](tmp_path / "src")
     verifier = str(tiny_targets[arch])
-    given = [1, 2, 3] if fmt in ("eagle3-safeailab", "eagle3-specforge") else None  # the config records none
+    # the config records none, and a 4-layer verifier's defaults [2, N//2, N-3] collapse to two ids
+    given = [1, 2, 3] if fmt in ("eagle3-safeailab", "eagle3-specforge", "peagle-specforge", "peagle-aws") else None
     out = convert(src, tmp_path / "out", verifier=verifier, allow_pickle=True, aux_layer_ids=given)
     verdict = verify(out, verifier, max_new_tokens=6)
     assert verdict.ok, verdict.to_json()
@@ -225,6 +227,20 @@ def test_each_layout_converts_validates_loads_and_drafts(tmp_path, tiny_targets,
         assert "layers.0.self_attn.q_norm.weight" in names
     if fmt == "dflash-zlab":
         assert cfg["aux_hidden_state_layer_ids"] == [1, 2, 3] and cfg["mask_token_id"] == 5  # z-lab ids + 1
+    k = cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"]
+    if fmt.startswith("peagle-"):  # the mask token from peagle_config.json / ptd_token_id, the draft's own table
+        assert cfg["speculators_model_type"] == "peagle" and cfg["mask_token_id"] == MASK
+        assert "mask_hidden" in names and names["embed_tokens.weight"].shape == (V, H)
+        assert "layers.1.self_attn.q_proj.weight" in names and not cfg["norm_before_residual"]
+    if fmt == "peagle-specforge":  # K = num_depths of peagle_config.json; the reduced vocabulary kept
+        assert k == 4 and cfg["draft_vocab_size"] == VD and names["t2d"].shape == (V,)
+    if fmt == "peagle-aws":  # an identity d2t/t2d over the full vocabulary is not what vLLM loads: dropped
+        assert k == 8 and cfg["draft_vocab_size"] == V and "d2t" not in names and "t2d" not in names
+    if fmt == "dspark-deepspec":  # DeepSpec ids + 1; every slot predicts; the verifier's embedding/head shared
+        assert cfg["aux_hidden_state_layer_ids"] == [1, 2, 3] and cfg["block_size"] == k == 4
+        assert cfg["mask_token_id"] == MASK and cfg["markov_rank"] == R and cfg["sample_from_anchor"]
+        assert "markov_head.markov_w1.weight" in names and "confidence_head.proj.bias" in names
+        assert "embed_tokens.weight" not in names and "lm_head.weight" not in names
 
 
 def _rms(x, w, eps=1e-6):
@@ -281,6 +297,158 @@ def test_converted_eagle3_computes_the_published_forward(tmp_path, tiny_llama, t
     torch.testing.assert_close(got[0], want, atol=2e-5, rtol=1e-4)
     # the draft-vocabulary ids map back to the same target tokens as the source's d2t says
     assert torch.equal(draft.draft_to_target(torch.arange(VD)), torch.arange(VD) + w["d2t"])
+
+
+@pytest.fixture(scope="module")
+def tiny_qwen3(tiny_targets):
+    from engine.targets import load_target
+
+    return load_target(str(tiny_targets["qwen3"]))
+
+
+def _heads(x: torch.Tensor, n: int) -> torch.Tensor:  # [T, n*HD] -> [n, T, HD]
+    return x.view(x.shape[0], n, HD).transpose(0, 1)
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """q [NH,Tq,HD], k/v [NKV,Tk,HD] (grouped heads), mask [Tq,Tk] (True: visible) -> [Tq, NH*HD]."""
+    k, v = k.repeat_interleave(NH // NKV, 0), v.repeat_interleave(NH // NKV, 0)
+    scores = ((q @ k.transpose(-1, -2)) / HD ** 0.5).masked_fill(~mask, float("-inf"))
+    return (scores.softmax(-1) @ v).transpose(0, 1).reshape(q.shape[1], NH * HD)
+
+
+def _mlp(x: torch.Tensor, w: dict[str, torch.Tensor], p: str) -> torch.Tensor:
+    gate, up = x @ w[p + "mlp.gate_proj.weight"].T, x @ w[p + "mlp.up_proj.weight"].T
+    return (torch.nn.functional.silu(gate) * up) @ w[p + "mlp.down_proj.weight"].T
+
+
+def peagle_forward(w: dict[str, torch.Tensor], first: str, ids: torch.Tensor, aux: torch.Tensor,
+                   pos: torch.Tensor) -> torch.Tensor:
+    """One P-EAGLE parallel step as SpecForge's PEagleDraftModel (and vLLM's eagle3 + parallel_drafting) computes
+    it, written from that definition: ids [n] (the committed tokens, then K-1 mask tokens), aux [n, 3H] (their
+    features, then mask_hidden rows), pos [n] -> logits [n, Vd]. The draft's own embedding; fc; layer 0 splits
+    [embedding; hidden] with residual = the raw fc output; Llama layers; causal attention over the n rows
+    (the block is the last rollout); final norm; lm_head."""
+    e, h = w["embed_tokens.weight"][ids], aux @ w["fc.weight"].T
+    causal = torch.ones(len(ids), len(ids), dtype=torch.bool).tril()
+    layers = 1 + max(int(k.split(".")[1]) for k in w if k.startswith("layers."))
+    x = h
+    for i in range(layers):
+        p = first if i == 0 else f"layers.{i}."
+        residual = x
+        inp = torch.cat([_rms(e, w[p + "input_layernorm.weight"]), _rms(h, w[p + "hidden_norm.weight"])], -1) \
+            if i == 0 else _rms(x, w[p + "input_layernorm.weight"])
+        q = _rope(_heads(inp @ w[p + "self_attn.q_proj.weight"].T, NH), pos)
+        k = _rope(_heads(inp @ w[p + "self_attn.k_proj.weight"].T, NKV), pos)
+        v = _heads(inp @ w[p + "self_attn.v_proj.weight"].T, NKV)
+        x = residual + _attend(q, k, v, causal) @ w[p + "self_attn.o_proj.weight"].T
+        x = x + _mlp(_rms(x, w[p + "post_attention_layernorm.weight"]), w, p)
+    return _rms(x, w["norm.weight"]) @ w["lm_head.weight"].T
+
+
+@pytest.mark.parametrize("fmt,first", [("peagle-specforge", "layers.0."), ("peagle-aws", "midlayer.")])
+def test_converted_peagle_computes_the_published_forward(tmp_path, tiny_llama, tiny_targets, fmt, first):
+    from safetensors.torch import load_file
+
+    from engine.algos.common.layers import DraftCache
+    from engine.generate.api import load_draft
+
+    src = LAYOUTS[fmt](tmp_path / "src")
+    out = convert(src, tmp_path / "out", verifier=str(tiny_targets["llama"]), aux_layer_ids=[1, 2, 3])
+    draft = load_draft(out, tiny_llama)
+    w = load_file(str(src / "model.safetensors"))
+    torch.manual_seed(0)
+    t, k = 5, 4  # 5 committed (token, feature) pairs, then k-1 mask slots: k drafts from one forward
+    ids = torch.cat([torch.randint(0, V - 1, (t,)), torch.full((k - 1,), MASK)])
+    aux = torch.randn(t, 3 * H)
+    pos = torch.arange(1, t + k)  # EAGLE-3's shifted positions
+    want = peagle_forward(w, first, ids, torch.cat([aux, w["mask_hidden"].view(1, -1).expand(k - 1, -1)]), pos)
+    with torch.no_grad():
+        got = draft.block_cached(ids[None], draft.slot_features(aux, k - 1), pos[None], DraftCache(), k)
+    torch.testing.assert_close(got, want[-k:], atol=2e-5, rtol=1e-4)
+    if "d2t" in w and fmt == "peagle-specforge":
+        assert torch.equal(draft.draft_to_target(torch.arange(VD)), torch.arange(VD) + w["d2t"])
+
+
+def block_forward(w: dict[str, torch.Tensor], embed: torch.Tensor, aux: torch.Tensor,
+                  block_ids: torch.Tensor, theta: float = 1000000.0) -> torch.Tensor:
+    """The DFlash block forward as z-lab's DFlashDraftModel (and DeepSpec's DSpark backbone) compute it, written
+    from that definition: aux [T, 3H] features of the committed positions 0..T-1, block_ids [B] at positions
+    T..T+B-1 -> the normed output [B, H]. c = hidden_norm(fc(aux)); per layer q = q_norm(q_proj(x_n)) from the
+    block only, k = k_norm([k_proj(c); k_proj(x_n)]), v = [v_proj(c); v_proj(x_n)]; every slot sees the whole
+    context and the whole block; a fused qkv_proj is [q; k; v]."""
+    c = _rms(aux @ w["fc.weight"].T, w["hidden_norm.weight"])
+    x = embed[block_ids]
+    t, b = aux.shape[0], block_ids.shape[0]
+    pos_ctx, pos_blk = torch.arange(t), torch.arange(t, t + b)
+    layers = 1 + max(int(k.split(".")[1]) for k in w if k.startswith("layers."))
+    for i in range(layers):
+        p = f"layers.{i}."
+        if p + "self_attn.qkv_proj.weight" in w:
+            wq, wk, wv = w[p + "self_attn.qkv_proj.weight"].split([NH * HD, NKV * HD, NKV * HD])
+        else:
+            wq, wk, wv = (w[p + f"self_attn.{n}_proj.weight"] for n in "qkv")
+        xn = _rms(x, w[p + "input_layernorm.weight"])
+        q = _rope(_rms(_heads(xn @ wq.T, NH), w[p + "self_attn.q_norm.weight"]), pos_blk, theta)
+        k = _rms(_heads(torch.cat([c @ wk.T, xn @ wk.T]), NKV), w[p + "self_attn.k_norm.weight"])
+        k = _rope(k, torch.cat([pos_ctx, pos_blk]), theta)
+        v = _heads(torch.cat([c @ wv.T, xn @ wv.T]), NKV)
+        x = x + _attend(q, k, v, torch.ones(b, t + b, dtype=torch.bool)) @ w[p + "self_attn.o_proj.weight"].T
+        x = x + _mlp(_rms(x, w[p + "post_attention_layernorm.weight"]), w, p)
+    return _rms(x, w["norm.weight"])
+
+
+def _draft_block(draft, aux: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
+    """Our converted DFlash-family draft on the same inputs: decoder output [1, B, H]."""
+    t, b = aux.shape[0], block_ids.shape[0]
+    ctx = draft.context_kv(draft.context(aux[None]), torch.arange(t)[None])
+    return draft.block_forward(block_ids[None], torch.arange(t, t + b)[None], ctx, torch.ones(b, t, dtype=torch.bool))
+
+
+def test_converted_dflash_computes_the_published_forward(tmp_path, tiny_qwen3, tiny_targets):
+    from safetensors.torch import load_file
+
+    from engine.generate.api import load_draft
+
+    src = dflash_zlab(tmp_path / "src")
+    draft = load_draft(convert(src, tmp_path / "out", verifier=str(tiny_targets["qwen3"])), tiny_qwen3)
+    w = load_file(str(src / "model.safetensors"))
+    torch.manual_seed(0)
+    aux, block = torch.randn(6, 3 * H), torch.tensor([17, 5, 5, 5])  # the anchor, then z-lab's mask token 5
+    embed, head = tiny_qwen3.embed_tokens().weight.detach(), tiny_qwen3.lm_head().weight.detach()
+    want = block_forward(w, embed, aux, block) @ head.T  # z-lab shares the target's embedding and head
+    with torch.no_grad():
+        got = draft.logits(_draft_block(draft, aux, block)[0])
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
+
+
+def test_converted_dspark_computes_the_published_forward(tmp_path, tiny_qwen3, tiny_targets):
+    """DeepSpec's DSpark: the backbone above, base logits by its (the target's) lm_head, then per slot the Markov
+    bias W2(W1[prev]) (prev: the anchor, then each slot's greedy draft) and the confidence proj([h_k; W1[prev]])."""
+    from safetensors.torch import load_file
+
+    from engine.generate.api import load_draft
+
+    embed, head = tiny_qwen3.embed_tokens().weight.detach(), tiny_qwen3.lm_head().weight.detach()
+    src = dspark_deepspec(tmp_path / "src", shared=(embed, head))
+    draft = load_draft(convert(src, tmp_path / "out", verifier=str(tiny_targets["qwen3"])), tiny_qwen3)
+    w = load_file(str(src / "model.safetensors"))
+    torch.manual_seed(0)
+    aux, anchor = torch.randn(6, 3 * H), 17
+    block = torch.tensor([anchor] + [MASK] * 3)
+    hn = block_forward(w, w["embed_tokens.weight"], aux, block)
+    base, prev, want, want_conf = hn @ w["lm_head.weight"].T, anchor, [], []
+    for k in range(block.shape[0]):
+        e = w["markov_head.markov_w1.weight"][prev]
+        want.append(base[k] + e @ w["markov_head.markov_w2.weight"].T)
+        want_conf.append(torch.cat([hn[k], e]) @ w["confidence_head.proj.weight"][0] + w["confidence_head.proj.bias"][0])
+        prev = int(want[-1].argmax())
+    with torch.no_grad():
+        x = _draft_block(draft, aux, block)
+        tokens, logits, conf = draft.draft_sequentially(x, torch.tensor([anchor]), 4, lambda u: u.argmax(-1))
+    torch.testing.assert_close(torch.stack(logits)[:, 0], torch.stack(want), atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(conf[0], torch.stack(want_conf), atol=2e-5, rtol=1e-4)
+    assert tokens[0].tolist() == [int(u.argmax()) for u in want]
 
 
 def test_same_tensors_and_config_as_speculators_eagle3_converter(tmp_path, tiny_targets):
