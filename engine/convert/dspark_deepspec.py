@@ -47,6 +47,8 @@ class DSparkDeepSpec(Converter):
          "the slots of a block attend to each other in both directions, as DeepSpec trains them."),
         ("embed_tokens and lm_head are DeepSpec's frozen copies of the verifier's: they are dropped and the "
          "verifier's own are used, as vLLM does."),
+        ("vLLM 0.33's Qwen3 DSpark class has the vanilla Markov head only: a gated or rnn head's extra projection "
+         "is listed as a tensor it cannot load, and the conversion stops."),
     )
 
     def matches(self, config: dict[str, Any], index) -> bool:

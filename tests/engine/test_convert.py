@@ -477,6 +477,91 @@ def test_same_tensors_and_config_as_speculators_eagle3_converter(tmp_path, tiny_
         assert la.get(key) == lb.get(key), key
 
 
+def test_same_tensors_and_config_as_speculators_dflash_converter(tmp_path, tiny_targets):
+    """speculators 0.9.0's DFlash converter on the same z-lab checkpoint: the same tensors (q/k/v split, gates
+    dropped) and the same fields, but for the block attention we write on purpose."""
+    from safetensors.torch import load_file
+    from speculators.convert.dflash.converter import DFlashConverter
+
+    src = dflash_zlab(tmp_path / "src")
+    verifier = str(tiny_targets["qwen3"])
+    ours = convert(src, tmp_path / "ours", verifier=verifier)
+    DFlashConverter().convert(src, tmp_path / "theirs", base_model=verifier, validate=False)
+    a, b = load_file(str(ours / "model.safetensors")), load_file(str(tmp_path / "theirs" / "model.safetensors"))
+    assert set(a) == set(b) and "layers.1.self_attn.k_proj.weight" in a
+    for name in a:
+        assert torch.equal(a[name].to(b[name].dtype), b[name]), name
+    ca = json.loads((ours / "config.json").read_text())
+    cb = json.loads((tmp_path / "theirs" / "config.json").read_text())
+    for key in ("speculators_model_type", "aux_hidden_state_layer_ids", "block_size", "mask_token_id",
+                "draft_vocab_size", "sample_from_anchor", "target_hidden_size"):
+        assert ca.get(key) == cb.get(key), key
+    assert ca["speculators_config"]["verifier"] == cb["speculators_config"]["verifier"]
+    assert ca["speculators_config"]["proposal_methods"] == cb["speculators_config"]["proposal_methods"]
+    la, lb = ca["transformer_layer_config"], cb["transformer_layer_config"]
+    for key in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+                "num_hidden_layers", "vocab_size", "rms_norm_eps", "model_type"):
+        assert la.get(key) == lb.get(key), key
+    # z-lab's blocks attend both ways; speculators writes sliding_window_non_causal false, which vLLM serves as a
+    # causal block (dflash_config.causal = not sliding_window_non_causal): ours records the trained attention
+    assert ca["sliding_window_non_causal"] is True and cb["sliding_window_non_causal"] is False
+
+
+def _refusal_cases(fmt: str, state: dict[str, torch.Tensor]) -> dict[str, tuple[dict, str]]:
+    """An extra, a missing and a wrong-shape tensor of a layout, with the line the refusal must show."""
+    missing = "mask_hidden" if fmt.startswith("peagle-") else "markov_head.markov_w2.weight"
+    return {"extra": ({**state, "fusion_bias": torch.ones(8)}, "fusion_bias [8]: no rule"),
+            "missing": ({k: v for k, v in state.items() if k != missing}, missing),
+            "shape": ({**state, "layers.1.mlp.down_proj.weight": torch.randn(H, I + 1)},
+                      "layers.1.mlp.down_proj.weight")}
+
+
+@pytest.mark.parametrize("fmt", ["peagle-specforge", "peagle-aws", "dspark-deepspec"])
+def test_new_layouts_refuse_unmapped_missing_and_wrong_shape_tensors(tmp_path, fmt):
+    from safetensors.torch import load_file
+
+    src = LAYOUTS[fmt](tmp_path / "src")
+    state, config = load_file(str(src / "model.safetensors")), json.loads((src / "config.json").read_text())
+    for case, (bad, expected) in _refusal_cases(fmt, state).items():
+        folder = _write(tmp_path / case, config, bad)
+        for extra in src.glob("peagle_config.json"):
+            (folder / extra.name).write_text(extra.read_text())
+        with pytest.raises(WorkbenchError, match="do not all map") as info:
+            convert(folder, tmp_path / f"out-{case}", aux_layer_ids=[1, 2, 3])
+        assert expected in info.value.message, (case, info.value.message)
+        assert not (tmp_path / f"out-{case}").exists()  # nothing written
+
+
+def test_peagle_without_a_recorded_mask_token_asks_for_one(tmp_path):
+    src = peagle_specforge(tmp_path / "src")
+    (src / "peagle_config.json").unlink()  # a checkpoint copied without SpecForge's side file
+    with pytest.raises(WorkbenchError, match="records no mask token") as info:
+        plan(src, options=ConvertOptions(aux_layer_ids=[1, 2, 3]))
+    assert "--mask-token-id" in info.value.hint
+    p = plan(src, options=ConvertOptions(aux_layer_ids=[1, 2, 3], mask_token_id=7, speculative_tokens=5))
+    assert p.config["mask_token_id"] == 7 and not p.problems
+    assert p.config["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 5
+    with pytest.raises(WorkbenchError, match="outside the vocabulary"):
+        plan(src, options=ConvertOptions(mask_token_id=V))
+
+
+def test_recorded_aux_ids_are_translated_to_vllm_numbering(tmp_path):
+    """SpecForge hooks the output of its eagle_config layers (vLLM id + 1); AWS/vLLM configs are read as they are;
+    DeepSpec's -1 (the embeddings) is vLLM's 0."""
+    src = peagle_specforge(tmp_path / "sf")
+    cfg = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**cfg, "eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, 1, 2]}}))
+    assert plan(src).config["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]
+    src = peagle_aws(tmp_path / "aws")
+    cfg = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**cfg, "eagle_aux_hidden_state_layer_ids": [1, 2, 3]}))
+    assert plan(src).config["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]
+    src = dspark_deepspec(tmp_path / "ds")
+    cfg = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**cfg, "target_layer_ids": [-1, 1, 2]}))
+    assert plan(src).config["aux_hidden_state_layer_ids"] == [0, 2, 3]
+
+
 def test_refuses_unmapped_missing_and_wrong_shape_tensors(tmp_path):
     src = safeailab(tmp_path / "src", pickled=False)
     from safetensors.torch import load_file
