@@ -15,6 +15,7 @@ MASK_TOKEN_FIELDS = ("mask_token_id", "pard_token", "ptd_token_id")
 @CONVERTERS.register("peagle-aws")
 class PEagleAWS(PEagleSource):
     name = "peagle-aws"
+    mask_token_where = "its config.json has no ptd_token_id, pard_token or mask_token_id"
     precedence = 4  # before SpecForge's: a vLLM-layout draft named layers.0.* still records ptd_token_id
     title = "P-EAGLE checkpoint in vLLM's parallel-drafting layout (AWS hub models: midlayer.*, mask_hidden, " \
             "ptd_token_id)"

@@ -23,6 +23,7 @@ class PEagleSource(Eagle3Source):
     algorithm = "peagle"
     options = ("aux_layer_ids", "norm_before_residual", "mask_token_id", "speculative_tokens")
     precedence = 5  # mask_hidden tells P-EAGLE apart from the EAGLE-3 layouts that share its names
+    mask_token_where = "the source has none"  # where this layout records its mask token (for the message)
 
     def recorded_mask_token(self, config: dict[str, Any]) -> int | None:
         """The token id of the parallel slots, where the source records it."""
@@ -41,7 +42,7 @@ class PEagleSource(Eagle3Source):
     def algorithm_fields(self, config, options: ConvertOptions) -> dict[str, Any]:
         mask = options.mask_token_id if options.mask_token_id is not None else self.recorded_mask_token(config)
         if mask is None:
-            raise WorkbenchError(f"the {self.title} records no mask token",
+            raise WorkbenchError(f"the {self.title} records no mask token: {self.mask_token_where}",
                                  hint="give --mask-token-id (the token id its parallel slots were trained with)")
         vocab = config.get("vocab_size")
         if vocab and not 0 <= int(mask) < int(vocab):

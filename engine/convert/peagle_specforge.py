@@ -17,6 +17,7 @@ SIDECAR = "peagle_config.json"  # num_depths, mask_token_id, norm_before_residua
 @CONVERTERS.register("peagle-specforge")
 class PEagleSpecForge(PEagleSource):
     name = "peagle-specforge"
+    mask_token_where = f"no mask_token_id in a {SIDECAR} beside config.json (train_peagle.py writes it there)"
     title = "P-EAGLE SpecForge checkpoint (PEagleDraftModel: layers.{i}.*, mask_hidden, peagle_config.json)"
     key_map = (
         KeyRule(r"layers\.(\d+)\.(.+)", r"layers.\1.\2", "decoder layer i (layer 0 reads [embedding; hidden], 2H)"),
