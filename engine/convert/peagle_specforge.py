@@ -36,7 +36,18 @@ class PEagleSpecForge(PEagleSource):
         ("SpecForge numbers aux layers by their output (eagle_config ids, default [1, N//2-1, N-4]); the config "
          "records vLLM's ids, each one higher (default [2, N//2, N-3])."),
         "The draft keeps its own embedding table (its mask-token row is trained), as vLLM loads P-EAGLE drafts.",
+        ("PEagleDraftModel applies plain RoPE with rope_theta whatever rope_scaling says; the converted config "
+         "records plain RoPE too."),
     )
+
+    @staticmethod
+    def _layer_config(config, state, verifier_config, family):
+        """PEagleDraftModel builds a plain LlamaRotaryEmbedding(base=rope_theta): a rope_scaling in its config is
+        not applied, so the converted config records plain RoPE with that theta."""
+        plain = {k: v for k, v in config.items() if k not in ("rope_scaling", "rope_parameters")}
+        theta = config.get("rope_theta") or (config.get("rope_parameters") or {}).get("rope_theta") or 10000
+        plain["rope_theta"] = theta
+        return PEagleSource._layer_config(plain, state, verifier_config, family)
 
     def matches(self, config, index) -> bool:
         return "PEagleDraftModel" in architectures(config) or (

@@ -390,6 +390,16 @@ def test_peagle_without_a_recorded_mask_token_asks_for_one(tmp_path):
         plan(src, options=ConvertOptions(mask_token_id=V))
 
 
+def test_specforge_peagle_records_the_plain_rope_its_model_applies(tmp_path):
+    src = peagle_specforge(tmp_path / "sf")
+    cfg = json.loads((src / "config.json").read_text())
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 256}
+    (src / "config.json").write_text(json.dumps({**cfg, "rope_theta": 500000.0, "rope_scaling": scaling}))
+    rope = plan(src, options=ConvertOptions(aux_layer_ids=[1, 2, 3])).config["transformer_layer_config"]["rope_parameters"]
+    assert rope["rope_type"] == "default" and rope["rope_theta"] == 500000.0
+
+
 def test_recorded_aux_ids_are_translated_to_vllm_numbering(tmp_path):
     """SpecForge hooks the output of its eagle_config layers (vLLM id + 1); AWS/vLLM configs are read as they are;
     DeepSpec's -1 (the embeddings) is vLLM's 0."""
