@@ -57,6 +57,8 @@ class DSparkDeepSpec(Converter):
 
     def build_config(self, config, state, *, verifier, verifier_config, options: ConvertOptions) -> dict[str, Any]:
         layer_config = self._layer_config(config)
+        aux = self.aux_ids(config, options)
+        _check_verifier(config, verifier_config, aux)
         block = config.get("block_size")
         if not block:
             raise WorkbenchError("the config records no block_size", hint="is this a DeepSpec DSpark checkpoint?")
@@ -66,7 +68,7 @@ class DSparkDeepSpec(Converter):
             "dspark", verifier_config=verifier_config or {"architectures": []}, verifier_name=verifier,
             layer_config=layer_config, speculative_tokens=options.speculative_tokens or int(block),
             block_size=int(block), draft_vocab_size=int(config["vocab_size"]),
-            aux_hidden_state_layer_ids=self.aux_ids(config, options), mask_token_id=self.mask_token(config, options),
+            aux_hidden_state_layer_ids=aux, mask_token_id=self.mask_token(config, options),
             sample_from_anchor=True, sliding_window_non_causal=True,  # DeepSpec: bidirectional within a block
             markov_rank=rank, markov_head_type=str(config.get("markov_head_type") or "vanilla"),
             enable_confidence_head=confidence,
@@ -102,3 +104,20 @@ class DSparkDeepSpec(Converter):
             raise WorkbenchError("the source records no mask token (mask_token_id)",
                                  hint="give --mask-token-id (the id the draft was trained with)")
         return int(mask)
+
+
+def _check_verifier(config: dict[str, Any], verifier_config: dict[str, Any] | None, aux: list[int]) -> None:
+    """A DeepSpec draft has its verifier's width and vocabulary, and reads layers 0..N of it."""
+    if not verifier_config:
+        return
+    text = verifier_config.get("text_config", verifier_config) if "hidden_size" not in verifier_config \
+        else verifier_config
+    for what, key in (("hidden size", "hidden_size"), ("vocabulary", "vocab_size")):
+        theirs, ours = text.get(key), config.get(key)
+        if theirs and ours and int(theirs) != int(ours):
+            raise WorkbenchError(f"the verifier's {what} is {theirs}, the draft's is {ours}: not the draft's verifier",
+                                 hint="give the verifier the draft was trained on (--target)")
+    depth = text.get("num_hidden_layers")
+    if depth and any(not 0 <= i <= int(depth) for i in aux):
+        raise WorkbenchError(f"aux layer ids {aux} do not fit a {depth}-layer verifier (0..{depth})",
+                             hint="give the verifier the draft was trained on (--target), or --aux-layer-ids")

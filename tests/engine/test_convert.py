@@ -390,6 +390,18 @@ def test_peagle_without_a_recorded_mask_token_asks_for_one(tmp_path):
         plan(src, options=ConvertOptions(mask_token_id=V))
 
 
+def test_deepspec_dspark_refuses_a_verifier_it_was_not_trained_on(tmp_path):
+    src = dspark_deepspec(tmp_path / "ds")
+    for name, fields, message in (("narrow", {"hidden_size": 32}, "hidden size is 32"),
+                                  ("shallow", {"num_hidden_layers": 2}, "do not fit a 2-layer verifier")):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps({"architectures": ["Qwen3ForCausalLM"], "hidden_size": H,
+                                                        "num_hidden_layers": 4, "vocab_size": V, **fields}))
+        with pytest.raises(WorkbenchError, match=message):
+            plan(src, verifier=str(folder))
+
+
 def test_specforge_peagle_records_the_plain_rope_its_model_applies(tmp_path):
     src = peagle_specforge(tmp_path / "sf")
     cfg = json.loads((src / "config.json").read_text())
