@@ -30,7 +30,9 @@ class PEagleAWS(PEagleSource):
     )
 
     def matches(self, config, index) -> bool:
-        return ("mask_hidden" in index and has_midlayer(index)) or any(f in config for f in MASK_TOKEN_FIELDS[1:])
+        # a parallel-drafting token alone is not enough: PARD's full draft models record pard_token too (no fc)
+        recorded = "fc.weight" in index and any(f in config for f in MASK_TOKEN_FIELDS[1:])
+        return ("mask_hidden" in index and has_midlayer(index)) or recorded
 
     def recorded_mask_token(self, config):
         return next((int(config[f]) for f in MASK_TOKEN_FIELDS if config.get(f) is not None), None)
