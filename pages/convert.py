@@ -46,10 +46,24 @@ if det is None:
     st.stop()
 
 st.subheader("Detected format", anchor=False)
+if det.format != conv.SPECULATORS:
+    choices = conv.format_choices()  # the engine's registered converters
+    if ss.get("convert_format_for") != det.folder:  # another checkpoint: start from its own detection
+        ss.pop("convert_format", None)
+        ss["convert_format_for"] = det.folder
+    chosen = st.selectbox("Source layout", choices, index=choices.index(det.format) if det.format in choices else None,
+                          format_func=conv.format_title, key="convert_format",
+                          placeholder="not one of the converters' layouts: pick one if you know it",
+                          help="Detected from config.json and the tensor names; pick another registered layout if "
+                          "the detection is wrong (the CLI's --format).")
+    if chosen and chosen != det.format:
+        with guard("Reading it as the chosen layout"):
+            det = conv.detect(src, fmt=chosen)
 colour = "green" if det.format == conv.SPECULATORS else "blue" if conv.convertible(det) else \
     "red" if det.kind == "not-convertible" else "gray"
 st.badge(det.title, color=colour, icon=":material/fingerprint:")
-st.caption(f"Folder: `{det.folder}`")
+st.caption(f"Folder: `{det.folder}`" + (f" · read as your choice; detected: {det.detected}"
+                                         if det.format != det.detected else ""))
 st.json(det.facts)
 for note in det.notes:
     st.markdown(f"- {note}")
@@ -71,14 +85,21 @@ elif conv.convertible(det):
                              "serves this model as the target.")
     aux = c3.text_input("Aux layer ids (optional)", "", key="convert_aux", placeholder="e.g. 2, 15, 27",
                         help="When the source does not record them; default: the converter's choice (see notes).")
+    mask = None
+    if "mask_token_id" in det.options:
+        mask_text = c3.text_input("Mask token id (optional)", "", key="convert_mask", placeholder="e.g. 151669",
+                                  help=conv.option_help("mask_token_id") + " Default: what the source records.")
+        with guard("Reading the mask token id"):
+            mask = conv.parse_token_id(mask_text)
     overwrite = c1.checkbox("Replace the output folder even if it holds other files", False, key="convert_overwrite",
                             help="An existing folder is replaced only when it is empty or a draft the workbench "
                             "wrote. Tick this to replace any folder: everything in it is deleted.")
-    argv = conv.convert_argv(det.folder, out, verifier.strip() or None, aux.replace(" ", "") or None, overwrite)
+    argv = conv.convert_argv(det.folder, out, verifier.strip() or None, aux.replace(" ", "") or None, overwrite,
+                             fmt=det.format if det.format != det.detected else None, mask_token_id=mask)
     with st.expander("Dry run: the resulting config.json (nothing is written)"):
         if st.button("Run the dry run", key="convert_dry", icon=":material/preview:"):
             with guard("Dry run"):
-                result = conv.dry_run(det, verifier.strip() or None, aux.replace(" ", "") or None)
+                result = conv.dry_run(det, verifier.strip() or None, aux.replace(" ", "") or None, mask)
                 for problem in result["problems"]:
                     st.error(problem)
                 if not result["problems"]:

@@ -35,6 +35,8 @@ class Detection:
     mapping: list[dict[str, Any]] = field(default_factory=list)
     why: str = ""
     instead: str = ""
+    options: tuple[str, ...] = ()  # the ConvertOptions fields the converter reads
+    detected: str = ""  # the format detection found (`format` may be the user's choice)
 
 
 def uploads_dir() -> Path:
@@ -88,8 +90,29 @@ def resolve_input(path: str) -> Path:
     return inputs.open_source(path, staging=uploads_dir()).folder
 
 
-def detect(folder: str | Path) -> Detection:
-    """The engine's detection of a source folder, with the facts, notes and mapping rows the page shows."""
+def format_choices() -> list[str]:
+    """The source layouts the engine's converters read (the registry, as the CLI's --format)."""
+    from engine.convert import CONVERTERS
+
+    return CONVERTERS.names()
+
+
+def format_title(name: str) -> str:
+    from engine.convert import CONVERTERS
+
+    return CONVERTERS.get(name).title if name in CONVERTERS else name
+
+
+def option_help(name: str) -> str:
+    """The engine's description of a conversion option (ConvertOptions)."""
+    from engine.convert import ConvertOptions
+
+    return ConvertOptions.model_fields[name].description or ""
+
+
+def detect(folder: str | Path, fmt: str | None = None) -> Detection:
+    """The engine's detection of a source folder, with the facts, notes and mapping rows the page shows; `fmt`
+    (a registered converter) reads it as that layout instead of the detected one."""
     from engine.convert import CONVERTERS, detect_source, mapping_rows
     from engine.convert.base import UNMAPPED
 
@@ -97,12 +120,16 @@ def detect(folder: str | Path) -> Detection:
     cfg = source.config
     found = detect_source(source)
     det = Detection(str(source.folder), found.format, found.title, kind=found.kind, algorithm=found.algorithm,
-                    why=found.why, instead=found.instead)
+                    why=found.why, instead=found.instead, detected=found.format)
     keys = ("architectures", "model_type", "hidden_size", "num_hidden_layers", "vocab_size", "draft_vocab_size",
             "target_hidden_size", "speculators_model_type")
     det.facts = {k: cfg.get(k) for k in keys if k in cfg} | {"tensors": len(found.index)}
-    if found.kind == "convertible":
-        converter = CONVERTERS.get(found.format)()
+    if fmt and fmt != found.format and fmt in CONVERTERS and found.kind != SPECULATORS:
+        chosen = CONVERTERS.get(fmt)
+        det.format, det.title, det.kind, det.algorithm = fmt, chosen.title, "convertible", chosen.algorithm
+    if det.kind == "convertible":
+        converter = CONVERTERS.get(det.format)()
+        det.options = tuple(converter.options)
         for row in mapping_rows(converter, found.index):
             note = "NOT MAPPED: the conversion will refuse" if row.note == UNMAPPED else \
                 f"dropped: {row.note}" if row.target is None else row.note
@@ -123,13 +150,26 @@ def convertible(det: Detection) -> bool:
     return det.kind == "convertible"
 
 
-def dry_run(det: Detection, verifier: str | None, aux_layer_ids: str | None) -> dict[str, Any]:
+def dry_run(det: Detection, verifier: str | None, aux_layer_ids: str | None,
+            mask_token_id: int | None = None) -> dict[str, Any]:
     """The engine's dry run (`convert --dry-run`): the resulting config and the problems; nothing written."""
     from engine.convert import ConvertOptions, plan
 
     aux = [int(x) for x in aux_layer_ids.split(",") if x.strip()] if aux_layer_ids else None
-    p = plan(det.folder, verifier=verifier, options=ConvertOptions(aux_layer_ids=aux), allow_pickle=False)
+    fmt = det.format if det.format != det.detected else None
+    p = plan(det.folder, fmt=fmt, verifier=verifier, allow_pickle=False,
+             options=ConvertOptions(aux_layer_ids=aux, mask_token_id=mask_token_id))
     return {"config": p.config, "problems": p.problems}
+
+
+def parse_token_id(text: str) -> int | None:
+    """A token id typed on the page (None when left empty)."""
+    text = text.strip()
+    if not text:
+        return None
+    if not text.isdigit():
+        raise WorkbenchError(f"'{text}' is not a token id", hint="give a non-negative integer, e.g. 151669")
+    return int(text)
 
 
 def _row(source: str, shape, dtype: str, target: str, note: str) -> dict[str, Any]:
@@ -138,14 +178,18 @@ def _row(source: str, shape, dtype: str, target: str, note: str) -> dict[str, An
 
 
 def convert_argv(src: str, out: str, verifier: str | None, aux_layer_ids: str | None,
-                 overwrite: bool = False) -> list[str]:
+                 overwrite: bool = False, *, fmt: str | None = None, mask_token_id: int | None = None) -> list[str]:
     argv = ["convert", src, "--out", out]
     if overwrite:
         argv.append("--overwrite")
+    if fmt:
+        argv += ["--format", fmt]
     if verifier:
         argv += ["--target", verifier]
     if aux_layer_ids:
         argv += ["--aux-layer-ids", aux_layer_ids]
+    if mask_token_id is not None:
+        argv += ["--mask-token-id", str(mask_token_id)]
     return argv
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, Field
@@ -74,6 +75,11 @@ class Converter:
 
     def matches(self, config: dict[str, Any], index: dict[str, TensorInfo]) -> bool:
         raise NotImplementedError
+
+    def source_config(self, folder: Path, config: dict[str, Any]) -> dict[str, Any]:
+        """The source's config.json; override to merge what the source keeps beside it (e.g. a training
+        script's own JSON file)."""
+        return config
 
     def rename(self, name: str) -> tuple[str | None, str]:
         """(target name or None, note) for a source tensor name, by the first rule of `key_map` that matches."""

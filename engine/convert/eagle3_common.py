@@ -39,7 +39,8 @@ def _rope(layer: dict[str, Any]) -> None:
 
 
 class Eagle3Source(Converter):
-    """An EAGLE-3 research layout. Subclasses say how they are recognised and which aux ids their config records."""
+    """An EAGLE-3 research layout. Subclasses say how they are recognised and what their config records; P-EAGLE
+    sources reuse it with their own algorithm fields."""
 
     algorithm = "eagle3"
     key_map = MIDLAYER_RULES
@@ -50,54 +51,88 @@ class Eagle3Source(Converter):
         """The verifier layer ids the source's config records (vLLM numbering), if any."""
         return None
 
+    def layer_family(self, config: dict[str, Any], state: dict[str, Any]) -> str:
+        """The decoder-layer family of the draft (`llama` or `qwen3`)."""
+        return self.draft_arch
+
+    def algorithm_fields(self, config: dict[str, Any], options: ConvertOptions) -> dict[str, Any]:
+        """Top-level config fields of the algorithm beyond the shared ones."""
+        return {"norm_before_residual": bool(options.norm_before_residual)}  # the published forwards: raw residual
+
+    def default_speculative_tokens(self, config: dict[str, Any]) -> int:
+        return 3  # speculators' EAGLE-3 converter
+
     def transform(self, state, config, options):
         out = super().transform(state, config, options)
         if "d2t" in out:
             out["d2t"] = out["d2t"].long()
         if "t2d" in out:
             out["t2d"] = out["t2d"].bool()
-        return out
+        return drop_identity_vocab(out, config.get("vocab_size"))
 
     def build_config(self, config, state, *, verifier, verifier_config, options: ConvertOptions) -> dict[str, Any]:
         if "fc.weight" not in state:
             raise WorkbenchError("no fc.weight: not an EAGLE-3 draft", hint="EAGLE-1/2 heads cannot be converted")
-        layer = {k: config[k] for k in _LAYER_KEYS if config.get(k) is not None}
-        _rope(layer)
-        vocab = int(state["t2d"].shape[0]) if "t2d" in state else int(
-            (verifier_config or {}).get("vocab_size") or config.get("vocab_size"))
-        layer["vocab_size"] = vocab
-        if verifier_config and verifier_config.get("max_position_embeddings"):  # as speculators: max of both
-            layer["max_position_embeddings"] = max(int(layer.get("max_position_embeddings", 0)),
-                                                   int(verifier_config["max_position_embeddings"]))
-        num_layers = 1 + max((int(k.split(".")[1]) for k in state if k.startswith("layers.")), default=0)
-        overrides = {k: True for k in ("attention_bias", "mlp_bias") if config.get(k)}
-        layer_config = build_layer_config(layer, model_type=self.draft_arch, num_layers=num_layers,
-                                          sliding_window=None, **overrides)
-        h = int(layer["hidden_size"])
-        fc_in = int(state["fc.weight"].shape[1])
-        ht = int((verifier_config or {}).get("hidden_size") or config.get("target_hidden_size") or h)
-        if fc_in % ht:
-            raise WorkbenchError(f"fc.weight has {fc_in} inputs, not a multiple of the target hidden size {ht}",
-                                 hint="give the draft's own verifier (--target)")
-        aux = options.aux_layer_ids or self.recorded_aux_ids(config) or _default_ids(verifier_config, fc_in // ht)
-        if aux and len(aux) != fc_in // ht:
-            raise WorkbenchError(f"{len(aux)} aux layer ids {sorted(aux)} but fc.weight fuses {fc_in // ht} verifier "
+        family = self.layer_family(config, state)
+        layer_config = self._layer_config(config, state, verifier_config, family)
+        h = int(layer_config["hidden_size"])
+        ht, count = _fused_states(config, state, verifier_config, h)
+        aux = options.aux_layer_ids or self.recorded_aux_ids(config) or _default_ids(verifier_config, count)
+        if aux and len(aux) != count:
+            raise WorkbenchError(f"{len(aux)} aux layer ids {sorted(aux)} but fc.weight fuses {count} verifier "
                                  "states", hint="give as many --aux-layer-ids as fc.weight reads")
-        if self.draft_arch == "llama" and fc_in // ht != 3:
-            layer_config["num_aux_hidden_states"] = fc_in // ht  # vLLM's Llama EAGLE-3 class ignores top-level ids
+        if family == "llama" and count != 3:
+            layer_config["num_aux_hidden_states"] = count  # vLLM's Llama EAGLE-3 class ignores top-level ids
         fields: dict[str, Any] = {
             "draft_vocab_size": int(state["lm_head.weight"].shape[0]) if "lm_head.weight" in state
-            else int(config.get("draft_vocab_size") or vocab),
-            "norm_before_residual": bool(options.norm_before_residual),  # the published forwards: raw residual
+            else int(config.get("draft_vocab_size") or layer_config["vocab_size"]),
+            **self.algorithm_fields(config, options),
         }
         if aux:
             fields["eagle_aux_hidden_state_layer_ids"] = sorted(aux)
         if ht != h:
             fields["target_hidden_size"] = ht
-        cfg = build_draft_config("eagle3", verifier_config=verifier_config or {"architectures": []},
+        cfg = build_draft_config(self.algorithm, verifier_config=verifier_config or {"architectures": []},
                                  verifier_name=verifier, layer_config=layer_config,
-                                 speculative_tokens=options.speculative_tokens or 3, **fields)
+                                 speculative_tokens=options.speculative_tokens or self.default_speculative_tokens(config),
+                                 **fields)
         return cfg.to_dict()
+
+    @staticmethod
+    def _layer_config(config, state, verifier_config, family: str) -> dict[str, Any]:
+        """The draft decoder's transformer_layer_config from the research config (vocab: the verifier's)."""
+        layer = {k: config[k] for k in _LAYER_KEYS if config.get(k) is not None}
+        _rope(layer)
+        layer["vocab_size"] = int(state["t2d"].shape[0]) if "t2d" in state else int(
+            (verifier_config or {}).get("vocab_size") or config.get("vocab_size"))
+        if verifier_config and verifier_config.get("max_position_embeddings"):  # as speculators: max of both
+            layer["max_position_embeddings"] = max(int(layer.get("max_position_embeddings", 0)),
+                                                   int(verifier_config["max_position_embeddings"]))
+        num_layers = 1 + max((int(k.split(".")[1]) for k in state if k.startswith("layers.")), default=0)
+        overrides = {k: True for k in ("attention_bias", "mlp_bias") if config.get(k)}
+        return build_layer_config(layer, model_type=family, num_layers=num_layers, sliding_window=None, **overrides)
+
+
+def _fused_states(config, state, verifier_config, h: int) -> tuple[int, int]:
+    """(target hidden size Ht, number of fused verifier states A) from fc.weight [H, A*Ht]."""
+    fc_in = int(state["fc.weight"].shape[1])
+    ht = int((verifier_config or {}).get("hidden_size") or config.get("target_hidden_size") or h)
+    if fc_in % ht:
+        raise WorkbenchError(f"fc.weight has {fc_in} inputs, not a multiple of the target hidden size {ht}",
+                             hint="give the draft's own verifier (--target)")
+    return ht, fc_in // ht
+
+
+def drop_identity_vocab(state: dict[str, Any], vocab: int | None) -> dict[str, Any]:
+    """Drop d2t [V] / t2d [V] that map the whole vocabulary onto itself (d2t all zeros): vLLM expects none then."""
+    d2t, t2d = state.get("d2t"), state.get("t2d")
+    if d2t is None:
+        return state
+    size = int(t2d.shape[0]) if t2d is not None else int(vocab or 0)
+    if int(d2t.shape[0]) == size and not bool(d2t.any()) and (t2d is None or bool(t2d.all())):
+        state.pop("d2t")
+        state.pop("t2d", None)
+    return state
 
 
 def _default_ids(verifier_config: dict[str, Any] | None, count: int) -> list[int] | None:

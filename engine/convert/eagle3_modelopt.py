@@ -46,11 +46,9 @@ class Eagle3ModelOpt(Eagle3Source):
     def transform(self, state, config, options):
         import torch
 
-        out = super().transform(state, config, options)
+        out = super().transform(state, config, options)  # an identity d2t over the full vocabulary is dropped
         vocab = int(config["vocab_size"])
-        if "d2t" in out and int(out["d2t"].shape[0]) == vocab and not bool(out["d2t"].any()):
-            del out["d2t"]  # an identity map over the full vocabulary: vLLM expects none
-        elif "d2t" in out and "t2d" not in out:
+        if "d2t" in out and "t2d" not in out:
             t2d = torch.zeros(vocab, dtype=torch.bool)  # target id = draft id + d2t[draft id]
             t2d[torch.arange(out["d2t"].shape[0]) + out["d2t"]] = True
             out["t2d"] = t2d

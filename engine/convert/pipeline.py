@@ -122,7 +122,7 @@ def plan(path: str | os.PathLike, *, fmt: str | None = None, verifier: str | Non
     source = open_source(path)
     det = detect_source(source)
     conv = _converter_for(det, fmt, str(source.folder))
-    config = source.config
+    config = conv.source_config(source.folder, source.config)
     state = source.load(allow_pickle=allow_pickle)
     index = det.index or {k: TensorInfo(k, tuple(v.shape), str(v.dtype), "") for k, v in state.items()}
     rows = mapping_rows(conv, index)

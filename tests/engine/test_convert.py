@@ -1,6 +1,6 @@
-"""Converters: every published source layout, built here as a tiny synthetic checkpoint with the real key names and
-config fields, is detected, mapped, refused when it does not map, converted, validated, loaded and test-drafted;
-layouts that cannot be converted say why; the results match speculators 0.9.0's converters."""
+"""Converters: every published source layout, built as a tiny synthetic checkpoint with the real key names and
+config fields (tests/convert_layouts.py), is detected, mapped, refused when it does not map, converted, validated,
+loaded and test-drafted; layouts that cannot be converted say why; the results match speculators 0.9.0's converters."""
 
 from __future__ import annotations
 
@@ -13,6 +13,27 @@ from pathlib import Path
 
 import pytest
 import torch
+from convert_layouts import (
+    HD,
+    LAYOUTS,
+    MASK,
+    NH,
+    NKV,
+    VD,
+    H,
+    I,
+    R,
+    V,
+    dflash_zlab,
+    dspark_deepspec,
+    layer_tensors,
+    modelopt,
+    peagle_aws,
+    peagle_specforge,
+    safeailab,
+    specforge,
+    write_checkpoint,
+)
 from safetensors.torch import save_file
 
 from engine.convert import ConvertOptions, convert, detect, mapping_table, plan, verify
@@ -21,121 +42,6 @@ from engine.format.checkpoint import tensor_index
 from engine.format.validate import validate_draft
 
 ROOT = Path(__file__).resolve().parents[2]
-# the tiny targets' dimensions (tests/tiny.py): a converted draft pairs with them
-H, NH, NKV, HD, I, V, N = 64, 4, 2, 16, 128, 384, 4
-VD = 96  # reduced draft vocabulary
-
-
-def _vocab_maps(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    sel = torch.sort(torch.randperm(V, generator=g)[:VD]).values
-    t2d = torch.zeros(V, dtype=torch.bool)
-    t2d[sel] = True
-    return sel - torch.arange(VD), t2d  # d2t [VD] int64, t2d [V] bool
-
-
-def _layer(prefix: str, in_dim: int, *, qk_norm: bool = False, first: bool = True) -> dict[str, torch.Tensor]:
-    out = {f"{prefix}self_attn.q_proj.weight": torch.randn(NH * HD, in_dim) * 0.1,
-           f"{prefix}self_attn.k_proj.weight": torch.randn(NKV * HD, in_dim) * 0.1,
-           f"{prefix}self_attn.v_proj.weight": torch.randn(NKV * HD, in_dim) * 0.1,
-           f"{prefix}self_attn.o_proj.weight": torch.randn(H, NH * HD) * 0.1,
-           f"{prefix}mlp.gate_proj.weight": torch.randn(I, H) * 0.1, f"{prefix}mlp.up_proj.weight": torch.randn(I, H) * 0.1,
-           f"{prefix}mlp.down_proj.weight": torch.randn(H, I) * 0.1,
-           f"{prefix}input_layernorm.weight": 1 + 0.1 * torch.randn(H),
-           f"{prefix}post_attention_layernorm.weight": 1 + 0.1 * torch.randn(H)}
-    if first:
-        out[f"{prefix}hidden_norm.weight"] = 1 + 0.1 * torch.randn(H)
-    if qk_norm:
-        out[f"{prefix}self_attn.q_norm.weight"] = 1 + 0.1 * torch.randn(HD)
-        out[f"{prefix}self_attn.k_norm.weight"] = 1 + 0.1 * torch.randn(HD)
-    return out
-
-
-def _llama_config(**extra) -> dict:
-    # the fields SafeAILab's / SpecForge's EAGLE-3 configs carry (LlamaConfig + draft_vocab_size)
-    return {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": H,
-            "intermediate_size": I, "num_attention_heads": NH, "num_key_value_heads": NKV, "head_dim": HD,
-            "num_hidden_layers": 1, "hidden_act": "silu", "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
-            "rope_scaling": None, "max_position_embeddings": 1024, "vocab_size": V, "draft_vocab_size": VD,
-            "tie_word_embeddings": False, "torch_dtype": "float32", **extra}
-
-
-def _write(folder: Path, config: dict, state: dict, *, pickled: bool = False) -> Path:
-    folder.mkdir(parents=True)
-    (folder / "config.json").write_text(json.dumps(config))
-    if pickled:
-        torch.save(state, folder / "pytorch_model.bin")
-    else:
-        save_file({k: v.contiguous() for k, v in state.items()}, str(folder / "model.safetensors"))
-    return folder
-
-
-def _eagle3_head(seed: int, *, embed: bool = False, t2d: bool = True) -> dict[str, torch.Tensor]:
-    torch.manual_seed(seed)
-    d2t, t2d_map = _vocab_maps(seed)
-    state = {"fc.weight": torch.randn(H, 3 * H) * 0.1, "norm.weight": 1 + 0.1 * torch.randn(H),
-             "lm_head.weight": torch.randn(VD, H) * 0.3, "d2t": d2t}
-    if t2d:
-        state["t2d"] = t2d_map
-    if embed:
-        state["embed_tokens.weight"] = torch.randn(V, H) * 0.3
-    return state
-
-
-def safeailab(folder: Path, *, pickled: bool = True) -> Path:
-    """SafeAILab/EAGLE EAGLE-3 (cnets `Model`: midlayer, fc, norm, lm_head, d2t/t2d), uploaded as pytorch_model.bin."""
-    state = _eagle3_head(0) | {"midlayer." + k: v for k, v in _layer("", 2 * H).items()}
-    return _write(folder, _llama_config(), state, pickled=pickled)
-
-
-def specforge(folder: Path) -> Path:
-    """SpecForge LlamaForCausalLMEagle3 (save_pretrained: safetensors, its own embed_tokens)."""
-    state = _eagle3_head(1, embed=True) | {"midlayer." + k: v for k, v in _layer("", 2 * H).items()}
-    return _write(folder, _llama_config(max_window_layers=1, use_sliding_window=False), state)
-
-
-def modelopt(folder: Path, layers: int = 2) -> Path:
-    """NVIDIA ModelOpt export: eagle_config, midlayer.{i}.* for several layers, d2t without t2d."""
-    state = _eagle3_head(2, t2d=False)
-    for i in range(layers):
-        state |= {f"midlayer.{i}." + k: v for k, v in _layer("", 2 * H if i == 0 else H, first=i == 0).items()}
-    cfg = _llama_config(num_hidden_layers=layers, eagle_config={
-        "eagle_aux_hidden_state_layer_ids": [1, 2, 3], "use_aux_hidden_state": True,
-        "use_input_layernorm_in_first_layer": True, "use_last_layernorm": True, "use_mtp_layernorm": False,
-        "next_layer_regular": True, "parallel_draft_step": 1, "parallel_draft_heads_num_layers": 0})
-    return _write(folder, cfg, state)
-
-
-def qwen3_layers(folder: Path) -> Path:
-    """An EAGLE-3 draft with Qwen3 layers (Qwen3ForCausalLMEagle3: q_norm/k_norm, eagle_config aux ids)."""
-    state = _eagle3_head(3) | {"midlayer." + k: v for k, v in _layer("", 2 * H, qk_norm=True).items()}
-    cfg = _llama_config(architectures=["Qwen3ForCausalLMEagle3"], model_type="qwen3",
-                        eagle_config={"eagle_aux_hidden_state_layer_ids": [1, 2, 3]})
-    return _write(folder, cfg, state)
-
-
-def dflash_zlab(folder: Path, layers: int = 2) -> Path:
-    """z-lab DFlash (dflash_config.target_layer_ids in output numbering, fused qkv, g_proj gates)."""
-    torch.manual_seed(4)
-    cfg = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "hidden_size": H, "intermediate_size": I,
-           "num_attention_heads": NH, "num_key_value_heads": NKV, "head_dim": HD, "num_hidden_layers": layers,
-           "rms_norm_eps": 1e-6, "vocab_size": V, "block_size": 4, "num_target_layers": N,
-           "dflash_config": {"mask_token_id": 5, "target_layer_ids": [0, 1, 2]}, "max_position_embeddings": 1024,
-           "rope_theta": 1000000, "tie_word_embeddings": False}
-    state = {"fc.weight": torch.randn(H, 3 * H) * 0.1, "hidden_norm.weight": torch.ones(H), "norm.weight": torch.ones(H)}
-    for i in range(layers):
-        layer = _layer(f"layers.{i}.", H, qk_norm=True, first=False)
-        q, k, v = (layer.pop(f"layers.{i}.self_attn.{p}_proj.weight") for p in "qkv")
-        layer[f"layers.{i}.self_attn.qkv_proj.weight"] = torch.cat([q, k, v])
-        layer[f"layers.{i}.self_attn.g_proj.weight"] = torch.ones(H)
-        state |= layer
-    return _write(folder, cfg, state)
-
-
-LAYOUTS = {"eagle3-safeailab": safeailab, "eagle3-specforge": specforge, "eagle3-modelopt": modelopt,
-           "eagle3-qwen3": qwen3_layers, "dflash-zlab": dflash_zlab}
-
-
 @pytest.mark.parametrize("fmt", list(LAYOUTS))
 def test_each_published_layout_is_detected(tmp_path, fmt):
     assert detect(LAYOUTS[fmt](tmp_path / "src")).format == fmt
@@ -143,11 +49,13 @@ def test_each_published_layout_is_detected(tmp_path, fmt):
 
 @pytest.mark.parametrize("fmt,arch", [("eagle3-safeailab", "llama"), ("eagle3-specforge", "llama"),
                                       ("eagle3-modelopt", "llama"), ("eagle3-qwen3", "qwen3"),
-                                      ("dflash-zlab", "qwen3")])
+                                      ("dflash-zlab", "qwen3"), ("peagle-specforge", "llama"),
+                                      ("peagle-aws", "llama"), ("dspark-deepspec", "qwen3")])
 def test_each_layout_converts_validates_loads_and_drafts(tmp_path, tiny_targets, fmt, arch):
     src = LAYOUTS[fmt](tmp_path / "src")
     verifier = str(tiny_targets[arch])
-    given = [1, 2, 3] if fmt in ("eagle3-safeailab", "eagle3-specforge") else None  # the config records none
+    # the config records none, and a 4-layer verifier's defaults [2, N//2, N-3] collapse to two ids
+    given = [1, 2, 3] if fmt in ("eagle3-safeailab", "eagle3-specforge", "peagle-specforge", "peagle-aws") else None
     out = convert(src, tmp_path / "out", verifier=verifier, allow_pickle=True, aux_layer_ids=given)
     verdict = verify(out, verifier, max_new_tokens=6)
     assert verdict.ok, verdict.to_json()
@@ -164,6 +72,20 @@ def test_each_layout_converts_validates_loads_and_drafts(tmp_path, tiny_targets,
         assert "layers.0.self_attn.q_norm.weight" in names
     if fmt == "dflash-zlab":
         assert cfg["aux_hidden_state_layer_ids"] == [1, 2, 3] and cfg["mask_token_id"] == 5  # z-lab ids + 1
+    k = cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"]
+    if fmt.startswith("peagle-"):  # the mask token from peagle_config.json / ptd_token_id, the draft's own table
+        assert cfg["speculators_model_type"] == "peagle" and cfg["mask_token_id"] == MASK
+        assert "mask_hidden" in names and names["embed_tokens.weight"].shape == (V, H)
+        assert "layers.1.self_attn.q_proj.weight" in names and not cfg["norm_before_residual"]
+    if fmt == "peagle-specforge":  # K = num_depths of peagle_config.json; the reduced vocabulary kept
+        assert k == 4 and cfg["draft_vocab_size"] == VD and names["t2d"].shape == (V,)
+    if fmt == "peagle-aws":  # an identity d2t/t2d over the full vocabulary is not what vLLM loads: dropped
+        assert k == 8 and cfg["draft_vocab_size"] == V and "d2t" not in names and "t2d" not in names
+    if fmt == "dspark-deepspec":  # DeepSpec ids + 1; every slot predicts; the verifier's embedding/head shared
+        assert cfg["aux_hidden_state_layer_ids"] == [1, 2, 3] and cfg["block_size"] == k == 4
+        assert cfg["mask_token_id"] == MASK and cfg["markov_rank"] == R and cfg["sample_from_anchor"]
+        assert "markov_head.markov_w1.weight" in names and "confidence_head.proj.bias" in names
+        assert "embed_tokens.weight" not in names and "lm_head.weight" not in names
 
 
 def _rms(x, w, eps=1e-6):
@@ -222,6 +144,158 @@ def test_converted_eagle3_computes_the_published_forward(tmp_path, tiny_llama, t
     assert torch.equal(draft.draft_to_target(torch.arange(VD)), torch.arange(VD) + w["d2t"])
 
 
+@pytest.fixture(scope="module")
+def tiny_qwen3(tiny_targets):
+    from engine.targets import load_target
+
+    return load_target(str(tiny_targets["qwen3"]))
+
+
+def _heads(x: torch.Tensor, n: int) -> torch.Tensor:  # [T, n*HD] -> [n, T, HD]
+    return x.view(x.shape[0], n, HD).transpose(0, 1)
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """q [NH,Tq,HD], k/v [NKV,Tk,HD] (grouped heads), mask [Tq,Tk] (True: visible) -> [Tq, NH*HD]."""
+    k, v = k.repeat_interleave(NH // NKV, 0), v.repeat_interleave(NH // NKV, 0)
+    scores = ((q @ k.transpose(-1, -2)) / HD ** 0.5).masked_fill(~mask, float("-inf"))
+    return (scores.softmax(-1) @ v).transpose(0, 1).reshape(q.shape[1], NH * HD)
+
+
+def _mlp(x: torch.Tensor, w: dict[str, torch.Tensor], p: str) -> torch.Tensor:
+    gate, up = x @ w[p + "mlp.gate_proj.weight"].T, x @ w[p + "mlp.up_proj.weight"].T
+    return (torch.nn.functional.silu(gate) * up) @ w[p + "mlp.down_proj.weight"].T
+
+
+def peagle_forward(w: dict[str, torch.Tensor], first: str, ids: torch.Tensor, aux: torch.Tensor,
+                   pos: torch.Tensor) -> torch.Tensor:
+    """One P-EAGLE parallel step as SpecForge's PEagleDraftModel (and vLLM's eagle3 + parallel_drafting) computes
+    it, written from that definition: ids [n] (the committed tokens, then K-1 mask tokens), aux [n, 3H] (their
+    features, then mask_hidden rows), pos [n] -> logits [n, Vd]. The draft's own embedding; fc; layer 0 splits
+    [embedding; hidden] with residual = the raw fc output; Llama layers; causal attention over the n rows
+    (the block is the last rollout); final norm; lm_head."""
+    e, h = w["embed_tokens.weight"][ids], aux @ w["fc.weight"].T
+    causal = torch.ones(len(ids), len(ids), dtype=torch.bool).tril()
+    layers = 1 + max(int(k.split(".")[1]) for k in w if k.startswith("layers."))
+    x = h
+    for i in range(layers):
+        p = first if i == 0 else f"layers.{i}."
+        residual = x
+        inp = torch.cat([_rms(e, w[p + "input_layernorm.weight"]), _rms(h, w[p + "hidden_norm.weight"])], -1) \
+            if i == 0 else _rms(x, w[p + "input_layernorm.weight"])
+        q = _rope(_heads(inp @ w[p + "self_attn.q_proj.weight"].T, NH), pos)
+        k = _rope(_heads(inp @ w[p + "self_attn.k_proj.weight"].T, NKV), pos)
+        v = _heads(inp @ w[p + "self_attn.v_proj.weight"].T, NKV)
+        x = residual + _attend(q, k, v, causal) @ w[p + "self_attn.o_proj.weight"].T
+        x = x + _mlp(_rms(x, w[p + "post_attention_layernorm.weight"]), w, p)
+    return _rms(x, w["norm.weight"]) @ w["lm_head.weight"].T
+
+
+@pytest.mark.parametrize("fmt,first", [("peagle-specforge", "layers.0."), ("peagle-aws", "midlayer.")])
+def test_converted_peagle_computes_the_published_forward(tmp_path, tiny_llama, tiny_targets, fmt, first):
+    from safetensors.torch import load_file
+
+    from engine.algos.common.layers import DraftCache
+    from engine.generate.api import load_draft
+
+    src = LAYOUTS[fmt](tmp_path / "src")
+    out = convert(src, tmp_path / "out", verifier=str(tiny_targets["llama"]), aux_layer_ids=[1, 2, 3])
+    draft = load_draft(out, tiny_llama)
+    w = load_file(str(src / "model.safetensors"))
+    torch.manual_seed(0)
+    t, k = 5, 4  # 5 committed (token, feature) pairs, then k-1 mask slots: k drafts from one forward
+    ids = torch.cat([torch.randint(0, V - 1, (t,)), torch.full((k - 1,), MASK)])
+    aux = torch.randn(t, 3 * H)
+    pos = torch.arange(1, t + k)  # EAGLE-3's shifted positions
+    want = peagle_forward(w, first, ids, torch.cat([aux, w["mask_hidden"].view(1, -1).expand(k - 1, -1)]), pos)
+    with torch.no_grad():
+        got = draft.block_cached(ids[None], draft.slot_features(aux, k - 1), pos[None], DraftCache(), k)
+    torch.testing.assert_close(got, want[-k:], atol=2e-5, rtol=1e-4)
+    if "d2t" in w and fmt == "peagle-specforge":
+        assert torch.equal(draft.draft_to_target(torch.arange(VD)), torch.arange(VD) + w["d2t"])
+
+
+def block_forward(w: dict[str, torch.Tensor], embed: torch.Tensor, aux: torch.Tensor,
+                  block_ids: torch.Tensor, theta: float = 1000000.0) -> torch.Tensor:
+    """The DFlash block forward as z-lab's DFlashDraftModel (and DeepSpec's DSpark backbone) compute it, written
+    from that definition: aux [T, 3H] features of the committed positions 0..T-1, block_ids [B] at positions
+    T..T+B-1 -> the normed output [B, H]. c = hidden_norm(fc(aux)); per layer q = q_norm(q_proj(x_n)) from the
+    block only, k = k_norm([k_proj(c); k_proj(x_n)]), v = [v_proj(c); v_proj(x_n)]; every slot sees the whole
+    context and the whole block; a fused qkv_proj is [q; k; v]."""
+    c = _rms(aux @ w["fc.weight"].T, w["hidden_norm.weight"])
+    x = embed[block_ids]
+    t, b = aux.shape[0], block_ids.shape[0]
+    pos_ctx, pos_blk = torch.arange(t), torch.arange(t, t + b)
+    layers = 1 + max(int(k.split(".")[1]) for k in w if k.startswith("layers."))
+    for i in range(layers):
+        p = f"layers.{i}."
+        if p + "self_attn.qkv_proj.weight" in w:
+            wq, wk, wv = w[p + "self_attn.qkv_proj.weight"].split([NH * HD, NKV * HD, NKV * HD])
+        else:
+            wq, wk, wv = (w[p + f"self_attn.{n}_proj.weight"] for n in "qkv")
+        xn = _rms(x, w[p + "input_layernorm.weight"])
+        q = _rope(_rms(_heads(xn @ wq.T, NH), w[p + "self_attn.q_norm.weight"]), pos_blk, theta)
+        k = _rms(_heads(torch.cat([c @ wk.T, xn @ wk.T]), NKV), w[p + "self_attn.k_norm.weight"])
+        k = _rope(k, torch.cat([pos_ctx, pos_blk]), theta)
+        v = _heads(torch.cat([c @ wv.T, xn @ wv.T]), NKV)
+        x = x + _attend(q, k, v, torch.ones(b, t + b, dtype=torch.bool)) @ w[p + "self_attn.o_proj.weight"].T
+        x = x + _mlp(_rms(x, w[p + "post_attention_layernorm.weight"]), w, p)
+    return _rms(x, w["norm.weight"])
+
+
+def _draft_block(draft, aux: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
+    """Our converted DFlash-family draft on the same inputs: decoder output [1, B, H]."""
+    t, b = aux.shape[0], block_ids.shape[0]
+    ctx = draft.context_kv(draft.context(aux[None]), torch.arange(t)[None])
+    return draft.block_forward(block_ids[None], torch.arange(t, t + b)[None], ctx, torch.ones(b, t, dtype=torch.bool))
+
+
+def test_converted_dflash_computes_the_published_forward(tmp_path, tiny_qwen3, tiny_targets):
+    from safetensors.torch import load_file
+
+    from engine.generate.api import load_draft
+
+    src = dflash_zlab(tmp_path / "src")
+    draft = load_draft(convert(src, tmp_path / "out", verifier=str(tiny_targets["qwen3"])), tiny_qwen3)
+    w = load_file(str(src / "model.safetensors"))
+    torch.manual_seed(0)
+    aux, block = torch.randn(6, 3 * H), torch.tensor([17, 5, 5, 5])  # the anchor, then z-lab's mask token 5
+    embed, head = tiny_qwen3.embed_tokens().weight.detach(), tiny_qwen3.lm_head().weight.detach()
+    want = block_forward(w, embed, aux, block) @ head.T  # z-lab shares the target's embedding and head
+    with torch.no_grad():
+        got = draft.logits(_draft_block(draft, aux, block)[0])
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
+
+
+def test_converted_dspark_computes_the_published_forward(tmp_path, tiny_qwen3, tiny_targets):
+    """DeepSpec's DSpark: the backbone above, base logits by its (the target's) lm_head, then per slot the Markov
+    bias W2(W1[prev]) (prev: the anchor, then each slot's greedy draft) and the confidence proj([h_k; W1[prev]])."""
+    from safetensors.torch import load_file
+
+    from engine.generate.api import load_draft
+
+    embed, head = tiny_qwen3.embed_tokens().weight.detach(), tiny_qwen3.lm_head().weight.detach()
+    src = dspark_deepspec(tmp_path / "src", shared=(embed, head))
+    draft = load_draft(convert(src, tmp_path / "out", verifier=str(tiny_targets["qwen3"])), tiny_qwen3)
+    w = load_file(str(src / "model.safetensors"))
+    torch.manual_seed(0)
+    aux, anchor = torch.randn(6, 3 * H), 17
+    block = torch.tensor([anchor] + [MASK] * 3)
+    hn = block_forward(w, w["embed_tokens.weight"], aux, block)
+    base, prev, want, want_conf = hn @ w["lm_head.weight"].T, anchor, [], []
+    for k in range(block.shape[0]):
+        e = w["markov_head.markov_w1.weight"][prev]
+        want.append(base[k] + e @ w["markov_head.markov_w2.weight"].T)
+        want_conf.append(torch.cat([hn[k], e]) @ w["confidence_head.proj.weight"][0] + w["confidence_head.proj.bias"][0])
+        prev = int(want[-1].argmax())
+    with torch.no_grad():
+        x = _draft_block(draft, aux, block)
+        tokens, logits, conf = draft.draft_sequentially(x, torch.tensor([anchor]), 4, lambda u: u.argmax(-1))
+    torch.testing.assert_close(torch.stack(logits)[:, 0], torch.stack(want), atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(conf[0], torch.stack(want_conf), atol=2e-5, rtol=1e-4)
+    assert tokens[0].tolist() == [int(u.argmax()) for u in want]
+
+
 def test_same_tensors_and_config_as_speculators_eagle3_converter(tmp_path, tiny_targets):
     from safetensors.torch import load_file
     from speculators.convert.eagle.eagle3_converter import Eagle3Converter
@@ -248,6 +322,113 @@ def test_same_tensors_and_config_as_speculators_eagle3_converter(tmp_path, tiny_
         assert la.get(key) == lb.get(key), key
 
 
+def test_same_tensors_and_config_as_speculators_dflash_converter(tmp_path, tiny_targets):
+    """speculators 0.9.0's DFlash converter on the same z-lab checkpoint: the same tensors (q/k/v split, gates
+    dropped) and the same fields, but for the block attention we write on purpose."""
+    from safetensors.torch import load_file
+    from speculators.convert.dflash.converter import DFlashConverter
+
+    src = dflash_zlab(tmp_path / "src")
+    verifier = str(tiny_targets["qwen3"])
+    ours = convert(src, tmp_path / "ours", verifier=verifier)
+    DFlashConverter().convert(src, tmp_path / "theirs", base_model=verifier, validate=False)
+    a, b = load_file(str(ours / "model.safetensors")), load_file(str(tmp_path / "theirs" / "model.safetensors"))
+    assert set(a) == set(b) and "layers.1.self_attn.k_proj.weight" in a
+    for name in a:
+        assert torch.equal(a[name].to(b[name].dtype), b[name]), name
+    ca = json.loads((ours / "config.json").read_text())
+    cb = json.loads((tmp_path / "theirs" / "config.json").read_text())
+    for key in ("speculators_model_type", "aux_hidden_state_layer_ids", "block_size", "mask_token_id",
+                "draft_vocab_size", "sample_from_anchor", "target_hidden_size"):
+        assert ca.get(key) == cb.get(key), key
+    assert ca["speculators_config"]["verifier"] == cb["speculators_config"]["verifier"]
+    assert ca["speculators_config"]["proposal_methods"] == cb["speculators_config"]["proposal_methods"]
+    la, lb = ca["transformer_layer_config"], cb["transformer_layer_config"]
+    for key in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+                "num_hidden_layers", "vocab_size", "rms_norm_eps", "model_type"):
+        assert la.get(key) == lb.get(key), key
+    # z-lab's blocks attend both ways; speculators writes sliding_window_non_causal false, which vLLM serves as a
+    # causal block (dflash_config.causal = not sliding_window_non_causal): ours records the trained attention
+    assert ca["sliding_window_non_causal"] is True and cb["sliding_window_non_causal"] is False
+
+
+def _refusal_cases(fmt: str, state: dict[str, torch.Tensor]) -> dict[str, tuple[dict, str]]:
+    """An extra, a missing and a wrong-shape tensor of a layout, with the line the refusal must show."""
+    missing = "mask_hidden" if fmt.startswith("peagle-") else "markov_head.markov_w2.weight"
+    return {"extra": ({**state, "fusion_bias": torch.ones(8)}, "fusion_bias [8]: no rule"),
+            "missing": ({k: v for k, v in state.items() if k != missing}, missing),
+            "shape": ({**state, "layers.1.mlp.down_proj.weight": torch.randn(H, I + 1)},
+                      "layers.1.mlp.down_proj.weight")}
+
+
+@pytest.mark.parametrize("fmt", ["peagle-specforge", "peagle-aws", "dspark-deepspec"])
+def test_new_layouts_refuse_unmapped_missing_and_wrong_shape_tensors(tmp_path, fmt):
+    from safetensors.torch import load_file
+
+    src = LAYOUTS[fmt](tmp_path / "src")
+    state, config = load_file(str(src / "model.safetensors")), json.loads((src / "config.json").read_text())
+    for case, (bad, expected) in _refusal_cases(fmt, state).items():
+        folder = write_checkpoint(tmp_path / case, config, bad)
+        for extra in src.glob("peagle_config.json"):
+            (folder / extra.name).write_text(extra.read_text())
+        with pytest.raises(WorkbenchError, match="do not all map") as info:
+            convert(folder, tmp_path / f"out-{case}", aux_layer_ids=[1, 2, 3])
+        assert expected in info.value.message, (case, info.value.message)
+        assert not (tmp_path / f"out-{case}").exists()  # nothing written
+
+
+def test_peagle_without_a_recorded_mask_token_asks_for_one(tmp_path):
+    src = peagle_specforge(tmp_path / "src")
+    (src / "peagle_config.json").unlink()  # a checkpoint copied without SpecForge's side file
+    with pytest.raises(WorkbenchError, match="records no mask token") as info:
+        plan(src, options=ConvertOptions(aux_layer_ids=[1, 2, 3]))
+    assert "--mask-token-id" in info.value.hint
+    p = plan(src, options=ConvertOptions(aux_layer_ids=[1, 2, 3], mask_token_id=7, speculative_tokens=5))
+    assert p.config["mask_token_id"] == 7 and not p.problems
+    assert p.config["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 5
+    with pytest.raises(WorkbenchError, match="outside the vocabulary"):
+        plan(src, options=ConvertOptions(mask_token_id=V))
+
+
+def test_deepspec_dspark_refuses_a_verifier_it_was_not_trained_on(tmp_path):
+    src = dspark_deepspec(tmp_path / "ds")
+    for name, fields, message in (("narrow", {"hidden_size": 32}, "hidden size is 32"),
+                                  ("shallow", {"num_hidden_layers": 2}, "do not fit a 2-layer verifier")):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps({"architectures": ["Qwen3ForCausalLM"], "hidden_size": H,
+                                                        "num_hidden_layers": 4, "vocab_size": V, **fields}))
+        with pytest.raises(WorkbenchError, match=message):
+            plan(src, verifier=str(folder))
+
+
+def test_specforge_peagle_records_the_plain_rope_its_model_applies(tmp_path):
+    src = peagle_specforge(tmp_path / "sf")
+    cfg = json.loads((src / "config.json").read_text())
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 256}
+    (src / "config.json").write_text(json.dumps({**cfg, "rope_theta": 500000.0, "rope_scaling": scaling}))
+    rope = plan(src, options=ConvertOptions(aux_layer_ids=[1, 2, 3])).config["transformer_layer_config"]["rope_parameters"]
+    assert rope["rope_type"] == "default" and rope["rope_theta"] == 500000.0
+
+
+def test_recorded_aux_ids_are_translated_to_vllm_numbering(tmp_path):
+    """SpecForge hooks the output of its eagle_config layers (vLLM id + 1); AWS/vLLM configs are read as they are;
+    DeepSpec's -1 (the embeddings) is vLLM's 0."""
+    src = peagle_specforge(tmp_path / "sf")
+    cfg = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**cfg, "eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, 1, 2]}}))
+    assert plan(src).config["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]
+    src = peagle_aws(tmp_path / "aws")
+    cfg = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**cfg, "eagle_aux_hidden_state_layer_ids": [1, 2, 3]}))
+    assert plan(src).config["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]
+    src = dspark_deepspec(tmp_path / "ds")
+    cfg = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**cfg, "target_layer_ids": [-1, 1, 2]}))
+    assert plan(src).config["aux_hidden_state_layer_ids"] == [0, 2, 3]
+
+
 def test_refuses_unmapped_missing_and_wrong_shape_tensors(tmp_path):
     src = safeailab(tmp_path / "src", pickled=False)
     from safetensors.torch import load_file
@@ -259,7 +440,7 @@ def test_refuses_unmapped_missing_and_wrong_shape_tensors(tmp_path):
     expected = {"extra": "fusion_bias [8]: no rule", "missing": "norm.weight [64]: missing",
                 "shape": "layers.0.mlp.down_proj.weight"}
     for case, bad in cases.items():
-        folder = _write(tmp_path / case, json.loads((src / "config.json").read_text()), bad)
+        folder = write_checkpoint(tmp_path / case, json.loads((src / "config.json").read_text()), bad)
         assert plan(folder).problems, case
         with pytest.raises(WorkbenchError, match="do not all map") as info:
             convert(folder, tmp_path / f"out-{case}")
@@ -285,7 +466,7 @@ def test_dry_run_shows_mapping_and_config_and_writes_nothing(tmp_path, capsys):
 
 def test_convert_cli_errors_cleanly(tmp_path):
     """A source that cannot be converted ends as `error: ... Fix: ...`, exit code 2, no traceback."""
-    folder = _write(tmp_path / "medusa", {"medusa_num_heads": 2}, {"medusa_head.0.0.linear.weight": torch.ones(2, 2)})
+    folder = write_checkpoint(tmp_path / "medusa", {"medusa_num_heads": 2}, {"medusa_head.0.0.linear.weight": torch.ones(2, 2)})
     run = subprocess.run([sys.executable, "-m", "engine", "convert", str(folder), "--out", str(tmp_path / "o")], check=False,
                          capture_output=True, text=True, cwd=ROOT)
     assert run.returncode == 2 and "Medusa" in run.stderr and "Fix:" in run.stderr and "Traceback" not in run.stderr
@@ -294,20 +475,20 @@ def test_convert_cli_errors_cleanly(tmp_path):
 def _unconvertible(tmp_path: Path) -> dict[str, Path]:
     out = {}
     eagle2 = {"fc.weight": torch.randn(H, 2 * H), "fc.bias": torch.zeros(H), "embed_tokens.weight": torch.randn(V, H),
-              **_layer("layers.0.", H, first=False)}
-    out["eagle1-2"] = _write(tmp_path / "eagle2", {"architectures": ["LlamaForCausalLM"], "hidden_size": H}, eagle2)
-    out["hass"] = _write(tmp_path / "hass", {"architectures": ["LlamaForCausalLM"], "hidden_size": H},
+              **layer_tensors("layers.0.", H, first=False)}
+    out["eagle1-2"] = write_checkpoint(tmp_path / "eagle2", {"architectures": ["LlamaForCausalLM"], "hidden_size": H}, eagle2)
+    out["hass"] = write_checkpoint(tmp_path / "hass", {"architectures": ["LlamaForCausalLM"], "hidden_size": H},
                          {**eagle2, "hidden_layernorm.weight": torch.ones(H)})
-    out["medusa"] = _write(tmp_path / "medusa", {"medusa_num_heads": 2, "medusa_num_layers": 1},
+    out["medusa"] = write_checkpoint(tmp_path / "medusa", {"medusa_num_heads": 2, "medusa_num_layers": 1},
                            {"medusa_head.0.0.linear.weight": torch.randn(H, H), "medusa_head.0.1.weight": torch.randn(V, H)})
-    out["mtp-native"] = _write(tmp_path / "mtp", {"architectures": ["Qwen3NextForCausalLM"], "mtp_num_hidden_layers": 1},
+    out["mtp-native"] = write_checkpoint(tmp_path / "mtp", {"architectures": ["Qwen3NextForCausalLM"], "mtp_num_hidden_layers": 1},
                                {"mtp.fc.weight": torch.randn(H, 2 * H), "mtp.norm.weight": torch.ones(H)})
     out["modelopt-parallel-draft"] = modelopt(tmp_path / "parallel")
     cfg = json.loads((out["modelopt-parallel-draft"] / "config.json").read_text())
     cfg["eagle_config"]["parallel_draft_step"] = 3
     (out["modelopt-parallel-draft"] / "config.json").write_text(json.dumps(cfg))
     for kind in ("mtp", "xpress", "eagle"):
-        out[f"speculators-{kind}"] = _write(tmp_path / f"spec-{kind}", {"speculators_model_type": kind}, {"x": torch.ones(1)})
+        out[f"speculators-{kind}"] = write_checkpoint(tmp_path / f"spec-{kind}", {"speculators_model_type": kind}, {"x": torch.ones(1)})
     return out
 
 
