@@ -402,3 +402,32 @@ def test_a_recipe_borrowing_data_trains_on_the_lenders_hidden_states_and_shares_
     (tmp_path / "both.yaml").write_text(yaml.safe_dump({**borrower, "extract": lender["extract"]}))
     with pytest.raises(WorkbenchError, match="cannot have its own regenerate or extract"):
         load_recipe(str(tmp_path / "both.yaml"))
+
+
+def test_model_card_shows_the_vllm_bench_and_says_by_how_much_a_recipe_goal_is_missed(tmp_path):
+    """The card's vLLM table comes from the recipe's vllm_bench.json; a missed vLLM goal is named with the gap."""
+    from engine.model_card import gather, render
+
+    work = tmp_path / "work"
+    (work / "train" / "draft").mkdir(parents=True)
+    (work / "train" / "draft" / "config.json").write_text(json.dumps(
+        {"aux_hidden_state_layer_ids": [2, 9], "block_size": 8, "mask_token_id": 2,
+         "transformer_layer_config": {"num_hidden_layers": 2, "hidden_size": 576}}))
+    (work / "train" / "config.yaml").write_text("train:\n  algo: dflash\n  algo_args:\n    block_size: 8\n")
+    draft = {"mean_acceptance_length": 1.33, "per_position_acceptance": [0.28, 0.04, 0.01], "tokens_per_s": 14.0,
+             "speedup": 0.8, "identical_to_baseline": True}
+    (work / "bench.json").write_text(json.dumps({"k": 3, "num_prompts": 20, "max_new_tokens": 128, "methods": {
+        "baseline": {"mean_acceptance_length": None, "per_position_acceptance": [], "tokens_per_s": 17.5,
+                     "speedup": 1.0, "identical_to_baseline": True}, "draft": draft}}))
+    (work / "vllm_bench.json").write_text(json.dumps({"k": 3, "dtype": "bfloat16", "methods": {
+        "baseline": {"tokens_per_s": 35.0, "speedup": 1.0},
+        "draft": {"mean_acceptance_length": 1.35, "per_position_acceptance": [0.3, 0.04, 0.01],
+                  "tokens_per_s": 37.1, "speedup": 1.06}}}))
+    recipe = {"name": "r", "work": str(work), "ship": {"to": "assets/drafts/x"},
+              "goals": {"vllm_speedup": 1.15, "vllm_speedup_why": ", the other draft's"}}
+    card = render(recipe, gather(recipe))
+    assert "# SmolLM2-135M-Instruct DFlash draft" in card and "A DFlash draft model" in card
+    assert "block of 8 (the last token and mask token 2" in card  # the algorithm's own model description
+    assert "### In real vLLM" in card and "| draft | 1.35 | 0.30, 0.04, 0.01 | 37.1 | 1.06× |" in card
+    assert "≥ 1.15× in real vLLM on this CPU, the other draft's (this draft: 1.06×, short by 0.09)" in card
+    assert "**In vLLM** a speculative step costs 1.27 plain steps" in card
