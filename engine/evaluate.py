@@ -47,11 +47,13 @@ class Walk:
     accepted: list[int] = field(default_factory=list)
 
 
-def walk(a: Sequence[int], sample: HeldOutSample, k: int, max_new_tokens: int | None = None) -> Walk:
+def walk(a: Sequence[int], sample: HeldOutSample, k: int, max_new_tokens: int | None = None,
+         cuts: Sequence[int] | None = None) -> Walk:
     """The draft-verify walk of the decode engine (`engine.generate.speculative`) over the counts `a`.
 
-    Each step drafts min(k, remaining - 1) tokens (it never drafts past max_new_tokens), accepts the leading
-    drafts that match (never past the sample's end) and commits them plus the target's own token."""
+    Each step drafts min(k, remaining - 1) tokens (it never drafts past max_new_tokens; with `cuts`, never more
+    than cuts[q], the proposer's own limit at that state), accepts the leading drafts that match (never past the
+    sample's end) and commits them plus the target's own token."""
     p, e = sample.prompt_len, sample.end
     limit = max_new_tokens or (1 << 30)  # no limit given: the answer ended by itself (EOS)
     e = min(e, p + limit - 1)  # generation stops after max_new_tokens tokens
@@ -59,7 +61,7 @@ def walk(a: Sequence[int], sample: HeldOutSample, k: int, max_new_tokens: int | 
     q = p
     while q < e:
         remaining = limit - (q - p + 1)
-        drafted = max(0, min(k, remaining - 1))
+        drafted = max(0, min(k, remaining - 1, int(cuts[q]) if cuts is not None else k))
         n = min(int(a[q]), drafted, e - q)
         out.drafted.append(drafted)
         out.accepted.append(n)
@@ -163,7 +165,8 @@ def evaluate_samples(algorithm, draft, samples: Iterable[HeldOutSample], ks: Seq
     t0 = time.perf_counter()
     n = 0
     for sample in tqdm(samples, desc="evaluate", disable=not progress):
-        a_big = algorithm.acceptance_counts(draft, sample.aux, sample.token_ids, big).tolist()
+        a_big, cuts = algorithm.walk_counts(draft, sample.aux, sample.token_ids, big)
+        a_big, cuts = a_big.tolist(), cuts.tolist() if cuts is not None else None
         chances = None
         if temperature > 0:
             if sample.target_logits is None:
@@ -174,7 +177,7 @@ def evaluate_samples(algorithm, draft, samples: Iterable[HeldOutSample], ks: Seq
         p, e = sample.prompt_len, sample.end
         for k in ks:
             a = [min(x, k) for x in a_big]
-            w = walk(a, sample, k, max_new_tokens)
+            w = walk(a, sample, k, max_new_tokens, cuts)
             results[k].add(w, [min(a[q], k, e - q) for q in range(p, e)])
             if chances is not None:
                 results[k].add_expectation(w, walk_states(w, sample), chances)
@@ -216,11 +219,12 @@ def walk_sums(algorithm, draft, samples: Iterable[dict[str, torch.Tensor]], aux_
                              None, "")
             if sample is None:
                 continue
-            a_big = algorithm.acceptance_counts(draft, sample.aux, sample.token_ids, ks[-1]).tolist()
+            a_big, cuts = algorithm.walk_counts(draft, sample.aux, sample.token_ids, ks[-1])
+            a_big, cuts = a_big.tolist(), cuts.tolist() if cuts is not None else None
             for k in ks:
                 acc = Acceptance(k)
                 a = [min(x, k) for x in a_big]
-                acc.add(walk(a, sample, k), [min(a[q], k, sample.end - q) for q in range(sample.prompt_len,
+                acc.add(walk(a, sample, k, cuts=cuts), [min(a[q], k, sample.end - q) for q in range(sample.prompt_len,
                                                                                           sample.end)])
                 for name, value in (("drafts", acc.num_drafts), ("accepted", acc.num_accepted),
                                     ("positions", acc.positions), ("positions_accepted", acc.positions_accepted)):

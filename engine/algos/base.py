@@ -150,6 +150,12 @@ class DraftAlgorithm:
         the last committed one equal the data (tokens q+1..q+k). `engine.evaluate` walks these counts."""
         raise NotImplementedError
 
+    def walk_counts(self, draft: "nn.Module", aux: "torch.Tensor", token_ids: "torch.Tensor",
+                    k: int) -> "tuple[torch.Tensor, torch.Tensor | None]":
+        """(a [T], cuts [T] or None): `acceptance_counts` and, for a proposer that may draft fewer than k tokens
+        by its own rule (DSpark's confidence cut), how many it drafts at each state (a <= cuts). Default: no cut."""
+        return self.acceptance_counts(draft, aux, token_ids, k), None
+
     def acceptance_expectation(self, draft: "nn.Module", aux: "torch.Tensor", token_ids: "torch.Tensor",
                                target_logits: "torch.Tensor", k: int, temperature: float) -> "torch.Tensor":
         """Sampled decoding (T > 0): [T, k], entry (q, j) = the chance that drafts 1..j+1 made at state q are all

@@ -171,6 +171,7 @@ def test_a_broken_acceptance_rule_is_caught(tiny, tiny_dspark, monkeypatch):
 
 
 def test_evaluator_walk_equals_decoding(tiny, tiny_dspark):
+    from engine.algos.dspark.args import DSparkProposerOptions
     from engine.evaluate import evaluate_samples, samples_from_prompts
 
     algo = ALGOS.get("dspark")
@@ -178,13 +179,17 @@ def test_evaluator_walk_equals_decoding(tiny, tiny_dspark):
     samples = samples_from_prompts(tiny, prompts, algo.aux_layer_ids(tiny_dspark), max_new_tokens=20)
     result = evaluate_samples(algo, tiny_dspark, samples, [1, BLOCK], max_new_tokens=20, keep_walks=True)
     params = SamplingParams(max_new_tokens=20, eos_token_ids=[tiny.tokenizer.eos_token_id])
+    threshold = DSparkProposerOptions().confidence_threshold  # the cut decoding applies by default
+    cut_steps = 0
     for k in (1, BLOCK):
         for prompt, walked in zip(prompts, result["walks"][str(k)]):
             ids = prompt_ids(tiny.tokenizer, prompt)
-            prop = proposer(tiny_dspark)
+            prop = proposer(tiny_dspark, threshold=threshold)
             _, events = generate_all(TargetRunner(tiny, prop.aux_layer_ids), ids, params, prop, k)
             steps = [(e.drafted, e.accepted) for e in events if e.step > 0]
             assert steps == list(zip(walked["drafted"], walked["accepted"]))
+            cut_steps += sum(1 for e in events if e.step > 0 and e.withheld)
+    assert cut_steps > 0  # the walk applied the confidence cut where decoding did
 
 
 def test_sampled_acceptance_expectation_is_the_product_of_overlaps(tiny, tiny_dspark):

@@ -93,6 +93,13 @@ class DSpark(DraftAlgorithm):
 
         return acceptance_counts(draft, aux, token_ids, k)
 
+    def walk_counts(self, draft, aux, token_ids, k):
+        """The counts with the static cut the proposer applies by default (its confidence_threshold)."""
+        from engine.algos.dspark.args import DSparkProposerOptions
+        from engine.algos.dspark.evaluate import counts_and_cuts
+
+        return counts_and_cuts(draft, aux, token_ids, k, DSparkProposerOptions().confidence_threshold)
+
     def acceptance_expectation(self, draft, aux, token_ids, target_logits, k, temperature):
         from engine.algos.dspark.evaluate import acceptance_expectation
 

@@ -1,8 +1,8 @@
 """DSpark's accepted-draft counts a(q) and sampled-acceptance expectations for every position of a held-out
 sequence: one backbone block per anchor (batched, as DFlash), then the Markov head left to right.
 
-Greedy counts run the head on the draft's own choices, exactly what the proposer does; the static cut is not
-applied (the walk drafts min(k, remaining) tokens), so they give the acceptance of the uncut block."""
+Greedy counts run the head on the draft's own choices, exactly what the proposer does; `counts_and_cuts` also
+gives the static cut at each state (how many drafts the proposer verifies there), which the walk applies."""
 
 from __future__ import annotations
 
@@ -26,23 +26,35 @@ def _blocks(draft: DSparkDraft, aux: torch.Tensor, token_ids: torch.Tensor, chun
 
 
 @torch.inference_mode()
-def acceptance_counts(draft: DSparkDraft, aux: torch.Tensor, token_ids: torch.Tensor, k: int,
-                      chunk: int = 64) -> torch.Tensor:
-    """aux [T, A*Ht], token_ids [T] -> a [T] int64: leading greedy drafts of the block at q equal to q+1..q+k."""
+def counts_and_cuts(draft: DSparkDraft, aux: torch.Tensor, token_ids: torch.Tensor, k: int, threshold: float,
+                    chunk: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+    """aux [T, A*Ht], token_ids [T] -> (a [T], cuts [T]) int64: cuts[q] = drafts the static cut at `threshold`
+    keeps of the block at q (k without a confidence head or at threshold 0), a[q] = its leading greedy drafts
+    equal to the data's tokens q+1.. (a <= cuts)."""
     t = int(token_ids.shape[0])
-    out = torch.zeros(t, dtype=torch.long)
     k = min(k, draft.block_size)
+    out, cuts = torch.zeros(t, dtype=torch.long), torch.full((t,), max(k, 0), dtype=torch.long)
     if t < 2 or k < 1:
-        return out
+        return out, cuts
     tokens = token_ids.long().cpu()
     for anchors, x in _blocks(draft, aux, token_ids, chunk):
-        drafted, _, _ = draft.draft_sequentially(x, token_ids.long().to(anchors.device)[anchors], k,
-                                                 lambda logits: logits.argmax(-1))
+        drafted, _, conf = draft.draft_sequentially(x, token_ids.long().to(anchors.device)[anchors], k,
+                                                    lambda logits: logits.argmax(-1))
         pred = draft.draft_to_target(drafted).cpu()                                   # [n, k]
         pos = anchors.cpu()[:, None] + torch.arange(1, k + 1)[None, :]
         truth = torch.where(pos < t, tokens[pos.clamp(max=t - 1)], torch.full_like(pos, -1))
-        out[anchors.cpu()] = torch.cumprod((pred == truth).long(), dim=1).sum(1)
-    return out
+        run = torch.cumprod((pred == truth).long(), dim=1).sum(1)                     # [n]
+        if conf is not None and threshold > 0:                                        # the proposer's rule
+            alive = torch.cumprod(torch.sigmoid(conf.float()), 1) >= threshold        # [n, k]
+            cuts[anchors.cpu()] = torch.cumprod(alive.long(), 1).sum(1).cpu()
+        out[anchors.cpu()] = torch.minimum(run, cuts[anchors.cpu()])
+    return out, cuts
+
+
+def acceptance_counts(draft: DSparkDraft, aux: torch.Tensor, token_ids: torch.Tensor, k: int,
+                      chunk: int = 64) -> torch.Tensor:
+    """a [T] of the uncut block: leading greedy drafts of the block at q equal to q+1..q+k."""
+    return counts_and_cuts(draft, aux, token_ids, k, 0.0, chunk)[0]
 
 
 @torch.inference_mode()
