@@ -63,6 +63,7 @@ class DraftAlgorithm:
     config_class: ClassVar[type[DraftConfig]] = DraftConfig  # the file-format contract (engine/format)
     args_class: ClassVar[type[AlgoArgs]] = AlgoArgs            # its own typed training arguments
     needs_last_layer: ClassVar[bool] = True  # training data must hold the target's last layer (id N)
+    published_data: ClassVar[tuple[str, int] | None] = None  # (what published drafts trained on, samples): cards
 
     # -- without torch ----------------------------------------------------------------------------
     def default_layer_ids(self, num_layers: int) -> list[int]:

@@ -16,6 +16,7 @@ class DFlash(DraftAlgorithm):
     summary = ("One draft forward per step for a whole block: the last token and B-1 mask slots attend to the "
                "target's fused features of every committed position; its cost does not grow with k.")
     config_class = DFlashConfig
+    published_data = ("about 800K regenerated samples (the DFlash paper, as DFlare's abstract puts it)", 800_000)
     args_class = DFlashArgs
     needs_last_layer = False  # hard-label CE needs only the tokens; the KL loss reads the last layer when present
 

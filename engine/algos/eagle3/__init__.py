@@ -17,6 +17,7 @@ class Eagle3(DraftAlgorithm):
     summary = ("One draft forward per token: fused target features of the last verified position plus the token "
                "embedding, then the draft's own hidden state for the following tokens.")
     config_class = Eagle3Config
+    published_data = ("ShareGPT + UltraChat", 530_000)
     args_class = Eagle3Args
 
     def speculative_tokens(self, args: Eagle3Args) -> int:
