@@ -84,15 +84,23 @@ by_origin = {o: [d for d in drafts if d.origin in o] for o in (("shipped",), ("t
 with right:
     st.subheader("Draft", anchor=False)
     choice = state.draft_choice()
-    ss.setdefault("models_draft_source", "None" if choice == state.NONE else "Shipped" if choice == state.AUTO
-                  else "Converted" if "/converted/" in choice else "Trained runs"
+    shipped_all = catalog.shipped_for(state.active_target())
+    ss.setdefault("models_draft_source", "None" if choice == state.NONE else "Shipped"
+                  if choice == state.AUTO or choice in shipped_all else "Converted" if "/converted/" in choice else "Trained runs"
                   if any(d.path == choice for d in by_origin[("trained", "checkpoint")]) else "Local folder")
     ss.setdefault("models_draft_folder", "" if choice in (state.AUTO, state.NONE) else choice)
     dsource = st.radio("Draft source", DRAFT_SOURCES, key="models_draft_source", horizontal=True)
     draft_candidate: str | None = None
     if dsource == "Shipped":
         shipped = catalog.shipped_draft(state.active_target())
-        if shipped:
+        if shipped and len(shipped_all) > 1:  # several ship for this target: the default first
+            pick = st.selectbox("Shipped draft", shipped_all, key="models_draft_pick_shipped",
+                                index=shipped_all.index(choice) if choice in shipped_all else 0,
+                                format_func=lambda p: Path(p).name + (" (default)" if p == shipped else ""),
+                                help="The drafts shipped in assets/drafts for this target; each has its model card "
+                                     "(the tab below) with what it reaches.")
+            draft_candidate = state.AUTO if pick == shipped else pick
+        elif shipped:
             st.success(f"The shipped draft for this target: `{shipped}`", icon=":material/inventory_2:")
             draft_candidate = state.AUTO
         else:

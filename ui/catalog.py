@@ -23,7 +23,8 @@ def find_drafts(max_checkpoints: int = 3) -> list[DraftEntry]:
     """Shipped drafts (assets/drafts), trained drafts and their latest checkpoints, and converted drafts (runs/)."""
     out: list[DraftEntry] = []
     if ASSETS.is_dir():
-        for d in sorted(ASSETS.iterdir()):
+        defaults = set(_default_names())
+        for d in sorted(ASSETS.iterdir(), key=lambda p: (p.name not in defaults, p.name)):  # defaults first
             if (d / "config.json").is_file():
                 out.append(DraftEntry(f"shipped · {d.name}", str(d), "shipped"))
     root = runs_dir()
@@ -45,6 +46,24 @@ def find_drafts(max_checkpoints: int = 3) -> list[DraftEntry]:
                 if (d / "config.json").is_file():
                     out.append(DraftEntry(f"converted · {d.name}", str(d), "converted"))
     return out
+
+
+def _default_names() -> list[str]:
+    """Folder names of the default shipped drafts (assets/drafts/defaults.json values)."""
+    from engine.fsutil import read_json
+    from engine.generate.api import DEFAULTS_FILE
+
+    try:
+        return [str(v) for v in read_json(DEFAULTS_FILE).values()] if DEFAULTS_FILE.is_file() else []
+    except (OSError, ValueError):
+        return []
+
+
+def shipped_for(target: str) -> list[str]:
+    """Every draft shipped for a built-in target (assets/drafts), the default first."""
+    from engine.generate.api import shipped_drafts
+
+    return [str(p) for p in shipped_drafts(target)]
 
 
 def builtin_targets() -> dict[str, str]:
@@ -265,6 +284,7 @@ __all__ = [
     "draft_summary",
     "fact_rows",
     "find_drafts",
+    "shipped_for",
     "format_value",
     "model_card",
     "pretty",

@@ -200,6 +200,29 @@ def test_models_page_switches_target_and_draft(runs, tiny_target, tiny_draft):
     assert at.button(key="models_use_draft").label == "Active draft"
 
 
+
+def test_models_page_offers_every_shipped_draft_of_the_target_default_first(runs):
+    """Two drafts ship for the built-in target (EAGLE-3, the default, and DFlash): both can be made active."""
+    from engine.generate.api import default_draft, shipped_drafts
+
+    shipped = [str(p) for p in shipped_drafts("smollm2-135m-instruct")]
+    assert len(shipped) >= 2 and shipped[0] == str(default_draft("smollm2-135m-instruct"))
+    at = open_app("smollm2-135m-instruct", "auto", page="models")
+    assert at.radio(key="models_draft_source").value == "Shipped"
+    pick = at.selectbox(key="models_draft_pick_shipped")
+    assert pick.options[0].endswith("(default)") and pick.value == shipped[0]
+    other = next(p for p in shipped if "dflash" in p)
+    pick.set_value(other).run()
+    at.button(key="models_use_draft").click().run()
+    ok(at)
+    assert at.session_state["app_draft"] == other
+    assert at.radio(key="models_draft_source").value == "Shipped" and at.button(key="models_use_draft").label == \
+        "Active draft"
+    pick = at.selectbox(key="models_draft_pick_shipped")
+    pick.set_value(shipped[0]).run()
+    at.button(key="models_use_draft").click().run()
+    assert at.session_state["app_draft"] == "auto"  # the default is kept as "auto" (it follows defaults.json)
+
 # -- demo chat --------------------------------------------------------------------------------------------
 
 
