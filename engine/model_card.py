@@ -236,8 +236,9 @@ def evaluation_section(result: dict[str, Any], sweep: list[dict[str, Any]] | Non
     lines = [EVAL_BEGIN, "### Decoding-exact acceptance per k (offline evaluator)",
              f"{source}, greedy, {result.get('max_new_tokens') or 'whole'} new tokens: the walk of greedy speculative "
              "decoding computed from one draft pass (`python -m engine evaluate`), beside the all-positions average "
-             "that training-time estimates resemble. Forecast speedup = acceptance length / (verify cost of k + 1 "
-             "tokens + drafting cost), both measured on this machine in units of one target step.", "",
+             "that training-time estimates resemble." + (" Forecast speedup = acceptance length / (verify cost of "
+             "k + 1 tokens + drafting cost), both measured on this machine in units of one target step." if fc else
+             " No forecast: the measured speedups are the recipe's k sweep."), "",
              "| k | mean acceptance length | per-position acceptance | all-positions average | forecast speedup | "
              "measured speedup |", "|---|---|---|---|---|---|", *rows, ""]
     if oov is not None:

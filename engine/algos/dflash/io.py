@@ -83,7 +83,8 @@ def load_dflash(path: str | os.PathLike, target, *, allow_pickle: bool = False,
                              f"{extra[:5]}", where=str(folder), hint=f"run `python -m engine validate {folder}`")
     draft.load_state_dict({k: v for k, v in state.items() if k in expected}, strict=False)
     module_to_dtype_except(draft, dtype)
-    draft.target_head = draft.target_head.to(dtype) if draft.lm_head is None else draft.target_head
+    if draft.lm_head is None:  # the target's head as a buffer (a draft vocabulary has its own lm_head)
+        draft.target_head = draft.target_head.to(dtype)
     return draft.eval()
 
 
