@@ -85,9 +85,12 @@ class DraftAlgorithm:
     def card_model_lines(self, config: dict[str, Any], args: AlgoArgs) -> list[str]:
         """Markdown bullets for a model card's "Model" section, from the draft's config.json and its arguments."""
         layers = (config.get("transformer_layer_config") or {}).get("num_hidden_layers", "?")
+        size = config.get("draft_vocab_size")
+        vocab = f"draft vocabulary {size} (`d2t`/`t2d`)" if size else "the target's vocabulary"
         return [f"- {self.describe(args)}: {self.summary} Reads the target's layers "
                 f"{config.get('aux_hidden_state_layer_ids') or config.get('eagle_aux_hidden_state_layer_ids', '?')}; "
-                f"{layers} draft layer(s); `speculative_tokens` = {self.speculative_tokens(args)}. Weights in bf16."]
+                f"{layers} draft layer(s); {vocab}; `speculative_tokens` = {self.speculative_tokens(args)}. "
+                "Weights in bf16."]
 
     def card_objective(self, args: AlgoArgs) -> str:
         """The training objective in a few words (a model card's "Training" section)."""
