@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 
 from engine.errors import WorkbenchError
-from engine.fsutil import atomic_write_json, read_json
+from engine.fsutil import atomic_write_json, check_replaceable, read_json
 from engine.jobs import reporter
 
 log = logging.getLogger(__name__)
@@ -315,6 +315,14 @@ def evaluate_step(recipe: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
+SHIPPED_FILES = {"config.json", "model.safetensors", "README.md"}  # what `ship` writes into its destination
+
+
+def _shipped_draft_folder(folder: Path) -> bool:
+    """A destination `ship` may replace: it holds only the files a shipped draft has."""
+    return {p.name for p in folder.iterdir()} <= SHIPPED_FILES and not any(p.is_dir() for p in folder.iterdir())
+
+
 def ship(recipe: dict[str, Any]) -> Path:
     """Copy the trained draft (bf16 config + safetensors) into the shipped location."""
     from engine.format.validate import validate_draft
@@ -322,11 +330,16 @@ def ship(recipe: dict[str, Any]) -> Path:
     work = Path(recipe["work"])
     src = work / "train" / "draft"
     dest = Path(recipe["ship"]["to"])
+    try:
+        check_replaceable(dest, what="ship destination", also_ours=_shipped_draft_folder)
+    except WorkbenchError as exc:
+        raise WorkbenchError(exc.message, where=exc.where, hint="point the recipe's `ship: to:` at a new folder "
+                             "(nothing was written)") from exc
     report = validate_draft(src)
     if not report.ok:
         raise WorkbenchError(f"the trained draft does not validate: {[e.message for e in report.errors]}")
     dest.mkdir(parents=True, exist_ok=True)
-    for name in ("config.json", "model.safetensors"):
+    for name in SHIPPED_FILES - {"README.md"}:  # the card is written next
         shutil.copy2(src / name, dest / name)
     from engine.model_card import write_model_card
 

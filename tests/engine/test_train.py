@@ -431,3 +431,16 @@ def test_model_card_shows_the_vllm_bench_and_says_by_how_much_a_recipe_goal_is_m
     assert "### In real vLLM" in card and "| draft | 1.35 | 0.30, 0.04, 0.01 | 37.1 | 1.06× |" in card
     assert "≥ 1.15× in real vLLM on this CPU, the other draft's (this draft: 1.06×, short by 0.09)" in card
     assert "**In vLLM** a speculative step costs 1.27 plain steps" in card
+
+
+def test_ship_refuses_a_destination_holding_files_the_workbench_did_not_write(tmp_path):
+    from engine.errors import WorkbenchError
+    from engine.recipe import ship
+
+    dest = tmp_path / "mine"
+    dest.mkdir()
+    (dest / "notes.txt").write_text("the user's")
+    (dest / "config.json").write_text("{}")
+    with pytest.raises(WorkbenchError, match="did not write"):
+        ship({"name": "r", "work": str(tmp_path / "work"), "ship": {"to": str(dest)}})
+    assert (dest / "notes.txt").read_text() == "the user's" and (dest / "config.json").read_text() == "{}"
