@@ -400,17 +400,17 @@ def evaluate_draft(*, draft: str | None = None, target: str | None = None, data:
                    dataset: str | None = "sharegpt", num_prompts: int = 20, max_new_tokens: int | None = 128,
                    ks: Sequence[int] | None = None, max_prompt_chars: int = 1500, seed: int = 0,
                    measure_speed: bool = False, keep_walks: bool = False, temperature: float = 0.0,
-                   progress: bool = True) -> dict[str, Any]:
+                   progress: bool = True, dtype: str = "auto") -> dict[str, Any]:
     """`python -m engine evaluate` as a function: offline from extracted held-out files (`data`), or online from
     held-out prompts of `dataset` (the target answers each once); optionally with the speedup forecast."""
     from engine.generate.api import default_draft, draft_algorithm
-    from engine.targets import load_target
+    from engine.targets import decode_dtype, load_target
 
     draft_path = draft or default_draft(target)
     if draft_path is None:
         raise WorkbenchError("no draft given and no shipped draft for this target", hint="pass --draft DIR")
     algorithm = draft_algorithm(draft_path)
-    tgt = load_target(target)
+    tgt = load_target(target, dtype=decode_dtype(dtype))  # the dtype decoding runs in: its answers and step costs
     model = algorithm.load(draft_path, tgt)
     aux_ids = algorithm.aux_layer_ids(model)
     if ks is None:

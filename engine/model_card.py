@@ -155,8 +155,8 @@ def render(recipe: dict[str, Any], facts: dict[str, Any]) -> str:
         "",
         "## Results",
         f"Held-out ShareGPT prompts the draft never saw, greedy, {bench.get('max_new_tokens', '?')} new tokens, "
-        f"k = {bench.get('k', '?')}, {bench.get('num_prompts', '?')} prompts, in-process engine (fp32, "
-        f"{bench.get('threads', '?')} threads):",
+        f"k = {bench.get('k', '?')}, {bench.get('num_prompts', '?')} prompts, in-process engine ("
+        f"{bench.get('target_dtype', 'fp32')}, {bench.get('threads', '?')} threads):",
         "",
         _bench_table(bench),
         "",

@@ -222,7 +222,7 @@ def acceptance_curve(recipe: dict[str, Any]) -> list[dict[str, Any]]:
     from engine.generate.api import draft_algorithm
     from engine.generate.bench import load_prompts
     from engine.jobs import read_jsonl
-    from engine.targets import load_target
+    from engine.targets import decode_dtype, load_target
 
     work = Path(recipe["work"])
     opts = recipe["curve"]
@@ -238,7 +238,8 @@ def acceptance_curve(recipe: dict[str, Any]) -> list[dict[str, Any]]:
         tokens_at[r["step"]] = seen
     todo = [s for s in checkpoints if s not in done]
     if todo:
-        target = load_target(recipe.get("target", "smollm2-135m-instruct"))
+        target = load_target(recipe.get("target", "smollm2-135m-instruct"),
+                             dtype=decode_dtype(opts.get("dtype", "auto")))
         prompts = load_prompts(opts.get("prompts", "sharegpt"), opts.get("num_prompts", 10))
         max_new, k = opts.get("max_new_tokens", 64), opts.get("k", 3)
         algorithm = draft_algorithm(checkpoints[todo[0]])
@@ -269,7 +270,7 @@ def k_sweep(recipe: dict[str, Any]) -> list[dict[str, Any]]:
     """Acceptance length and wall-clock speedup of the trained draft for each k, baseline interleaved per k."""
     from engine.generate.bench import load_prompts, run_bench
     from engine.generate.sampling import SamplingParams
-    from engine.targets import load_target
+    from engine.targets import decode_dtype, load_target
 
     work = Path(recipe["work"])
     opts = recipe["sweep"]
@@ -277,7 +278,7 @@ def k_sweep(recipe: dict[str, Any]) -> list[dict[str, Any]]:
     draft = work / "train" / "draft"
     done = {row["k"]: row for row in (read_json(out_file) if out_file.is_file() else [])
             if row.get("weights") == _stamp(draft)}
-    target = load_target(recipe.get("target", "smollm2-135m-instruct"))
+    target = load_target(recipe.get("target", "smollm2-135m-instruct"), dtype=decode_dtype(opts.get("dtype", "auto")))
     prompts = load_prompts(opts.get("prompts", "sharegpt"), opts.get("num_prompts", 10))
     params = SamplingParams(max_new_tokens=opts.get("max_new_tokens", 128))
     for k in opts.get("ks", [1, 2, 3, 4, 5]):
@@ -309,7 +310,7 @@ def evaluate_step(recipe: dict[str, Any]) -> dict[str, Any]:
     result = evaluate_draft(draft=str(draft), target=recipe.get("target", "smollm2-135m-instruct"),
                             dataset=opts.get("prompts", "sharegpt"), num_prompts=opts.get("num_prompts", 20),
                             max_new_tokens=opts.get("max_new_tokens", 128), ks=opts.get("ks"),
-                            measure_speed=opts.get("forecast", True), progress=False)
+                            measure_speed=opts.get("forecast", True), progress=False, dtype=opts.get("dtype", "auto"))
     result["weights"] = _stamp(draft)
     atomic_write_json(out_file, result)
     return result

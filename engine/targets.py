@@ -305,6 +305,22 @@ def parse_dtype(name: str | torch.dtype) -> torch.dtype:
         raise WorkbenchError(f"unknown dtype '{name}'", hint="use one of bf16, fp16, fp32") from None
 
 
+DECODE_DTYPES = ("auto", "bf16", "fp32")
+DECODE_DTYPE_HELP = ("dtype of the target for in-process decoding: auto = bf16 on a GPU or on a CPU with native bf16 "
+                     "matmuls (AVX-512 BF16 / AMX, where engine.generate.cpu_kernels makes a k-token verification cost "
+                     "about one step), else fp32. Speculative output equals the baseline's in either dtype")
+
+
+def decode_dtype(choice: str | torch.dtype = "auto", device: str | None = None) -> torch.dtype:
+    """The target dtype for in-process decoding; `auto` picks bf16 where this machine runs it natively."""
+    if not (isinstance(choice, str) and choice == "auto"):
+        return parse_dtype(choice)
+    if pick_device(device) != "cpu":
+        return torch.bfloat16
+    native = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    return torch.bfloat16 if native else torch.float32
+
+
 def dtype_name(dtype: torch.dtype) -> str:
     return {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
 

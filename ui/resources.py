@@ -48,10 +48,11 @@ def target(name: str):
     """The loaded target model and tokenizer (engine.targets.Target)."""
     import torch
 
-    from engine.targets import load_target
+    from engine.targets import decode_dtype, load_target
 
-    log.info("loading the target model %s (once, shared by every browser session)", name)
-    loaded = load_target(name)
+    dtype = decode_dtype()
+    log.info("loading the target model %s in %s (once, shared by every browser session)", name, dtype)
+    loaded = load_target(name, dtype=dtype)
     with torch.inference_mode():  # warm up the kernels so the first timed generation is not penalised
         loaded.model(input_ids=torch.zeros(1, 8, dtype=torch.long, device=loaded.device))
     return loaded

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from engine.targets import DECODE_DTYPE_HELP
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default="smollm2-135m-instruct", help="target: built-in name, folder or hub id")
@@ -25,8 +27,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--assistant", default=None, help="assistant model folder for hf_assisted")
     p.add_argument("--backend", choices=["transformers", "vllm"], default="transformers",
                    help="in-process engine, or real vLLM through its OpenAI API and /metrics")
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"],
-                   help="vLLM backend: serving dtype (bf16 verification can flip near-ties; float32 is exact)")
+    p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"],
+                   help="target dtype. vLLM backend: serving dtype, auto = bfloat16 (bf16 verification can flip "
+                        "near-ties; float32 is exact). In-process: " + DECODE_DTYPE_HELP.split(": ", 1)[1])
     p.add_argument("--json", dest="json_out", default=None, help="write the result JSON here")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
 

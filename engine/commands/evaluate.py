@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from engine.targets import DECODE_DTYPE_HELP, DECODE_DTYPES
+
 
 def _ks(text: str) -> list[int]:
     try:
@@ -35,6 +37,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "position along the greedy walk: an expectation, not a walk; online only)")
     p.add_argument("--forecast", action="store_true",
                    help="measure the target's verify cost and the draft's cost per step here and forecast the speedup")
+    p.add_argument("--dtype", choices=DECODE_DTYPES, default="auto", help=DECODE_DTYPE_HELP)
     p.add_argument("--walks", action="store_true", help="keep each sample's accepted-count sequence in the JSON")
     p.add_argument("--json", dest="json_out", default=None, help="write the result JSON here")
     p.add_argument("--write-card", action="store_true",
@@ -54,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
                             dataset=None if args.data else args.dataset, num_prompts=args.num_prompts,
                             max_new_tokens=args.max_new_tokens or None, ks=args.k,
                             max_prompt_chars=args.max_prompt_chars, seed=args.seed, measure_speed=args.forecast,
-                            keep_walks=args.walks, temperature=args.temperature)
+                            keep_walks=args.walks, temperature=args.temperature, dtype=args.dtype)
     print(f"{result['algorithm']} draft {result['draft']} on {result['num_samples']} held-out samples "
           f"({result['seconds']:.1f} s for the draft pass); greedy decoding, vLLM's definitions:\n")
     print(format_table(result, result.get("forecast")))

@@ -6,6 +6,8 @@ import argparse
 import json
 import sys
 
+from engine.targets import DECODE_DTYPE_HELP, DECODE_DTYPES
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("prompt", help="the prompt (chat-templated as one user turn)")
@@ -18,6 +20,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", choices=DECODE_DTYPES, default="auto", help=DECODE_DTYPE_HELP)
     p.add_argument("--events", action="store_true", help="print one JSON event per step instead of text")
 
 
@@ -27,11 +30,11 @@ def run(args: argparse.Namespace) -> int:
     from engine.generate.runner import TargetRunner
     from engine.generate.sampling import SamplingParams
     from engine.generate.speculative import generate
-    from engine.targets import load_target
+    from engine.targets import decode_dtype, load_target
 
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                             top_k=args.top_k, seed=args.seed)  # checked before the target is loaded
-    target = load_target(args.target)
+    target = load_target(args.target, dtype=decode_dtype(args.dtype))
     tok = target.tokenizer
     params.eos_token_ids = [tok.eos_token_id]
     proposer = make_proposer(args.method, target, draft=args.draft)

@@ -22,6 +22,7 @@ from engine.generate.metrics import SpecMetrics, measure_cost_curve, speedup_cei
 from engine.generate.runner import TargetRunner
 from engine.generate.sampling import SamplingParams
 from engine.generate.speculative import generate
+from engine.targets import dtype_name
 
 log = logging.getLogger(__name__)
 ALL_METHODS = ("baseline", "draft", "ngram", "hf_prompt_lookup", "hf_assisted")
@@ -206,7 +207,7 @@ def summarize(runs: dict[str, MethodRun], *, k: int, params: SamplingParams, cos
         "temperature": params.temperature, "seed": params.seed,
         "target": target.ref.name, "draft": str(draft) if draft else None,
         "cost_curve": {str(kk): v for kk, v in cost_curve.items()},
-        "backend": "transformers",
+        "backend": "transformers", "target_dtype": dtype_name(target.dtype),
         "device": str(target.device), "threads": torch.get_num_threads(),
     }
 
@@ -240,11 +241,11 @@ def benchmark(*, target: str | None = None, draft: str | None = None, prompts: s
               num_prompts: int = 20, max_prompt_chars: int = 1500, max_new_tokens: int = 128, k: int = 3,
               temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int = 0,
               methods: str | Sequence[str] = ALL_METHODS, assistant: str | None = None,
-              backend: str = "transformers", dtype: str = "bfloat16", threads: int | None = None) -> dict:
+              backend: str = "transformers", dtype: str = "auto", threads: int | None = None) -> dict:
     """`python -m engine bench` as a function: in-process (`transformers`) or real vLLM (`vllm`) on the same prompts."""
     from engine.generate.sampling import SamplingParams
     from engine.jobs import reporter
-    from engine.targets import load_target
+    from engine.targets import decode_dtype, load_target
 
     if threads:
         torch.set_num_threads(threads)
@@ -264,6 +265,6 @@ def benchmark(*, target: str | None = None, draft: str | None = None, prompts: s
         return run_vllm_bench(prompt_rows, target=target, draft=draft or default_draft(target), k=k,
                               max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
                               methods=tuple(m for m in methods if m in ("baseline", "draft", "ngram")),
-                              dtype=dtype, tokenize=True)
-    return run_bench(load_target(target), prompt_rows, methods=methods, draft=draft, assistant=assistant, k=k,
+                              dtype="bfloat16" if dtype == "auto" else dtype, tokenize=True)
+    return run_bench(load_target(target, dtype=decode_dtype(dtype)), prompt_rows, methods=methods, draft=draft, assistant=assistant, k=k,
                      params=params)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from engine.generate.cpu_kernels import few_row_linear, route_decode_kernels
 from engine.targets import LayerCapture, Target
 
 # Families whose logits are exactly lm_head(decoder output): the runner may compute the head itself.
@@ -16,7 +17,10 @@ def head_logits(weight: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
 
     One row is a GEMV (what transformers does); several rows use weight @ hidden^T, which MKL runs
     ~2x faster than the equivalent `linear` for the few-row shapes of speculative verification.
+    bf16 takes the routed kernel of engine.generate.cpu_kernels (one row included).
     """
+    if hidden.dtype == torch.bfloat16 and hidden.device.type == "cpu":
+        return few_row_linear(weight, hidden)
     if hidden.shape[0] == 1:
         return F.linear(hidden, weight)
     return (weight @ hidden.t()).t()
@@ -38,6 +42,7 @@ class TargetRunner:
         model_type = getattr(target.text_config, "model_type", "")
         head = target.lm_head()
         self._head = head.weight if model_type in _PLAIN_HEAD and getattr(head, "bias", None) is None else None
+        route_decode_kernels(self.model)  # bf16 on CPU: fast few-row kernels, row-invariant (exact speculation)
         self.reset()
 
     def reset(self) -> None:
