@@ -61,7 +61,9 @@ class Tally:
 
 
 def run_inprocess(methods: list[Method], prompts: list[dict], *, target: str | None, max_new_tokens: int,
-                  threads: int | None) -> dict[str, Any]:
+                  threads: int | None, dtypes: tuple[str, ...] = ("auto",)) -> dict[str, Any]:
+    """Every method in every target dtype, round-robin per prompt; speedups against the same dtype's baseline
+    and against the first dtype's baseline."""
     import torch
     from tqdm import tqdm
 
@@ -70,24 +72,27 @@ def run_inprocess(methods: list[Method], prompts: list[dict], *, target: str | N
     from engine.generate.runner import TargetRunner
     from engine.generate.sampling import SamplingParams
     from engine.generate.speculative import generate
-    from engine.targets import load_target
+    from engine.targets import decode_dtype, dtype_name, load_target
 
     if threads:
         torch.set_num_threads(threads)
-    model = load_target(target)
+    names = [dtype_name(decode_dtype(d)) for d in dtypes]
+    models = {d: load_target(target, dtype=d) for d in names}
+    first = models[names[0]]
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, seed=0)
-    if model.tokenizer.eos_token_id is not None:
-        params.eos_token_ids = [model.tokenizer.eos_token_id]
-    proposers = {m.name: make_proposer(m.kind if m.kind != "draft" else "draft", model, draft=m.draft)
-                 for m in methods}
-    runners = {m.name: TargetRunner(model, getattr(proposers[m.name], "aux_layer_ids", None)) for m in methods}
-    tallies = {m.name: Tally(metrics=SpecMetrics()) for m in methods}
-    encoded = [prompt_ids(model.tokenizer, p) for p in prompts]
+    if first.tokenizer.eos_token_id is not None:
+        params.eos_token_ids = [first.tokenizer.eos_token_id]
+    columns = [(d, m, m.name if len(names) == 1 else f"{m.name} ({d})") for d in names for m in methods]
+    proposers = {col: make_proposer(m.kind if m.kind != "draft" else "draft", models[d], draft=m.draft)
+                 for d, m, col in columns}
+    runners = {col: TargetRunner(models[d], getattr(proposers[col], "aux_layer_ids", None)) for d, m, col in columns}
+    tallies = {col: Tally(metrics=SpecMetrics()) for _, _, col in columns}
+    encoded = [prompt_ids(first.tokenizer, p) for p in prompts]
     for ids in tqdm(encoded, desc="in-process"):
-        for m in methods:
-            t, run = tallies[m.name], SpecMetrics()
+        for d, m, col in columns:
+            t, run = tallies[col], SpecMetrics()
             out: list[int] = []
-            for event in generate(runners[m.name], ids, params, proposers[m.name], m.k):
+            for event in generate(runners[col], ids, params, proposers[col], m.k):
                 run.observe(event)
                 out.extend(event.tokens)
                 t.draft_s += event.draft_s
@@ -97,26 +102,27 @@ def run_inprocess(methods: list[Method], prompts: list[dict], *, target: str | N
             t.seconds += run.total_seconds
             t.tokens += len(out)
             t.outputs.append(out)
-    base = tallies.get("baseline")
-    base_step_ms = 1e3 * base.seconds / max(1, base.steps) if base else None
+    bases = {d: tallies[col] for d, m, col in columns if m.kind == "baseline"}
+    base_ms = {d: 1e3 * b.seconds / max(1, b.steps) for d, b in bases.items()}
     rows = {}
-    for m in methods:
-        t = tallies[m.name]
+    for d, m, col in columns:
+        t, base, ref = tallies[col], bases.get(d), bases.get(names[0])
         tps = t.tokens / t.seconds if t.seconds else 0.0
         draft_ms = 1e3 * t.draft_s / max(1, t.steps) if m.kind != "baseline" else None
-        rows[m.name] = {
-            "k": m.k if m.kind != "baseline" else None, "draft": m.draft,
+        rows[col] = {
+            "dtype": d, "k": m.k if m.kind != "baseline" else None, "draft": m.draft,
             "mean_acceptance_length": t.metrics.mean_acceptance_length if m.kind != "baseline" else None,
             "per_position_acceptance": t.metrics.per_position_acceptance if m.kind != "baseline" else [],
             "draft_ms_per_step": draft_ms,
-            "draft_fraction_of_target_step": draft_ms / base_step_ms if draft_ms is not None and base_step_ms else None,
+            "draft_fraction_of_target_step": draft_ms / base_ms[d] if draft_ms is not None and d in base_ms else None,
             "step_ms": 1e3 * t.seconds / max(1, t.steps),
             "tokens": t.tokens, "seconds": t.seconds, "tokens_per_s": tps,
             "speedup": tps / (base.tokens / base.seconds) if base and base.seconds else None,
+            f"speedup_vs_{names[0]}_baseline": tps / (ref.tokens / ref.seconds) if ref and ref.seconds else None,
             "identical_to_baseline": t.outputs == base.outputs if base else None,
         }
-    return {"backend": "transformers", "threads": torch.get_num_threads(), "baseline_step_ms": base_step_ms,
-            "methods": rows}
+    return {"backend": "transformers", "threads": torch.get_num_threads(), "dtypes": names,
+            "baseline_step_ms": base_ms[names[0]], "baseline_step_ms_by_dtype": base_ms, "methods": rows}
 
 
 def run_vllm(methods: list[Method], prompts: list[dict], *, target: str | None, max_new_tokens: int) -> dict:
@@ -158,13 +164,21 @@ def markdown(result: dict[str, Any]) -> str:
     if ip:
         lines += ["| method | k | mean acceptance length | per-position acceptance | draft ms / step | "
                   "draft / target step | tokens/s | speedup | identical |", "|---|---|---|---|---|---|---|---|---|"]
+        dtypes = ip.get("dtypes") or ["fp32"]
+        ref = f"speedup_vs_{dtypes[0]}_baseline"
+        if len(dtypes) > 1:
+            lines[0] += f" vs {dtypes[0]} baseline |"
+            lines[1] += "---|"
         for name, r in ip["methods"].items():
             lines.append(
                 f"| {name} | {r['k'] or '–'} | {_f(r['mean_acceptance_length'])} | "
                 f"{', '.join(f'{x:.2f}' for x in r['per_position_acceptance']) or '–'} | "
                 f"{_f(r['draft_ms_per_step'], 1)} | {_f(r['draft_fraction_of_target_step'])} | "
-                f"{r['tokens_per_s']:.1f} | {_f(r['speedup'])}× | {_yes(r['identical_to_baseline'])} |")
-        lines.append(f"\nBaseline target step {ip['baseline_step_ms']:.1f} ms ({ip['threads']} threads, fp32).")
+                f"{r['tokens_per_s']:.1f} | {_f(r['speedup'])}× | {_yes(r['identical_to_baseline'])} |"
+                + (f" {_f(r.get(ref))}× |" if len(dtypes) > 1 else ""))
+        steps = ip.get("baseline_step_ms_by_dtype") or {dtypes[0]: ip["baseline_step_ms"]}
+        lines.append("\nBaseline target step " + ", ".join(f"{ms:.1f} ms ({d})" for d, ms in steps.items())
+                     + f", {ip['threads']} threads.")
     vl = result.get("vllm")
     if vl:
         lines += ["", "| method | k | mean acceptance length | per-position acceptance | tokens/s | speedup | "
@@ -196,6 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--num-prompts", type=int, default=20)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--dtype", default="auto",
+                    help="in-process target dtypes, comma-separated (auto, bf16, fp32): each gets its own baseline")
     ap.add_argument("--vllm", action="store_true", help="also run the same prompts in real vLLM")
     ap.add_argument("--no-inprocess", action="store_true", help="only the vLLM part")
     ap.add_argument("--json", default=None)
@@ -211,7 +227,8 @@ def main(argv: list[str] | None = None) -> int:
                               + " ".join(sys.argv[1:] if argv is None else argv)}
     if not args.no_inprocess:
         result["inprocess"] = run_inprocess(methods, prompts, target=args.target,
-                                            max_new_tokens=args.max_new_tokens, threads=args.threads)
+                                            max_new_tokens=args.max_new_tokens, threads=args.threads,
+                                            dtypes=tuple(d.strip() for d in args.dtype.split(",") if d.strip()))
     if args.vllm:
         vmethods = methods if not args.vllm_method else \
             [parse_method("baseline")] + [parse_method(s) for s in args.vllm_method if s != "baseline"]

@@ -266,16 +266,18 @@ def _stamp(folder: Path) -> str:
     return f"{st.st_size}-{st.st_mtime_ns}"
 
 
-def k_sweep(recipe: dict[str, Any]) -> list[dict[str, Any]]:
-    """Acceptance length and wall-clock speedup of the trained draft for each k, baseline interleaved per k."""
+def k_sweep(recipe: dict[str, Any], *, draft: Path | None = None, out_file: Path | None = None
+            ) -> list[dict[str, Any]]:
+    """Acceptance length and wall-clock speedup of the trained draft (or `draft`) for each k, baseline
+    interleaved per k."""
     from engine.generate.bench import load_prompts, run_bench
     from engine.generate.sampling import SamplingParams
     from engine.targets import decode_dtype, load_target
 
     work = Path(recipe["work"])
     opts = recipe["sweep"]
-    out_file = work / "sweep.json"
-    draft = work / "train" / "draft"
+    out_file = out_file or work / "sweep.json"
+    draft = draft or work / "train" / "draft"
     done = {row["k"]: row for row in (read_json(out_file) if out_file.is_file() else [])
             if row.get("weights") == _stamp(draft)}
     target = load_target(recipe.get("target", "smollm2-135m-instruct"), dtype=decode_dtype(opts.get("dtype", "auto")))
@@ -297,14 +299,15 @@ def k_sweep(recipe: dict[str, Any]) -> list[dict[str, Any]]:
     return [done[x] for x in sorted(done)]
 
 
-def evaluate_step(recipe: dict[str, Any]) -> dict[str, Any]:
-    """Decoding-exact acceptance of the trained draft for every k, with the speedup forecast (model card)."""
+def evaluate_step(recipe: dict[str, Any], *, draft: Path | None = None, out_file: Path | None = None
+                  ) -> dict[str, Any]:
+    """Decoding-exact acceptance of the trained draft (or `draft`) for every k, with the speedup forecast."""
     from engine.evaluate import evaluate_draft
 
     work = Path(recipe["work"])
     opts = recipe["evaluate"] or {}
-    draft = work / "train" / "draft"
-    out_file = work / "evaluate.json"
+    draft = draft or work / "train" / "draft"
+    out_file = out_file or work / "evaluate.json"
     if out_file.is_file() and read_json(out_file).get("weights") == _stamp(draft):
         return read_json(out_file)
     result = evaluate_draft(draft=str(draft), target=recipe.get("target", "smollm2-135m-instruct"),
@@ -314,6 +317,58 @@ def evaluate_step(recipe: dict[str, Any]) -> dict[str, Any]:
     result["weights"] = _stamp(draft)
     atomic_write_json(out_file, result)
     return result
+
+
+REMEASURE_STEPS = ("bench", "vllm_bench", "sweep", "evaluate")
+
+
+def remeasure(recipe: dict[str, Any], *, only: list[str] | None = None, force: bool = False) -> dict[str, Any]:
+    """Measure the shipped draft (`ship: to:`) again with the recipe's bench, vllm_bench, sweep and evaluate
+    settings, into <work>/remeasure/, and put the new figures into its model card in place.
+
+    For when the engine changed (a faster step, a new dtype) or the training records are gone: the draft and the
+    card's training sections stay; a record measured on the same weights is reused unless `force`."""
+    from engine.model_card import refresh_measurements, write_evaluation_section
+
+    shipped = Path(recipe.get("ship", {}).get("to", ""))
+    if not (shipped / "config.json").is_file():
+        raise WorkbenchError(f"recipe '{recipe['name']}' has no shipped draft to re-measure at '{shipped}'",
+                             hint="run the recipe to the end first (its ship step writes the draft)")
+    steps = [s for s in (only or REMEASURE_STEPS) if s in recipe]
+    bad = sorted(set(only or []) - set(REMEASURE_STEPS))
+    if bad:
+        raise WorkbenchError(f"cannot re-measure {bad}", hint=f"choose from {list(REMEASURE_STEPS)}")
+    out = Path(recipe["work"]) / "remeasure"
+    out.mkdir(parents=True, exist_ok=True)
+    stamp, target = _stamp(shipped), recipe.get("target", "smollm2-135m-instruct")
+    records: dict[str, Any] = {}
+    for step in steps:
+        file = out / f"{step}.json"
+        if step in ("bench", "vllm_bench"):
+            old = read_json(file) if file.is_file() else {}
+            if force or old.get("weights") != stamp:
+                opts = {"target": target, "draft": str(shipped), **recipe[step], "json": str(file)}
+                if step == "vllm_bench":
+                    opts["backend"] = "vllm"
+                log.info("re-measure %s: %s", step, "python -m engine bench " + " ".join(_flags(opts)))
+                _run_bench(opts)
+                atomic_write_json(file, {**read_json(file), "weights": stamp})
+            records[step] = read_json(file)
+        elif step == "sweep":
+            if force and file.is_file():
+                file.unlink()  # our own record
+            records[step] = k_sweep(recipe, draft=shipped, out_file=file)
+        else:
+            if force and file.is_file():
+                file.unlink()
+            records[step] = evaluate_step(recipe, draft=shipped, out_file=file)
+    card = shipped / "README.md"
+    refresh_measurements(card, recipe, bench=records.get("bench"), vllm_bench=records.get("vllm_bench"),
+                         sweep=records.get("sweep"))
+    if records.get("evaluate"):
+        write_evaluation_section(card, records["evaluate"], records.get("sweep"))
+    log.info("re-measured %s: %s", shipped, ", ".join(records))
+    return {"draft": str(shipped), "card": str(card), "records": {k: str(out / f"{k}.json") for k in records}}
 
 
 SHIPPED_FILES = {"config.json", "model.safetensors", "README.md"}  # what `ship` writes into its destination

@@ -50,9 +50,12 @@ def target(name: str):
 
     from engine.targets import decode_dtype, load_target
 
+    from engine.generate.cpu_kernels import route_decode_kernels
+
     dtype = decode_dtype()
     log.info("loading the target model %s in %s (once, shared by every browser session)", name, dtype)
     loaded = load_target(name, dtype=dtype)
+    route_decode_kernels(loaded.model)  # before any session shares it (every TargetRunner would do it too)
     with torch.inference_mode():  # warm up the kernels so the first timed generation is not penalised
         loaded.model(input_ids=torch.zeros(1, 8, dtype=torch.long, device=loaded.device))
     return loaded

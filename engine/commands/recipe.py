@@ -14,12 +14,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="comma-separated steps to run (regenerate,extract,train,bench,curve,sweep,ship)")
     p.add_argument("--force", action="store_true", help="re-run steps even if they completed with the same arguments")
     p.add_argument("--dry-run", action="store_true", help="print the commands only")
+    p.add_argument("--remeasure", action="store_true",
+                   help="measure the recipe's shipped draft again (bench, vllm_bench, sweep, evaluate; --only picks) "
+                        "and update those figures in its model card in place: for a changed engine or lost records")
 
 
 def run(args: argparse.Namespace) -> int:
     from engine.recipe import run_recipe
 
     only = [s.strip() for s in args.only.split(",")] if args.only else None
+    if args.remeasure:
+        from engine.recipe import load_recipe, remeasure
+
+        done = remeasure(load_recipe(args.name), only=only, force=args.force)
+        print(f"re-measured {done['draft']}; card {done['card']}; records {done['records']}")
+        return 0
     result = run_recipe(args.name, only=only, force=args.force, dry_run=args.dry_run)
     print(f"\nrecipe done: {result['work']} {result['timings']}")
     return 0

@@ -199,6 +199,23 @@ def test_tiny_recipe_runs_every_step_and_writes_the_model_card(tiny_targets, tmp
     again = k_sweep(yaml.safe_load(path.read_text()))
     assert [r["k"] for r in again] == [1, 2] and all(r["weights"] != s["weights"] for r, s in zip(again, sweep))
 
+    from engine.errors import WorkbenchError
+    from engine.recipe import load_recipe, remeasure  # the shipped draft measured again, its card updated in place
+
+    done = remeasure(load_recipe(str(path)), only=["bench"])
+    record = tmp_path / "work" / "remeasure" / "bench.json"
+    fresh = json.loads(record.read_text())
+    assert done["records"] == {"bench": str(record)} and fresh["methods"]["draft"]["identical_to_baseline"]
+    assert fresh["command"].startswith(f"python -m engine bench --target {tiny_targets['llama']} --draft {shipped} ")
+    text = (shipped / "README.md").read_text()
+    assert text.count("## Results") == 1 and f"--draft {shipped} " in text
+    assert "### Decoding-exact acceptance per k (offline evaluator)" in text  # the other sections stay
+    stamp = record.stat().st_mtime_ns
+    remeasure(load_recipe(str(path)), only=["bench"])
+    assert record.stat().st_mtime_ns == stamp  # same weights: the record is reused
+    with pytest.raises(WorkbenchError, match="cannot re-measure"):
+        remeasure(load_recipe(str(path)), only=["train"])
+
 
 def test_bad_config_is_a_clear_error(tmp_path):
     with pytest.raises(Exception, match="give `data`"):
@@ -444,3 +461,43 @@ def test_ship_refuses_a_destination_holding_files_the_workbench_did_not_write(tm
     with pytest.raises(WorkbenchError, match="did not write"):
         ship({"name": "r", "work": str(tmp_path / "work"), "ship": {"to": str(dest)}})
     assert (dest / "notes.txt").read_text() == "the user's" and (dest / "config.json").read_text() == "{}"
+
+
+def test_remeasured_figures_replace_the_old_ones_in_a_shipped_card_and_keep_its_training_sections(tmp_path):
+    """The shipped EAGLE-3 card as it was (fp32 figures), refreshed from new bench, vLLM and sweep records."""
+    from engine.model_card import refresh_measurements
+
+    card = tmp_path / "README.md"
+    card.write_text((ROOT / "tests" / "fixtures" / "card-eagle3-fp32.md").read_text())
+    row = {"mean_acceptance_length": 1.51, "per_position_acceptance": [0.33, 0.13, 0.05], "tokens_per_s": 35.6,
+           "speedup": 1.13, "identical_to_baseline": True, "draft_fraction": 0.16, "overhead_fraction": 0.01,
+           "speedup_ceiling": 1.37}
+    bench = {"k": 3, "num_prompts": 20, "max_new_tokens": 128, "target_dtype": "bf16", "threads": 2,
+             "cost_curve": {"1": 1.0, "4": 1.10}, "command": "python -m engine bench --draft D --dtype auto",
+             "methods": {"baseline": {"mean_acceptance_length": None, "per_position_acceptance": [],
+                                      "tokens_per_s": 31.6, "speedup": 1.0, "identical_to_baseline": True},
+                         "draft": row}}
+    vllm = {"k": 3, "dtype": "bfloat16", "command": "python -m engine bench --backend vllm", "methods": {
+        "baseline": {"tokens_per_s": 35.0, "speedup": 1.0},
+        "draft": {"mean_acceptance_length": 1.52, "per_position_acceptance": [0.35, 0.12, 0.05],
+                  "tokens_per_s": 40.2, "speedup": 1.15}}}
+    sweep = [{"k": k, "mean_acceptance_length": 1.3 + 0.1 * k, "per_position_acceptance": [0.3] * k,
+              "speedup": 1.0 + 0.05 * k, "identical_to_baseline": True, "num_prompts": 10, "max_new_tokens": 128}
+             for k in (1, 2)]
+    recipe = {"name": "smollm2-eagle3", "work": "runs/recipes/smollm2-eagle3",
+              "ship": {"to": "assets/drafts/smollm2-135m-instruct-eagle3"},
+              "goals": {"mean_acceptance_length": 2.0, "speedup": 1.1, "vllm_speedup": 1.35}}
+    refresh_measurements(card, recipe, bench=bench, vllm_bench=vllm, sweep=sweep)
+    text = card.read_text()
+    assert "0.81×" not in text and "| draft | 1.55 | 0.35, 0.14, 0.06 | 14.0 |" not in text  # old figures gone
+    assert "in-process engine (bf16 target, 2 threads)" in text and "wall-clock speedup **1.13×**" in text
+    assert "| draft | 1.52 | 0.35, 0.12, 0.05 | 40.2 | 1.15× |" in text  # the vLLM table, added
+    assert "| 2 | 1.50 | 0.30, 0.30 | 1.10× | yes |" in text and "| 5 | 1.51 |" not in text  # sweep replaced
+    assert "569 optimizer steps" in text and "| 300 | 1169k | 1.39 |" in text  # training sections kept
+    assert ("Goals missed: a mean acceptance length ≥ 2.0 at k = 3 (this draft: 1.51, short by 0.49); ≥ 1.35× in "
+            "real vLLM on this CPU (this draft: 1.15×, short by 0.20).") in text  # 1.13× meets the 1.1× goal
+    assert "A speculative step costs 1.34 baseline steps here (bf16 target" in text
+    assert "**In vLLM** a speculative step costs 1.32 plain steps" in text and "- **Data.** 2,689" in text
+    assert text.count("## Results") == 1 and text.count("### In real vLLM") == 1
+    refresh_measurements(card, recipe, bench=bench, vllm_bench=vllm, sweep=sweep)
+    assert card.read_text() == text  # in place: refreshing twice changes nothing
