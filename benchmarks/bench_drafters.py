@@ -15,7 +15,6 @@ through the managed vLLM server (one server per method, one after the other), wi
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from dataclasses import dataclass, field

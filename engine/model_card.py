@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 from pathlib import Path
 from typing import Any
 
@@ -400,12 +401,13 @@ def _step_cost_line(bench: dict[str, Any], goals: dict[str, Any]) -> str:
     tau, speedup = draft.get("mean_acceptance_length"), draft.get("speedup")
     if not tau or not speedup:
         return ""
-    step_cost, goal = tau / speedup, goals.get("speedup") or 1.0  # measured: speculative step / baseline step
+    step_cost, goal = tau / speedup, goals.get("speedup")  # measured: speculative step / baseline step
+    need = f" and would need {goal * step_cost:.2f} for {goal}× in-process" if goal else ""
     return (f"- **Cost of a step on this CPU.** A speculative step costs {step_cost:.2f} baseline steps here "
             f"({bench.get('target_dtype', 'fp32')} target: the verification forward over k + 1 tokens plus "
-            f"drafting), so the draft breaks even at an acceptance length of {step_cost:.2f} and would need "
-            f"{goal * step_cost:.2f} for {goal}× in-process. The target is small (135M): its one-token forward is "
-            "cheap, so verification and drafting weigh more than they do for an 8B target on a GPU.")
+            f"drafting), so the draft breaks even at an acceptance length of {step_cost:.2f}{need}. The target is "
+            "small (135M): its one-token forward is cheap, so verification and drafting weigh more than they do for "
+            "an 8B target on a GPU.")
 
 
 def _goals(facts: dict[str, Any], algo=None) -> list[str]:
@@ -479,6 +481,10 @@ def _refresh_goals(lines: list[str], bench: dict[str, Any], vllm_bench: dict[str
     head = ["Goals missed: " + "; ".join(missed) + "." if missed else
             "All goals met by the latest measurements (the bullets below are from training)."]
     costs = [x for x in [_step_cost_line(bench, goals), *_vllm_cost_line(vllm_bench, goals.get("vllm_speedup"))] if x]
+    pos0 = (bench.get("methods", {}).get("draft", {}).get("per_position_acceptance") or [None])[0]
+    if pos0 is not None:  # the decoding figure inside the teacher-forcing bullet is a measurement too
+        body = [re.sub(r"position 0 is accepted [0-9.]+ of the time", f"position 0 is accepted {pos0:.2f} of the time",
+                       line) for line in body]
     at = next((i for i, line in enumerate(body) if line.startswith("- **Budget.**")), len(body))
     lines[start + 1:end] = head + body[:at] + costs + body[at:]
 
@@ -503,6 +509,12 @@ def refresh_measurements(card: str | Path, recipe: dict[str, Any], *, bench: dic
              after="### Acceptance length against training tokens")
     if bench:
         _refresh_goals(lines, bench, vllm_bench or {}, goals)
+        note = (f"The measurements in this card were taken again after training with `python -m engine recipe "
+                f"{recipe['name']} --remeasure` (the engine changed since); the training sections are as trained.")
+        lines[:] = [line for line in lines if not line.startswith("The measurements in this card were taken again")]
+        while lines and not lines[-1].strip():
+            lines.pop()
+        lines += ["", note]
     atomic_write_text(path, "\n".join(lines).rstrip("\n") + "\n")
     return path
 

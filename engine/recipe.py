@@ -202,19 +202,19 @@ def run_recipe(name_or_path: str, *, only: list[str] | None = None, force: bool 
                                    "finished": time.strftime("%Y-%m-%dT%H:%M:%S")})
     if "curve" in recipe and (not only or "curve" in only) and not dry_run:
         rep.update("recipe step curve")
-        acceptance_curve(recipe)
+        acceptance_curve(recipe, force=force)
     if "sweep" in recipe and (not only or "sweep" in only) and not dry_run:
         rep.update("recipe step sweep")
-        k_sweep(recipe)
+        k_sweep(recipe, force=force)
     if "evaluate" in recipe and (not only or "evaluate" in only) and not dry_run:
         rep.update("recipe step evaluate")
-        evaluate_step(recipe)
+        evaluate_step(recipe, force=force)
     if "ship" in recipe and (not only or "ship" in only) and not dry_run:
         ship(recipe)
     return {"work": str(work), "timings": timings}
 
 
-def acceptance_curve(recipe: dict[str, Any]) -> list[dict[str, Any]]:
+def acceptance_curve(recipe: dict[str, Any], *, force: bool = False) -> list[dict[str, Any]]:
     """Decoding-exact mean acceptance length (engine.evaluate's walk) of every kept checkpoint vs the training
     tokens it had seen: the target answers the held-out prompts once, then each checkpoint costs one draft pass.
     (The recipe's `bench` step decodes for real with the final draft: the cross-check.)"""
@@ -227,7 +227,7 @@ def acceptance_curve(recipe: dict[str, Any]) -> list[dict[str, Any]]:
     work = Path(recipe["work"])
     opts = recipe["curve"]
     out_file = work / "curve.json"
-    done = {row["step"]: row for row in (read_json(out_file) if out_file.is_file() else [])}
+    done = {row["step"]: row for row in (read_json(out_file) if out_file.is_file() and not force else [])}
     rows = [r for r in read_jsonl(work / "train" / "metrics.jsonl") if r.get("split") == "train"]
     checkpoints = {int(c.name.split("_")[1]): c for c in sorted((work / "train" / "checkpoints").glob("step_*"))}
     # a row measured on other weights (the run was trained again) is measured again
@@ -266,8 +266,8 @@ def _stamp(folder: Path) -> str:
     return f"{st.st_size}-{st.st_mtime_ns}"
 
 
-def k_sweep(recipe: dict[str, Any], *, draft: Path | None = None, out_file: Path | None = None
-            ) -> list[dict[str, Any]]:
+def k_sweep(recipe: dict[str, Any], *, draft: Path | None = None, out_file: Path | None = None,
+            force: bool = False) -> list[dict[str, Any]]:
     """Acceptance length and wall-clock speedup of the trained draft (or `draft`) for each k, baseline
     interleaved per k."""
     from engine.generate.bench import load_prompts, run_bench
@@ -278,7 +278,7 @@ def k_sweep(recipe: dict[str, Any], *, draft: Path | None = None, out_file: Path
     opts = recipe["sweep"]
     out_file = out_file or work / "sweep.json"
     draft = draft or work / "train" / "draft"
-    done = {row["k"]: row for row in (read_json(out_file) if out_file.is_file() else [])
+    done = {row["k"]: row for row in (read_json(out_file) if out_file.is_file() and not force else [])
             if row.get("weights") == _stamp(draft)}
     target = load_target(recipe.get("target", "smollm2-135m-instruct"), dtype=decode_dtype(opts.get("dtype", "auto")))
     prompts = load_prompts(opts.get("prompts", "sharegpt"), opts.get("num_prompts", 10))
@@ -299,8 +299,8 @@ def k_sweep(recipe: dict[str, Any], *, draft: Path | None = None, out_file: Path
     return [done[x] for x in sorted(done)]
 
 
-def evaluate_step(recipe: dict[str, Any], *, draft: Path | None = None, out_file: Path | None = None
-                  ) -> dict[str, Any]:
+def evaluate_step(recipe: dict[str, Any], *, draft: Path | None = None, out_file: Path | None = None,
+                  force: bool = False) -> dict[str, Any]:
     """Decoding-exact acceptance of the trained draft (or `draft`) for every k, with the speedup forecast."""
     from engine.evaluate import evaluate_draft
 
@@ -308,7 +308,7 @@ def evaluate_step(recipe: dict[str, Any], *, draft: Path | None = None, out_file
     opts = recipe["evaluate"] or {}
     draft = draft or work / "train" / "draft"
     out_file = out_file or work / "evaluate.json"
-    if out_file.is_file() and read_json(out_file).get("weights") == _stamp(draft):
+    if not force and out_file.is_file() and read_json(out_file).get("weights") == _stamp(draft):
         return read_json(out_file)
     result = evaluate_draft(draft=str(draft), target=recipe.get("target", "smollm2-135m-instruct"),
                             dataset=opts.get("prompts", "sharegpt"), num_prompts=opts.get("num_prompts", 20),
@@ -355,13 +355,9 @@ def remeasure(recipe: dict[str, Any], *, only: list[str] | None = None, force: b
                 atomic_write_json(file, {**read_json(file), "weights": stamp})
             records[step] = read_json(file)
         elif step == "sweep":
-            if force and file.is_file():
-                file.unlink()  # our own record
-            records[step] = k_sweep(recipe, draft=shipped, out_file=file)
+            records[step] = k_sweep(recipe, draft=shipped, out_file=file, force=force)
         else:
-            if force and file.is_file():
-                file.unlink()
-            records[step] = evaluate_step(recipe, draft=shipped, out_file=file)
+            records[step] = evaluate_step(recipe, draft=shipped, out_file=file, force=force)
     card = shipped / "README.md"
     refresh_measurements(card, recipe, bench=records.get("bench"), vllm_bench=records.get("vllm_bench"),
                          sweep=records.get("sweep"))

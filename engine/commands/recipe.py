@@ -12,7 +12,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("name", help=f"recipe name in configs/ ({names}) or a YAML path")
     p.add_argument("--only", default=None,
                    help="comma-separated steps to run (regenerate,extract,train,bench,curve,sweep,ship)")
-    p.add_argument("--force", action="store_true", help="re-run steps even if they completed with the same arguments")
+    p.add_argument("--force", action="store_true",
+                   help="re-run steps (and measure the curve, sweep and evaluate records again) even if they completed "
+                        "with the same arguments")
     p.add_argument("--dry-run", action="store_true", help="print the commands only")
     p.add_argument("--remeasure", action="store_true",
                    help="measure the recipe's shipped draft again (bench, vllm_bench, sweep, evaluate; --only picks) "

@@ -74,7 +74,7 @@ def builtin_bf16():
 
 
 @needs_bf16
-@pytest.mark.parametrize("method", ["draft", "ngram"])
+@pytest.mark.parametrize("method", ["draft", pytest.param("ngram", marks=pytest.mark.slow)])
 def test_bf16_greedy_speculation_is_exactly_the_baseline_on_builtin(builtin_bf16, method):
     from engine.data.datasets import heldout_prompts
     from engine.generate.api import make_proposer, prompt_ids

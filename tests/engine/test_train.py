@@ -498,6 +498,8 @@ def test_remeasured_figures_replace_the_old_ones_in_a_shipped_card_and_keep_its_
             "real vLLM on this CPU (this draft: 1.15×, short by 0.20).") in text  # 1.13× meets the 1.1× goal
     assert "A speculative step costs 1.34 baseline steps here (bf16 target" in text
     assert "**In vLLM** a speculative step costs 1.32 plain steps" in text and "- **Data.** 2,689" in text
+    assert "in decoding, position 0 is accepted 0.33 of the time" in text  # the new bench's figure
     assert text.count("## Results") == 1 and text.count("### In real vLLM") == 1
+    assert text.rstrip().endswith("--remeasure` (the engine changed since); the training sections are as trained.")
     refresh_measurements(card, recipe, bench=bench, vllm_bench=vllm, sweep=sweep)
     assert card.read_text() == text  # in place: refreshing twice changes nothing
