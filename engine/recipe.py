@@ -171,6 +171,26 @@ def _digest(argv: list[str]) -> str:
     return hashlib.sha256(json.dumps(argv).encode()).hexdigest()[:16]
 
 
+def _inputs(step: str, opts: dict[str, Any]) -> dict[str, int]:
+    """How much data a step read that an earlier step wrote (rows of the regenerated JSONL, samples of the hidden
+    states): when a recipe's data grows, the steps that read it run again (and resume on what they already did)."""
+    from engine.data.store import read_manifest
+
+    if step == "extract" and opts.get("dataset") and Path(opts["dataset"]).is_file():
+        with open(opts["dataset"], "rb") as f:
+            return {"dataset_rows": sum(1 for line in f if line.strip())}
+    if step == "train" and opts.get("data") and Path(opts["data"]).is_dir():
+        manifest = read_manifest(Path(opts["data"])) or {}
+        return {"data_samples": int(manifest.get("samples", 0))}
+    return {}
+
+
+def _still_done(marker: dict[str, Any], digest: str, inputs: dict[str, int]) -> bool:
+    """Same options, and the same amount of input data (a marker from before inputs were recorded counts as same)."""
+    recorded = marker.get("inputs") or {}
+    return marker.get("digest") == digest and all(recorded.get(k, v) == v for k, v in inputs.items())
+
+
 def run_recipe(name_or_path: str, *, only: list[str] | None = None, force: bool = False, dry_run: bool = False) -> dict:
     recipe = load_recipe(name_or_path)
     work = Path(recipe["work"])
@@ -187,8 +207,8 @@ def run_recipe(name_or_path: str, *, only: list[str] | None = None, force: bool 
         shared = source is not None and step in ("regenerate", "extract")  # its marker lives with the data
         marker = (Path(source["work"]) / "steps" if shared else done_dir) / f"{step}.json"
         marker.parent.mkdir(parents=True, exist_ok=True)
-        digest = _digest(argv)
-        if not force and marker.is_file() and read_json(marker).get("digest") == digest:
+        digest, inputs = _digest(argv), _inputs(step, opts)
+        if not force and marker.is_file() and _still_done(read_json(marker), digest, inputs):
             log.info("step %s: already done (%s)", step, marker)
             continue
         print(f"\n== {step}: python -m engine {' '.join(shown)}", flush=True)
@@ -198,7 +218,7 @@ def run_recipe(name_or_path: str, *, only: list[str] | None = None, force: bool 
         t = time.time()
         STEP_FUNCTIONS[step](opts)
         timings[step] = time.time() - t
-        atomic_write_json(marker, {"digest": digest, "argv": argv, "seconds": timings[step],
+        atomic_write_json(marker, {"digest": digest, "argv": argv, "inputs": inputs, "seconds": timings[step],
                                    "finished": time.strftime("%Y-%m-%dT%H:%M:%S")})
     if "curve" in recipe and (not only or "curve" in only) and not dry_run:
         rep.update("recipe step curve")

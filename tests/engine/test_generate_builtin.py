@@ -1,4 +1,5 @@
-"""Greedy speculative output is token-identical to the baseline on the built-in target (fp32), 50 prompts.
+"""Greedy speculative output is token-identical to the baseline on the built-in target (fp32), 24 prompts
+(in bf16 the engine is exact, with no excused flips: tests/engine/test_cpu_kernels.py).
 
 Verifying k tokens in one forward and decoding one at a time round differently. A flip is excused
 only if the target's top-2 logit gap at that position is below 1e-4; every excused flip is reported.
@@ -15,7 +16,7 @@ from engine.generate.sampling import SamplingParams
 from engine.generate.speculative import generate_all
 
 NEW_TOKENS = 16
-NUM_PROMPTS = 50
+NUM_PROMPTS = 24
 
 
 @pytest.fixture(scope="module")

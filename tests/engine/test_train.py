@@ -503,3 +503,36 @@ def test_remeasured_figures_replace_the_old_ones_in_a_shipped_card_and_keep_its_
     assert text.rstrip().endswith("--remeasure` (the engine changed since); the training sections are as trained.")
     refresh_measurements(card, recipe, bench=bench, vllm_bench=vllm, sweep=sweep)
     assert card.read_text() == text  # in place: refreshing twice changes nothing
+
+
+def test_raising_a_recipes_sample_count_regenerates_and_extracts_only_the_new_rows(tiny_targets, tmp_path):
+    """Data that grows across runs (issue 20): the finished rows and sample files are kept, byte for byte."""
+    import yaml
+
+    from engine.recipe import run_recipe
+
+    work = tmp_path / "work"
+    recipe = {"name": "grow", "target": str(tiny_targets["llama"]), "work": str(work),
+              "regenerate": {"dataset": "sharegpt", "split": "train", "max_samples": 3, "max_turns": 1,
+                             "max_new_tokens": 4, "max_length": 1024, "backend": "transformers", "batch_size": 4},
+              "extract": {"algo": "eagle3", "max_length": 1024, "dtype": "bf16"},
+              "train": {"algo": "eagle3", "draft_vocab_size": 64, "max_steps": 2, "tokens_per_batch": 128,
+                        "max_length": 1024, "warmup_steps": 1, "checkpoint_every": 1, "val_fraction": 0.0}}
+    path = tmp_path / "grow.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    run_recipe(str(path))
+    lines = (work / "regenerated.jsonl").read_text().splitlines()
+    files = {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in (work / "hidden").glob("hs_*")}
+    assert len(lines) == 3 and len(files) == 3
+
+    recipe["regenerate"]["max_samples"] = 5
+    path.write_text(yaml.safe_dump(recipe))
+    # regenerate's options changed; extract and train read more data than their markers recorded
+    assert set(run_recipe(str(path))["timings"]) == {"regenerate", "extract", "train"}
+    assert json.loads((work / "steps" / "train.json").read_text())["inputs"] == {"data_samples": 5}
+    grown = (work / "regenerated.jsonl").read_text().splitlines()
+    assert len(grown) == 5 and grown[:3] == lines  # the first answers were not generated again
+    after = {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in (work / "hidden").glob("hs_*")}
+    assert len(after) == 5 and all(after[name] == files[name] for name in files)  # old samples untouched
+    manifest = json.loads((work / "hidden" / "manifest.json").read_text())
+    assert manifest["samples"] == 5
