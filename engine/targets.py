@@ -306,17 +306,18 @@ def parse_dtype(name: str | torch.dtype) -> torch.dtype:
 
 
 DECODE_DTYPES = ("auto", "bf16", "fp32")
-DECODE_DTYPE_HELP = ("dtype of the target for in-process decoding: auto = bf16 on a GPU or on a CPU with native bf16 "
-                     "matmuls (AVX-512 BF16 / AMX, where engine.generate.cpu_kernels makes a k-token verification cost "
-                     "about one step), else fp32. Speculative output equals the baseline's in either dtype")
+DECODE_DTYPE_HELP = ("dtype of the target for in-process decoding: auto = bf16 on a CPU with native bf16 matmuls "
+                     "(AVX-512 BF16 / AMX: engine.generate.cpu_kernels makes a k-token verification cost about one "
+                     "step and keeps greedy speculation exactly the baseline), else fp32")
 
 
 def decode_dtype(choice: str | torch.dtype = "auto", device: str | None = None) -> torch.dtype:
-    """The target dtype for in-process decoding; `auto` picks bf16 where this machine runs it natively."""
+    """The target dtype for in-process decoding; `auto` picks bf16 on a CPU that runs it natively (where the routed
+    kernels keep speculation exact), fp32 elsewhere (GPU fused kernels are not row-invariant in bf16)."""
     if not (isinstance(choice, str) and choice == "auto"):
         return parse_dtype(choice)
     if pick_device(device) != "cpu":
-        return torch.bfloat16
+        return torch.float32
     native = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
     return torch.bfloat16 if native else torch.float32
 

@@ -48,9 +48,8 @@ def target(name: str):
     """The loaded target model and tokenizer (engine.targets.Target)."""
     import torch
 
-    from engine.targets import decode_dtype, load_target
-
     from engine.generate.cpu_kernels import route_decode_kernels
+    from engine.targets import decode_dtype, load_target
 
     dtype = decode_dtype()
     log.info("loading the target model %s in %s (once, shared by every browser session)", name, dtype)

@@ -273,5 +273,5 @@ def benchmark(*, target: str | None = None, draft: str | None = None, prompts: s
                               max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
                               methods=tuple(m for m in methods if m in ("baseline", "draft", "ngram")),
                               dtype="bfloat16" if dtype == "auto" else dtype, tokenize=True)
-    return run_bench(load_target(target, dtype=decode_dtype(dtype)), prompt_rows, methods=methods, draft=draft, assistant=assistant, k=k,
-                     params=params)
+    return run_bench(load_target(target, dtype=decode_dtype(dtype)), prompt_rows, methods=methods, draft=draft,
+                     assistant=assistant, k=k, params=params)

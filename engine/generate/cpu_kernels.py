@@ -3,17 +3,21 @@
 Two routings, both exact:
 - linears over 1..MAX_ROWS rows run as `weight @ x^T` (one row padded to two). On CPUs with AMX /
   AVX-512 BF16 that takes the blocked bf16 GEMM path, while `F.linear` runs one bf16 row as a slow
-  GEMV. Both accumulate in fp32 and round once: the outputs are the same bits.
+  GEMV. Both accumulate in fp32 and round once (on this project's CPUs: the same bits).
 - attention over 1..MAX_ROWS new query rows runs one row at a time, each over exactly the keys it may
   see. The fused kernel over several query rows rounds differently from one row in bf16, so a
   verification forward would not reproduce the decode steps it replaces and greedy speculative
   decoding would drift from the baseline at near-ties; row by row it reproduces them bit for bit.
-tests/generate/test_cpu_kernels.py checks both on the built-in target; BENCHMARKS.md has the timings.
+  Only inside `decode_scope()` (TargetRunner's forwards): training, extraction and transformers' own
+  `generate` on the same model keep plain SDPA.
+tests/engine/test_cpu_kernels.py checks both on the built-in target; BENCHMARKS.md has the timings.
 """
 
 from __future__ import annotations
 
+import threading
 import types
+from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
@@ -42,13 +46,25 @@ def _routed_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
 
 
 ATTENTION = "workbench_decode_rows"
+_scope = threading.local()
+
+
+@contextmanager
+def decode_scope():
+    """Row-by-row attention for the forwards of this thread inside the block (a decode or verification step)."""
+    before = getattr(_scope, "on", False)
+    _scope.on = True
+    try:
+        yield
+    finally:
+        _scope.on = before
 
 
 def _rowwise_ok(module: nn.Module, query: torch.Tensor, attention_mask, dropout: float) -> bool:
-    """Single unpadded causal sequence, a few new rows, bf16, inference: the shape of decoding."""
-    return (query.shape[0] == 1 and query.shape[2] <= MAX_ROWS and query.dtype == torch.bfloat16
-            and not torch.is_grad_enabled() and not dropout and getattr(module, "is_causal", True)
-            and getattr(module, "sliding_window", None) is None
+    """Inside decode_scope: a single unpadded causal sequence, a few new rows, bf16, inference."""
+    return (getattr(_scope, "on", False) and query.shape[0] == 1 and query.shape[2] <= MAX_ROWS
+            and query.dtype == torch.bfloat16 and not torch.is_grad_enabled() and not dropout
+            and getattr(module, "is_causal", True) and getattr(module, "sliding_window", None) is None
             and (attention_mask is None or attention_mask.shape[0] == 1))
 
 

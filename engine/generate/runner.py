@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from engine.generate.cpu_kernels import few_row_linear, route_decode_kernels
+from engine.generate.cpu_kernels import decode_scope, few_row_linear, route_decode_kernels
 from engine.targets import LayerCapture, Target
 
 # Families whose logits are exactly lm_head(decoder output): the runner may compute the head itself.
@@ -75,8 +75,9 @@ class TargetRunner:
         """logits [T or 1, V] and aux states [T, A*H] (or None)."""
         input_ids = torch.as_tensor(ids, dtype=torch.long, device=self.target.device).view(1, -1)
         if self.aux_layer_ids is None:
-            return self._logits(input_ids, all_logits), None
-        with LayerCapture(self.model, self.aux_layer_ids) as cap:
+            with decode_scope():
+                return self._logits(input_ids, all_logits), None
+        with LayerCapture(self.model, self.aux_layer_ids) as cap, decode_scope():
             logits = self._logits(input_ids, all_logits)
         aux = torch.cat([cap.captured[i][0] for i in cap.layer_ids], dim=-1)  # [T, A*H]
         return logits, aux
