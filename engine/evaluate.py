@@ -404,7 +404,7 @@ def evaluate_draft(*, draft: str | None = None, target: str | None = None, data:
     """`python -m engine evaluate` as a function: offline from extracted held-out files (`data`), or online from
     held-out prompts of `dataset` (the target answers each once); optionally with the speedup forecast."""
     from engine.generate.api import default_draft, draft_algorithm
-    from engine.targets import decode_dtype, load_target
+    from engine.targets import decode_dtype, dtype_name, load_target
 
     draft_path = draft or default_draft(target)
     if draft_path is None:
@@ -434,7 +434,7 @@ def evaluate_draft(*, draft: str | None = None, target: str | None = None, data:
     result = evaluate_samples(algorithm, model, samples, ks, max_new_tokens=max_new_tokens, keep_walks=keep_walks,
                               temperature=temperature, progress=progress)
     result.update(source, draft=str(draft_path), algorithm=algorithm.name, max_new_tokens=max_new_tokens,
-                  draft_k=model.config.speculative_tokens)
+                  draft_k=model.config.speculative_tokens, target_dtype=dtype_name(tgt.dtype))
     if measure_speed:
         context = list(samples[0].token_ids[: samples[0].prompt_len].tolist()) if isinstance(samples, list) \
             and samples else [1] * 64

@@ -74,6 +74,67 @@ def gather(recipe: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+DATA_HEADING = "### Acceptance against data (every recipe of this target)"
+
+
+def _int(text: str) -> int:
+    return int(text.replace(",", ""))
+
+
+def data_point(recipe: dict[str, Any]) -> dict[str, Any] | None:
+    """This recipe's data and training size beside its decoding-exact acceptance length at k = 3, from its records
+    (the work folder; a draft whose training records are gone: its re-measured records and its card's data lines)."""
+    work = Path(recipe["work"])
+    evaluated = _load(work / "evaluate.json", {}) or _load(work / "remeasure" / "evaluate.json", {})
+    tau = ((evaluated.get("by_k") or {}).get("3") or {}).get("mean_acceptance_length")
+    if tau is None:
+        return None
+    facts = gather(recipe)
+    row = {"recipe": recipe["name"], "conversations": facts["conversations"],
+           "assistant_tokens": facts["manifest"].get("loss_tokens"), "training_tokens": facts["train_tokens"],
+           "mean_acceptance_length": tau, "held_out_prompts": evaluated.get("held_out_prompts"),
+           "target_dtype": evaluated.get("target_dtype", "fp32")}  # records from before the field were fp32
+    ship = Path(recipe.get("ship", {}).get("to", ""))
+    config = _load(work / "train" / "draft" / "config.json", {}) or _load(ship / "config.json", {})
+    row["algorithm"] = config.get("speculators_model_type", "?")
+    if not row["training_tokens"] and (ship / "README.md").is_file():  # the training records are gone
+        text = (ship / "README.md").read_text(encoding="utf-8")
+        data = re.search(r"\*\*Data\.\*\* ([\d,]+) conversations, ([\d,]+) assistant tokens", text)
+        seen = re.search(r"([\d,]+) tokens seen", text)
+        if data:
+            row["conversations"], row["assistant_tokens"] = _int(data[1]), _int(data[2])
+        if seen:
+            row["training_tokens"] = _int(seen[1])
+    return row
+
+
+def data_rows(target: str) -> list[dict[str, Any]]:
+    """data_point of every recipe in configs/ for `target` that has been evaluated."""
+    from engine.recipe import CONFIGS, load_recipe
+
+    rows = []
+    for path in sorted(CONFIGS.glob("*.yaml")):
+        recipe = load_recipe(str(path))
+        if recipe.get("target", "smollm2-135m-instruct") == target and (row := data_point(recipe)):
+            rows.append(row)
+    return rows
+
+
+def data_section(rows: list[dict[str, Any]]) -> list[str]:
+    """Acceptance against data size and training tokens across the recipes of one target (evidence for the next
+    run: where more data or more training would help)."""
+    if not rows:
+        return []
+    body = [f"| `{r['recipe']}` | {r['algorithm']} | {r['conversations']:,} | {r['assistant_tokens'] or 0:,} | "
+            f"{(r['training_tokens'] or 0) / 1e6:.2f}M | {r['mean_acceptance_length']:.3f} | {r['target_dtype']} |"
+            for r in rows]
+    return [DATA_HEADING,
+            "Decoding-exact mean acceptance length at k = 3 (the offline evaluator on held-out prompts) of every "
+            "recipe evaluated for this target, against the data and training it had:", "",
+            "| recipe | algorithm | conversations | assistant tokens | training tokens | τ at k = 3 | target |",
+            "|---|---|---|---|---|---|---|", *body, ""]
+
+
 def _has_cuda() -> bool:
     try:
         import torch
@@ -161,6 +222,7 @@ def render(recipe: dict[str, Any], facts: dict[str, Any]) -> str:
         "|---|---|---|---|",
         curve_rows or "| – | – | – | – |",
         "",
+        *data_section(facts.get("data_rows") or []),
         *_sweep_section(facts["sweep"]),
         *evaluation_section(facts.get("evaluate") or {}, facts["sweep"]),
         _limits(bench),
@@ -490,8 +552,8 @@ def _refresh_goals(lines: list[str], bench: dict[str, Any], vllm_bench: dict[str
 
 
 def refresh_measurements(card: str | Path, recipe: dict[str, Any], *, bench: dict[str, Any] | None = None,
-                         vllm_bench: dict[str, Any] | None = None, sweep: list[dict[str, Any]] | None = None
-                         ) -> Path:
+                         vllm_bench: dict[str, Any] | None = None, sweep: list[dict[str, Any]] | None = None,
+                         data: list[dict[str, Any]] | None = None) -> Path:
     """Re-measured figures of a shipped draft into its existing card, in place: the in-process results, the
     vLLM table, the k sweep, what limits the speedup and the goals; training sections stay as they were."""
     path = Path(card)
@@ -504,9 +566,10 @@ def refresh_measurements(card: str | Path, recipe: dict[str, Any], *, bench: dic
              after="### Acceptance length against training tokens")
     if vllm_bench:
         _put(lines, "### In real vLLM", _vllm_section(vllm_bench, recipe), after="## Results")
+    if data:
+        _put(lines, DATA_HEADING, data_section(data), after="### Acceptance length against training tokens")
     if sweep:
-        _put(lines, "### Number of speculative tokens", _sweep_section(sweep),
-             after="### Acceptance length against training tokens")
+        _put(lines, "### Number of speculative tokens", _sweep_section(sweep), after=DATA_HEADING)
     if bench:
         _refresh_goals(lines, bench, vllm_bench or {}, goals)
         note = (f"The measurements in this card were taken again after training with `python -m engine recipe "
@@ -533,7 +596,9 @@ def _vllm_cost_line(vb: dict[str, Any], goal: float | None) -> list[str]:
 
 def write_model_card(recipe: dict[str, Any], dest: str | Path) -> Path:
     path = Path(dest) / "README.md"
-    atomic_write_text(path, render(recipe, gather(recipe)))
+    facts = gather(recipe)
+    facts["data_rows"] = data_rows(recipe.get("target", "smollm2-135m-instruct"))
+    atomic_write_text(path, render(recipe, facts))
     return path
 
 

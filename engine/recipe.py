@@ -348,7 +348,7 @@ def remeasure(recipe: dict[str, Any], *, only: list[str] | None = None, force: b
 
     For when the engine changed (a faster step, a new dtype) or the training records are gone: the draft and the
     card's training sections stay; a record measured on the same weights is reused unless `force`."""
-    from engine.model_card import refresh_measurements, write_evaluation_section
+    from engine.model_card import data_rows, refresh_measurements, write_evaluation_section
 
     shipped = Path(recipe.get("ship", {}).get("to", ""))
     if not (shipped / "config.json").is_file():
@@ -380,7 +380,7 @@ def remeasure(recipe: dict[str, Any], *, only: list[str] | None = None, force: b
             records[step] = evaluate_step(recipe, draft=shipped, out_file=file, force=force)
     card = shipped / "README.md"
     refresh_measurements(card, recipe, bench=records.get("bench"), vllm_bench=records.get("vllm_bench"),
-                         sweep=records.get("sweep"))
+                         sweep=records.get("sweep"), data=data_rows(target) if "evaluate" in records else None)
     if records.get("evaluate"):
         write_evaluation_section(card, records["evaluate"], records.get("sweep"))
     log.info("re-measured %s: %s", shipped, ", ".join(records))

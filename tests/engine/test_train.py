@@ -487,7 +487,9 @@ def test_remeasured_figures_replace_the_old_ones_in_a_shipped_card_and_keep_its_
     recipe = {"name": "smollm2-eagle3", "work": "runs/recipes/smollm2-eagle3",
               "ship": {"to": "assets/drafts/smollm2-135m-instruct-eagle3"},
               "goals": {"mean_acceptance_length": 2.0, "speedup": 1.1, "vllm_speedup": 1.35}}
-    refresh_measurements(card, recipe, bench=bench, vllm_bench=vllm, sweep=sweep)
+    data = [{"recipe": "smollm2-eagle3", "algorithm": "eagle3", "conversations": 2689, "assistant_tokens": 534985,
+             "training_tokens": 2219535, "mean_acceptance_length": 1.579, "target_dtype": "bf16"}]
+    refresh_measurements(card, recipe, bench=bench, vllm_bench=vllm, sweep=sweep, data=data)
     text = card.read_text()
     assert "0.81×" not in text and "| draft | 1.55 | 0.35, 0.14, 0.06 | 14.0 |" not in text  # old figures gone
     assert "in-process engine (bf16 target, 2 threads)" in text and "wall-clock speedup **1.13×**" in text
@@ -501,7 +503,9 @@ def test_remeasured_figures_replace_the_old_ones_in_a_shipped_card_and_keep_its_
     assert "in decoding, position 0 is accepted 0.33 of the time" in text  # the new bench's figure
     assert text.count("## Results") == 1 and text.count("### In real vLLM") == 1
     assert text.rstrip().endswith("--remeasure` (the engine changed since); the training sections are as trained.")
-    refresh_measurements(card, recipe, bench=bench, vllm_bench=vllm, sweep=sweep)
+    assert "| `smollm2-eagle3` | eagle3 | 2,689 | 534,985 | 2.22M | 1.579 | bf16 |" in text  # acceptance vs data
+    assert text.index("### Acceptance against data") < text.index("### Number of speculative tokens")
+    refresh_measurements(card, recipe, bench=bench, vllm_bench=vllm, sweep=sweep, data=data)
     assert card.read_text() == text  # in place: refreshing twice changes nothing
 
 
@@ -536,3 +540,20 @@ def test_raising_a_recipes_sample_count_regenerates_and_extracts_only_the_new_ro
     assert len(after) == 5 and all(after[name] == files[name] for name in files)  # old samples untouched
     manifest = json.loads((work / "hidden" / "manifest.json").read_text())
     assert manifest["samples"] == 5
+
+
+def test_a_draft_whose_training_records_are_gone_gets_its_data_point_from_its_card(tmp_path):
+    from engine.model_card import data_point
+
+    ship = tmp_path / "shipped"
+    ship.mkdir()
+    (ship / "README.md").write_text((ROOT / "tests" / "fixtures" / "card-eagle3-fp32.md").read_text())
+    (ship / "config.json").write_text(json.dumps({"speculators_model_type": "eagle3"}))
+    recipe = {"name": "old", "work": str(tmp_path / "work"), "ship": {"to": str(ship)}}
+    assert data_point(recipe) is None  # never evaluated: no row
+    (tmp_path / "work" / "remeasure").mkdir(parents=True)
+    (tmp_path / "work" / "remeasure" / "evaluate.json").write_text(json.dumps(
+        {"held_out_prompts": 20, "target_dtype": "bf16", "by_k": {"3": {"mean_acceptance_length": 1.58}}}))
+    row = data_point(recipe)
+    assert (row["conversations"], row["assistant_tokens"], row["training_tokens"]) == (2689, 534985, 2219535)
+    assert row["mean_acceptance_length"] == 1.58 and row["algorithm"] == "eagle3" and row["target_dtype"] == "bf16"
