@@ -24,6 +24,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks._results import command_line, print_and_save  # noqa: E402  (the repo root is on the path now)
+
 
 @dataclass
 class Method:
@@ -75,14 +77,14 @@ def run_inprocess(methods: list[Method], prompts: list[dict], *, target: str | N
 
     if threads:
         torch.set_num_threads(threads)
-    names = [dtype_name(decode_dtype(d)) for d in dtypes]
+    names = list(dict.fromkeys(dtype_name(decode_dtype(d)) for d in dtypes))  # "auto,bf16" may be one dtype
     models = {d: load_target(target, dtype=d) for d in names}
     first = models[names[0]]
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, seed=0)
     if first.tokenizer.eos_token_id is not None:
         params.eos_token_ids = [first.tokenizer.eos_token_id]
     columns = [(d, m, m.name if len(names) == 1 else f"{m.name} ({d})") for d in names for m in methods]
-    proposers = {col: make_proposer(m.kind if m.kind != "draft" else "draft", models[d], draft=m.draft)
+    proposers = {col: make_proposer(m.kind, models[d], draft=m.draft)
                  for d, m, col in columns}
     runners = {col: TargetRunner(models[d], getattr(proposers[col], "aux_layer_ids", None)) for d, m, col in columns}
     tallies = {col: Tally(metrics=SpecMetrics()) for _, _, col in columns}
@@ -222,8 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     prompts = load_prompts(args.prompts, args.num_prompts, 0, 1500)
     started = time.time()
     result: dict[str, Any] = {"num_prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
-                              "prompts": args.prompts, "command": "python benchmarks/bench_drafters.py "
-                              + " ".join(sys.argv[1:] if argv is None else argv)}
+                              "prompts": args.prompts, "command": command_line("bench_drafters.py", argv)}
     if not args.no_inprocess:
         result["inprocess"] = run_inprocess(methods, prompts, target=args.target,
                                             max_new_tokens=args.max_new_tokens, threads=args.threads,
@@ -233,13 +234,7 @@ def main(argv: list[str] | None = None) -> int:
             [parse_method("baseline")] + [parse_method(s) for s in args.vllm_method if s != "baseline"]
         result["vllm"] = run_vllm(vmethods, prompts, target=args.target, max_new_tokens=args.max_new_tokens)
     result["seconds"] = time.time() - started
-    print(markdown(result))
-    if args.json:
-        from engine.fsutil import atomic_write_json
-
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(args.json, result)
-        print(f"\nwrote {args.json}")
+    print_and_save(result, markdown(result), args.json)
     return 0
 
 

@@ -21,6 +21,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks._results import command_line, print_and_save  # noqa: E402  (the repo root is on the path now)
+
 VARIANTS = ("fp32", "bf16 (transformers kernels)", "bf16 (routed)")
 
 
@@ -84,8 +86,9 @@ def _rows_equal_steps(runner, prompt: list[int], new: list[int]) -> bool:
 
 
 def markdown(result: dict[str, Any]) -> str:
-    ns = sorted(int(n) for n in next(iter(result["ms"].values())))
-    lines = ["| target | " + " | ".join(f"{n} token{'s' if n > 1 else ''}" for n in ns) + " |",
+    """The table of ms per forward; `result` as measured or as read back from its JSON (string keys)."""
+    ns = sorted(next(iter(result["ms"].values())), key=int)
+    lines = ["| target | " + " | ".join(f"{n} token{'s' if int(n) > 1 else ''}" for n in ns) + " |",
              "|---|" + "---|" * len(ns)]
     for v, by_n in result["ms"].items():
         own, fp = result["relative_to_own_step"][v], result["relative_to_fp32_step"][v]
@@ -107,14 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     result = measure(args.target, context=args.context, ns=[int(n) for n in args.ns.split(",")],
                      repeats=args.repeats)
-    result["command"] = "python benchmarks/bench_step_cost.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    print(markdown(result))
-    if args.json:
-        from engine.fsutil import atomic_write_json
-
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(args.json, result)
-        print(f"\nwrote {args.json}")
+    result["command"] = command_line("bench_step_cost.py", argv)
+    print_and_save(result, markdown(result), args.json)
     return 0
 
 

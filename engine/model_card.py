@@ -62,7 +62,7 @@ def gather(recipe: dict[str, Any]) -> dict[str, Any]:
         "val_last": val_rows[-1] if val_rows else {},
         "bench": _load(work / "bench.json", {}),
         "vllm_bench": _load(work / "vllm_bench.json", {}),
-        "goals": {"mean_acceptance_length": GOAL_TAU, "speedup": GOAL_SPEEDUP, **(recipe.get("goals") or {})},
+        "goals": recipe_goals(recipe),
         "draft_config": _load(work / "train" / "draft" / "config.json", {}),
         "curve": _load(work / "curve.json", []),
         "sweep": _load(work / "sweep.json", []),
@@ -415,6 +415,12 @@ def _limits(bench: dict[str, Any]) -> str:
 
 
 GOAL_TAU, GOAL_SPEEDUP = 2.5, 1.4  # the project's goals for this draft (k = 3, greedy, 128 new tokens)
+GOALS_HEADING = "## Goals not reached, and why"
+
+
+def recipe_goals(recipe: dict[str, Any]) -> dict[str, Any]:
+    """The goals a card measures the draft against: the recipe's `goals:` over the project defaults."""
+    return {"mean_acceptance_length": GOAL_TAU, "speedup": GOAL_SPEEDUP, **(recipe.get("goals") or {})}
 
 
 def _data_line(facts: dict[str, Any], algo) -> str:
@@ -503,9 +509,6 @@ def _goals(facts: dict[str, Any], algo=None) -> list[str]:
     ]
 
 
-GOALS_HEADING = "## Goals not reached, and why"
-
-
 def _block(lines: list[str], heading: str) -> tuple[int, int] | None:
     """[start, end) of the lines from the one starting with `heading` to the next heading or generated marker."""
     for i, line in enumerate(lines):
@@ -558,7 +561,7 @@ def refresh_measurements(card: str | Path, recipe: dict[str, Any], *, bench: dic
     vLLM table, the k sweep, what limits the speedup and the goals; training sections stay as they were."""
     path = Path(card)
     lines = path.read_text(encoding="utf-8").splitlines()
-    goals = {"mean_acceptance_length": GOAL_TAU, "speedup": GOAL_SPEEDUP, **(recipe.get("goals") or {})}
+    goals = recipe_goals(recipe)
     if bench:
         _put(lines, "## Results", results_section(recipe, bench), after="## Model")
         limits = _limits(bench)

@@ -153,14 +153,15 @@ def _run_train(opts: dict[str, Any]) -> None:
     train(TrainConfig.model_validate(opts))
 
 
-def _run_bench(opts: dict[str, Any]) -> None:
+def _run_bench(opts: dict[str, Any], **record: Any) -> None:
+    """`bench` with the recipe's options; `record` fields (e.g. the weights it measured) go into its JSON too."""
     from engine.generate.bench import benchmark
 
     opts = dict(opts)
     out = opts.pop("json")
     result = benchmark(**opts)
     result["command"] = "python -m engine bench " + " ".join(_flags(opts))
-    atomic_write_json(out, result)
+    atomic_write_json(out, {**result, **record})
 
 
 STEP_FUNCTIONS = {"regenerate": _run_regenerate, "extract": _run_extract, "train": _run_train, "bench": _run_bench,
@@ -300,7 +301,8 @@ def k_sweep(recipe: dict[str, Any], *, draft: Path | None = None, out_file: Path
     draft = draft or work / "train" / "draft"
     done = {row["k"]: row for row in (read_json(out_file) if out_file.is_file() and not force else [])
             if row.get("weights") == _stamp(draft)}
-    target = load_target(recipe.get("target", "smollm2-135m-instruct"), dtype=decode_dtype(opts.get("dtype", "auto")))
+    target = load_target(recipe.get("target", "smollm2-135m-instruct"),
+                         dtype=decode_dtype(opts.get("dtype", "auto")))
     prompts = load_prompts(opts.get("prompts", "sharegpt"), opts.get("num_prompts", 10))
     params = SamplingParams(max_new_tokens=opts.get("max_new_tokens", 128))
     for k in opts.get("ks", [1, 2, 3, 4, 5]):
@@ -333,7 +335,8 @@ def evaluate_step(recipe: dict[str, Any], *, draft: Path | None = None, out_file
     result = evaluate_draft(draft=str(draft), target=recipe.get("target", "smollm2-135m-instruct"),
                             dataset=opts.get("prompts", "sharegpt"), num_prompts=opts.get("num_prompts", 20),
                             max_new_tokens=opts.get("max_new_tokens", 128), ks=opts.get("ks"),
-                            measure_speed=opts.get("forecast", True), progress=False, dtype=opts.get("dtype", "auto"))
+                            measure_speed=opts.get("forecast", True), progress=False,
+                            dtype=opts.get("dtype", "auto"))
     result["weights"] = _stamp(draft)
     atomic_write_json(out_file, result)
     return result
@@ -371,8 +374,7 @@ def remeasure(recipe: dict[str, Any], *, only: list[str] | None = None, force: b
                 if step == "vllm_bench":
                     opts["backend"] = "vllm"
                 log.info("re-measure %s: %s", step, "python -m engine bench " + " ".join(_flags(opts)))
-                _run_bench(opts)
-                atomic_write_json(file, {**read_json(file), "weights": stamp})
+                _run_bench(opts, weights=stamp)
             records[step] = read_json(file)
         elif step == "sweep":
             records[step] = k_sweep(recipe, draft=shipped, out_file=file, force=force)

@@ -169,14 +169,10 @@ def _preview(prompt: dict[str, Any], width: int = 120) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def _cpu() -> str:
-    from engine.model_card import cpu_name
-
-    return cpu_name()
-
-
 def summarize(runs: dict[str, MethodRun], *, k: int, params: SamplingParams, cost_curve: dict[int, float],
               num_prompts: int, target, draft) -> dict[str, Any]:
+    from engine.model_card import cpu_name
+
     base = runs.get("baseline")
     base_tps = base.metrics.tokens_per_s if base and not base.skipped else None
     verify_cost = cost_curve.get(k + 1)
@@ -215,7 +211,7 @@ def summarize(runs: dict[str, MethodRun], *, k: int, params: SamplingParams, cos
         "cost_curve": {str(kk): v for kk, v in cost_curve.items()},
         "backend": "transformers", "target_dtype": dtype_name(target.dtype),
         "device": str(target.device), "threads": torch.get_num_threads(),
-        "cpu": _cpu() if target.device.type == "cpu" else None,
+        "cpu": cpu_name() if target.device.type == "cpu" else None,
     }
 
 

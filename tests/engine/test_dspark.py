@@ -289,7 +289,6 @@ def test_vllm_rules_expect_exactly_our_tensors(tiny, tiny_dspark, tmp_path):
     assert hf["enable_confidence_head"] is True and hf["draft_vocab_size"] == 160
 
 
-
 def test_a_saved_draft_vocabulary_draft_loads_and_drafts_the_same(tiny, tiny_dspark, tmp_path):
     """Reduced vocabulary (own lm_head, no target head buffer): save -> load gives the same weights and drafts."""
     path = save_dspark(tiny_dspark, tmp_path / "d", dtype=torch.float32)
@@ -303,6 +302,7 @@ def test_a_saved_draft_vocabulary_draft_loads_and_drafts_the_same(tiny, tiny_dsp
             for p in (proposer(tiny_dspark, 0.2), proposer(loaded, 0.2))]
     assert outs[0][0] == outs[1][0]
     assert [(e.drafted, e.accepted) for e in outs[0][1]] == [(e.drafted, e.accepted) for e in outs[1][1]]
+
 
 def test_our_draft_has_the_tensors_speculators_writes(fixtures_dir):
     """A draft built from speculators 0.9.0's Qwen3-8B DSpark config (meta device) holds exactly the tensors its

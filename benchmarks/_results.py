@@ -1,0 +1,21 @@
+"""What every benchmark script does at the end: the command that reproduces it, the table, the JSON record."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+
+def command_line(script: str, argv: list[str] | None) -> str:
+    """`python benchmarks/<script> <its arguments>` as the user typed them (or as `main(argv)` was called)."""
+    return f"python benchmarks/{script} " + " ".join(sys.argv[1:] if argv is None else argv)
+
+
+def print_and_save(result: dict[str, Any], table: str, json_path: str | None) -> None:
+    """Print the markdown table; write the result JSON (atomically, folders created) when asked."""
+    print(table)
+    if json_path:
+        from engine.fsutil import atomic_write_json
+
+        atomic_write_json(json_path, result)
+        print(f"\nwrote {json_path}")
