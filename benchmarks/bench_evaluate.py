@@ -4,7 +4,7 @@ Three things are timed in one process on the built-in SmolLM2-135M-Instruct (CPU
 
 * data:     the target answers each held-out prompt once (its greedy answer plus one forward for the draft's
             layers): what `extract` of a regenerated val split stores once for every later evaluation;
-* evaluate: `engine.evaluate.evaluate_samples` on those samples for k = 1..5 (one draft pass per sample);
+* evaluate: `engine.measure.evaluate.evaluate_samples` on those samples for k = 1..5 (one draft pass per sample);
 * bench:    what `bench --methods baseline,draft` does to measure the same thing for one k: the baseline and
             speculative decoding of every prompt (models loaded once, as in `bench`).
 
@@ -39,13 +39,13 @@ def main() -> int:
 
     import torch
 
-    from engine.evaluate import samples_from_prompts
+    from engine.data.prompts import load_prompts
     from engine.generate.api import default_draft, draft_algorithm
     from engine.generate.api import prompt_ids
-    from engine.generate.bench import load_prompts
     from engine.generate.runner import TargetRunner
     from engine.generate.speculative import generate_all
     from engine.generate.sampling import SamplingParams
+    from engine.measure.evaluate import samples_from_prompts
     from engine.targets import load_target
 
     torch.set_num_threads(args.threads)
@@ -55,7 +55,7 @@ def main() -> int:
     draft = algorithm.load(path, target)
     prompts = load_prompts("sharegpt", args.samples, 0, args.max_prompt_chars)
 
-    from engine.evaluate import Acceptance, walk
+    from engine.generate.acceptance import Acceptance, walk
     from engine.generate.metrics import SpecMetrics
 
     wall = {"data": 0.0, "evaluate": 0.0, "bench": 0.0}

@@ -51,7 +51,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from engine.model_card import cpu_name  # noqa: E402  (the repo root is on the path now)
+from engine.targets import cpu_name  # noqa: E402  (the repo root is on the path now)
 
 TARGET = "smollm2-135m-instruct"
 SIDES = ("ours", "speculators")

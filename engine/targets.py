@@ -506,3 +506,16 @@ def load_verifier_parts(name_or_path: str | os.PathLike | None = None, *,
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     embed = nn.Embedding.from_pretrained(embed_w, freeze=True)
     return VerifierParts(ref, config, embed, head_w, norm_w, float(getattr(text, "rms_norm_eps", 1e-6)))
+
+
+def cpu_name() -> str:
+    """The CPU's model name (for records of what a figure was measured on)."""
+    import platform
+
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from engine.data.layers import layer_algorithms
+from engine.data.layer_ids import layer_algorithms
 from engine.jobs import runs_dir
 
 ALGOS = layer_algorithms()  # the algorithms `extract --algo` knows (the registry, then the other format types)
@@ -93,8 +93,8 @@ def disk_estimate(target_path: str, preview: list[dict[str, Any]], *, samples: i
     a sentence, or None when it cannot be estimated."""
     from transformers import AutoConfig
 
-    from engine.data.extraction import _human, estimate_bytes
-    from engine.data.layers import resolve_layer_ids
+    from engine.data.extraction_run import _human, estimate_bytes
+    from engine.data.layer_ids import resolve_layer_ids
 
     lengths = [min(int(r["tokens"]), max_length) for r in preview if r.get("tokens")]
     if not lengths:

@@ -42,7 +42,7 @@ def from_work(name: str, work: str | Path) -> RecipeResults | None:
 
 def from_card(label: str, draft: str | Path) -> RecipeResults | None:
     """A draft's model card tables (as the card rounds them), None when the card has neither table."""
-    from engine.model_card import curve_from_card, sweep_from_card
+    from engine.recipes.model_card import curve_from_card, sweep_from_card
 
     card = Path(draft) / "README.md"
     try:
@@ -55,7 +55,7 @@ def from_card(label: str, draft: str | Path) -> RecipeResults | None:
 
 def all_results() -> dict[str, RecipeResults]:
     """The shipped drafts' cards first, then every recipe in configs/ that has measured something."""
-    from engine.recipe import CONFIGS, load_recipe
+    from engine.recipes.spec import CONFIGS, load_recipe
     from ui.catalog import find_drafts
 
     out: dict[str, RecipeResults] = {}

@@ -36,7 +36,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from engine.fsutil import atomic_write_json
-    from engine.generate.bench import benchmark, markdown_table
+    from engine.measure.bench import benchmark, markdown_table
     from engine.jobs import reporter
 
     options = {k: v for k, v in vars(args).items() if k not in ("command", "_module", "verbose", "debug", "json_out")}

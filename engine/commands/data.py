@@ -98,7 +98,7 @@ def add_regenerate_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_regenerate(args: argparse.Namespace) -> int:
-    from engine.data.pipeline import regenerate_dataset
+    from engine.data.regenerate_dataset import regenerate_dataset
     from engine.jobs import reporter
 
     options = {k: v for k, v in vars(args).items() if k not in ("command", "_module", "verbose", "debug")}
@@ -118,7 +118,7 @@ def add_extract_arguments(p: argparse.ArgumentParser) -> None:
     layers.add_argument("--layers", default=None,
                         help="comma-separated layer ids, e.g. 2,15,27,30 (id N = last layer before the final norm)")
     from engine.algos import default_algo
-    from engine.data.layers import default_layer_ids, layer_algorithms
+    from engine.data.layer_ids import default_layer_ids, layer_algorithms
 
     examples = "; ".join(f"{a} {default_layer_ids(30, a)}" for a in layer_algorithms())
     layers.add_argument("--algo", choices=layer_algorithms(), default=None,

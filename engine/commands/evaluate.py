@@ -48,7 +48,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.evaluate import evaluate_draft, format_table
+    from engine.measure.evaluate import evaluate_draft, format_table
     from engine.fsutil import atomic_write_json
     from engine.jobs import reporter
 
@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     if args.write_card:
         from pathlib import Path
 
-        from engine.model_card import write_evaluation_section
+        from engine.recipes.model_card import write_evaluation_section
 
         print(f"wrote {write_evaluation_section(Path(result['draft']) / 'README.md', result)}")
     if args.write_k:

@@ -6,7 +6,7 @@ import argparse
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from engine.recipe import CONFIGS
+    from engine.recipes.spec import CONFIGS
 
     names = ", ".join(sorted(f.stem for f in CONFIGS.glob("*.yaml"))) or "none yet"
     p.add_argument("name", help=f"recipe name in configs/ ({names}) or a YAML path")
@@ -22,11 +22,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.recipe import run_recipe
+    from engine.recipes.recipe import run_recipe
 
     only = [s.strip() for s in args.only.split(",")] if args.only else None
     if args.remeasure:
-        from engine.recipe import load_recipe, remeasure
+        from engine.recipes.recipe import remeasure
+        from engine.recipes.spec import load_recipe
 
         done = remeasure(load_recipe(args.name), only=only, force=args.force)
         print(f"re-measured {done['draft']}; card {done['card']}; records {done['records']}")

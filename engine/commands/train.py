@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     if trainer.d.main:
         report = validate_draft(final)
         print(f"draft: {final}")
-        print(f"checkpoints: {trainer.checkpoint_dir()}")
+        print(f"checkpoints: {trainer.checkpoints.root}")
         print(f"validate: {'OK' if report.ok else 'INVALID'}")
         for cmd in report.serve_commands:
             print(f"  $ {cmd}")

@@ -4,7 +4,7 @@
 header, then hands the rows to a backend. The transformers backend (default; CPU or CUDA) sorts samples by length, packs them into right-padded batches
 under a token budget, runs the decoder only (no lm_head) with hooks at the requested layers
 (`engine.targets.capture_hidden_states`) and writes one `hs_{i}.safetensors` per sample (`engine.data.store`).
-The vLLM backend (`engine.data.vllm_backend`) writes through the same `ExtractionRun` (engine.data.extraction).
+The vLLM backend (`engine.data.vllm_backend`) writes through the same `ExtractionRun` (engine.data.extraction_run).
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from typing import Callable, Sequence
 import torch
 
 from engine.data.datasets import DEFAULT_VAL_FRACTION
-from engine.data.extraction import (ExtractionProgress, ExtractionRun, TargetInfo, build_header, dataset_name,
+from engine.data.extraction_run import (ExtractionProgress, ExtractionRun, TargetInfo, build_header, dataset_name,
                                     estimate_bytes, log_done)
-from engine.data.layers import resolve_layer_ids
+from engine.data.layer_ids import resolve_layer_ids
 from engine.data.render import RenderedRow, render_dataset
 from engine.data.store import HiddenStatesDataset, load_sample
 from engine.errors import WorkbenchError

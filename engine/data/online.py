@@ -11,7 +11,7 @@ import torch
 
 from engine.data.datasets import DatasetSummary
 from engine.data.extract import DEFAULT_BATCH_SIZE, DEFAULT_BATCH_TOKENS, capture_batch, plan_padded_batches
-from engine.data.layers import resolve_layer_ids
+from engine.data.layer_ids import resolve_layer_ids
 from engine.data.render import RenderedRow, render_rows
 from engine.errors import WorkbenchError
 from engine.targets import parse_dtype

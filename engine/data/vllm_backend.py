@@ -21,7 +21,7 @@ from typing import Any, Sequence
 
 import torch
 
-from engine.data.extraction import ExtractionProgress, ExtractionRun, TargetInfo, build_header, log_done
+from engine.data.extraction_run import ExtractionProgress, ExtractionRun, TargetInfo, build_header, log_done
 from engine.data.render import RenderedRow
 from engine.errors import WorkbenchError
 

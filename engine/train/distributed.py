@@ -1,7 +1,8 @@
 """Training over several processes: the `strategy` (DDP replicas or FSDP2 shards), its checkpoints, per-rank progress.
 
 `ddp`  every rank holds the whole draft and its optimizer state; gradients are all-reduced. Rank 0 writes
-       checkpoints in the speculators layout plus `trainer_state/optimizer.safetensors` (engine.train.trainer).
+       checkpoints in the speculators layout plus `trainer_state/optimizer.safetensors` (engine.train.trainer) into
+       the run's checkpoint folder (engine.train.checkpoints).
 `fsdp` FSDP2 (`torch.distributed.fsdp.fully_shard`): each unit the algorithm names (`fsdp_units`, by default
        the draft's decoder layers) and then the draft itself are sharded over the ranks, so parameters,
        gradients and AdamW state are split N ways. Frozen parameters shared with the verifier (the target's
@@ -35,8 +36,9 @@ import os
 import socket
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import Any, Iterator
 
 import torch
 import torch.distributed as dist
@@ -47,21 +49,63 @@ from engine.fsutil import (
     PARTIAL_MARKER,
     atomic_save_safetensors,
     atomic_write_json,
-    atomic_write_text,
     check_replaceable,
     remove_ours,
     write_owner_marker,
 )
-
-if TYPE_CHECKING:
-    from engine.train.trainer import Dist, Trainer
+from engine.train.checkpoints import CheckpointFolder, is_legacy_checkpoint
 
 log = logging.getLogger(__name__)
 
 STRATEGIES = ("ddp", "fsdp")
 
 
-def make_strategy(cfg, d: "Dist", device: str) -> "Strategy":
+# -- the process group -------------------------------------------------------------------------
+
+
+@dataclass
+class Dist:
+    """This process's place in the process group (one process: rank 0 of 1)."""
+
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+
+def init_distributed(device: str) -> Dist:
+    """Join the process group torchrun describes (gloo on CPU, nccl on GPU); a plain `Dist()` without torchrun."""
+    if "RANK" not in os.environ or int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return Dist()
+    if device.startswith("cuda"):
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))  # one GPU per rank (NCCL needs it)
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
+    return Dist(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def all_reduce_sum(values: dict[str, float], d: Dist) -> dict[str, float]:
+    """Sums over ranks. Every rank must call it, also one with nothing to add (e.g. no validation batch)."""
+    if d.world == 1:
+        return values
+    names: list[list[str] | None] = [None] * d.world
+    dist.all_gather_object(names, sorted(values))
+    keys = sorted(set().union(*names))
+    if not keys:
+        return values
+    device = f"cuda:{torch.cuda.current_device()}" if dist.get_backend() == "nccl" else "cpu"
+    t = torch.tensor([values.get(k, 0.0) for k in keys], dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    return dict(zip(keys, t.tolist()))
+
+
+# -- strategies ----------------------------------------------------------------------------------
+
+
+def make_strategy(cfg, d: Dist, device: str) -> "Strategy":
     """The strategy of `cfg.strategy` for this process group (one process: plain training either way)."""
     if cfg.strategy == "fsdp" and d.world > 1:
         return Sharded(cfg, d, device)
@@ -76,7 +120,7 @@ class Strategy:
     sharded = False
     kind = "ddp"  # recorded in checkpoints: a checkpoint is resumed by the same kind
 
-    def __init__(self, cfg, d: "Dist", device: str):
+    def __init__(self, cfg, d: Dist, device: str):
         self.cfg, self.d, self.device = cfg, d, device
         self.draft: nn.Module | None = None
 
@@ -205,51 +249,48 @@ class Sharded(Strategy):
         model = {k: v for k, v in get_model_state_dict(self.draft).items() if k not in self.ignored_names}
         return {"model": model, "optim": get_optimizer_state_dict(self.draft, opt)}
 
-    def save(self, trainer: "Trainer", reason: str) -> Path | None:
+    def save(self, folder: CheckpointFolder, state: dict[str, Any], opt, algorithm) -> Path | None:
+        """Write the checkpoint of `state["step"]` into `folder` (collective): every rank its shards and RNG,
+        rank 0 the consolidated draft (through `algorithm.save`) and `state` as `trainer_state/state.json`."""
         import torch.distributed.checkpoint as dcp
 
+        reason = state.get("reason")
         if reason == "interrupted":
-            last = trainer.latest_checkpoint()
+            last = folder.latest()
             log.warning("interrupted: an FSDP run writes no checkpoint on a signal (a collective save could hang); "
                         "re-run the same command to resume from %s", last or "the start")
             return None
-        name = f"step_{trainer.step:07d}"
-        final = trainer.checkpoint_dir() / name
-        tmp = trainer.checkpoint_dir() / f".{name}.fsdp.tmp"
+        final = folder.path(state["step"])
+        tmp = folder.root / f".{final.name}.fsdp.tmp"
         if self.d.main:
             remove_ours(tmp)  # an interrupted earlier attempt (it carries the partial marker)
             (tmp / "trainer_state" / "rng").mkdir(parents=True)
             (tmp / PARTIAL_MARKER).touch()
         dist.barrier()
-        dcp.save(self._state(trainer.opt), checkpoint_id=str(tmp / "dcp"))
+        dcp.save(self._state(opt), checkpoint_id=str(tmp / "dcp"))
         atomic_save_safetensors({"rng.torch": torch.get_rng_state()},
                                 tmp / "trainer_state" / "rng" / f"rank{self.d.rank}.safetensors")
         full = self.consolidated(self.draft)
         if self.d.main:
-            trainer.algo.save(full, tmp / "draft", dtype=torch.float32)
+            algorithm.save(full, tmp / "draft", dtype=torch.float32)
             for f in (tmp / "draft").iterdir():
                 f.rename(tmp / f.name)
             (tmp / "draft").rmdir()
-            atomic_write_json(tmp / "trainer_state" / "state.json", {
-                "step": trainer.step, "epoch": trainer.epoch, "cursor": trainer.cursor, "reason": reason,
-                "world": self.d.world, "strategy": self.kind, "config": trainer.cfg.model_dump(mode="json")})
+            atomic_write_json(tmp / "trainer_state" / "state.json", state)
         dist.barrier()  # every rank's files are in place
         if self.d.main:
-            from engine.train.trainer import is_legacy_checkpoint
-
             (tmp / PARTIAL_MARKER).unlink()
             write_owner_marker(tmp, "checkpoint")
             if final.exists():
                 check_replaceable(final, what="checkpoint", also_ours=is_legacy_checkpoint)
                 remove_ours(final, also_ours=is_legacy_checkpoint)
             os.replace(tmp, final)
-            atomic_write_text(trainer.checkpoint_dir() / "latest", name + "\n")
-            trainer._prune()
+            folder.commit(state["step"])
             log.info("checkpoint (%s, sharded) at %s", reason, final)
         dist.barrier()
         return final if self.d.main else None
 
-    def load(self, trainer: "Trainer", path: Path) -> None:
+    def load(self, opt, path: Path) -> None:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import (
             StateDictOptions,
@@ -260,10 +301,10 @@ class Sharded(Strategy):
         if not (path / "dcp").is_dir():
             raise WorkbenchError(f"checkpoint {path} has no sharded state (dcp/)",
                                  hint="it was not written by an FSDP run: resume with --strategy ddp")
-        state = self._state(trainer.opt)
+        state = self._state(opt)
         dcp.load(state, checkpoint_id=str(path / "dcp"))
         set_model_state_dict(self.draft, state["model"], options=StateDictOptions(strict=False))
-        set_optimizer_state_dict(self.draft, trainer.opt, state["optim"])
+        set_optimizer_state_dict(self.draft, opt, state["optim"])
         from safetensors.torch import load_file
 
         torch.set_rng_state(load_file(str(path / "trainer_state" / "rng" / f"rank{self.d.rank}.safetensors"))
@@ -276,17 +317,17 @@ class Sharded(Strategy):
 class RankProgress:
     """`<out>/progress/rank{r}.json`, rewritten by each rank on every logged step (what the Train page lists)."""
 
-    def __init__(self, out: Path, d: "Dist"):
+    def __init__(self, out: Path, d: Dist):
         self.path = Path(out) / "progress" / f"rank{d.rank}.json"
         self.base = {"rank": d.rank, "world": d.world, "local_rank": d.local_rank, "host": socket.gethostname(),
                      "pid": os.getpid()}
         self.tokens = 0.0
 
-    def update(self, trainer: "Trainer", state: str = "running", **extra: Any) -> None:
+    def update(self, position: dict[str, int], state: str = "running", **extra: Any) -> None:
+        """`position`: the trainer's step, total_steps, epoch and cursor."""
         try:
-            atomic_write_json(self.path, {**self.base, "state": state, "step": trainer.step,
-                                          "total_steps": trainer.total_steps, "epoch": trainer.epoch,
-                                          "cursor": trainer.cursor, "updated": time.time(), **extra})
+            atomic_write_json(self.path, {**self.base, "state": state, **position, "updated": time.time(),
+                                          **extra})
         except OSError as exc:  # progress is informative: never fail training over it
             log.debug("cannot write %s: %s", self.path, exc)
 

@@ -1,8 +1,9 @@
 """The draft trainer: packed batches, AdamW with warm-up/decay, metrics.jsonl, checkpoints, exact resume, DDP/FSDP2.
 
 Run in one process or under `torchrun` (gloo on CPU, nccl on GPU); `strategy` picks DDP or FSDP2
-(engine.train.distributed). Rank 0 writes metrics and checkpoints (FSDP: every rank writes its shards). Resuming from a checkpoint replays the same batch plan and optimizer state, so the
-result equals an uninterrupted run with the same seed.
+(engine.train.distributed, which also holds the process-group helpers). Rank 0 writes metrics and checkpoints
+(FSDP: every rank writes its shards; the folder is engine.train.checkpoints). Resuming from a checkpoint replays
+the same batch plan and optimizer state, so the result equals an uninterrupted run with the same seed.
 """
 
 from __future__ import annotations
@@ -10,9 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,61 +19,17 @@ import torch
 import torch.distributed as dist
 
 from engine.errors import WorkbenchError
-from engine.fsutil import (
-    atomic_directory,
-    atomic_save_safetensors,
-    atomic_write_json,
-    atomic_write_text,
-    read_json,
-    remove_ours,
-)
+from engine.fsutil import atomic_directory, atomic_save_safetensors, atomic_write_json, atomic_write_text, read_json
+from engine.generate.acceptance import summarize_walk_sums, walk_sums
 from engine.jobs import DirLock, reporter
 from engine.targets import load_verifier_parts, pick_device
+from engine.train.checkpoints import CheckpointFolder, is_legacy_checkpoint
 from engine.train.config import TrainConfig
 from engine.train.data import layout_for, plan_packed_batches, split_indices
-from engine.train.distributed import RankProgress, make_strategy
+from engine.train.distributed import RankProgress, all_reduce_sum, init_distributed, make_strategy
 from engine.train.resume import clean_temp_checkpoints, record_resume, repair_metrics, resume_changes
 
 log = logging.getLogger(__name__)
-
-
-# -- distributed ---------------------------------------------------------------------------------
-
-
-@dataclass
-class Dist:
-    rank: int = 0
-    world: int = 1
-    local_rank: int = 0
-
-    @property
-    def main(self) -> bool:
-        return self.rank == 0
-
-
-def init_distributed(device: str) -> Dist:
-    if "RANK" not in os.environ or int(os.environ.get("WORLD_SIZE", "1")) <= 1:
-        return Dist()
-    if device.startswith("cuda"):
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))  # one GPU per rank (NCCL needs it)
-    if not dist.is_initialized():
-        dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
-    return Dist(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
-
-
-def all_reduce_sum(values: dict[str, float], d: Dist) -> dict[str, float]:
-    """Sums over ranks. Every rank must call it, also one with nothing to add (e.g. no validation batch)."""
-    if d.world == 1:
-        return values
-    names: list[list[str] | None] = [None] * d.world
-    dist.all_gather_object(names, sorted(values))
-    keys = sorted(set().union(*names))
-    if not keys:
-        return values
-    device = f"cuda:{torch.cuda.current_device()}" if dist.get_backend() == "nccl" else "cpu"
-    t = torch.tensor([values.get(k, 0.0) for k in keys], dtype=torch.float64, device=device)
-    dist.all_reduce(t)
-    return dict(zip(keys, t.tolist()))
 
 
 # -- data ----------------------------------------------------------------------------------------
@@ -177,6 +132,7 @@ class Trainer:
         if self.device.startswith("cuda") and self.d.world > 1:
             self.device = f"cuda:{self.d.local_rank}"
         self.out = Path(cfg.out)
+        self.checkpoints = CheckpointFolder(self.out / "checkpoints", cfg.keep_checkpoints)
         self.autocast = (cfg.precision == "bf16") or (cfg.precision == "auto" and self.device.startswith("cuda"))
         torch.manual_seed(cfg.seed)
         self.algo = cfg.algorithm
@@ -221,16 +177,17 @@ class Trainer:
         return min(total, self.cfg.max_steps) if self.cfg.max_steps else total
 
     # -- checkpoints -------------------------------------------------------------------------
-    def checkpoint_dir(self) -> Path:
-        return self.out / "checkpoints"
+    def _state_record(self, reason: str) -> dict[str, Any]:
+        """What `trainer_state/state.json` holds: where the run is, how it was spread, and its config."""
+        return {"step": self.step, "epoch": self.epoch, "cursor": self.cursor, "reason": reason,
+                "world": self.d.world, "strategy": self.strategy.kind, "config": self.cfg.model_dump(mode="json")}
 
     def save(self, reason: str) -> Path | None:
         if self.strategy.sharded:
-            return self.strategy.save(self, reason)
+            return self.strategy.save(self.checkpoints, self._state_record(reason), self.opt, self.algo)
         if not self.d.main:
             return None
-        name = f"step_{self.step:07d}"
-        path = self.checkpoint_dir() / name
+        path = self.checkpoints.path(self.step)
         with atomic_directory(path, owner="checkpoint", also_ours=is_legacy_checkpoint) as tmp:
             self.algo.save(self.draft, tmp / "draft", dtype=torch.float32)
             for f in (tmp / "draft").iterdir():
@@ -239,27 +196,13 @@ class Trainer:
             state = tmp / "trainer_state"
             state.mkdir()
             save_optimizer(self.opt, state)
-            atomic_write_json(state / "state.json", {"step": self.step, "epoch": self.epoch, "cursor": self.cursor,
-                                                      "reason": reason, "world": self.d.world,
-                                                      "strategy": self.strategy.kind,
-                                                      "config": self.cfg.model_dump(mode="json")})
-        atomic_write_text(self.checkpoint_dir() / "latest", name + "\n")
-        self._prune()
+            atomic_write_json(state / "state.json", self._state_record(reason))
+        self.checkpoints.commit(self.step)
         log.info("checkpoint (%s) at %s", reason, path)
         return path
 
-    def _prune(self) -> None:
-        prune_checkpoints(self.checkpoint_dir(), self.cfg.keep_checkpoints)
-
-    def latest_checkpoint(self) -> Path | None:
-        pointer = self.checkpoint_dir() / "latest"
-        if not pointer.is_file():
-            return None
-        path = self.checkpoint_dir() / pointer.read_text().strip()
-        return path if (path / "trainer_state" / "state.json").is_file() else None
-
     def resume(self) -> bool:
-        path = self.latest_checkpoint()
+        path = self.checkpoints.latest()
         if path is None:
             return False
         state = read_json(path / "trainer_state" / "state.json")
@@ -270,7 +213,7 @@ class Trainer:
         # flags that change what is trained are refused; harmless changes are recorded
         changes = resume_changes(state.get("config"), self.cfg.model_dump(mode="json"))
         if self.strategy.sharded:
-            self.strategy.load(self, path)
+            self.strategy.load(self.opt, path)
         else:
             loaded = self.algo.load(path, self.verifier)
             self.draft.load_state_dict(loaded.state_dict(), strict=False)
@@ -314,7 +257,7 @@ class Trainer:
         self.draft.eval()
         plan = plan_packed_batches(self.val_idx, self.data.lengths, self.cfg.tokens_per_batch, self.cfg.seed, 0,
                             shuffle=False)[: self.cfg.val_max_batches]
-        from engine.evaluate import summarize_walk_sums, walk_sums
+        from engine.generate.acceptance import summarize_walk_sums, walk_sums
 
         draft_k = self.draft.config.speculative_tokens
         limit = self.algo.max_k(self.draft.config)
@@ -324,7 +267,7 @@ class Trainer:
             samples = self._samples(indices)
             loss, stats = self._forward(self._collate(samples))
             stats["loss_sum"], stats["loss_count"] = float(loss), 1.0
-            # decoding-exact acceptance along the draft-verify walk (engine.evaluate), for every k at once
+            # decoding-exact acceptance along the draft-verify walk (engine.generate.acceptance), for every k
             stats.update(walk_sums(self.algo, self.draft, samples, self.layout.aux_columns, ks))
             for k, v in stats.items():
                 totals[k] = totals.get(k, 0.0) + v
@@ -334,6 +277,9 @@ class Trainer:
         out.update(summarize_walk_sums(totals, ks, draft_k))
         out["loss"] = totals.get("loss_sum", 0.0) / max(1.0, totals.get("loss_count", 0.0))
         return out
+
+    def _position(self) -> dict[str, int]:
+        return {"step": self.step, "total_steps": self.total_steps, "epoch": self.epoch, "cursor": self.cursor}
 
     def _log(self, row: dict[str, Any]) -> None:
         if not self.d.main:
@@ -404,7 +350,7 @@ class Trainer:
                     rep.update(f"step {self.step}/{self.total_steps} loss {row['loss']:.3f}",
                                self.step / self.total_steps, step=self.step)
                     window, t_window = {}, time.perf_counter()
-                    self.progress.update(self)
+                    self.progress.update(self._position())
                 bar.update(1)
                 if self.step % cfg.val_every == 0 or self.step == self.total_steps:
                     self._log_validation()
@@ -430,7 +376,7 @@ class Trainer:
             if not self.strategy.sharded:
                 self._check_ranks_agree()
             dist.barrier()
-        self.progress.update(self, state="done")
+        self.progress.update(self._position(), state="done")
         return final
 
     @torch.no_grad()
@@ -472,23 +418,6 @@ class Trainer:
                 "loss": window.get("loss_sum", 0.0) / max(1.0, window.get("loss_count", 0.0)),
                 "tokens": window.get("tokens", 0.0), "loss_tokens": window.get("loss_tokens", 0.0),
                 "tokens_per_s": window.get("tokens", 0.0) / max(seconds, 1e-9), "time": time.time(), **ratios}
-
-
-_CHECKPOINT_FILES = ("config.json", "model.safetensors", "README.md")
-
-
-def is_legacy_checkpoint(folder: Path) -> bool:
-    """A step checkpoint written before ownership markers: only the files the trainer writes, and its state."""
-    if not (folder / "trainer_state" / "state.json").is_file():
-        return False
-    return all(p.is_dir() or p.name in _CHECKPOINT_FILES or p.relative_to(folder).parts[0] in ("trainer_state", "dcp")
-               for p in folder.rglob("*"))
-
-
-def prune_checkpoints(folder: Path, keep: int) -> list[Path]:
-    """Delete the oldest `step_*` checkpoints beyond `keep`, only those the trainer wrote; return them."""
-    steps = sorted(p for p in folder.glob("step_*") if p.is_dir())
-    return [p for p in steps[:-keep] if remove_ours(p, also_ours=is_legacy_checkpoint)]
 
 
 def train(cfg: TrainConfig) -> Path:

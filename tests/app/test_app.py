@@ -755,7 +755,7 @@ def test_benchmarks_page_shows_the_recipe_curve_checkpoint_heatmap_and_k_sweep(r
 
 
 def test_recipe_results_from_a_work_folder_and_from_a_card(tmp_path):
-    from engine.model_card import curve_from_card, sweep_from_card
+    from engine.recipes.model_card import curve_from_card, sweep_from_card
     from ui import recipes
 
     (tmp_path / "curve.json").write_text(json.dumps([{"step": 5, "training_tokens": 1234.0,

@@ -97,7 +97,7 @@ def test_no_algorithm_name_outside_its_folder():
 
 
 def test_listing_algorithms_imports_no_torch():
-    code = ("import sys; import engine.algos, engine.train.config, engine.commands.train, engine.data.layers; "
+    code = ("import sys; import engine.algos, engine.train.config, engine.commands.train, engine.data.layer_ids; "
             "print('torch' in sys.modules)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert proc.stdout.strip() == "False", proc.stderr

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.generate.bench import load_prompts, markdown_table, run_bench
+from engine.data.prompts import load_prompts
 from engine.generate.sampling import SamplingParams
+from engine.measure.bench import markdown_table, run_bench
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 from engine.data.extract import HiddenStatesDataset, extract_hidden_states, load_sample, plan_padded_batches
-from engine.data.layers import resolve_layer_ids
+from engine.data.layer_ids import resolve_layer_ids
 from engine.format.config import evenly_spaced_layer_ids
 from engine.data.online import OnlineHiddenStates
 from engine.data.render import render_rows
@@ -168,7 +168,7 @@ def test_foreign_samples_without_a_manifest_are_refused_not_deleted(tiny_llama, 
 
 
 def test_refuses_when_the_disk_is_too_small(tiny_llama, rendered, tmp_path, monkeypatch):
-    import engine.data.extraction as ex
+    import engine.data.extraction_run as ex
 
     usage = namedtuple("usage", "total used free")
     monkeypatch.setattr(ex.shutil, "disk_usage", lambda p: usage(10**6, 10**6 - 1000, 1000))

@@ -93,7 +93,7 @@ def test_sampled_block_drafting_matches_the_target_distribution(tiny, tiny_dflas
 
 
 def test_evaluator_walk_equals_decoding(tiny, tiny_dflash):
-    from engine.evaluate import evaluate_samples, samples_from_prompts
+    from engine.measure.evaluate import evaluate_samples, samples_from_prompts
 
     algo = ALGOS.get("dflash")
     prompts = [[{"role": "user", "content": p}] for p in PROMPTS]
@@ -153,7 +153,7 @@ def test_builtin_greedy_identity_on_50_prompts(builtin_target):
 
 
 def _builtin_identity(builtin_target, n: int) -> None:
-    from engine.generate.bench import load_prompts
+    from engine.data.prompts import load_prompts
 
     draft = build_dflash(builtin_target, num_layers=1, block_size=8).eval()
     params = SamplingParams(max_new_tokens=12, eos_token_ids=[builtin_target.tokenizer.eos_token_id])

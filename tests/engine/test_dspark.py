@@ -172,7 +172,7 @@ def test_a_broken_acceptance_rule_is_caught(tiny, tiny_dspark, monkeypatch):
 
 def test_evaluator_walk_equals_decoding(tiny, tiny_dspark):
     from engine.algos.dspark.args import DSparkProposerOptions
-    from engine.evaluate import evaluate_samples, samples_from_prompts
+    from engine.measure.evaluate import evaluate_samples, samples_from_prompts
 
     algo = ALGOS.get("dspark")
     prompts = [[{"role": "user", "content": p}] for p in PROMPTS]
@@ -334,7 +334,7 @@ def test_builtin_greedy_identity_on_50_prompts(builtin_target):
 
 
 def _builtin_identity(target, n):
-    from engine.generate.bench import load_prompts
+    from engine.data.prompts import load_prompts
 
     draft = _spread_confidence(build_dspark(target, num_layers=1, block_size=7)).eval()
     params = SamplingParams(max_new_tokens=12, eos_token_ids=[target.tokenizer.eos_token_id])

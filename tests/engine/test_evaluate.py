@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.evaluate import HeldOutSample, evaluate_samples, samples_from_prompts, walk
+from engine.generate.acceptance import HeldOutSample, walk
+from engine.measure.evaluate import evaluate_samples, samples_from_prompts
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -44,7 +45,7 @@ def test_evaluated_acceptance_equals_real_decoding_on_the_builtin_target(builtin
     """Held-out prompts, the shipped draft, k = 1..5: the walk's mean acceptance length is within 0.03 of greedy
     speculative decoding (fp32), and >= 95% of the steps have the same (drafted, accepted) pair."""
     from engine.generate.api import default_draft, draft_algorithm, prompt_ids
-    from engine.generate.bench import load_prompts
+    from engine.data.prompts import load_prompts
     from engine.generate.metrics import SpecMetrics
     from engine.generate.runner import TargetRunner
     from engine.generate.sampling import SamplingParams
@@ -91,8 +92,8 @@ def test_evaluate_cli_prints_the_table_and_writes_json(tmp_path):
 
 
 def test_forecast_and_card_section(tmp_path):
-    from engine.evaluate import forecast
-    from engine.model_card import EVAL_BEGIN, write_evaluation_section
+    from engine.measure.step_costs import forecast
+    from engine.recipes.model_card import EVAL_BEGIN, write_evaluation_section
 
     result = {"by_k": {"1": {"mean_acceptance_length": 1.5, "per_position_acceptance": [0.5],
                              "all_positions_acceptance_length": 1.6},

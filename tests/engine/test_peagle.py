@@ -169,7 +169,7 @@ def test_cod_sampling_keeps_whole_rollouts_inside_documents_and_decays():
 
 
 def test_evaluator_walk_equals_decoding(tiny, tiny_peagle):
-    from engine.evaluate import evaluate_samples, samples_from_prompts
+    from engine.measure.evaluate import evaluate_samples, samples_from_prompts
 
     algo = ALGOS.get("peagle")
     prompts = [[{"role": "user", "content": p}] for p in PROMPTS]
@@ -258,7 +258,7 @@ def peagle_from_eagle3(eagle3_dir: Path, target, speculative_tokens: int):
 
 
 def _builtin_identity(builtin_target, num_prompts):
-    from engine.generate.bench import load_prompts
+    from engine.data.prompts import load_prompts
 
     draft = peagle_from_eagle3(SHIPPED_EAGLE3, builtin_target, 5)
     params = SamplingParams(max_new_tokens=16, eos_token_ids=[builtin_target.tokenizer.eos_token_id])

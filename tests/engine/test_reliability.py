@@ -814,7 +814,7 @@ def test_prepare_reports_undecodable_rows_instead_of_failing(tiny_targets, tmp_p
 def test_regenerate_keeps_prompt_only_rows(tiny_targets, tmp_path, monkeypatch):
     from engine.data import regenerate as rg
     from engine.data.datasets import load_conversations
-    from engine.data.pipeline import regenerate_dataset
+    from engine.data.regenerate_dataset import regenerate_dataset
 
     rows = [{"id": "p1", "messages": [{"role": "user", "content": "hi"}]},
             {"id": "p2", "prompt": "tell me a joke"},
@@ -972,7 +972,7 @@ def test_cleanups_never_delete_a_users_folders(tmp_path, monkeypatch):
 
     from engine.fsutil import atomic_directory, remove_ours
     from engine.train.resume import clean_temp_checkpoints
-    from engine.train.trainer import prune_checkpoints
+    from engine.train.checkpoints import prune_checkpoints
     from ui import convert as conv
 
     ckpts = tmp_path / "run" / "checkpoints"

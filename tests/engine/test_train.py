@@ -50,7 +50,7 @@ def test_training_lowers_val_loss_and_writes_a_valid_checkpoint(tiny_targets, ti
     val = [r for r in read_metrics(tmp_path / "run") if r["split"] == "val"]
     assert val[0]["step"] == 0 and val[-1]["loss"] < val[0]["loss"]
     assert val[-1]["full_acc_0"] > val[0]["full_acc_0"]
-    # the decoding walk on the validation split (engine.evaluate), beside the per-token estimate
+    # the decoding walk on the validation split (engine.measure.evaluate), beside the per-token estimate
     assert all(1.0 <= r["walk_acceptance_length"] <= 1.0 + 3 for r in val)
     assert {"walk_best_k", "all_positions_acceptance_length"} <= set(val[-1])
     train = [r for r in read_metrics(tmp_path / "run") if r["split"] == "train"]
@@ -133,7 +133,7 @@ def test_ddp_two_processes_agree(tiny_targets, tiny_data, tmp_path):
 
 
 def test_every_recipe_in_configs_loads():
-    from engine.recipe import load_recipe, step_commands
+    from engine.recipes.spec import load_recipe, step_commands
 
     recipes = sorted((ROOT / "configs").glob("*.yaml"))
     assert recipes
@@ -149,7 +149,7 @@ def test_tiny_recipe_runs_every_step_and_writes_the_model_card(tiny_targets, tmp
     """extract -> train -> bench -> curve -> sweep -> ship on a tiny target; re-running skips finished steps."""
     import yaml
 
-    from engine.recipe import run_recipe
+    from engine.recipes.recipe import run_recipe
 
     monkeypatch.chdir(tmp_path)
     recipe = {
@@ -192,7 +192,7 @@ def test_tiny_recipe_runs_every_step_and_writes_the_model_card(tiny_targets, tmp
     assert run_recipe(str(path))["timings"] == {}  # nothing changed: every step is skipped
     assert json.loads((tmp_path / "work" / "sweep.json").read_text()) == sweep  # measurements kept too
 
-    from engine.recipe import k_sweep
+    from engine.recipes.recipe import k_sweep
 
     weights = tmp_path / "work" / "train" / "draft" / "model.safetensors"
     os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))  # "trained again"
@@ -200,7 +200,8 @@ def test_tiny_recipe_runs_every_step_and_writes_the_model_card(tiny_targets, tmp
     assert [r["k"] for r in again] == [1, 2] and all(r["weights"] != s["weights"] for r, s in zip(again, sweep))
 
     from engine.errors import WorkbenchError
-    from engine.recipe import load_recipe, remeasure  # the shipped draft measured again, its card updated in place
+    from engine.recipes.recipe import remeasure  # the shipped draft measured again, its card updated in place
+    from engine.recipes.spec import load_recipe
 
     done = remeasure(load_recipe(str(path)), only=["bench"])
     record = tmp_path / "work" / "remeasure" / "bench.json"
@@ -389,8 +390,9 @@ def test_a_recipe_borrowing_data_trains_on_the_lenders_hidden_states_and_shares_
     import yaml
 
     from engine.errors import WorkbenchError
-    from engine.model_card import gather
-    from engine.recipe import _digest, _flags, load_recipe, run_recipe, step_options
+    from engine.recipes.model_card import gather
+    from engine.recipes.recipe import _digest, run_recipe
+    from engine.recipes.spec import cli_flags, load_recipe, step_options
 
     lender = {"name": "lender", "work": str(tmp_path / "lender"),
               "extract": {"dataset": "sharegpt", "algo": "dflash", "max_samples": 4}}
@@ -407,7 +409,7 @@ def test_a_recipe_borrowing_data_trains_on_the_lenders_hidden_states_and_shares_
     markers = tmp_path / "lender" / "steps"
     markers.mkdir(parents=True)
     (markers / "extract.json").write_text(json.dumps(
-        {"digest": _digest(["extract", *_flags(steps["extract"])]), "seconds": 12.0}))
+        {"digest": _digest(["extract", *cli_flags(steps["extract"])]), "seconds": 12.0}))
     (tmp_path / "lender" / "hidden").mkdir()
     (tmp_path / "lender" / "hidden" / "manifest.json").write_text(json.dumps({"samples": 4, "layer_ids": [1, 2]}))
     run_recipe(str(tmp_path / "borrower.yaml"), dry_run=True)
@@ -423,7 +425,7 @@ def test_a_recipe_borrowing_data_trains_on_the_lenders_hidden_states_and_shares_
 
 def test_model_card_shows_the_vllm_bench_and_says_by_how_much_a_recipe_goal_is_missed(tmp_path):
     """The card's vLLM table comes from the recipe's vllm_bench.json; a missed vLLM goal is named with the gap."""
-    from engine.model_card import gather, render
+    from engine.recipes.model_card import gather, render
 
     work = tmp_path / "work"
     (work / "train" / "draft").mkdir(parents=True)
@@ -452,7 +454,7 @@ def test_model_card_shows_the_vllm_bench_and_says_by_how_much_a_recipe_goal_is_m
 
 def test_ship_refuses_a_destination_holding_files_the_workbench_did_not_write(tmp_path):
     from engine.errors import WorkbenchError
-    from engine.recipe import ship
+    from engine.recipes.recipe import ship
 
     dest = tmp_path / "mine"
     dest.mkdir()
@@ -465,7 +467,7 @@ def test_ship_refuses_a_destination_holding_files_the_workbench_did_not_write(tm
 
 def test_remeasured_figures_replace_the_old_ones_in_a_shipped_card_and_keep_its_training_sections(tmp_path):
     """The shipped EAGLE-3 card as it was (fp32 figures), refreshed from new bench, vLLM and sweep records."""
-    from engine.model_card import refresh_measurements
+    from engine.recipes.model_card import refresh_measurements
 
     card = tmp_path / "README.md"
     card.write_text((ROOT / "tests" / "fixtures" / "card-eagle3-fp32.md").read_text())
@@ -513,7 +515,7 @@ def test_raising_a_recipes_sample_count_regenerates_and_extracts_only_the_new_ro
     """Data that grows across runs (issue 20): the finished rows and sample files are kept, byte for byte."""
     import yaml
 
-    from engine.recipe import run_recipe
+    from engine.recipes.recipe import run_recipe
 
     work = tmp_path / "work"
     recipe = {"name": "grow", "target": str(tiny_targets["llama"]), "work": str(work),
@@ -543,7 +545,7 @@ def test_raising_a_recipes_sample_count_regenerates_and_extracts_only_the_new_ro
 
 
 def test_a_draft_whose_training_records_are_gone_gets_its_data_point_from_its_card(tmp_path):
-    from engine.model_card import data_point
+    from engine.recipes.model_card import data_point
 
     ship = tmp_path / "shipped"
     ship.mkdir()

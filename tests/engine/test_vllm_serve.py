@@ -350,7 +350,7 @@ def test_shipped_draft_explicit_form_lossless_and_acceptance_matches_ours(vllm_b
     Both run in float32 here; served in bf16 (the default) vLLM's verification rounds differently from its
     one-token steps, so a near-tie can flip and the continuation (and its acceptance) then differs slightly.
     """
-    from engine.generate.bench import run_bench
+    from engine.measure.bench import run_bench
     from engine.generate.sampling import SamplingParams
 
     result = vllm_bench(SHIPPED, methods=("baseline", "draft"), tokenize=True)
@@ -418,7 +418,7 @@ def test_dflash_draft_is_served_by_vllm_losslessly_and_counted_like_ours(vllm_be
     output identical to vLLM alone, one draft of K tokens per step, and vLLM's acceptance equal to ours on the same
     prompts. The draft is untrained (both engines then accept almost nothing); a trained DFlash draft's comparison
     comes with the shipped one."""
-    from engine.generate.bench import run_bench
+    from engine.measure.bench import run_bench
     from engine.generate.sampling import SamplingParams
 
     result = vllm_bench(random_dflash, methods=("baseline", "draft"), tokenize=True)
@@ -450,7 +450,7 @@ def test_peagle_draft_is_served_by_vllm_losslessly_with_our_per_position_accepta
     """Our P-EAGLE checkpoint in real vLLM (eagle3 + parallel_drafting, fp32): loads (mask_hidden, embed_tokens with
     the mask row, pard_token), greedy output identical to vLLM alone, K drafts per step from one forward, and vLLM's
     per-position acceptance within 10% of ours on the same prompts (position 1 is accepted: EAGLE-3's trained step)."""
-    from engine.generate.bench import run_bench
+    from engine.measure.bench import run_bench
     from engine.generate.sampling import SamplingParams
 
     result = vllm_bench(peagle_draft, methods=("baseline", "draft"), tokenize=True)

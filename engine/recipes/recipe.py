@@ -15,126 +15,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from engine.errors import WorkbenchError
 from engine.fsutil import atomic_write_json, check_replaceable, read_json
 from engine.jobs import reporter
+from engine.recipes.spec import STEP_COMMANDS, cli_flags, data_recipe, load_recipe, step_options
 
 log = logging.getLogger(__name__)
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
-STEPS = ("regenerate", "extract", "train", "bench", "vllm_bench", "curve", "sweep", "evaluate", "ship")
-
-
-def find_recipe(name_or_path: str) -> Path:
-    p = Path(name_or_path)
-    if p.is_file():
-        return p
-    candidate = CONFIGS / f"{name_or_path}.yaml"
-    if candidate.is_file():
-        return candidate
-    names = sorted(f.stem for f in CONFIGS.glob("*.yaml"))
-    raise WorkbenchError(f"no recipe '{name_or_path}'", hint=f"choose one of {names} or give a YAML path")
-
-
-def load_recipe(name_or_path: str) -> dict[str, Any]:
-    path = find_recipe(name_or_path)
-    try:
-        recipe = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise WorkbenchError(f"{path} is not valid YAML: {exc}") from exc
-    recipe.setdefault("name", path.stem)
-    recipe.setdefault("work", f"runs/recipes/{recipe['name']}")
-    unknown = set(recipe) - set(STEPS) - {"name", "work", "target", "description", "data", "goals"}
-    if unknown:
-        raise WorkbenchError(f"unknown recipe keys {sorted(unknown)}", where=str(path),
-                             hint=f"steps are {list(STEPS)}")
-    if "data" in recipe and ({"regenerate", "extract"} & set(recipe)):
-        raise WorkbenchError("a recipe with 'data:' (another recipe's data) cannot have its own regenerate or "
-                             "extract steps", where=str(path), hint="keep one of the two")
-    return recipe
-
-
-def _data_recipe(recipe: dict[str, Any]) -> dict[str, Any] | None:
-    """The recipe whose regenerate/extract steps (and data folder) this one shares, named by its `data:` key."""
-    if "data" not in recipe:
-        return None
-    source = load_recipe(str(recipe["data"]))
-    if "data" in source:
-        raise WorkbenchError(f"recipe '{source['name']}' itself borrows data (data: {source['data']})",
-                             hint="point 'data:' at the recipe that regenerates and extracts")
-    if source.get("target", "smollm2-135m-instruct") != recipe.get("target", "smollm2-135m-instruct"):
-        raise WorkbenchError(f"recipe '{source['name']}' extracts hidden states of another target",
-                             hint="share data only between recipes of the same target")
-    return source
-
-
-def _flags(options: dict[str, Any]) -> list[str]:
-    argv: list[str] = []
-    for key, value in options.items():
-        flag = "--" + key.replace("_", "-")
-        if value is None:
-            continue
-        if isinstance(value, dict):  # nested options (a training config's algo_args) are flat flags on the CLI
-            argv += _flags(value)
-        elif isinstance(value, bool):
-            argv.append(flag if value else "--no-" + key.replace("_", "-"))
-        elif isinstance(value, list):
-            argv += [flag, ",".join(str(v) for v in value)]
-        else:
-            argv += [flag, str(value)]
-    return argv
-
-
-def data_work(recipe: dict[str, Any]) -> Path:
-    """The folder holding the recipe's regenerated.jsonl, hidden/ and data step markers (its own or the lender's)."""
-    source = _data_recipe(recipe)
-    return Path((source or recipe)["work"])
-
-
-def step_options(recipe: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
-    """(step, options of the engine function it calls) in order, with the recipe's paths filled in.
-
-    A recipe with `data: <other recipe>` runs that recipe's regenerate and extract steps (skipped when already
-    done there) and trains on its hidden states."""
-    work = Path(recipe["work"])
-    target = recipe.get("target", "smollm2-135m-instruct")
-    source = _data_recipe(recipe)
-    steps: list[tuple[str, dict[str, Any]]] = []
-    if source is not None:
-        steps = [(s, o) for s, o in step_options(source) if s in ("regenerate", "extract")]
-        work_data = Path(source["work"]) / "hidden"
-    else:
-        work_data = work / "hidden"
-    if "regenerate" in recipe:
-        steps.append(("regenerate", {"target": target, **recipe["regenerate"],
-                                     "out": str(work / "regenerated.jsonl")}))
-    if "extract" in recipe:
-        dataset = str(work / "regenerated.jsonl") if "regenerate" in recipe else recipe["extract"].get("dataset")
-        steps.append(("extract", {"target": target, "dataset": dataset, "split": "all", **recipe["extract"],
-                                  "out": str(work / "hidden")}))
-    if "train" in recipe:
-        steps.append(("train", {"target": target, "data": str(work_data), **recipe["train"],
-                                "out": str(work / "train")}))
-    if "bench" in recipe:
-        steps.append(("bench", {"target": target, "draft": str(work / "train" / "draft"), **recipe["bench"],
-                                "json": str(work / "bench.json")}))
-    if "vllm_bench" in recipe:  # the same benchmark through the managed vLLM server (the draft as vLLM serves it)
-        steps.append(("vllm_bench", {"target": target, "draft": str(work / "train" / "draft"), **recipe["vllm_bench"],
-                                     "backend": "vllm", "json": str(work / "vllm_bench.json")}))
-    return steps
-
-
-def step_commands(recipe: dict[str, Any]) -> list[tuple[str, list[str]]]:
-    """(step, the equivalent `python -m engine` argv) in order."""
-    return [(step, [_COMMAND.get(step, step), *_flags(opts)]) for step, opts in step_options(recipe)]
-
-
-_COMMAND = {"vllm_bench": "bench"}  # recipe steps that are another CLI command with other options
 
 
 def _run_regenerate(opts: dict[str, Any]) -> None:
-    from engine.data.pipeline import regenerate_dataset
+    from engine.data.regenerate_dataset import regenerate_dataset
 
     regenerate_dataset(**opts)
 
@@ -155,12 +45,12 @@ def _run_train(opts: dict[str, Any]) -> None:
 
 def _run_bench(opts: dict[str, Any], **record: Any) -> None:
     """`bench` with the recipe's options; `record` fields (e.g. the weights it measured) go into its JSON too."""
-    from engine.generate.bench import benchmark
+    from engine.measure.bench import benchmark
 
     opts = dict(opts)
     out = opts.pop("json")
     result = benchmark(**opts)
-    result["command"] = "python -m engine bench " + " ".join(_flags(opts))
+    result["command"] = "python -m engine bench " + " ".join(cli_flags(opts))
     atomic_write_json(out, {**result, **record})
 
 
@@ -200,11 +90,11 @@ def run_recipe(name_or_path: str, *, only: list[str] | None = None, force: bool 
     done_dir.mkdir(exist_ok=True)
     timings: dict[str, float] = {}
     steps = [(s, o) for s, o in step_options(recipe) if not only or s in only]
-    source = _data_recipe(recipe)
+    source = data_recipe(recipe)
     rep = reporter()
     for i, (step, opts) in enumerate(steps):
-        argv = [step, *_flags(opts)]
-        shown = [_COMMAND.get(step, step), *argv[1:]]
+        argv = [step, *cli_flags(opts)]
+        shown = [STEP_COMMANDS.get(step, step), *argv[1:]]
         shared = source is not None and step in ("regenerate", "extract")  # its marker lives with the data
         marker = (Path(source["work"]) / "steps" if shared else done_dir) / f"{step}.json"
         marker.parent.mkdir(parents=True, exist_ok=True)
@@ -236,13 +126,14 @@ def run_recipe(name_or_path: str, *, only: list[str] | None = None, force: bool 
 
 
 def acceptance_curve(recipe: dict[str, Any], *, force: bool = False) -> list[dict[str, Any]]:
-    """Decoding-exact mean acceptance length (engine.evaluate's walk) of every kept checkpoint vs the training
-    tokens it had seen: the target answers the held-out prompts once, then each checkpoint costs one draft pass.
+    """Decoding-exact mean acceptance length (engine.generate.acceptance's walk) of every kept checkpoint vs the
+    training tokens it had seen: the target answers the held-out prompts once, then each checkpoint costs one
+    draft pass.
     (The recipe's `bench` step decodes for real with the final draft: the cross-check.)"""
-    from engine.evaluate import evaluate_samples, samples_from_prompts
+    from engine.data.prompts import load_prompts
     from engine.generate.api import draft_algorithm
-    from engine.generate.bench import load_prompts
     from engine.jobs import read_jsonl
+    from engine.measure.evaluate import evaluate_samples, samples_from_prompts
     from engine.targets import decode_dtype, load_target
 
     work = Path(recipe["work"])
@@ -274,7 +165,7 @@ def acceptance_curve(recipe: dict[str, Any], *, force: bool = False) -> list[dic
                       "mean_acceptance_length": row["mean_acceptance_length"],
                       "per_position_acceptance": row["per_position_acceptance"],
                       "all_positions_acceptance_length": row["all_positions_acceptance_length"],
-                      "measured_by": "decoding walk (engine.evaluate)"}
+                      "measured_by": "decoding walk (engine.measure.evaluate)"}
         log.info("curve: step %d (%.0f tokens) -> acceptance length %.2f", step, done[step]["training_tokens"],
                  row["mean_acceptance_length"] or 0)
         atomic_write_json(out_file, [done[k] for k in sorted(done)])
@@ -291,8 +182,9 @@ def k_sweep(recipe: dict[str, Any], *, draft: Path | None = None, out_file: Path
             force: bool = False) -> list[dict[str, Any]]:
     """Acceptance length and wall-clock speedup of the trained draft (or `draft`) for each k, baseline
     interleaved per k."""
-    from engine.generate.bench import load_prompts, run_bench
+    from engine.data.prompts import load_prompts
     from engine.generate.sampling import SamplingParams
+    from engine.measure.bench import run_bench
     from engine.targets import decode_dtype, load_target
 
     work = Path(recipe["work"])
@@ -324,7 +216,7 @@ def k_sweep(recipe: dict[str, Any], *, draft: Path | None = None, out_file: Path
 def evaluate_step(recipe: dict[str, Any], *, draft: Path | None = None, out_file: Path | None = None,
                   force: bool = False) -> dict[str, Any]:
     """Decoding-exact acceptance of the trained draft (or `draft`) for every k, with the speedup forecast."""
-    from engine.evaluate import evaluate_draft
+    from engine.measure.evaluate import evaluate_draft
 
     work = Path(recipe["work"])
     opts = recipe["evaluate"] or {}
@@ -351,7 +243,7 @@ def remeasure(recipe: dict[str, Any], *, only: list[str] | None = None, force: b
 
     For when the engine changed (a faster step, a new dtype) or the training records are gone: the draft and the
     card's training sections stay; a record measured on the same weights is reused unless `force`."""
-    from engine.model_card import data_rows, refresh_measurements, write_evaluation_section
+    from engine.recipes.model_card import data_rows, refresh_measurements, write_evaluation_section
 
     shipped = Path(recipe.get("ship", {}).get("to", ""))
     if not (shipped / "config.json").is_file():
@@ -373,7 +265,7 @@ def remeasure(recipe: dict[str, Any], *, only: list[str] | None = None, force: b
                 opts = {"target": target, "draft": str(shipped), **recipe[step], "json": str(file)}
                 if step == "vllm_bench":
                     opts["backend"] = "vllm"
-                log.info("re-measure %s: %s", step, "python -m engine bench " + " ".join(_flags(opts)))
+                log.info("re-measure %s: %s", step, "python -m engine bench " + " ".join(cli_flags(opts)))
                 _run_bench(opts, weights=stamp)
             records[step] = read_json(file)
         elif step == "sweep":
@@ -415,7 +307,7 @@ def ship(recipe: dict[str, Any]) -> Path:
     dest.mkdir(parents=True, exist_ok=True)
     for name in SHIPPED_FILES - {"README.md"}:  # the card is written next
         shutil.copy2(src / name, dest / name)
-    from engine.model_card import write_model_card
+    from engine.recipes.model_card import write_model_card
 
     write_model_card(recipe, dest)
     log.info("shipped %s -> %s", src, dest)

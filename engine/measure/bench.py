@@ -7,22 +7,21 @@ Methods: `baseline` (our KV-cached loop), `draft` (ours with a draft), `ngram` (
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Sequence
 
 import torch
 
+from engine.data.prompts import load_prompts
 from engine.errors import WorkbenchError
 from engine.generate.api import make_proposer, prompt_ids
 from engine.generate.metrics import SpecMetrics, measure_cost_curve, speedup_ceiling
 from engine.generate.runner import TargetRunner
 from engine.generate.sampling import SamplingParams
 from engine.generate.speculative import generate
-from engine.targets import dtype_name
+from engine.targets import cpu_name, dtype_name
 
 log = logging.getLogger(__name__)
 ALL_METHODS = ("baseline", "draft", "ngram", "hf_prompt_lookup", "hf_assisted")
@@ -39,28 +38,6 @@ class MethodRun:
     steps: int = 0
     skipped: str | None = None
     per_prompt: list[dict[str, Any]] = field(default_factory=list)  # tokens, seconds, acceptance of each prompt
-
-
-def load_prompts(spec: str, n: int | None = None, seed: int = 0, max_chars: int | None = 1500) -> list[dict[str, Any]]:
-    """`--prompts`: a JSONL file of {"prompt": str} / {"messages": [...]} rows, or a built-in dataset name
-    (its held-out split: prompts the shipped drafts never trained on, at most `max_chars` long)."""
-    path = Path(spec)
-    if path.is_file():
-        rows = []
-        for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise WorkbenchError(f"line {i} is not JSON ({exc.msg})", where=str(path)) from exc
-            if not isinstance(row, dict) or not ({"prompt", "messages"} & set(row)):
-                raise WorkbenchError(f"line {i} needs a 'prompt' or 'messages' key", where=str(path))
-            rows.append(row)
-        return rows[:n] if n else rows
-    from engine.data.datasets import heldout_prompts
-
-    return [{"messages": m} for m in heldout_prompts(spec, n=n or 20, seed=seed, max_chars=max_chars)]
 
 
 class _HFMethods:
@@ -171,8 +148,6 @@ def _preview(prompt: dict[str, Any], width: int = 120) -> str:
 
 def summarize(runs: dict[str, MethodRun], *, k: int, params: SamplingParams, cost_curve: dict[int, float],
               num_prompts: int, target, draft) -> dict[str, Any]:
-    from engine.model_card import cpu_name
-
     base = runs.get("baseline")
     base_tps = base.metrics.tokens_per_s if base and not base.skipped else None
     verify_cost = cost_curve.get(k + 1)

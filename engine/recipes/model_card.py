@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import re
 from pathlib import Path
 from typing import Any
@@ -13,16 +12,7 @@ import yaml
 
 from engine.fsutil import atomic_write_text, read_json
 from engine.jobs import read_jsonl
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
+from engine.recipes.spec import CONFIGS, data_work, load_recipe
 
 
 def _load(path: Path, default=None):
@@ -38,7 +28,7 @@ def _hours(seconds: float) -> str:
 
 def gather(recipe: dict[str, Any]) -> dict[str, Any]:
     """Every figure the card shows, read from the recipe's work folder."""
-    from engine.recipe import data_work
+    from engine.targets import cpu_name  # (engine.targets imports torch: only when a card is gathered)
 
     work, data = Path(recipe["work"]), data_work(recipe)
     steps = {p.stem: _load(p, {}) for p in sorted((data / "steps").glob("*.json")) if p.stem in ("regenerate", "extract")}
@@ -110,8 +100,6 @@ def data_point(recipe: dict[str, Any]) -> dict[str, Any] | None:
 
 def data_rows(target: str) -> list[dict[str, Any]]:
     """data_point of every recipe in configs/ for `target` that has been evaluated."""
-    from engine.recipe import CONFIGS, load_recipe
-
     rows = []
     for path in sorted(CONFIGS.glob("*.yaml")):
         recipe = load_recipe(str(path))
@@ -145,7 +133,7 @@ def _has_cuda() -> bool:
 
 
 def _bench_table(bench: dict[str, Any]) -> str:
-    from engine.generate.bench import markdown_table
+    from engine.measure.bench import markdown_table
 
     return markdown_table(bench) if bench.get("methods") else "_not measured yet_"
 

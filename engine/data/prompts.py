@@ -1,0 +1,31 @@
+"""Prompts for benchmarks and evaluation: a JSONL file of prompts, or a built-in dataset's held-out split."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from engine.errors import WorkbenchError
+
+
+def load_prompts(spec: str, n: int | None = None, seed: int = 0, max_chars: int | None = 1500) -> list[dict[str, Any]]:
+    """`--prompts`: a JSONL file of {"prompt": str} / {"messages": [...]} rows, or a built-in dataset name
+    (its held-out split: prompts the shipped drafts never trained on, at most `max_chars` long)."""
+    path = Path(spec)
+    if path.is_file():
+        rows = []
+        for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise WorkbenchError(f"line {i} is not JSON ({exc.msg})", where=str(path)) from exc
+            if not isinstance(row, dict) or not ({"prompt", "messages"} & set(row)):
+                raise WorkbenchError(f"line {i} needs a 'prompt' or 'messages' key", where=str(path))
+            rows.append(row)
+        return rows[:n] if n else rows
+    from engine.data.datasets import heldout_prompts
+
+    return [{"messages": m} for m in heldout_prompts(spec, n=n or 20, seed=seed, max_chars=max_chars)]

@@ -1,0 +1,196 @@
+"""Decoding-exact acceptance without decoding: one draft pass per held-out sample, then the verify walk.
+
+The walk itself (`engine.generate.acceptance`) gives vLLM's metrics (mean acceptance length with the bonus
+token, per-position acceptance) for every k <= K at once. The all-positions average (1 + a(q) over every
+answer position, what training-time estimates resemble) is reported beside it, so the gap between the two is
+visible, and so is the share of answer tokens the draft vocabulary cannot produce.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import torch
+
+from engine.errors import WorkbenchError
+from engine.generate.acceptance import Acceptance, HeldOutSample, held_out_sample, walk, walk_states
+from engine.measure.step_costs import forecast, measure_step_costs
+
+log = logging.getLogger(__name__)
+
+
+def evaluate_samples(algorithm, draft, samples: Iterable[HeldOutSample], ks: Sequence[int], *,
+                     max_new_tokens: int | None = None, keep_walks: bool = False, temperature: float = 0.0,
+                     progress: bool = False) -> dict[str, Any]:
+    """Decoding-exact acceptance of `draft` for each k in `ks` on held-out greedy target outputs.
+
+    With `temperature` > 0 (samples with `target_logits`), also the expected acceptance of sampled decoding
+    (sum of min(p, q) per position, teacher-forced) at the greedy walk's states: labelled an expectation."""
+    from tqdm import tqdm
+
+    ks = sorted(set(int(k) for k in ks))
+    if not ks or ks[0] < 1:
+        raise WorkbenchError(f"k must be at least 1, got {ks}", hint="e.g. --k 1,2,3,4,5")
+    big = ks[-1]
+    limit = algorithm.max_k(draft.config)
+    if limit is not None and big > limit:
+        raise WorkbenchError(f"this draft proposes at most {limit} tokens per step, not {big}",
+                             hint=f"use k <= {limit}")
+    results = {k: Acceptance(k) for k in ks}
+    vocab = algorithm.draft_vocabulary(draft)
+    answer_tokens = out_of_vocab = 0
+    walks: dict[int, list[dict]] = {k: [] for k in ks}
+    t0 = time.perf_counter()
+    n = 0
+    for sample in tqdm(samples, desc="evaluate", disable=not progress):
+        a_big, cuts = algorithm.walk_counts(draft, sample.aux, sample.token_ids, big)
+        a_big, cuts = a_big.tolist(), cuts.tolist() if cuts is not None else None
+        chances = None
+        if temperature > 0:
+            if sample.target_logits is None:
+                raise WorkbenchError("the expectation for sampled decoding needs the target's logits",
+                                     hint="evaluate online (--dataset) with --temperature")
+            chances = algorithm.acceptance_expectation(draft, sample.aux, sample.token_ids, sample.target_logits,
+                                                       big, temperature)
+        p, e = sample.prompt_len, sample.end
+        for k in ks:
+            a = [min(x, k) for x in a_big]
+            w = walk(a, sample, k, max_new_tokens, cuts)
+            results[k].add(w, [min(a[q], k, e - q) for q in range(p, e)])
+            if chances is not None:
+                results[k].add_expectation(w, walk_states(w, sample), chances)
+            if keep_walks:
+                walks[k].append({"id": sample.id, "accepted": w.accepted, "drafted": w.drafted})
+        if vocab is not None:
+            answer = sample.token_ids[p + 1: e + 1].long()
+            answer_tokens += int(answer.numel())
+            out_of_vocab += int((~vocab[answer]).sum())
+        n += 1
+    seconds = time.perf_counter() - t0
+    if not n:
+        raise WorkbenchError("no held-out samples to evaluate", hint="give extracted val data or more prompts")
+    out = {"num_samples": n, "seconds": seconds, "ks": ks, "by_k": {str(k): results[k].to_dict() for k in ks},
+           "temperature": temperature,
+           "out_of_draft_vocab_fraction": out_of_vocab / answer_tokens if answer_tokens else None}
+    best = max(ks, key=lambda k: results[k].to_dict()["mean_acceptance_length"] or 0.0)
+    out["best_k"] = best
+    if keep_walks:
+        out["walks"] = {str(k): v for k, v in walks.items()}
+    return out
+
+
+# -- held-out samples: from extracted files, or from the target run once over held-out prompts ------------------
+
+
+def samples_from_extracted(folder: str | Path, aux_layer_ids: Sequence[int], *, max_samples: int | None = None,
+                           max_new_tokens: int | None = None) -> Iterable[HeldOutSample]:
+    """Held-out samples from an `extract` folder (each one `held_out_sample` of a stored sample)."""
+    from engine.data.store import HiddenStatesDataset
+    from engine.train.data import layout_for
+
+    data = HiddenStatesDataset(str(folder))
+    layout = layout_for(data.manifest["layer_ids"], int(data.manifest["num_layers"]), list(aux_layer_ids),
+                        needs_last=False)
+    for i in range(len(data) if max_samples is None else min(len(data), max_samples)):
+        s = data[i]
+        sample = held_out_sample(s["token_ids"], s["hidden_states"][:, layout.aux_columns].flatten(1), s["loss_mask"],
+                         max_new_tokens, str(i))
+        if sample is not None:
+            yield sample
+
+
+def samples_from_prompts(target, prompts: Sequence[Any], aux_layer_ids: Sequence[int], *, max_new_tokens: int,
+                         with_logits: bool = False, progress: bool = False) -> list[HeldOutSample]:
+    """Run the target once per held-out prompt: its greedy answer (exactly as `bench`'s baseline decodes it), then
+    one forward over prompt + answer for the states at the draft's layers."""
+    from tqdm import tqdm
+
+    from engine.generate.api import prompt_ids
+    from engine.generate.runner import TargetRunner
+    from engine.generate.sampling import SamplingParams
+    from engine.generate.speculative import generate_all
+
+    params = SamplingParams(max_new_tokens=max_new_tokens)
+    if target.tokenizer is not None and target.tokenizer.eos_token_id is not None:
+        params.eos_token_ids = [target.tokenizer.eos_token_id]
+    runner, decoder = TargetRunner(target, list(aux_layer_ids)), TargetRunner(target)
+    out = []
+    for i, prompt in enumerate(tqdm(prompts, desc="target answers", disable=not progress)):
+        ids = prompt_ids(target.tokenizer, prompt)
+        answer, _ = generate_all(decoder, ids, params)
+        runner.reset()
+        logits, aux = runner.forward(ids + answer, all_logits=with_logits)  # [T or 1, V], [T, A*H]
+        tokens = torch.tensor(ids + answer, dtype=torch.long)
+        out.append(HeldOutSample(tokens, aux.float(), len(ids), len(ids) + len(answer) - 1, str(i),
+                                 target_logits=logits if with_logits else None))
+    return out
+
+
+def format_table(result: dict[str, Any], fc: dict[str, Any] | None = None) -> str:
+    """A markdown table: k, decoding-exact acceptance, per position, all-positions average, forecast speedup."""
+    head = "| k | mean acceptance length (walk) | per-position acceptance | all-positions average |"
+    sep = "|---|---|---|---|"
+    if fc:
+        head += " step cost (target steps) | forecast speedup |"
+        sep += "---|---|"
+    lines = [head, sep]
+    for key, acc in result["by_k"].items():
+        tau, allp = acc["mean_acceptance_length"], acc["all_positions_acceptance_length"]
+        row = (f"| {key} | {tau:.3f} | {', '.join(f'{x:.3f}' for x in acc['per_position_acceptance'])} | "
+               f"{allp:.3f} |" if tau is not None else f"| {key} | – | – | – |")
+        if fc:
+            f = fc["by_k"][key]
+            row += (f" {f['step_cost']:.2f} | {f['speedup']:.2f}× |" if f["speedup"] is not None else " – | – |")
+        lines.append(row)
+    return "\n".join(lines)
+
+
+def evaluate_draft(*, draft: str | None = None, target: str | None = None, data: str | None = None,
+                   dataset: str | None = "sharegpt", num_prompts: int = 20, max_new_tokens: int | None = 128,
+                   ks: Sequence[int] | None = None, max_prompt_chars: int = 1500, seed: int = 0,
+                   measure_speed: bool = False, keep_walks: bool = False, temperature: float = 0.0,
+                   progress: bool = True, dtype: str = "auto") -> dict[str, Any]:
+    """`python -m engine evaluate` as a function: offline from extracted held-out files (`data`), or online from
+    held-out prompts of `dataset` (the target answers each once); optionally with the speedup forecast."""
+    from engine.generate.api import default_draft, draft_algorithm
+    from engine.targets import decode_dtype, dtype_name, load_target
+
+    draft_path = draft or default_draft(target)
+    if draft_path is None:
+        raise WorkbenchError("no draft given and no shipped draft for this target", hint="pass --draft DIR")
+    algorithm = draft_algorithm(draft_path)
+    tgt = load_target(target, dtype=decode_dtype(dtype))  # the dtype decoding runs in: its answers and step costs
+    model = algorithm.load(draft_path, tgt)
+    aux_ids = algorithm.aux_layer_ids(model)
+    if ks is None:
+        ks = list(range(1, max(5, model.config.speculative_tokens) + 1))
+        limit = algorithm.max_k(model.config)
+        ks = [k for k in ks if limit is None or k <= limit]
+    if data and temperature > 0:
+        raise WorkbenchError("--temperature needs the target's logits: evaluate online (--dataset)",
+                             hint="drop --data, or evaluate greedy decoding (temperature 0)")
+    if data:
+        samples: Iterable[HeldOutSample] = list(samples_from_extracted(data, aux_ids, max_samples=num_prompts,
+                                                                       max_new_tokens=max_new_tokens))
+        source = {"data": str(data)}
+    else:
+        from engine.data.prompts import load_prompts
+
+        prompts = load_prompts(dataset or "sharegpt", num_prompts, seed, max_prompt_chars)
+        samples = samples_from_prompts(tgt, prompts, aux_ids, max_new_tokens=max_new_tokens or 128,
+                                       with_logits=temperature > 0, progress=progress)
+        source = {"dataset": dataset, "held_out_prompts": len(prompts)}
+    result = evaluate_samples(algorithm, model, samples, ks, max_new_tokens=max_new_tokens, keep_walks=keep_walks,
+                              temperature=temperature, progress=progress)
+    result.update(source, draft=str(draft_path), algorithm=algorithm.name, max_new_tokens=max_new_tokens,
+                  draft_k=model.config.speculative_tokens, target_dtype=dtype_name(tgt.dtype))
+    if measure_speed:
+        context = list(samples[0].token_ids[: samples[0].prompt_len].tolist()) if isinstance(samples, list) \
+            and samples else [1] * 64
+        costs = measure_step_costs(tgt, algorithm, model, ks, context=context)
+        result["costs"] = costs
+        result["forecast"] = forecast(result, costs)
+    return result
