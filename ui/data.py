@@ -93,7 +93,7 @@ def disk_estimate(target_path: str, preview: list[dict[str, Any]], *, samples: i
     a sentence, or None when it cannot be estimated."""
     from transformers import AutoConfig
 
-    from engine.data.extraction_run import _human, estimate_bytes
+    from engine.data.extraction_run import estimate_bytes, human_bytes
     from engine.data.layer_ids import resolve_layer_ids
 
     lengths = [min(int(r["tokens"]), max_length) for r in preview if r.get("tokens")]
@@ -111,6 +111,6 @@ def disk_estimate(target_path: str, preview: list[dict[str, Any]], *, samples: i
     mean = sum(lengths) / len(lengths)
     n = samples or 1000
     size = estimate_bytes(int(mean * n), n, len(ids), int(text.hidden_size), dtype)
-    return (f"About {_human(size)} on disk for {n if samples else 'every 1,000'} samples "
+    return (f"About {human_bytes(size)} on disk for {n if samples else 'every 1,000'} samples "
             f"(~{mean:.0f} tokens each, from the preview; {len(ids)} layers × {text.hidden_size} values × {dtype}). "
             "The job checks the free space before it starts.")

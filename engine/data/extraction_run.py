@@ -81,14 +81,15 @@ def check_disk(folder: Path, needed: int) -> None:
     required = needed * 1.05 + 64 * 2**20
     if required > free:
         raise WorkbenchError(
-            f"extraction needs {_human(required)} free (about {_human(needed)} of samples, plus 5% and 64 MiB to "
-            f"spare) but only {_human(free)} is free under {folder}",
+            f"extraction needs {human_bytes(required)} free (about {human_bytes(needed)} of samples, plus 5% and 64 MiB to "
+            f"spare) but only {human_bytes(free)} is free under {folder}",
             hint="use --max-samples or --max-length to extract less, fewer --layers, --dtype bf16, "
             "or an --out folder on a larger disk")
-    log.info("estimated size %s (%s free)", _human(needed), _human(free))
+    log.info("estimated size %s (%s free)", human_bytes(needed), human_bytes(free))
 
 
-def _human(n: float) -> str:
+def human_bytes(n: float) -> str:
+    """A byte count for people: 1.5 GiB."""
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if n < 1024 or unit == "TiB":
             return f"{n:.1f} {unit}"

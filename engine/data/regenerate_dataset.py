@@ -1,4 +1,4 @@
-"""Data steps by name, as the CLI, the app and recipes run them: regenerate a dataset's answers with a target."""
+"""The regenerate step as the CLI, the app and recipes run it: a dataset's answers re-written by a target."""
 
 from __future__ import annotations
 

@@ -1,0 +1,142 @@
+"""Inside engine: no import circle (imports inside functions count), and no module importing a higher floor."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Lowest first. A module may import its own floor and those below; its longest matching prefix names its floor
+# (a prefix covers a module and everything inside it; "engine" alone is the package's own __init__).
+FLOORS = (
+    ("base", ("engine", "engine.errors", "engine.fsutil", "engine.registry", "engine.jobs")),
+    ("core", ("engine.targets", "engine.format", "engine.data", "engine.algos", "engine.generate", "engine.train",
+              "engine.convert", "engine.serve")),
+    ("measure", ("engine.measure",)),
+    ("recipes", ("engine.recipes",)),
+    ("commands", ("engine.commands", "engine.cli", "engine.__main__")),
+)
+
+
+def engine_modules(root: Path = ROOT) -> dict[str, tuple[Path, bool]]:
+    """Dotted module name -> (file, is a package's __init__)."""
+    mods = {}
+    for path in (root / "engine").rglob("*.py"):
+        parts = list(path.relative_to(root).with_suffix("").parts)
+        is_pkg = parts[-1] == "__init__"
+        mods[".".join(parts[:-1] if is_pkg else parts)] = (path, is_pkg)
+    return mods
+
+
+def _imported_names(node: ast.AST, package: str) -> list[str]:
+    """Dotted names an import statement may bind (`from a import b` may be module a.b or a name in a)."""
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    if not isinstance(node, ast.ImportFrom):
+        return []
+    if node.level:
+        base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+        module = ".".join(base + ([node.module] if node.module else []))
+    else:
+        module = node.module or ""
+    return [module, *(f"{module}.{a.name}" for a in node.names)]
+
+
+def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
+    """Module -> the engine modules it imports anywhere in its file (top level, functions, TYPE_CHECKING)."""
+    mods = engine_modules(root)
+
+    def known(name: str) -> str | None:  # the longest module prefix of a dotted name
+        while name and name not in mods:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {m: set() for m in mods}
+    for mod, (path, is_pkg) in mods.items():
+        package = mod if is_pkg else mod.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            for name in _imported_names(node, package):
+                target = known(name) if name.split(".")[0] == "engine" else None
+                if target and target != mod and not mod.startswith(target + "."):  # a package above: not an edge
+                    graph[mod].add(target)
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected sets of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                group = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    group.append(member)
+                    if member == node:
+                        break
+                if len(group) > 1:
+                    found.append(sorted(group))
+    return found
+
+
+def floor_of(module: str) -> int | None:
+    best: tuple[int, int] | None = None  # (prefix length, floor)
+    for level, (_name, prefixes) in enumerate(FLOORS):
+        for prefix in prefixes:
+            inside = module.startswith(prefix + ".") and prefix != "engine"
+            if (module == prefix or inside) and (best is None or len(prefix) > best[0]):
+                best = (len(prefix), level)
+    return best[1] if best else None
+
+
+def test_circles_are_found():
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert circles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_circle_in_engine():
+    found = circles(import_graph())
+    assert not found, "import circles (imports inside functions count):\n" + "\n".join(" ".join(c) for c in found)
+
+
+def test_every_engine_module_has_a_floor():
+    missing = sorted(m for m in engine_modules() if floor_of(m) is None)
+    assert not missing, f"declare the floor of {missing} in FLOORS"
+
+
+def test_no_module_imports_a_higher_floor():
+    bad = []
+    for mod, targets in sorted(import_graph().items()):
+        level = floor_of(mod)
+        for target in sorted(targets):
+            if level is not None and (floor_of(target) is None or floor_of(target) > level):
+                above = FLOORS[floor_of(target)][0] if floor_of(target) is not None else "no floor"
+                bad.append(f"{mod} ({FLOORS[level][0]}) imports {target} ({above})")
+    assert not bad, "imports going up a floor:\n" + "\n".join(bad)
+
