@@ -95,7 +95,7 @@ def training_figures(runs: Mapping[str, Sequence[Mapping[str, Any]]],
                 figs["acceptance"].add_scatter(x=x, y=y, mode=_mode(x, split),
                                                name=f"{tag}{split} · per-token estimate",
                                                line=dict(dash=dash, color=colour))
-        # what greedy decoding will measure on the validation split (engine.measure.evaluate's walk)
+        # what greedy decoding will measure on the validation split (engine.generate.acceptance's walk)
         x, y = _series(rows, "val", "walk_acceptance_length")
         if x:
             figs["acceptance"].add_scatter(x=x, y=y, mode="lines+markers", name=f"{tag}val · decoding walk",

@@ -50,7 +50,7 @@ def test_training_lowers_val_loss_and_writes_a_valid_checkpoint(tiny_targets, ti
     val = [r for r in read_metrics(tmp_path / "run") if r["split"] == "val"]
     assert val[0]["step"] == 0 and val[-1]["loss"] < val[0]["loss"]
     assert val[-1]["full_acc_0"] > val[0]["full_acc_0"]
-    # the decoding walk on the validation split (engine.measure.evaluate), beside the per-token estimate
+    # the decoding walk on the validation split (engine.generate.acceptance), beside the per-token estimate
     assert all(1.0 <= r["walk_acceptance_length"] <= 1.0 + 3 for r in val)
     assert {"walk_best_k", "all_positions_acceptance_length"} <= set(val[-1])
     train = [r for r in read_metrics(tmp_path / "run") if r["split"] == "train"]
