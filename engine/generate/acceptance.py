@@ -147,7 +147,6 @@ def held_out_sample(token_ids, aux, loss_mask, max_new_tokens, sid) -> HeldOutSa
     return HeldOutSample(token_ids.long(), aux.float(), p, e, sid)
 
 
-
 # -- inside training: the same walk on the validation samples --------------------------------------------------
 
 
