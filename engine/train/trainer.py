@@ -19,7 +19,13 @@ import torch
 import torch.distributed as dist
 
 from engine.errors import WorkbenchError
-from engine.fsutil import atomic_directory, atomic_save_safetensors, atomic_write_json, atomic_write_text, read_json
+from engine.fsutil import (
+    atomic_directory,
+    atomic_save_safetensors,
+    atomic_write_json,
+    atomic_write_text,
+    read_json,
+)
 from engine.generate.acceptance import summarize_walk_sums, walk_sums
 from engine.jobs import DirLock, reporter
 from engine.targets import load_verifier_parts, pick_device
