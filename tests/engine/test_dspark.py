@@ -144,7 +144,7 @@ def test_sampled_drafting_matches_the_target_distribution(tiny, tiny_dspark, thr
     suite samples with the default cut): the second token's distribution is the target's."""
     from test_generate import chi_square_pvalue, second_token_distribution  # the engine's own checks
 
-    params = SamplingParams(max_new_tokens=2, temperature=1.0, top_k=40)
+    params = SamplingParams(max_new_tokens=3, temperature=1.0, top_k=40)  # 2: the step after prefill drafts nothing
     prompt = prompt_ids(tiny.tokenizer, "hello")
     exact = second_token_distribution(tiny, prompt, params)
     counts = torch.zeros(tiny.vocab_size)
@@ -152,7 +152,8 @@ def test_sampled_drafting_matches_the_target_distribution(tiny, tiny_dspark, thr
     runner = TargetRunner(tiny, prop.aux_layer_ids)
     for seed in range(500):
         params.seed = seed
-        out, _ = generate_all(runner, prompt, params, prop, k=2)
+        out, events = generate_all(runner, prompt, params, prop, k=2)
+        assert events[1].drafted == 2  # no cut: the second token is the first of a verified block
         counts[out[1]] += 1
     assert chi_square_pvalue(counts, exact) > 1e-3
 
