@@ -84,6 +84,10 @@ def small_args(algo, **extra):
 
 @pytest.fixture(scope="module")
 def fitted(algo, target, baselines, tiny_targets, tmp_path_factory):
+    return fit_draft(algo, target, baselines, tiny_targets["llama"], tmp_path_factory.mktemp(f"fitted-{algo.name}"))
+
+
+def fit_draft(algo, target, baselines, target_folder, out, steps: int = FIT_STEPS):
     """The algorithm's small draft fitted to the target's greedy answers, saved (fp32) and loaded back."""
     from engine.data.online import OnlineHiddenStates
     from engine.targets import load_verifier_parts
@@ -92,7 +96,7 @@ def fitted(algo, target, baselines, tiny_targets, tmp_path_factory):
     rows = [{"input_ids": ids + answer, "loss_mask": [0] * len(ids) + [1] * len(answer)} for ids, answer in baselines]
     data = OnlineHiddenStates(target, rows, algo=algo.name, dtype="fp32")
     layout = layout_for(data.layer_ids, target.num_layers, None, needs_last=algo.needs_last_layer)
-    verifier = load_verifier_parts(tiny_targets["llama"])  # the trainer's view: its own copy of the target's parts
+    verifier = load_verifier_parts(target_folder)  # the trainer's view: its own copy of the target's parts
     args = small_args(algo)
     draft = algo.build(verifier, args, aux_layer_ids=[data.layer_ids[c] for c in layout.aux_columns],
                        token_counts=data.token_counts(), seed=0)
@@ -101,12 +105,12 @@ def fitted(algo, target, baselines, tiny_targets, tmp_path_factory):
     samples = data.get_many(range(len(data)))
     torch.manual_seed(0)
     draft.train()
-    for _ in range(FIT_STEPS):
+    for _ in range(steps):
         loss, _ = objective(draft, algo.collate(samples, layout, 4096, args))
         opt.zero_grad()
         loss.backward()
         opt.step()
-    path = algo.save(draft.eval(), tmp_path_factory.mktemp(f"fitted-{algo.name}") / "draft", dtype=torch.float32)
+    path = algo.save(draft.eval(), out / "draft", dtype=torch.float32)
     return algo.load(path, target)
 
 
