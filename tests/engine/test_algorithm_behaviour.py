@@ -115,7 +115,7 @@ def fit_draft(algo, target, baselines, target_folder, out, steps: int = FIT_STEP
 
 
 def ks(algo, draft) -> list[int]:
-    """k = 1 and the largest k up to 4 the draft allows (a shorter read of a block when that is smaller)."""
+    """k = 1 (a short read of a block) and the largest k up to 4 that the draft allows."""
     limit = algo.max_k(draft.config)
     return sorted({1, min(4, limit) if limit else 4})
 
