@@ -144,7 +144,7 @@ def test_sampled_drafting_matches_the_target_distribution(tiny, tiny_dspark, thr
     suite samples with the default cut): the second token's distribution is the target's."""
     from test_generate import chi_square_pvalue, second_token_distribution  # the engine's own checks
 
-    params = SamplingParams(max_new_tokens=3, temperature=1.0, top_k=40)  # 2: the step after prefill drafts nothing
+    params = SamplingParams(max_new_tokens=4, temperature=1.0, top_k=40)  # step 1 drafts min(k, 4 - 2)
     prompt = prompt_ids(tiny.tokenizer, "hello")
     exact = second_token_distribution(tiny, prompt, params)
     counts = torch.zeros(tiny.vocab_size)

@@ -178,7 +178,7 @@ def second_token_distribution(target, prompt, params) -> torch.Tensor:
 
 @pytest.mark.parametrize("broken", [False, True])
 def test_sampled_speculation_matches_target_distribution(tiny, tiny_draft, broken, monkeypatch):
-    params = SamplingParams(max_new_tokens=3, temperature=1.0, top_k=40)  # 2: the step after prefill drafts nothing
+    params = SamplingParams(max_new_tokens=3, temperature=1.0, top_k=40)  # step 1 drafts min(k, 3 - 2)
     prompt = prompt_ids(tiny.tokenizer, "hello")
     exact = second_token_distribution(tiny, prompt, params)
     if broken:  # accept every draft: the output then follows the draft, not the target
