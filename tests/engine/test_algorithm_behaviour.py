@@ -241,7 +241,6 @@ def test_sampling_keeps_the_target_distribution(algo, target, baselines, fitted)
     for seed in range(SAMPLES):
         params.seed = seed
         _, first = itertools.islice(speculative.generate(runner, ids, params, prop, k), 2)  # prefill, one step
-        assert first.drafted == k
         counts[first.tokens[0]] += 1
         accepted += first.accepted
     assert accepted > 0
