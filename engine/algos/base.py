@@ -151,7 +151,7 @@ class DraftAlgorithm:
                           k: int) -> "torch.Tensor":
         """Greedy decoding of a held-out target output, without decoding: aux [T, A*Ht] (the target's states at
         the draft's layers), token_ids [T] -> a [T] int64, a[q] = how many of the k drafts made when token q is
-        the last committed one equal the data (tokens q+1..q+k). `engine.evaluate` walks these counts."""
+        the last committed one equal the data (tokens q+1..q+k). `engine.generate.acceptance` walks these counts."""
         raise NotImplementedError
 
     def walk_counts(self, draft: "nn.Module", aux: "torch.Tensor", token_ids: "torch.Tensor",

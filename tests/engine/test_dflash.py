@@ -1,5 +1,5 @@
-"""DFlash: lossless block drafting (greedy and sampled), decoding = training blocks, training, checkpoints vLLM's
-rules accept, and the offline evaluator's walk equal to real decoding."""
+"""DFlash's own behaviour (what every algorithm shares is in tests/engine/test_algorithm_behaviour.py): decoding =
+training blocks, training, checkpoints vLLM's rules accept, parity with speculators 0.9.0's DFlashDraftModel."""
 
 from __future__ import annotations
 
@@ -8,11 +8,9 @@ import torch
 
 from engine.algos import ALGOS
 from engine.algos.dflash.io import build_dflash, load_dflash
-from engine.generate import speculative
 from engine.generate.api import prompt_ids
 from engine.generate.runner import TargetRunner
 from engine.generate.sampling import SamplingParams
-from engine.generate.speculative import generate_all
 
 from test_generate import PROMPTS  # the decode engine's own prompts
 
@@ -36,18 +34,6 @@ def proposer(draft):
     return ALGOS.get("dflash").proposer(draft)
 
 
-@pytest.mark.parametrize("k", [1, 2, 3])  # k < B-1 is a shorter block read
-def test_greedy_block_drafting_equals_baseline_on_tiny(tiny, tiny_dflash, k):
-    params = SamplingParams(max_new_tokens=24)
-    for text in PROMPTS:
-        ids = prompt_ids(tiny.tokenizer, text)
-        base, _ = generate_all(TargetRunner(tiny), ids, params)
-        prop = proposer(tiny_dflash)
-        spec, events = generate_all(TargetRunner(tiny, prop.aux_layer_ids), ids, params, prop, k)
-        assert spec == base
-        assert max(e.drafted for e in events) == min(k, 3)  # one block forward drafts up to B-1 tokens
-
-
 def test_proposer_block_equals_the_training_block(tiny, tiny_dflash):
     """The cached decoding path (committed context K/V + one block) computes the batched training block."""
     ids = prompt_ids(tiny.tokenizer, PROMPTS[1])
@@ -62,51 +48,6 @@ def test_proposer_block_equals_the_training_block(tiny, tiny_dflash):
     blocks = tiny_dflash.anchored_blocks(full_aux[None], seq[None], torch.arange(len(seq))[None],
                                          torch.zeros(1, len(seq), dtype=torch.long), torch.tensor([len(ids)]))
     assert drafted == tiny_dflash.draft_to_target(blocks[0, 1:4].argmax(-1)).tolist()
-
-
-def test_draft_proposing_eos_inside_the_block_stops_like_baseline(tiny, tiny_dflash, monkeypatch):
-    ids = prompt_ids(tiny.tokenizer, PROMPTS[0])
-    params = SamplingParams(max_new_tokens=24)
-    base, _ = generate_all(TargetRunner(tiny), ids, params)
-    eos = base[5]  # treat the 6th baseline token as EOS: generation must stop right after it
-    params = SamplingParams(max_new_tokens=24, eos_token_ids=[eos])
-    expected, _ = generate_all(TargetRunner(tiny), ids, params)
-    prop = proposer(tiny_dflash)
-    out, _ = generate_all(TargetRunner(tiny, prop.aux_layer_ids), ids, params, prop, 3)
-    assert out == expected and out[-1] == eos
-
-
-def test_sampled_block_drafting_matches_the_target_distribution(tiny, tiny_dflash):
-    from test_generate import chi_square_pvalue, second_token_distribution  # the engine's own checks
-
-    params = SamplingParams(max_new_tokens=2, temperature=1.0, top_k=40)
-    prompt = prompt_ids(tiny.tokenizer, "hello")
-    exact = second_token_distribution(tiny, prompt, params)
-    counts = torch.zeros(tiny.vocab_size)
-    prop = proposer(tiny_dflash)
-    runner = TargetRunner(tiny, prop.aux_layer_ids)
-    for seed in range(1200):
-        params.seed = seed
-        out, _ = generate_all(runner, prompt, params, prop, k=2)
-        counts[out[1]] += 1
-    assert chi_square_pvalue(counts, exact) > 1e-3
-
-
-def test_evaluator_walk_equals_decoding(tiny, tiny_dflash):
-    from engine.measure.evaluate import evaluate_samples, samples_from_prompts
-
-    algo = ALGOS.get("dflash")
-    prompts = [[{"role": "user", "content": p}] for p in PROMPTS]
-    samples = samples_from_prompts(tiny, prompts, algo.aux_layer_ids(tiny_dflash), max_new_tokens=20)
-    result = evaluate_samples(algo, tiny_dflash, samples, [1, 3], max_new_tokens=20, keep_walks=True)
-    params = SamplingParams(max_new_tokens=20, eos_token_ids=[tiny.tokenizer.eos_token_id])
-    for k in (1, 3):
-        for prompt, walked in zip(prompts, result["walks"][str(k)]):
-            ids = prompt_ids(tiny.tokenizer, prompt)
-            prop = proposer(tiny_dflash)
-            _, events = generate_all(TargetRunner(tiny, prop.aux_layer_ids), ids, params, prop, k)
-            steps = [(e.drafted, e.accepted) for e in events if e.step > 0]
-            assert steps == list(zip(walked["drafted"], walked["accepted"]))
 
 
 def test_dflash_trains_and_writes_a_checkpoint_vllm_rules_accept(tiny_targets, tmp_path):
@@ -138,45 +79,6 @@ def test_dflash_trains_and_writes_a_checkpoint_vllm_rules_accept(tiny_targets, t
     from engine.targets import load_target
 
     assert load_dflash(final, load_target(str(tiny_targets["llama"]))).block_size == 4
-
-
-def test_builtin_greedy_identity_on_8_prompts(builtin_target):
-    """Greedy block drafting on the built-in target (fp32) gives the target's own text (the default variant of the
-    50-prompt test)."""
-    _builtin_identity(builtin_target, 8)
-
-
-@pytest.mark.slow
-def test_builtin_greedy_identity_on_50_prompts(builtin_target):
-    """The same on 50 held-out prompts."""
-    _builtin_identity(builtin_target, 50)
-
-
-def _builtin_identity(builtin_target, n: int) -> None:
-    from engine.data.prompts import load_prompts
-
-    draft = build_dflash(builtin_target, num_layers=1, block_size=8).eval()
-    params = SamplingParams(max_new_tokens=12, eos_token_ids=[builtin_target.tokenizer.eos_token_id])
-    prompts = load_prompts("sharegpt", n, 0, 300)
-    assert len(prompts) == n
-    base_runner = TargetRunner(builtin_target)
-    for prompt in prompts:
-        ids = prompt_ids(builtin_target.tokenizer, prompt)
-        base, _ = generate_all(base_runner, ids, params)
-        prop = proposer(draft)
-        spec, _ = generate_all(TargetRunner(builtin_target, prop.aux_layer_ids), ids, params, prop, 7)
-        assert spec == base
-
-
-def test_a_broken_acceptance_rule_is_caught(tiny, tiny_dflash, monkeypatch):
-    """The greedy identity check can fail: accepting every draft changes the text."""
-    monkeypatch.setattr(speculative, "verify_greedy", lambda drafts, logits: speculative.Verdict(len(drafts), 0))
-    params = SamplingParams(max_new_tokens=16)
-    ids = prompt_ids(tiny.tokenizer, PROMPTS[2])
-    base, _ = generate_all(TargetRunner(tiny), ids, params)
-    prop = proposer(tiny_dflash)
-    spec, _ = generate_all(TargetRunner(tiny, prop.aux_layer_ids), ids, params, prop, 3)
-    assert spec != base
 
 
 @pytest.mark.speculators

@@ -178,7 +178,7 @@ def second_token_distribution(target, prompt, params) -> torch.Tensor:
 
 @pytest.mark.parametrize("broken", [False, True])
 def test_sampled_speculation_matches_target_distribution(tiny, tiny_draft, broken, monkeypatch):
-    params = SamplingParams(max_new_tokens=2, temperature=1.0, top_k=40)
+    params = SamplingParams(max_new_tokens=3, temperature=1.0, top_k=40)  # step 1 drafts min(k, 3 - 2)
     prompt = prompt_ids(tiny.tokenizer, "hello")
     exact = second_token_distribution(tiny, prompt, params)
     if broken:  # accept every draft: the output then follows the draft, not the target
@@ -190,7 +190,8 @@ def test_sampled_speculation_matches_target_distribution(tiny, tiny_draft, broke
     draws = 1200
     for seed in range(draws):
         params.seed = seed
-        out, _ = generate_all(runner, prompt, params, proposer, k=1)
+        out, events = generate_all(runner, prompt, params, proposer, k=1)
+        assert events[1].drafted == 1  # the second token is verified from a draft
         counts[out[1]] += 1
     p = chi_square_pvalue(counts, exact)
     if broken:

@@ -72,3 +72,8 @@ class Toy(DraftAlgorithm):
         from .model import ToyProposer
 
         return ToyProposer(draft)
+
+    def acceptance_counts(self, draft, aux, token_ids, k):
+        from .model import acceptance_counts
+
+        return acceptance_counts(draft, aux, token_ids, k)

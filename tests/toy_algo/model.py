@@ -56,6 +56,17 @@ def collate(samples, layout, max_tokens):
     return {"aux": torch.cat(aux)[None], "labels": torch.cat(labels)[None], "loss_mask": torch.cat(mask)[None]}
 
 
+@torch.inference_mode()
+def acceptance_counts(draft: ToyHead, aux: torch.Tensor, token_ids: torch.Tensor, k: int) -> torch.Tensor:
+    """a[q] = 1 when the head over g_{q-1} (the proposer's state once x_q is committed) predicts x_{q+1}."""
+    t = int(token_ids.shape[0])
+    a = torch.zeros(t, dtype=torch.int64)
+    if k >= 1 and t >= 3:
+        guess = draft(aux[: t - 2].float()).argmax(-1)                   # from g_0..g_{t-3}: x_2..x_{t-1}
+        a[1: t - 1] = (guess == token_ids[2:t].long()).long()
+    return a
+
+
 class ToyObjective:
     def __call__(self, model, batch):
         logits = model(batch["aux"])

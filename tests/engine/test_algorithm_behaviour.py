@@ -1,0 +1,279 @@
+"""One behaviour suite for every registered draft algorithm (and the toy plugin), through the public interface only.
+
+Each algorithm builds a small draft and fits it for a few hundred steps to the tiny target's own greedy answers
+(its `collate` and `objective`, saved and loaded back with `save`/`load`), so drafts ARE accepted: the accept, the
+partial-accept (rollback) and the reject paths of its proposer all run. On that draft: greedy speculative output is
+the baseline's, with drafts accepted and with every draft made wrong; EOS inside an accepted block stops where the
+baseline stops; a lenient acceptance rule is caught by the same check; the offline evaluator's walk equals decoding
+step by step; sampling at temperature 1 keeps the target's distribution. On the built-in target a random draft
+gives the baseline's text.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from test_generate import PROMPTS, chi_square_pvalue, second_token_distribution  # the decode engine's own checks
+
+from engine.algos import ALGOS, load_plugins
+from engine.measure.evaluate import evaluate_samples, samples_from_prompts  # the offline evaluator (walk over counts)
+from engine.generate import speculative
+from engine.generate.api import prompt_ids
+from engine.generate.proposers import Proposal, Proposer
+from engine.generate.runner import TargetRunner
+from engine.generate.sampling import SamplingParams
+from engine.generate.speculative import generate_all
+
+TOY_ALGO = Path(__file__).resolve().parents[1] / "toy_algo"  # registered like any plugin (WORKBENCH_ALGO_PLUGINS)
+TOY = "toy"
+ALGORITHMS = list(dict.fromkeys([*ALGOS.names(), TOY]))
+# Small drafts: fields an algorithm's arguments have are set to these (the rest keep their defaults).
+SMALL = {"num_layers": 1, "block_size": 4, "num_depths": 4, "ttt_steps": 3, "markov_rank": 16, "max_anchors": 64,
+         "draft_vocab_size": 160, "sliding_window": None}
+NEW_TOKENS = 24
+FIT_TOKENS = NEW_TOKENS // 2  # answer tokens the draft is fitted to
+FIT_STEPS = 120
+SAMPLES = 400  # draws of the sampling test
+MESSAGES = [[{"role": "user", "content": p}] for p in PROMPTS]
+
+
+@pytest.fixture(scope="module", params=ALGORITHMS)
+def algo(request):
+    """A registered algorithm; the toy is registered from its folder for its tests and removed afterwards."""
+    if request.param in ALGOS:
+        yield ALGOS.get(request.param)
+        return
+    load_plugins(str(TOY_ALGO))
+    try:
+        yield ALGOS.get(request.param)
+    finally:
+        ALGOS.unregister(request.param)
+        for name in [m for m in sys.modules if m.startswith(f"workbench_plugin_{TOY_ALGO.name}")]:
+            sys.modules.pop(name)
+
+
+@pytest.fixture(scope="module")
+def target(tiny_targets):
+    """A private copy of the tiny target: drafts share (and freeze) its embedding."""
+    from engine.targets import load_target
+
+    return load_target(str(tiny_targets["llama"]))
+
+
+def greedy() -> SamplingParams:
+    return SamplingParams(max_new_tokens=NEW_TOKENS, eos_token_ids=[2])  # 2: the tiny tokenizer's <|im_end|>
+
+
+@pytest.fixture(scope="module")
+def baselines(target):
+    """(prompt ids, the target's greedy answer) for every prompt."""
+    runner = TargetRunner(target)
+    out = []
+    for messages in MESSAGES:
+        ids = prompt_ids(target.tokenizer, messages)
+        out.append((ids, generate_all(runner, ids, greedy())[0]))
+    return out
+
+
+def small_args(algo, **extra):
+    fields = algo.args_class.model_fields
+    return algo.args_class(**{k: v for k, v in {**SMALL, **extra}.items() if k in fields})
+
+
+@pytest.fixture(scope="module")
+def fitted(algo, target, baselines, tiny_targets, tmp_path_factory):
+    return fit_draft(algo, target, baselines, tiny_targets["llama"], tmp_path_factory.mktemp(f"fitted-{algo.name}"))
+
+
+def fit_draft(algo, target, baselines, target_folder, out, steps: int = FIT_STEPS):
+    """The algorithm's small draft fitted to part of the target's greedy answers, saved (fp32) and loaded back."""
+    from engine.data.online import OnlineHiddenStates
+    from engine.targets import load_verifier_parts
+    from engine.train.data import layout_for
+
+    # the first half of every answer but the last prompt's: drafts are right there and wrong elsewhere, so decoding
+    # meets whole blocks accepted, blocks accepted in part (rolled back) and blocks rejected
+    rows = [{"input_ids": ids + answer[:FIT_TOKENS], "loss_mask": [0] * len(ids) + [1] * len(answer[:FIT_TOKENS])}
+            for ids, answer in baselines[:-1]]
+    data = OnlineHiddenStates(target, rows, algo=algo.name, dtype="fp32")
+    layout = layout_for(data.layer_ids, target.num_layers, None, needs_last=algo.needs_last_layer)
+    verifier = load_verifier_parts(target_folder)  # the trainer's view: its own copy of the target's parts
+    args = small_args(algo)
+    draft = algo.build(verifier, args, aux_layer_ids=[data.layer_ids[c] for c in layout.aux_columns],
+                       token_counts=data.token_counts(), seed=0)
+    objective = algo.objective(draft, verifier, args, "cpu")
+    opt = torch.optim.AdamW([p for p in draft.parameters() if p.requires_grad], lr=3e-3)
+    samples = data.get_many(range(len(data)))
+    torch.manual_seed(0)
+    draft.train()
+    for _ in range(steps):
+        loss, _ = objective(draft, algo.collate(samples, layout, 4096, args))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    path = algo.save(draft.eval(), out / "draft", dtype=torch.float32)
+    return algo.load(path, target)
+
+
+def ks(algo, draft) -> list[int]:
+    """k = 1 (a short read of a block) and the largest k up to 4 that the draft allows."""
+    limit = algo.max_k(draft.config)
+    return sorted({1, min(4, limit) if limit else 4})
+
+
+def decode(target, proposer: Proposer | None, ids, params, k):
+    runner = TargetRunner(target, proposer.aux_layer_ids if proposer else None)
+    return generate_all(runner, ids, params, proposer, k)
+
+
+def differing(target, baselines, make_proposer, k) -> tuple[list[int], list]:
+    """The suite's identity check: (indices of prompts whose speculative text differs from the baseline, the
+    drafting steps of every run)."""
+    bad, steps = [], []
+    for i, (ids, base) in enumerate(baselines):
+        out, events = decode(target, make_proposer(), ids, greedy(), k)
+        if out != base:
+            bad.append(i)
+        steps += [e for e in events if e.step > 0 and e.drafted]
+    return bad, steps
+
+
+def test_greedy_identity_with_drafts_accepted(algo, target, baselines, fitted):
+    """Drafts are accepted (whole blocks and, for k > 1, leading parts of blocks: the rollback) and the text is the
+    target's own."""
+    for k in ks(algo, fitted):
+        bad, steps = differing(target, baselines, lambda: algo.proposer(fitted), k)
+        assert not bad, (k, bad)
+        accepted = sum(e.accepted for e in steps)
+        assert 1 + accepted / len(steps) > 1.2, (k, accepted, len(steps))  # mean acceptance length
+        assert any(e.accepted == e.drafted for e in steps) and any(e.accepted == 0 for e in steps), k
+        if k > 1:
+            assert any(0 < e.accepted < e.drafted for e in steps), k  # partial accept: the cache is rolled back
+
+
+class WrongDrafts(Proposer):
+    """The algorithm's own proposer, every draft token replaced by one the target does not choose: each step drafts
+    and rolls back everything (`answer`: the target's greedy answer, which the output then equals)."""
+
+    name = "wrong"
+
+    def __init__(self, inner: Proposer, answer: list[int], vocab_size: int):
+        self.inner, self.answer, self.vocab_size = inner, answer, vocab_size
+        self.aux_layer_ids = inner.aux_layer_ids
+        self.done = 0
+
+    def start(self, prompt_ids, prompt_aux, first_token):
+        self.inner.start(prompt_ids, prompt_aux, first_token)
+        self.done = 1
+
+    def propose(self, k, params, generator):
+        proposal = self.inner.propose(k, params, generator)
+        wrong = (self.answer[self.done] + 1) % self.vocab_size
+        return Proposal([wrong] * len(proposal.tokens), None, proposal.withheld, proposal.confidence)
+
+    def update(self, accepted, next_token, aux):
+        self.done += len(accepted) + 1
+        self.inner.update(accepted, next_token, aux)
+
+
+def test_greedy_identity_when_every_draft_is_wrong(algo, target, baselines, fitted):
+    k = ks(algo, fitted)[-1]
+    for ids, base in baselines:
+        prop = WrongDrafts(algo.proposer(fitted), base, target.vocab_size)
+        out, events = decode(target, prop, ids, greedy(), k)
+        assert out == base
+        steps = [e for e in events if e.step > 0]
+        assert sum(e.drafted for e in steps) > 0 and sum(e.accepted for e in steps) == 0
+
+
+def test_a_lenient_acceptance_rule_is_caught(algo, target, baselines, fitted, monkeypatch):
+    """The identity check can fail: a rule that also accepts the first wrong draft changes the text."""
+    exact = speculative.verify_greedy
+
+    def lenient(drafts, logits):
+        n = min(exact(drafts, logits).accepted + 1, len(drafts))
+        return speculative.Verdict(n, int(logits[n].argmax()))
+
+    monkeypatch.setattr(speculative, "verify_greedy", lenient)
+    bad, _ = differing(target, baselines, lambda: algo.proposer(fitted), ks(algo, fitted)[-1])
+    assert bad
+
+
+def test_draft_proposing_eos_inside_a_block_stops_like_baseline(algo, target, baselines, fitted):
+    ids, base = baselines[0]
+    params = greedy()
+    params.eos_token_ids = [base[5]]  # the 6th baseline token as EOS: generation stops right after it
+    expected, _ = decode(target, None, ids, params, 1)
+    out, _ = decode(target, algo.proposer(fitted), ids, params, ks(algo, fitted)[-1])
+    assert out == expected and out[-1] == base[5]
+
+
+def test_evaluator_walk_equals_decoding(algo, target, fitted):
+    """The offline evaluator's (drafted, accepted) steps are decoding's, for every k, with drafts accepted."""
+    samples = samples_from_prompts(target, MESSAGES, algo.aux_layer_ids(fitted), max_new_tokens=NEW_TOKENS)
+    result = evaluate_samples(algo, fitted, samples, ks(algo, fitted), max_new_tokens=NEW_TOKENS, keep_walks=True)
+    params = SamplingParams(max_new_tokens=NEW_TOKENS, eos_token_ids=[target.tokenizer.eos_token_id])
+    for k in ks(algo, fitted):
+        walked_accepted = 0
+        for messages, walked in zip(MESSAGES, result["walks"][str(k)]):
+            _, events = decode(target, algo.proposer(fitted), prompt_ids(target.tokenizer, messages), params, k)
+            assert [(e.drafted, e.accepted) for e in events if e.step > 0] == list(zip(walked["drafted"],
+                                                                                        walked["accepted"]))
+            walked_accepted += sum(walked["accepted"])
+        assert walked_accepted > 0, k
+
+
+def test_sampling_keeps_the_target_distribution(algo, target, baselines, fitted):
+    """At temperature 1 the second token's distribution is the target's (chi-square): it is the first token of
+    a verified block (the step after prefill drafts min(k, max_new_tokens - 2) tokens), drafts accepted."""
+    k = ks(algo, fitted)[-1]
+    params = SamplingParams(max_new_tokens=k + 2, temperature=1.0, top_k=40)
+    ids = baselines[0][0]
+    exact = second_token_distribution(target, ids, params)
+    counts = torch.zeros(target.vocab_size)
+    prop = algo.proposer(fitted)
+    runner = TargetRunner(target, prop.aux_layer_ids)
+    accepted = 0
+    for seed in range(SAMPLES):
+        params.seed = seed
+        _, first = itertools.islice(speculative.generate(runner, ids, params, prop, k), 2)  # prefill, one step
+        counts[first.tokens[0]] += 1
+        accepted += first.accepted
+    assert accepted > 0
+    assert chi_square_pvalue(counts, exact) > 1e-3
+
+
+@pytest.fixture(scope="module", params=[2, pytest.param(50, marks=pytest.mark.slow)])
+def builtin_baselines(builtin_target, request):
+    """(prompt ids, greedy answer) of the built-in target (fp32) on 2 held-out prompts (50: slow)."""
+    from engine.data.datasets import heldout_prompts
+
+    out = []
+    for messages in heldout_prompts("sharegpt", n=request.param, max_chars=300):
+        ids = prompt_ids(builtin_target.tokenizer, messages)
+        out.append((ids, decode(builtin_target, None, ids, builtin_params(builtin_target), 1)[0]))
+    return out
+
+
+def builtin_params(target) -> SamplingParams:
+    return SamplingParams(max_new_tokens=12, eos_token_ids=[target.tokenizer.eos_token_id])
+
+
+def test_greedy_identity_on_the_builtin_target(algo, builtin_target, builtin_baselines):
+    """A random small draft on the built-in target: the target's own text."""
+    from engine.targets import load_verifier_parts
+
+    verifier = load_verifier_parts(target=builtin_target)
+    draft = algo.build(verifier, small_args(algo, draft_vocab_size=None), token_counts=None, seed=0,
+                       aux_layer_ids=algo.default_layer_ids(builtin_target.num_layers)).eval()
+    drafted = 0
+    for ids, base in builtin_baselines:
+        out, events = decode(builtin_target, algo.proposer(draft), ids, builtin_params(builtin_target),
+                             ks(algo, draft)[-1])
+        assert out == base
+        drafted += sum(e.drafted for e in events)
+    assert drafted > 0
