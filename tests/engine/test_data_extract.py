@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 
 from engine.data.extract import HiddenStatesDataset, extract_hidden_states, load_sample, plan_padded_batches
 from engine.data.layers import resolve_layer_ids
-from engine.format.config import evenly_spaced_layer_ids
+from engine.algos.dflash.config import evenly_spaced_layer_ids
 from engine.data.online import OnlineHiddenStates
 from engine.data.render import render_rows
 from engine.errors import WorkbenchError

@@ -13,7 +13,8 @@ from engine.algos.common.vocab import choose_mask_token, reduced_vocab, selected
 from engine.algos.dflash.model import DFlashDraft
 from engine.errors import WorkbenchError
 from engine.format.checkpoint import load_state_dict, read_config_dict, save_checkpoint
-from engine.format.config import DFlashConfig, build_draft_config, build_layer_config, parse_draft_config
+from engine.algos.dflash.config import DFlashConfig
+from engine.format.config import build_draft_config, build_layer_config, parse_draft_config
 
 
 def build_dflash(target, *, aux_layer_ids: list[int] | None = None, num_layers: int = 5, block_size: int = 16,

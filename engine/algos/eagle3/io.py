@@ -13,7 +13,8 @@ from engine.algos.common.vocab import reduced_vocab, selected_from_d2t, vocab_ma
 from engine.algos.eagle3.model import Eagle3Draft
 from engine.errors import WorkbenchError
 from engine.format.checkpoint import load_state_dict, read_config_dict, save_checkpoint
-from engine.format.config import Eagle3Config, build_draft_config, build_layer_config, parse_draft_config
+from engine.algos.eagle3.config import Eagle3Config
+from engine.format.config import build_draft_config, build_layer_config, parse_draft_config
 
 
 def build_eagle3(
