@@ -69,6 +69,7 @@ class DraftConfig(BaseModel):
     default_draft_arch: ClassVar[str] = "qwen3"  # transformer_layer_config.model_type of a fresh config
     # what engine/format/vllm_rules.py and validate.py ask of a type (its folder fills them in)
     vllm_served: ClassVar[bool] = True  # vLLM 0.33 registers this speculators type
+    vllm_order: ClassVar[int] = 0  # its place in vLLM's registry (speculators/algos.py), for vLLM's own message
     vllm_method: ClassVar[dict[str, Any]] = {}  # overrides of vLLM's speculative config (default: method = type)
     needs_speculative_tokens: ClassVar[bool] = True  # vLLM refuses the config without a k
     stores_embeddings: ClassVar[bool] = False  # speculators builds its own embed_tokens for this type
@@ -133,6 +134,10 @@ class DraftConfig(BaseModel):
     def max_speculative_tokens(self) -> int | None:
         """The most tokens one draft step can propose (None: no structural limit)."""
         return None
+
+    def k_limit_reason(self) -> str:
+        """Why k cannot exceed `max_speculative_tokens` (validate's message)."""
+        return f"a {self.algorithm} draft drafts at most {self.max_speculative_tokens()} tokens per step"
 
     # -- vLLM's loader for this type (engine/format/vllm_rules.py calls these) ------------------
     @classmethod

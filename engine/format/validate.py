@@ -70,7 +70,7 @@ def validate_draft(
 
 
 _STRUCTURE = (  # (path, JSON type, what it is): values every later rule reads as this type
-    (("speculators_model_type",), str, "a string (the algorithm, e.g. \"eagle3\")"),
+    (("speculators_model_type",), str, "a string (the algorithm's speculators type)"),
     (("speculators_config",), dict, "an object"),
     (("speculators_config", "verifier"), dict, "an object with name_or_path"),
     (("speculators_config", "proposal_methods"), list, "a list of objects"),
@@ -113,6 +113,7 @@ def _all_rules(report, cfg, folder, verifier_config, check_weights, deep, tensor
         wrong_target = _target_rules(cfg, str(target), report)
         verifier_config = verifier_config or _local_config(str(target))
     verifier = verifier_config or _find_verifier_config(cfg)
+    _token_id_rules(cfg, None if wrong_target else verifier, report)
     if verifier is not None:
         report.verifier_checked = True
         _verifier_rules(cfg, hf, verifier, report, chosen=verifier_config is not None, wrong_target=wrong_target)
@@ -136,6 +137,12 @@ def _all_rules(report, cfg, folder, verifier_config, check_weights, deep, tensor
 
 
 def _vllm_layer(cfg: dict[str, Any], report: ValidationReport) -> dict[str, Any] | None:
+    cls = _config_class(cfg)
+    if cls is not None and not cls.vllm_served:  # a registered type of the workbench's own
+        report.add(Issue("speculators_model_type", f"vLLM 0.33 does not serve '{cls.algorithm}' drafts: the workbench "
+                         "trains and drafts them in-process (generate, bench), and vLLM's loading rules were not "
+                         "applied", layer="vllm", severity="warning"))
+        return None
     try:
         vr.check_config_routing(cfg)
     except vr.VllmError as e:
@@ -271,7 +278,6 @@ def aux_ids(cfg: dict[str, Any]) -> tuple[str, Any]:
 
 
 def _project_config_rules(cfg: dict[str, Any], typed, hf: dict[str, Any] | None, report: ValidationReport) -> None:
-    kind = cfg.get("speculators_model_type")
     tlc = cfg.get("transformer_layer_config")
     if isinstance(tlc, dict):
         for key in ("hidden_size", "num_attention_heads", "intermediate_size", "vocab_size", "model_type"):
@@ -317,8 +323,7 @@ def _project_config_rules(cfg: dict[str, Any], typed, hf: dict[str, Any] | None,
         limit = typed.max_speculative_tokens()
         if limit is not None and typed.speculative_tokens > limit:
             report.add(Issue("speculators_config.proposal_methods[0].speculative_tokens",
-                             f"{typed.speculative_tokens} > {limit}: a block of {typed.block_size} with "
-                             f"sample_from_anchor={typed.sample_from_anchor} drafts at most {limit} tokens"))
+                             f"{typed.speculative_tokens} > {limit}: {typed.k_limit_reason()}"))
     for rule in cls.validation_rules() if cls is not None else ():
         rule(cfg, typed, hf, report)
 
@@ -404,6 +409,40 @@ def _verifier_rules(cfg: dict[str, Any], hf: dict[str, Any] | None, verifier: di
         report.add(Issue("speculators_config.verifier.architectures", f"{spec_va} differs from the verifier's {va}"
                          + (": the draft was trained on another kind of model than the chosen target" if chosen else ""),
                          severity="error" if chosen else "warning"))
+
+
+_LAYER_TOKEN_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")  # copied from the verifier; vLLM drafts without
+
+
+def _token_id_rules(cfg: dict[str, Any], verifier: dict[str, Any] | None, report: ValidationReport) -> None:
+    """Every token id the config records inside the vocabulary: the verifier's when known, else the draft's own
+    (`transformer_layer_config.vocab_size`). The fields are the type's `token_id_fields` (errors: vLLM indexes the
+    embedding with them) and the layer config's bos/eos/pad ids (warnings: vLLM does not read them to draft)."""
+    tlc = cfg.get("transformer_layer_config") if isinstance(cfg.get("transformer_layer_config"), dict) else {}
+    vcfg = (verifier.get("text_config", verifier) if "vocab_size" not in verifier else verifier) if verifier else {}
+    vocab, whose = vcfg.get("vocab_size"), "the verifier's vocabulary"
+    if not isinstance(vocab, int) or isinstance(vocab, bool):
+        vocab, whose = tlc.get("vocab_size"), "the draft's vocabulary (transformer_layer_config.vocab_size)"
+    if not isinstance(vocab, int) or isinstance(vocab, bool) or vocab <= 0:
+        return
+    cls = _config_class(cfg)
+    for name, fix in (cls.token_id_fields if cls is not None else {}).items():
+        _check_token_id(name, cfg.get(name), vocab, whose, fix, "vLLM looks it up in the embedding at the first "
+                        "draft step and fails with an index out of range", report, "error")
+    for name in _LAYER_TOKEN_IDS:
+        _check_token_id(f"transformer_layer_config.{name}", tlc.get(name), vocab, whose, "the verifier's own id",
+                        "vLLM does not read it to draft, but it says the layer config was copied from another "
+                        "model", report, "warning")
+
+
+def _check_token_id(field: str, value: Any, vocab: int, whose: str, fix: str, why: str, report: ValidationReport,
+                    severity: str) -> None:
+    ids = value if isinstance(value, list) else [value]
+    bad = [i for i in ids if isinstance(i, int) and not isinstance(i, bool) and not 0 <= i < vocab]
+    if bad:
+        shown = bad[0] if not isinstance(value, list) else bad
+        report.add(Issue(field, f"{shown} is outside {whose}, token ids 0..{vocab - 1} ({vocab} tokens): {why}; "
+                         f"set it to {fix}, an id below {vocab}", severity=severity))
 
 
 def _weight_rules(folder: Path, cfg: dict[str, Any], hf: dict[str, Any] | None, report: ValidationReport,

@@ -17,7 +17,8 @@ from engine.format.config import CONFIG_TYPES, DraftConfig, config_type
 def served_types() -> list[str]:
     """The speculators types vLLM 0.33 registers, as far as the registered config classes say (import
     `engine.algos` first: it registers them)."""
-    return [t for t in CONFIG_TYPES.names() if CONFIG_TYPES.get(t).vllm_served]
+    served = [t for t in CONFIG_TYPES.names() if CONFIG_TYPES.get(t).vllm_served]
+    return sorted(served, key=lambda t: CONFIG_TYPES.get(t).vllm_order)
 
 
 def served_class(kind: Any) -> type[DraftConfig] | None:

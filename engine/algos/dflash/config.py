@@ -23,6 +23,7 @@ class DFlashConfig(DraftConfig):
     default_architecture: ClassVar[str] = "DFlashSpeculator"
     config_class: ClassVar[str] = "DFlashSpeculatorConfig"
     uses_mask_token: ClassVar[bool] = True
+    vllm_order: ClassVar[int] = 2
     vllm_refused_tensors: ClassVar[dict[str, str]] = {"mask_hidden": MASK_HIDDEN_REFUSED}
     token_id_fields: ClassVar[dict[str, str]] = {
         "mask_token_id": "a token id the target never emits (the tokenizer's mask or pad token, or a spare row)"}
@@ -46,6 +47,10 @@ class DFlashConfig(DraftConfig):
 
     def max_speculative_tokens(self) -> int | None:
         return self.block_size if self.sample_from_anchor else self.block_size - 1
+
+    def k_limit_reason(self) -> str:
+        return (f"a block of {self.block_size} with sample_from_anchor={self.sample_from_anchor} drafts at most "
+                f"{self.max_speculative_tokens()} tokens")
 
     @classmethod
     def vllm_update(cls, cfg: dict, pre: dict) -> None:

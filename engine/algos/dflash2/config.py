@@ -19,6 +19,7 @@ class DFlash2Config(DFlashConfig):
     algorithm: ClassVar[str] = "dflash2"
     default_architecture: ClassVar[str] = "DFlash2DraftModel"
     config_class: ClassVar[str] = "DFlash2SpeculatorConfig"
+    vllm_order: ClassVar[int] = 3
     vllm_method: ClassVar[dict[str, Any]] = {"method": "dflash"}
 
     speculators_model_type: Literal["dflash2"] = "dflash2"  # type: ignore[assignment]

@@ -19,6 +19,7 @@ class DSparkConfig(DFlashConfig):
     algorithm: ClassVar[str] = "dspark"
     default_architecture: ClassVar[str] = "DSparkSpeculator"
     config_class: ClassVar[str] = "DSparkSpeculatorConfig"
+    vllm_order: ClassVar[int] = 4
     needs_speculative_tokens: ClassVar[bool] = False  # vLLM's DSpark drafts the whole block when k is absent
 
     speculators_model_type: Literal["dspark"] = "dspark"  # type: ignore[assignment]

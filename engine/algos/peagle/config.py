@@ -23,6 +23,7 @@ class PEagleConfig(Eagle3Config):
     uses_mask_token: ClassVar[bool] = True
     own_layer_config_keys: ClassVar[tuple[str, ...]] = ()
     default_draft_arch: ClassVar[str] = "qwen3"
+    vllm_order: ClassVar[int] = 1
     vllm_method: ClassVar[dict[str, Any]] = {"method": "eagle3", "parallel_drafting": True}
     vllm_skipped_tensors: ClassVar[tuple[str, ...]] = ()
     vllm_required_tensors: ClassVar[dict[str, str]] = {
