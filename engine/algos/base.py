@@ -25,8 +25,8 @@ import importlib.util
 import inspect
 import os
 import sys
-from types import ModuleType
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Any, ClassVar, Iterable, Protocol, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field

@@ -10,10 +10,10 @@ import torch
 
 from engine.algos.common.layers import init_draft_weights, module_to_dtype_except
 from engine.algos.common.vocab import choose_mask_token, reduced_vocab, selected_from_d2t, vocab_maps
+from engine.algos.dflash.config import DFlashConfig
 from engine.algos.dflash.model import DFlashDraft
 from engine.errors import WorkbenchError
 from engine.format.checkpoint import load_state_dict, read_config_dict, save_checkpoint
-from engine.algos.dflash.config import DFlashConfig
 from engine.format.config import build_draft_config, build_layer_config, parse_draft_config
 
 
