@@ -122,7 +122,8 @@ with extract_tab:
             c1, c2, c3 = st.columns(3)
             out = c1.text_input("Output folder", data_ui.default_extract_out(dataset, target), key="data_extract_out")
             n = c2.number_input("Max samples (0 = all)", 0, 10_000_000, 100, key="data_extract_samples")
-            algo = c3.selectbox("Algorithm (its default layer ids)", data_ui.ALGOS, key="data_extract_algo")
+            algo = c3.selectbox("Algorithm (its default layer ids)", data_ui.algorithm_names(),
+                                key="data_extract_algo")
             c4, c5, c6 = st.columns(3)
             layers = c4.text_input("Layer ids (overrides the algorithm)", "", key="data_extract_layers",
                                    placeholder="e.g. 2, 15, 27, 30", help="Id N = the last layer before the norm.")

@@ -51,9 +51,12 @@ def builtin_target():
 def toy_registered():
     """The toy algorithm registered in this process too (AppTest runs the app here); removed afterwards."""
     from engine.algos import ALGOS, load_plugins
+    from engine.format.config import CONFIG_TYPES
 
     load_plugins(str(TOY_ALGO))
     yield ALGOS.get("toy")
     ALGOS.unregister("toy")
-    sys.modules.pop("workbench_plugin_toy_algo", None)
-    sys.modules.pop("workbench_plugin_toy_algo.model", None)
+    CONFIG_TYPES.unregister("toy")
+    for name in [m for m in sys.modules if m == "workbench_plugin_toy_algo" or
+                 m.startswith("workbench_plugin_toy_algo.")]:
+        sys.modules.pop(name)

@@ -14,7 +14,8 @@ from typing import Any, Literal
 
 import streamlit as st
 
-from engine.format.config import CONFIG_CLASSES, DraftConfig, ProposalMethod, VerifierInfo
+from engine.algos import algorithm_names
+from engine.format.config import CONFIG_TYPES, DraftConfig, ProposalMethod, VerifierInfo, config_types
 from ui.forms import FieldKind, field_kind, from_widget, to_widget
 
 CFG, TEXT, JSON_ERROR, PREFIX = "builder_cfg", "builder_json", "builder_json_error", "builder_f_"
@@ -44,13 +45,13 @@ _TLC = [
     ("num_aux_hidden_states", int | None, "vLLM's Llama chain-draft class reads the aux-layer count here (default 3)."),
 ]
 # layer-config keys that only some types read (each config class lists its own)
-_TYPE_SPECIFIC = {k for c in CONFIG_CLASSES.values() for k in c.own_layer_config_keys}
+_TYPE_SPECIFIC = {k for t in config_types() for k in CONFIG_TYPES.get(t).own_layer_config_keys}
 
 
 def fields_for(algorithm: str | None) -> dict[str, list[BuilderField]]:
     """The form's fields, grouped; descriptions from the pydantic models (and short notes for layer keys)."""
-    cls = CONFIG_CLASSES.get(algorithm or "", None)
-    algo_kind = FieldKind("choice", False, tuple(CONFIG_CLASSES))
+    cls = CONFIG_TYPES.get(algorithm) if algorithm in CONFIG_TYPES else None
+    algo_kind = FieldKind("choice", False, tuple(config_types()))  # every type it validates (uploads too)
     pm, vi = ProposalMethod.model_fields, VerifierInfo.model_fields
     groups: dict[str, list[BuilderField]] = {
         "Algorithm and proposal": [
@@ -270,7 +271,7 @@ def template(algorithm: str, target_path: str, verifier_name: str | None) -> dic
 
     verifier = read_config_dict(target_path)
     text = verifier.get("text_config", verifier) if "num_hidden_layers" not in verifier else verifier
-    cls = CONFIG_CLASSES[algorithm]
+    cls = CONFIG_TYPES.get(algorithm)
     fields: dict[str, Any] = {"draft_vocab_size": text.get("vocab_size"),
                               cls.aux_field: default_layer_ids(int(text["num_hidden_layers"]), algorithm)}
     if cls.uses_mask_token:
@@ -317,7 +318,8 @@ def tidy_floats(obj: Any) -> Any:
 
 
 def algorithms() -> list[str]:
-    return list(CONFIG_CLASSES)
+    """The algorithms a new config starts from: the registry's list, as on every page."""
+    return algorithm_names()
 
 
 def parse_upload(name: str, data: bytes) -> dict[str, Any]:

@@ -7,13 +7,11 @@ import re
 from pathlib import Path
 from typing import Any
 
-from engine.data.layer_ids import layer_algorithms
+from engine.algos import algorithm_names
 from engine.jobs import runs_dir
 
-ALGOS = layer_algorithms()  # the algorithms `extract --algo` knows (the registry, then the other format types)
-
-__all__ = ["ALGOS", "BUILTIN", "default_extract_out", "default_regen_out", "extract_argv", "extraction_folders",
-           "manifest", "prepare_argv", "regenerate_argv", "save_upload", "slug"]
+__all__ = ["BUILTIN", "algorithm_names", "default_extract_out", "default_regen_out", "extract_argv",
+           "extraction_folders", "manifest", "prepare_argv", "regenerate_argv", "save_upload", "slug"]
 
 BUILTIN = "sharegpt"
 

@@ -10,7 +10,7 @@ from typing import Any
 import yaml
 
 from engine import jobs as engine_jobs
-from engine.algos import ALGOS, AlgoArgs
+from engine.algos import ALGOS, AlgoArgs, algorithm_names
 from engine.fsutil import atomic_write_text
 from engine.train.config import TrainConfig
 from ui.cli import flags
@@ -37,10 +37,6 @@ SMOKE_MEASURED_ON = "a 2-core CPU shared with other jobs (load average 9-15), wi
 
 
 COMMON_SKIP = ("algo", "algo_args")  # the algorithm is chosen by its own selector; its arguments have a form
-
-
-def algorithm_names() -> list[str]:
-    return ALGOS.names()
 
 
 def algorithm_title(name: str) -> str:

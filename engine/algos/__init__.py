@@ -1,18 +1,19 @@
 """The registered draft algorithms: one folder each, imported here explicitly (one line per algorithm).
 
-`ALGOS` maps a name (= `speculators_model_type`) to its `DraftAlgorithm`. Importing this package
-imports no torch.
+`ALGOS` maps a name (= `speculators_model_type`) to its `DraftAlgorithm`; importing a folder also registers its
+config type (`engine.format.config.CONFIG_TYPES`). Importing this package imports no torch.
 """
 
-from engine.algos.base import (ALGOS, AlgoArgs, DraftAlgorithm, Objective, algorithm_for_config, default_algo,
-                               load_plugins, register_algorithm)
+from engine.algos.base import (ALGOS, AlgoArgs, DraftAlgorithm, DraftArgs, Objective, algorithm_for_config,
+                               algorithm_names, default_algo, load_plugins, register_algorithm)
 
 from engine.algos import eagle3  # noqa: E402,F401  (registration)
 from engine.algos import dflash  # noqa: E402,F401  (registration)
 from engine.algos import peagle  # noqa: E402,F401  (registration)
 from engine.algos import dspark  # noqa: E402,F401  (registration)
+from engine.algos import dflash2  # noqa: E402,F401  (registration: a config type only, validated and served)
 
 load_plugins()  # WORKBENCH_ALGO_PLUGINS: algorithms kept outside the tree
 
-__all__ = ["ALGOS", "AlgoArgs", "DraftAlgorithm", "Objective", "algorithm_for_config", "default_algo",
-           "load_plugins", "register_algorithm"]
+__all__ = ["ALGOS", "AlgoArgs", "DraftAlgorithm", "DraftArgs", "Objective", "algorithm_for_config",
+           "algorithm_names", "default_algo", "load_plugins", "register_algorithm"]

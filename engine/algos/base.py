@@ -2,8 +2,16 @@
 
 An algorithm is one folder `engine/algos/<name>/` whose `__init__.py` registers a `DraftAlgorithm` in
 `ALGOS` and imports nothing heavy: listing algorithms and their typed training arguments (the CLI's
-`--help`, the Train page's form) must not import torch. Everything that needs torch (build, load, save,
-collate, the loss, the proposer) is imported inside the methods.
+`--help`, the Train page's form) must not import torch. The torch side is found by convention in the
+algorithm's own package, imported on first use (`module`):
+
+    io.py        build_<name>(target, **fields), load_<name>(path, target, allow_pickle=, dtype=), save_<name>(...)
+    train.py     collate(samples, layout, max_tokens, **fields), <Class>Objective(draft, verifier, **fields, device=)
+    proposer.py  <Class>Proposer(draft, **options)
+    evaluate.py  acceptance_counts(draft, aux, token_ids, k), acceptance_expectation(..., target_logits, k, T)
+
+where `<Class>` is the algorithm class's name and `fields` are the training arguments the callee's signature
+names (so `build`, `collate` and `objective` copy no argument by hand).
 
 Third-party algorithms can be registered without editing the tree: `WORKBENCH_ALGO_PLUGINS` holds
 comma-separated module names or package folders that are imported after the built-in ones.
@@ -11,14 +19,17 @@ comma-separated module names or package folders that are imported after the buil
 
 from __future__ import annotations
 
+import copy
 import importlib
 import importlib.util
+import inspect
 import os
 import sys
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Any, ClassVar, Iterable, Protocol, Sequence
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from engine.errors import WorkbenchError
 from engine.format.config import DraftConfig
@@ -40,6 +51,34 @@ class AlgoArgs(BaseModel):
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
     groups: ClassVar[dict[str, list[str]]] = {}
+    field_defaults: ClassVar[dict[str, Any]] = {}  # an algorithm's own defaults of inherited fields
+    field_help: ClassVar[dict[str, str]] = {}      # and its own help for them
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        """Apply `field_defaults` and `field_help` to the inherited fields (declared once, in a base)."""
+        super().__pydantic_init_subclass__(**kwargs)
+        names = set(cls.field_defaults) | set(cls.field_help)
+        for name in names:
+            info = copy.copy(cls.__pydantic_fields__[name])
+            if name in cls.field_defaults:
+                info.default = cls.field_defaults[name]
+            if name in cls.field_help:
+                info.description = cls.field_help[name]
+            cls.__pydantic_fields__[name] = info
+        if names:
+            cls.model_rebuild(force=True)
+
+
+class DraftArgs(AlgoArgs):
+    """The arguments every draft decoder has, declared once; an algorithm sets its defaults in `field_defaults`."""
+
+    num_layers: int = Field(1, ge=1, description="Draft decoder layers.")
+    draft_vocab_size: int | None = Field(
+        None, ge=1, description="Draft vocabulary: the most frequent loss-masked target tokens (None = full vocab).")
+    sliding_window: int | None = Field(None, description="Sliding window of the draft layers (None = full attention).")
+    speculative_tokens: int | None = Field(None, ge=1, description="k written into the config (default: the most "
+                                                                   "tokens one draft step is trained for).")
 
 
 class Objective(Protocol):
@@ -75,8 +114,10 @@ class DraftAlgorithm:
         return config.max_speculative_tokens()
 
     def speculative_tokens(self, args: AlgoArgs) -> int:
-        """The k a freshly trained draft records in its config."""
-        raise NotImplementedError
+        """The k a freshly trained draft records in its config: `speculative_tokens`, else its config type's
+        default for these arguments (`DraftConfig.default_speculative_tokens`, the one place it is computed)."""
+        return getattr(args, "speculative_tokens", None) or self.config_class.default_speculative_tokens(
+            args.model_dump())
 
     def describe(self, args: AlgoArgs) -> str:
         """One line on what these arguments train (model cards, job names)."""
@@ -96,21 +137,57 @@ class DraftAlgorithm:
         """The training objective in a few words (a model card's "Training" section)."""
         return getattr(args, "loss_fn", "its own loss")
 
-    # -- torch side -----------------------------------------------------------------------------
+    # -- torch side, found by convention in the algorithm's package (see the module docstring) ------
+    def module(self, part: str) -> ModuleType:
+        """The algorithm's module `part` ("io", "train", "proposer", "evaluate"), imported on first use."""
+        home = sys.modules[type(self).__module__]
+        package = home.__name__ if hasattr(home, "__path__") else home.__package__
+        return importlib.import_module(f"{package}.{part}")
+
+    def part(self, module: str, name: str) -> Any:
+        """`name` from the algorithm's module `module`; a clear error when the algorithm does not supply it."""
+        found = getattr(self.module(module), name, None)
+        if found is None:
+            raise NotImplementedError(f"{type(self).__name__} has no {module}.{name}")
+        return found
+
     def build(self, target, args: AlgoArgs, *, aux_layer_ids: Sequence[int], token_counts: "torch.Tensor | None",
               seed: int, init_from: str | None = None) -> "nn.Module":
         """A new draft for `target` (or the checkpoint `init_from`), ready to train; `.config` is its DraftConfig."""
-        raise NotImplementedError
+        if init_from:
+            draft = self.part("io", f"load_{self.name}")(init_from, target)
+        else:
+            build = self.part("io", f"build_{self.name}")
+            draft = build(target, **named_fields(build, args), aux_layer_ids=list(aux_layer_ids),
+                          token_counts=token_counts, speculative_tokens=self.speculative_tokens(args), seed=seed)
+        return self.prepare(draft, args)
+
+    def prepare(self, draft: "nn.Module", args: AlgoArgs) -> "nn.Module":
+        """Set what the arguments say about a built or loaded draft before training. Default: a `train_lm_head`
+        argument decides whether the draft's lm_head trains."""
+        if "train_lm_head" in type(args).model_fields:
+            draft.lm_head.weight.requires_grad_(args.train_lm_head)
+        return draft
 
     def load(self, path: str | os.PathLike, target=None, *, allow_pickle: bool = False,
              dtype: "torch.dtype | None" = None) -> "nn.Module":
         """A draft folder in the speculators layout, in eval mode (fp32 unless `dtype`)."""
-        raise NotImplementedError
+        import torch
+
+        return self.part("io", f"load_{self.name}")(path, target, allow_pickle=allow_pickle,
+                                                    dtype=dtype or torch.float32)
 
     def save(self, draft: "nn.Module", path: str | os.PathLike, *, dtype: "torch.dtype | None" = None,
              config_updates: dict[str, Any] | None = None) -> Path:
         """config.json + model.safetensors exactly as vLLM loads them (atomic); bf16 unless `dtype`."""
-        raise NotImplementedError
+        import torch
+
+        return self.part("io", f"save_{self.name}")(draft, path, dtype=dtype or torch.bfloat16,
+                                                    config_updates=config_updates, **self.save_options(draft))
+
+    def save_options(self, draft: "nn.Module") -> dict[str, Any]:
+        """Extra keyword arguments of this algorithm's `save_<name>` (default: none)."""
+        return {}
 
     def collate(self, samples: list[dict[str, "torch.Tensor"]], layout: "Layout", max_tokens: int,
                 args: AlgoArgs) -> dict[str, "torch.Tensor"]:
@@ -119,10 +196,17 @@ class DraftAlgorithm:
         The algorithm's own input/label shift and any sampling of positions happen here. The batch holds
         tensors only (the trainer moves them to the device) and a `loss_mask` [1, T] whose size and sum the
         trainer logs as tokens and loss tokens."""
-        raise NotImplementedError
+        collate = self.part("train", "collate")
+        return collate(samples, layout, max_tokens, **named_fields(collate, args), **self.collate_options(args, layout))
+
+    def collate_options(self, args: AlgoArgs, layout: "Layout") -> dict[str, Any]:
+        """Keyword arguments of `train.collate` that are not training arguments (default: none)."""
+        return {}
 
     def objective(self, draft: "nn.Module", verifier, args: AlgoArgs, device: str) -> Objective:
-        raise NotImplementedError
+        """The training loss: `train.<Class>Objective(draft, verifier, **its named arguments, device=device)`."""
+        objective = self.part("train", f"{type(self).__name__}Objective")
+        return objective(draft, verifier, **named_fields(objective, args), device=device)
 
     def calibrate(self, draft: "nn.Module", objective: Objective, batches: "Iterable[dict[str, torch.Tensor]]",
                   args: AlgoArgs) -> dict[str, Any] | None:
@@ -141,7 +225,7 @@ class DraftAlgorithm:
 
     def proposer(self, draft: "nn.Module", **options: Any) -> "Proposer":
         """A fresh proposer (its own caches) over loaded weights, for the decode engine."""
-        raise NotImplementedError
+        return self.part("proposer", f"{type(self).__name__}Proposer")(draft, **options)
 
     def aux_layer_ids(self, draft: "nn.Module") -> list[int]:
         """The target layer ids whose hidden states the draft reads (ascending)."""
@@ -152,7 +236,7 @@ class DraftAlgorithm:
         """Greedy decoding of a held-out target output, without decoding: aux [T, A*Ht] (the target's states at
         the draft's layers), token_ids [T] -> a [T] int64, a[q] = how many of the k drafts made when token q is
         the last committed one equal the data (tokens q+1..q+k). `engine.generate.acceptance` walks these counts."""
-        raise NotImplementedError
+        return self.part("evaluate", "acceptance_counts")(draft, aux, token_ids, k)
 
     def walk_counts(self, draft: "nn.Module", aux: "torch.Tensor", token_ids: "torch.Tensor",
                     k: int) -> "tuple[torch.Tensor, torch.Tensor | None]":
@@ -164,13 +248,20 @@ class DraftAlgorithm:
                                target_logits: "torch.Tensor", k: int, temperature: float) -> "torch.Tensor":
         """Sampled decoding (T > 0): [T, k], entry (q, j) = the chance that drafts 1..j+1 made at state q are all
         accepted, prod_i sum_x min(p_i(x), q_i(x)) with both distributions at `temperature` (an expectation)."""
-        raise NotImplementedError
+        return self.part("evaluate", "acceptance_expectation")(draft, aux, token_ids, target_logits, k, temperature)
 
     def draft_vocabulary(self, draft: "nn.Module") -> "torch.Tensor | None":
         """bool [V]: target tokens the draft can propose (None: all of them). Default: the draft's `t2d` buffer
         (target -> draft vocabulary mask) when it has one."""
         t2d = getattr(draft, "t2d", None)
         return None if t2d is None else t2d.bool().cpu()
+
+
+def named_fields(fn: Any, args: AlgoArgs) -> dict[str, Any]:
+    """The training arguments whose names `fn`'s signature lists (k is the algorithm's to resolve)."""
+    accepted = inspect.signature(fn).parameters
+    return {name: getattr(args, name) for name in type(args).model_fields
+            if name in accepted and name != "speculative_tokens"}
 
 
 ALGOS: Registry[DraftAlgorithm] = Registry("algorithm")
@@ -184,9 +275,14 @@ def register_algorithm(cls: type[DraftAlgorithm]) -> type[DraftAlgorithm]:
     return cls
 
 
+def algorithm_names() -> list[str]:
+    """The registered algorithms in registration order: every list of algorithms (CLI, pages) is this one."""
+    return ALGOS.names()
+
+
 def default_algo() -> str:
     """The algorithm used when none is named: the first one registered."""
-    names = ALGOS.names()
+    names = algorithm_names()
     if not names:
         raise WorkbenchError("no draft algorithm is registered", hint="check engine/algos/__init__.py")
     return names[0]

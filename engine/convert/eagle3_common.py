@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from engine.algos.eagle3.config import Eagle3Config
 from engine.convert.base import Converter, ConvertOptions, KeyRule
 from engine.errors import WorkbenchError
-from engine.format.config import Eagle3Config, build_draft_config, build_layer_config
+from engine.format.config import build_draft_config, build_layer_config
 
 # The single-layer layout SafeAILab's `Model` and SpecForge's `LlamaForCausalLMEagle3` save: `midlayer` is the
 # first decoder layer (q/k/v read [embedding; hidden], 2H), then the final norm and the draft-vocabulary head.

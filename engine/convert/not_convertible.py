@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import engine.algos  # noqa: F401  (registers the speculators types the rules below name)
 from engine.convert.base import not_convertible
 from engine.format import vllm_rules as vr
 
-_SERVED = ", ".join(vr.SUPPORTED_SPECULATORS_TYPES)
+_SERVED = ", ".join(vr.served_types())
 _RETRAIN = "train a draft of a type it serves with the workbench (python -m engine train --algo ...)"
 
 
@@ -102,4 +103,4 @@ def _speculators_explained(config: dict[str, Any]) -> tuple[str, str, str]:
                  explain=_speculators_explained)
 def _speculators_other(config: dict[str, Any], index) -> bool:
     kind = config.get("speculators_model_type")
-    return isinstance(kind, str) and kind not in vr.SUPPORTED_SPECULATORS_TYPES
+    return isinstance(kind, str) and kind not in vr.served_types()

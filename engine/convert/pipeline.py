@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import engine.algos  # noqa: F401  (registers the speculators types vLLM serves)
 from engine.convert.base import (
     CONVERTERS,
     NOT_CONVERTIBLE,
@@ -49,7 +50,7 @@ class Detection:
 def detect_source(source: Source) -> Detection:
     config, index = source.config, source.index()
     kind = config.get("speculators_model_type")
-    if isinstance(kind, str) and kind in vr.SUPPORTED_SPECULATORS_TYPES:
+    if isinstance(kind, str) and kind in vr.served_types():
         return Detection(SPECULATORS, f"speculators format ({kind}): vLLM serves it as it is", "speculators",
                          algorithm=kind, index=index)
     for name in NOT_CONVERTIBLE.names():

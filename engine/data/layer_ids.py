@@ -8,23 +8,19 @@ from engine.errors import WorkbenchError
 
 
 def layer_algorithms() -> list[str]:
-    """Names whose default layer ids we know: the registered algorithms, then the other speculators types."""
-    from engine.algos import ALGOS
-    from engine.format.config import CONFIG_CLASSES
+    """The algorithms whose data `extract` prepares: the registry's list (`engine.algos.algorithm_names`)."""
+    from engine.algos import algorithm_names
 
-    return ALGOS.names() + [n for n in CONFIG_CLASSES if n not in ALGOS]
+    return algorithm_names()
 
 
 def default_layer_ids(num_layers: int, algo: str | None = None) -> list[int]:
-    """The aux layer ids a draft of `algo` reads by default (the algorithm's choice, else its format's)."""
+    """The aux layer ids a draft of `algo` reads by default (the algorithm's own choice)."""
     from engine.algos import ALGOS, default_algo
-    from engine.format.config import CONFIG_CLASSES
 
     algo = (algo or default_algo()).lower()
     if algo in ALGOS:
         return ALGOS.get(algo).default_layer_ids(num_layers)
-    if algo in CONFIG_CLASSES:
-        return CONFIG_CLASSES[algo].default_aux_layer_ids(num_layers)
     raise WorkbenchError(f"unknown algorithm '{algo}'", hint=f"use one of {', '.join(layer_algorithms())} or --layers")
 
 

@@ -1,4 +1,8 @@
-"""Typed speculators-format draft configs (eagle3, peagle, dflash, dflash2, dspark) in speculators 0.9.0's exact layout."""
+"""The generic speculators-format draft config (speculators 0.9.0's exact layout) and the registry of its types.
+
+Each algorithm folder (`engine/algos/<name>/config.py`) subclasses `DraftConfig` and registers it with
+`@register_config_type`; importing `engine.algos` fills `CONFIG_TYPES`. Nothing here names an algorithm.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,9 @@ import json
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from engine.errors import WorkbenchError
+from engine.registry import Registry
 
 SPECULATORS_VERSION = "0.9.0"  # the format version we write (and test against)
 
@@ -59,6 +66,18 @@ class DraftConfig(BaseModel):
     uses_mask_token: ClassVar[bool] = False  # parallel slots are filled with `mask_token_id`
     # transformer_layer_config keys that vLLM reads only for this type
     own_layer_config_keys: ClassVar[tuple[str, ...]] = ()
+    default_draft_arch: ClassVar[str] = "qwen3"  # transformer_layer_config.model_type of a fresh config
+    # what engine/format/vllm_rules.py and validate.py ask of a type (its folder fills them in)
+    vllm_served: ClassVar[bool] = True  # vLLM 0.33 registers this speculators type
+    vllm_order: ClassVar[int] = 0  # its place in vLLM's registry (speculators/algos.py), for vLLM's own message
+    vllm_method: ClassVar[dict[str, Any]] = {}  # overrides of vLLM's speculative config (default: method = type)
+    needs_speculative_tokens: ClassVar[bool] = True  # vLLM refuses the config without a k
+    stores_embeddings: ClassVar[bool] = False  # speculators builds its own embed_tokens for this type
+    vllm_skipped_tensors: ClassVar[tuple[str, ...]] = ()  # tensors vLLM's loader skips with a warning
+    vllm_refused_tensors: ClassVar[dict[str, str]] = {}  # tensor -> vLLM's AssertionError when present
+    vllm_required_tensors: ClassVar[dict[str, str]] = {}  # tensor -> vLLM's ValueError when absent
+    # fields holding ids into the verifier's vocabulary -> what a valid id is (validate checks the range)
+    token_id_fields: ClassVar[dict[str, str]] = {}
 
     speculators_model_type: str = Field(..., description="Algorithm discriminator read by vLLM and speculators.")
     architectures: list[str] = Field(default_factory=list, description="Class name; informative only (vLLM overrides it).")
@@ -104,11 +123,38 @@ class DraftConfig(BaseModel):
     @classmethod
     def default_aux_layer_ids(cls, num_layers: int) -> list[int]:
         """The verifier layer ids (vLLM semantics) a draft of this type reads by default, for an N-layer target."""
-        return eagle_default_layer_ids(num_layers)
+        return vllm_default_aux_layer_ids(num_layers)
+
+    @classmethod
+    def default_speculative_tokens(cls, fields: dict[str, Any]) -> int:
+        """The k a fresh draft records, from its structural fields (config fields or training arguments of the
+        same names): the one place each type's default k is computed."""
+        raise NotImplementedError(f"{cls.__name__} gives no default speculative_tokens")
 
     def max_speculative_tokens(self) -> int | None:
         """The most tokens one draft step can propose (None: no structural limit)."""
         return None
+
+    def k_limit_reason(self) -> str:
+        """Why k cannot exceed `max_speculative_tokens` (validate's message)."""
+        return f"a {self.algorithm} draft drafts at most {self.max_speculative_tokens()} tokens per step"
+
+    # -- vLLM's loader for this type (engine/format/vllm_rules.py calls these) ------------------
+    @classmethod
+    def vllm_update(cls, cfg: dict[str, Any], pre: dict[str, Any]) -> None:
+        """vLLM's `update_<type>` (speculators/algos.py): fill the draft hf_config `pre` from config.json `cfg`."""
+        raise NotImplementedError(f"{cls.__name__} has no vLLM loading rules")
+
+    @classmethod
+    def vllm_parameters(cls, hf: dict[str, Any], dims: Any) -> tuple[dict[str, tuple], set[str]]:
+        """The tensors vLLM's draft class for this type creates (name -> shape) beyond lm_head/embed_tokens/d2t,
+        and which of them are optional; `dims` are the decoder's sizes (vllm_rules.Dims)."""
+        raise NotImplementedError(f"{cls.__name__} has no vLLM parameter rules")
+
+    @classmethod
+    def validation_rules(cls) -> list:
+        """The type's own checks, each `rule(cfg, typed, hf, report)` adding `engine.format.report.Issue`s."""
+        return []
 
     @property
     def reduced_vocab(self) -> bool:
@@ -122,159 +168,41 @@ class DraftConfig(BaseModel):
         return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
 
 
-class Eagle3Config(DraftConfig):
-    """EAGLE-3: one (or more) decoder layers over fused aux hidden states and the token embedding."""
-
-    algorithm: ClassVar[str] = "eagle3"
-    default_architecture: ClassVar[str] = "Eagle3Speculator"
-    config_class: ClassVar[str] = "Eagle3SpeculatorConfig"
-    aux_field: ClassVar[str] = "eagle_aux_hidden_state_layer_ids"
-    own_layer_config_keys: ClassVar[tuple[str, ...]] = ("num_aux_hidden_states",)  # vLLM's Llama EAGLE-3 class
-
-    speculators_model_type: Literal["eagle3"] = "eagle3"
-    eagle_aux_hidden_state_layer_ids: list[int] | None = Field(
-        None, description="Verifier layer ids whose residual stream feeds the draft (id k = input of layer k)."
-    )
-    norm_before_residual: bool = Field(False, description="First layer takes its residual after hidden_norm.")
-    norm_before_fc: bool = Field(False, description="One RMSNorm (input_norm) over the concatenated aux states before fc.")
-    fc_norm: bool = Field(False, description="One RMSNorm per aux state (fc_norm.i) before fc.")
-    norm_output: bool = Field(False, description="Feed the post-norm hidden state to the next draft step ('Eagle 3.1').")
-    embed_requires_grad: bool = Field(False, description="Train the token embedding (training-only flag).")
-
-    @model_validator(mode="after")
-    def _norms_exclusive(self):
-        if self.norm_before_fc and self.fc_norm:
-            raise ValueError("norm_before_fc and fc_norm are mutually exclusive")
-        return self
+CONFIG_TYPES: Registry[type[DraftConfig]] = Registry("speculators config type")
 
 
-class PEagleConfig(Eagle3Config):
-    """P-EAGLE: EAGLE-3 with parallel drafting slots filled by `mask_token_id` and a learned `mask_hidden`."""
-
-    algorithm: ClassVar[str] = "peagle"
-    default_architecture: ClassVar[str] = "PEagleSpeculator"
-    config_class: ClassVar[str] = "PEagleSpeculatorConfig"
-    uses_mask_token: ClassVar[bool] = True
-    own_layer_config_keys: ClassVar[tuple[str, ...]] = ()
-
-    speculators_model_type: Literal["peagle"] = "peagle"  # type: ignore[assignment]
-    mask_token_id: int | None = Field(None, description="Placeholder token of parallel slots (vLLM `pard_token`).")
-    embed_requires_grad: bool = Field(True, description="Train the token embedding (training-only flag).")
+def register_config_type(cls: type[DraftConfig]) -> type[DraftConfig]:
+    """Class decorator: register a config class under its `speculators_model_type` (its `algorithm`)."""
+    if not cls.algorithm:
+        raise ValueError(f"{cls.__name__} names no algorithm")
+    CONFIG_TYPES.register(cls.algorithm)(cls)
+    return cls
 
 
-class DFlashConfig(DraftConfig):
-    """DFlash: a block of mask tokens denoised in one pass, with verifier features as extra K/V."""
+class UnknownConfigType(WorkbenchError, KeyError):
+    """A `speculators_model_type` no registered config class reads (a KeyError too, for older callers)."""
 
-    algorithm: ClassVar[str] = "dflash"
-    default_architecture: ClassVar[str] = "DFlashSpeculator"
-    config_class: ClassVar[str] = "DFlashSpeculatorConfig"
-    uses_mask_token: ClassVar[bool] = True
-
-    speculators_model_type: Literal["dflash"] = "dflash"
-    block_size: int = Field(8, ge=2, description="Tokens per draft block (anchor + mask slots).")
-    aux_hidden_state_layer_ids: list[int] | None = Field(None, description="Verifier layer ids fused by fc.")
-    mask_token_id: int | None = Field(None, description="Token id placed in the mask slots of a block.")
-    sliding_window_non_causal: bool = Field(False, description="Sliding-window layers are bidirectional inside a block.")
-    sample_from_anchor: bool = Field(False, description="All block slots predict (True) or slot 0 is the anchor (False).")
-
-    @classmethod
-    def default_aux_layer_ids(cls, num_layers: int) -> list[int]:
-        return evenly_spaced_layer_ids(num_layers)
-
-    def max_speculative_tokens(self) -> int | None:
-        return self.block_size if self.sample_from_anchor else self.block_size - 1
+    def __str__(self) -> str:  # KeyError would quote the message
+        return WorkbenchError.__str__(self)
 
 
-class DFlash2Config(DFlashConfig):
-    """DFlash2 (experimental): DFlash plus dynamic causal convolutions and a candidate selector."""
-
-    algorithm: ClassVar[str] = "dflash2"
-    default_architecture: ClassVar[str] = "DFlash2DraftModel"
-    config_class: ClassVar[str] = "DFlash2SpeculatorConfig"
-
-    speculators_model_type: Literal["dflash2"] = "dflash2"  # type: ignore[assignment]
-    sliding_window_non_causal: bool = Field(True, description="Sliding-window layers are bidirectional inside a block.")
-    conv_kernel_size: int = Field(2, ge=1, description="Taps of the grouped dynamic causal convolution.")
-    conv_group_size: int = Field(16, ge=1, description="Channels per convolution group (must divide hidden size).")
-    selector_rank: int = Field(256, ge=1, description="Rank of the candidate selector codebooks.")
-    selector_top_k: int = Field(16, ge=1, description="Candidates rescored by the selector.")
+def config_types() -> list[str]:
+    """The registered speculators types, in registration order (filled when `engine.algos` is imported)."""
+    return CONFIG_TYPES.names()
 
 
-class DSparkConfig(DFlashConfig):
-    """DSpark: DFlash backbone plus a sequential Markov head and a confidence head."""
-
-    algorithm: ClassVar[str] = "dspark"
-    default_architecture: ClassVar[str] = "DSparkSpeculator"
-    config_class: ClassVar[str] = "DSparkSpeculatorConfig"
-
-    speculators_model_type: Literal["dspark"] = "dspark"  # type: ignore[assignment]
-    sample_from_anchor: bool = Field(True, description="All block slots predict (DSpark convention).")
-    markov_rank: int = Field(256, ge=0, description="Rank of the Markov head (0 disables it).")
-    markov_head_type: Literal["vanilla", "gated", "rnn"] = Field("vanilla", description="Markov head variant.")
-    enable_confidence_head: bool = Field(True, description="Train a per-slot confidence head.")
-    confidence_head_with_markov: bool = Field(True, description="Confidence head also sees the Markov state.")
-    confidence_temperatures: list[float] | None = Field(
-        None, description="Per-slot temperatures of the confidence head, fitted after training (sequential "
-                          "temperature scaling; the workbench's own field, vLLM and speculators ignore it).")
-
-    def to_dict(self) -> dict[str, Any]:
-        out = super().to_dict()
-        if out.get("confidence_temperatures") is None:  # uncalibrated: exactly speculators' field set
-            out.pop("confidence_temperatures", None)
-        return out
-
-
-def eagle_default_layer_ids(num_layers: int) -> list[int]:
-    """vLLM's default EAGLE-3 aux layers for an N-layer verifier: [2, N//2, N-3] (P-EAGLE shares it)."""
-    n = num_layers
-    return sorted({min(max(i, 0), n) for i in (2, n // 2, n - 3)})
-
-
-# the number of draft layers z-lab's DFlash trainer (and speculators') builds by default
-DFLASH_DEFAULT_LAYERS = 5
-
-
-def evenly_spaced_layer_ids(num_layers: int, count: int = DFLASH_DEFAULT_LAYERS) -> list[int]:
-    """`count` aux ids spread evenly over 2..N-2, the vLLM ids of z-lab DFlash's target layers.
-
-    z-lab picks the outputs of decoder layers 1..N-3 (its `target_layer_ids`); the output of layer k is vLLM
-    id k+1, so the aux ids run from 2 to N-2. Qwen3-8B (N=36) with 5 draft layers gives [2, 10, 18, 26, 34],
-    the ids the speculators converter writes for z-lab's Qwen3-8B-DFlash-b16. One draft layer reads N//2.
-    """
-    if count < 1:
-        raise ValueError(f"cannot pick {count} layers: use at least one")
-    if count == 1:
-        return [num_layers // 2 + 1]
-    first, last = 2, max(2, num_layers - 2)
-    ids = [first + int(i * (last - first) / (count - 1) + 0.5) for i in range(count)]  # round half up
-    return sorted(set(min(max(i, 0), num_layers) for i in ids))
-
-
-CONFIG_CLASSES: dict[str, type[DraftConfig]] = {
-    c.algorithm: c for c in (Eagle3Config, PEagleConfig, DFlashConfig, DFlash2Config, DSparkConfig)
-}
-
-
-def algorithms() -> list[str]:
-    return list(CONFIG_CLASSES)
+def config_type(kind: Any) -> type[DraftConfig]:
+    """The config class of a speculators type, or a clear error naming the known types."""
+    if not isinstance(kind, str) or kind not in CONFIG_TYPES:
+        raise UnknownConfigType(f"unknown speculators_model_type {json.dumps(kind)}",
+                                hint=f"the workbench reads {config_types()}; a draft of another type is not a "
+                                     "speculators draft it knows")
+    return CONFIG_TYPES.get(kind)
 
 
 def parse_draft_config(data: dict[str, Any]) -> DraftConfig:
-    """Typed config from a config.json dict; raises KeyError (unknown type) or pydantic ValidationError."""
-    kind = data.get("speculators_model_type")
-    if kind not in CONFIG_CLASSES:
-        raise KeyError(kind)
-    return CONFIG_CLASSES[kind].model_validate(data)
-
-
-def speculative_tokens_default(algorithm: str, *, ttt_steps: int = 3, num_depths: int = 8,
-                               block_size: int = 8, sample_from_anchor: bool = False) -> int:
-    """What speculators' trainers write as `speculative_tokens` for each algorithm."""
-    if algorithm == "eagle3":
-        return ttt_steps
-    if algorithm == "peagle":
-        return num_depths
-    return block_size if sample_from_anchor else block_size - 1
+    """Typed config from a config.json dict; raises UnknownConfigType (a KeyError) or pydantic ValidationError."""
+    return config_type(data.get("speculators_model_type")).model_validate(data)
 
 
 # Keys of the verifier config that a draft decoder inherits.
@@ -330,21 +258,15 @@ def build_draft_config(
     """A fresh draft config in speculators' layout. `fields` are algorithm fields (e.g. draft_vocab_size)."""
     import transformers
 
-    cls = CONFIG_CLASSES[algorithm]
+    cls = config_type(algorithm)
     if layer_config is None:
-        model_type = fields.pop("draft_arch", "llama" if algorithm == "eagle3" else "qwen3")
+        model_type = fields.pop("draft_arch", cls.default_draft_arch)
         layer_config = build_layer_config(
             verifier_config, model_type=model_type, num_layers=fields.pop("num_layers", 1)
         )
     vcfg = verifier_config.to_dict() if hasattr(verifier_config, "to_dict") else dict(verifier_config)
     if speculative_tokens is None:
-        speculative_tokens = speculative_tokens_default(
-            algorithm,
-            block_size=fields.get("block_size", cls.model_fields["block_size"].default)
-            if "block_size" in cls.model_fields else 8,
-            sample_from_anchor=fields.get("sample_from_anchor", cls.model_fields["sample_from_anchor"].default)
-            if "sample_from_anchor" in cls.model_fields else False,
-        )
+        speculative_tokens = cls.default_speculative_tokens(fields)
     return cls(
         architectures=[cls.default_architecture],
         auto_map={"": f"config.{cls.config_class}"},
@@ -361,8 +283,19 @@ def build_draft_config(
     )
 
 
+def vllm_default_aux_layer_ids(num_layers: int) -> list[int]:
+    """vLLM's fallback aux layers for an N-layer verifier when a draft records none: [2, N//2, N-3]."""
+    n = num_layers
+    return sorted({min(max(i, 0), n) for i in (2, n // 2, n - 3)})
+
+
+def field_default(cls: type[BaseModel], fields: dict[str, Any], name: str) -> Any:
+    """`fields[name]`, else the default of `cls`'s field `name` (for default_speculative_tokens)."""
+    return fields[name] if fields.get(name) is not None else cls.model_fields[name].default
+
+
 __all__ = [
-    "CONFIG_CLASSES", "DFlash2Config", "DFlashConfig", "DSparkConfig", "DraftConfig", "Eagle3Config",
-    "PEagleConfig", "ProposalMethod", "SpeculatorsInfo", "ValidationError", "VerifierInfo", "algorithms",
-    "build_draft_config", "build_layer_config", "parse_draft_config",
+    "CONFIG_TYPES", "DraftConfig", "ProposalMethod", "SpeculatorsInfo", "UnknownConfigType", "ValidationError",
+    "VerifierInfo", "build_draft_config", "build_layer_config", "config_type", "config_types", "field_default",
+    "parse_draft_config", "register_config_type", "vllm_default_aux_layer_ids",
 ]

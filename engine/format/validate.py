@@ -6,76 +6,17 @@ import json
 import os
 import re
 import shlex
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import ValidationError
 
+import engine.algos  # noqa: F401  (registers every algorithm's config type: the rules below look them up)
 from engine.errors import WorkbenchError
 from engine.format import vllm_rules as vr
 from engine.format.checkpoint import CONFIG_NAME, INDEX_NAME, read_config_dict, tensor_index
-from engine.format.config import CONFIG_CLASSES
-
-Layer = Literal["vllm", "project"]
-
-
-@dataclass
-class Issue:
-    """One finding: which field, what is wrong and how to fix it, and vLLM's own message if it has one."""
-
-    field: str
-    message: str
-    vllm_message: str | None = None
-    layer: Layer = "project"
-    severity: Literal["error", "warning"] = "error"
-
-    def public(self) -> dict[str, Any]:
-        return {"field": self.field, "message": self.message, "vllm_message": self.vllm_message}
-
-
-@dataclass
-class ValidationReport:
-    path: str
-    algorithm: str | None = None
-    errors: list[Issue] = field(default_factory=list)
-    warnings: list[Issue] = field(default_factory=list)
-    vllm_speculative_config: dict[str, Any] | None = None
-    vllm_hf_config: dict[str, Any] | None = None
-    serve_commands: list[str] = field(default_factory=list)
-    checked_weights: bool = False
-    verifier_checked: bool = False
-
-    @property
-    def ok(self) -> bool:
-        return not self.errors
-
-    @property
-    def vllm_ok(self) -> bool:
-        """Whether vLLM itself would load it (ignoring our extra rules)."""
-        return not any(i.layer == "vllm" for i in self.errors)
-
-    def add(self, issue: Issue) -> None:
-        (self.errors if issue.severity == "error" else self.warnings).append(issue)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "ok": self.ok,
-            "errors": [i.public() for i in self.errors],
-            "warnings": [i.public() for i in self.warnings],
-            "vllm_speculative_config": self.vllm_speculative_config,
-            "serve_commands": self.serve_commands,
-        }
-
-    def issues_by_field(self) -> dict[str, list[Issue]]:
-        out: dict[str, list[Issue]] = {}
-        for i in self.errors + self.warnings:
-            out.setdefault(i.field, []).append(i)
-        return out
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self) | {"ok": self.ok}
-
+from engine.format.config import CONFIG_TYPES, config_types
+from engine.format.report import Issue, ValidationReport
 
 def _vllm(report: ValidationReport, err: vr.VllmError, message: str, *, severity: str = "error") -> None:
     cause = f" (caused by {err.cause})" if err.cause else ""
@@ -129,7 +70,7 @@ def validate_draft(
 
 
 _STRUCTURE = (  # (path, JSON type, what it is): values every later rule reads as this type
-    (("speculators_model_type",), str, "a string (the algorithm, e.g. \"eagle3\")"),
+    (("speculators_model_type",), str, "a string (the algorithm's speculators type)"),
     (("speculators_config",), dict, "an object"),
     (("speculators_config", "verifier"), dict, "an object with name_or_path"),
     (("speculators_config", "proposal_methods"), list, "a list of objects"),
@@ -172,6 +113,7 @@ def _all_rules(report, cfg, folder, verifier_config, check_weights, deep, tensor
         wrong_target = _target_rules(cfg, str(target), report)
         verifier_config = verifier_config or _local_config(str(target))
     verifier = verifier_config or _find_verifier_config(cfg)
+    _token_id_rules(cfg, None if wrong_target else verifier, report)
     if verifier is not None:
         report.verifier_checked = True
         _verifier_rules(cfg, hf, verifier, report, chosen=verifier_config is not None, wrong_target=wrong_target)
@@ -195,6 +137,12 @@ def _all_rules(report, cfg, folder, verifier_config, check_weights, deep, tensor
 
 
 def _vllm_layer(cfg: dict[str, Any], report: ValidationReport) -> dict[str, Any] | None:
+    cls = _config_class(cfg)
+    if cls is not None and not cls.vllm_served:  # a registered type of the workbench's own
+        report.add(Issue("speculators_model_type", f"vLLM 0.33 does not serve '{cls.algorithm}' drafts: the workbench "
+                         "trains and drafts them in-process (generate, bench), and vLLM's loading rules were not "
+                         "applied", layer="vllm", severity="warning"))
+        return None
     try:
         vr.check_config_routing(cfg)
     except vr.VllmError as e:
@@ -225,7 +173,7 @@ def _vllm_layer(cfg: dict[str, Any], report: ValidationReport) -> dict[str, Any]
     except vr.VllmError as e:
         msg = {
             "speculators_model_type": f"algorithm '{cfg.get('speculators_model_type')}' is not served by vLLM 0.33; "
-            f"use one of {list(vr.SUPPORTED_SPECULATORS_TYPES)}",
+            f"use one of {vr.served_types()}",
             "mask_token_id": "add 'mask_token_id' (the placeholder token id of the draft's parallel slots)",
             "aux_hidden_state_layer_ids": "add 'aux_hidden_state_layer_ids' (verifier layer ids fused by fc)",
             "transformer_layer_config.model_type": "set transformer_layer_config.model_type to 'llama' or 'qwen3'",
@@ -272,11 +220,11 @@ _FIX_HINTS = {
 
 def _typed_config(cfg: dict[str, Any], report: ValidationReport):
     kind = cfg.get("speculators_model_type")
-    cls = CONFIG_CLASSES.get(kind) if isinstance(kind, str) else None
+    cls = _config_class(cfg)
     if cls is None:
         if isinstance(kind, str) and not any(i.field == "speculators_model_type" for i in report.errors):
             report.add(Issue("speculators_model_type", f"unsupported algorithm '{kind}': the workbench and vLLM 0.33 "
-                             f"handle {list(CONFIG_CLASSES)}"))
+                             f"handle {config_types()}"))
         return None
     try:
         typed = cls.model_validate(cfg)
@@ -316,15 +264,20 @@ def _loc(loc) -> str:
     return ".".join(str(x) if not isinstance(x, int) else f"[{x}]" for x in loc).replace(".[", "[") or "config"
 
 
-def _aux_ids(cfg: dict[str, Any]) -> tuple[str, Any]:
-    cls = CONFIG_CLASSES.get(cfg.get("speculators_model_type")) if isinstance(cfg.get("speculators_model_type"), str) \
-        else None
+def _config_class(cfg: dict[str, Any]):
+    """The registered config class of this config's type (None: unknown)."""
+    kind = cfg.get("speculators_model_type")
+    return CONFIG_TYPES.get(kind) if isinstance(kind, str) and kind in CONFIG_TYPES else None
+
+
+def aux_ids(cfg: dict[str, Any]) -> tuple[str, Any]:
+    """(the field holding the verifier layer ids for this type, its value)."""
+    cls = _config_class(cfg)
     name = cls.aux_field if cls is not None else "aux_hidden_state_layer_ids"
     return name, cfg.get(name)
 
 
 def _project_config_rules(cfg: dict[str, Any], typed, hf: dict[str, Any] | None, report: ValidationReport) -> None:
-    kind = cfg.get("speculators_model_type")
     tlc = cfg.get("transformer_layer_config")
     if isinstance(tlc, dict):
         for key in ("hidden_size", "num_attention_heads", "intermediate_size", "vocab_size", "model_type"):
@@ -345,7 +298,7 @@ def _project_config_rules(cfg: dict[str, Any], typed, hf: dict[str, Any] | None,
         if isinstance(types, list) and isinstance(n, int) and len(types) != n:
             report.add(Issue("transformer_layer_config.layer_types", f"{len(types)} layer types for {n} layers; "
                              "give one type per layer"))
-    name, ids = _aux_ids(cfg)
+    name, ids = aux_ids(cfg)
     if ids:
         if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
             if not any(i.field == name for i in report.errors):
@@ -359,7 +312,7 @@ def _project_config_rules(cfg: dict[str, Any], typed, hf: dict[str, Any] | None,
                                  "layer order; sort them (and the fc input columns accordingly)"))
             if any(i < 0 for i in ids):
                 report.add(Issue(name, f"negative layer ids in {ids}; ids run from 0 (embeddings) to N"))
-    cls = CONFIG_CLASSES.get(kind) if isinstance(kind, str) else None
+    cls = _config_class(cfg)
     if cls is not None and cls.uses_mask_token and cfg.get("mask_token_id") is None and "mask_token_id" in cfg:
         report.add(Issue("mask_token_id", "is null: the draft needs a real token id for its mask slots (the "
                          "tokenizer's mask/pad token, or a spare embedding row)"))
@@ -370,74 +323,9 @@ def _project_config_rules(cfg: dict[str, Any], typed, hf: dict[str, Any] | None,
         limit = typed.max_speculative_tokens()
         if limit is not None and typed.speculative_tokens > limit:
             report.add(Issue("speculators_config.proposal_methods[0].speculative_tokens",
-                             f"{typed.speculative_tokens} > {limit}: a block of {typed.block_size} with "
-                             f"sample_from_anchor={typed.sample_from_anchor} drafts at most {limit} tokens"))
-    for rule in TYPE_RULES.get(kind, ()) if isinstance(kind, str) else ():
+                             f"{typed.speculative_tokens} > {limit}: {typed.k_limit_reason()}"))
+    for rule in cls.validation_rules() if cls is not None else ():
         rule(cfg, typed, hf, report)
-
-
-# -- per-type rules: {speculators_model_type: [rule(cfg, typed, hf, report)]} ---------------------------------
-
-
-def _one_layer_type(cfg, typed, hf, report: ValidationReport) -> None:
-    types = (cfg.get("transformer_layer_config") or {}).get("layer_types") \
-        if isinstance(cfg.get("transformer_layer_config"), dict) else None
-    if isinstance(types, list) and len(set(map(str, types))) > 1:
-        report.add(Issue("transformer_layer_config.layer_types", "mixed sliding/full attention layers: vLLM's V1 "
-                         "runner refuses mixed sliding/full dflash drafts; make all layers one type",
-                         severity="warning"))
-
-
-def _explicit_causal_flag(cfg, typed, hf, report: ValidationReport) -> None:
-    if "sliding_window_non_causal" not in cfg:
-        report.add(Issue("sliding_window_non_causal", "missing: vLLM then serves the draft non-causal "
-                         "(causal = not sliding_window_non_causal, default True); write it explicitly",
-                         severity="warning"))
-
-
-def _aux_ids_written(cfg, typed, hf, report: ValidationReport) -> None:
-    name, ids = _aux_ids(cfg)
-    if not ids:
-        report.add(Issue(name, "not set: vLLM falls back to the target's default aux layers [2, N//2, N-3]; write the "
-                         "ids the draft was trained with", severity="warning"))
-
-
-def _llama_eagle3_aux_count(cfg, typed, hf, report: ValidationReport) -> None:
-    name, ids = _aux_ids(cfg)
-    if hf is not None and "Eagle3LlamaForCausalLM" in hf.get("architectures", []) and isinstance(ids, list) and ids:
-        a = vr.eagle3_num_aux(hf)
-        if len(ids) != a:
-            report.add(Issue("transformer_layer_config.num_aux_hidden_states",
-                             f"{len(ids)} aux layers, but vLLM's Llama EAGLE-3 class ignores the top-level ids and "
-                             f"assumes {a}; add \"num_aux_hidden_states\": {len(ids)} to transformer_layer_config"))
-
-
-def _dflash2_constraints(cfg, typed, hf, report: ValidationReport) -> None:
-    if typed is None:
-        return
-    h = typed.hidden_size
-    if h % typed.conv_group_size:
-        report.add(Issue("conv_group_size", f"{typed.conv_group_size} does not divide hidden_size {h}"))
-    if typed.reduced_vocab:
-        report.add(Issue("draft_vocab_size", "dflash2 requires the full verifier vocabulary"))
-    if typed.sample_from_anchor:
-        report.add(Issue("sample_from_anchor", "dflash2 requires sample_from_anchor=false"))
-
-
-def _vanilla_markov_head(cfg, typed, hf, report: ValidationReport) -> None:
-    if typed is not None and typed.markov_head_type != "vanilla":
-        report.add(Issue("markov_head_type", f"'{typed.markov_head_type}': some vLLM builds only run the 'vanilla' "
-                         "Markov head at inference", severity="warning"))
-
-
-_BLOCK_RULES = [_one_layer_type, _explicit_causal_flag]
-TYPE_RULES: dict[str, list] = {
-    "eagle3": [_aux_ids_written, _llama_eagle3_aux_count],
-    "peagle": [_aux_ids_written],
-    "dflash": _BLOCK_RULES,
-    "dflash2": [*_BLOCK_RULES, _dflash2_constraints],
-    "dspark": [*_BLOCK_RULES, _vanilla_markov_head],
-}
 
 
 def _target_rules(cfg: dict[str, Any], target: str, report: ValidationReport) -> bool:
@@ -491,7 +379,7 @@ def _verifier_rules(cfg: dict[str, Any], hf: dict[str, Any] | None, verifier: di
     mismatch is the target's fault, not a field to edit: it is reported under `target`."""
     vcfg = verifier.get("text_config", verifier) if "num_hidden_layers" not in verifier else verifier
     n = vcfg.get("num_hidden_layers")
-    name, ids = _aux_ids(cfg)
+    name, ids = aux_ids(cfg)
     tlc = cfg.get("transformer_layer_config") if isinstance(cfg.get("transformer_layer_config"), dict) else {}
     vh, vv = vcfg.get("hidden_size"), vcfg.get("vocab_size")
     ht = cfg.get("target_hidden_size") or tlc.get("hidden_size")
@@ -521,6 +409,40 @@ def _verifier_rules(cfg: dict[str, Any], hf: dict[str, Any] | None, verifier: di
         report.add(Issue("speculators_config.verifier.architectures", f"{spec_va} differs from the verifier's {va}"
                          + (": the draft was trained on another kind of model than the chosen target" if chosen else ""),
                          severity="error" if chosen else "warning"))
+
+
+_LAYER_TOKEN_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")  # copied from the verifier; vLLM drafts without
+
+
+def _token_id_rules(cfg: dict[str, Any], verifier: dict[str, Any] | None, report: ValidationReport) -> None:
+    """Every token id the config records inside the vocabulary: the verifier's when known, else the draft's own
+    (`transformer_layer_config.vocab_size`). The fields are the type's `token_id_fields` (errors: vLLM indexes the
+    embedding with them) and the layer config's bos/eos/pad ids (warnings: vLLM does not read them to draft)."""
+    tlc = cfg.get("transformer_layer_config") if isinstance(cfg.get("transformer_layer_config"), dict) else {}
+    vcfg = (verifier.get("text_config", verifier) if "vocab_size" not in verifier else verifier) if verifier else {}
+    vocab, whose = vcfg.get("vocab_size"), "the verifier's vocabulary"
+    if not isinstance(vocab, int) or isinstance(vocab, bool):
+        vocab, whose = tlc.get("vocab_size"), "the draft's vocabulary (transformer_layer_config.vocab_size)"
+    if not isinstance(vocab, int) or isinstance(vocab, bool) or vocab <= 0:
+        return
+    cls = _config_class(cfg)
+    for name, fix in (cls.token_id_fields if cls is not None else {}).items():
+        _check_token_id(name, cfg.get(name), vocab, whose, fix, "vLLM looks it up in the embedding at the first "
+                        "draft step and fails with an index out of range", report, "error")
+    for name in _LAYER_TOKEN_IDS:
+        _check_token_id(f"transformer_layer_config.{name}", tlc.get(name), vocab, whose, "the verifier's own id",
+                        "vLLM does not read it to draft, but it says the layer config was copied from another "
+                        "model", report, "warning")
+
+
+def _check_token_id(field: str, value: Any, vocab: int, whose: str, fix: str, why: str, report: ValidationReport,
+                    severity: str) -> None:
+    ids = value if isinstance(value, list) else [value]
+    bad = [i for i in ids if isinstance(i, int) and not isinstance(i, bool) and not 0 <= i < vocab]
+    if bad:
+        shown = bad[0] if not isinstance(value, list) else bad
+        report.add(Issue(field, f"{shown} is outside {whose}, token ids 0..{vocab - 1} ({vocab} tokens): {why}; "
+                         f"set it to {fix}, an id below {vocab}", severity=severity))
 
 
 def _weight_rules(folder: Path, cfg: dict[str, Any], hf: dict[str, Any] | None, report: ValidationReport,
@@ -573,9 +495,6 @@ def _dtype_rules(index, report: ValidationReport) -> None:
                              "it into a float parameter and the draft computes garbage; save it as bf16/fp16/fp32"))
 
 
-EMBEDDING_FAMILY = ("eagle3", "peagle")  # types whose speculators model builds its own embed_tokens
-
-
 def _shape_rules(cfg: dict[str, Any], hf: dict[str, Any], shapes: dict[str, tuple], report: ValidationReport) -> bool:
     """Names and shapes against vLLM's loader and against the config; False if shapes cannot be derived."""
     try:
@@ -601,7 +520,7 @@ def _shape_rules(cfg: dict[str, Any], hf: dict[str, Any], shapes: dict[str, tupl
     if "embed_tokens.weight" not in present and ht != int(hf["hidden_size"]):
         report.add(Issue("tensor:embed_tokens.weight", "the draft's hidden size differs from the target's, so the "
                          "target embedding cannot be shared; save embed_tokens"))
-    elif "embed_tokens.weight" not in present and cfg.get("speculators_model_type") in EMBEDDING_FAMILY:
+    elif "embed_tokens.weight" not in present and getattr(_config_class(cfg), "stores_embeddings", False):
         report.add(Issue("tensor:embed_tokens.weight", "absent: vLLM shares the target's embedding, but speculators "
                          "0.9.0 fills a missing embed_tokens with random values, so this draft drafts differently "
                          "(and badly) there; save it (the workbench's default; `--no-save-embeddings` drops it)",

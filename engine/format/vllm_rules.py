@@ -8,10 +8,22 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
-SUPPORTED_SPECULATORS_TYPES = ("eagle3", "peagle", "dflash", "dflash2", "dspark")  # algos.py registration order
-_UPDATER_NAMES = {t: f"update_{t}" for t in SUPPORTED_SPECULATORS_TYPES}
+from engine.format.config import CONFIG_TYPES, DraftConfig, config_type
+
+
+def served_types() -> list[str]:
+    """The speculators types vLLM 0.33 registers, as far as the registered config classes say (import
+    `engine.algos` first: it registers them)."""
+    served = [t for t in CONFIG_TYPES.names() if CONFIG_TYPES.get(t).vllm_served]
+    return sorted(served, key=lambda t: CONFIG_TYPES.get(t).vllm_order)
+
+
+def served_class(kind: Any) -> type[DraftConfig] | None:
+    """The config class of a type vLLM serves, else None."""
+    return CONFIG_TYPES.get(kind) if isinstance(kind, str) and kind in served_types() else None
 
 
 class VllmError(Exception):
@@ -72,12 +84,8 @@ def build_vllm_speculative_config(config_dict: dict[str, Any]) -> dict[str, Any]
                         field="speculators_config.proposal_methods[0].speculative_tokens")
     method = config_dict.get("speculators_model_type")
     out: dict[str, Any] = {"method": method, "num_speculative_tokens": num}
-    if method == "peagle":
-        out["method"] = "eagle3"
-        out["parallel_drafting"] = True
-    elif method == "dflash2":
-        out["method"] = "dflash"
-    return out
+    cls = served_class(method)
+    return out | (cls.vllm_method if cls is not None else {})
 
 
 def extract_vllm_speculative_config(config_dict: dict[str, Any]) -> dict[str, Any]:
@@ -92,111 +100,14 @@ def extract_transformers_pre_trained_config(config_dict: dict[str, Any]) -> dict
     """
     config_dict = copy.deepcopy(config_dict)
     kind = config_dict.get("speculators_model_type")
-    if kind not in SUPPORTED_SPECULATORS_TYPES:
-        registry = "{" + ", ".join(f"'{t}': <function {_UPDATER_NAMES[t]}>" for t in SUPPORTED_SPECULATORS_TYPES) + "}"
+    cls = served_class(kind)
+    if cls is None:
+        registry = "{" + ", ".join(f"'{t}': <function update_{t}>" for t in served_types()) + "}"
         raise VllmError("ValueError", f"Expected one of: {registry}. Please ensure you're loading a "
                         "speculators-format model.", field="speculators_model_type")
     pre = config_dict.get("transformer_layer_config", {})
-    _UPDATERS[kind](config_dict, pre)
+    cls.vllm_update(config_dict, pre)
     return pre
-
-
-# -- speculators/algos.py ------------------------------------------------------------------------
-
-
-def _update_eagle3(cfg: dict, pre: dict) -> None:
-    pre["draft_vocab_size"] = cfg.get("draft_vocab_size")
-    if cfg.get("target_hidden_size") is not None:
-        pre["target_hidden_size"] = cfg["target_hidden_size"]
-    pre["norm_before_residual"] = cfg.get("norm_before_residual", True)
-    pre["norm_before_fc"] = cfg.get("norm_before_fc", False)
-    pre["fc_norm"] = cfg.get("fc_norm", False)
-    pre["norm_output"] = cfg.get("norm_output", False)
-    model_type = pre.get("model_type", "llama")
-    archs = {"qwen3": "Eagle3Qwen3ForCausalLM", "llama": "Eagle3LlamaForCausalLM"}
-    if model_type not in archs:
-        raise VllmError("ValueError", f"Unsupported model_type {model_type} for Eagle3 speculator",
-                        field="transformer_layer_config.model_type")
-    pre["architectures"] = [archs[model_type]]
-    if cfg.get("eagle_aux_hidden_state_layer_ids"):
-        pre["eagle_aux_hidden_state_layer_ids"] = cfg["eagle_aux_hidden_state_layer_ids"]
-
-
-def _update_peagle(cfg: dict, pre: dict) -> None:
-    pre["draft_vocab_size"] = cfg.get("draft_vocab_size")
-    if cfg.get("target_hidden_size") is not None:
-        pre["target_hidden_size"] = cfg["target_hidden_size"]
-    pre["norm_before_residual"] = cfg.get("norm_before_residual", False)
-    pre["norm_before_fc"] = cfg.get("norm_before_fc", False)
-    model_type = pre.get("model_type", "llama")
-    archs = {"qwen3": "PeagleQwen3ForCausalLM", "llama": "PeagleLlamaForCausalLM"}
-    if model_type not in archs:
-        raise VllmError("ValueError", f"Unsupported model_type {model_type} for PEagle speculator",
-                        field="transformer_layer_config.model_type")
-    pre["architectures"] = [archs[model_type]]
-    if "mask_token_id" not in cfg:
-        raise VllmError("KeyError", "'mask_token_id'", field="mask_token_id")
-    pre["pard_token"] = cfg["mask_token_id"]
-    if cfg.get("eagle_aux_hidden_state_layer_ids"):
-        pre["eagle_aux_hidden_state_layer_ids"] = cfg["eagle_aux_hidden_state_layer_ids"]
-
-
-def _update_dflash(cfg: dict, pre: dict) -> None:
-    pre["architectures"] = ["DFlashDraftModel"]
-    pre["draft_vocab_size"] = cfg.get("draft_vocab_size")
-    if cfg.get("target_hidden_size") is not None:
-        pre["target_hidden_size"] = cfg["target_hidden_size"]
-    if "aux_hidden_state_layer_ids" not in cfg:
-        raise VllmError("KeyError", "'aux_hidden_state_layer_ids'", field="aux_hidden_state_layer_ids")
-    aux = cfg["aux_hidden_state_layer_ids"]
-    pre["eagle_aux_hidden_state_layer_ids"] = aux
-    if "mask_token_id" not in cfg:
-        raise VllmError("KeyError", "'mask_token_id'", field="mask_token_id")
-    try:
-        target_layer_ids = [i - 1 for i in aux]
-    except TypeError as exc:
-        raise VllmError("TypeError", str(exc), field="aux_hidden_state_layer_ids") from None
-    pre["dflash_config"] = {
-        "mask_token_id": cfg["mask_token_id"],
-        "target_layer_ids": target_layer_ids,
-        "sample_from_anchor": cfg.get("sample_from_anchor", False),
-        "causal": not cfg.get("sliding_window_non_causal", True),
-    }
-
-
-def _update_dflash2(cfg: dict, pre: dict) -> None:
-    _update_dflash(cfg, pre)
-    pre["architectures"] = ["DFlash2DraftModel"]
-    for key in ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k"):
-        if cfg.get(key) is not None:
-            pre["dflash_config"][key] = cfg[key]
-
-
-def _update_dspark(cfg: dict, pre: dict) -> None:
-    allowed = {"Qwen3DSparkModel", "Qwen3OmniDSparkModel"}
-    archs = [a for a in (cfg.get("architectures") or []) if a in allowed]
-    pre["architectures"] = archs or ["Qwen3DSparkModel"]
-    sample_from_anchor = cfg.get("sample_from_anchor", False)
-    pre["sample_from_anchor"] = sample_from_anchor
-    pre["dspark_bonus_anchor"] = not sample_from_anchor
-    if "aux_hidden_state_layer_ids" not in cfg:
-        raise VllmError("KeyError", "'aux_hidden_state_layer_ids'", field="aux_hidden_state_layer_ids")
-    aux = cfg["aux_hidden_state_layer_ids"]
-    pre["eagle_aux_hidden_state_layer_ids"] = aux
-    try:
-        pre["target_layer_ids"] = [i - 1 for i in aux]
-    except TypeError as exc:
-        raise VllmError("TypeError", str(exc), field="aux_hidden_state_layer_ids") from None
-    for key in ("draft_vocab_size", "target_hidden_size", "mask_token_id", "markov_rank", "markov_head_type",
-                "block_size", "enable_confidence_head", "confidence_head_with_markov", "use_aux_hidden_state"):
-        if cfg.get(key) is not None:
-            pre[key] = cfg[key]
-
-
-_UPDATERS = {
-    "eagle3": _update_eagle3, "peagle": _update_peagle, "dflash": _update_dflash,
-    "dflash2": _update_dflash2, "dspark": _update_dspark,
-}
 
 
 # -- transformers_utils/config.py ----------------------------------------------------------------
@@ -240,7 +151,8 @@ def check_config_routing(config_dict: dict[str, Any]) -> None:
 def check_speculative_config(spec: dict[str, Any]) -> None:
     """`SpeculativeConfig` checks that apply to a derived config (config/speculative.py)."""
     num = spec.get("num_speculative_tokens")
-    if num is None and spec.get("method") != "dspark":
+    cls = served_class(spec.get("method"))
+    if num is None and (cls is None or cls.needs_speculative_tokens):
         raise VllmError("ValueError", "A speculative model was provided, but `num_speculative_tokens` was not provided",
                         field="speculators_config.proposal_methods[0].speculative_tokens")
     if num is not None and (not isinstance(num, int) or num <= 0):
@@ -251,7 +163,7 @@ def check_speculative_config(spec: dict[str, Any]) -> None:
 # -- model_executor/models/*: the parameters each draft class creates ----------------------------
 
 
-def _attn_mlp(prefix: str, h: int, in_dim: int, nh: int, nkv: int, hd: int, inter: int, *, qk_norm: bool,
+def attn_mlp(prefix: str, h: int, in_dim: int, nh: int, nkv: int, hd: int, inter: int, *, qk_norm: bool,
               bias: bool) -> dict[str, tuple[int, ...]]:
     out = {
         f"{prefix}self_attn.q_proj.weight": (nh * hd, in_dim),
@@ -275,19 +187,30 @@ def _attn_mlp(prefix: str, h: int, in_dim: int, nh: int, nkv: int, hd: int, inte
     return out
 
 
-def eagle3_num_aux(hf: dict[str, Any]) -> int:
-    """How many aux states vLLM's EAGLE-3 class assumes (llama_eagle3.py l.209-221, qwen3_eagle3.py l.201-214)."""
-    eagle_cfg = hf.get("eagle_config") or {}
-    if "Eagle3Qwen3ForCausalLM" in hf.get("architectures", []) or "PeagleQwen3ForCausalLM" in hf.get("architectures", []):
-        for key in ("num_aux_layers", "num_aux_hidden_states"):
-            if hf.get(key):
-                return int(hf[key])
-        ids = hf.get("eagle_aux_hidden_state_layer_ids") or eagle_cfg.get("eagle_aux_hidden_state_layer_ids")
-        return len(ids) if ids else 3
-    if hf.get("num_aux_hidden_states"):
-        return int(hf["num_aux_hidden_states"])
-    ids = eagle_cfg.get("eagle_aux_hidden_state_layer_ids")  # top-level ids are NOT consulted by the Llama class
-    return len(ids) if ids else 3
+@dataclass(frozen=True)
+class Dims:
+    """The draft decoder's sizes as vLLM reads them from the draft hf_config."""
+
+    h: int        # hidden size
+    nh: int       # attention heads
+    nkv: int      # key/value heads
+    hd: int       # head dim
+    inter: int    # MLP width
+    vocab: int    # the verifier's vocabulary
+    dvocab: int   # the draft's vocabulary
+    ht: int       # the verifier's hidden size
+    layers: int   # decoder layers
+    bias: bool    # attention bias
+    qwen: bool    # Qwen3 layers (q/k norms)
+
+    @classmethod
+    def of(cls, hf: dict[str, Any]) -> "Dims":
+        h, nh = int(hf["hidden_size"]), int(hf["num_attention_heads"])
+        vocab = int(hf["vocab_size"])
+        return cls(h=h, nh=nh, nkv=int(hf.get("num_key_value_heads") or nh), hd=int(hf.get("head_dim") or h // nh),
+                   inter=int(hf["intermediate_size"]), vocab=vocab, dvocab=int(hf.get("draft_vocab_size") or vocab),
+                   ht=int(hf.get("target_hidden_size") or h), layers=int(hf.get("num_hidden_layers", 1)),
+                   bias=bool(hf.get("attention_bias", False)), qwen=hf.get("model_type") == "qwen3")
 
 
 def expected_parameters(config_dict: dict[str, Any], hf: dict[str, Any]) -> tuple[dict[str, tuple], set[str]]:
@@ -295,67 +218,12 @@ def expected_parameters(config_dict: dict[str, Any], hf: dict[str, Any]) -> tupl
 
     Names are as stored in a speculators checkpoint (before vLLM's `model.` prefix and q/k/v fusion).
     """
-    kind = config_dict["speculators_model_type"]
-    h = int(hf["hidden_size"])
-    nh = int(hf["num_attention_heads"])
-    nkv = int(hf.get("num_key_value_heads") or nh)
-    hd = int(hf.get("head_dim") or h // nh)
-    inter = int(hf["intermediate_size"])
-    vocab = int(hf["vocab_size"])
-    dvocab = int(hf.get("draft_vocab_size") or vocab)
-    ht = int(hf.get("target_hidden_size") or h)
-    layers = int(hf.get("num_hidden_layers", 1))
-    bias = bool(hf.get("attention_bias", False))
-    qwen = hf.get("model_type") == "qwen3"
-    exp: dict[str, tuple] = {}
-    optional = {"lm_head.weight", "embed_tokens.weight"}
-
-    if kind in ("eagle3", "peagle"):
-        a = eagle3_num_aux(hf)
-        exp["fc.weight"] = (h, ht * a)
-        for i in range(layers):
-            exp.update(_attn_mlp(f"layers.{i}.", h, 2 * h if i == 0 else h, nh, nkv, hd, inter, qk_norm=qwen, bias=bias))
-        exp["layers.0.hidden_norm.weight"] = (h,)
-        exp["norm.weight"] = (h,)
-        if hf.get("norm_before_fc"):
-            exp["input_norm.weight"] = (ht * a,)
-        if hf.get("fc_norm"):
-            exp.update({f"fc_norm.{k}.weight": (ht,) for k in range(a)})
-        if kind == "peagle":
-            exp["mask_hidden"] = (1, 1, ht * a)
-    else:  # dflash family and dspark
-        ids = hf.get("eagle_aux_hidden_state_layer_ids") or []
-        a = len(ids) if ids else layers
-        exp["fc.weight"] = (h, ht * a)
-        exp["hidden_norm.weight"] = (h,)
-        exp["norm.weight"] = (h,)
-        for i in range(layers):
-            exp.update(_attn_mlp(f"layers.{i}.", h, h, nh, nkv, hd, inter, qk_norm=True, bias=bias))
-        if kind == "dflash2":
-            dc = hf.get("dflash_config", {})
-            k, g, r = dc.get("conv_kernel_size", 2), dc.get("conv_group_size", 16), dc.get("selector_rank", 256)
-            for i in range(layers):
-                for conv in ("attention_conv", "mlp_conv"):
-                    exp[f"layers.{i}.{conv}.base_kernel"] = (2, k, h)
-                    exp[f"layers.{i}.{conv}.kernel_projection.weight"] = (2 * k * (h // max(g, 1)), h)
-            exp["candidate_selector.predecessor_codebook"] = (vocab, r)
-            exp["candidate_selector.successor_codebook"] = (vocab, r)
-            exp["candidate_selector.hidden_projection.weight"] = (r, h)
-        if kind == "dspark":
-            r = int(hf.get("markov_rank") or 0)
-            if r:
-                exp["markov_head.markov_w1.weight"] = (vocab, r)
-                exp["markov_head.markov_w2.weight"] = (dvocab, r)
-            if hf.get("enable_confidence_head", False):
-                width = h + (r if hf.get("confidence_head_with_markov") and r else 0)
-                exp["confidence_head.proj.weight"] = (1, width)
-                exp["confidence_head.proj.bias"] = (1,)
-                optional |= {"confidence_head.proj.weight", "confidence_head.proj.bias"}
-    exp["lm_head.weight"] = (dvocab, h)
-    exp["embed_tokens.weight"] = (vocab, h)
-    if dvocab != vocab:
-        exp["d2t"] = (dvocab,)
-    return exp, optional
+    dims = Dims.of(hf)
+    own, own_optional = config_type(config_dict["speculators_model_type"]).vllm_parameters(hf, dims)
+    exp = {**own, "lm_head.weight": (dims.dvocab, dims.h), "embed_tokens.weight": (dims.vocab, dims.h)}
+    if dims.dvocab != dims.vocab:
+        exp["d2t"] = (dims.dvocab,)
+    return exp, {"lm_head.weight", "embed_tokens.weight"} | own_optional
 
 
 def canonical_name(name: str) -> str | None:
@@ -374,17 +242,16 @@ def load_errors(config_dict: dict[str, Any], hf: dict[str, Any], shapes: dict[st
     """The errors vLLM's `load_weights` raises for these tensors (unknown names, shape asserts, mask_hidden)."""
     exp, _ = expected_parameters(config_dict, hf)
     errors: list[VllmError] = []
-    kind = config_dict["speculators_model_type"]
+    cls = config_type(config_dict["speculators_model_type"])
     for name, shape in shapes.items():
         canon = canonical_name(name)
         if canon is None:
             continue
-        if canon == "mask_hidden" and kind in ("dflash", "dflash2", "dspark"):
-            errors.append(VllmError("AssertionError", "DFlash embeds masked slots via mask_token_id; mask_hidden "
-                                    "must not be in the checkpoint", field=f"tensor:{name}"))
+        if canon in cls.vllm_refused_tensors:
+            errors.append(VllmError("AssertionError", cls.vllm_refused_tensors[canon], field=f"tensor:{name}"))
             continue
-        if canon == "mask_hidden" and kind == "eagle3":
-            continue  # skipped with a warning when not parallel drafting
+        if canon in cls.vllm_skipped_tensors:
+            continue  # skipped with a warning
         if canon.startswith("d2t") and "d2t" not in exp:
             errors.append(VllmError("ValueError", "There is no module or parameter named 'draft_id_to_target_id' "
                                     "(the draft vocabulary equals the target's, so no d2t is expected)",
@@ -398,9 +265,10 @@ def load_errors(config_dict: dict[str, Any], hf: dict[str, Any], shapes: dict[st
         if tuple(shape) != tuple(want) and not (canon == "mask_hidden" and _numel(shape) == _numel(want)):
             errors.append(VllmError("AssertionError", f"Attempted to load weight (torch.Size({list(shape)})) into "
                                     f"parameter (torch.Size({list(want)}))", field=f"tensor:{name}"))
-    if kind == "peagle" and not any(canonical_name(n) == "mask_hidden" for n in shapes):
-        errors.append(VllmError("ValueError", "mask_hidden not found in weights but model is configured for parallel "
-                                "drafting. Please provide mask_hidden in the weights.", field="tensor:mask_hidden"))
+    present = {canonical_name(n) for n in shapes}
+    for required, message in cls.vllm_required_tensors.items():
+        if required not in present:
+            errors.append(VllmError("ValueError", message, field=f"tensor:{required}"))
     return errors
 
 

@@ -143,6 +143,7 @@ def _checked_draft(draft_dir: Path, validate: bool):
 
 def _derived_speculative_config(cfg: dict[str, Any], report) -> dict[str, Any]:
     """vLLM's own {method, num_speculative_tokens[, parallel_drafting]} for this config."""
+    import engine.algos  # noqa: F401  (registers the speculators types whose vLLM method differs from the type)
     from engine.format import vllm_rules as vr
 
     if report is not None and report.vllm_speculative_config:

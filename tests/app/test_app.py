@@ -630,14 +630,15 @@ def test_config_builder_form_and_json_stay_in_sync_with_live_validation(runs, ti
 
 
 def test_config_builder_hints_k_mask_token_and_writes_eps_as_written(runs, tiny_target, tiny_draft):
-    from engine.format.config import CONFIG_CLASSES
+    from engine.algos import ALGOS, algorithm_names
 
     at = open_app(tiny_target, tiny_draft, page="config_builder")
     k_key = "builder_f_speculators_config_proposal_methods_0_speculative_tokens"
     assert not at.warning
     at.number_input(key=k_key).set_value(6).run()
     assert "k = 6 is more than the 3 draft positions" in texts(at.warning)  # past what it was trained for
-    for algorithm, cls in CONFIG_CLASSES.items():
+    for algorithm in algorithm_names():  # the registry's list, as the page offers it
+        cls = ALGOS.get(algorithm).config_class
         at.selectbox(key="builder_new_algo").set_value(algorithm).run()
         at.button(key="builder_new").click().run()
         ok(at)

@@ -46,6 +46,16 @@ def test_toy_algorithm_trains_saves_reloads_and_drafts_losslessly(toy_registered
     saved = (out / "train_args.json")
     assert not saved.exists()  # nothing algorithm-specific is written by the generic trainer
 
+    # its own speculators type is validated: vLLM's stance (not served) as a warning, its own rule as an error
+    check = _engine("validate", str(out / "draft"))
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert "OK (toy)" in check.stdout and "vLLM 0.33 does not serve 'toy' drafts" in check.stdout
+    from engine.format.validate import validate_draft
+
+    report = validate_draft({**cfg, "aux_hidden_state_layer_ids": []}, check_weights=False)
+    assert [e.field for e in report.errors] == ["aux_hidden_state_layer_ids"]
+    assert "toy head reads no target layer" in report.errors[0].message
+
     # an EAGLE-3 argument is refused for the toy, naming its owner
     bad = _engine("train", "--algo", "toy", "--target", target, "--online-dataset", "sharegpt", "--ttt-steps", "2",
                   "--out", str(tmp_path / "bad"))
@@ -73,9 +83,9 @@ def test_toy_algorithm_trains_saves_reloads_and_drafts_losslessly(toy_registered
 
 
 ALGO_NAMES = re.compile(r"\b(eagle-?3|p-?eagle|dflash2?|dspark|xpress)\b", re.IGNORECASE)
-# Where algorithm names belong: their own folders, the file-format package (speculators' type table mirrors
-# vLLM's), the converters (one module per published source layout) and the recipes.
-ALLOWED = ("engine/algos/", "engine/format/", "engine/convert/", "configs/")
+# Where algorithm names belong: their own folders (each carries its speculators type and vLLM rules),
+# the converters (one module per published source layout) and the recipes; not engine/format.
+ALLOWED = ("engine/algos/", "engine/convert/", "configs/")
 
 
 def _code_files():
@@ -93,7 +103,30 @@ def test_no_algorithm_name_outside_its_folder():
         for n, line in enumerate(path.read_text().splitlines(), 1):
             if ALGO_NAMES.search(line):
                 offenders.append(f"{rel}:{n}: {line.strip()}")
-    assert not offenders, "algorithm names outside engine/algos, engine/format, engine/convert:\n" + "\n".join(offenders)
+    assert not offenders, "algorithm names outside engine/algos, engine/convert:\n" + "\n".join(offenders)
+
+
+def test_every_page_lists_the_registry_plugins_included(toy_registered):
+    """Train, Data and the Config builder offer the same algorithms, in the registry's order, the toy among them."""
+    from engine.algos import algorithm_names
+    from engine.data.layers import layer_algorithms
+    from ui import builder, data, training
+
+    names = algorithm_names()
+    assert "toy" in names and names[0] == "eagle3"
+    assert training.algorithm_names() == data.algorithm_names() == builder.algorithms() == layer_algorithms() == names
+
+
+def test_the_toys_type_is_registered_and_builds_a_fresh_config(toy_registered, tiny_targets):
+    from engine.format.config import build_draft_config, config_types, parse_draft_config
+
+    assert "toy" in config_types()
+    cfg = build_draft_config("toy", verifier_config={"hidden_size": 8, "num_attention_heads": 1,
+                                                     "intermediate_size": 8, "vocab_size": 16},
+                             verifier_name="x/y", layer_config={"hidden_size": 8, "vocab_size": 16},
+                             aux_hidden_state_layer_ids=[1], draft_vocab_size=16)
+    assert cfg.speculative_tokens == 1  # the toy type's own default k
+    assert type(parse_draft_config(cfg.to_dict())) is toy_registered.config_class
 
 
 def test_listing_algorithms_imports_no_torch():

@@ -12,8 +12,8 @@ import torch
 from safetensors.torch import load_file
 
 from engine.data.extract import HiddenStatesDataset, extract_hidden_states, load_sample, plan_padded_batches
+from engine.algos.dflash.config import evenly_spaced_layer_ids
 from engine.data.layer_ids import resolve_layer_ids
-from engine.format.config import evenly_spaced_layer_ids
 from engine.data.online import OnlineHiddenStates
 from engine.data.render import render_rows
 from engine.errors import WorkbenchError

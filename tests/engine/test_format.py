@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from engine.format.checkpoint import load_state_dict, save_checkpoint, tensor_index
-from engine.format.config import CONFIG_CLASSES, build_draft_config, parse_draft_config
+from engine.format.config import CONFIG_TYPES, build_draft_config, parse_draft_config
 from engine.format.validate import validate_draft
 from engine.format import vllm_rules as vr
 
@@ -37,7 +37,7 @@ def test_fixture_round_trips_unchanged(fixtures_dir, name):
     data = load_fixture(fixtures_dir, name)
     cfg = parse_draft_config(data)
     assert json.loads(cfg.to_json()) == data
-    assert type(cfg) is CONFIG_CLASSES[data["speculators_model_type"]]
+    assert type(cfg) is CONFIG_TYPES.get(data["speculators_model_type"])
 
 
 @pytest.mark.parametrize("name", ALGOS)
@@ -378,3 +378,71 @@ def test_failed_write_leaves_previous_checkpoint_intact(tmp_path):
     assert json.loads((folder / "config.json").read_text()) == {"v": 1}
     assert torch.equal(load_state_dict(folder)["w"], torch.ones(3))
     assert [p.name for p in tmp_path.iterdir()] == ["ckpt"]  # no temp folders left behind
+
+
+# -- token ids and layer ids against the verifier (every type declares its own id fields) --------------------
+
+
+SMOL = {"architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "num_hidden_layers": 36, "vocab_size": 49152}
+
+
+def test_validate_refuses_a_mask_token_outside_the_verifiers_vocabulary(fixtures_dir):
+    """A DFlash draft whose mask token is 10,000,000 with a 49,152-token verifier: vLLM indexes out of its embedding
+    at the first step. The finding names the field, the value, the allowed range and the fix."""
+    cfg = load_fixture(fixtures_dir, "dflash_qwen3_8b")
+    verifier = {**SMOL, "hidden_size": cfg["transformer_layer_config"]["hidden_size"]}
+    cfg["transformer_layer_config"]["vocab_size"] = 49152
+    cfg["mask_token_id"] = 10_000_000
+    report = validate_draft(cfg, verifier_config=verifier, check_weights=False)
+    found = [e for e in report.errors if e.field == "mask_token_id"]
+    assert found, report.errors
+    assert "10000000" in found[0].message and "0..49151" in found[0].message and "set it to" in found[0].message
+    cfg["mask_token_id"] = 49151
+    assert not [e for e in validate_draft(cfg, verifier_config=verifier, check_weights=False).errors
+                if e.field == "mask_token_id"]
+
+
+@pytest.mark.parametrize("name", ["peagle_qwen3_8b", "dflash_qwen3_8b", "dspark_qwen3_8b", "dflash2_qwen3_8b"])
+def test_every_token_id_a_type_declares_is_checked_without_a_verifier_too(fixtures_dir, name):
+    from engine.format.config import CONFIG_TYPES
+
+    cfg = load_fixture(fixtures_dir, name)
+    fields = CONFIG_TYPES.get(cfg["speculators_model_type"]).token_id_fields
+    assert "mask_token_id" in fields
+    for field in fields:
+        bad = {**cfg, field: cfg["transformer_layer_config"]["vocab_size"]}  # one past the last id
+        report = validate_draft(bad, verifier_config={}, check_weights=False)
+        assert any(e.field == field and "is outside" in e.message for e in report.errors), (field, report.errors)
+
+
+def test_layer_config_token_ids_out_of_range_are_a_warning(fixtures_dir):
+    cfg = load_fixture(fixtures_dir, "eagle3_llama31_8b")
+    cfg["transformer_layer_config"]["eos_token_id"] = [128001, 999_999]
+    report = validate_draft(cfg, check_weights=False, verifier_config={})
+    assert report.ok
+    assert any(w.field == "transformer_layer_config.eos_token_id" and "[999999]" in w.message for w in report.warnings)
+
+
+def test_aux_layer_ids_are_checked_against_the_verifiers_depth(fixtures_dir):
+    for name in ("eagle3_llama31_8b", "peagle_qwen3_8b", "dflash_qwen3_8b", "dspark_qwen3_8b"):
+        cfg = load_fixture(fixtures_dir, name)
+        from engine.format.config import CONFIG_TYPES
+
+        field = CONFIG_TYPES.get(cfg["speculators_model_type"]).aux_field
+        cfg[field] = [2, 18, 40]
+        verifier = {"hidden_size": cfg["transformer_layer_config"]["hidden_size"], "num_hidden_layers": 36,
+                    "vocab_size": cfg["transformer_layer_config"]["vocab_size"]}
+        report = validate_draft(cfg, verifier_config=verifier, check_weights=False)
+        assert any(e.field == field and "outside the verifier's depth 0..36" in e.message for e in report.errors), name
+
+
+def test_an_unknown_type_is_refused_naming_the_known_ones():
+    from engine.errors import WorkbenchError
+
+    with pytest.raises(WorkbenchError, match=r"(?s)unknown speculators_model_type \"medusa\".*eagle3"):
+        parse_draft_config({"speculators_model_type": "medusa"})
+    with pytest.raises(KeyError):  # older callers catch a KeyError
+        parse_draft_config({"speculators_model_type": "medusa"})
+    with pytest.raises(WorkbenchError, match="unknown speculators_model_type"):
+        vr.expected_parameters({"speculators_model_type": "medusa"}, {"hidden_size": 8, "num_attention_heads": 1,
+                                                                     "intermediate_size": 8, "vocab_size": 8})

@@ -50,7 +50,7 @@ def test_capture_rejects_ids_outside_depth(tiny_llama):
 
 
 def test_default_aux_layers():
-    from engine.format.config import eagle_default_layer_ids as default_aux_layer_ids
+    from engine.format.config import vllm_default_aux_layer_ids as default_aux_layer_ids
 
     assert default_aux_layer_ids(30) == [2, 15, 27]
     assert default_aux_layer_ids(32) == [2, 16, 29]

@@ -86,6 +86,7 @@ RuntimeError: Engine core initialization failed. See root cause above. Failed co
 
 def random_eagle3_draft(folder: Path, *, mutate=None, seed: int = 0) -> Path:
     """A random-weight EAGLE-3 draft for the built-in target with exactly vLLM's tensor names (bf16)."""
+    import engine.algos  # noqa: F401  (registers the speculators config types)
     from engine.format import vllm_rules as vr
     from engine.format.checkpoint import read_config_dict, save_checkpoint
     from engine.format.config import build_draft_config

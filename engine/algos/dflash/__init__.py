@@ -1,12 +1,13 @@
 """DFlash: a parallel block drafter, [anchor, MASK x (B-1)] denoised in one forward over injected target features
-(registered as `dflash`). This module imports no torch: the model, I/O, objective and proposer load on first use.
+(registered as `dflash`). This module imports no torch: the model, I/O, objective and proposer are found by
+convention (engine/algos/base.py) and load on first use.
 """
 
 from __future__ import annotations
 
 from engine.algos.base import DraftAlgorithm, register_algorithm
 from engine.algos.dflash.args import DFlashArgs
-from engine.format.config import DFlashConfig
+from engine.algos.dflash.config import DFlashConfig
 
 
 @register_algorithm
@@ -19,9 +20,6 @@ class DFlash(DraftAlgorithm):
     published_data = ("about 800K regenerated samples (the DFlash paper, as DFlare's abstract puts it)", 800_000)
     args_class = DFlashArgs
     needs_last_layer = False  # hard-label CE needs only the tokens; the KL loss reads the last layer when present
-
-    def speculative_tokens(self, args: DFlashArgs) -> int:
-        return args.speculative_tokens or args.block_size - 1
 
     def describe(self, args: DFlashArgs) -> str:
         return f"{self.title}, {args.num_layers} Qwen3 layer(s), block {args.block_size}, {args.loss_fn} loss"
@@ -44,48 +42,5 @@ class DFlash(DraftAlgorithm):
         return (f"{args.max_anchors} random anchor blocks per packed row, {loss}, slot i weighted "
                 f"exp(−(i−1)/{args.dflash_decay_gamma:g})")
 
-    def build(self, target, args: DFlashArgs, *, aux_layer_ids, token_counts, seed, init_from=None):
-        from engine.algos.dflash.io import build_dflash, load_dflash
-
-        if init_from:
-            return load_dflash(init_from, target)
-        return build_dflash(target, aux_layer_ids=list(aux_layer_ids), num_layers=args.num_layers,
-                            block_size=args.block_size, draft_vocab_size=args.draft_vocab_size,
-                            token_counts=token_counts, sliding_window=args.sliding_window,
-                            block_causal=args.block_causal, mask_token_id=args.mask_token_id,
-                            speculative_tokens=self.speculative_tokens(args), seed=seed)
-
-    def load(self, path, target=None, *, allow_pickle=False, dtype=None):
-        import torch
-
-        from engine.algos.dflash.io import load_dflash
-
-        return load_dflash(path, target, allow_pickle=allow_pickle, dtype=dtype or torch.float32)
-
-    def save(self, draft, path, *, dtype=None, config_updates=None):
-        import torch
-
-        from engine.algos.dflash.io import save_dflash
-
-        return save_dflash(draft, path, dtype=dtype or torch.bfloat16, config_updates=config_updates)
-
-    def collate(self, samples, layout, max_tokens, args: DFlashArgs):
-        from engine.algos.dflash.train import collate
-
-        return collate(samples, layout, max_tokens, block_size=args.block_size, max_anchors=args.max_anchors,
-                       with_last=args.loss_fn == "kl" and layout.last_column >= 0)
-
-    def objective(self, draft, verifier, args: DFlashArgs, device: str):
-        from engine.algos.dflash.train import DFlashObjective
-
-        return DFlashObjective(draft, verifier, loss_fn=args.loss_fn, gamma=args.dflash_decay_gamma, device=device)
-
-    def proposer(self, draft, **options):
-        from engine.algos.dflash.proposer import DFlashProposer
-
-        return DFlashProposer(draft, **options)
-
-    def acceptance_counts(self, draft, aux, token_ids, k):
-        from engine.algos.dflash.evaluate import acceptance_counts
-
-        return acceptance_counts(draft, aux, token_ids, k)
+    def collate_options(self, args: DFlashArgs, layout) -> dict:
+        return {"with_last": args.loss_fn == "kl" and layout.last_column >= 0}  # the KL loss reads the last layer

@@ -2,30 +2,33 @@
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
-from engine.algos.base import AlgoArgs
+from engine.algos.base import DraftArgs
+from engine.algos.dflash.config import DFLASH_DEFAULT_LAYERS
 
 
-class DFlashArgs(AlgoArgs):
+class DFlashArgs(DraftArgs):
     """How a DFlash block drafter is shaped and trained (random anchors, one block per anchor)."""
 
+    field_defaults: ClassVar[dict[str, Any]] = {"num_layers": DFLASH_DEFAULT_LAYERS, "sliding_window": None}
+    field_help: ClassVar[dict[str, str]] = {
+        "num_layers": "Draft decoder layers (Qwen3 layers, as vLLM's DFlash loader builds).",
+        "draft_vocab_size": "Draft vocabulary: the most frequent loss-masked target tokens with its own lm_head "
+                            "(None = the target's frozen lm_head over the full vocabulary).",
+        "sliding_window": "Sliding window of every draft layer over the committed context (None = full attention).",
+        "speculative_tokens": "k written into the config (default: block_size - 1).",
+    }
     groups: ClassVar[dict[str, list[str]]] = {
         "Draft architecture": ["num_layers", "block_size", "draft_vocab_size", "sliding_window", "block_causal",
                                "mask_token_id"],
         "Objective": ["max_anchors", "loss_fn", "dflash_decay_gamma", "speculative_tokens"],
     }
 
-    num_layers: int = Field(5, ge=1, description="Draft decoder layers (Qwen3 layers, as vLLM's DFlash loader builds).")
     block_size: int = Field(16, ge=2, description="Tokens per block: the anchor plus block_size - 1 mask slots, so "
                                                   "block_size - 1 tokens drafted per forward.")
-    draft_vocab_size: int | None = Field(
-        None, ge=1, description="Draft vocabulary: the most frequent loss-masked target tokens with its own lm_head "
-                                "(None = the target's frozen lm_head over the full vocabulary).")
-    sliding_window: int | None = Field(None, description="Sliding window of every draft layer over the committed "
-                                                         "context (None = full attention).")
     block_causal: bool = Field(False, description="Slots attend causally inside a block (False = bidirectional, as "
                                                   "DFlash); written as sliding_window_non_causal so vLLM serves it.")
     mask_token_id: int | None = Field(None, description="Token filling the mask slots (None: the tokenizer's mask "
@@ -34,5 +37,3 @@ class DFlashArgs(AlgoArgs):
     loss_fn: Literal["ce", "kl"] = Field("ce", description="Hard-label cross-entropy on the data tokens, or forward "
                                                            "KL to the target's distribution.")
     dflash_decay_gamma: float = Field(4.0, gt=0, description="Slot i of a block is weighted exp(-(i-1)/gamma).")
-    speculative_tokens: int | None = Field(None, ge=1, description="k written into the config (default: "
-                                                                   "block_size - 1).")

@@ -10,10 +10,11 @@ import torch
 
 from engine.algos.common.layers import init_draft_weights, module_to_dtype_except
 from engine.algos.common.vocab import choose_mask_token, reduced_vocab, selected_from_d2t, vocab_maps
+from engine.algos.dflash.config import DFlashConfig
 from engine.algos.dflash.model import DFlashDraft
 from engine.errors import WorkbenchError
 from engine.format.checkpoint import load_state_dict, read_config_dict, save_checkpoint
-from engine.format.config import DFlashConfig, build_draft_config, build_layer_config, parse_draft_config
+from engine.format.config import build_draft_config, build_layer_config, parse_draft_config
 
 
 def build_dflash(target, *, aux_layer_ids: list[int] | None = None, num_layers: int = 5, block_size: int = 16,

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.algos.common.layers import DecoderLayer, LayerDims, RMSNorm, layer_windows, repeat_kv, rotary_embedding
-from engine.format.config import DFlashConfig
+from engine.algos.dflash.config import DFlashConfig
 
 
 class DFlashDraft(nn.Module):

@@ -76,10 +76,10 @@ def slot_weights(block_size: int, gamma: float, device=None) -> torch.Tensor:
 class DFlashObjective:
     """Weighted CE on the data tokens (or forward KL to the target) per block slot, and per-slot accuracies."""
 
-    def __init__(self, draft: DFlashDraft, verifier, *, loss_fn: str, gamma: float, device: str):
+    def __init__(self, draft: DFlashDraft, verifier, *, loss_fn: str, dflash_decay_gamma: float, device: str):
         self.block_size = draft.block_size
-        self.loss_fn, self.gamma = loss_fn, gamma
-        self.weights = slot_weights(self.block_size, gamma, device)
+        self.loss_fn, self.gamma = loss_fn, dflash_decay_gamma
+        self.weights = slot_weights(self.block_size, dflash_decay_gamma, device)
         self.t2d = draft.t2d
         self.draft_ids_of_target = None
         if draft.t2d is not None:  # target id -> draft id (-1 outside the draft vocabulary)

@@ -3,17 +3,26 @@ DSpark paper where they have them)."""
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from engine.algos.base import AlgoArgs
+from engine.algos.base import DraftArgs
+from engine.algos.dflash.config import DFLASH_DEFAULT_LAYERS
 
 
-class DSparkArgs(AlgoArgs):
+class DSparkArgs(DraftArgs):
     """How a DSpark drafter is shaped and trained: DFlash's random-anchor blocks, the anchor predicting too, a
     Markov correction head and a confidence head, loss = ce * CE + tv * TV + conf * BCE."""
 
+    field_defaults: ClassVar[dict[str, Any]] = {"num_layers": DFLASH_DEFAULT_LAYERS, "sliding_window": None}
+    field_help: ClassVar[dict[str, str]] = {
+        "num_layers": "Draft decoder layers (Qwen3 layers, as vLLM's DSpark loader builds).",
+        "draft_vocab_size": "Draft vocabulary: the most frequent loss-masked target tokens with its own lm_head "
+                            "(None = the target's frozen lm_head over the full vocabulary).",
+        "sliding_window": "Sliding window of every draft layer over the committed context (None = full attention).",
+        "speculative_tokens": "k written into the config (default: block_size).",
+    }
     groups: ClassVar[dict[str, list[str]]] = {
         "Draft architecture": ["num_layers", "block_size", "draft_vocab_size", "sliding_window", "block_causal",
                                "mask_token_id", "markov_rank", "markov_head_type", "enable_confidence_head",
@@ -23,14 +32,8 @@ class DSparkArgs(AlgoArgs):
         "Calibration": ["calibration_blocks"],
     }
 
-    num_layers: int = Field(5, ge=1, description="Draft decoder layers (Qwen3 layers, as vLLM's DSpark loader builds).")
     block_size: int = Field(8, ge=1, description="Tokens per block: the anchor plus block_size - 1 mask slots; every "
                                                  "slot drafts, so block_size tokens per forward.")
-    draft_vocab_size: int | None = Field(
-        None, ge=1, description="Draft vocabulary: the most frequent loss-masked target tokens with its own lm_head "
-                                "(None = the target's frozen lm_head over the full vocabulary).")
-    sliding_window: int | None = Field(None, description="Sliding window of every draft layer over the committed "
-                                                         "context (None = full attention).")
     block_causal: bool = Field(False, description="Slots attend causally inside a block (False = bidirectional); "
                                                   "written as sliding_window_non_causal so vLLM serves it.")
     mask_token_id: int | None = Field(None, description="Token filling the mask slots (None: the tokenizer's mask "
@@ -54,8 +57,6 @@ class DSparkArgs(AlgoArgs):
                                                                 "acceptance rate 1 - TV.")
     calibration_blocks: int = Field(4096, ge=0, description="Held-out blocks used after training to fit the "
                                                             "per-slot confidence temperatures (0 = no calibration).")
-    speculative_tokens: int | None = Field(None, ge=1, description="k written into the config (default: "
-                                                                   "block_size).")
 
 
 class DSparkProposerOptions(BaseModel):

@@ -16,17 +16,20 @@ from engine.errors import WorkbenchError
 
 def build_dspark(target, *, markov_rank: int = 256, markov_head_type: str = "vanilla",
                  enable_confidence_head: bool = True, confidence_head_with_markov: bool = True,
-                 block_size: int = 8, **backbone: Any) -> DSparkDraft:
-    """A new DSpark draft: DFlash's backbone (`backbone`: num_layers, aux_layer_ids, draft_vocab_size, ...) with
-    every slot predicting, plus the Markov and confidence heads."""
+                 block_size: int = 8, num_layers: int = 5, draft_vocab_size: int | None = None,
+                 sliding_window: int | None = None, block_causal: bool = False, mask_token_id: int | None = None,
+                 **backbone: Any) -> DSparkDraft:
+    """A new DSpark draft: DFlash's backbone (the named fields and `backbone`: aux_layer_ids, token_counts,
+    speculative_tokens, seed) with every slot predicting, plus the Markov and confidence heads."""
     if confidence_head_with_markov and enable_confidence_head and markov_rank <= 0:
         raise WorkbenchError("confidence_head_with_markov needs a Markov head (markov_rank > 0)",
                              hint="set --markov-rank to a positive rank or --no-confidence-head-with-markov")
     fields = {"sample_from_anchor": True, "markov_rank": markov_rank, "markov_head_type": markov_head_type,
               "enable_confidence_head": enable_confidence_head,
               "confidence_head_with_markov": confidence_head_with_markov}
-    draft = build_dflash(target, block_size=block_size, algorithm="dspark", draft_class=DSparkDraft,
-                         config_fields=fields, **backbone)
+    draft = build_dflash(target, block_size=block_size, num_layers=num_layers, draft_vocab_size=draft_vocab_size,
+                         sliding_window=sliding_window, block_causal=block_causal, mask_token_id=mask_token_id,
+                         algorithm="dspark", draft_class=DSparkDraft, config_fields=fields, **backbone)
     if draft.markov_head is not None:  # speculators' start: a small previous-token embedding, a near-zero bias
         with torch.no_grad():
             draft.markov_head.markov_w1.weight.normal_(0.0, 0.01)

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from engine.algos.dflash.model import DFlashDraft
-from engine.format.config import DSparkConfig
+from engine.algos.dspark.config import DSparkConfig
 
 
 class MarkovHead(nn.Module):

@@ -10,7 +10,19 @@ import torch
 import torch.nn.functional as F
 
 from engine.algos.dflash.train import DFlashObjective, block_labels
+from engine.algos.dflash.train import collate as dflash_collate
 from engine.algos.dspark.model import DSparkDraft
+from engine.errors import WorkbenchError
+from engine.train.data import Layout
+
+
+def collate(samples: list[dict[str, torch.Tensor]], layout: Layout, max_tokens: int, *, block_size: int,
+            max_anchors: int) -> dict[str, torch.Tensor]:
+    """DFlash's random-anchor blocks, always with the target's last layer (`verifier_last` [1, T, Ht])."""
+    if layout.last_column < 0:
+        raise WorkbenchError("DSpark training needs the target's last layer in the data (its TV and confidence "
+                             "terms read the target's distribution)", hint="extract again with --algo dspark")
+    return dflash_collate(samples, layout, max_tokens, block_size=block_size, max_anchors=max_anchors, with_last=True)
 
 
 def slot_weights(block_size: int, gamma: float, device=None) -> torch.Tensor:
@@ -37,11 +49,11 @@ class DSparkObjective(DFlashObjective):
     Reuses DFlash's draft-vocabulary lookup and its target distribution (the target's last layer through its final
     norm and the head rows of the draft vocabulary)."""
 
-    def __init__(self, draft: DSparkDraft, verifier, *, gamma: float, ce_alpha: float, tv_alpha: float,
-                 conf_alpha: float, device: str):
-        super().__init__(draft, verifier, loss_fn="kl", gamma=gamma, device=device)
-        self.weights = slot_weights(self.block_size, gamma, device)
-        self.alphas = (ce_alpha, tv_alpha, conf_alpha)
+    def __init__(self, draft: DSparkDraft, verifier, *, dflash_decay_gamma: float, ce_alpha: float, tv_alpha: float,
+                 confidence_head_alpha: float, device: str):
+        super().__init__(draft, verifier, loss_fn="kl", dflash_decay_gamma=dflash_decay_gamma, device=device)
+        self.weights = slot_weights(self.block_size, dflash_decay_gamma, device)
+        self.alphas = (ce_alpha, tv_alpha, confidence_head_alpha)
 
     def target_probs(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """[N, B, Vd]: the target's distribution of the token slot k drafts (its output at anchor + k)."""

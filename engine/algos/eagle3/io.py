@@ -10,10 +10,11 @@ import torch
 
 from engine.algos.common.layers import init_draft_weights, module_to_dtype_except
 from engine.algos.common.vocab import reduced_vocab, selected_from_d2t, vocab_maps
+from engine.algos.eagle3.config import Eagle3Config
 from engine.algos.eagle3.model import Eagle3Draft
 from engine.errors import WorkbenchError
 from engine.format.checkpoint import load_state_dict, read_config_dict, save_checkpoint
-from engine.format.config import Eagle3Config, build_draft_config, build_layer_config, parse_draft_config
+from engine.format.config import build_draft_config, build_layer_config, parse_draft_config
 
 
 def build_eagle3(

@@ -78,8 +78,8 @@ def summarize(stats: dict[str, float], steps: int) -> dict[str, float]:
 class Eagle3Objective:
     """Forward KL to the target per TTT step, bound to a draft (its t2d picks the target rows) and its verifier."""
 
-    def __init__(self, draft: Eagle3Draft, verifier, *, steps: int, decay: float, device: str):
-        self.steps, self.decay = steps, decay
+    def __init__(self, draft: Eagle3Draft, verifier, *, ttt_steps: int, ttt_step_loss_decay: float, device: str):
+        self.steps, self.decay = ttt_steps, ttt_step_loss_decay
         self.norm = verifier.final_norm_fn()
         head = verifier.head_weight
         if draft.t2d is not None:

@@ -12,10 +12,11 @@ from torch import nn
 from engine.algos.common.layers import module_to_dtype_except
 from engine.algos.common.vocab import choose_mask_token, selected_from_d2t, vocab_maps
 from engine.algos.eagle3.io import init_from_target
+from engine.algos.peagle.config import PEagleConfig
 from engine.algos.peagle.model import PEagleDraft
 from engine.errors import WorkbenchError
 from engine.format.checkpoint import load_state_dict, read_config_dict, save_checkpoint
-from engine.format.config import PEagleConfig, build_draft_config, build_layer_config, parse_draft_config
+from engine.format.config import build_draft_config, build_layer_config, parse_draft_config
 
 # speculators' initialisation leaves these alone: the shared table, its trained row (a copy of the target's)
 # and mask_hidden (N(0, 1), as speculators draws it)

@@ -24,7 +24,7 @@ from torch import nn
 
 from engine.algos.common.layers import DraftCache, cached_attend, causal_mask, document_spans, repeat_kv
 from engine.algos.eagle3.model import Eagle3Draft, masked_attention
-from engine.format.config import PEagleConfig
+from engine.algos.peagle.config import PEagleConfig
 
 
 class PEagleDraft(Eagle3Draft):

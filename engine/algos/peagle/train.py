@@ -53,12 +53,13 @@ def cod_sample(loss_mask: torch.Tensor, document_ids: torch.Tensor, *, num_depth
 
 
 def collate(samples: list[dict[str, torch.Tensor]], layout: Layout, max_tokens: int, *, num_depths: int,
-            ratio: float, ratio_min: float, max_anchors: int | None) -> dict[str, torch.Tensor]:
+            down_sample_ratio: float, down_sample_ratio_min: float, max_anchors: int | None) -> dict[str, torch.Tensor]:
     """EAGLE-3's shifted packed row (aux, verifier_last, input_ids, loss_mask, position_ids, document_ids) plus
     the COD-sampled mask-slot elements `anchors`/`depths` [M]."""
     batch = eagle3_collate(samples, layout, max_tokens)
     batch["anchors"], batch["depths"] = cod_sample(batch["loss_mask"][0], batch["document_ids"][0],
-                                                   num_depths=num_depths, ratio=ratio, ratio_min=ratio_min,
+                                                   num_depths=num_depths, ratio=down_sample_ratio,
+                                                   ratio_min=down_sample_ratio_min,
                                                    max_anchors=max_anchors)
     return batch
 

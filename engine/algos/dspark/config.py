@@ -1,0 +1,78 @@
+"""DSpark's speculators config type (`dspark`): DFlash's fields plus the Markov and confidence heads, vLLM's rules."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field
+
+from engine.algos.dflash.config import DFlashConfig, vllm_aux_ids, vllm_target_layer_ids
+from engine.format import vllm_rules as vr
+from engine.format.config import register_config_type
+from engine.format.report import Issue, ValidationReport
+
+
+@register_config_type
+class DSparkConfig(DFlashConfig):
+    """DSpark: DFlash backbone plus a sequential Markov head and a confidence head."""
+
+    algorithm: ClassVar[str] = "dspark"
+    default_architecture: ClassVar[str] = "DSparkSpeculator"
+    config_class: ClassVar[str] = "DSparkSpeculatorConfig"
+    vllm_order: ClassVar[int] = 4
+    needs_speculative_tokens: ClassVar[bool] = False  # vLLM's DSpark drafts the whole block when k is absent
+
+    speculators_model_type: Literal["dspark"] = "dspark"  # type: ignore[assignment]
+    sample_from_anchor: bool = Field(True, description="All block slots predict (DSpark convention).")
+    markov_rank: int = Field(256, ge=0, description="Rank of the Markov head (0 disables it).")
+    markov_head_type: Literal["vanilla", "gated", "rnn"] = Field("vanilla", description="Markov head variant.")
+    enable_confidence_head: bool = Field(True, description="Train a per-slot confidence head.")
+    confidence_head_with_markov: bool = Field(True, description="Confidence head also sees the Markov state.")
+    confidence_temperatures: list[float] | None = Field(
+        None, description="Per-slot temperatures of the confidence head, fitted after training (sequential "
+                          "temperature scaling; the workbench's own field, vLLM and speculators ignore it).")
+
+    def to_dict(self) -> dict[str, Any]:
+        out = super().to_dict()
+        if out.get("confidence_temperatures") is None:  # uncalibrated: exactly speculators' field set
+            out.pop("confidence_temperatures", None)
+        return out
+
+    @classmethod
+    def vllm_update(cls, cfg: dict, pre: dict) -> None:
+        """`update_dspark` (speculators/algos.py)."""
+        allowed = {"Qwen3DSparkModel", "Qwen3OmniDSparkModel"}
+        archs = [a for a in (cfg.get("architectures") or []) if a in allowed]
+        pre["architectures"] = archs or ["Qwen3DSparkModel"]
+        sample_from_anchor = cfg.get("sample_from_anchor", False)
+        pre["sample_from_anchor"] = sample_from_anchor
+        pre["dspark_bonus_anchor"] = not sample_from_anchor
+        pre["target_layer_ids"] = vllm_target_layer_ids(vllm_aux_ids(cfg, pre))
+        for key in ("draft_vocab_size", "target_hidden_size", "mask_token_id", "markov_rank", "markov_head_type",
+                    "block_size", "enable_confidence_head", "confidence_head_with_markov", "use_aux_hidden_state"):
+            if cfg.get(key) is not None:
+                pre[key] = cfg[key]
+
+    @classmethod
+    def vllm_parameters(cls, hf: dict, d: vr.Dims) -> tuple[dict[str, tuple], set[str]]:
+        exp, optional = super().vllm_parameters(hf, d)
+        r = int(hf.get("markov_rank") or 0)
+        if r:
+            exp["markov_head.markov_w1.weight"] = (d.vocab, r)
+            exp["markov_head.markov_w2.weight"] = (d.dvocab, r)
+        if hf.get("enable_confidence_head", False):
+            width = d.h + (r if hf.get("confidence_head_with_markov") and r else 0)
+            exp["confidence_head.proj.weight"] = (1, width)
+            exp["confidence_head.proj.bias"] = (1,)
+            optional = optional | {"confidence_head.proj.weight", "confidence_head.proj.bias"}
+        return exp, optional
+
+    @classmethod
+    def validation_rules(cls) -> list:
+        return [*super().validation_rules(), vanilla_markov_head]
+
+
+def vanilla_markov_head(cfg, typed, hf, report: ValidationReport) -> None:
+    if typed is not None and typed.markov_head_type != "vanilla":
+        report.add(Issue("markov_head_type", f"'{typed.markov_head_type}': some vLLM builds only run the 'vanilla' "
+                         "Markov head at inference", severity="warning"))
