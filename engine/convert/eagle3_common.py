@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.algos.eagle3.config import Eagle3Config
+import engine.algos  # noqa: F401  (registers the config types the converters write)
 from engine.convert.base import Converter, ConvertOptions, KeyRule
 from engine.errors import WorkbenchError
-from engine.format.config import build_draft_config, build_layer_config
+from engine.format.config import build_draft_config, build_layer_config, config_type
 
 # The single-layer layout SafeAILab's `Model` and SpecForge's `LlamaForCausalLMEagle3` save: `midlayer` is the
 # first decoder layer (q/k/v read [embedding; hidden], 2H), then the final norm and the draft-vocabulary head.
@@ -78,7 +78,7 @@ class Eagle3Source(Converter):
         layer_config = self._layer_config(config, state, verifier_config, family)
         h = int(layer_config["hidden_size"])
         ht, count = _fused_states(config, state, verifier_config, h)
-        aux = options.aux_layer_ids or self.recorded_aux_ids(config) or _default_ids(verifier_config, count)
+        aux = options.aux_layer_ids or self.recorded_aux_ids(config) or _default_ids(self.algorithm, verifier_config, count)
         if aux and len(aux) != count:
             raise WorkbenchError(f"{len(aux)} aux layer ids {sorted(aux)} but fc.weight fuses {count} verifier "
                                  "states", hint="give as many --aux-layer-ids as fc.weight reads")
@@ -136,12 +136,12 @@ def drop_identity_vocab(state: dict[str, Any], vocab: int | None) -> dict[str, A
     return state
 
 
-def _default_ids(verifier_config: dict[str, Any] | None, count: int) -> list[int] | None:
+def _default_ids(algorithm: str, verifier_config: dict[str, Any] | None, count: int) -> list[int] | None:
     """The ids vLLM uses when a config records none (for a verifier at hand), written out so every reader agrees."""
     depth = (verifier_config or {}).get("num_hidden_layers")
     if not depth or count != 3:
         return None
-    ids = Eagle3Config.default_aux_layer_ids(int(depth))
+    ids = config_type(algorithm).default_aux_layer_ids(int(depth))
     return ids if len(ids) == count else None  # a very shallow verifier: leave them to the user
 
 

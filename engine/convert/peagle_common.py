@@ -8,7 +8,7 @@ from typing import Any
 from engine.convert.base import ConvertOptions, KeyRule
 from engine.convert.eagle3_common import Eagle3Source
 from engine.errors import WorkbenchError
-from engine.algos.peagle.config import PEagleConfig
+from engine.format.config import config_type
 
 MASK_HIDDEN_RULE = KeyRule(r"mask_hidden", "mask_hidden",
                            "the learned feature of every mask slot [1, 1, A*Ht], fused by fc like a real one")
@@ -54,4 +54,4 @@ class PEagleSource(Eagle3Source):
         return {"mask_token_id": int(mask), "norm_before_residual": bool(residual)}
 
     def default_speculative_tokens(self, config) -> int:
-        return self.recorded_depths(config) or PEagleConfig.default_speculative_tokens({})
+        return self.recorded_depths(config) or config_type(self.algorithm).default_speculative_tokens({})

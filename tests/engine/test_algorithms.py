@@ -109,7 +109,7 @@ def test_no_algorithm_name_outside_its_folder():
 def test_every_page_lists_the_registry_plugins_included(toy_registered):
     """Train, Data and the Config builder offer the same algorithms, in the registry's order, the toy among them."""
     from engine.algos import algorithm_names
-    from engine.data.layers import layer_algorithms
+    from engine.data.layer_ids import layer_algorithms
     from ui import builder, data, training
 
     names = algorithm_names()
