@@ -242,12 +242,12 @@ def test_layer_id_choices():
 
 def test_cli_constants_match_the_engine():
     from engine.commands import data as cmd
-    from engine.data import extract, layers
+    from engine.data import extract, layer_ids
 
     assert cmd.BACKENDS == extract.BACKENDS
     parser = argparse.ArgumentParser()
     cmd.add_extract_arguments(parser)
     algo_action = next(a for a in parser._actions if a.dest == "algo")
-    assert list(algo_action.choices) == layers.layer_algorithms()  # derived from the registry, not copied
+    assert list(algo_action.choices) == layer_ids.layer_algorithms()  # derived from the registry, not copied
     assert (cmd.DEFAULT_BATCH_SIZE, cmd.DEFAULT_BATCH_TOKENS) == (extract.DEFAULT_BATCH_SIZE,
                                                                   extract.DEFAULT_BATCH_TOKENS)
