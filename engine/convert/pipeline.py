@@ -170,10 +170,10 @@ def convert(src: str | os.PathLike, out: str | os.PathLike, *, fmt: str | None =
 
     `out` must be new, empty or a draft the workbench wrote (`engine.fsutil.is_ours`), unless `overwrite`.
     """
-    from engine.format.checkpoint import legacy_job_draft, save_checkpoint
+    from engine.format.checkpoint import save_checkpoint
     from engine.fsutil import check_replaceable
 
-    check_replaceable(out, overwrite=overwrite, also_ours=legacy_job_draft)  # refuse before reading anything
+    check_replaceable(out, overwrite=overwrite)  # refuse before reading anything; only the owner marker vouches
     options = options or ConvertOptions(**option_fields)
     p = plan(src, fmt=fmt, verifier=verifier, options=options, allow_pickle=allow_pickle)
     refuse_problems(p)

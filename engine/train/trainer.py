@@ -25,6 +25,7 @@ from engine.fsutil import (
     atomic_save_safetensors,
     atomic_write_json,
     atomic_write_text,
+    claim_names,
     read_json,
     remove_ours,
 )
@@ -346,6 +347,7 @@ class Trainer:
         cfg = self.cfg
         lock = DirLock(self.out, "train") if self.d.main else None
         if lock:
+            claim_names(self.out, JOB_FILES, kind="train")  # a file of the user's there is refused, not replaced
             lock.__enter__()  # before anything is written: a refused second job touches nothing (issue 18)
         try:
             resumed = self.resume()
@@ -475,6 +477,11 @@ class Trainer:
 
 
 _CHECKPOINT_FILES = ("config.json", "model.safetensors", "README.md")
+
+
+# What a training job writes into its --out folder (progress/: the ranks' progress files, resumes.jsonl: resumes).
+JOB_FILES = ("config.yaml", "metrics.jsonl", "resumes.jsonl", "calibration.json", "ddp_check.json", "checkpoints",
+             "draft", "progress")
 
 
 def is_legacy_checkpoint(folder: Path) -> bool:
