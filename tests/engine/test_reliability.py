@@ -855,11 +855,12 @@ def _train_cfg(target, data, out, **kw):
 
 
 def test_a_refused_second_train_does_not_touch_the_running_jobs_files(tiny_targets, tiny_hs, tmp_path):
+    from engine.fsutil import claim_names
     from engine.jobs import DirLock
-    from engine.train.trainer import Trainer
+    from engine.train.trainer import JOB_FILES, Trainer
 
     out = tmp_path / "run"
-    out.mkdir()
+    claim_names(out, JOB_FILES, kind="train")  # as the first job did before writing its files
     (out / "config.yaml").write_text("the first job's config\n")
     (out / "metrics.jsonl").write_text('{"split": "train", "step": 1}\n')
     before = {p.name: p.read_bytes() for p in out.iterdir()}
