@@ -166,12 +166,14 @@ def test_remeasure_dry_run_prints_the_commands_and_writes_nothing(tmp_path, caps
     ship = tmp_path / "ship"
     ship.mkdir()
     (ship / "config.json").write_text("{}")
+    (ship / "model.safetensors").write_bytes(b"weights")
     (ship / "README.md").write_text("card")
     work = tmp_path / "work"
     assert main(["recipe", str(_recipe_file(tmp_path, work, ship)), "--remeasure", "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert f"python -m engine bench --target smollm2-135m-instruct --draft {ship}" in out
-    assert not work.exists() and sorted(p.name for p in ship.iterdir()) == ["README.md", "config.json"]
+    assert not work.exists() and sorted(p.name for p in ship.iterdir()) == ["README.md", "config.json",
+                                                                          "model.safetensors"]
 
 
 def test_remeasure_refuses_a_shipped_card_the_workbench_did_not_write(tmp_path):
@@ -180,6 +182,7 @@ def test_remeasure_refuses_a_shipped_card_the_workbench_did_not_write(tmp_path):
     ship = tmp_path / "ship"
     ship.mkdir()
     (ship / "config.json").write_text("{}")
+    (ship / "model.safetensors").write_bytes(b"weights")
     (ship / "README.md").write_text("the user's card")
     with pytest.raises(WorkbenchError, match="README.md"):
         remeasure(load_recipe(str(_recipe_file(tmp_path, tmp_path / "work", ship))))

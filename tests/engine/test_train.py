@@ -234,7 +234,6 @@ def test_bad_config_is_a_clear_error(tmp_path):
 @pytest.mark.speculators
 def test_speculators_loads_our_checkpoint_and_computes_the_same_logits(tiny_targets, tiny_data, tmp_path):
     pytest.importorskip("speculators")
-    from safetensors.torch import load_file, save_file
     from speculators import SpeculatorModel
     from speculators.models.eagle3 import Eagle3SpeculatorConfig
 
@@ -308,6 +307,8 @@ def test_speculators_runs_a_draft_saved_exactly_as_we_ship_drafts(tiny_targets, 
 
     same = gap(shipped)
     assert same <= 1e-4
+    from safetensors.torch import load_file, save_file
+
     changed = tmp_path / "changed"
     changed.mkdir()
     (changed / "config.json").write_text((shipped / "config.json").read_text())
