@@ -14,7 +14,7 @@ from engine.targets import DECODE_DTYPES, decode_dtype, vllm_dtype
 @pytest.mark.parametrize("spelling,dtype", [("fp32", torch.float32), ("float32", torch.float32),
                                             ("bf16", torch.bfloat16), ("bfloat16", torch.bfloat16)])
 def test_decoding_commands_take_both_dtype_spellings(command, spelling, dtype):
-    extra = ["--draft", "D"] if command == "evaluate" else []
+    extra = {"evaluate": ["--draft", "D"], "generate": ["hi"]}.get(command, [])
     args = build_parser().parse_args([command, *extra, "--dtype", spelling])
     assert args.dtype == spelling and decode_dtype(args.dtype) == dtype
     assert vllm_dtype(args.dtype) == {torch.float32: "float32", torch.bfloat16: "bfloat16"}[dtype]
