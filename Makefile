@@ -13,6 +13,9 @@ PORT ?= 8501
 # (read "Network access" in the README first).
 ADDRESS ?= localhost
 PYTEST_ARGS ?=
+# `make test` runs every test, the `slow` ones too (pyproject's addopts deselect them for a plain `pytest`; the last
+# -m given wins). `make test PYTEST_MARKS="not slow"` leaves them out.
+PYTEST_MARKS ?= slow or not slow
 
 .PHONY: app test install test-deps vllm-env browser clean-venv help
 
@@ -49,7 +52,7 @@ vllm-env: install
 	$(PY) -m engine serve --install-only
 
 test: test-deps vllm-env
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -m "$(PYTEST_MARKS)" $(PYTEST_ARGS)
 
 app: install
 	$(PY) -m engine targets >/dev/null

@@ -10,7 +10,7 @@ import shutil
 import tempfile
 import uuid
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 from engine.errors import WorkbenchError
 
@@ -107,23 +107,34 @@ def write_owner_marker(folder: str | Path, kind: str) -> Path:
                                                      "files": files})
 
 
+def _recorded(folder: Path) -> set[str]:
+    """The names the owner marker of `folder` records as written by the workbench (none without a valid marker)."""
+    try:
+        marker = read_json(folder / OWNER_MARKER)
+        return set(marker["files"]) if marker.get("written_by") == "speculators-workbench" else set()
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return set()
+
+
+def _covered(name: str, ours: set[str]) -> bool:
+    """`name` (a relative path) is recorded, or lies under a recorded folder."""
+    parts = name.split("/")
+    return any("/".join(parts[:i]) in ours for i in range(1, len(parts) + 1))
+
+
 def foreign_files(folder: str | Path, limit: int | None = None) -> list[str]:
     """Files in `folder` that the workbench did not write (all of them when it holds no valid marker).
 
     Stops after `limit` of them (a folder such as a home directory can hold millions of files).
     """
     folder = Path(folder)
-    try:
-        marker = read_json(folder / OWNER_MARKER)
-        ours = set(marker["files"]) if marker.get("written_by") == "speculators-workbench" else set()
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        ours = set()
+    ours = _recorded(folder)
     found: list[str] = []
     for p in folder.rglob("*"):
         if p.is_dir():
             continue
         name = p.relative_to(folder).as_posix()
-        if name not in _INTERNAL and name not in ours:
+        if name not in _INTERNAL and not _covered(name, ours):
             found.append(name)
             if limit is not None and len(found) >= limit:
                 break
@@ -176,6 +187,36 @@ def check_replaceable(final: str | Path, *, overwrite: bool = False, what: str =
         f"the {what} already exists and holds files the workbench did not write ({shown}); replacing it would "
         "delete them", where=str(final),
         hint=f"choose a new or empty folder, or add {flag} to replace it (everything in it is deleted)")
+
+
+def claim_names(folder: str | Path, names: Iterable[str], *, kind: str, what: str = "output folder",
+                flag: str = "--out", overwrite: bool = False, overwrite_flag: str | None = None) -> Path:
+    """Before a command writes `names` (files or folders, relative) into `folder` in place, refuse if one of them
+    exists and the folder's owner marker does not record it as written by the workbench; else record them.
+
+    The record is made before anything is written, so a file the command leaves (also after a crash) is ours on
+    the next run, and a file a user put there keeps blocking the write. `overwrite` (the user's explicit consent,
+    given with `overwrite_flag`) replaces them anyway. Nothing is changed when refused.
+    """
+    folder = Path(folder)
+    if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
+        raise WorkbenchError(f"the {what} exists and is not a folder", where=str(folder),
+                             hint=f"give {flag} a new folder (nothing was written)")
+    names = sorted(set(names))
+    ours = _recorded(folder)
+    clashes = [n for n in names if (folder / n).exists() and not _covered(n, ours)] if not overwrite else []
+    if clashes:
+        shown = ", ".join(clashes[:5]) + (f" and {len(clashes) - 5} more" if len(clashes) > 5 else "")
+        raise WorkbenchError(
+            f"the {what} holds {shown}, which the workbench did not write; writing here would replace "
+            f"{'it' if len(clashes) == 1 else 'them'} (nothing was changed)", where=str(folder / clashes[0]),
+            hint=f"give {flag} a new or empty folder, or move {clashes[0]} out of {folder}"
+            + (f", or add {overwrite_flag} to replace it" if overwrite_flag else ""))
+    if not set(names) <= ours:
+        folder.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(folder / OWNER_MARKER, {"written_by": "speculators-workbench", "kind": kind,
+                                                  "files": sorted(ours | set(names))})
+    return folder
 
 
 @contextlib.contextmanager

@@ -305,7 +305,8 @@ def parse_dtype(name: str | torch.dtype) -> torch.dtype:
         raise WorkbenchError(f"unknown dtype '{name}'", hint="use one of bf16, fp16, fp32") from None
 
 
-DECODE_DTYPES = ("auto", "bf16", "fp32")
+# The target dtypes decoding commands take (generate, evaluate, bench), both spellings: bf16/bfloat16, fp32/float32.
+DECODE_DTYPES = ("auto", *(n for n, d in _DTYPES.items() if d in (torch.bfloat16, torch.float32)))
 DECODE_DTYPE_HELP = ("dtype of the target for in-process decoding: auto = bf16 on a CPU with native bf16 matmuls "
                      "(AVX-512 BF16 / AMX: engine.generate.cpu_kernels makes a k-token verification cost about one "
                      "step and keeps greedy speculation exactly the baseline), else fp32")
@@ -324,6 +325,13 @@ def decode_dtype(choice: str | torch.dtype = "auto", device: str | None = None) 
 
 def dtype_name(dtype: torch.dtype) -> str:
     return {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
+
+
+def vllm_dtype(choice: str | torch.dtype = "auto") -> str:
+    """vLLM's `--dtype` spelling of a decoding dtype choice; `auto` serves bf16 (vLLM's CPU default)."""
+    if isinstance(choice, str) and choice == "auto":
+        return "bfloat16"
+    return {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}[parse_dtype(choice)]
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -33,7 +33,8 @@ SMOKE = {"online_dataset": "sharegpt", "online_max_samples": 24, "data": None, "
 # Wall time of `python -m engine train` with the preset (the default algorithm, built-in target, process start
 # to exit), measured on the development machine: 2 CPU cores shared with other jobs (load average 9-15).
 SMOKE_MEASURED_S = 460.0
-SMOKE_MEASURED_ON = "a 2-core CPU shared with other jobs (load average 9-15), with the default algorithm"
+SMOKE_MEASURED_ON = ("a 2-core CPU shared with other jobs (load average 9-15), with the default algorithm "
+                     "(record not kept)")
 
 
 COMMON_SKIP = ("algo", "algo_args")  # the algorithm is chosen by its own selector; its arguments have a form

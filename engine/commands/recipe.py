@@ -15,7 +15,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--force", action="store_true",
                    help="re-run steps (and measure the curve, sweep and evaluate records again) even if they completed "
                         "with the same arguments")
-    p.add_argument("--dry-run", action="store_true", help="print the commands only")
+    p.add_argument("--dry-run", action="store_true", help="print the commands only (also with --remeasure); nothing is written")
     p.add_argument("--remeasure", action="store_true",
                    help="measure the recipe's shipped draft again (bench, vllm_bench, sweep, evaluate; --only picks) "
                         "and update those figures in its model card in place: for a changed engine or lost records")
@@ -29,7 +29,10 @@ def run(args: argparse.Namespace) -> int:
         from engine.recipes.recipe import remeasure
         from engine.recipes.spec import load_recipe
 
-        done = remeasure(load_recipe(args.name), only=only, force=args.force)
+        done = remeasure(load_recipe(args.name), only=only, force=args.force, dry_run=args.dry_run)
+        if args.dry_run:
+            print("\n".join(["would re-measure " + done["draft"] + ":", *done["commands"]]))
+            return 0
         print(f"re-measured {done['draft']}; card {done['card']}; records {done['records']}")
         return 0
     result = run_recipe(args.name, only=only, force=args.force, dry_run=args.dry_run)

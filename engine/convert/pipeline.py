@@ -3,11 +3,12 @@ not map, write the draft atomically, then prove it: validate, load into our mode
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import engine.algos  # noqa: F401  (registers the speculators types vLLM serves)
 from engine.convert.base import (
@@ -171,10 +172,10 @@ def convert(src: str | os.PathLike, out: str | os.PathLike, *, fmt: str | None =
 
     `out` must be new, empty or a draft the workbench wrote (`engine.fsutil.is_ours`), unless `overwrite`.
     """
-    from engine.format.checkpoint import legacy_job_draft, save_checkpoint
+    from engine.format.checkpoint import save_checkpoint
     from engine.fsutil import check_replaceable
 
-    check_replaceable(out, overwrite=overwrite, also_ours=legacy_job_draft)  # refuse before reading anything
+    check_replaceable(out, overwrite=overwrite)  # refuse before reading anything; only the owner marker vouches
     options = options or ConvertOptions(**option_fields)
     p = plan(src, fmt=fmt, verifier=verifier, options=options, allow_pickle=allow_pickle)
     refuse_problems(p)
@@ -237,8 +238,33 @@ def _local_target(verifier: str | None):
         return None
 
 
+@contextlib.contextmanager
+def _non_finite_outputs(model) -> Iterator[list[str]]:
+    """Names of `model`'s weighted modules (linear, embedding, norm) whose output held NaN or inf while the body ran."""
+    import torch
+
+    bad: list[str] = []
+
+    def hook(name):
+        def check(module, inputs, output):
+            outs = output if isinstance(output, (tuple, list)) else (output,)
+            if not bad and any(torch.is_tensor(o) and o.is_floating_point() and not bool(torch.isfinite(o).all())
+                               for o in outs):
+                bad.append(name)
+        return check
+
+    handles = [m.register_forward_hook(hook(n or type(m).__name__)) for n, m in model.named_modules()
+               if any(True for _ in m.parameters(recurse=False))]
+    try:
+        yield bad
+    finally:
+        for h in handles:
+            h.remove()
+
+
 def _draft_a_few(out, target, max_new_tokens: int) -> str:
-    """Load the draft through the registry, check a finite forward, and draft through the decode engine."""
+    """Load the draft through the registry, check that its outputs are finite, and draft through the decode
+    engine."""
     import torch
 
     from engine.generate.api import load_draft, prompt_ids, proposer_for
@@ -254,7 +280,12 @@ def _draft_a_few(out, target, max_new_tokens: int) -> str:
     if not bool(torch.isfinite(logits).all()):
         raise WorkbenchError("the target's logits are not finite on the test prompt")
     base, _ = generate_all(TargetRunner(target), ids, SamplingParams(max_new_tokens=max_new_tokens))
-    spec, events = generate_all(runner, ids, SamplingParams(max_new_tokens=max_new_tokens), proposer, 3)
+    with _non_finite_outputs(draft) as bad:
+        spec, events = generate_all(runner, ids, SamplingParams(max_new_tokens=max_new_tokens), proposer, 3)
+    if bad:  # the target alone would still be lossless: only the draft's own numbers show it
+        raise WorkbenchError(f"the draft's output is not finite on the test prompt (first at {bad[0]})",
+                             hint="the converted weights hold NaN or inf (they are copied from the source as "
+                             "they are): check the source checkpoint")
     drafted = sum(e.drafted for e in events)
     accepted = sum(e.accepted for e in events)
     if spec != base:

@@ -21,6 +21,7 @@ from engine.data.store import (FORMAT, MANIFEST, TOKEN_FREQ, FolderStats, incomp
                                read_sample_stats, remove_stale_temp_files, sample_indices, sample_path, write_manifest,
                                write_sample)
 from engine.errors import WorkbenchError
+from engine.fsutil import claim_names
 from engine.jobs import DirLock, reporter
 from engine.targets import dtype_name, parse_dtype
 
@@ -122,6 +123,7 @@ class ExtractionRun:
     # -- lifecycle ---------------------------------------------------------------------------------
 
     def __enter__(self) -> "ExtractionRun":
+        self._claim()  # before the lock file: a refused run leaves the folder as it was
         self._lock.__enter__()
         try:
             self._prepare_folder()
@@ -138,6 +140,12 @@ class ExtractionRun:
                             exc_type.__name__, self.stats.samples, len(self.rows))
         finally:
             self._lock.__exit__(exc_type, exc, tb)
+
+    def _claim(self) -> None:
+        """Refuse a folder whose files this run would replace or delete unless the workbench wrote them."""
+        names = [MANIFEST, TOKEN_FREQ, *(sample_path(self.out, i).name
+                                         for i in sorted(set(range(len(self.rows))) | set(sample_indices(self.out))))]
+        claim_names(self.out, names, kind="hidden-states", overwrite=self.overwrite, overwrite_flag="--overwrite")
 
     def _prepare_folder(self) -> None:
         if self.overwrite:

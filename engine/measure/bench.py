@@ -223,7 +223,7 @@ def benchmark(*, target: str | None = None, draft: str | None = None, prompts: s
     """`python -m engine bench` as a function: in-process (`transformers`) or real vLLM (`vllm`) on the same prompts."""
     from engine.generate.sampling import SamplingParams
     from engine.jobs import reporter
-    from engine.targets import decode_dtype, load_target
+    from engine.targets import decode_dtype, load_target, vllm_dtype
 
     if threads:
         torch.set_num_threads(threads)
@@ -243,6 +243,6 @@ def benchmark(*, target: str | None = None, draft: str | None = None, prompts: s
         return run_vllm_bench(prompt_rows, target=target, draft=draft or default_draft(target), k=k,
                               max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
                               methods=tuple(m for m in methods if m in ("baseline", "draft", "ngram")),
-                              dtype="bfloat16" if dtype == "auto" else dtype, tokenize=True)
+                              dtype=vllm_dtype(dtype), tokenize=True)
     return run_bench(load_target(target, dtype=decode_dtype(dtype)), prompt_rows, methods=methods, draft=draft,
                      assistant=assistant, k=k, params=params)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import WorkbenchError
-from engine.fsutil import atomic_write_json, check_replaceable, read_json
+from engine.fsutil import atomic_write_json, claim_names, read_json
 from engine.jobs import reporter
 from engine.recipes.spec import STEP_COMMANDS, cli_flags, data_recipe, load_recipe, step_options
 
@@ -82,22 +82,32 @@ def _still_done(marker: dict[str, Any], digest: str, inputs: dict[str, int]) -> 
     return marker.get("digest") == digest and all(recorded.get(k, v) == v for k, v in inputs.items())
 
 
+# What recipe steps write into a recipe's work folder (each step's own output checks its own folder as well).
+WORK_FILES = ("steps", "regenerated.jsonl", "hidden", "train", "bench.json", "vllm_bench.json", "curve.json",
+              "sweep.json", "evaluate.json", "remeasure")
+
+
+def claim_work(work: Path, names=WORK_FILES) -> None:
+    """Refuse a work folder holding a file of the user's under a name the steps write; record the names as ours."""
+    claim_names(work, names, kind="recipe-work", what="recipe work folder", flag="the recipe's `work:`")
+
+
 def run_recipe(name_or_path: str, *, only: list[str] | None = None, force: bool = False, dry_run: bool = False) -> dict:
     recipe = load_recipe(name_or_path)
     work = Path(recipe["work"])
-    work.mkdir(parents=True, exist_ok=True)
     done_dir = work / "steps"
-    done_dir.mkdir(exist_ok=True)
     timings: dict[str, float] = {}
     steps = [(s, o) for s, o in step_options(recipe) if not only or s in only]
     source = data_recipe(recipe)
+    if not dry_run:  # a dry run writes nothing
+        for folder in {work, Path((source or recipe)["work"])}:
+            claim_work(folder)
     rep = reporter()
     for i, (step, opts) in enumerate(steps):
         argv = [step, *cli_flags(opts)]
         shown = [STEP_COMMANDS.get(step, step), *argv[1:]]
         shared = source is not None and step in ("regenerate", "extract")  # its marker lives with the data
         marker = (Path(source["work"]) / "steps" if shared else done_dir) / f"{step}.json"
-        marker.parent.mkdir(parents=True, exist_ok=True)
         digest, inputs = _digest(argv), _inputs(step, opts)
         if not force and marker.is_file() and _still_done(read_json(marker), digest, inputs):
             log.info("step %s: already done (%s)", step, marker)
@@ -109,6 +119,7 @@ def run_recipe(name_or_path: str, *, only: list[str] | None = None, force: bool 
         t = time.time()
         STEP_FUNCTIONS[step](opts)
         timings[step] = time.time() - t
+        marker.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_json(marker, {"digest": digest, "argv": argv, "inputs": inputs, "seconds": timings[step],
                                    "finished": time.strftime("%Y-%m-%dT%H:%M:%S")})
     if "curve" in recipe and (not only or "curve" in only) and not dry_run:
@@ -237,12 +248,14 @@ def evaluate_step(recipe: dict[str, Any], *, draft: Path | None = None, out_file
 REMEASURE_STEPS = ("bench", "vllm_bench", "sweep", "evaluate")
 
 
-def remeasure(recipe: dict[str, Any], *, only: list[str] | None = None, force: bool = False) -> dict[str, Any]:
+def remeasure(recipe: dict[str, Any], *, only: list[str] | None = None, force: bool = False,
+              dry_run: bool = False) -> dict[str, Any]:
     """Measure the shipped draft (`ship: to:`) again with the recipe's bench, vllm_bench, sweep and evaluate
     settings, into <work>/remeasure/, and put the new figures into its model card in place.
 
     For when the engine changed (a faster step, a new dtype) or the training records are gone: the draft and the
-    card's training sections stay; a record measured on the same weights is reused unless `force`."""
+    card's training sections stay; a record measured on the same weights is reused unless `force`.
+    `dry_run` only says what would be measured (into `commands`) and writes nothing."""
     from engine.recipes.model_card import data_rows, refresh_measurements, write_evaluation_section
 
     shipped = Path(recipe.get("ship", {}).get("to", ""))
@@ -254,19 +267,21 @@ def remeasure(recipe: dict[str, Any], *, only: list[str] | None = None, force: b
     if bad:
         raise WorkbenchError(f"cannot re-measure {bad}", hint=f"choose from {list(REMEASURE_STEPS)}")
     out = Path(recipe["work"]) / "remeasure"
-    out.mkdir(parents=True, exist_ok=True)
     stamp, target = _stamp(shipped), recipe.get("target", "smollm2-135m-instruct")
+    if dry_run:
+        return {"draft": str(shipped), "dry_run": True,
+                "commands": [_remeasure_command(recipe, step, shipped, out, target) for step in steps]}
+    claim_work(Path(recipe["work"]), ["remeasure"])
+    claim_work(out, [f"{step}.json" for step in REMEASURE_STEPS])
+    claim_names(shipped, ["README.md"], kind="shipped-draft", what="shipped draft", flag="the recipe's `ship: to:`")
     records: dict[str, Any] = {}
     for step in steps:
         file = out / f"{step}.json"
         if step in ("bench", "vllm_bench"):
             old = read_json(file) if file.is_file() else {}
             if force or old.get("weights") != stamp:
-                opts = {"target": target, "draft": str(shipped), **recipe[step], "json": str(file)}
-                if step == "vllm_bench":
-                    opts["backend"] = "vllm"
-                log.info("re-measure %s: %s", step, "python -m engine bench " + " ".join(cli_flags(opts)))
-                _run_bench(opts, weights=stamp)
+                log.info("re-measure %s: %s", step, _remeasure_command(recipe, step, shipped, out, target))
+                _run_bench(_remeasure_bench_options(recipe, step, shipped, out, target), weights=stamp)
             records[step] = read_json(file)
         elif step == "sweep":
             records[step] = k_sweep(recipe, draft=shipped, out_file=file, force=force)
@@ -281,12 +296,20 @@ def remeasure(recipe: dict[str, Any], *, only: list[str] | None = None, force: b
     return {"draft": str(shipped), "card": str(card), "records": {k: str(out / f"{k}.json") for k in records}}
 
 
+def _remeasure_bench_options(recipe: dict[str, Any], step: str, shipped: Path, out: Path, target: str) -> dict:
+    opts = {"target": target, "draft": str(shipped), **recipe[step], "json": str(out / f"{step}.json")}
+    return {**opts, "backend": "vllm"} if step == "vllm_bench" else opts
+
+
+def _remeasure_command(recipe: dict[str, Any], step: str, shipped: Path, out: Path, target: str) -> str:
+    """What `remeasure` runs for `step`, as words (a command line for the benches)."""
+    if step in ("bench", "vllm_bench"):
+        return "python -m engine bench " + " ".join(cli_flags(_remeasure_bench_options(recipe, step, shipped, out,
+                                                                                    target)))
+    return f"{step} of {shipped} with {recipe[step]} into {out / f'{step}.json'}"
+
+
 SHIPPED_FILES = {"config.json", "model.safetensors", "README.md"}  # what `ship` writes into its destination
-
-
-def _shipped_draft_folder(folder: Path) -> bool:
-    """A destination `ship` may replace: it holds only the files a shipped draft has."""
-    return {p.name for p in folder.iterdir()} <= SHIPPED_FILES and not any(p.is_dir() for p in folder.iterdir())
 
 
 def ship(recipe: dict[str, Any]) -> Path:
@@ -296,11 +319,8 @@ def ship(recipe: dict[str, Any]) -> Path:
     work = Path(recipe["work"])
     src = work / "train" / "draft"
     dest = Path(recipe["ship"]["to"])
-    try:
-        check_replaceable(dest, what="ship destination", also_ours=_shipped_draft_folder)
-    except WorkbenchError as exc:
-        raise WorkbenchError(exc.message, where=exc.where, hint="point the recipe's `ship: to:` at a new folder "
-                             "(nothing was written)") from exc
+    claim_names(dest, SHIPPED_FILES, kind="shipped-draft", what="ship destination",
+                flag="the recipe's `ship: to:`")  # only a destination an earlier ship wrote is replaced
     report = validate_draft(src)
     if not report.ok:
         raise WorkbenchError(f"the trained draft does not validate: {[e.message for e in report.errors]}")

@@ -24,6 +24,7 @@ from engine.fsutil import (
     atomic_save_safetensors,
     atomic_write_json,
     atomic_write_text,
+    claim_names,
     read_json,
 )
 from engine.generate.acceptance import summarize_walk_sums, walk_sums
@@ -263,7 +264,6 @@ class Trainer:
         self.draft.eval()
         plan = plan_packed_batches(self.val_idx, self.data.lengths, self.cfg.tokens_per_batch, self.cfg.seed, 0,
                             shuffle=False)[: self.cfg.val_max_batches]
-        from engine.generate.acceptance import summarize_walk_sums, walk_sums
 
         draft_k = self.draft.config.speculative_tokens
         limit = self.algo.max_k(self.draft.config)
@@ -298,6 +298,7 @@ class Trainer:
         cfg = self.cfg
         lock = DirLock(self.out, "train") if self.d.main else None
         if lock:
+            claim_names(self.out, JOB_FILES, kind="train")  # a file of the user's there is refused, not replaced
             lock.__enter__()  # before anything is written: a refused second job touches nothing (issue 18)
         try:
             resumed = self.resume()
@@ -424,6 +425,11 @@ class Trainer:
                 "loss": window.get("loss_sum", 0.0) / max(1.0, window.get("loss_count", 0.0)),
                 "tokens": window.get("tokens", 0.0), "loss_tokens": window.get("loss_tokens", 0.0),
                 "tokens_per_s": window.get("tokens", 0.0) / max(seconds, 1e-9), "time": time.time(), **ratios}
+
+
+# What a training job writes into its --out folder (progress/: the ranks' progress files, resumes.jsonl: resumes).
+JOB_FILES = ("config.yaml", "metrics.jsonl", "resumes.jsonl", "calibration.json", "ddp_check.json", "checkpoints",
+             "draft", "progress")
 
 
 def train(cfg: TrainConfig) -> Path:

@@ -47,6 +47,24 @@ def test_each_published_layout_is_detected(tmp_path, fmt):
     assert detect(LAYOUTS[fmt](tmp_path / "src")).format == fmt
 
 
+def test_a_converted_draft_whose_weights_hold_nan_is_reported_though_the_output_stays_lossless(tmp_path,
+                                                                                               tiny_targets):
+    """The finite check looks at the draft's own outputs: NaN drafts are rejected, so the output alone proves
+    nothing."""
+    from safetensors.torch import load_file, save_file
+
+    verifier = str(tiny_targets["llama"])
+    out = convert(LAYOUTS["eagle3-safeailab"](tmp_path / "src"), tmp_path / "out", verifier=verifier,
+                  allow_pickle=True, aux_layer_ids=[1, 2, 3])
+    assert verify(out, verifier, max_new_tokens=6).ok
+    (weights,) = out.glob("*.safetensors")
+    tensors = load_file(str(weights))
+    tensors["fc.weight"] = torch.full_like(tensors["fc.weight"], float("nan"))
+    save_file(tensors, str(weights))
+    verdict = verify(out, verifier, max_new_tokens=6)
+    assert not verdict.ok and "not finite" in verdict.drafted and "fc" in verdict.drafted, verdict.to_json()
+
+
 @pytest.mark.parametrize("fmt,arch", [("eagle3-safeailab", "llama"), ("eagle3-specforge", "llama"),
                                       ("eagle3-modelopt", "llama"), ("eagle3-qwen3", "qwen3"),
                                       ("dflash-zlab", "qwen3"), ("peagle-specforge", "llama"),

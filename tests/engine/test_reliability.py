@@ -855,11 +855,12 @@ def _train_cfg(target, data, out, **kw):
 
 
 def test_a_refused_second_train_does_not_touch_the_running_jobs_files(tiny_targets, tiny_hs, tmp_path):
+    from engine.fsutil import claim_names
     from engine.jobs import DirLock
-    from engine.train.trainer import Trainer
+    from engine.train.trainer import JOB_FILES, Trainer
 
     out = tmp_path / "run"
-    out.mkdir()
+    claim_names(out, JOB_FILES, kind="train")  # as the first job did before writing its files
     (out / "config.yaml").write_text("the first job's config\n")
     (out / "metrics.jsonl").write_text('{"split": "train", "step": 1}\n')
     before = {p.name: p.read_bytes() for p in out.iterdir()}
@@ -919,14 +920,14 @@ def test_metrics_after_a_hard_kill_are_valid_jsonl_without_duplicate_steps(tiny_
 def test_the_disk_precheck_names_the_real_requirement_with_its_margin(tmp_path, monkeypatch):
     import shutil as sh
 
-    from engine.data import extraction
+    from engine.data import extraction_run
 
     monkeypatch.setattr(sh, "disk_usage", lambda p: sh._ntuple_diskusage(10 * 2**30, 9 * 2**30, 2**30))
     with pytest.raises(WorkbenchError) as err:
-        extraction.check_disk(tmp_path, 2**30)  # 1 GiB of samples: needs 1.1 GiB with the margin
+        extraction_run.check_disk(tmp_path, 2**30)  # 1 GiB of samples: needs 1.1 GiB with the margin
     assert "needs 1.1 GiB free" in err.value.message and "plus 5% and 64 MiB" in err.value.message
     assert "only 1.0 GiB is free" in err.value.message
-    extraction.check_disk(tmp_path, 900 * 2**20)  # fits with its margin
+    extraction_run.check_disk(tmp_path, 900 * 2**20)  # fits with its margin
 
 
 def test_a_full_disk_during_a_training_checkpoint_keeps_the_previous_one(tiny_targets, tiny_hs, tmp_path,

@@ -1,0 +1,163 @@
+"""Every figure of a checked table in BENCHMARKS.md equals the committed record beside it, as displayed.
+
+Each checked table names its record (`benchmarks/results/<bench>/...`); the record names the command that made
+it, the CPU and the dtype, and the table's section names the same CPU and dtype. A figure edited by hand, or a
+record re-measured without regenerating the table, fails here.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DOC = ROOT / "BENCHMARKS.md"
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+def _dash(fmt: Callable[[Any], str]) -> Callable[[Any], str]:
+    return lambda v: "–" if v is None or v == [] else fmt(v)
+
+
+# How a table shows a record field, by column header.
+COLUMNS: dict[str, tuple[str, Callable[[Any], str]]] = {
+    "k": ("k", _dash(str)),
+    "mean acceptance length": ("mean_acceptance_length", _dash(lambda v: f"{v:.2f}")),
+    "per-position acceptance": ("per_position_acceptance", _dash(lambda v: ", ".join(f"{x:.2f}" for x in v))),
+    "draft ms / step": ("draft_ms_per_step", _dash(lambda v: f"{v:.1f}")),
+    "draft / target step": ("draft_fraction_of_target_step", _dash(lambda v: f"{v:.2f}")),
+    "tokens/s": ("tokens_per_s", lambda v: f"{v:.1f}"),
+    "speedup": ("speedup", lambda v: f"{v:.2f}×"),
+    "vs fp32 baseline": ("speedup_vs_fp32_baseline", lambda v: f"{v:.2f}×"),
+    "identical": ("identical_to_baseline", lambda v: "yes" if v else "no"),
+    "identical to baseline": ("identical_to_baseline", lambda v: "yes" if v else "no"),
+    "server start": ("server_start_s", lambda v: f"{int(v + 0.5)} s"),  # rounded half up, as written
+}
+
+
+def _first_word(cell: str) -> str:
+    return cell.split()[0]
+
+
+def _vllm_builtin(cell: str) -> str:
+    return "baseline" if cell == "vLLM alone" else ("draft" if "draft" in cell else "ngram")
+
+
+# (section heading or the sentence right before the table, record, where its methods are, row cell -> method key)
+TABLES = [
+    ("## Speculative decoding in-process: shipped draft", "inprocess_builtin.json", (), _first_word),
+    ("## Real vLLM (CPU build)", "vllm_builtin.json", (), _vllm_builtin),
+    ("### In-process", "drafters/builtin.json", ("inprocess",), str),
+    ("### Real vLLM", "drafters/builtin.json", ("vllm",), str),
+    ("End to end, the same 20 held-out prompts", "drafters/builtin-dtypes.json", ("inprocess",), str),
+]
+
+
+def _section(text: str, start: str) -> str:
+    """From `start` to the next heading of any level."""
+    i = text.index(start)
+    nxt = re.search(r"^#{2,3} ", text[i + len(start):], flags=re.M)
+    return text[i: i + len(start) + (nxt.start() if nxt else len(text))]
+
+
+def _chapter(text: str, start: str) -> str:
+    """The `## ` chapter that holds `start` (its sub-sections included)."""
+    i = text.index(start)
+    head = i if start.startswith("## ") else text.rfind("\n## ", 0, i) + 1
+    nxt = text.find("\n## ", i + 1)
+    return text[head: nxt if nxt >= 0 else len(text)]
+
+
+def _table(section: str) -> list[dict[str, str]]:
+    """The first markdown table in `section`, one dict per row (bold marks dropped)."""
+    all_lines = section.splitlines()
+    start = next(i for i, x in enumerate(all_lines) if x.startswith("|"))
+    lines = []
+    for x in all_lines[start:]:
+        if not x.startswith("|"):
+            break
+        lines.append(x)
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    return [dict(zip(header, (c.strip().replace("**", "") for c in line.strip("|").split("|")))) for line in lines[2:]]
+
+
+def _record(path: str) -> dict[str, Any]:
+    return json.loads((RESULTS / path).read_text())
+
+
+@pytest.mark.parametrize("start,path,where,key", TABLES, ids=[t[1] + ":" + t[0][:24] for t in TABLES])
+def test_each_figure_of_a_checked_table_is_its_records(start, path, where, key):
+    section = _section(DOC.read_text(), start)
+    assert f"benchmarks/results/{path}" in section, "the section names its record"
+    record = _record(path)
+    methods = record
+    for part in where:
+        methods = methods[part]
+    methods = methods["methods"]
+    rows = _table(section)
+    assert rows
+    checked = 0
+    for row in rows:
+        first = next(iter(row.values()))
+        values = methods[key(first)]
+        for column, cell in row.items():
+            if column in COLUMNS:
+                field, show = COLUMNS[column]
+                assert cell == show(values[field]), (path, first, column)
+                checked += 1
+    assert checked >= 3 * len(rows)
+
+
+def test_step_cost_table_is_its_record():
+    section = _section(DOC.read_text(), "## In-process step cost")
+    assert "benchmarks/results/step_cost/builtin.json" in section
+    record = _record("step_cost/builtin.json")
+    rows = _table(section.split("One target forward over n new tokens")[1])
+    assert [r["target"] for r in rows] == list(record["ms"])
+    for row in rows:
+        name = row["target"]
+        for n in record["ms"][name]:
+            own, fp32 = record["relative_to_own_step"][name][n], record["relative_to_fp32_step"][name][n]
+            assert row[f"{n} token{'s' if n != '1' else ''}"] == (
+                f"{record['ms'][name][n]:.1f} ms ({own:.2f}× own, {fp32:.2f}× fp32)"), (name, n)
+
+
+CHECKED_RECORDS = sorted({t[1] for t in TABLES} | {"step_cost/builtin.json"})
+
+
+@pytest.mark.parametrize("path", CHECKED_RECORDS)
+def test_each_checked_record_names_its_command_cpu_and_dtype(path):
+    record = _record(path)
+    assert record["command"].startswith("python "), path
+    assert record["cpu"], path
+    dtypes = record.get("dtypes") or [record.get("dtype") or record.get("target_dtype")]
+    assert all(dtypes), path
+    sections = [_chapter(DOC.read_text(), t[0]) for t in TABLES if t[1] == path] or [
+        _section(DOC.read_text(), "## In-process step cost")]
+    cpu = next((c for c in ("AMD EPYC", "Intel Xeon") if c.split()[1] in record["cpu"]), record["cpu"])
+    for text in sections:  # the table's own section says on what it was measured
+        assert cpu in text, (path, cpu)
+        assert all(d in text or {"fp32": "float32", "bf16": "bfloat16"}.get(d, d) in text
+                   or {"float32": "fp32", "bfloat16": "bf16"}.get(d, d) in text for d in dtypes), (path, dtypes)
+
+
+def test_eagle3_acceptance_per_k_and_against_data_are_its_evaluation_records():
+    text = DOC.read_text()
+    fp32, bf16 = _record("evaluate/shipped_eagle3.json"), _record("remeasure-eagle3/evaluate.json")
+    assert bf16["target_dtype"] == "bf16"
+    rows = _table(_section(text, "### How acceptance and speedup change with k"))
+    for row in rows:
+        k = row["k"]
+        expected = f"{fp32['by_k'][k]['mean_acceptance_length']:.3f}" if k in fp32["by_k"] else "–"
+        assert row["EAGLE-3 τ (fp32)"] == expected, k
+    data = {r["draft"]: r for r in _table(_section(text, "### Acceptance against data"))}
+    column = "decoding-exact τ at k = 3 (20 held-out prompts)"
+    assert data["EAGLE-3"][column] == f"{fp32['by_k']['3']['mean_acceptance_length']:.3f}"
+    assert data["EAGLE-3"]["target dtype"] == "fp32"
+    assert data["EAGLE-3 (its card)"][column] == f"{bf16['by_k']['3']['mean_acceptance_length']:.3f}"
+    assert data["EAGLE-3 (its card)"]["target dtype"] == "bf16"
+    assert all(r["target dtype"] in ("fp32", "bf16") for r in data.values())  # every figure says its dtype

@@ -1,0 +1,36 @@
+"""Sentences of the README pinned: `bench --dtype` takes both spellings, and the Demo chat shows where a cut fell."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.cli import build_parser
+from engine.generate.events import StepEvent
+from engine.targets import DECODE_DTYPES, decode_dtype, vllm_dtype
+
+
+@pytest.mark.parametrize("command", ["bench", "generate", "evaluate"])
+@pytest.mark.parametrize("spelling,dtype", [("fp32", torch.float32), ("float32", torch.float32),
+                                            ("bf16", torch.bfloat16), ("bfloat16", torch.bfloat16)])
+def test_decoding_commands_take_both_dtype_spellings(command, spelling, dtype):
+    extra = {"evaluate": ["--draft", "D"], "generate": ["hi"]}.get(command, [])
+    args = build_parser().parse_args([command, *extra, "--dtype", spelling])
+    assert args.dtype == spelling and decode_dtype(args.dtype) == dtype
+    assert vllm_dtype(args.dtype) == {torch.float32: "float32", torch.bfloat16: "bfloat16"}[dtype]
+
+
+def test_an_unknown_dtype_is_refused_by_the_parser_and_auto_serves_bf16_in_vllm():
+    assert set(DECODE_DTYPES) == {"auto", "bf16", "bfloat16", "fp32", "float32"}
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["bench", "--dtype", "fp64"])
+    assert vllm_dtype("auto") == "bfloat16"
+
+
+def test_the_demo_chat_marks_the_withheld_slots_and_the_cut_in_the_survival_estimates():
+    from ui.chat import BLOCK_MARKS, block_marks, survival_text
+
+    event = StepEvent(step=1, tokens=[5, 6], sources=["draft", "target"], drafted=2, accepted=1, withheld=2,
+                      confidence=[0.93, 0.71, 0.14, 0.05])
+    assert block_marks(event) == "✓✗✂✂" and BLOCK_MARKS["withheld"] == "✂"
+    assert survival_text(event) == "0.93 0.71 | 0.14 0.05"
