@@ -404,13 +404,14 @@ def evaluate_draft(*, draft: str | None = None, target: str | None = None, data:
     """`python -m engine evaluate` as a function: offline from extracted held-out files (`data`), or online from
     held-out prompts of `dataset` (the target answers each once); optionally with the speedup forecast."""
     from engine.generate.api import default_draft, draft_algorithm
-    from engine.targets import decode_dtype, dtype_name, load_target
+    from engine.generate.kernel_choice import load_decode_target
+    from engine.targets import dtype_name
 
     draft_path = draft or default_draft(target)
     if draft_path is None:
         raise WorkbenchError("no draft given and no shipped draft for this target", hint="pass --draft DIR")
     algorithm = draft_algorithm(draft_path)
-    tgt = load_target(target, dtype=decode_dtype(dtype))  # the dtype decoding runs in: its answers and step costs
+    tgt = load_decode_target(target, dtype)  # the dtype decoding runs in: its answers and step costs
     model = algorithm.load(draft_path, tgt)
     aux_ids = algorithm.aux_layer_ids(model)
     if ks is None:
@@ -434,7 +435,8 @@ def evaluate_draft(*, draft: str | None = None, target: str | None = None, data:
     result = evaluate_samples(algorithm, model, samples, ks, max_new_tokens=max_new_tokens, keep_walks=keep_walks,
                               temperature=temperature, progress=progress)
     result.update(source, draft=str(draft_path), algorithm=algorithm.name, max_new_tokens=max_new_tokens,
-                  draft_k=model.config.speculative_tokens, target_dtype=dtype_name(tgt.dtype))
+                  draft_k=model.config.speculative_tokens, target_dtype=dtype_name(tgt.dtype),
+                  kernel=tgt.extra.get("kernel_summary"))
     if measure_speed:
         context = list(samples[0].token_ids[: samples[0].prompt_len].tolist()) if isinstance(samples, list) \
             and samples else [1] * 64

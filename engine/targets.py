@@ -305,21 +305,23 @@ def parse_dtype(name: str | torch.dtype) -> torch.dtype:
         raise WorkbenchError(f"unknown dtype '{name}'", hint="use one of bf16, fp16, fp32") from None
 
 
-DECODE_DTYPES = ("auto", "bf16", "fp32")
-DECODE_DTYPE_HELP = ("dtype of the target for in-process decoding: auto = bf16 on a CPU with native bf16 matmuls "
-                     "(AVX-512 BF16 / AMX: engine.generate.cpu_kernels makes a k-token verification cost about one "
-                     "step and keeps greedy speculation exactly the baseline), else fp32")
+DECODE_DTYPES = ("auto", "bf16", "fp32", "bfloat16", "float32")
+DECODE_DTYPE_HELP = ("dtype of the target for in-process decoding: auto = the fastest exact kernel path measured on "
+                     "this CPU at the first load of the target (engine.generate.kernel_choice; bf16 is a candidate "
+                     "only with native bf16: AVX-512 BF16 / AMX / Arm BF16), cached; bf16/fp32 force one")
 
 
 def decode_dtype(choice: str | torch.dtype = "auto", device: str | None = None) -> torch.dtype:
-    """The target dtype for in-process decoding; `auto` picks bf16 on a CPU that runs it natively (where the routed
-    kernels keep speculation exact), fp32 elsewhere (GPU fused kernels are not row-invariant in bf16)."""
+    """The target dtype `auto` means without measuring: bf16 on a CPU that runs it natively (where the routed kernels
+    keep speculation exact), fp32 elsewhere (GPU fused kernels are not row-invariant in bf16). Decoding itself
+    measures which is faster and exact (engine.generate.kernel_choice.load_decode_target)."""
     if not (isinstance(choice, str) and choice == "auto"):
         return parse_dtype(choice)
     if pick_device(device) != "cpu":
         return torch.float32
-    native = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
-    return torch.bfloat16 if native else torch.float32
+    from engine.cpu import native_bf16  # the CPU's flags: oneDNN also "supports" bf16 where it only emulates it
+
+    return torch.bfloat16 if native_bf16() else torch.float32
 
 
 def dtype_name(dtype: torch.dtype) -> str:

@@ -27,7 +27,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--assistant", default=None, help="assistant model folder for hf_assisted")
     p.add_argument("--backend", choices=["transformers", "vllm"], default="transformers",
                    help="in-process engine, or real vLLM through its OpenAI API and /metrics")
-    p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"],
+    p.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp32", "bfloat16", "float32"],
                    help="target dtype. vLLM backend: serving dtype, auto = bfloat16 (bf16 verification can flip "
                         "near-ties; float32 is exact). In-process: " + DECODE_DTYPE_HELP.split(": ", 1)[1])
     p.add_argument("--json", dest="json_out", default=None, help="write the result JSON here")

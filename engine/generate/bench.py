@@ -209,7 +209,7 @@ def summarize(runs: dict[str, MethodRun], *, k: int, params: SamplingParams, cos
         "temperature": params.temperature, "seed": params.seed,
         "target": target.ref.name, "draft": str(draft) if draft else None,
         "cost_curve": {str(kk): v for kk, v in cost_curve.items()},
-        "backend": "transformers", "target_dtype": dtype_name(target.dtype),
+        "backend": "transformers", "target_dtype": dtype_name(target.dtype), "kernel": target.extra.get("kernel"),
         "device": str(target.device), "threads": torch.get_num_threads(),
         "cpu": cpu_name() if target.device.type == "cpu" else None,
     }
@@ -248,7 +248,7 @@ def benchmark(*, target: str | None = None, draft: str | None = None, prompts: s
     """`python -m engine bench` as a function: in-process (`transformers`) or real vLLM (`vllm`) on the same prompts."""
     from engine.generate.sampling import SamplingParams
     from engine.jobs import reporter
-    from engine.targets import decode_dtype, load_target
+    from engine.generate.kernel_choice import load_decode_target
 
     if threads:
         torch.set_num_threads(threads)
@@ -268,6 +268,7 @@ def benchmark(*, target: str | None = None, draft: str | None = None, prompts: s
         return run_vllm_bench(prompt_rows, target=target, draft=draft or default_draft(target), k=k,
                               max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
                               methods=tuple(m for m in methods if m in ("baseline", "draft", "ngram")),
-                              dtype="bfloat16" if dtype == "auto" else dtype, tokenize=True)
-    return run_bench(load_target(target, dtype=decode_dtype(dtype)), prompt_rows, methods=methods, draft=draft,
+                              dtype={"auto": "bfloat16", "bf16": "bfloat16", "fp32": "float32"}.get(dtype, dtype),
+                              tokenize=True)
+    return run_bench(load_decode_target(target, dtype), prompt_rows, methods=methods, draft=draft,
                      assistant=assistant, k=k, params=params)

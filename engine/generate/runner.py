@@ -34,7 +34,8 @@ class TargetRunner:
     layer order, concatenated), captured by hooks during the same pass.
     """
 
-    def __init__(self, target: Target, aux_layer_ids: list[int] | None = None, *, route_kernels: bool = True):
+    def __init__(self, target: Target, aux_layer_ids: list[int] | None = None, *,
+                 route_kernels: bool | None = None):
         self.target = target
         self.model = target.model
         self.aux_layer_ids = sorted(set(aux_layer_ids)) if aux_layer_ids else None
@@ -42,8 +43,11 @@ class TargetRunner:
         model_type = getattr(target.text_config, "model_type", "")
         head = target.lm_head()
         self._head = head.weight if model_type in _PLAIN_HEAD and getattr(head, "bias", None) is None else None
-        # bf16 on CPU: fast few-row kernels, row-invariant (exact speculation). route_kernels=False keeps
-        # transformers' own kernels, for benchmarks only: routing changes the shared model for every runner.
+        # bf16 on CPU: fast few-row kernels, row-invariant (exact speculation). None = what the kernel choice
+        # (engine.generate.kernel_choice, in target.extra) decided, routed when no choice was made; False keeps
+        # transformers' own kernels: routing changes the shared model for every runner.
+        if route_kernels is None:
+            route_kernels = target.extra.get("route_kernels", True)
         self.routed = route_kernels and route_decode_kernels(self.model)
         self.reset()
 
