@@ -320,6 +320,20 @@ def samples_from_prompts(target, prompts: Sequence[Any], aux_layer_ids: Sequence
     return out
 
 
+def _answers(tgt, prompts, aux_ids, max_new_tokens: int, with_logits: bool, progress: bool) -> list[HeldOutSample]:
+    """samples_from_prompts, read from engine.measure.answers when this target already answered these prompts."""
+    from engine.measure import answers
+
+    def compute():
+        return samples_from_prompts(tgt, prompts, aux_ids, max_new_tokens=max_new_tokens, with_logits=with_logits,
+                                    progress=progress)
+    if with_logits:  # [T, V] logits per sample are too large to keep
+        return compute()
+    eos = [tgt.tokenizer.eos_token_id] if tgt.tokenizer is not None and tgt.tokenizer.eos_token_id is not None else []
+    return answers.samples(tgt, prompts, aux_ids, max_new_tokens=max_new_tokens, eos_token_ids=eos, compute=compute,
+                           make=HeldOutSample)
+
+
 # -- speed: measured cost of a step, and the speedup it implies --------------------------------------------------
 
 
@@ -429,8 +443,7 @@ def evaluate_draft(*, draft: str | None = None, target: str | None = None, data:
         from engine.generate.bench import load_prompts
 
         prompts = load_prompts(dataset or "sharegpt", num_prompts, seed, max_prompt_chars)
-        samples = samples_from_prompts(tgt, prompts, aux_ids, max_new_tokens=max_new_tokens or 128,
-                                       with_logits=temperature > 0, progress=progress)
+        samples = _answers(tgt, prompts, aux_ids, max_new_tokens or 128, temperature > 0, progress)
         source = {"dataset": dataset, "held_out_prompts": len(prompts)}
     result = evaluate_samples(algorithm, model, samples, ks, max_new_tokens=max_new_tokens, keep_walks=keep_walks,
                               temperature=temperature, progress=progress)

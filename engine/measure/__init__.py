@@ -1,0 +1,1 @@
+"""Measurement above training and generation: evaluation, benchmarks, step costs, and the stored target answers."""
