@@ -25,9 +25,11 @@ from benchmarks._results import command_line, print_and_save  # noqa: E402  (the
 
 
 def _engine_side(target: str | None, dtype: str):
-    from engine.generate.kernel_choice import load_decode_target
+    from engine.generate.kernel_choice import choose, load_decode_target
     from engine.generate.runner import TargetRunner
 
+    if dtype == "auto":
+        choose(target, device="cpu", refresh=True)  # measured in this run (then read from the cache by the load)
     loaded = load_decode_target(target, dtype, device="cpu")
     return loaded, TargetRunner(loaded)
 

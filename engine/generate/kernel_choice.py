@@ -26,7 +26,7 @@ import torch
 from engine.cpu import cpu_flags, cpu_model, native_bf16
 from engine.errors import WorkbenchError
 from engine.fsutil import atomic_write_json, read_json
-from engine.generate.cpu_kernels import route_decode_kernels
+from engine.generate.cpu_kernels import one_row_as_gemv, route_decode_kernels
 from engine.targets import Target, load_target, pick_device, resolve_target, workbench_home
 
 log = logging.getLogger(__name__)
@@ -61,6 +61,10 @@ PATHS: dict[str, KernelPath] = {
     "bf16-routed": KernelPath("bf16-routed", torch.bfloat16, True, True,
                               "bf16 weights, few-row linears as GEMM and attention row by row "
                               "(engine.generate.cpu_kernels)"),
+    "bf16-routed-gemv1": KernelPath("bf16-routed-gemv1", torch.bfloat16, True, True,
+                                    "as bf16-routed, but one row through F.linear's GEMV (faster where the padded "
+                                    "GEMM is not; exact only if this CPU's GEMV rounds like its GEMM)",
+                                    one_row_as_gemv),
     "bf16-plain": KernelPath("bf16-plain", torch.bfloat16, False, True,
                              "bf16 weights, transformers' kernels (fused multi-row attention, GEMV for one row)"),
 }
