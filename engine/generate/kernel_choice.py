@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 CACHE_FORMAT = 1  # bump when what a decision records (or how it is measured) changes
 DEFAULT_K = 3  # drafts per step the verification timing assumes (the workbench's default k)
 PROMPT_TOKENS = 64  # KV cache the timed forwards run after
-REPEATS = 5  # timed repeats per shape, interleaved over the candidates (median kept)
+REPEATS = 7  # timed repeats per shape and candidate, after the exactness check warmed it up (median kept)
 EXACT_ROWS = (2, 8)  # besides k + 1: row counts whose forward must equal their one-token steps bit for bit
 
 
@@ -178,29 +178,31 @@ def _prompt(vocab: int) -> list[int]:
 
 def measure(name_or_path: str | None, k: int, paths: list[str], *, device: str | None = None,
             repeats: int = REPEATS) -> dict[str, dict[str, Any]]:
-    """For each path: median ms of a 1-token and a (k + 1)-token forward, and whether several rows equal steps."""
+    """For each path: median ms of a 1-token and a (k + 1)-token forward, and whether several rows equal steps.
+
+    One path's model at a time (a large target is never held twice); each is warmed up before it is timed.
+    """
+    return {name: _measure_path(name_or_path, PATHS[name], k, device, repeats) for name in paths}
+
+
+def _measure_path(name_or_path: str | None, path: KernelPath, k: int, device: str | None,
+                  repeats: int) -> dict[str, Any]:
     from engine.generate.runner import TargetRunner
 
-    runners, out = {}, {}
-    for name in paths:
-        path = PATHS[name]
-        target = load_target(name_or_path, dtype=path.dtype, device=device, with_tokenizer=False)
-        path.prepare(target.model)
-        runner = TargetRunner(target, route_kernels=path.routed)
-        prompt = _prompt(target.vocab_size)
-        runner.reset()
-        runner.forward(prompt, all_logits=False)
-        exact = all(rows_equal_steps(runner, len(prompt), [500 + j for j in range(n)])
-                    for n in sorted({k + 1, *EXACT_ROWS}))
-        runners[name] = (runner, len(prompt))
-        out[name] = {"row_exact": exact, "ms_1": [], "ms_k1": [], "description": path.description}
-    for _ in range(repeats):  # interleaved so every path sees the same machine load
-        for name, (runner, plen) in runners.items():
-            out[name]["ms_1"].append(_forward_ms(runner, plen, [500]))
-            out[name]["ms_k1"].append(_forward_ms(runner, plen, [500 + j for j in range(k + 1)]))
-    for c in out.values():
-        c["ms_1"], c["ms_k1"] = statistics.median(c["ms_1"]), statistics.median(c["ms_k1"])
-    return out
+    target = load_target(name_or_path, dtype=path.dtype, device=device, with_tokenizer=False)
+    path.prepare(target.model)
+    runner = TargetRunner(target, route_kernels=path.routed)
+    prompt = _prompt(target.vocab_size)
+    runner.reset()
+    runner.forward(prompt, all_logits=False)
+    plen, verify = len(prompt), [500 + j for j in range(k + 1)]
+    exact = all(rows_equal_steps(runner, plen, [500 + j for j in range(n)]) for n in sorted({k + 1, *EXACT_ROWS}))
+    one, several = [], []
+    for _ in range(repeats):
+        one.append(_forward_ms(runner, plen, [500]))
+        several.append(_forward_ms(runner, plen, verify))
+    return {"row_exact": exact, "ms_1": statistics.median(one), "ms_k1": statistics.median(several),
+            "description": path.description}
 
 
 def pick(candidates: dict[str, dict[str, Any]]) -> str:
