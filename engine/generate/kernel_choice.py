@@ -192,14 +192,18 @@ def _measure_path(name_or_path: str | None, path: KernelPath, k: int, device: st
     target = load_target(name_or_path, dtype=path.dtype, device=device, with_tokenizer=False)
     path.prepare(target.model)
     runner = TargetRunner(target, route_kernels=path.routed)
-    prompt = _prompt(target.vocab_size)
+    vocab = target.vocab_size
+    prompt = _prompt(vocab)
     runner.reset()
     runner.forward(prompt, all_logits=False)
-    plen, verify = len(prompt), [500 + j for j in range(k + 1)]
-    exact = all(rows_equal_steps(runner, plen, [500 + j for j in range(n)]) for n in sorted({k + 1, *EXACT_ROWS}))
+
+    def new(n: int) -> list[int]:
+        return [(vocab // 2 + 7 * j) % vocab for j in range(n)]
+    plen, verify = len(prompt), new(k + 1)
+    exact = all(rows_equal_steps(runner, plen, new(n)) for n in sorted({k + 1, *EXACT_ROWS}))
     one, several = [], []
     for _ in range(repeats):
-        one.append(_forward_ms(runner, plen, [500]))
+        one.append(_forward_ms(runner, plen, new(1)))
         several.append(_forward_ms(runner, plen, verify))
     return {"row_exact": exact, "ms_1": statistics.median(one), "ms_k1": statistics.median(several),
             "description": path.description}
