@@ -46,7 +46,7 @@ def few_row_linear(weight: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | N
 
 
 def _routed_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    if x.dtype == torch.bfloat16 and x.numel() // max(1, x.shape[-1]) <= MAX_ROWS and not torch.is_grad_enabled():
+    if x.dtype in ROUTED_DTYPES and x.numel() // max(1, x.shape[-1]) <= MAX_ROWS and not torch.is_grad_enabled():
         return few_row_linear(self.weight, x, self.bias, one_row_gemv=getattr(self, ONE_ROW_GEMV, False))
     return F.linear(x, self.weight, self.bias)
 
@@ -80,7 +80,7 @@ def decode_scope():
 def _rowwise_ok(module: nn.Module, query: torch.Tensor, attention_mask, dropout: float) -> bool:
     """Inside decode_scope: a single unpadded causal sequence, a few new rows, bf16, inference."""
     return (getattr(_scope, "on", False) and query.shape[0] == 1 and query.shape[2] <= MAX_ROWS
-            and query.dtype == torch.bfloat16 and not torch.is_grad_enabled() and not dropout
+            and query.dtype in ROUTED_DTYPES and not torch.is_grad_enabled() and not dropout
             and getattr(module, "is_causal", True) and getattr(module, "sliding_window", None) is None
             and (attention_mask is None or attention_mask.shape[0] == 1))
 
@@ -112,10 +112,20 @@ def _register_attention() -> None:
     ALL_MASK_ATTENTION_FUNCTIONS.register(ATTENTION, sdpa_mask)
 
 
+FORCED = "_workbench_route_forced"
+ROUTED_DTYPES = (torch.bfloat16, torch.float32)
+
+
 def wanted(model: nn.Module) -> bool:
-    """Routing pays only for bf16 weights on CPU."""
+    """Routing is for bf16 weights on CPU, and for fp32 ones the kernel choice routes (`force_routing`)."""
     p = next(model.parameters(), None)
-    return p is not None and p.device.type == "cpu" and p.dtype == torch.bfloat16
+    return p is not None and p.device.type == "cpu" and (p.dtype == torch.bfloat16 or getattr(model, FORCED, False))
+
+
+def force_routing(model: nn.Module) -> None:
+    """Route an fp32 CPU model too (its multi-row GEMMs and fused attention may not be row-invariant either)."""
+    setattr(model, FORCED, True)
+    route_decode_kernels(model)
 
 
 def route_decode_kernels(model: nn.Module) -> bool:

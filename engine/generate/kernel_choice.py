@@ -26,7 +26,7 @@ import torch
 from engine.cpu import cpu_flags, cpu_model, native_bf16
 from engine.errors import WorkbenchError
 from engine.fsutil import atomic_write_json, read_json
-from engine.generate.cpu_kernels import one_row_as_gemv, route_decode_kernels
+from engine.generate.cpu_kernels import force_routing, one_row_as_gemv, route_decode_kernels
 from engine.targets import Target, load_target, pick_device, resolve_target, workbench_home
 
 log = logging.getLogger(__name__)
@@ -50,14 +50,17 @@ class KernelPath:
     setup: Callable[[torch.nn.Module], object] | None = None
 
     def prepare(self, model: torch.nn.Module) -> None:
-        if self.routed:
-            route_decode_kernels(model)
         if self.setup is not None:
             self.setup(model)
+        if self.routed:
+            route_decode_kernels(model)
 
 
 PATHS: dict[str, KernelPath] = {
     "fp32": KernelPath("fp32", torch.float32, False, False, "fp32 weights, transformers' kernels"),
+    "fp32-routed": KernelPath("fp32-routed", torch.float32, True, False,
+                              "fp32 weights, few-row linears as GEMM and attention row by row "
+                              "(engine.generate.cpu_kernels)", force_routing),
     "bf16-routed": KernelPath("bf16-routed", torch.bfloat16, True, True,
                               "bf16 weights, few-row linears as GEMM and attention row by row "
                               "(engine.generate.cpu_kernels)"),

@@ -20,7 +20,7 @@ def head_logits(weight: torch.Tensor, hidden: torch.Tensor, *, routed: bool = Tr
     ~2x faster than the equivalent `linear` for the few-row shapes of speculative verification.
     bf16 takes the routed kernel of engine.generate.cpu_kernels (one row included).
     """
-    if routed and hidden.dtype == torch.bfloat16 and hidden.device.type == "cpu":
+    if routed and hidden.device.type == "cpu":
         return few_row_linear(weight, hidden, one_row_gemv=one_row_gemv)
     if hidden.shape[0] == 1:
         return F.linear(hidden, weight)

@@ -138,17 +138,20 @@ def save(key: dict[str, Any], rows: Sequence[dict[str, Any]]) -> Path | None:
     with _locked():
         path = atomic_save_safetensors({"token_ids": tokens, "aux": aux}, entry_path(key),
                                        metadata={"key": json.dumps(key), "rows": json.dumps(index)})
-        prune(max_bytes())
+        prune(max_bytes(), keep=path)
     return path
 
 
-def prune(limit: int) -> None:
-    """Remove the least recently used entries until the store holds at most `limit` bytes (call under the lock)."""
-    entries = sorted(store_dir().glob("*.safetensors"), key=lambda p: p.stat().st_mtime)
+def prune(limit: int, keep: Path | None = None) -> None:
+    """Remove the least recently used entries (never `keep`) until the store holds at most `limit` bytes (call under
+    the lock)."""
+    entries = sorted(store_dir().glob("*.safetensors"), key=lambda p: p.stat().st_mtime_ns)
     total = sum(p.stat().st_size for p in entries)
     for p in entries:
         if total <= limit:
             break
+        if keep is not None and p.name == keep.name:
+            continue
         total -= p.stat().st_size
         p.unlink(missing_ok=True)
 

@@ -94,6 +94,10 @@ def test_entries_round_trip_are_bounded_and_unreadable_ones_are_ignored(home, mo
     shutil.copy(answers.entry_path(key), answers.entry_path({**key, "case": 4}))
     assert answers.load({**key, "case": 4}) is None
     one = answers.entry_path(key).stat().st_size
+    import os
+
+    for age, case in enumerate([1, 3, 4]):  # used long ago, oldest first (file times may be coarser than this test)
+        os.utime(answers.entry_path({**key, "case": case}), (1000 + age, 1000 + age))
     monkeypatch.setenv("WORKBENCH_ANSWERS_MAX_MB", str(1.5 * one / 2**20))
     answers.save({**key, "case": 5}, rows)  # over the bound with the first: the least recently used goes
     kept = {p.name for p in (home / "answers").glob("*.safetensors")}
