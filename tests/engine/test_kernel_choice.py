@@ -92,9 +92,12 @@ def test_a_fast_path_that_is_not_row_exact_loses_to_a_slower_exact_one(tiny_targ
     assert choice.candidates["sloppy"]["row_exact"] is False  # the check really ran and caught it
     assert choice.candidates["sloppy"]["ms_1"] < choice.candidates["fp32"]["ms_1"]
     # the fastest exact one wins (plain fp32 is not row-exact on every CPU: then its routed form)
-    assert choice.path != "sloppy" and choice.candidates[choice.path]["row_exact"] is True
+    assert choice.path != "sloppy"
     exact = [n for n, c in choice.candidates.items() if c.get("row_exact")]
-    assert choice.path == min(exact, key=lambda n: choice.candidates[n]["ms_1"] + choice.candidates[n]["ms_k1"])
+    if exact:  # the fastest exact one wins
+        assert choice.path == min(exact, key=lambda n: choice.candidates[n]["ms_1"] + choice.candidates[n]["ms_k1"])
+    else:  # on the AMD EPYC with AVX2 only no fp32 form is row-exact either: fp32, never the fast inexact one
+        assert choice.path == "fp32"
     assert "bf16-routed" in choice.candidates and choice.candidates["bf16-routed"]["skipped"]  # emulated: not tried
     assert "NOT row-exact" in choice.summary() and "not tried" in choice.summary()
 
