@@ -50,6 +50,8 @@ def measure(target: str | None, *, context: int, ns: list[int], repeats: int) ->
     import torch
     from tqdm import tqdm
 
+    from engine.cpu import describe
+
     runners = _runners(target)
     prompt = [100 + (i * 37) % 20000 for i in range(context)]
     for r in runners.values():
@@ -70,7 +72,25 @@ def measure(target: str | None, *, context: int, ns: list[int], repeats: int) ->
         "relative_to_own_step": {v: {n: m / by_n[1] for n, m in by_n.items()} for v, by_n in ms.items()},
         "relative_to_fp32_step": {v: {n: m / one_fp32 for n, m in by_n.items()} for v, by_n in ms.items()},
         "routed_rows_equal_steps": _rows_equal_steps(routed, prompt, [500, 501, 502, 503]),
+        "routed_rows_equal_steps_by_rows": {n: _rows_equal_steps(routed, prompt, [500 + j for j in range(n)])
+                                            for n in (2, 3, 5, 8, 16, 32)},
+        "fp32_rows_equal_steps_by_rows": {n: _rows_equal_steps(runners[VARIANTS[0]], prompt,
+                                                               [500 + j for j in range(n)]) for n in (2, 4, 8)},
+        "routed_step_equals_transformers_step": _same_step(routed, runners[VARIANTS[1]], prompt, 500),
+        "cpu": describe(), "torch": torch.__version__,
     }
+
+
+def _same_step(a, b, prompt: list[int], token: int) -> bool:
+    """Two runners' one-token logits after the same prompt, bit for bit (routed vs transformers' own bf16)."""
+    import torch
+
+    a.crop(len(prompt))
+    b.crop(len(prompt))
+    same = bool(torch.equal(a.forward([token])[0], b.forward([token])[0]))
+    a.crop(len(prompt))
+    b.crop(len(prompt))
+    return same
 
 
 def _rows_equal_steps(runner, prompt: list[int], new: list[int]) -> bool:
@@ -94,9 +114,14 @@ def markdown(result: dict[str, Any]) -> str:
         own, fp = result["relative_to_own_step"][v], result["relative_to_fp32_step"][v]
         lines.append(f"| {v} | " + " | ".join(
             f"{by_n[n]:.1f} ms ({own[n]:.2f}× own, {fp[n]:.2f}× fp32)" for n in ns) + " |")
+    yes = {True: "yes", False: "NO"}
     lines.append(f"\nKV cache of {result['context']} tokens, median of {result['repeats']} interleaved repeats, "
-                 f"{result['threads']} threads. Routed 4-token forward equals its 4 one-token steps bit for bit: "
-                 f"{'yes' if result['routed_rows_equal_steps'] else 'NO'}.")
+                 f"{result['threads']} threads{', ' + result['cpu'] if result.get('cpu') else ''}. Routed 4-token "
+                 f"forward equals its 4 one-token steps bit for bit: {yes[result['routed_rows_equal_steps']]}.")
+    if "routed_rows_equal_steps_by_rows" in result:
+        by_rows = ", ".join(f"{n}: {yes[v]}" for n, v in result["routed_rows_equal_steps_by_rows"].items())
+        lines.append(f"Same, by rows in one forward: {by_rows}. Routed one-token step equals transformers' own bf16 "
+                     f"step bit for bit: {yes[result['routed_step_equals_transformers_step']]}.")
     return "\n".join(lines)
 
 

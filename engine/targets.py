@@ -307,20 +307,22 @@ def parse_dtype(name: str | torch.dtype) -> torch.dtype:
 
 # The target dtypes decoding commands take (generate, evaluate, bench), both spellings: bf16/bfloat16, fp32/float32.
 DECODE_DTYPES = ("auto", *(n for n, d in _DTYPES.items() if d in (torch.bfloat16, torch.float32)))
-DECODE_DTYPE_HELP = ("dtype of the target for in-process decoding: auto = bf16 on a CPU with native bf16 matmuls "
-                     "(AVX-512 BF16 / AMX: engine.generate.cpu_kernels makes a k-token verification cost about one "
-                     "step and keeps greedy speculation exactly the baseline), else fp32")
+DECODE_DTYPE_HELP = ("dtype of the target for in-process decoding: auto = the fastest exact kernel path measured on "
+                     "this CPU at the first load of the target (engine.generate.kernel_choice; bf16 is a candidate "
+                     "only with native bf16: AVX-512 BF16 / AMX / Arm BF16), cached; bf16/fp32 force one")
 
 
 def decode_dtype(choice: str | torch.dtype = "auto", device: str | None = None) -> torch.dtype:
-    """The target dtype for in-process decoding; `auto` picks bf16 on a CPU that runs it natively (where the routed
-    kernels keep speculation exact), fp32 elsewhere (GPU fused kernels are not row-invariant in bf16)."""
+    """The target dtype `auto` means without measuring: bf16 on a CPU that runs it natively (where the routed kernels
+    keep speculation exact), fp32 elsewhere (GPU fused kernels are not row-invariant in bf16). Decoding itself
+    measures which is faster and exact (engine.generate.kernel_choice.load_decode_target)."""
     if not (isinstance(choice, str) and choice == "auto"):
         return parse_dtype(choice)
     if pick_device(device) != "cpu":
         return torch.float32
-    native = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
-    return torch.bfloat16 if native else torch.float32
+    from engine.cpu import native_bf16  # the CPU's flags: oneDNN also "supports" bf16 where it only emulates it
+
+    return torch.bfloat16 if native_bf16() else torch.float32
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -517,13 +519,7 @@ def load_verifier_parts(name_or_path: str | os.PathLike | None = None, *,
 
 
 def cpu_name() -> str:
-    """The CPU's model name (for records of what a figure was measured on)."""
-    import platform
+    """The CPU's model name (for records of what a figure was measured on): `engine.cpu.cpu_model`."""
+    from engine.cpu import cpu_model
 
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
+    return cpu_model()

@@ -131,6 +131,9 @@ def _why(turn: dict, index: int) -> None:
         if any(r.get("per_position_acceptance") for r in rows.values()):
             charts.show(charts.per_position_compare(rows), key=f"chat_pos_{index}", filename="acceptance-per-position",
                         container=c2)
+        if turn.get("kernel"):
+            st.caption(f"Kernel path of the target on this CPU: {turn['kernel']}. The fastest path whose several-row "
+                       "forwards equal its one-token steps bit for bit wins (engine.generate.kernel_choice).")
         curve = turn.get("cost_curve") or {}
         if curve.get(turn["k"] + 1):
             st.caption(f"The target's cost curve on this machine: one forward over {turn['k'] + 1} tokens costs "
@@ -229,6 +232,7 @@ if prompt:
         rows = explain(profiles, k=int(k), cost_curve=curve, labels={n: PROPOSERS[n] for n in chosen})
         turn = {"prompt": prompt, "k": int(k), "temperature": float(temperature), "baseline": base.text.text,
                 "cost_curve": curve, "busy": busy, "explain": rows, "cli": "\n".join(lines),
+                "kernel": target.extra.get("kernel_summary"),
                 "sides": {name: {"label": PROPOSERS.get(name, "baseline"), "title": titles[name],
                                  "html": (plain_html(side.text.text) if name == "baseline" else spec_html(side.marks)),
                                  "identical": side.ids == base.ids,

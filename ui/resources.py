@@ -48,13 +48,13 @@ def target(name: str):
     """The loaded target model and tokenizer (engine.targets.Target)."""
     import torch
 
-    from engine.generate.cpu_kernels import route_decode_kernels
-    from engine.targets import decode_dtype, load_target
+    from engine.generate.kernel_choice import load_decode_target
 
-    dtype = decode_dtype()
-    log.info("loading the target model %s in %s (once, shared by every browser session)", name, dtype)
-    loaded = load_target(name, dtype=dtype)
-    route_decode_kernels(loaded.model)  # before any session shares it (every TargetRunner would do it too)
+    log.info("loading the target model %s (once, shared by every browser session)", name)
+    # the kernel path measured on this CPU (cached after the first load); routed, when it is, before any session
+    # shares the model
+    loaded = load_decode_target(name)
+    log.info("kernel path: %s", loaded.extra.get("kernel_summary"))
     with torch.inference_mode():  # warm up the kernels so the first timed generation is not penalised
         loaded.model(input_ids=torch.zeros(1, 8, dtype=torch.long, device=loaded.device))
     return loaded
@@ -116,8 +116,25 @@ def device_info() -> dict[str, Any]:
         info.update(kind="GPU", name=props.name, memory_gib=round(props.total_memory / 2**30, 1),
                     count=torch.cuda.device_count())
     else:
-        info.update(kind="CPU", name=f"CPU ({os.cpu_count()} cores)")
+        from engine.cpu import describe
+
+        info.update(kind="CPU", name=describe())
     return info
+
+
+def kernel_choice(name: str) -> str | None:
+    """The kernel path decided for a target on this CPU, when it has been measured (nothing is loaded here)."""
+    from engine.generate.kernel_choice import read_cached
+    from engine.targets import builtin_cache_dir, builtin_for, builtin_ready, pick_device
+
+    builtin = builtin_for(name)
+    if pick_device(None) != "cpu" or (builtin and not builtin_ready(builtin_cache_dir(builtin.name))):
+        return None  # a built-in target not dequantized yet has not been measured either (and is not prepared here)
+    try:
+        found = read_cached(name)
+    except Exception:  # noqa: BLE001 - an unprepared or missing target simply has no decision yet
+        return None
+    return found.summary() if found else None
 
 
 @st.cache_data(max_entries=16, show_spinner="Reading and rendering the dataset…")

@@ -26,6 +26,11 @@ def render() -> None:
             icon = ":material/memory:" if info["kind"] == "GPU" else ":material/developer_board:"
             extra = f", {info['memory_gib']} GiB" if info["kind"] == "GPU" else f", {info['threads']} torch threads"
             st.markdown(f"{icon} **Device** · {info['kind']}: {info['name']}{extra}", help=f"torch {info['torch']}")
+            if info["kind"] == "CPU":
+                kernel = resources.kernel_choice(target)
+                path = kernel.split(" ", 1)[0] if kernel else "measured at the target's first load"
+                st.markdown(f":material/speed: **Kernels** · {path}", help=kernel or "each exact kernel path is "
+                            "timed on this CPU when the target is first loaded; the fastest wins")
         running_jobs()
 
 

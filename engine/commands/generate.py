@@ -30,11 +30,11 @@ def run(args: argparse.Namespace) -> int:
     from engine.generate.runner import TargetRunner
     from engine.generate.sampling import SamplingParams
     from engine.generate.speculative import generate
-    from engine.targets import decode_dtype, load_target
+    from engine.generate.kernel_choice import load_decode_target
 
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                             top_k=args.top_k, seed=args.seed)  # checked before the target is loaded
-    target = load_target(args.target, dtype=decode_dtype(args.dtype))
+    target = load_decode_target(args.target, args.dtype)
     tok = target.tokenizer
     params.eos_token_ids = [tok.eos_token_id]
     proposer = make_proposer(args.method, target, draft=args.draft)

@@ -1,4 +1,4 @@
-"""`targets`: list built-in targets and prepare the default one."""
+"""`targets`: list built-in targets, prepare the default one, and show the kernel path decoding uses on this CPU."""
 
 from __future__ import annotations
 
@@ -9,23 +9,36 @@ import json
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prepare", default="smollm2-135m-instruct",
                    help="built-in target to dequantize and cache now ('none' to skip)")
+    p.add_argument("--measure-kernels", action="store_true",
+                   help="time the exact kernel paths of the prepared target on this CPU now (else the first "
+                        "decoding load does, once) and show the timings")
     p.add_argument("--json", action="store_true", help="print JSON")
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.targets import BUILTIN_TARGETS, builtin_ready, builtin_cache_dir, prepare_builtin
+    from engine.cpu import describe
+    from engine.generate.kernel_choice import choose, read_cached
+    from engine.targets import BUILTIN_TARGETS, builtin_cache_dir, builtin_ready, pick_device, prepare_builtin
 
-    if args.prepare and args.prepare != "none":
-        prepare_builtin(args.prepare)
-    rows = [
-        {"name": b.name, "hub_id": b.hub_id, "description": b.description,
-         "cached": builtin_ready(builtin_cache_dir(b.name)), "path": str(builtin_cache_dir(b.name))}
-        for b in BUILTIN_TARGETS.values()
-    ]
+    prepare = args.prepare if args.prepare and args.prepare != "none" else None
+    if prepare:
+        prepare_builtin(prepare)
+    rows = []
+    for b in BUILTIN_TARGETS.values():
+        ready = builtin_ready(builtin_cache_dir(b.name))
+        kernel = None
+        if ready and pick_device(None) == "cpu":
+            kernel = choose(b.name, refresh=True) if args.measure_kernels and b.name == prepare else read_cached(b.name)
+        rows.append({"name": b.name, "hub_id": b.hub_id, "description": b.description, "cached": ready,
+                     "path": str(builtin_cache_dir(b.name)), "kernel": kernel.to_dict() if kernel else None,
+                     "kernel_summary": kernel.summary() if kernel else None})
     if args.json:
-        print(json.dumps(rows, indent=2))
-    else:
-        for r in rows:
-            print(f"{r['name']}  ({r['hub_id']})  {'ready' if r['cached'] else 'not prepared'}\n"
-                  f"    {r['description']}\n    {r['path']}")
+        print(json.dumps({"cpu": describe(), "targets": rows}, indent=2))
+        return 0
+    print(f"CPU: {describe()}")
+    for r in rows:
+        kernel = r["kernel_summary"] or ("not measured yet (the first decoding load measures it; --measure-kernels "
+                                         "now)" if r["cached"] else "-")
+        print(f"{r['name']}  ({r['hub_id']})  {'ready' if r['cached'] else 'not prepared'}\n"
+              f"    {r['description']}\n    {r['path']}\n    kernel path: {kernel}")
     return 0

@@ -3,14 +3,16 @@
 Two routings, both exact:
 - linears over 1..MAX_ROWS rows run as `weight @ x^T` (one row padded to two). On CPUs with AMX /
   AVX-512 BF16 that takes the blocked bf16 GEMM path, while `F.linear` runs one bf16 row as a slow
-  GEMV. Both accumulate in fp32 and round once (on this project's CPUs: the same bits).
+  GEMV. Both accumulate in fp32 and round once (the same bits on the Intel Xeon with AMX where this was
+  measured; tests assert only bf16 closeness to `F.linear`).
 - attention over 1..MAX_ROWS new query rows runs one row at a time, each over exactly the keys it may
   see. The fused kernel over several query rows rounds differently from one row in bf16, so a
   verification forward would not reproduce the decode steps it replaces and greedy speculative
   decoding would drift from the baseline at near-ties; row by row it reproduces them bit for bit.
   Only inside `decode_scope()` (TargetRunner's forwards): training, extraction and transformers' own
   `generate` on the same model keep plain SDPA.
-tests/engine/test_cpu_kernels.py checks both on the built-in target; BENCHMARKS.md has the timings.
+tests/engine/test_cpu_kernels.py checks both; engine.generate.kernel_choice measures on each CPU whether this
+path is exact and the fastest; BENCHMARKS.md has the timings.
 """
 
 from __future__ import annotations
@@ -27,9 +29,13 @@ MAX_ROWS = 32  # above this F.linear's GEMM is as fast; the routing is for decod
 _MARK = "_workbench_few_row_routed"
 
 
-def few_row_linear(weight: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x [..., in] -> [..., out] as `weight @ x^T`; one row is padded to two (the GEMM path), then cut."""
+def few_row_linear(weight: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None = None, *,
+                   one_row_gemv: bool = False) -> torch.Tensor:
+    """x [..., in] -> [..., out] as `weight @ x^T`; one row is padded to two (the GEMM path), then cut, or with
+    `one_row_gemv` left to `F.linear` (exact only on a CPU whose GEMV rounds like its GEMM: measured, never assumed)."""
     rows = x.numel() // x.shape[-1]
+    if rows == 1 and one_row_gemv:
+        return F.linear(x, weight, bias)
     flat = x.reshape(rows, x.shape[-1])  # [R, in]
     if rows == 1:
         flat = flat.expand(2, -1)
@@ -40,9 +46,20 @@ def few_row_linear(weight: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | N
 
 
 def _routed_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    if x.dtype == torch.bfloat16 and x.numel() // max(1, x.shape[-1]) <= MAX_ROWS and not torch.is_grad_enabled():
-        return few_row_linear(self.weight, x, self.bias)
+    if x.dtype in ROUTED_DTYPES and x.numel() // max(1, x.shape[-1]) <= MAX_ROWS and not torch.is_grad_enabled():
+        return few_row_linear(self.weight, x, self.bias, one_row_gemv=getattr(self, ONE_ROW_GEMV, False))
     return F.linear(x, self.weight, self.bias)
+
+
+ONE_ROW_GEMV = "_workbench_one_row_gemv"
+
+
+def one_row_as_gemv(model: nn.Module) -> None:
+    """Routed linears (and the runner's head) of `model` leave one row to `F.linear`'s GEMV, the rest as above."""
+    setattr(model, ONE_ROW_GEMV, True)
+    for module in model.modules():
+        if isinstance(module, nn.Linear):
+            setattr(module, ONE_ROW_GEMV, True)
 
 
 ATTENTION = "workbench_decode_rows"
@@ -63,7 +80,7 @@ def decode_scope():
 def _rowwise_ok(module: nn.Module, query: torch.Tensor, attention_mask, dropout: float) -> bool:
     """Inside decode_scope: a single unpadded causal sequence, a few new rows, bf16, inference."""
     return (getattr(_scope, "on", False) and query.shape[0] == 1 and query.shape[2] <= MAX_ROWS
-            and query.dtype == torch.bfloat16 and not torch.is_grad_enabled() and not dropout
+            and query.dtype in ROUTED_DTYPES and not torch.is_grad_enabled() and not dropout
             and getattr(module, "is_causal", True) and getattr(module, "sliding_window", None) is None
             and (attention_mask is None or attention_mask.shape[0] == 1))
 
@@ -95,10 +112,20 @@ def _register_attention() -> None:
     ALL_MASK_ATTENTION_FUNCTIONS.register(ATTENTION, sdpa_mask)
 
 
+FORCED = "_workbench_route_forced"
+ROUTED_DTYPES = (torch.bfloat16, torch.float32)
+
+
 def wanted(model: nn.Module) -> bool:
-    """Routing pays only for bf16 weights on CPU."""
+    """Routing is for bf16 weights on CPU, and for fp32 ones the kernel choice routes (`force_routing`)."""
     p = next(model.parameters(), None)
-    return p is not None and p.device.type == "cpu" and p.dtype == torch.bfloat16
+    return p is not None and p.device.type == "cpu" and (p.dtype == torch.bfloat16 or getattr(model, FORCED, False))
+
+
+def force_routing(model: nn.Module) -> None:
+    """Route an fp32 CPU model too (its multi-row GEMMs and fused attention may not be row-invariant either)."""
+    setattr(model, FORCED, True)
+    route_decode_kernels(model)
 
 
 def route_decode_kernels(model: nn.Module) -> bool:

@@ -5,22 +5,23 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from engine.generate.cpu_kernels import decode_scope, few_row_linear, route_decode_kernels
+from engine.generate.cpu_kernels import ONE_ROW_GEMV, decode_scope, few_row_linear, route_decode_kernels
 from engine.targets import LayerCapture, Target
 
 # Families whose logits are exactly lm_head(decoder output): the runner may compute the head itself.
 _PLAIN_HEAD = {"llama", "qwen2", "qwen3", "qwen3_moe", "mistral"}
 
 
-def head_logits(weight: torch.Tensor, hidden: torch.Tensor, *, routed: bool = True) -> torch.Tensor:
+def head_logits(weight: torch.Tensor, hidden: torch.Tensor, *, routed: bool = True,
+                one_row_gemv: bool = False) -> torch.Tensor:
     """lm_head over hidden [T, H] -> logits [T, V].
 
     One row is a GEMV (what transformers does); several rows use weight @ hidden^T, which MKL runs
     ~2x faster than the equivalent `linear` for the few-row shapes of speculative verification.
     bf16 takes the routed kernel of engine.generate.cpu_kernels (one row included).
     """
-    if routed and hidden.dtype == torch.bfloat16 and hidden.device.type == "cpu":
-        return few_row_linear(weight, hidden)
+    if routed and hidden.device.type == "cpu":
+        return few_row_linear(weight, hidden, one_row_gemv=one_row_gemv)
     if hidden.shape[0] == 1:
         return F.linear(hidden, weight)
     return (weight @ hidden.t()).t()
@@ -34,7 +35,8 @@ class TargetRunner:
     layer order, concatenated), captured by hooks during the same pass.
     """
 
-    def __init__(self, target: Target, aux_layer_ids: list[int] | None = None, *, route_kernels: bool = True):
+    def __init__(self, target: Target, aux_layer_ids: list[int] | None = None, *,
+                 route_kernels: bool | None = None):
         self.target = target
         self.model = target.model
         self.aux_layer_ids = sorted(set(aux_layer_ids)) if aux_layer_ids else None
@@ -42,8 +44,11 @@ class TargetRunner:
         model_type = getattr(target.text_config, "model_type", "")
         head = target.lm_head()
         self._head = head.weight if model_type in _PLAIN_HEAD and getattr(head, "bias", None) is None else None
-        # bf16 on CPU: fast few-row kernels, row-invariant (exact speculation). route_kernels=False keeps
-        # transformers' own kernels, for benchmarks only: routing changes the shared model for every runner.
+        # bf16 on CPU: fast few-row kernels, row-invariant (exact speculation). None = what the kernel choice
+        # (engine.generate.kernel_choice, in target.extra) decided, routed when no choice was made; False keeps
+        # transformers' own kernels: routing changes the shared model for every runner.
+        if route_kernels is None:
+            route_kernels = target.extra.get("route_kernels", True)
         self.routed = route_kernels and route_decode_kernels(self.model)
         self.reset()
 
@@ -67,7 +72,8 @@ class TargetRunner:
             return out.logits[0].float()
         hidden = self.model.get_decoder()(input_ids=input_ids, past_key_values=self.cache, use_cache=True)
         h = hidden.last_hidden_state[0]  # [T, H]
-        return head_logits(self._head, h if all_logits else h[-1:], routed=self.routed).float()
+        return head_logits(self._head, h if all_logits else h[-1:], routed=self.routed,
+                           one_row_gemv=getattr(self.model, ONE_ROW_GEMV, False)).float()
 
     @torch.inference_mode()
     def forward(self, ids: list[int] | torch.Tensor, *, all_logits: bool = True

@@ -184,7 +184,7 @@ def summarize(runs: dict[str, MethodRun], *, k: int, params: SamplingParams, cos
         "temperature": params.temperature, "seed": params.seed,
         "target": target.ref.name, "draft": str(draft) if draft else None,
         "cost_curve": {str(kk): v for kk, v in cost_curve.items()},
-        "backend": "transformers", "target_dtype": dtype_name(target.dtype),
+        "backend": "transformers", "target_dtype": dtype_name(target.dtype), "kernel": target.extra.get("kernel"),
         "device": str(target.device), "threads": torch.get_num_threads(),
         "cpu": cpu_name() if target.device.type == "cpu" else None,
     }
@@ -223,7 +223,8 @@ def benchmark(*, target: str | None = None, draft: str | None = None, prompts: s
     """`python -m engine bench` as a function: in-process (`transformers`) or real vLLM (`vllm`) on the same prompts."""
     from engine.generate.sampling import SamplingParams
     from engine.jobs import reporter
-    from engine.targets import decode_dtype, load_target, vllm_dtype
+    from engine.generate.kernel_choice import load_decode_target
+    from engine.targets import vllm_dtype
 
     if threads:
         torch.set_num_threads(threads)
@@ -244,5 +245,5 @@ def benchmark(*, target: str | None = None, draft: str | None = None, prompts: s
                               max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
                               methods=tuple(m for m in methods if m in ("baseline", "draft", "ngram")),
                               dtype=vllm_dtype(dtype), tokenize=True)
-    return run_bench(load_target(target, dtype=decode_dtype(dtype)), prompt_rows, methods=methods, draft=draft,
+    return run_bench(load_decode_target(target, dtype), prompt_rows, methods=methods, draft=draft,
                      assistant=assistant, k=k, params=params)

@@ -129,6 +129,20 @@ def samples_from_prompts(target, prompts: Sequence[Any], aux_layer_ids: Sequence
     return out
 
 
+def _answers(tgt, prompts, aux_ids, max_new_tokens: int, with_logits: bool, progress: bool) -> list[HeldOutSample]:
+    """samples_from_prompts, read from engine.measure.answers when this target already answered these prompts."""
+    from engine.measure import answers
+
+    def compute():
+        return samples_from_prompts(tgt, prompts, aux_ids, max_new_tokens=max_new_tokens, with_logits=with_logits,
+                                    progress=progress)
+    if with_logits:  # [T, V] logits per sample are too large to keep
+        return compute()
+    eos = [tgt.tokenizer.eos_token_id] if tgt.tokenizer is not None and tgt.tokenizer.eos_token_id is not None else []
+    return answers.samples(tgt, prompts, aux_ids, max_new_tokens=max_new_tokens, eos_token_ids=eos, compute=compute,
+                           make=HeldOutSample)
+
+
 def format_table(result: dict[str, Any], fc: dict[str, Any] | None = None) -> str:
     """A markdown table: k, decoding-exact acceptance, per position, all-positions average, forecast speedup."""
     head = "| k | mean acceptance length (walk) | per-position acceptance | all-positions average |"
@@ -156,13 +170,14 @@ def evaluate_draft(*, draft: str | None = None, target: str | None = None, data:
     """`python -m engine evaluate` as a function: offline from extracted held-out files (`data`), or online from
     held-out prompts of `dataset` (the target answers each once); optionally with the speedup forecast."""
     from engine.generate.api import default_draft, draft_algorithm
-    from engine.targets import decode_dtype, dtype_name, load_target
+    from engine.generate.kernel_choice import load_decode_target
+    from engine.targets import dtype_name
 
     draft_path = draft or default_draft(target)
     if draft_path is None:
         raise WorkbenchError("no draft given and no shipped draft for this target", hint="pass --draft DIR")
     algorithm = draft_algorithm(draft_path)
-    tgt = load_target(target, dtype=decode_dtype(dtype))  # the dtype decoding runs in: its answers and step costs
+    tgt = load_decode_target(target, dtype)  # the dtype decoding runs in: its answers and step costs
     model = algorithm.load(draft_path, tgt)
     aux_ids = algorithm.aux_layer_ids(model)
     if ks is None:
@@ -180,13 +195,13 @@ def evaluate_draft(*, draft: str | None = None, target: str | None = None, data:
         from engine.data.prompts import load_prompts
 
         prompts = load_prompts(dataset or "sharegpt", num_prompts, seed, max_prompt_chars)
-        samples = samples_from_prompts(tgt, prompts, aux_ids, max_new_tokens=max_new_tokens or 128,
-                                       with_logits=temperature > 0, progress=progress)
+        samples = _answers(tgt, prompts, aux_ids, max_new_tokens or 128, temperature > 0, progress)
         source = {"dataset": dataset, "held_out_prompts": len(prompts)}
     result = evaluate_samples(algorithm, model, samples, ks, max_new_tokens=max_new_tokens, keep_walks=keep_walks,
                               temperature=temperature, progress=progress)
     result.update(source, draft=str(draft_path), algorithm=algorithm.name, max_new_tokens=max_new_tokens,
-                  draft_k=model.config.speculative_tokens, target_dtype=dtype_name(tgt.dtype))
+                  draft_k=model.config.speculative_tokens, target_dtype=dtype_name(tgt.dtype),
+                  kernel=tgt.extra.get("kernel_summary"))
     if measure_speed:
         context = list(samples[0].token_ids[: samples[0].prompt_len].tolist()) if isinstance(samples, list) \
             and samples else [1] * 64

@@ -144,8 +144,8 @@ def acceptance_curve(recipe: dict[str, Any], *, force: bool = False) -> list[dic
     from engine.data.prompts import load_prompts
     from engine.generate.api import draft_algorithm
     from engine.jobs import read_jsonl
+    from engine.generate.kernel_choice import load_decode_target
     from engine.measure.evaluate import evaluate_samples, samples_from_prompts
-    from engine.targets import decode_dtype, load_target
 
     work = Path(recipe["work"])
     opts = recipe["curve"]
@@ -161,8 +161,7 @@ def acceptance_curve(recipe: dict[str, Any], *, force: bool = False) -> list[dic
         tokens_at[r["step"]] = seen
     todo = [s for s in checkpoints if s not in done]
     if todo:
-        target = load_target(recipe.get("target", "smollm2-135m-instruct"),
-                             dtype=decode_dtype(opts.get("dtype", "auto")))
+        target = load_decode_target(recipe.get("target", "smollm2-135m-instruct"), opts.get("dtype", "auto"))
         prompts = load_prompts(opts.get("prompts", "sharegpt"), opts.get("num_prompts", 10))
         max_new, k = opts.get("max_new_tokens", 64), opts.get("k", 3)
         algorithm = draft_algorithm(checkpoints[todo[0]])
@@ -195,8 +194,8 @@ def k_sweep(recipe: dict[str, Any], *, draft: Path | None = None, out_file: Path
     interleaved per k."""
     from engine.data.prompts import load_prompts
     from engine.generate.sampling import SamplingParams
+    from engine.generate.kernel_choice import load_decode_target
     from engine.measure.bench import run_bench
-    from engine.targets import decode_dtype, load_target
 
     work = Path(recipe["work"])
     opts = recipe["sweep"]
@@ -204,8 +203,7 @@ def k_sweep(recipe: dict[str, Any], *, draft: Path | None = None, out_file: Path
     draft = draft or work / "train" / "draft"
     done = {row["k"]: row for row in (read_json(out_file) if out_file.is_file() and not force else [])
             if row.get("weights") == _stamp(draft)}
-    target = load_target(recipe.get("target", "smollm2-135m-instruct"),
-                         dtype=decode_dtype(opts.get("dtype", "auto")))
+    target = load_decode_target(recipe.get("target", "smollm2-135m-instruct"), opts.get("dtype", "auto"))
     prompts = load_prompts(opts.get("prompts", "sharegpt"), opts.get("num_prompts", 10))
     params = SamplingParams(max_new_tokens=opts.get("max_new_tokens", 128))
     for k in opts.get("ks", [1, 2, 3, 4, 5]):

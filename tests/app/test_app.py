@@ -126,6 +126,10 @@ def test_sidebar_shows_models_device_and_running_jobs(runs, tiny_target, tiny_dr
     assert "**Target**" in side and "tiny" in side
     assert "**Draft**" in side and "tiny-eagle3" in side
     assert "**Device** · CPU" in side or "**Device** · GPU" in side
+    if "**Device** · CPU" in side:  # the CPU's model name (not "CPU (2 cores)") and the kernel path line
+        from engine.cpu import cpu_model
+
+        assert f"CPU: {cpu_model()} (" in side and "**Kernels** ·" in side
     assert "**train** 30%" in side and "20000101-000000_train_fake" in side
     (fake / "status.json").write_text(json.dumps({"state": "stopped"}))
     jobs.wait(job, timeout=60)

@@ -1,17 +1,31 @@
-"""The bf16 decode kernels: same bits as transformers' own forward, rows independent of how many are verified,
-and greedy speculative output exactly the baseline's on the built-in target in bf16 (no near-tie excuses)."""
+"""The bf16 decode kernels (engine.generate.cpu_kernels): every row of a several-row forward is bitwise the
+one-token step it replaces, for each row count the routing covers (2..32), and greedy speculative output is exactly
+the baseline's on the built-in target in bf16 (no near-tie excuses).
+
+Routed one-token steps against transformers' own bf16 kernels are asserted only to bf16 tolerance (rtol 0.02): they
+were the same bits on the Intel Xeon (AMX) where the routing was written (BENCHMARKS.md, "In-process step cost"),
+but another CPU's GEMV may round differently (benchmarks/bench_step_cost.py records it per CPU), so no test here
+requires equal bits.
+"""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from engine.generate.cpu_kernels import ATTENTION, few_row_linear, route_decode_kernels
+from engine.cpu import native_bf16
+from engine.generate.cpu_kernels import ATTENTION, MAX_ROWS, few_row_linear, route_decode_kernels
 from engine.generate.runner import TargetRunner
-from engine.targets import LayerCapture, decode_dtype, load_target
+from engine.targets import LayerCapture, load_target
 
-needs_bf16 = pytest.mark.skipif(decode_dtype("auto", "cpu") != torch.bfloat16,
-                                reason="this CPU has no native bf16 matmul: the routing is not used here")
+# These skip without native bf16 (AVX-512 BF16 / AMX / Arm BF16): there the kernel choice never decodes in bf16.
+# On the AMD EPYC with AVX2 only, routed emulated bf16 rows were NOT bitwise their one-token steps (measured when this
+# test ran there), so the property is claimed, and tested, only on native-bf16 CPUs; on every CPU the path actually
+# chosen is checked row-exact at load and greedy-exact (tests/engine/test_kernel_choice.py).
+needs_native_bf16 = pytest.mark.skipif(not native_bf16(), reason="no native bf16 on this CPU: decoding never runs in "
+                                       "bf16 here (engine.generate.kernel_choice), and the routed kernels are not "
+                                       "row-exact in emulated bf16")
+ROW_COUNTS = (2, 3, 5, 8, 16, MAX_ROWS)
 
 
 @pytest.mark.parametrize("rows", [1, 2, 4, 9, 33])
@@ -36,11 +50,11 @@ def _layer_states(target, runner, prompt: list[int], chunks: list[list[int]]) ->
     return list(torch.cat(rows))  # one [L*H + V] row per new token
 
 
-@needs_bf16
+@needs_native_bf16
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
 def test_routed_rows_are_bitwise_the_one_token_steps(tiny_targets, arch):
-    target = load_target(str(tiny_targets[arch]), dtype="bf16")
-    prompt, new = list(range(3, 40)), [50, 51, 52, 53, 54]
+    target = load_target(str(tiny_targets[arch]), dtype="bf16", device="cpu")  # the CPU kernels, on a GPU host too
+    prompt, new = list(range(3, 40)), [50 + j for j in range(MAX_ROWS)]
     from transformers import DynamicCache
 
     def plain_step(ids):
@@ -49,16 +63,17 @@ def test_routed_rows_are_bitwise_the_one_token_steps(tiny_targets, arch):
 
     cache = DynamicCache(config=target.model.config)
     plain_step(prompt)
-    before = [plain_step([t])[-1] for t in new]  # [V] each: transformers' own kernels, before routing
-    runner = TargetRunner(target)  # routes the model
-    assert target.model.config._attn_implementation == ATTENTION
+    before = [plain_step([t])[-1] for t in new[:5]]  # [V] each: transformers' own kernels, before routing
+    runner = TargetRunner(target, route_kernels=True)  # routes the model
+    assert runner.routed and target.model.config._attn_implementation == ATTENTION
     steps = _layer_states(target, runner, prompt, [[t] for t in new])
-    block = _layer_states(target, runner, prompt, [new])
-    for i, (a, b) in enumerate(zip(steps, block)):
-        assert torch.equal(a, b), f"{arch}: row {i} of a {len(new)}-token forward differs from its one-token step"
+    for rows in ROW_COUNTS:
+        block = _layer_states(target, runner, prompt, [new[:rows]])
+        for i, (a, b) in enumerate(zip(steps, block)):
+            assert torch.equal(a, b), f"{arch}: row {i} of a {rows}-token forward differs from its one-token step"
     vocab = before[0].shape[0]
-    for i, ref in enumerate(before):  # routed one-token steps compute what transformers' kernels do (the same
-        # bits on this machine's oneDNN; another CPU's GEMV may round differently, so only closeness is asserted)
+    for i, ref in enumerate(before):  # routed one-token steps compute what transformers' kernels do, to bf16
+        # tolerance (the same bits on the CPUs named in the module docstring; not required elsewhere)
         torch.testing.assert_close(steps[i][-vocab:], ref, rtol=0.02, atol=0.02)
 
 
@@ -69,12 +84,12 @@ def test_fp32_and_gpu_shapes_are_left_alone(tiny_llama):
 
 @pytest.fixture(scope="module")
 def builtin_bf16():
-    target = load_target("smollm2-135m-instruct", dtype="bf16")
+    target = load_target("smollm2-135m-instruct", dtype="bf16", device="cpu")  # the routed CPU kernels, GPU host too
     yield target
     del target
 
 
-@needs_bf16
+@needs_native_bf16
 @pytest.mark.parametrize("method", ["draft", pytest.param("ngram", marks=pytest.mark.slow)])
 def test_bf16_greedy_speculation_is_exactly_the_baseline_on_builtin(builtin_bf16, method):
     from engine.data.datasets import heldout_prompts
@@ -85,7 +100,8 @@ def test_bf16_greedy_speculation_is_exactly_the_baseline_on_builtin(builtin_bf16
     target = builtin_bf16
     params = SamplingParams(max_new_tokens=32, eos_token_ids=[target.tokenizer.eos_token_id])
     proposer = make_proposer(method, target)
-    base_runner, spec_runner = TargetRunner(target), TargetRunner(target, proposer.aux_layer_ids)
+    base_runner = TargetRunner(target, route_kernels=True)
+    spec_runner = TargetRunner(target, proposer.aux_layer_ids, route_kernels=True)
     accepted = 0
     for prompt in heldout_prompts("sharegpt", n=6, max_chars=600):
         ids = prompt_ids(target.tokenizer, prompt)

@@ -1,0 +1,76 @@
+"""What this CPU is and whether it runs bf16 matmuls natively (read from its flags, not from what oneDNN emulates)."""
+
+from __future__ import annotations
+
+import platform
+from pathlib import Path
+
+# x86: AVX-512 BF16 (Zen 4, Cooper Lake and later Xeons) or AMX (Sapphire Rapids and later) compute bf16 dot
+# products in hardware; without them oneDNN still "supports" bf16 on AVX-512 by converting in software.
+X86_NATIVE_BF16 = frozenset({"avx512_bf16", "amx_bf16"})
+# Arm: the BFDOT/BFMMLA instructions (Armv8.6 BF16, Neoverse V1/N2 and later), with SVE or without.
+ARM_NATIVE_BF16 = frozenset({"bf16", "svebf16"})
+_CPUINFO = Path("/proc/cpuinfo")
+
+
+def _cpuinfo_lines() -> list[str]:
+    try:
+        return _CPUINFO.read_text().splitlines()
+    except OSError:
+        return []
+
+
+def cpu_model() -> str:
+    """The CPU's model name ("AMD EPYC 9R14", "Intel(R) Xeon(R) Platinum 8488C", ...) or the best guess."""
+    for line in _cpuinfo_lines():
+        key = line.split(":", 1)[0].strip().lower()
+        if key in ("model name", "cpu model", "hardware") and ":" in line:
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def cpu_flags() -> frozenset[str]:
+    """The feature flags of the first CPU (x86 `flags`, Arm `Features`), lower case; empty where unreadable."""
+    for line in _cpuinfo_lines():
+        key = line.split(":", 1)[0].strip().lower()
+        if key in ("flags", "features") and ":" in line:
+            return frozenset(line.split(":", 1)[1].lower().split())
+    return frozenset()
+
+
+def native_bf16(flags: frozenset[str] | set[str] | None = None, machine: str | None = None) -> bool:
+    """True when the CPU computes bf16 matmuls in hardware: AVX-512 BF16 or AMX on x86, BF16 (or SVE BF16) on Arm.
+
+    Without flags to read (not Linux), x86 falls back to torch's own capability string (it names AMX or AVX-512
+    BF16 only where the hardware has them); anything else counts as not native.
+    """
+    machine = (machine or platform.machine()).lower()
+    flags = cpu_flags() if flags is None else frozenset(f.lower() for f in flags)
+    if machine in ("x86_64", "amd64", "i686", "x86"):
+        if flags:
+            return bool(flags & X86_NATIVE_BF16)
+        return _torch_capability() in ("AVX512_BF16", "AMX", "AMX_BF16")
+    if machine in ("aarch64", "arm64"):
+        return bool(flags & ARM_NATIVE_BF16)
+    return False
+
+
+def _torch_capability() -> str:
+    try:
+        import torch
+
+        return str(torch.backends.cpu.get_cpu_capability()).upper()
+    except (ImportError, AttributeError):
+        return ""
+
+
+def describe() -> str:
+    """"AMD EPYC (2 cores, AVX2, bf16 emulated)" — the line a user sees for this CPU."""
+    import os
+
+    flags = cpu_flags()
+    isa = next((name for flag, name in (("amx_bf16", "AMX"), ("avx512_bf16", "AVX-512 BF16"), ("avx512f", "AVX-512"),
+                                        ("avx2", "AVX2"), ("sve", "SVE"), ("asimd", "NEON")) if flag in flags), None)
+    bf16 = "native bf16" if native_bf16(flags) else "bf16 emulated"
+    parts = [f"{os.cpu_count()} cores"] + ([isa] if isa else []) + [bf16]
+    return f"{cpu_model()} ({', '.join(parts)})"

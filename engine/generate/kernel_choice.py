@@ -1,0 +1,279 @@
+"""Which exact kernel path decodes a target fastest on this CPU: measured at its first load, cached per CPU and torch.
+
+A path is a target dtype plus how its decode forwards run (engine.generate.cpu_kernels). At the first load of a
+target on a machine every candidate is timed for one and for k + 1 new tokens after the same prompt, and checked to
+give, for several new rows in one forward, the same logits bit for bit as the one-token steps it replaces (what keeps
+greedy speculation exactly the baseline). The fastest exact path wins (a one-token step plus a (k + 1)-token
+verification); bf16 paths are candidates only on a CPU with native bf16 (engine.cpu.native_bf16), emulated bf16 is
+never chosen. The decision is cached as a small JSON under the workbench home, keyed by CPU model, flags, torch
+version and target identity, so a changed machine, torch or target measures again. `--dtype fp32|bf16` forces a
+path without measuring.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from engine.cpu import cpu_flags, cpu_model, native_bf16
+from engine.errors import WorkbenchError
+from engine.fsutil import atomic_write_json, read_json
+from engine.generate.cpu_kernels import force_routing, one_row_as_gemv, route_decode_kernels
+from engine.targets import Target, load_target, pick_device, resolve_target, workbench_home
+
+log = logging.getLogger(__name__)
+
+CACHE_FORMAT = 1  # bump when what a decision records (or how it is measured) changes
+DEFAULT_K = 3  # drafts per step the verification timing assumes (the workbench's default k)
+PROMPT_TOKENS = 64  # KV cache the timed forwards run after
+REPEATS = 7  # timed repeats per shape and candidate, after the exactness check warmed it up (median kept)
+EXACT_ROWS = (2, 8)  # besides k + 1: row counts whose forward must equal their one-token steps bit for bit
+
+
+@dataclass(frozen=True)
+class KernelPath:
+    """A way to run the decode forwards: the target dtype and what is done to the loaded model first."""
+
+    name: str
+    dtype: torch.dtype
+    routed: bool  # TargetRunner routes the few-row linears and attention (engine.generate.cpu_kernels)
+    native_bf16_only: bool
+    description: str
+    setup: Callable[[torch.nn.Module], object] | None = None
+
+    def prepare(self, model: torch.nn.Module) -> None:
+        if self.setup is not None:
+            self.setup(model)
+        if self.routed:
+            route_decode_kernels(model)
+
+
+PATHS: dict[str, KernelPath] = {
+    "fp32": KernelPath("fp32", torch.float32, False, False, "fp32 weights, transformers' kernels"),
+    "fp32-routed": KernelPath("fp32-routed", torch.float32, True, False,
+                              "fp32 weights, few-row linears as GEMM and attention row by row "
+                              "(engine.generate.cpu_kernels)", force_routing),
+    "bf16-routed": KernelPath("bf16-routed", torch.bfloat16, True, True,
+                              "bf16 weights, few-row linears as GEMM and attention row by row "
+                              "(engine.generate.cpu_kernels)"),
+    "bf16-routed-gemv1": KernelPath("bf16-routed-gemv1", torch.bfloat16, True, True,
+                                    "as bf16-routed, but one row through F.linear's GEMV (faster where the padded "
+                                    "GEMM is not; exact only if this CPU's GEMV rounds like its GEMM)",
+                                    one_row_as_gemv),
+    "bf16-plain": KernelPath("bf16-plain", torch.bfloat16, False, True,
+                             "bf16 weights, transformers' kernels (fused multi-row attention, GEMV for one row)"),
+}
+FORCED = {"fp32": "fp32", "float32": "fp32", "bf16": "bf16-routed", "bfloat16": "bf16-routed"}
+CHOICES = ("auto", "fp32", "bf16", "float32", "bfloat16")
+
+
+@dataclass
+class Choice:
+    """The path decoding uses, how it was decided, and the measurements behind it (ms; None where not timed)."""
+
+    path: str
+    source: str  # measured | cached | forced | gpu
+    k: int
+    cpu: str
+    torch: str
+    native_bf16: bool
+    candidates: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return PATHS[self.path].dtype
+
+    @property
+    def routed(self) -> bool:
+        return PATHS[self.path].routed
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def summary(self) -> str:
+        """One line: the path, why, and the timings that decided it."""
+        why = {"measured": "measured now", "cached": "measured at first load", "forced": "forced by --dtype",
+               "gpu": "GPU: fp32 (its fused bf16 kernels are not row-invariant)"}[self.source]
+        parts = []
+        for name, c in self.candidates.items():
+            if c.get("skipped"):
+                parts.append(f"{name} not tried ({c['skipped']})")
+            elif c.get("ms_1") is not None:
+                exact = "exact" if c.get("row_exact") else "NOT row-exact"
+                parts.append(f"{name} {c['ms_1']:.1f} ms/token, {c['ms_k1']:.1f} ms for {self.k + 1} tokens, {exact}")
+        detail = f": {'; '.join(parts)}" if parts else ""
+        return f"{self.path} ({why} on {self.cpu}, torch {self.torch}){detail}"
+
+
+def cache_dir() -> Path:
+    return workbench_home() / "kernels"
+
+
+def target_identity(name_or_path: str | None) -> dict[str, Any]:
+    """What names a target's weights here: its folder and the size and mtime of its config and weight files."""
+    ref = resolve_target(name_or_path)
+    folder = Path(ref.path)
+    files = sorted(p for p in folder.glob("*") if p.suffix in (".json", ".safetensors", ".bin")) if folder.is_dir() \
+        else []
+    return {"target": ref.name, "path": ref.path,
+            "files": [[p.name, p.stat().st_size, int(p.stat().st_mtime)] for p in files]}
+
+
+def cache_key(name_or_path: str | None, k: int) -> dict[str, Any]:
+    """Everything a decision depends on: format, CPU model and flags, torch version, target identity, k."""
+    flags = ",".join(sorted(cpu_flags()))
+    return {"format": CACHE_FORMAT, "cpu": cpu_model(), "cpu_flags": hashlib.sha256(flags.encode()).hexdigest()[:16],
+            "torch": torch.__version__, "threads": torch.get_num_threads(), "k": k, **target_identity(name_or_path)}
+
+
+def cache_path(key: dict[str, Any]) -> Path:
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
+    return cache_dir() / f"{digest}.json"
+
+
+def read_cached(name_or_path: str | None, k: int = DEFAULT_K) -> Choice | None:
+    """The cached decision for this target on this CPU and torch (None when there is none or it is unreadable)."""
+    key = cache_key(name_or_path, k)
+    try:
+        record = read_json(cache_path(key))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict) or record.get("key") != key or record.get("choice", {}).get("path") not in PATHS:
+        return None
+    choice = Choice(**record["choice"])
+    choice.source = "cached"
+    return choice
+
+
+# ---------------------------------------------------------------------------------------------------
+# Measuring one candidate
+# ---------------------------------------------------------------------------------------------------
+
+
+def _forward_ms(runner, prompt_len: int, new: list[int]) -> float:
+    runner.crop(prompt_len)
+    t = time.perf_counter()
+    runner.forward(new)
+    return 1e3 * (time.perf_counter() - t)
+
+
+def rows_equal_steps(runner, prompt_len: int, new: list[int]) -> bool:
+    """One forward over `new` gives the logits of len(new) one-token forwards, bit for bit."""
+    runner.crop(prompt_len)
+    block, _ = runner.forward(new)
+    runner.crop(prompt_len)
+    steps = torch.cat([runner.forward([t])[0] for t in new])
+    runner.crop(prompt_len)
+    return bool(torch.equal(block, steps))
+
+
+def _prompt(vocab: int) -> list[int]:
+    return [100 + (i * 37) % max(1, vocab - 100) for i in range(PROMPT_TOKENS)]
+
+
+def measure(name_or_path: str | None, k: int, paths: list[str], *, device: str | None = None,
+            repeats: int = REPEATS) -> dict[str, dict[str, Any]]:
+    """For each path: median ms of a 1-token and a (k + 1)-token forward, and whether several rows equal steps.
+
+    One path's model at a time (a large target is never held twice); each is warmed up before it is timed.
+    """
+    return {name: _measure_path(name_or_path, PATHS[name], k, device, repeats) for name in paths}
+
+
+def _measure_path(name_or_path: str | None, path: KernelPath, k: int, device: str | None,
+                  repeats: int) -> dict[str, Any]:
+    from engine.generate.runner import TargetRunner
+
+    target = load_target(name_or_path, dtype=path.dtype, device=device, with_tokenizer=False)
+    path.prepare(target.model)
+    runner = TargetRunner(target, route_kernels=path.routed)
+    vocab = target.vocab_size
+    prompt = _prompt(vocab)
+    runner.reset()
+    runner.forward(prompt, all_logits=False)
+
+    def new(n: int) -> list[int]:
+        return [(vocab // 2 + 7 * j) % vocab for j in range(n)]
+    plen, verify = len(prompt), new(k + 1)
+    exact = all(rows_equal_steps(runner, plen, new(n)) for n in sorted({k + 1, *EXACT_ROWS}))
+    one, several = [], []
+    for _ in range(repeats):
+        one.append(_forward_ms(runner, plen, new(1)))
+        several.append(_forward_ms(runner, plen, verify))
+    return {"row_exact": exact, "ms_1": statistics.median(one), "ms_k1": statistics.median(several),
+            "description": path.description}
+
+
+def pick(candidates: dict[str, dict[str, Any]]) -> str:
+    """The fastest row-exact candidate (one-token step + verification); fp32 when none is exact."""
+    exact = {n: c for n, c in candidates.items() if c.get("row_exact") and c.get("ms_1") is not None}
+    if not exact:
+        log.warning("no kernel path gave row-exact forwards on this CPU; decoding in fp32")
+        return "fp32"
+    return min(exact, key=lambda n: exact[n]["ms_1"] + exact[n]["ms_k1"])
+
+
+def candidate_paths(native: bool) -> tuple[list[str], dict[str, dict[str, Any]]]:
+    """Paths to measure here, and the skipped ones with why."""
+    tried, skipped = [], {}
+    for name, path in PATHS.items():
+        if path.native_bf16_only and not native:
+            skipped[name] = {"skipped": "no native bf16 (AVX-512 BF16 / AMX / Arm BF16): emulated, never chosen",
+                             "description": path.description}
+        else:
+            tried.append(name)
+    return tried, skipped
+
+
+# ---------------------------------------------------------------------------------------------------
+# The decision
+# ---------------------------------------------------------------------------------------------------
+
+
+def choose(name_or_path: str | None = None, choice: str | torch.dtype = "auto", *, device: str | None = None,
+           k: int = DEFAULT_K, refresh: bool = False) -> Choice:
+    """The kernel path for decoding this target here: forced by `choice`, else the cached or a new measurement."""
+    native = native_bf16()
+    base = {"k": k, "cpu": cpu_model(), "torch": torch.__version__, "native_bf16": native}
+    if isinstance(choice, torch.dtype):
+        choice = {torch.float32: "fp32", torch.bfloat16: "bf16"}.get(choice, str(choice))
+    if choice != "auto":
+        if choice not in FORCED:
+            raise WorkbenchError(f"unknown decode dtype '{choice}'", hint=f"use one of {', '.join(CHOICES)}")
+        return Choice(path=FORCED[choice], source="forced", **base)
+    if pick_device(device) != "cpu":
+        return Choice(path="fp32", source="gpu", **base)
+    if not refresh:
+        cached = read_cached(name_or_path, k)
+        if cached is not None:
+            return cached
+    tried, skipped = candidate_paths(native)
+    started = time.perf_counter()
+    measured = measure(name_or_path, k, tried, device="cpu")
+    result = Choice(path=pick(measured), source="measured", candidates={**measured, **skipped}, **base)
+    log.info("kernel choice in %.1f s: %s", time.perf_counter() - started, result.summary())
+    key = cache_key(name_or_path, k)
+    atomic_write_json(cache_path(key), {"key": key, "choice": result.to_dict(),
+                                        "measure_s": round(time.perf_counter() - started, 2)})
+    return result
+
+
+def load_decode_target(name_or_path: str | None = None, choice: str | torch.dtype = "auto", *,
+                       device: str | None = None, k: int = DEFAULT_K, with_tokenizer: bool = True) -> Target:
+    """Load a target for in-process decoding on the chosen path; `target.extra["kernel"]` records the choice."""
+    decided = choose(name_or_path, choice, device=device, k=k)
+    target = load_target(name_or_path, dtype=decided.dtype, device=device, with_tokenizer=with_tokenizer)
+    path = PATHS[decided.path]
+    if target.device.type == "cpu":
+        path.prepare(target.model)
+    target.extra.update(kernel=decided.to_dict(), kernel_summary=decided.summary(),
+                        route_kernels=path.routed and target.device.type == "cpu")
+    return target

@@ -1,0 +1,171 @@
+"""Native bf16 detection from CPU flags, and the kernel path chosen by measurement: the fastest row-exact one, cached
+per CPU, torch and target, re-measured when any of them changes, and greedy-exact on the built-in target."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine import cpu
+from engine.errors import WorkbenchError
+from engine.generate import kernel_choice as kc
+
+
+@pytest.mark.parametrize("machine,flags,native", [
+    ("x86_64", {"sse4_2", "avx", "avx2", "fma"}, False),                         # this AMD EPYC: AVX2 only
+    ("x86_64", {"avx2", "avx512f", "avx512bw", "avx512_vnni"}, False),           # AVX-512 without BF16: emulated
+    ("x86_64", {"avx2", "avx512f", "avx512_bf16"}, True),                        # Zen 4, Cooper Lake
+    ("x86_64", {"avx512f", "avx512_bf16", "amx_bf16", "amx_tile"}, True),        # Sapphire Rapids
+    ("x86_64", {"amx_tile", "amx_bf16"}, True),
+    ("aarch64", {"fp", "asimd", "sve"}, False),                                  # Neoverse N1 / Graviton2
+    ("aarch64", {"fp", "asimd", "bf16", "i8mm"}, True),                          # Armv8.6 BF16
+    ("aarch64", {"sve", "svebf16"}, True),
+    ("riscv64", {"bf16"}, False),
+])
+def test_native_bf16_is_read_from_the_cpu_flags(machine, flags, native):
+    assert cpu.native_bf16(frozenset(flags), machine) is native
+
+
+def test_cpuinfo_is_parsed_and_decode_dtype_ignores_onednn_emulation(tmp_path, monkeypatch):
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 9R14\n"
+                    "flags\t\t: fpu sse2 avx2 avx512f avx512bw\n\nprocessor\t: 1\nmodel name\t: AMD EPYC 9R14\n")
+    monkeypatch.setattr(cpu, "_CPUINFO", info)
+    monkeypatch.setattr(cpu.platform, "machine", lambda: "x86_64")
+    assert cpu.cpu_model() == "AMD EPYC 9R14"
+    assert cpu.cpu_flags() == {"fpu", "sse2", "avx2", "avx512f", "avx512bw"}
+    assert not cpu.native_bf16()
+    assert "AVX-512" in cpu.describe() and "bf16 emulated" in cpu.describe()
+    from engine.targets import decode_dtype
+
+    assert decode_dtype("auto", "cpu") == torch.float32  # whatever oneDNN says about emulating bf16 here
+    info.write_text("model name\t: Intel Xeon\nflags\t\t: avx512f avx512_bf16 amx_bf16\n")
+    assert decode_dtype("auto", "cpu") == torch.bfloat16
+    assert decode_dtype("fp32", "cpu") == torch.float32 and decode_dtype("bf16", "cpu") == torch.bfloat16
+
+
+def test_pick_takes_the_fastest_exact_candidate():
+    fast_broken = {"row_exact": False, "ms_1": 10.0, "ms_k1": 12.0}
+    slow_exact = {"row_exact": True, "ms_1": 40.0, "ms_k1": 50.0}
+    slower_exact = {"row_exact": True, "ms_1": 45.0, "ms_k1": 60.0}
+    assert kc.pick({"a": fast_broken, "b": slower_exact, "c": slow_exact}) == "c"
+    assert kc.pick({"a": fast_broken}) == "fp32"  # nothing exact: fp32, with a warning
+    assert kc.pick({"a": {**fast_broken, "row_exact": True}, "c": slow_exact}) == "a"
+
+
+def _rows_leak(model):
+    """Breaks row invariance: the final norm's output depends on how many rows the forward holds."""
+    norm = model.get_decoder().norm
+    norm.register_forward_hook(lambda mod, args, out: out + 1e-3 * out.shape[1])
+
+
+@pytest.fixture
+def cache_home(tmp_path, monkeypatch):
+    monkeypatch.setattr(kc, "cache_dir", lambda: tmp_path / "kernels")
+    return tmp_path / "kernels"
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """kc.measure as it is, counted; the 'sloppy' path reported 10x faster than measured (the simulated fast path)."""
+    calls = []
+    real = kc.measure
+
+    def measure(*args, **kwargs):
+        calls.append(args)
+        out = real(*args, **kwargs)
+        if "sloppy" in out:
+            out["sloppy"].update(ms_1=out["sloppy"]["ms_1"] / 10, ms_k1=out["sloppy"]["ms_k1"] / 10)
+        return out
+
+    monkeypatch.setattr(kc, "measure", measure)
+    return calls
+
+
+def test_a_fast_path_that_is_not_row_exact_loses_to_a_slower_exact_one(tiny_targets, cache_home, counted,
+                                                                      monkeypatch):
+    sloppy = kc.KernelPath("sloppy", torch.float32, False, False, "fp32 with a row-count dependent norm", _rows_leak)
+    monkeypatch.setitem(kc.PATHS, "sloppy", sloppy)
+    monkeypatch.setattr(kc, "native_bf16", lambda: False)
+    choice = kc.choose(str(tiny_targets["llama"]), device="cpu")
+    assert choice.source == "measured"
+    assert choice.candidates["sloppy"]["row_exact"] is False  # the check really ran and caught it
+    assert choice.candidates["sloppy"]["ms_1"] < choice.candidates["fp32"]["ms_1"]
+    # the fastest exact one wins (plain fp32 is not row-exact on every CPU: then its routed form)
+    assert choice.path != "sloppy"
+    exact = [n for n, c in choice.candidates.items() if c.get("row_exact")]
+    if exact:  # the fastest exact one wins
+        assert choice.path == min(exact, key=lambda n: choice.candidates[n]["ms_1"] + choice.candidates[n]["ms_k1"])
+    else:  # on the AMD EPYC with AVX2 only no fp32 form is row-exact either: fp32, never the fast inexact one
+        assert choice.path == "fp32"
+    assert "bf16-routed" in choice.candidates and choice.candidates["bf16-routed"]["skipped"]  # emulated: not tried
+    assert "NOT row-exact" in choice.summary() and "not tried" in choice.summary()
+
+
+def test_the_decision_is_cached_and_measured_again_when_torch_or_the_cpu_changes(tiny_targets, cache_home, counted,
+                                                                              monkeypatch):
+    monkeypatch.setattr(kc, "native_bf16", lambda: False)
+    name = str(tiny_targets["llama"])
+    first = kc.choose(name, device="cpu")
+    assert first.source == "measured" and len(counted) == 1 and len(list(cache_home.glob("*.json"))) == 1
+    again = kc.choose(name, device="cpu")
+    assert again.source == "cached" and again.path == first.path and len(counted) == 1
+    assert again.candidates == first.candidates
+    monkeypatch.setattr(kc.torch, "__version__", "99.0.0")
+    assert kc.choose(name, device="cpu").source == "measured" and len(counted) == 2
+    monkeypatch.setattr(kc, "cpu_model", lambda: "Some Other CPU")
+    assert kc.choose(name, device="cpu").source == "measured" and len(counted) == 3
+    assert kc.choose(name, device="cpu").source == "cached" and len(counted) == 3
+    assert kc.choose(str(tiny_targets["qwen3"]), device="cpu").source == "measured"  # another target
+    assert len(list(cache_home.glob("*.json"))) == 4
+
+
+def test_forced_choices_measure_nothing(tiny_targets, cache_home, counted):
+    name = str(tiny_targets["llama"])
+    for spelling, path in [("fp32", "fp32"), ("float32", "fp32"), ("bf16", "bf16-routed"),
+                           ("bfloat16", "bf16-routed"), (torch.bfloat16, "bf16-routed")]:
+        forced = kc.choose(name, spelling)
+        assert (forced.path, forced.source) == (path, "forced")
+    with pytest.raises(WorkbenchError, match="unknown decode dtype"):
+        kc.choose(name, "int8")
+    assert not counted and not cache_home.exists()
+    target = kc.load_decode_target(name, "fp32", device="cpu")
+    assert target.dtype == torch.float32 and target.extra["kernel"]["source"] == "forced"
+
+
+@pytest.fixture(scope="module")
+def builtin_chosen(tmp_path_factory):
+    """The built-in target on the path measured here (the cache kept out of the user's home)."""
+    mp = pytest.MonkeyPatch()
+    mp.setattr(kc, "cache_dir", lambda: tmp_path_factory.mktemp("kernels"))
+    yield kc.load_decode_target("smollm2-135m-instruct", device="cpu")
+    mp.undo()
+
+
+def test_the_chosen_path_on_the_builtin_target_is_greedy_exact(builtin_chosen):
+    from engine.data.datasets import heldout_prompts
+    from engine.generate.api import make_proposer, prompt_ids
+    from engine.generate.runner import TargetRunner
+    from engine.generate.sampling import SamplingParams
+    from engine.generate.speculative import generate_all
+
+    target = builtin_chosen
+    decided = target.extra["kernel"]
+    assert decided["source"] == "measured"
+    exact = [n for n, c in decided["candidates"].items() if c.get("row_exact")]
+    # the chosen path passed the bitwise row check, or none did (the AMD EPYC with AVX2 only: fp32, near-ties aside)
+    assert decided["path"] in exact if exact else decided["path"] == "fp32"
+    if not cpu.native_bf16():
+        assert kc.PATHS[decided["path"]].dtype == torch.float32  # emulated bf16 is never chosen
+    params = SamplingParams(max_new_tokens=24, eos_token_ids=[target.tokenizer.eos_token_id])
+    proposer = make_proposer("draft", target)
+    base_runner, spec_runner = TargetRunner(target), TargetRunner(target, proposer.aux_layer_ids)
+    assert spec_runner.routed == kc.PATHS[decided["path"]].routed
+    accepted = 0
+    for prompt in heldout_prompts("sharegpt", n=4, max_chars=600):
+        ids = prompt_ids(target.tokenizer, prompt)
+        base = generate_all(base_runner, ids, params)[0]
+        out, events = generate_all(spec_runner, ids, params, proposer, k=3)
+        assert out == base, f"{decided['path']}: speculative output differs from the baseline"
+        accepted += sum(e.accepted for e in events)
+    assert accepted > 0
