@@ -9,7 +9,7 @@ import shutil
 import pytest
 import torch
 
-from engine import evaluate as ev
+from engine.measure import evaluate as ev
 from engine.measure import answers
 
 
