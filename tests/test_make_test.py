@@ -1,4 +1,5 @@
-"""`make test` (what CI runs, `.ci/run`) runs the whole suite, as the README says: the `slow` tests too."""
+"""`make test` (what CI runs, `.ci/run`) runs what the README says: everything but the `slow` tests, which
+`make test-all` adds."""
 
 from __future__ import annotations
 
@@ -24,17 +25,24 @@ def _last_mark_expression(argv: list[str]) -> str | None:
     return found
 
 
-def test_make_test_selects_the_slow_tests_that_a_plain_pytest_leaves_out():
+def _make_expression(target: str, addopts: list[str]) -> str:
+    make = subprocess.run(["make", "-n", "-W", ".venv/.installed", "-W", ".venv/.test-installed", target],
+                          capture_output=True, text=True, cwd=ROOT, check=True)
+    line = next(x for x in make.stdout.splitlines() if " -m pytest" in x)
+    argv = shlex.split(line)
+    return _last_mark_expression(addopts + argv[argv.index("pytest") + 1:])  # the last -m wins
+
+
+def test_make_test_runs_all_but_slow_and_make_test_all_adds_them():
     addopts = shlex.split(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
                           ["addopts"])
     plain = _last_mark_expression(addopts)
     assert plain is not None and not _selects(plain, {"slow"})  # a plain `pytest` is the quick suite
-    make = subprocess.run(["make", "-n", "-W", ".venv/.installed", "-W", ".venv/.test-installed", "test"],
-                          capture_output=True, text=True, cwd=ROOT, check=True)
-    line = next(x for x in make.stdout.splitlines() if " -m pytest" in x)
-    argv = shlex.split(line)
-    expression = _last_mark_expression(addopts + argv[argv.index("pytest") + 1:])  # the last -m wins
-    for marks in ({"slow"}, set(), {"browser"}, {"vllm"}, {"speculators"}, {"slow", "vllm"}):
-        assert _selects(expression, marks), (expression, marks)
+    quick, everything = _make_expression("test", addopts), _make_expression("test-all", addopts)
+    for marks in (set(), {"browser"}, {"vllm"}, {"speculators"}):
+        assert _selects(quick, marks) and _selects(everything, marks), (quick, everything, marks)
+    for marks in ({"slow"}, {"slow", "vllm"}):
+        assert not _selects(quick, marks) and _selects(everything, marks), (quick, everything, marks)
     assert "make test" in (ROOT / ".ci" / "run").read_text()
-    assert "runs the whole test suite" in (ROOT / "README.md").read_text()
+    readme = (ROOT / "README.md").read_text()
+    assert "runs every test except the" in readme and "`make test-all` runs" in readme

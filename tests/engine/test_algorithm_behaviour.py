@@ -51,7 +51,10 @@ def algo(request):
     try:
         yield ALGOS.get(request.param)
     finally:
+        from engine.format.config import CONFIG_TYPES
+
         ALGOS.unregister(request.param)
+        CONFIG_TYPES.unregister(request.param)  # its own speculators type goes with it
         for name in [m for m in sys.modules if m.startswith(f"workbench_plugin_{TOY_ALGO.name}")]:
             sys.modules.pop(name)
 
