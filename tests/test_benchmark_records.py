@@ -161,3 +161,13 @@ def test_eagle3_acceptance_per_k_and_against_data_are_its_evaluation_records():
     assert data["EAGLE-3 (its card)"][column] == f"{bf16['by_k']['3']['mean_acceptance_length']:.3f}"
     assert data["EAGLE-3 (its card)"]["target dtype"] == "bf16"
     assert all(r["target dtype"] in ("fp32", "bf16") for r in data.values())  # every figure says its dtype
+
+
+def test_answer_store_table_is_its_record():
+    """The re-evaluation figures (seconds, ratio, equality) are the record's, as displayed."""
+    record = json.loads((RESULTS / "answer_store" / "amd-epyc-avx2.json").read_text())
+    text = _section(DOC.read_text(), "Re-evaluation through the answer store")
+    assert f"| first (the target answers {record['prompts']} prompts) | {record['first_s']:.1f} |" in text
+    assert f"| second (answers read from the store) | {record['second_s']:.1f} |" in text
+    assert f"Re-evaluation {record['speedup']:.1f}× faster" in text and record["figures_equal"]
+    assert record["cpu"] in text and record["target_dtype"] in text and "bench_answer_store.py" in record["command"]

@@ -129,7 +129,8 @@ def samples_from_prompts(target, prompts: Sequence[Any], aux_layer_ids: Sequence
     return out
 
 
-def _answers(tgt, prompts, aux_ids, max_new_tokens: int, with_logits: bool, progress: bool) -> list[HeldOutSample]:
+def held_out_answers(tgt, prompts, aux_ids, max_new_tokens: int, with_logits: bool = False,
+                     progress: bool = False) -> list[HeldOutSample]:
     """samples_from_prompts, read from engine.measure.answers when this target already answered these prompts."""
     from engine.measure import answers
 
@@ -195,7 +196,7 @@ def evaluate_draft(*, draft: str | None = None, target: str | None = None, data:
         from engine.data.prompts import load_prompts
 
         prompts = load_prompts(dataset or "sharegpt", num_prompts, seed, max_prompt_chars)
-        samples = _answers(tgt, prompts, aux_ids, max_new_tokens or 128, temperature > 0, progress)
+        samples = held_out_answers(tgt, prompts, aux_ids, max_new_tokens or 128, temperature > 0, progress)
         source = {"dataset": dataset, "held_out_prompts": len(prompts)}
     result = evaluate_samples(algorithm, model, samples, ks, max_new_tokens=max_new_tokens, keep_walks=keep_walks,
                               temperature=temperature, progress=progress)

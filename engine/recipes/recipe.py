@@ -138,14 +138,14 @@ def run_recipe(name_or_path: str, *, only: list[str] | None = None, force: bool 
 
 def acceptance_curve(recipe: dict[str, Any], *, force: bool = False) -> list[dict[str, Any]]:
     """Decoding-exact mean acceptance length (engine.generate.acceptance's walk) of every kept checkpoint vs the
-    training tokens it had seen: the target answers the held-out prompts once, then each checkpoint costs one
-    draft pass.
+    training tokens it had seen: the target answers the held-out prompts once (engine.measure.answers keeps them for
+    the next curve or evaluation), then each checkpoint costs one draft pass.
     (The recipe's `bench` step decodes for real with the final draft: the cross-check.)"""
     from engine.data.prompts import load_prompts
     from engine.generate.api import draft_algorithm
-    from engine.jobs import read_jsonl
     from engine.generate.kernel_choice import load_decode_target
-    from engine.measure.evaluate import evaluate_samples, samples_from_prompts
+    from engine.jobs import read_jsonl
+    from engine.measure.evaluate import evaluate_samples, held_out_answers
 
     work = Path(recipe["work"])
     opts = recipe["curve"]
@@ -166,7 +166,7 @@ def acceptance_curve(recipe: dict[str, Any], *, force: bool = False) -> list[dic
         max_new, k = opts.get("max_new_tokens", 64), opts.get("k", 3)
         algorithm = draft_algorithm(checkpoints[todo[0]])
         first = algorithm.load(checkpoints[todo[0]], target)
-        samples = samples_from_prompts(target, prompts, algorithm.aux_layer_ids(first), max_new_tokens=max_new)
+        samples = held_out_answers(target, prompts, algorithm.aux_layer_ids(first), max_new)  # kept answers
     for step in todo:
         ckpt = checkpoints[step]
         result = evaluate_samples(algorithm, algorithm.load(ckpt, target), samples, [k], max_new_tokens=max_new)
@@ -193,8 +193,8 @@ def k_sweep(recipe: dict[str, Any], *, draft: Path | None = None, out_file: Path
     """Acceptance length and wall-clock speedup of the trained draft (or `draft`) for each k, baseline
     interleaved per k."""
     from engine.data.prompts import load_prompts
-    from engine.generate.sampling import SamplingParams
     from engine.generate.kernel_choice import load_decode_target
+    from engine.generate.sampling import SamplingParams
     from engine.measure.bench import run_bench
 
     work = Path(recipe["work"])

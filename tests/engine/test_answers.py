@@ -73,6 +73,25 @@ def test_a_second_evaluation_reads_the_answers_and_a_changed_target_or_dtype_doe
     assert len(list((home / "answers").glob("*.safetensors"))) == 3
 
 
+def test_the_recipe_curve_reads_the_answers_evaluate_kept(home, decodes, target_and_draft):
+    """The curve's entry point (held_out_answers, as engine.recipes.recipe.acceptance_curve calls it) decodes
+    nothing for prompts an evaluation already answered, and returns the same samples."""
+    from engine.data.prompts import load_prompts
+    from engine.generate.api import draft_algorithm
+    from engine.generate.kernel_choice import load_decode_target
+
+    folder, draft = target_and_draft
+    _evaluate(folder, draft)
+    target = load_decode_target(str(folder), "fp32")
+    algorithm = draft_algorithm(draft)
+    ids = algorithm.aux_layer_ids(algorithm.load(draft, target))  # the layers evaluate read
+    kept = ev.held_out_answers(target, load_prompts("sharegpt", 3), ids, 12)
+    assert len(decodes) == 1
+    fresh = ev.samples_from_prompts(target, load_prompts("sharegpt", 3), ids, max_new_tokens=12)
+    assert [s.token_ids.tolist() for s in kept] == [s.token_ids.tolist() for s in fresh]
+    assert all(torch.equal(a.aux, b.aux) for a, b in zip(kept, fresh))
+
+
 def _rows(n: int, width: int = 8) -> list[dict]:
     return [{"token_ids": torch.arange(10 + i), "aux": torch.randn(10 + i, width), "prompt_len": 4, "end": 9 + i,
              "id": str(i)} for i in range(n)]
