@@ -15,6 +15,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -142,10 +143,27 @@ def save(key: dict[str, Any], rows: Sequence[dict[str, Any]]) -> Path | None:
     return path
 
 
+ENTRY_NAME = re.compile(r"[0-9a-f]{24}\.safetensors")  # what entry_path names a file
+
+
+def is_entry(path: Path) -> bool:
+    """A file this store wrote: an entry's name and an entry's metadata (its key and row index)."""
+    from safetensors import safe_open
+
+    if not ENTRY_NAME.fullmatch(path.name):
+        return False
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+    except Exception:  # noqa: BLE001 - not a safetensors file: not ours either
+        return False
+    return "key" in meta and "rows" in meta
+
+
 def prune(limit: int, keep: Path | None = None) -> None:
     """Remove the least recently used entries (never `keep`) until the store holds at most `limit` bytes (call under
-    the lock)."""
-    entries = sorted(store_dir().glob("*.safetensors"), key=lambda p: p.stat().st_mtime_ns)
+    the lock). Only files the store wrote are counted or removed."""
+    entries = sorted((p for p in store_dir().glob("*.safetensors") if is_entry(p)), key=lambda p: p.stat().st_mtime_ns)
     total = sum(p.stat().st_size for p in entries)
     for p in entries:
         if total <= limit:

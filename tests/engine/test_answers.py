@@ -123,3 +123,21 @@ def test_entries_round_trip_are_bounded_and_unreadable_ones_are_ignored(home, mo
     assert answers.entry_path({**key, "case": 5}).name in kept and answers.entry_path(key).name not in kept
     monkeypatch.setenv("WORKBENCH_ANSWERS_MAX_MB", "0.0001")
     assert answers.save({**key, "case": 6}, _rows(2, width=4096)) is None  # larger than the whole bound: not kept
+
+
+def test_pruning_never_touches_a_file_the_store_did_not_write(home, monkeypatch):
+    """A user's own files in the store's folder (any name, safetensors or not) survive a prune to zero bytes."""
+    from safetensors.torch import save_file
+
+    folder = home / "answers"
+    folder.mkdir(parents=True)
+    theirs = {folder / "notes.safetensors": None, folder / ("ab" * 12 + ".safetensors"): None, folder / "x.txt": None}
+    save_file({"w": torch.ones(4)}, str(folder / "notes.safetensors"))
+    save_file({"w": torch.ones(4)}, str(folder / ("ab" * 12 + ".safetensors")))  # an entry's name, not our metadata
+    (folder / "x.txt").write_text("mine")
+    for path in theirs:
+        theirs[path] = path.read_bytes()
+    ours = answers.save({"format": answers.STORE_FORMAT, "case": "user"}, _rows(2))
+    answers.prune(0)
+    assert not ours.exists()  # the store's own entry goes
+    assert {p: p.read_bytes() for p in theirs} == theirs  # the user's files are untouched
