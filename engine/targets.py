@@ -251,7 +251,17 @@ class Target:
         return self.decoder().norm
 
     def embed_tokens(self) -> nn.Module:
-        return self.model.get_input_embeddings()
+        """The token embedding as vLLM shares it with a draft: the plain lookup. A family's embedding scale (Gemma's
+        sqrt(H) normalizer) is part of the target's own forward in vLLM; transformers folds it into the embedding
+        module, so such a module is replaced by a plain lookup over the same weight (what training reads too)."""
+        emb = self.model.get_input_embeddings()
+        if type(emb) is nn.Embedding:
+            return emb
+        plain = self.extra.get("plain_embedding")
+        if plain is None or plain.weight.data_ptr() != emb.weight.data_ptr() or plain.weight.dtype != emb.weight.dtype:
+            plain = nn.Embedding.from_pretrained(emb.weight.detach(), freeze=True)
+            self.extra["plain_embedding"] = plain
+        return plain
 
     def lm_head(self) -> nn.Module:
         return self.model.get_output_embeddings()
@@ -418,6 +428,11 @@ def capture_hidden_states(
 # ---------------------------------------------------------------------------------------------------
 
 
+# model types whose RMSNorm scales by (1 + w), as speculators' verifier_norm picks Gemma3RMSNorm for them
+ONE_PLUS_W_NORM_TYPES = frozenset({"gemma", "gemma2", "gemma3", "gemma3_text", "qwen3_5", "qwen3_5_text",
+                                   "recurrent_gemma"})
+
+
 @dataclass
 class VerifierParts:
     """Embedding, lm_head and final norm of a target, read straight from its safetensors files.
@@ -450,8 +465,11 @@ class VerifierParts:
         return head
 
     def final_norm_fn(self):
-        """RMSNorm with the verifier's weight (fp32 compute), as a function [.., H] -> [.., H]."""
+        """RMSNorm with the verifier's weight (fp32 compute), as a function [.., H] -> [.., H]. Families whose norm
+        scales by (1 + w) (Gemma; speculators' `verifier_norm` rule) get that convention."""
         w, eps = self.norm_weight, self.norm_eps
+        if getattr(self.text_config, "model_type", None) in ONE_PLUS_W_NORM_TYPES:
+            w = 1.0 + w.float()
 
         def norm(x: torch.Tensor) -> torch.Tensor:
             dtype = x.dtype
@@ -523,3 +541,129 @@ def cpu_name() -> str:
     from engine.cpu import cpu_model
 
     return cpu_model()
+
+
+# ---------------------------------------------------------------------------------------------------
+# The target follows the work: data and drafts record the target they were made for
+# ---------------------------------------------------------------------------------------------------
+
+_FINGERPRINT_BYTES = 1 << 20  # read from each end of every weight file
+
+
+@dataclass(frozen=True)
+class TargetIdentity:
+    """What tells one target from another without loading it: the shape numbers a wrong target differs in, and
+    (when known) a fingerprint of its weight files."""
+
+    name: str
+    num_layers: int | None = None
+    hidden_size: int | None = None
+    vocab_size: int | None = None
+    weights: str | None = None  # weights_fingerprint, where recorded
+
+    def differences(self, other: "TargetIdentity") -> list[str]:
+        """'width 64 vs 576'-style lines for every recorded quantity the two disagree on."""
+        out = []
+        for label, a, b in (("layers", self.num_layers, other.num_layers), ("width", self.hidden_size, other.hidden_size),
+                            ("vocabulary", self.vocab_size, other.vocab_size), ("weights", self.weights, other.weights)):
+            if a is not None and b is not None and a != b:
+                out.append(f"{label} {a} vs {b}" if label != "weights" else "weights differ (fingerprints of the files)")
+        return out
+
+
+def weights_fingerprint(folder: str | os.PathLike) -> str | None:
+    """A cheap fingerprint of a model folder's weights: sha256 over every safetensors file's name, size, header and
+    first and last MiB (two fine-tunes of one base differ there). None when the folder has no safetensors files."""
+    import hashlib
+
+    files = sorted(Path(folder).glob("*.safetensors"))
+    if not files:
+        return None
+    h = hashlib.sha256()
+    for f in files:
+        size = f.stat().st_size
+        h.update(f"{f.name}:{size}".encode())
+        with open(f, "rb") as fh:
+            h.update(fh.read(_FINGERPRINT_BYTES))
+            if size > 2 * _FINGERPRINT_BYTES:
+                fh.seek(size - _FINGERPRINT_BYTES)
+                h.update(fh.read(_FINGERPRINT_BYTES))
+    return "sha256:" + h.hexdigest()[:32]
+
+
+def resolves_locally(name: str | None) -> bool:
+    """True when a recorded target name can be loaded here, offline (built-in, local folder or HF-cached hub id)."""
+    return bool(name) and target_problem(str(name)) is None
+
+
+def target_identity(name_or_path: str | os.PathLike, *, fingerprint: bool = False) -> TargetIdentity:
+    """The identity of a target read from its config (and weight files with `fingerprint`), nothing loaded."""
+    from transformers import AutoConfig
+
+    ref = resolve_target(name_or_path)
+    path = Path(ref.path) if Path(ref.path).is_dir() else cached_snapshot(ref.path)
+    try:
+        config = AutoConfig.from_pretrained(str(path or ref.path))
+    except Exception as exc:  # noqa: BLE001 - any unreadable config is the same problem for the user
+        raise WorkbenchError(f"cannot read the config of target '{ref.name}': {exc}",
+                             hint="give a built-in name, a local model folder or a hub id in the HF cache") from exc
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return TargetIdentity(ref.hub_id or ref.path, int(text.num_hidden_layers), int(text.hidden_size),
+                          int(text.vocab_size), weights_fingerprint(path) if fingerprint and path else None)
+
+
+def _refuse(explicit: str, recorded: str, what: str, where: str, differences: list[str]) -> WorkbenchError:
+    return WorkbenchError(
+        f"--target {explicit} is not the target {what} was made for ({recorded}): " + "; ".join(differences),
+        where=where or None, hint=f"drop --target to use {recorded}, or use data/a draft made for {explicit}")
+
+
+def target_for_data(manifest: dict, explicit: str | None, *, where: str = "") -> str:
+    """The target to train on extracted data: the one its manifest records (its folder, else its name), or an
+    explicit one that agrees with it (layers, width, vocabulary, and weights where the manifest has a fingerprint)."""
+    recorded_name = manifest.get("target")
+    recorded_path = manifest.get("target_path")
+    recorded = TargetIdentity(str(recorded_name or recorded_path), manifest.get("num_layers"),
+                              manifest.get("hidden_size"), manifest.get("vocab_size"),
+                              manifest.get("target_weights"))
+    if explicit is None:
+        for candidate in (recorded_path, recorded_name):
+            if candidate and resolves_locally(candidate):
+                return str(candidate)
+        raise WorkbenchError(f"the data was extracted from target '{recorded.name}', which is not available here",
+                             where=where, hint="pass --target with that model (a local folder or a cached hub id)")
+    found = target_identity(explicit, fingerprint=recorded.weights is not None)
+    differences = recorded.differences(found)
+    if differences:
+        raise _refuse(str(explicit), recorded.name, "the data", where, differences)
+    return str(explicit)
+
+
+def draft_verifier(draft: str | os.PathLike) -> str | None:
+    """The verifier a draft folder's config names (speculators_config.verifier.name_or_path), if any."""
+    config = Path(draft) / "config.json"
+    try:
+        info = (read_json(config).get("speculators_config") or {}).get("verifier") or {}
+    except (OSError, ValueError):
+        return None
+    name = info.get("name_or_path")
+    return str(name) if name else None
+
+
+def target_for_draft(draft: str | os.PathLike | None, explicit: str | None) -> str | None:
+    """The target to decode a draft with: its verifier when that resolves here, or an explicit one that agrees with
+    that verifier (layers, width, vocabulary). None when neither says (the caller's default applies)."""
+    verifier = draft_verifier(draft) if draft else None
+    if verifier is None or not resolves_locally(verifier):
+        return explicit
+    if explicit is None:
+        return verifier
+    if builtin_for(explicit) is not None and builtin_for(explicit) == builtin_for(verifier):
+        return explicit
+    if Path(str(explicit)).expanduser().is_dir() and Path(verifier).expanduser().is_dir() and \
+            Path(str(explicit)).expanduser().resolve() == Path(verifier).expanduser().resolve():
+        return explicit
+    differences = target_identity(verifier).differences(target_identity(explicit))
+    if differences:
+        raise _refuse(str(explicit), verifier, "the draft", str(draft), differences)
+    return explicit

@@ -1,4 +1,4 @@
-"""Tiny random targets (Llama, Qwen3, Qwen3-MoE) with a small ChatML tokenizer, for the tests."""
+"""Tiny random targets of every family transformers builds offline, with a small ChatML tokenizer, for the tests."""
 
 from __future__ import annotations
 
@@ -24,6 +24,22 @@ _CORPUS = [
     "user assistant system: answer the question with a short and helpful reply.",
 ]
 ARCHS = ("llama", "qwen3", "qwen3_moe")
+# model_type -> config fields beyond the common ones; every family a tiny random target is built of (tests/engine/
+# test_families.py runs each through extract -> train -> validate -> evaluate -> lossless generation)
+FAMILIES: dict[str, dict] = {
+    "llama": {},
+    "qwen2": {},
+    "qwen3": {},
+    "qwen3_moe": dict(num_experts=4, num_experts_per_tok=2, decoder_sparse_step=1),
+    "mistral": dict(sliding_window=8),
+    "gemma2": dict(sliding_window=8, final_logit_softcapping=30.0, attn_logit_softcapping=50.0,
+                   hidden_activation="gelu_pytorch_tanh"),
+    "gemma3_text": dict(sliding_window=8, sliding_window_pattern=2, hidden_activation="gelu_pytorch_tanh"),
+    "phi3": {},
+    "olmo2": {},
+    "granite": dict(embedding_multiplier=4.0, logits_scaling=2.0, residual_multiplier=0.5, attention_multiplier=0.25),
+    "gpt_oss": dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=8),
+}
 
 
 def tiny_tokenizer(vocab_size: int = 384):
@@ -53,8 +69,8 @@ def tiny_tokenizer(vocab_size: int = 384):
 
 
 def tiny_config(arch: str = "llama", *, num_layers: int = 4, hidden_size: int = 64, vocab_size: int = 384):
-    """A transformers config for a tiny target of family `arch` ("llama", "qwen3" or "qwen3_moe")."""
-    from transformers import LlamaConfig, Qwen3Config, Qwen3MoeConfig
+    """A transformers config for a tiny target of family `arch` (a model_type in FAMILIES)."""
+    from transformers import AutoConfig, LlamaConfig, Qwen3Config, Qwen3MoeConfig
 
     common = dict(
         vocab_size=vocab_size,
@@ -84,7 +100,20 @@ def tiny_config(arch: str = "llama", *, num_layers: int = 4, hidden_size: int = 
             decoder_sparse_step=1,
             architectures=["Qwen3MoeForCausalLM"],
         )
-    raise ValueError(f"unknown tiny arch '{arch}', choose one of {ARCHS}")
+    if arch in FAMILIES:
+        extra = dict(FAMILIES[arch])
+        if arch == "gemma3_text":
+            extra["layer_types"] = ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(num_layers)]
+            extra.pop("sliding_window_pattern")
+        if arch == "gpt_oss":
+            extra["layer_types"] = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(num_layers)]
+        config = AutoConfig.for_model(arch, **common, **extra)
+        config.architectures = [_ARCHITECTURES.get(arch, type(config).__name__.replace("Config", "ForCausalLM"))]
+        return config
+    raise ValueError(f"unknown tiny arch '{arch}', choose one of {sorted(FAMILIES)}")
+
+
+_ARCHITECTURES = {"gemma3_text": "Gemma3ForCausalLM", "gpt_oss": "GptOssForCausalLM", "olmo2": "Olmo2ForCausalLM"}
 
 
 def tiny_model(arch: str = "llama", *, seed: int = 0, **config_kw):

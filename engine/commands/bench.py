@@ -8,7 +8,9 @@ from engine.targets import DECODE_DTYPE_HELP, DECODE_DTYPES
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--target", default="smollm2-135m-instruct", help="target: built-in name, folder or hub id")
+    p.add_argument("--target", default=None,
+                   help="target: built-in name, folder or hub id (default: the draft's verifier when it is available "
+                        "here, else the built-in); one of another shape than the draft's verifier is refused")
     p.add_argument("--draft", default=None, help="draft folder (default: the shipped draft of a built-in target)")
     p.add_argument("--prompts", default="sharegpt",
                    help="JSONL file ({'prompt': str} or {'messages': [...]} per line) or a built-in dataset name "

@@ -19,7 +19,9 @@ def _ks(text: str) -> list[int]:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft", default=None, help="draft folder (default: the shipped draft of a built-in target)")
-    p.add_argument("--target", default=None, help="target: built-in name, folder or hub id (default: built-in)")
+    p.add_argument("--target", default=None,
+                   help="target: built-in name, folder or hub id (default: the draft's verifier when it is available "
+                        "here, else the built-in); one of another shape than the draft's verifier is refused")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--data", default=None,
                      help="extracted hidden states of held-out target outputs (`extract` of a regenerated val split); "

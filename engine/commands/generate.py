@@ -11,7 +11,9 @@ from engine.targets import DECODE_DTYPE_HELP, DECODE_DTYPES
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("prompt", help="the prompt (chat-templated as one user turn)")
-    p.add_argument("--target", default="smollm2-135m-instruct")
+    p.add_argument("--target", default=None,
+                   help="target: built-in name, folder or hub id (default: the draft's verifier when it is available "
+                        "here, else the built-in); one of another shape than the draft's verifier is refused")
     p.add_argument("--method", default="draft", choices=["baseline", "draft", "ngram"])
     p.add_argument("--draft", default=None, help="draft folder (default: the shipped draft of a built-in target)")
     p.add_argument("--k", type=int, default=3)
@@ -34,7 +36,10 @@ def run(args: argparse.Namespace) -> int:
 
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                             top_k=args.top_k, seed=args.seed)  # checked before the target is loaded
-    target = load_decode_target(args.target, args.dtype)
+    from engine.targets import DEFAULT_TARGET, target_for_draft
+
+    draft = args.draft if args.method != "baseline" and args.method != "ngram" else None
+    target = load_decode_target(target_for_draft(draft, args.target) or DEFAULT_TARGET, args.dtype)
     tok = target.tokenizer
     params.eos_token_ids = [tok.eos_token_id]
     proposer = make_proposer(args.method, target, draft=args.draft)

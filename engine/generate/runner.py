@@ -56,6 +56,9 @@ class TargetRunner:
         from transformers import DynamicCache
 
         self.cache = DynamicCache(config=self.model.config)
+        # sliding-window layers (Mistral, Gemma, gpt-oss) keep the states past their window until the next crop, so
+        # rejected drafts can be rolled back once the context is longer than the window
+        self.cache.activate_past_recording()
 
     @property
     def length(self) -> int:
@@ -91,5 +94,4 @@ class TargetRunner:
     def crop(self, length: int) -> None:
         """Forget cached positions >= length (rejected draft tokens)."""
         drop = self.length - length
-        if drop > 0:
-            self.cache.crop(-drop)
+        self.cache.crop(-drop if drop > 0 else 0)  # crop(0) trims sliding-window layers back to their window

@@ -224,8 +224,10 @@ def benchmark(*, target: str | None = None, draft: str | None = None, prompts: s
     from engine.generate.sampling import SamplingParams
     from engine.jobs import reporter
     from engine.generate.kernel_choice import load_decode_target
-    from engine.targets import vllm_dtype
+    from engine.targets import target_for_draft, vllm_dtype
 
+    if draft is not None and "draft" in methods:
+        target = target_for_draft(draft, target)  # the draft's verifier, or a target of its shape
     if threads:
         torch.set_num_threads(threads)
     if isinstance(methods, str):

@@ -172,11 +172,12 @@ def evaluate_draft(*, draft: str | None = None, target: str | None = None, data:
     held-out prompts of `dataset` (the target answers each once); optionally with the speedup forecast."""
     from engine.generate.api import default_draft, draft_algorithm
     from engine.generate.kernel_choice import load_decode_target
-    from engine.targets import dtype_name
+    from engine.targets import dtype_name, target_for_draft
 
     draft_path = draft or default_draft(target)
     if draft_path is None:
         raise WorkbenchError("no draft given and no shipped draft for this target", hint="pass --draft DIR")
+    target = target_for_draft(draft_path, target)  # the draft's verifier, or a target of its shape
     algorithm = draft_algorithm(draft_path)
     tgt = load_decode_target(target, dtype)  # the dtype decoding runs in: its answers and step costs
     model = algorithm.load(draft_path, tgt)

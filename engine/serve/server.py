@@ -112,6 +112,10 @@ def plan_server(draft: str | os.PathLike | None = None, *, target: str | os.Path
         target_path, env = _auto_target(verifier, hub_cache)
         return ServePlan(model=str(draft_dir), target=target_path, form="auto", draft=str(draft_dir),
                          speculative_config=overrides or None, env=env, served_model_name=None, validation=report)
+    if target is not None and not same_target:
+        from engine.targets import target_for_draft
+
+        target_for_draft(draft_dir, str(target))  # refuses a target of another shape than the draft's verifier
     ref = resolve_target(target if target is not None else verifier)
     spec = {"method": derived["method"], "model": str(draft_dir),
             "num_speculative_tokens": int(k if k is not None else derived["num_speculative_tokens"])}

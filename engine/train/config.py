@@ -25,7 +25,9 @@ class TrainConfig(BaseModel):
     algo: str = Field(default_factory=default_algo, description="Draft algorithm to train (a registered algorithm).")
     algo_args: SerializeAsAny[AlgoArgs] = Field(
         default_factory=AlgoArgs, description="The algorithm's own arguments (see its section of `--help`).")
-    target: str = Field("smollm2-135m-instruct", description="Target (verifier): built-in name, local folder or hub id.")
+    target: str | None = Field(
+        None, description="Target (verifier): built-in name, local folder or hub id (default: the target the data "
+                          "was extracted from, as its manifest records; online: the built-in).")
     data: str | None = Field(None, description="Folder of extracted hidden states (offline training).")
     online_dataset: str | None = Field(
         None, description="Dataset to run the target on inside the loop instead of extracted files (online training).")

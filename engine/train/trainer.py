@@ -70,9 +70,9 @@ class OnlineData:
     def __init__(self, cfg: TrainConfig, layer_ids: list[int], device: str):
         from engine.data.datasets import load_conversations
         from engine.data.online import OnlineHiddenStates
-        from engine.targets import load_target
+        from engine.targets import DEFAULT_TARGET, load_target
 
-        self.target = load_target(cfg.target, device=device)
+        self.target = load_target(cfg.target or DEFAULT_TARGET, device=device)
         rows, _summary = load_conversations(cfg.online_dataset, split="train", max_samples=cfg.online_max_samples)
         self.source = OnlineHiddenStates(self.target, rows, layer_ids, max_length=cfg.max_length)
         self.layer_ids = list(layer_ids)
@@ -143,7 +143,7 @@ class Trainer:
         self.autocast = (cfg.precision == "bf16") or (cfg.precision == "auto" and self.device.startswith("cuda"))
         torch.manual_seed(cfg.seed)
         self.algo = cfg.algorithm
-        self.verifier = load_verifier_parts(cfg.target)
+        self.verifier = load_verifier_parts(self._target_name())
         self.data = self._open_data()
         self.layout = layout_for(self.data.layer_ids, self.data.num_layers, cfg.aux_layer_ids,
                                  needs_last=self.algo.needs_last_layer)
@@ -164,6 +164,18 @@ class Trainer:
         self.epoch = 0
         self.cursor = 0  # micro-batches of this epoch already consumed (per rank)
         self.total_steps = self._total_steps()
+
+    def _target_name(self) -> str:
+        """The target to train for: offline, the one the data's manifest records (an explicit `target` must agree
+        with it); online, `target` or the built-in."""
+        from engine.targets import DEFAULT_TARGET, target_for_data
+
+        if not self.cfg.data:
+            return self.cfg.target or DEFAULT_TARGET
+        manifest_file = Path(self.cfg.data) / "manifest.json"
+        if not manifest_file.is_file():
+            return self.cfg.target or DEFAULT_TARGET  # OfflineData says what is wrong with the folder
+        return target_for_data(read_json(manifest_file), self.cfg.target, where=self.cfg.data)
 
     def _open_data(self):
         if self.cfg.data:
