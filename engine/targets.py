@@ -639,6 +639,16 @@ def target_for_data(manifest: dict, explicit: str | None, *, where: str = "") ->
     return str(explicit)
 
 
+def same_target(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+    """True when two names mean the same target: equal, one built-in (by name or hub id), or one folder."""
+    if str(a) == str(b):
+        return True
+    if builtin_for(str(a)) is not None:
+        return builtin_for(str(a)) == builtin_for(str(b))
+    pa, pb = Path(str(a)).expanduser(), Path(str(b)).expanduser()
+    return pa.is_dir() and pb.is_dir() and pa.resolve() == pb.resolve()
+
+
 def draft_verifier(draft: str | os.PathLike) -> str | None:
     """The verifier a draft folder's config names (speculators_config.verifier.name_or_path), if any."""
     config = Path(draft) / "config.json"
@@ -658,10 +668,7 @@ def target_for_draft(draft: str | os.PathLike | None, explicit: str | None) -> s
         return explicit
     if explicit is None:
         return verifier
-    if builtin_for(explicit) is not None and builtin_for(explicit) == builtin_for(verifier):
-        return explicit
-    if Path(str(explicit)).expanduser().is_dir() and Path(verifier).expanduser().is_dir() and \
-            Path(str(explicit)).expanduser().resolve() == Path(verifier).expanduser().resolve():
+    if same_target(explicit, verifier):
         return explicit
     differences = target_identity(verifier).differences(target_identity(explicit))
     if differences:

@@ -19,6 +19,9 @@ ss = st.session_state
 ss.setdefault("chat_history", [])
 target_name = state.active_target()
 draft = state.active_draft()
+if (draft_problem := state.draft_target_problem(draft)) is not None:
+    st.error(f"**The active draft cannot run with this target:** {draft_problem}", icon=":material/link_off:")
+    draft = None  # n-gram only, until a draft of this target is chosen on the Models page
 EXAMPLES = ["Repeat this sentence three times: The cat sat on the mat.",
             "Write a Python function that adds two numbers.",
             "What is speculative decoding? Answer in two sentences."]

@@ -122,6 +122,8 @@ with right:
     else:
         draft_candidate = state.NONE
     draft_active = draft_candidate == choice
+    if (note := state.follow_note(draft_candidate)) is not None and not draft_active:
+        st.caption(note)
     if st.button("Active draft" if draft_active else "Use this draft", key="models_use_draft", type="primary",
                  disabled=draft_candidate is None or draft_active, icon=":material/check:"):
         state.set_draft(draft_candidate)

@@ -50,6 +50,9 @@ def _form_config():
             del errors[""]
     for name, messages in arg_errors.items():
         errors.setdefault(name, []).extend(messages)
+    target_problem = training.data_target_problem(cfg.data, cfg.target) if cfg is not None else None
+    if target_problem:  # training would refuse it: say so at the field, before launching
+        errors.setdefault("target", []).append(target_problem)
     return (cfg if not errors else None), errors
 
 
@@ -98,6 +101,10 @@ with tab_new:
     st.selectbox("Algorithm", algo_names, key=ALGO_KEY, format_func=training.algorithm_title,
                  help=TrainConfig.model_fields["algo"].description)
     _init_algo_args(_algo())
+    followed = training.data_target(ss.get(P + "data"))
+    if followed and ss.get("train_data_followed") != ss.get(P + "data"):  # new data: its target follows it
+        ss["train_data_followed"] = ss.get(P + "data")
+        forms.init_values(P, TrainConfig, {"target": followed}, force=True)
     cfg, errors = _form_config()
     forms.model_form(P, TrainConfig, training.GROUPS, errors=errors, expanded=["What to train"],
                      exclude=training.COMMON_SKIP, human=True)

@@ -47,7 +47,41 @@ def set_target(name: str) -> None:
 
 
 def set_draft(choice: str | Path | None) -> None:
+    """Make a draft active; a draft folder whose verifier can be loaded here makes that verifier the active target
+    (the target follows the draft it was trained for)."""
+    from engine.targets import draft_verifier, resolves_locally, same_target
+
     st.session_state[DRAFT] = str(choice) if choice else NONE
+    verifier = draft_verifier(choice) if choice and choice not in (AUTO, NONE) else None
+    if verifier and resolves_locally(verifier) and not same_target(verifier, active_target()):
+        st.session_state[TARGET] = verifier
+
+
+def follow_note(choice: str | None) -> str | None:
+    """What choosing a draft does to the active target, when the draft was trained for another one."""
+    from engine.targets import draft_verifier, resolves_locally, same_target
+
+    verifier = draft_verifier(choice) if choice and choice not in (AUTO, NONE) else None
+    if not verifier or same_target(verifier, active_target()):
+        return None
+    if resolves_locally(verifier):
+        return f"This draft was trained for `{verifier}`: using it makes that the active target."
+    return (f"This draft was trained for `{verifier}`, which is not available here: it runs with the active target "
+            "only if that has the same shape.")
+
+
+def draft_target_problem(draft: str | None) -> str | None:
+    """Why the active target cannot decode `draft` (another shape than the draft's verifier), or None."""
+    from engine.errors import WorkbenchError
+    from engine.targets import target_for_draft
+
+    if not draft:
+        return None
+    try:
+        target_for_draft(draft, active_target())
+    except WorkbenchError as exc:
+        return str(exc)
+    return None
 
 
 def short(path_or_name: str | None, width: int = 38) -> str:

@@ -283,3 +283,39 @@ __all__ = [
     "train_out",
     "write_yaml_overrides",
 ]
+
+
+def data_target(data: str | None) -> str | None:
+    """The target an extracted hidden-states folder was made from (its manifest), when it can be loaded here."""
+    from engine.fsutil import read_json
+    from engine.targets import resolves_locally
+
+    manifest = Path(data or "").expanduser() / "manifest.json"
+    if not data or not manifest.is_file():
+        return None
+    try:
+        recorded = read_json(manifest)
+    except (OSError, ValueError):
+        return None
+    for candidate in (recorded.get("target_path"), recorded.get("target")):
+        if candidate and resolves_locally(candidate):
+            return str(candidate)
+    return None
+
+
+def data_target_problem(data: str | None, target: str | None) -> str | None:
+    """Why training on `data` with `target` would be refused (another target than the data's), or None."""
+    from engine.errors import WorkbenchError
+    from engine.fsutil import read_json
+    from engine.targets import target_for_data
+
+    manifest = Path(data or "").expanduser() / "manifest.json"
+    if not data or not manifest.is_file():
+        return None
+    try:
+        target_for_data(read_json(manifest), target, where=data)
+    except WorkbenchError as exc:
+        return str(exc)
+    except (OSError, ValueError):
+        return None
+    return None

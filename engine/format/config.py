@@ -231,6 +231,10 @@ def build_layer_config(
     if "text_config" in src and "hidden_size" not in src:
         src = src["text_config"]
     kwargs = {k: src[k] for k in _INHERITED if src.get(k) is not None}
+    rope = kwargs.get("rope_parameters")
+    if isinstance(rope, dict) and rope and all(isinstance(v, dict) for v in rope.values()):
+        # keyed by layer type (Gemma 3: local and global RoPE): the draft's layers take the global one
+        kwargs["rope_parameters"] = dict(rope.get("full_attention") or next(iter(rope.values())))
     if "head_dim" not in kwargs:
         kwargs["head_dim"] = kwargs["hidden_size"] // kwargs["num_attention_heads"]
     full = set(full_attention_indices or [])
