@@ -45,6 +45,28 @@ def weight_metrics(folder: str) -> None:
         col.metric(name, value, help=exact)
 
 
+def _needs(name: str) -> None:
+    """The target's family, the layer ids each algorithm reads, and what extraction and training need here."""
+    from ui import plan as plan_ui
+    from ui.training import algorithm_title
+
+    st.markdown("**Family, algorithms and what a run needs on this machine** (estimated from the config before "
+                "anything starts)")
+    c1, c2, c3 = st.columns(3)
+    samples = c1.number_input("Conversations", 1, 10_000_000, 1000, 100, key="models_plan_samples")
+    tokens = c2.number_input("Tokens per conversation", 16, 131_072, 1024, 256, key="models_plan_tokens")
+    dtype = c3.selectbox("Hidden-state dtype", ["bf16", "fp16", "fp32"], key="models_plan_dtype")
+    with guard("Sizing the runs"):
+        plan = plan_ui.target_plan(name, int(samples), int(tokens), dtype, str(runs_root()))
+        st.table(plan_ui.family_rows(plan), hide_index=True, hide_header=True)
+        st.dataframe(plan_ui.algorithm_rows(plan, {a: algorithm_title(a) for a in plan.layer_ids}),
+                     hide_index=True, key="models_plan_table")
+        st.caption(plan_ui.extraction_memory_line(plan) + " Training memory: the draft's fp32 weights, gradients and "
+                   "AdamW state, the verifier's embedding and lm_head, and one micro-batch of 2048 tokens. Disk is "
+                   "checked against the free space under the runs folder, memory against this machine's RAM. "
+                   "Formulas: engine/data/plan.py.")
+
+
 left, right = st.columns(2, gap="large")
 
 # -- target ---------------------------------------------------------------------------------------
@@ -154,6 +176,7 @@ with tab_t:
                 st.caption(f"Folder: `{folder}`" + (f" · hub id `{ref.hub_id}`" if ref.hub_id else ""))
             with st.expander("config.json"):
                 st.json(catalog.config_json(folder))
+            _needs(candidate)
     show_cli(["targets"] + (["--prepare", candidate] if candidate in BUILTIN_TARGETS else ["--prepare", "none"]))
 
 with tab_d:

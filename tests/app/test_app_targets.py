@@ -1,0 +1,93 @@
+"""The app follows the target the work was made for: the Train page takes the data's target and flags another one,
+choosing a draft makes its verifier the active target, Demo chat refuses a draft of another shape; the Models page
+says what a new target is and what an extraction and a training run for it need here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from test_app import open_app, ok, texts  # noqa: F401 - the app fixtures' helpers
+from tiny import save_tiny_target
+
+
+@pytest.fixture
+def runs(tmp_path, monkeypatch):
+    root = tmp_path / "runs"
+    monkeypatch.setenv("WORKBENCH_RUNS", str(root))
+    return root
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory):
+    from engine.algos import ALGOS, default_algo
+    from engine.data.extract import extract_dataset
+    from engine.targets import load_target
+
+    root = tmp_path_factory.mktemp("app-follow")
+    a = save_tiny_target(root / "a", "llama")
+    narrow = save_tiny_target(root / "narrow", "llama", hidden_size=32)
+    gemma = save_tiny_target(root / "gemma", "gemma2")
+    data = root / "hs"
+    extract_dataset(str(a), "sharegpt", data, max_samples=4, max_length=48, dtype="fp32", device="cpu")
+    algorithm = ALGOS.get(default_algo())
+    target = load_target(str(a))
+    draft = algorithm.build(target, algorithm.args_class(num_layers=1), aux_layer_ids=[1, 2, 3],
+                            token_counts=torch.arange(target.vocab_size).flip(0), seed=0)
+    draft_dir = root / "draft"
+    algorithm.save(draft, draft_dir)
+    return {"a": str(a), "narrow": str(narrow), "gemma": str(gemma), "data": str(data), "draft": str(draft_dir)}
+
+
+def test_train_page_follows_the_datas_target_and_flags_another(runs, made):
+    at = open_app("smollm2-135m-instruct", page="train")
+    at.text_input(key="train_f_data").set_value(made["data"]).run()
+    ok(at)
+    assert Path(at.text_input(key="train_f_target").value).resolve() == Path(made["a"]).resolve()
+    assert not at.button(key="train_launch").disabled
+    at.text_input(key="train_f_target").set_value(made["narrow"]).run()
+    ok(at)
+    shown = texts(at.error) + texts(at.warning) + texts(at.markdown) + texts(at.caption)
+    assert f"--target {made['narrow']} is not the target the data was made for" in shown
+    assert "width 64 vs 32" in shown
+    assert at.button(key="train_launch").disabled
+
+
+def test_choosing_a_draft_makes_its_verifier_the_active_target(runs, made):
+    at = open_app("smollm2-135m-instruct", page="models")
+    at.radio(key="models_draft_source").set_value("Local folder").run()
+    at.text_input(key="models_draft_folder").set_value(made["draft"]).run()
+    ok(at)
+    assert "using it makes that the active target" in texts(at.caption)
+    at.button(key="models_use_draft").click().run()
+    ok(at)
+    assert Path(at.session_state["app_target"]).resolve() == Path(made["a"]).resolve()
+    assert at.session_state["app_draft"] == made["draft"]
+
+
+def test_demo_chat_refuses_a_draft_of_another_shape(runs, made):
+    at = open_app(made["narrow"], made["draft"], page="demo_chat")
+    assert f"--target {made['narrow']} is not the target the draft was made for" in texts(at.error)
+    assert at.multiselect(key="chat_proposers").options == ["n-gram (prompt lookup)"]
+
+
+def test_models_page_says_the_family_and_what_runs_need(runs, made):
+    from engine.algos import ALGOS
+
+    at = open_app(made["gemma"], page="models")
+    facts = {row["fact"]: row["value"] for d in at.table if "fact" in d.value.columns
+             for row in d.value.to_dict("records")}
+    assert facts["family"] == "Gemma 2" and "sqrt(H)" in facts["what a draft sees"]
+    assert facts["tested end to end"].startswith("yes")
+    table = next(d.value for d in at.dataframe if "layer ids (extract)" in d.value.columns)
+    assert len(table) == len(ALGOS.names())
+    assert all(row.endswith("fits") for row in table["extraction disk"])
+    assert "Extraction memory" in texts(at.caption)
+    # a run far larger than this machine's disk is flagged before anything starts
+    at.number_input(key="models_plan_samples").set_value(10_000_000).run()
+    at.number_input(key="models_plan_tokens").set_value(131_072).run()
+    ok(at)
+    table = next(d.value for d in at.dataframe if "layer ids (extract)" in d.value.columns)
+    assert all("does NOT fit" in row for row in table["extraction disk"])
