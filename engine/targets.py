@@ -572,8 +572,8 @@ class TargetIdentity:
 
 
 def weights_fingerprint(folder: str | os.PathLike) -> str | None:
-    """A cheap fingerprint of a model folder's weights: sha256 over every safetensors file's name, size, header and
-    first and last MiB (two fine-tunes of one base differ there). None when the folder has no safetensors files."""
+    """A cheap fingerprint of a model folder's weights: sha256 over every safetensors file's name, size and first and
+    last MiB (the first holds the header; two fine-tunes of one base differ there). None without safetensors files."""
     import hashlib
 
     files = sorted(Path(folder).glob("*.safetensors"))
@@ -660,11 +660,28 @@ def draft_verifier(draft: str | os.PathLike) -> str | None:
     return str(name) if name else None
 
 
+def draft_shape(draft: str | os.PathLike) -> TargetIdentity | None:
+    """What a draft's own config says of its verifier: the width it reads (target_hidden_size, else its layers'
+    width) and the vocabulary (its layers' vocab_size, the verifier's in the speculators format)."""
+    try:
+        config = read_json(Path(draft) / "config.json")
+    except (OSError, ValueError):
+        return None
+    layer = config.get("transformer_layer_config") or {}
+    width = config.get("target_hidden_size") or layer.get("hidden_size")
+    return TargetIdentity(draft_verifier(draft) or str(draft), None, width, layer.get("vocab_size"))
+
+
 def target_for_draft(draft: str | os.PathLike | None, explicit: str | None) -> str | None:
     """The target to decode a draft with: its verifier when that resolves here, or an explicit one that agrees with
-    that verifier (layers, width, vocabulary). None when neither says (the caller's default applies)."""
+    that verifier (layers, width, vocabulary; with the verifier elsewhere, the width and vocabulary the draft's config
+    records). None when neither says (the caller's default applies)."""
     verifier = draft_verifier(draft) if draft else None
     if verifier is None or not resolves_locally(verifier):
+        shape = draft_shape(draft) if draft and explicit is not None else None
+        differences = shape.differences(target_identity(explicit)) if shape else []
+        if differences:
+            raise _refuse(str(explicit), shape.name, "the draft", str(draft), differences)
         return explicit
     if explicit is None:
         return verifier

@@ -33,9 +33,6 @@ FAMILIES: dict[str, tuple[str, str]] = {
     "gpt_oss": ("gpt-oss", "MoE router and attention sinks inside the target; sliding-window layers (128)"),
 }
 
-_GIB = 2**30
-
-
 @dataclass
 class Need:
     """Bytes one run needs, what is free for it here, and the formula's parts."""

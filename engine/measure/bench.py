@@ -226,12 +226,12 @@ def benchmark(*, target: str | None = None, draft: str | None = None, prompts: s
     from engine.generate.kernel_choice import load_decode_target
     from engine.targets import target_for_draft, vllm_dtype
 
-    if draft is not None and "draft" in methods:
-        target = target_for_draft(draft, target)  # the draft's verifier, or a target of its shape
     if threads:
         torch.set_num_threads(threads)
     if isinstance(methods, str):
         methods = tuple(m.strip() for m in methods.split(",") if m.strip())
+    if draft is not None and "draft" in methods:
+        target = target_for_draft(draft, target)  # the draft's verifier, or a target of its shape
     bad = [m for m in methods if m not in ALL_METHODS]
     if bad:
         raise WorkbenchError(f"unknown methods {bad}", hint=f"choose from {list(ALL_METHODS)}")

@@ -121,3 +121,17 @@ def test_serve_refuses_a_target_the_draft_was_not_made_for(made):
     assert "width 64 vs 32" in str(info.value)
     plan = plan_server(made["draft"], target=made["targets"]["reseeded"], form="explicit")
     assert plan.target == str(Path(made["targets"]["reseeded"]).resolve())
+
+
+def test_a_draft_whose_verifier_is_elsewhere_is_checked_against_its_own_config(made, tmp_path):
+    from engine.errors import WorkbenchError
+    from engine.targets import target_for_draft
+
+    draft = Path(shutil.copytree(made["draft"], tmp_path / "draft"))
+    config = json.loads((draft / "config.json").read_text())
+    config["speculators_config"]["verifier"]["name_or_path"] = "someone/not-cached-anywhere"
+    (draft / "config.json").write_text(json.dumps(config))
+    assert target_for_draft(draft, made["targets"]["a"]) == made["targets"]["a"]
+    with pytest.raises(WorkbenchError, match="someone/not-cached-anywhere") as info:
+        target_for_draft(draft, made["targets"]["narrow"])
+    assert "width 64 vs 32" in str(info.value)
