@@ -316,6 +316,16 @@ class VllmServer:
     def pid(self) -> int | None:
         return self.proc.pid if self.proc else None
 
+    def model_len(self) -> int:
+        """`max_model_len`, capped at the target's own max_position_embeddings (vLLM refuses a longer one)."""
+        config = Path(str(self.plan.target)) / "config.json"
+        try:
+            cfg = json.loads(config.read_text()) if config.is_file() else {}
+        except (OSError, ValueError):
+            cfg = {}
+        limit = (cfg.get("text_config") or cfg).get("max_position_embeddings")
+        return min(self.max_model_len, int(limit)) if isinstance(limit, int) and limit > 0 else self.max_model_len
+
     def argv(self) -> list[str]:
         venv = self.venv or ensure_vllm_env()
         args = [*venv.server_argv(), self.plan.model]
@@ -323,7 +333,7 @@ class VllmServer:
             args += ["--speculative-config", json.dumps(self.plan.speculative_config)]
         if self.plan.served_model_name:
             args += ["--served-model-name", self.plan.served_model_name]
-        args += ["--host", self.host, "--port", str(self.port), "--max-model-len", str(self.max_model_len),
+        args += ["--host", self.host, "--port", str(self.port), "--max-model-len", str(self.model_len()),
                  "--dtype", self.dtype]
         if venv.flavor == "cpu":
             args += ["--enforce-eager"]
