@@ -523,7 +523,9 @@ def _shape_rules(cfg: dict[str, Any], hf: dict[str, Any], shapes: dict[str, tupl
     elif "embed_tokens.weight" not in present and getattr(_config_class(cfg), "stores_embeddings", False):
         report.add(Issue("tensor:embed_tokens.weight", "absent: vLLM shares the target's embedding, but speculators "
                          "0.9.0 fills a missing embed_tokens with random values, so this draft drafts differently "
-                         "(and badly) there; save it (the workbench's default; `--no-save-embeddings` drops it)",
+                         "(and badly) there. Fix: `python -m engine repair "
+                         f"{shlex.quote(report.path) if report.path != '<config>' else 'DRAFT_DIR'}` stores the "
+                         "verifier's embedding (new training runs store it by default)",
                          severity="warning"))
     if "t2d" in shapes and tuple(shapes["t2d"]) != (vocab,):
         report.add(Issue("tensor:t2d", f"shape {list(shapes['t2d'])}, expected [{vocab}] (one flag per target token)"))
