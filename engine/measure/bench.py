@@ -202,6 +202,14 @@ def markdown_table(result: dict[str, Any]) -> str:
         sp = f"{row['speedup']:.2f}×" if row.get("speedup") is not None else "–"
         lines.append(f"| {name} | {tau} | {pos} | {row['tokens_per_s']:.1f} | {sp} | "
                      f"{'yes' if row['identical_to_baseline'] else 'no'} |")
+    kernel = result.get("kernel") or {}
+    if kernel.get("path"):
+        exact = (kernel.get("candidates") or {}).get(kernel["path"], {}).get("row_exact")
+        lines.append("")
+        lines.append(f"Kernel path {kernel['path']} ({kernel.get('mode', 'auto')}): " + (
+            "row exactness not checked here" if exact is None else
+            "bit-identical, so 'identical' must read yes for greedy decoding" if exact else
+            "lossless in distribution, not bit-identical: 'identical' compares outputs, which may differ at near-ties"))
     curve = result.get("cost_curve") or {}
     if curve:
         lines.append("")
