@@ -187,6 +187,7 @@ def summarize(runs: dict[str, MethodRun], *, k: int, params: SamplingParams, cos
         "backend": "transformers", "target_dtype": dtype_name(target.dtype), "kernel": target.extra.get("kernel"),
         "device": str(target.device), "threads": torch.get_num_threads(),
         "cpu": cpu_name() if target.device.type == "cpu" else None,
+        "date": time.strftime("%Y-%m-%d"),
     }
 
 
