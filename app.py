@@ -10,6 +10,7 @@ import streamlit as st
 from ui import sidebar, state
 from ui.resources import log_to_terminal
 from ui.errors import guard, show_pending
+from ui.start import url_path
 
 PAGES = {
     "Start": [
@@ -38,11 +39,6 @@ PAGES = {
 
 
 START = "pages/start.py"
-
-
-def url_path(page: str) -> str:
-    """pages/demo_chat.py -> "demo_chat"."""
-    return page.rsplit("/", 1)[-1].removesuffix(".py")
 
 
 def run() -> None:

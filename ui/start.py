@@ -9,6 +9,11 @@ from pathlib import Path
 from engine import jobs as engine_jobs
 
 
+def url_path(page: str) -> str:
+    """The URL of a page: its file name (pages/demo_chat.py -> "demo_chat"), so /demo_chat works when typed."""
+    return page.rsplit("/", 1)[-1].removesuffix(".py")
+
+
 @dataclass
 class Step:
     title: str     # "1. Target"

@@ -1,0 +1,191 @@
+"""The start page, one source per speed figure, and progress with time estimates (AppTest; fast)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+from test_app import ok, open_app, texts
+
+from engine import jobs
+
+BUILTIN = "smollm2-135m-instruct"
+
+
+@pytest.fixture
+def runs(tmp_path, monkeypatch):
+    root = tmp_path / "runs"
+    monkeypatch.setenv("WORKBENCH_RUNS", str(root))
+    return root
+
+
+def _fake_job(runs: Path, kind: str, argv: list[str], status: dict, name: str = "x") -> Path:
+    """A job folder as `engine.jobs.launch` leaves it; `running` jobs carry this (alive) process's pid."""
+    job = runs / f"20000101-000000_{kind}_{name}"
+    job.mkdir(parents=True)
+    (job / "job.json").write_text(json.dumps({"kind": kind, "argv": argv, "created": time.time() - 120,
+                                              "pid": os.getpid(), "pgid": None}))
+    (job / "status.json").write_text(json.dumps({"pid": os.getpid(), **status}))
+    return job
+
+
+def _evaluation(draft: str, speedups: list[float]) -> dict:
+    by_k = {str(k): {"k": k, "mean_acceptance_length": 1.2 + 0.1 * k, "per_position_acceptance": [0.2] * k,
+                     "all_positions_acceptance_length": 1.3} for k in range(1, len(speedups) + 1)}
+    fc = {str(k): {"mean_acceptance_length": 1.2, "verify_cost": 1.0, "draft_cost": 0.5, "step_cost": 1.5,
+                   "speedup": s} for k, s in enumerate(speedups, 1)}
+    return {"num_samples": 3, "max_new_tokens": 16, "draft": draft, "by_k": by_k,
+            "forecast": {"by_k": fc, "recommended_k": 1, "target_step_ms": 5.0}}  # an old record: "1" below 1x
+
+
+# -- start page -----------------------------------------------------------------------------------------------
+
+
+def test_the_app_opens_on_the_start_page_with_the_workflow_and_its_state(runs, tiny_targets):
+    target = str(tiny_targets["llama"])
+    at = open_app(target)  # no page switch: what a new user sees first
+    assert at.title[0].value == "Speculators Workbench"
+    body = texts(at.markdown)
+    assert "draft" in body and "target" in body and "faster" in body  # what the workbench is for
+    for step in ("1. Target", "2. Data", "3. Train", "4. Evaluate", "5. Serve"):
+        assert step in body, step
+    links = {link.proto.page for link in at.get("page_link")}  # one button per step, by the page's own URL
+    assert {"models", "data", "train", "benchmarks", "serve", "demo_chat"} <= links, links
+    # no draft and no data for this target: the next step is the data, and the steps say so
+    assert "No extraction for this target yet." in body and "Next step for this target: **Data**" in body
+    assert not at.error, texts(at.error)
+    # an extraction of this target appears: the data step is done, training is next
+    folder = runs / "extract" / "tiny"
+    folder.mkdir(parents=True)
+    (folder / "manifest.json").write_text(json.dumps({"target": target, "samples": 4}))
+    at = open_app(target)
+    body = texts(at.markdown)
+    assert "1 extraction for this target." in body and "Next step for this target: **Train**" in body
+
+
+def test_start_page_for_the_builtin_target_names_the_shipped_drafts_measured_speed(runs):
+    from ui import bench, catalog
+
+    at = open_app(BUILTIN, "auto")
+    body = texts(at.markdown)
+    speed = bench.draft_speed(catalog.shipped_draft(BUILTIN))
+    assert speed is not None and f"Measured for this draft: **{speed['speedup']:.2f}×**" in body
+    assert speed["where"] in body
+
+
+def test_every_page_has_a_url_of_its_own():
+    """Typed URLs work: every page but the start page ("/") has its file name as url_path."""
+    import ast
+
+    from ui.start import url_path
+
+    tree = ast.parse((Path(__file__).resolve().parents[2] / "app.py").read_text())
+    assert any(isinstance(n, ast.keyword) and n.arg == "url_path" for n in ast.walk(tree))
+    assert url_path("pages/demo_chat.py") == "demo_chat" and url_path("pages/models.py") == "models"
+
+
+# -- one source per figure ------------------------------------------------------------------------------------
+
+
+def test_the_shipped_drafts_speed_agrees_on_models_card_and_benchmarks(runs):
+    """Models (draft tab), the model card tab and the Benchmarks page show the same measured speedup for the
+    shipped draft, from the same record, with the machine it was measured on."""
+    from ui import bench, catalog
+
+    draft = catalog.shipped_draft(BUILTIN)
+    speed = bench.draft_speed(draft)
+    assert speed is not None, "a shipped benchmark of the shipped draft"
+    sentence = bench.draft_speed_text(speed)
+    at = open_app(BUILTIN, "auto", page="models")
+    assert texts(at.markdown).count(sentence) == 1  # the draft tab
+    assert sentence in texts(at.info)               # the model card tab
+    assert "<!--" not in texts(at.markdown)         # the card's generated-section markers are not shown raw
+    at = open_app(BUILTIN, "auto", page="benchmarks")
+    assert at.selectbox(key="bench_result").value == speed["key"]  # opens on the same record
+    table = at.dataframe[0].value
+    shown = table.loc[table["method"] == "draft", "speedup"].iloc[0]
+    assert shown == f"{speed['speedup']:.2f}×"
+    assert speed["where"] in texts(at.caption)
+
+
+def test_shipped_offline_evaluations_are_listed_with_their_machine(runs, tiny_targets):
+    from ui import evaluate as evaluate_ui
+
+    shipped = evaluate_ui.shipped_results()
+    assert shipped, "benchmarks/results/evaluate/*.json ship"
+    at = open_app(str(tiny_targets["llama"]), page="benchmarks")
+    body = texts(at.markdown)
+    assert "No offline evaluation yet" not in texts(at.caption)
+    for ev in shipped:
+        assert ev.where in body
+    assert "CPU not recorded" in body or "machine" in body
+
+
+def test_no_k_is_recommended_when_every_forecast_is_below_one(runs, tiny_targets, tmp_path):
+    """An evaluation whose forecast is below 1x at every k: the page advises no speculation (an older record that
+    still says "recommended k 1" included)."""
+    draft = tmp_path / "drafts" / "slow-draft"
+    draft.mkdir(parents=True)
+    result = runs / "evaluate" / "slow.json"
+    result.parent.mkdir(parents=True)
+    result.write_text(json.dumps(_evaluation(str(draft), [0.83, 0.5, 0.06])))
+    _fake_job(runs, "evaluate", ["evaluate", "--draft", str(draft), "--json", str(result)], {"state": "done"})
+    from ui import evaluate as evaluate_ui
+
+    ev = evaluate_ui.all_results(str(draft))[0]
+    advice = evaluate_ui.recommendation(ev.result, ev.here)
+    assert advice.startswith("no speculation") and "recommended k" not in advice and "0.83×" in advice
+    fast = _evaluation(str(draft), [0.9, 1.2])
+    assert evaluate_ui.recommendation(fast).startswith("recommended k on this machine: 2")
+
+
+def test_benchmarks_record_verdict_never_advises_the_slower_proposer():
+    from ui import bench
+
+    base = {"key": "shipped · x.json", "where": "this machine", "k": 3, "prompts": 20, "max_new_tokens": 128}
+    assert "n-gram is faster" in bench.draft_speed_text({**base, "speedup": 1.19, "ngram_speedup": 1.40})
+    assert "slower than no speculation" in bench.draft_speed_text({**base, "speedup": 0.81, "ngram_speedup": 0.9})
+    assert "faster" not in bench.draft_speed_text({**base, "speedup": 1.3, "ngram_speedup": 1.1}).split("—")[1]
+
+
+# -- progress ----------------------------------------------------------------------------------------------
+
+
+def test_tracked_writes_progress_and_time_left_into_the_jobs_status(tmp_path, monkeypatch):
+    monkeypatch.setenv(jobs.JOB_DIR_ENV, str(tmp_path))
+    monkeypatch.setattr(jobs, "_REPORTER", None)
+    seen = []
+    for i in jobs.tracked(range(4), desc="the target answers the held-out prompts", span=(0.0, 0.8), every_s=0.0):
+        seen.append(json.loads((tmp_path / jobs.STATUS).read_text()))
+    final = json.loads((tmp_path / jobs.STATUS).read_text())
+    assert seen[0]["progress"] == 0.0 and "0/4" in seen[0]["message"]
+    assert "3/4" in seen[-1]["message"] and "left" in seen[-1]["message"]
+    assert final["progress"] == pytest.approx(0.8) and "4/4" in final["message"]
+
+
+def test_a_running_evaluation_shows_a_progress_bar_with_time_left(runs, tiny_targets):
+    from ui import bench, catalog
+
+    draft = catalog.shipped_draft(BUILTIN)
+    _fake_job(runs, "evaluate", ["evaluate", "--draft", draft, "--json", str(runs / "e.json")],
+              {"state": "running", "progress": 0.4, "started": time.time() - 100,
+               "message": "the target answers the held-out prompts: 4/10 (about 2 min 30 s left)"})
+    at = open_app(BUILTIN, "auto", page="models")
+    ok(at)
+    bars = at.get("progress")
+    assert bars, "no progress bar"
+    text = bars[0].proto.text
+    assert "40%" in text and "so far" in text and "left" in text, text
+    assert "4/10" in texts(at.markdown)
+
+
+def test_progress_text_gives_elapsed_and_estimate():
+    from ui.jobs import progress_text
+
+    s = jobs.JobStatus(state="running", progress=0.25, started=1000.0)
+    assert progress_text(s, now=1060.0) == "25% · 1 min 00 s so far · about 3 min 00 s left"
+    done = jobs.JobStatus(state="done", progress=1.0, started=1000.0, updated=1090.0)
+    assert progress_text(done) == "100% · took 1 min 30 s"
