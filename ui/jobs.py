@@ -102,7 +102,8 @@ def progress_text(s: engine_jobs.JobStatus, now: float | None = None) -> str:
         elapsed = max(0.0, end - s.started)
         parts.append(f"{engine_jobs.duration_text(elapsed)} so far" if s.state in ("queued", "running")
                      else f"took {engine_jobs.duration_text(elapsed)}")
-        if s.state in ("queued", "running") and 0.01 <= p < 1.0:
+        own = "left" in (s.message or "")  # the job's own estimate (of its current phase) is in its message
+        if s.state in ("queued", "running") and 0.01 <= p < 1.0 and not own:
             parts.append(f"about {engine_jobs.duration_text(elapsed * (1 - p) / p)} left")
     return " · ".join(parts)
 

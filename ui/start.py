@@ -66,7 +66,7 @@ def steps(target: str, draft: str | None, target_problem: str | None, target_pat
     out = []
     out.append(Step("1. Target", "The large model whose answers the draft must predict (the verifier).",
                     f"Cannot be used: {target_problem}" if target_problem else f"`{target}` is ready.",
-                    target_problem is None, "pages/models.py", "Choose the target and draft", ":material/hub:"))
+                    target_problem is None, "pages/models.py", "Pick the models", ":material/hub:"))
     data = extractions_for(target, target_path)
     extracting = running("extract") + running("regenerate")
     out.append(Step("2. Data", "Conversations rendered with the target's chat template, and the target's hidden "
