@@ -170,10 +170,10 @@ def _show_turn(turn: dict, index: int) -> None:
             st.caption(BLOCK_LEGEND)
             for name in names:
                 side = turn["sides"][name]
-                if side["step_lengths"]:
-                    charts.show(charts.acceptance_bars(side["step_lengths"], turn["k"]),
-                                key=f"chat_bars_{index}_{name}", filename=f"acceptance-per-step-{name}")
                 st.markdown(f"**{side['label']}**")
+                if side["step_lengths"]:
+                    charts.show(charts.acceptance_bars(side["step_lengths"], turn["k"], side["label"]),
+                                key=f"chat_bars_{index}_{name}", filename=f"acceptance-per-step-{name}")
                 st.dataframe(side["steps"], hide_index=True, width="stretch")
         show_cli(turn["cli"], label="Equivalent CLI commands")
 

@@ -93,6 +93,7 @@ with tab_new:
               on_click=callback("Setting the target", _preset, {"target": state.active_target()}))
     b3.button("Reset to defaults", key="train_reset", icon=":material/restart_alt:",
               on_click=callback("Resetting", _reset))
+    b1.caption(training.smoke_summary(_algo()))  # its duration in sight, not only in the tooltip
 
     algo_names = training.algorithm_names()
     st.selectbox("Algorithm", algo_names, key=ALGO_KEY, format_func=training.algorithm_title,
@@ -170,7 +171,7 @@ with tab_watch:
                         return
                     last = training.last_row(rows) or {}
                     val = training.last_row(rows, "val") or {}
-                    m = st.columns(5)
+                    m = st.columns([1, 1, 1.5, 1.5, 1])  # the acceptance metrics' labels and values fit uncut
                     m[0].metric("step", last.get("step", 0))
                     m[1].metric("loss", f"{last['loss']:.3f}" if "loss" in last else "–")
                     m[2].metric("est. acceptance length", f"{last['est_acceptance_length']:.2f}"

@@ -189,3 +189,32 @@ def test_progress_text_gives_elapsed_and_estimate():
     assert progress_text(s, now=1060.0) == "25% · 1 min 00 s so far · about 3 min 00 s left"
     done = jobs.JobStatus(state="done", progress=1.0, started=1000.0, updated=1090.0)
     assert progress_text(done) == "100% · took 1 min 30 s"
+
+
+# -- layout ----------------------------------------------------------------------------------------------
+
+
+def test_charts_keep_legends_off_axis_titles_scale_heat_maps_to_the_data_and_name_the_proposer():
+    from ui import charts
+    from ui.chat import explain_row
+
+    result = {"methods": {"baseline": {"speedup": 1.0}, "draft": {"speedup": 0.8, "mean_acceptance_length": 1.5,
+                                                                   "per_position_acceptance": [0.3, 0.1],
+                                                                   "speedup_ceiling": 1.2},
+                          "ngram": {"speedup": 1.3, "mean_acceptance_length": 2.0,
+                                    "per_position_acceptance": [0.6, 0.4]}},
+              "k": 2, "num_prompts": 3}
+    for fig in charts.bench_figures(result).values():
+        legend = fig.layout.legend
+        assert legend.orientation == "v" and legend.x > 1  # beside the plot, never over the x-axis title
+    speed = charts.bench_figures(result)["speedup"]
+    assert [a.text for a in speed.layout.annotations if a.text == "baseline"]
+    assert all(a.xanchor == "left" and a.x == 1 for a in speed.layout.annotations if a.text == "baseline")
+    heat = charts.acceptance_heatmap([[0.05, 0.3], [0.2, None]], ["prompt 1", "prompt 2"], "draft").data[0]
+    assert heat.zmax == pytest.approx(0.3) and heat.colorscale[1][1] != "#ffffff"  # 5% is tinted, not white
+    assert "n-gram" in charts.acceptance_bars([1, 2, 3], 3, "n-gram").layout.title.text
+    assert charts._mode([1], "train") == "lines+markers" == charts._mode([1, 2, 3], "train")
+    row = explain_row({"label": "draft", "mean_acceptance_length": 1.67, "tokens_per_step": 1.1, "speedup": 0.9,
+                       "ceiling": 1.3, "step_cost": 1.2})
+    assert list(row).index("ceiling (free drafting)") < 5  # visible without scrolling sideways
+    assert "tokens per step (all steps)" in row and "mean acceptance length (drafted steps)" in row
