@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_app import ok, open_app, texts
+from test_app import _research_checkpoint, ok, open_app, texts, tiny_draft, tiny_target  # noqa: F401
 
 from engine import jobs
 
@@ -218,3 +218,26 @@ def test_charts_keep_legends_off_axis_titles_scale_heat_maps_to_the_data_and_nam
                        "ceiling": 1.3, "step_cost": 1.2})
     assert list(row).index("ceiling (free drafting)") < 5  # visible without scrolling sideways
     assert "tokens per step (all steps)" in row and "mean acceptance length (drafted steps)" in row
+
+
+# -- values from a default are said, and can be changed before writing --------------------------------------------
+
+
+def test_convert_dry_run_says_the_aux_layer_ids_came_from_a_default(runs, tiny_target, tiny_draft, tmp_path):
+    src = _research_checkpoint(tiny_draft, tmp_path / "research")  # its config records no aux layer ids
+    verifier = tmp_path / "deep-verifier"  # a 30-layer verifier's config: vLLM's default ids are [2, 15, 27]
+    verifier.mkdir()
+    cfg = json.loads((Path(tiny_target) / "config.json").read_text())
+    (verifier / "config.json").write_text(json.dumps({**cfg, "num_hidden_layers": 30}))
+    at = open_app(tiny_target, page="convert")
+    at.text_input(key="convert_path").set_value(str(src)).run()
+    at.text_input(key="convert_verifier").set_value(str(verifier)).run()
+    at.button(key="convert_dry").click().run()
+    ok(at)
+    warning = texts(at.warning)
+    assert "aux layer ids from a default" in warning and "[2, 15, 27]" in warning and "Aux layer ids" in warning
+    assert "2" in str(at.json[-1].value)  # the config itself is shown open
+    at.text_input(key="convert_aux").set_value("1, 2, 3").run()  # given: no longer a default
+    at.button(key="convert_dry").click().run()
+    ok(at)
+    assert "from a default" not in texts(at.warning)
