@@ -241,3 +241,31 @@ def test_convert_dry_run_says_the_aux_layer_ids_came_from_a_default(runs, tiny_t
     at.button(key="convert_dry").click().run()
     ok(at)
     assert "from a default" not in texts(at.warning)
+
+
+def test_config_builder_says_what_is_wrong_in_words_under_the_field_that_is_wrong(runs, tiny_target, tiny_draft):
+    from engine.format.validate import validate_draft
+
+    cfg = json.loads((Path(tiny_draft) / "config.json").read_text())
+    k_path = "speculators_config.proposal_methods[0].speculative_tokens"
+    cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"] = 0
+    words = " ".join(i.message for i in validate_draft(cfg, check_weights=False).errors)
+    assert "Input should" not in words
+    hidden = json.loads((Path(tiny_draft) / "config.json").read_text())
+    h = hidden["transformer_layer_config"]["hidden_size"]
+    hidden["transformer_layer_config"]["hidden_size"] = h + 1
+    hidden.pop("target_hidden_size", None)
+    tcfg = json.loads((Path(tiny_target) / "config.json").read_text())
+    fields = {i.field: i.message for i in validate_draft(hidden, verifier_config=tcfg, check_weights=False).errors}
+    assert "target_hidden_size" not in fields, fields
+    assert f"set hidden size to {h}" in fields["transformer_layer_config.hidden_size"], fields
+    assert k_path  # the k field's own finding is checked in the page below
+    at = open_app(tiny_target, tiny_draft, page="config_builder")
+    at.button(key="builder_from_draft").click().run()
+    ok(at)
+    box = next(w for w in at.number_input if "speculative tokens" in w.label)
+    box.set_value(0).run()
+    ok(at)
+    caption = texts(at.caption)
+    assert "must be at least 1, got 0" in caption or "must be a positive integer, got 0" in caption, caption
+    assert "Input should" not in caption
