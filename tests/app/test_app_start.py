@@ -269,3 +269,17 @@ def test_config_builder_says_what_is_wrong_in_words_under_the_field_that_is_wron
     caption = texts(at.caption)
     assert "must be at least 1, got 0" in caption or "must be a positive integer, got 0" in caption, caption
     assert "Input should" not in caption
+
+
+def test_a_chat_turn_reports_tokens_so_far_speed_and_time_left():
+    from types import SimpleNamespace
+
+    from ui.chat import race_progress
+
+    sides = {"baseline": SimpleNamespace(ids=list(range(24)), tokens_per_s=6.0, done=False),
+             "draft": SimpleNamespace(ids=list(range(48)), tokens_per_s=8.0, done=True)}
+    fraction, text = race_progress(SimpleNamespace(sides=sides, elapsed=30.0),
+                                   {"baseline": "Baseline", "draft": "Draft model, k=3"}, 48)
+    assert fraction == pytest.approx((24 / 48 + 1.0) / 2)
+    assert "Baseline 24/48 tokens, 6.0 tokens/s" in text and "Draft model, k=3 48/48 tokens" in text
+    assert "30 s so far" in text and "about 4 s left" in text  # (48 - 24) / 6

@@ -219,6 +219,17 @@ def test_demo_chat_colours_accepted_tokens_and_answers_identically(page):
     assert page.get_by_text("baseline steps on this machine").count() >= 1
     why.scroll_into_view_if_needed()
     shot(page, "10-demo-chat-answer")
+    body = page.locator("body").inner_text()
+    assert "tokens per step (all steps)" in body  # the footer names the quantity the explanation gives
+    if shipped:  # the shipped draft's benchmarked speed beside this one prompt's, and why they differ
+        from ui import bench
+
+        speed = bench.draft_speed(str(shipped))
+        if speed:
+            assert _measured(body) == bench.draft_speed_text(speed).replace("**", "").split(" — ")[0]
+            assert "This turn is one prompt" in body
+            page.get_by_text("This turn is one prompt").first.scroll_into_view_if_needed()
+            shot(page, "10-demo-chat-speed-on-record")
 
 
 def test_training_job_chart_updates(page, tmp_path):
