@@ -216,7 +216,8 @@ def acceptance_heatmap(z: Sequence[Sequence[float | None]], prompts: Sequence[st
     fig.update_layout(**_bench_layout(f"Acceptance per position and prompt · {method}",
                                       "share of that prompt's steps whose first i drafts were accepted",
                                       height=max(300, 120 + 18 * len(prompts))),
-                      xaxis_title="draft position", yaxis_title="prompt", yaxis_autorange="reversed")
+                      xaxis_title="draft position", yaxis_title="prompt", yaxis_autorange="reversed",
+                      xaxis_type="category")  # positions 1, 2, 3: not a numeric axis with 0.5 ticks
     return fig
 
 
@@ -302,7 +303,8 @@ def checkpoint_heatmap(curve: Sequence[Mapping[str, Any]], *, source: str) -> go
                                       "share of steps whose first i drafts were accepted, held-out prompts · "
                                       + source,
                                       height=max(340, 130 + 24 * len(rows))),
-                      xaxis_title="draft position", yaxis_title="checkpoint", yaxis_autorange="reversed")
+                      xaxis_title="draft position", yaxis_title="checkpoint", yaxis_autorange="reversed",
+                      xaxis_type="category")
     return fig
 
 

@@ -211,6 +211,7 @@ def test_charts_keep_legends_off_axis_titles_scale_heat_maps_to_the_data_and_nam
     assert [a.text for a in speed.layout.annotations if a.text == "baseline"]
     assert all(a.xanchor == "left" and a.x == 1 for a in speed.layout.annotations if a.text == "baseline")
     heat = charts.acceptance_heatmap([[0.05, 0.3], [0.2, None]], ["prompt 1", "prompt 2"], "draft").data[0]
+    assert charts.acceptance_heatmap([[0.5]], ["prompt 1"], "draft").layout.xaxis.type == "category"
     assert heat.zmax == pytest.approx(0.3) and heat.colorscale[1][1] != "#ffffff"  # 5% is tinted, not white
     assert "n-gram" in charts.acceptance_bars([1, 2, 3], 3, "n-gram").layout.title.text
     assert charts._mode([1], "train") == "lines+markers" == charts._mode([1, 2, 3], "train")

@@ -391,6 +391,21 @@ def test_the_shipped_drafts_speed_is_the_same_on_start_models_card_and_benchmark
         f"{speed['speedup']:.2f}" in caption
     assert speed["where"].split(",")[0] in caption
     shot(page, "12-benchmarks-freshest")
+    page.locator('[data-testid="stPlotlyChart"]').nth(2).scroll_into_view_if_needed()  # the speedup chart
+    time.sleep(0.5)
+    page.screenshot(path=str(ARTIFACTS / "12-benchmarks-speedup.png"))
+    per_prompt = page.get_by_text("Per prompt (", exact=False)
+    if per_prompt.count():
+        per_prompt.first.click()
+        page.locator(".js-plotly-plot .gtitle", has_text="Acceptance per position and prompt").first.wait_for()
+        page.locator('[data-testid="stPlotlyChart"]', has_text="Acceptance per position and prompt").first \
+            .scroll_into_view_if_needed()
+        time.sleep(0.5)
+        page.screenshot(path=str(ARTIFACTS / "12-benchmarks-heatmap.png"))
+    page.get_by_text("Offline evaluations (decoding walk, every k)").scroll_into_view_if_needed()
+    time.sleep(0.5)
+    page.screenshot(path=str(ARTIFACTS / "12-benchmarks-evaluations.png"))
+    assert "No offline evaluation yet" not in _main_text(page)
     figure = f"**{speed['speedup']:.2f}×**".strip("*")
     for where, sentence in (("start", on_start), ("models", on_models), ("card", on_card)):
         assert figure in sentence, (where, sentence)
