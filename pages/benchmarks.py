@@ -84,7 +84,7 @@ with results_tab:
             where = bench.provenance(choice, files) if upload is None and choice else "an uploaded file"
             st.caption(bench.describe(result) + f" · measured on {where}")
             if upload is None and choice and not where.startswith("this machine"):
-                st.warning(f"These speeds are not from this machine ({where}): speed depends on the CPU. "
+                st.warning(f"These speeds are not known to be from this machine ({where}): speed depends on the CPU. "
                            "The *Run a benchmark* tab measures them here.", icon=":material/computer:")
             figs = charts.bench_figures(result)
             names = list(figs)

@@ -239,7 +239,8 @@ if prompt:
                                  + (["--draft", paths[name]] if method == "draft" else [])))
         profiles = {name: side.profile() for name, side in sides.items()}
         rows = explain(profiles, k=int(k), cost_curve=curve, labels={n: PROPOSERS[n] for n in chosen})
-        turn = {"prompt": prompt, "k": int(k), "draft": draft if "draft" in chosen else None, "temperature": float(temperature), "baseline": base.text.text,
+        turn = {"prompt": prompt, "k": int(k), "draft": draft if "draft" in chosen else None,
+                "temperature": float(temperature), "baseline": base.text.text,
                 "cost_curve": curve, "busy": busy, "explain": rows, "cli": "\n".join(lines),
                 "kernel": target.extra.get("kernel_summary"),
                 "sides": {name: {"label": PROPOSERS.get(name, "baseline"), "title": titles[name],

@@ -216,17 +216,17 @@ with tab_d:
                 st.caption(f"{ev.result.get('num_samples')} held-out samples, {ev.result.get('max_new_tokens')} new "
                            f"tokens; from {ev.where}." + (f" **{advice[:1].upper() + advice[1:]}.**" if advice else ""))
                 if not ev.here:
-                    st.info("This evaluation was not measured on this machine: its forecast uses another CPU's step "
-                            "costs. Evaluate the draft here (the button above) for this machine's forecast.",
+                    st.info("This evaluation does not name this machine's CPU, so its forecast may rest on another "
+                            "CPU's step costs. Evaluate the draft here (the button above) for this machine's forecast.",
                             icon=":material/computer:")
             else:
                 st.caption("No evaluation of this draft yet.")
             speed = bench_ui.draft_speed(shown)
             if speed:
                 st.markdown(bench_ui.draft_speed_text(speed))
-                st.caption("The forecast multiplies the acceptance by step costs measured in isolation; the benchmark "
-                           "times whole answers (loop overhead included), so the two differ by a few percent. The "
-                           "Benchmarks page opens on the same benchmark; a Demo chat turn is one prompt and varies.")
+                st.caption("Why the forecast and the benchmark differ: the forecast multiplies the acceptance by step "
+                           "costs measured in isolation, the benchmark times whole answers (loop overhead included). "
+                           "The Benchmarks page opens on the same benchmark; a Demo chat turn is one prompt and varies.")
         show_cli(eval_argv)
 
 with tab_card:

@@ -280,12 +280,10 @@ def to_csv(rows: list[dict[str, Any]]) -> str:
 def draft_speed(draft: str | None) -> dict[str, Any] | None:
     """The freshest benchmark of this draft for this machine (your runs, then shipped records with this CPU, then
     the others): its measured speedup, acceptance, k, prompts and where/when, or None when none names it."""
-    from ui.evaluate import _same_draft
-
     if not draft:
         return None
     files = results()
-    mine = {key: p for key, p in files.items() if _same_draft((_record(p) or {}).get("draft"), draft)
+    mine = {key: p for key, p in files.items() if records.same_draft((_record(p) or {}).get("draft"), draft)
             and isinstance(((_record(p).get("methods") or {}).get("draft") or {}).get("speedup"), (int, float))}
     key = freshest_for_this_machine(mine)
     if key is None:

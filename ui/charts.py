@@ -19,8 +19,7 @@ def _accepted_scale(z: Sequence[Sequence[float | None]]) -> dict[str, Any]:
     """A heat map's colour range: 0 to the largest value (at least 10%), a visible tint from the first percent (a
     cell at 5-30% is not white, only an exact 0 is grey)."""
     top = max([v for row in z for v in row if v is not None] + [0.1])
-    return dict(zmin=0, zmax=min(1.0, -(-top * 10 // 1) / 10),
-                colorscale=[[0, "#eeeeee"], [0.001, "#d9f0d3"], [0.3, "#7fbf7b"], [1, palette.ACCEPTED_BAR]])
+    return dict(zmin=0, zmax=min(1.0, -(-top * 10 // 1) / 10), colorscale=palette.ACCEPTED_SCALE)
 
 
 def png_config(filename: str) -> dict[str, Any]:

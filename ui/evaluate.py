@@ -52,24 +52,13 @@ class Evaluation:
     job: engine_jobs.Job | None = None
 
 
-def _same_draft(a: str | None, b: str | None) -> bool:
-    """Two names of one draft folder: equal resolved paths, or (a shipped record's path from another checkout) the
-    same `drafts/NAME` tail."""
-    if not a or not b:
-        return False
-    pa, pb = Path(a), Path(b)
-    if pa.exists() and pb.exists() and pa.resolve() == pb.resolve():
-        return True
-    return pa.parts[-2:] == pb.parts[-2:] and pa.parts[-2] == "drafts"
-
-
 def shipped_results(draft: str | None = None) -> list[Evaluation]:
     """The evaluator's records under benchmarks/results/ (per-k `by_k` tables), optionally of one draft only."""
     out = []
     for path in records.shipped_json(lambda d: isinstance(d, dict) and isinstance(d.get("by_k"), dict)
                                      and "draft" in d):
         result = json.loads(path.read_text())
-        if draft is not None and not _same_draft(result.get("draft"), draft):
+        if draft is not None and not records.same_draft(result.get("draft"), draft):
             continue
         out.append(Evaluation(result, f"shipped `{path.relative_to(records.SHIPPED)}` · "
                                       f"{records.provenance(result, path)}",

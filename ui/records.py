@@ -62,6 +62,17 @@ def provenance(record: dict[str, Any], path: str | Path | None = None) -> str:
     return f"another machine: {cpu}{when}"
 
 
+def same_draft(a: str | None, b: str | None) -> bool:
+    """Two names of one draft folder: equal resolved paths, or (a shipped record's path from another checkout) the
+    same `drafts/NAME` tail."""
+    if not a or not b:
+        return False
+    pa, pb = Path(a), Path(b)
+    if pa.exists() and pb.exists() and pa.resolve() == pb.resolve():
+        return True
+    return len(pa.parts) >= 2 and pa.parts[-2:] == pb.parts[-2:] and pa.parts[-2] == "drafts"
+
+
 def shipped_json(predicate) -> list[Path]:
     """benchmarks/results/**/*.json whose content satisfies `predicate(data)`, sorted by path."""
     import json
