@@ -64,6 +64,7 @@ def test_bench_cli_writes_json_and_skips_unfit_assistant(tiny_targets, tiny_draf
     assert proc.returncode == 0, proc.stderr[-2000:]
     data = json.loads(out.read_text())
     assert data["methods"]["hf_assisted"]["skipped"]
+    assert data["cpu"] and len(data["date"]) == 10  # the record names its machine and day
     assert data["methods"]["draft"]["identical_to_baseline"] is True
 
 

@@ -86,6 +86,9 @@ def test_evaluate_cli_prints_the_table_and_writes_json(tmp_path):
     assert "| k | mean acceptance length (walk)" in proc.stdout
     result = json.loads(out.read_text())
     assert result["ks"] == [1, 2, 3] and set(result["by_k"]) == {"1", "2", "3"}
+    from engine.cpu import cpu_model
+
+    assert result["cpu"] == cpu_model() and len(result["date"]) == 10  # which machine, which day: the app says so
     for acc in result["by_k"].values():
         tau, r = acc["mean_acceptance_length"], acc["per_position_acceptance"]
         assert tau == pytest.approx(1 + sum(r))  # vLLM's identity for a fixed k
