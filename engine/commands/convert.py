@@ -97,11 +97,13 @@ def run(args: argparse.Namespace) -> int:
 
     def said(p) -> None:
         defaulted.update(p.defaulted)
-        if defaulted:
-            reporter().update(defaulted=defaulted)
+        reporter().update("writing the converted draft (step 2 of 3)", 0.4, **({"defaulted": defaulted}
+                                                                            if defaulted else {}))
 
+    reporter().update("reading and mapping the checkpoint (step 1 of 3)", 0.05)
     out = convert(args.src, args.out, fmt=args.format, verifier=args.verifier, allow_pickle=args.allow_pickle,
                   overwrite=args.overwrite, options=options, on_plan=said)
+    reporter().update("validating it and drafting a few tokens with it (step 3 of 3)", 0.6)
     verdict = verify(out, args.verifier)
     if args.json:
         print(json.dumps({"out": str(out), "verdict": verdict.to_json(), "defaulted": defaulted}, indent=2))
