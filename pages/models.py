@@ -226,7 +226,8 @@ with tab_d:
                 st.markdown(bench_ui.draft_speed_text(speed))
                 st.caption("Why the forecast and the benchmark differ: the forecast multiplies the acceptance by step "
                            "costs measured in isolation, the benchmark times whole answers (loop overhead included). "
-                           "The Benchmarks page opens on the same benchmark; a Demo chat turn is one prompt and varies.")
+                           "The Benchmarks page opens on the same benchmark; a Demo chat turn is one prompt and "
+                           "varies.")
         show_cli(eval_argv)
 
 with tab_card:

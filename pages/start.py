@@ -47,6 +47,7 @@ if steps:
             st.caption(step.what)
             st.markdown(step.status)
             st.page_link(step.page, label=step.action, icon=step.icon)
-    st.caption("Every page shows the `python -m engine ...` command that does the same from a terminal; long work runs "
-               "as a job (the sidebar lists the running ones, the Jobs page all of them) and survives a browser refresh.")
+    st.caption("Every page shows the `python -m engine ...` command that does the same from a terminal; long work "
+               "runs as a job (the sidebar lists the running ones, the Jobs page all of them) and survives a browser "
+               "refresh.")
 show_cli(["targets"])

@@ -43,7 +43,8 @@ def acceptance_bars(lengths: Sequence[int], k: int, proposer: str | None = None)
     fig = go.Figure(go.Bar(x=list(range(1, len(lengths) + 1)), y=list(lengths), marker_color=palette.ACCEPTED_BAR,
                            hovertemplate="step %{x}: %{y} tokens<extra></extra>"))
     fig.add_hline(y=k + 1, line_dash="dot", line_color="#999", annotation_text=f"max k+1 = {k + 1}")
-    fig.update_layout(title="Acceptance length per step" + (f" · {proposer}" if proposer else ""), xaxis_title="step", yaxis_title="tokens emitted",
+    fig.update_layout(title="Acceptance length per step" + (f" · {proposer}" if proposer else ""),
+                      xaxis_title="step", yaxis_title="tokens emitted",
                       yaxis_range=[0, k + 1.5], xaxis_dtick=1 if len(lengths) <= 40 else None,
                       **{**_LAYOUT, "height": 240})
     return fig
