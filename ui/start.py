@@ -32,13 +32,14 @@ def _same_target(manifest: dict, target: str, target_path: str | None) -> bool:
 
 def extractions_for(target: str, target_path: str | None = None) -> list[str]:
     """Extraction folders under runs/ whose manifest names this target."""
+    from engine.errors import WorkbenchError
     from ui.data import extraction_folders, manifest
 
     found = []
     for folder in extraction_folders():
         try:
             m = manifest(folder) or {}
-        except Exception:  # a half-written manifest is not an extraction yet  # noqa: BLE001
+        except (OSError, ValueError, WorkbenchError):  # a half-written manifest is not an extraction yet
             continue
         if _same_target(m, target, target_path):
             found.append(folder)
@@ -93,7 +94,8 @@ def steps(target: str, draft: str | None, target_problem: str | None, target_pat
     if not draft:
         evaluated_text = "No draft to evaluate (the Benchmarks page measures n-gram against the target alone)."
     elif measured_here:
-        evaluated_text = f"Measured on this machine: {speed['speedup']:.2f}× at k = {speed['k']}."
+        evaluated_text = f"Measured on this machine: {speed['speedup']:.2f}× the target alone" + (
+            f" at k = {speed['k']}." if speed.get("k") else ".")
     elif here:
         evaluated_text = f"Evaluated on this machine ({here[0].where})."
     else:
