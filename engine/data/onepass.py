@@ -1,0 +1,251 @@
+"""Regenerate answers and extract their hidden states in one pass: the layers are kept while the target generates.
+
+`regenerate_and_extract` writes what `regenerate` followed by `extract --split all` on its JSONL writes (the
+same JSONL rows; an extraction folder of `hs_{i}.safetensors`, manifest.json and token_freq.safetensors), but
+runs no second forward over the conversations: greedy batched generation (left padding, attention mask,
+position ids, KV cache; `CapturingAnswerer`) keeps the hidden states of the requested layers for every token it
+feeds the target. A conversation's rendered tokens (what `extract` would read from the JSONL) are then the
+fed tokens up to where they differ (the end-of-turn marker after the answer, or an answer whose text
+re-tokenises differently), and only the rest, usually 1-2 tokens, is run through the target on that row's
+KV cache. Resumable and owned like both steps: a conversation in the JSONL without its sample file (a crash
+between the two writes) is extracted the ordinary way on the next run.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from engine.data.datasets import DEFAULT_VAL_FRACTION
+from engine.data.extract import DEFAULT_BATCH_TOKENS, capture_batch, plan_padded_batches
+from engine.data.extraction_run import (ExtractionRun, TargetInfo, build_header, check_disk, dataset_name,
+                                        estimate_bytes, log_done)
+from engine.data.regenerate import RegenerateSummary, left_pad, regenerate, stop_token_ids
+from engine.data.render import RenderedRow, render_dataset, render_rows
+from engine.data.store import MANIFEST, TOKEN_FREQ, sample_indices, sample_path
+from engine.errors import WorkbenchError
+from engine.fsutil import claim_names
+from engine.targets import LayerCapture
+
+log = logging.getLogger(__name__)
+
+
+def conversation_key(messages: Sequence[dict]) -> str:
+    """What identifies a conversation's messages (roles and contents), to find its captured states again."""
+    return json.dumps([[m["role"], m["content"]] for m in messages], ensure_ascii=False)
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token lists."""
+    n = min(len(a), len(b))
+    for k in range(n):
+        if a[k] != b[k]:
+            return k
+    return n
+
+
+def _row_cache(cache, row: int, start: int, end: int, config):
+    """A one-row DynamicCache holding positions [start, end) of batch row `row`; None for non-plain caches."""
+    from transformers import DynamicCache
+
+    if any(type(layer).__name__ != "DynamicLayer" for layer in cache.layers):
+        return None  # sliding-window or other layer kinds: the caller runs the whole conversation instead
+    out = DynamicCache(config=config)
+    for i, layer in enumerate(cache.layers):
+        out.update(layer.keys[row: row + 1, :, start:end].clone(), layer.values[row: row + 1, :, start:end].clone(), i)
+    return out
+
+
+class CapturingAnswerer:
+    """Drop-in for `regenerate.generate_answers` (greedy) that keeps the hidden states of `layer_ids`.
+
+    After each call, `states[conversation_key(history + [answer])]` holds the conversation's rendered row (as
+    `extract` renders it, truncated to `max_length`) and its hidden states [T, L, H] in `dtype`: prompt and
+    fed answer tokens from the generation's forwards, the rest from a forward on that row's KV cache.
+    """
+
+    backend = "transformers-onepass"
+
+    def __init__(self, target, layer_ids: Sequence[int], *, max_length: int | None, dtype: torch.dtype):
+        self.target = target
+        self.layer_ids = sorted(set(int(i) for i in layer_ids))
+        self.max_length = max_length
+        self.dtype = dtype
+        self.states: dict[str, tuple[RenderedRow | None, torch.Tensor | None]] = {}
+        self.fed_tokens = 0  # tokens run through the target while generating
+        self.tail_tokens = 0  # tokens run afterwards (end-of-turn markers, re-tokenised answers)
+
+    @torch.inference_mode()
+    def __call__(self, target, histories: Sequence[list[dict]], *, max_new_tokens: int, temperature: float,
+                 top_p: float = 1.0) -> list[tuple[str, int, bool]]:
+        if temperature > 0:
+            raise WorkbenchError("one-pass extraction generates greedily (temperature 0)",
+                                 hint="drop --extract-to to sample, then run `extract` on the regenerated file")
+        tok = target.tokenizer
+        prompts = [tok(tok.apply_chat_template(h, tokenize=False, add_generation_prompt=True),
+                       add_special_tokens=False)["input_ids"] for h in histories]
+        pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
+        stops = stop_token_ids(target)
+        new, hidden, cache, pads = self._generate(prompts, pad_id, stops, max_new_tokens)
+        answers = []
+        for b, (history, prompt) in enumerate(zip(histories, prompts)):
+            row = new[b]  # [<= max_new_tokens]
+            cut = next((k for k, t in enumerate(row) if t in stops), None)
+            kept = row if cut is None else row[:cut]
+            text = tok.decode(kept, skip_special_tokens=True).strip()
+            answers.append((text, len(kept) + (cut is not None), cut is not None))
+            if text:
+                # fed tokens (their states exist): the prompt, then every answer token but the last sampled one,
+                # up to the stop token (a finished row is fed padding while the others go on)
+                fed = prompt + row[: min(len(row) - 1, len(row) if cut is None else cut + 1)]
+                self._keep(history + [{"role": "assistant", "content": text}], b, fed, pads[b], hidden, cache)
+        return answers
+
+    def _generate(self, prompts: list[list[int]], pad_id: int, stops: set[int], max_new_tokens: int):
+        """Greedy batched decoding with hooks: (new ids per row, states [B, S, L, H], cache, left pads)."""
+        model, device = self.target.model, self.target.device
+        ids, mask = left_pad(prompts, pad_id)  # [B, P]
+        pads = [ids.shape[1] - len(p) for p in prompts]
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)  # [B, P]: every row counts from 0 at its first token
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=model.config)
+        stop = torch.tensor(sorted(stops), dtype=torch.long, device=device)
+        finished = torch.zeros(len(prompts), dtype=torch.bool, device=device)
+        x, mask, positions = ids.to(device), mask.to(device), positions.to(device)
+        states, new = [], []
+        with LayerCapture(model, self.layer_ids) as capture:
+            for _ in range(max_new_tokens):
+                logits = model(input_ids=x, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                               use_cache=True, logits_to_keep=1).logits[:, -1]  # [B, V]
+                states.append(capture.stacked().to(self.dtype))  # [B, t, L, H]
+                self.fed_tokens += int(x.shape[1] * (~finished).sum())
+                nxt = torch.where(finished, torch.full_like(finished, pad_id, dtype=torch.long),
+                                  logits.argmax(-1))  # [B]
+                new.append(nxt)
+                finished |= torch.isin(nxt, stop)
+                if bool(finished.all()):
+                    break
+                x = nxt[:, None]
+                mask = torch.cat([mask, mask.new_ones(len(prompts), 1)], dim=1)
+                positions = positions[:, -1:] + 1
+        new_ids = torch.stack(new, dim=1).tolist()  # [B, steps]
+        return new_ids, torch.cat(states, dim=1), cache, pads  # states [B, P + steps - 1, L, H]
+
+    def _keep(self, messages: list[dict], b: int, fed: list[int], pad: int, hidden: torch.Tensor, cache) -> None:
+        """Store row b's rendered conversation and its states: fed tokens' states, then the rest on its cache."""
+        fed = fed[: hidden.shape[1] - pad]  # a row that stopped last was fed its states up to the final step
+        rendered = render_rows(self.target.tokenizer, [{"id": "onepass", "messages": messages}], self.max_length)
+        key = conversation_key(messages)
+        if not rendered:  # no loss token (cut by max_length) or a template error: `extract` skips it too
+            self.states[key] = (None, None)
+            return
+        row = rendered[0]
+        p = common_prefix(fed, row.input_ids)
+        head = hidden[b, pad: pad + p]  # [p, L, H]
+        if p < row.num_tokens:
+            tail = self._tail(row.input_ids, b, pad, p, cache)
+            head = torch.cat([head, tail], dim=0) if tail.shape[0] < row.num_tokens else tail
+        self.states[key] = (row, head)
+
+    def _tail(self, ids: list[int], b: int, pad: int, p: int, cache) -> torch.Tensor:
+        """States of ids[p:] [T - p, L, H] on row b's cache of its first p tokens (all of ids without a cache)."""
+        model, device = self.target.model, self.target.device
+        row_cache = _row_cache(cache, b, pad, pad + p, model.config) if p > 0 else None
+        if row_cache is None:
+            self.tail_tokens += len(ids)
+            return capture_batch(model, [ids], self.layer_ids, device)[0].to(self.dtype)
+        self.tail_tokens += len(ids) - p
+        x = torch.tensor([ids[p:]], device=device)  # [1, T - p]
+        positions = torch.arange(p, len(ids), device=device)[None]
+        with LayerCapture(model, self.layer_ids, stop_early=True) as capture:
+            capture.decoder(input_ids=x, position_ids=positions, past_key_values=row_cache, use_cache=True)
+        return capture.stacked()[0].to(self.dtype)
+
+
+class GrowingExtractionRun(ExtractionRun):
+    """An `ExtractionRun` whose rows arrive while it runs (one per regenerated conversation that renders).
+
+    It claims the sample names up to `planned` before anything is written, so a user's file under one of those
+    names blocks the run as it blocks `extract`."""
+
+    def __init__(self, out, header: dict, rows: list[RenderedRow], *, planned: int, overwrite: bool = False):
+        super().__init__(out, header, rows, overwrite=overwrite, check_space=False)
+        self.planned = planned
+        self.finished = False  # set when every conversation is regenerated: until then the folder is not complete
+
+    def remaining(self) -> list[int]:
+        """Rows without a sample; until `finished`, the rows still to come count too (as the index of the next)."""
+        return super().remaining() + ([] if self.finished else [len(self.rows)])
+
+    def _claim(self) -> None:
+        names = [MANIFEST, TOKEN_FREQ, *(sample_path(self.out, i).name
+                                         for i in sorted(set(range(self.planned)) | set(sample_indices(self.out))))]
+        claim_names(self.out, names, kind="hidden-states", overwrite=self.overwrite, overwrite_flag="--overwrite")
+
+    def add(self, row: RenderedRow, hidden_states: torch.Tensor) -> int:
+        """Append `row` as the next sample and write its states [T, L, H]; returns its index."""
+        self.rows.append(row)
+        self.header["planned_samples"] = max(self.header["planned_samples"], len(self.rows))
+        self.write(len(self.rows) - 1, hidden_states)
+        return len(self.rows) - 1
+
+
+def _extract_missing(run: ExtractionRun, target, layer_ids: Sequence[int]) -> int:
+    """Extract (the ordinary way) rows of the JSONL whose sample file is missing: a crash between the writes."""
+    todo = list(run.pending)
+    for batch in plan_padded_batches([run.rows[i].num_tokens for i in todo], batch_tokens=DEFAULT_BATCH_TOKENS):
+        indices = [todo[p] for p in batch]
+        for i, hs in zip(indices, capture_batch(target.model, [run.rows[i].input_ids for i in indices], layer_ids,
+                                                target.device)):
+            run.write(i, hs)
+    return len(todo)
+
+
+def regenerate_and_extract(target, rows: Sequence[dict], out: str | Path, extract_to: str | Path,
+                           layer_ids: Sequence[int], *, max_new_tokens: int = 256, batch_size: int = 8,
+                           max_length: int | None = None, max_turns: int | None = None, seed: int = 0,
+                           extract_max_length: int | None = 2048, dtype: str = "bf16", algo: str | None = None,
+                           overwrite: bool = False, progress: bool = True) -> RegenerateSummary:
+    """`regenerate` into the JSONL `out` and, in the same pass, `extract --split all` of it into `extract_to`.
+
+    Greedy only. `max_length` bounds prompt + answer while generating (as `regenerate`); `extract_max_length`
+    truncates the rendered conversations (as `extract --max-length`). The summary's `extracted` is the
+    number of samples in the folder."""
+    from engine.targets import parse_dtype
+
+    out, folder = Path(out), Path(extract_to)
+    layer_ids = sorted(set(int(i) for i in layer_ids))
+    header = build_header(TargetInfo.from_target(target), layer_ids, dtype, backend="transformers",
+                          dataset=dataset_name(str(out)), split="all", max_length=extract_max_length, seed=0,
+                          val_fraction=DEFAULT_VAL_FRACTION, algo=algo)
+    done: list[RenderedRow] = []
+    if out.is_file():  # resume: the rows `extract` would render from what is already regenerated
+        done, _, _ = render_dataset(str(out), target.tokenizer, split="all", max_length=extract_max_length)
+    answerer = CapturingAnswerer(target, layer_ids, max_length=extract_max_length, dtype=parse_dtype(dtype))
+    with GrowingExtractionRun(folder, header, list(done), planned=len(done) + len(rows), overwrite=overwrite) as run:
+        if run.pending:
+            log.info("extracting %d regenerated conversations whose samples are missing", len(run.pending))
+            _extract_missing(run, target, layer_ids)
+        check_disk(folder, estimate_bytes(len(rows) * max_new_tokens, len(rows), len(layer_ids),
+                                          target.hidden_size, dtype))  # answers alone: a lower bound
+
+        def write(written: list[dict]) -> None:  # after each batch's rows are in the JSONL
+            for r in written:
+                row, hs = answerer.states.pop(conversation_key(r["messages"]), (None, None))
+                if row is not None:
+                    run.add(RenderedRow(str(r["id"]), row.input_ids, row.loss_mask, row.truncated), hs)
+            answerer.states.clear()
+
+        summary = regenerate(target, rows, out, max_new_tokens=max_new_tokens, temperature=0.0, batch_size=batch_size,
+                             max_length=max_length, max_turns=max_turns, seed=seed, progress=progress,
+                             answer=answerer, on_rows=write)
+        run.finished = True
+    log_done(run)
+    summary.extracted = run.manifest["samples"]
+    log.info("one pass: %d tokens fed while generating, %d afterwards", answerer.fed_tokens, answerer.tail_tokens)
+    return summary
