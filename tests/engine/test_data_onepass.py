@@ -163,3 +163,34 @@ def test_builtin_target_short_conversations(builtin_target, tmp_path):
     assert read_rows(tmp_path / "one.jsonl") == read_rows(tmp_path / "two.jsonl")
     worst = assert_same_folders(tmp_path / "one", folder2, rtol=2 ** -6, atol=2e-2)
     print(f"built-in target, bf16 files: max |one pass - two steps| = {worst:.3g}")
+
+
+def test_a_recipe_with_onepass_extracts_while_regenerating(tmp_path):
+    """`regenerate: onepass: true` hands the extract step's settings to regenerate (--extract-to the same folder)."""
+    from engine.recipes.spec import cli_flags, load_recipe, step_options
+
+    path = tmp_path / "r.yaml"
+    path.write_text(f"work: {tmp_path / 'work'}\nregenerate: {{max_samples: 4, onepass: true}}\n"
+                    "extract: {algo: eagle3, max_length: 256, dtype: bf16}\n")
+    steps = dict(step_options(load_recipe(str(path))))
+    regen, extract = steps["regenerate"], steps["extract"]
+    assert regen["extract_to"] == extract["out"] == str(tmp_path / "work" / "hidden")
+    assert (regen["algo"], regen["extract_max_length"], regen["dtype"]) == ("eagle3", 256, "bf16")
+    assert "onepass" not in regen and "--extract-to" in cli_flags(regen)
+
+
+def test_recipe_steps_run_onepass_and_extract_finds_its_samples(tiny_targets, tmp_path):
+    """The recipe's regenerate step writes the samples; its extract step then only checks them (files unchanged)."""
+    from engine.recipes.recipe import run_recipe
+
+    path = tmp_path / "r.yaml"
+    path.write_text(f"work: {tmp_path / 'work'}\ntarget: {tiny_targets['llama']}\n"
+                    "regenerate: {max_samples: 3, max_new_tokens: 6, onepass: true}\n"
+                    "extract: {layers: '1,4', max_length: 128, batch_size: 2}\n")
+    run_recipe(str(path), only=["regenerate"])
+    hidden = tmp_path / "work" / "hidden"
+    stamps = {p.name: p.stat().st_mtime_ns for p in hidden.glob("hs_*.safetensors")}
+    assert stamps and read_manifest(hidden)["complete"]
+    run_recipe(str(path), only=["extract"])
+    assert {p.name: p.stat().st_mtime_ns for p in hidden.glob("hs_*.safetensors")} == stamps
+    assert read_manifest(hidden)["samples"] == len(stamps)
