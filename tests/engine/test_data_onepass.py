@@ -194,3 +194,30 @@ def test_recipe_steps_run_onepass_and_extract_finds_its_samples(tiny_targets, tm
     run_recipe(str(path), only=["extract"])
     assert {p.name: p.stat().st_mtime_ns for p in hidden.glob("hs_*.safetensors")} == stamps
     assert read_manifest(hidden)["samples"] == len(stamps)
+
+
+def test_cli_one_pass_then_extract_of_the_same_file_equals_it(tiny_targets, tmp_path):
+    """`regenerate --extract-to` and `extract --split all` of its JSONL into a second folder: equal folders."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+
+    def engine(*args):
+        proc = subprocess.run([sys.executable, "-m", "engine", *args], capture_output=True, text=True, cwd=root,
+                              env={**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return proc.stdout
+
+    chats = tmp_path / "chats.jsonl"
+    chats.write_text("".join(json.dumps(r) + "\n" for r in CHATS))
+    common = ["--target", str(tiny_targets["llama"]), "--layers", "1,4", "--dtype", "fp32"]
+    printed = engine("regenerate", *common, "--dataset", str(chats), "--split", "all", "--max-new-tokens", "8",
+                     "--out", str(tmp_path / "o.jsonl"), "--extract-to", str(tmp_path / "one"),
+                     "--extract-max-length", "100")
+    assert json.loads(printed[printed.index("{"):])["extracted"] == len(sample_indices(tmp_path / "one"))
+    engine("extract", *common, "--dataset", str(tmp_path / "o.jsonl"), "--split", "all", "--max-length", "100",
+           "--out", str(tmp_path / "two"))
+    assert assert_same_folders(tmp_path / "one", tmp_path / "two", rtol=1e-4, atol=1e-5) < 1e-4
