@@ -89,66 +89,79 @@ class CapturingAnswerer:
         prompts = [tok(tok.apply_chat_template(h, tokenize=False, add_generation_prompt=True),
                        add_special_tokens=False)["input_ids"] for h in histories]
         pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
-        stops = stop_token_ids(target)
-        new, hidden, cache, pads = self._generate(prompts, pad_id, stops, max_new_tokens)
-        answers = []
-        for b, (history, prompt) in enumerate(zip(histories, prompts)):
-            row = new[b]  # [<= max_new_tokens]
-            cut = next((k for k, t in enumerate(row) if t in stops), None)
-            kept = row if cut is None else row[:cut]
-            text = tok.decode(kept, skip_special_tokens=True).strip()
-            answers.append((text, len(kept) + (cut is not None), cut is not None))
-            if text:
-                # fed tokens (their states exist): the prompt, then every answer token but the last sampled one,
-                # up to the stop token (a finished row is fed padding while the others go on)
-                fed = prompt + row[: min(len(row) - 1, len(row) if cut is None else cut + 1)]
-                self._keep(history + [{"role": "assistant", "content": text}], b, fed, pads[b], hidden, cache)
-        return answers
+        return self._generate(histories, prompts, pad_id, stop_token_ids(target), max_new_tokens)
 
-    def _generate(self, prompts: list[list[int]], pad_id: int, stops: set[int], max_new_tokens: int):
-        """Greedy batched decoding with hooks: (new ids per row, states [B, S, L, H], cache, left pads)."""
-        model, device = self.target.model, self.target.device
-        ids, mask = left_pad(prompts, pad_id)  # [B, P]
-        pads = [ids.shape[1] - len(p) for p in prompts]
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)  # [B, P]: every row counts from 0 at its first token
+    def _generate(self, histories, prompts: list[list[int]], pad_id: int, stops: set[int],
+                  max_new_tokens: int) -> list[tuple[str, int, bool]]:
+        """Greedy batched decoding with hooks; a row leaves the batch (and its cache) when its answer ends."""
         from transformers import DynamicCache
 
-        cache = DynamicCache(config=model.config)
-        stop = torch.tensor(sorted(stops), dtype=torch.long, device=device)
-        finished = torch.zeros(len(prompts), dtype=torch.bool, device=device)
+        model, device = self.target.model, self.target.device
+        ids, mask = left_pad(prompts, pad_id)  # [B, P]
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)  # [B, P]: every row counts from 0 at its first token
         x, mask, positions = ids.to(device), mask.to(device), positions.to(device)
-        states, new = [], []
+        cache = DynamicCache(config=model.config)
+        rows = list(range(len(prompts)))  # batch row j holds conversation rows[j]
+        pads = [ids.shape[1] - len(p) for p in prompts]  # left padding of batch row j
+        states: list[list[torch.Tensor]] = [[] for _ in prompts]  # per conversation: [t, L, H] chunks, in order
+        new: list[list[int]] = [[] for _ in prompts]
+        answers: list = [None] * len(prompts)
         with LayerCapture(model, self.layer_ids) as capture:
-            for _ in range(max_new_tokens):
+            for step in range(max_new_tokens):
                 logits = model(input_ids=x, attention_mask=mask, position_ids=positions, past_key_values=cache,
-                               use_cache=True, logits_to_keep=1).logits[:, -1]  # [B, V]
-                states.append(capture.stacked().to(self.dtype))  # [B, t, L, H]
-                self.fed_tokens += int(x.shape[1] * (~finished).sum())
-                nxt = torch.where(finished, torch.full_like(finished, pad_id, dtype=torch.long),
-                                  logits.argmax(-1))  # [B]
-                new.append(nxt)
-                finished |= torch.isin(nxt, stop)
-                if bool(finished.all()):
+                               use_cache=True, logits_to_keep=1).logits[:, -1]  # [b, V]
+                hidden = capture.stacked().to(self.dtype)  # [b, t, L, H]
+                nxt = logits.argmax(-1).tolist()  # [b]
+                for j, b in enumerate(rows):
+                    states[b].append(hidden[j, pads[j]:] if step == 0 else hidden[j])  # padding dropped
+                    self.fed_tokens += states[b][-1].shape[0]
+                    new[b].append(nxt[j])
+                ending = [j for j, b in enumerate(rows) if nxt[j] in stops or step == max_new_tokens - 1]
+                for j in ending:
+                    b = rows[j]
+                    answers[b] = self._finish(histories[b], prompts[b] + new[b][:-1], new[b], stops,
+                                              torch.cat(states[b]), cache, j, pads[j])
+                    states[b] = []
+                keep = [j for j in range(len(rows)) if j not in ending]
+                if not keep:
                     break
-                x = nxt[:, None]
-                mask = torch.cat([mask, mask.new_ones(len(prompts), 1)], dim=1)
+                if ending:  # the rows that ended leave the batch; padding no row needs any more goes too
+                    index = torch.tensor(keep, device=device)
+                    cache.batch_select_indices(index)
+                    mask, positions = mask[index], positions[index]
+                    rows, pads, nxt = [rows[j] for j in keep], [pads[j] for j in keep], [nxt[j] for j in keep]
+                    cut = min(pads)
+                    if cut:
+                        for layer in cache.layers:
+                            layer.keys, layer.values = layer.keys[:, :, cut:], layer.values[:, :, cut:]
+                        mask, pads = mask[:, cut:], [pad - cut for pad in pads]
+                x = torch.tensor(nxt, device=device)[:, None]  # [b, 1]
+                mask = torch.cat([mask, mask.new_ones(len(rows), 1)], dim=1)
                 positions = positions[:, -1:] + 1
-        new_ids = torch.stack(new, dim=1).tolist()  # [B, steps]
-        return new_ids, torch.cat(states, dim=1), cache, pads  # states [B, P + steps - 1, L, H]
+        return answers
 
-    def _keep(self, messages: list[dict], b: int, fed: list[int], pad: int, hidden: torch.Tensor, cache) -> None:
-        """Store row b's rendered conversation and its states: fed tokens' states, then the rest on its cache."""
-        fed = fed[: hidden.shape[1] - pad]  # a row that stopped last was fed its states up to the final step
+    def _finish(self, history: list[dict], fed: list[int], new: list[int], stops: set[int], hidden: torch.Tensor,
+                cache, j: int, pad: int) -> tuple[str, int, bool]:
+        """(text, new tokens, ended) of a finished answer; keeps its conversation's states (`_keep`)."""
+        cut = next((k for k, t in enumerate(new) if t in stops), None)
+        kept = new if cut is None else new[:cut]
+        text = self.target.tokenizer.decode(kept, skip_special_tokens=True).strip()
+        if text:
+            self._keep(history + [{"role": "assistant", "content": text}], fed, hidden, cache, j, pad)
+        return text, len(kept) + (cut is not None), cut is not None
+
+    def _keep(self, messages: list[dict], fed: list[int], hidden: torch.Tensor, cache, j: int, pad: int) -> None:
+        """Store the rendered conversation and its states [T, L, H]: the fed tokens', then the rest on its cache."""
         rendered = render_rows(self.target.tokenizer, [{"id": "onepass", "messages": messages}], self.max_length)
         key = conversation_key(messages)
         if not rendered:  # no loss token (cut by max_length) or a template error: `extract` skips it too
             self.states[key] = (None, None)
             return
         row = rendered[0]
-        p = common_prefix(fed, row.input_ids)
-        head = hidden[b, pad: pad + p]  # [p, L, H]
+        p = common_prefix(fed, row.input_ids)  # hidden [len(fed), L, H]
+        head = hidden[:p]
         if p < row.num_tokens:
-            tail = self._tail(row.input_ids, b, pad, p, cache)
+            tail = self._tail(row.input_ids, j, pad, p, cache)
             head = torch.cat([head, tail], dim=0) if tail.shape[0] < row.num_tokens else tail
         self.states[key] = (row, head)
 
