@@ -24,7 +24,7 @@ from engine.data.datasets import DEFAULT_VAL_FRACTION
 from engine.data.extract import DEFAULT_BATCH_TOKENS, capture_batch, plan_padded_batches
 from engine.data.extraction_run import (ExtractionRun, TargetInfo, build_header, check_disk, dataset_name,
                                         estimate_bytes, log_done)
-from engine.data.regenerate import RegenerateSummary, left_pad, regenerate, stop_token_ids
+from engine.data.regenerate import RegenerateSummary, regenerate, stop_token_ids
 from engine.data.render import RenderedRow, render_dataset, render_rows
 from engine.data.store import MANIFEST, TOKEN_FREQ, sample_indices, sample_path
 from engine.errors import WorkbenchError
@@ -52,12 +52,32 @@ def _row_cache(cache, row: int, start: int, end: int, config):
     """A one-row DynamicCache holding positions [start, end) of batch row `row`; None for non-plain caches."""
     from transformers import DynamicCache
 
-    if any(type(layer).__name__ != "DynamicLayer" for layer in cache.layers):
+    if not _plain(cache):
         return None  # sliding-window or other layer kinds: the caller runs the whole conversation instead
     out = DynamicCache(config=config)
     for i, layer in enumerate(cache.layers):
         out.update(layer.keys[row: row + 1, :, start:end].clone(), layer.values[row: row + 1, :, start:end].clone(), i)
     return out
+
+
+def _plain(cache) -> bool:
+    """A cache of plain growing layers (no sliding window, no linear attention): rows can be sliced and joined."""
+    return all(type(layer).__name__ == "DynamicLayer" for layer in cache.layers)
+
+
+def _join_caches(caches: list, config) -> tuple[object, list[int]]:
+    """One left-padded batch cache [b, heads, S, d] from one-row caches; (cache, left padding of each row)."""
+    from transformers import DynamicCache
+
+    width = max(c.get_seq_length() for c in caches)
+    pads = [width - c.get_seq_length() for c in caches]
+    out = DynamicCache(config=config)
+    for i in range(len(caches[0].layers)):
+        keys = torch.cat([torch.nn.functional.pad(c.layers[i].keys, (0, 0, pad, 0)) for c, pad in zip(caches, pads)])
+        values = torch.cat([torch.nn.functional.pad(c.layers[i].values, (0, 0, pad, 0))
+                            for c, pad in zip(caches, pads)])
+        out.update(keys, values, i)
+    return out, pads
 
 
 class CapturingAnswerer:
@@ -88,56 +108,92 @@ class CapturingAnswerer:
         tok = target.tokenizer
         prompts = [tok(tok.apply_chat_template(h, tokenize=False, add_generation_prompt=True),
                        add_special_tokens=False)["input_ids"] for h in histories]
-        pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
-        return self._generate(histories, prompts, pad_id, stop_token_ids(target), max_new_tokens)
+        return self._generate(histories, prompts, stop_token_ids(target), max_new_tokens)
 
-    def _generate(self, histories, prompts: list[list[int]], pad_id: int, stops: set[int],
+    def _generate(self, histories, prompts: list[list[int]], stops: set[int],
                   max_new_tokens: int) -> list[tuple[str, int, bool]]:
-        """Greedy batched decoding with hooks; a row leaves the batch (and its cache) when its answer ends."""
+        """Greedy decoding with hooks. Each prompt runs alone (no padding: its states are those of a plain forward);
+        the answers are then decoded together on the joined, left-padded caches, and a row leaves the batch (with
+        its cache) when its answer ends."""
         from transformers import DynamicCache
 
         model, device = self.target.model, self.target.device
-        ids, mask = left_pad(prompts, pad_id)  # [B, P]
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)  # [B, P]: every row counts from 0 at its first token
-        x, mask, positions = ids.to(device), mask.to(device), positions.to(device)
-        cache = DynamicCache(config=model.config)
-        rows = list(range(len(prompts)))  # batch row j holds conversation rows[j]
-        pads = [ids.shape[1] - len(p) for p in prompts]  # left padding of batch row j
         states: list[list[torch.Tensor]] = [[] for _ in prompts]  # per conversation: [t, L, H] chunks, in order
         new: list[list[int]] = [[] for _ in prompts]
         answers: list = [None] * len(prompts)
+        caches = []
         with LayerCapture(model, self.layer_ids) as capture:
-            for step in range(max_new_tokens):
+            for b, prompt in enumerate(prompts):
+                cache = DynamicCache(config=model.config)
+                logits = model(input_ids=torch.tensor([prompt], device=device), past_key_values=cache, use_cache=True,
+                               logits_to_keep=1).logits[0, -1]  # [V]
+                states[b].append(capture.stacked()[0].to(self.dtype))  # [T_b, L, H]
+                new[b].append(int(logits.argmax()))
+                self.fed_tokens += len(prompt)
+                caches.append(cache)
+        rows = []
+        for b in range(len(prompts)):  # an answer of one token ends here
+            if new[b][-1] in stops or max_new_tokens == 1:
+                answers[b] = self._finish(histories[b], prompts[b], new[b], stops, states[b][0], caches[b], 0, 0)
+            else:
+                rows.append(b)
+        if len(rows) == 1 or not all(_plain(caches[b]) for b in rows):  # cannot join: one conversation at a time
+            for b in rows:
+                answers[b] = self._decode(histories, prompts, [b], new, states, caches[b], [0], stops,
+                                          max_new_tokens)[b]
+        elif rows:
+            cache, pads = _join_caches([caches[b] for b in rows], model.config)
+            caches.clear()
+            answers_of = self._decode(histories, prompts, rows, new, states, cache, pads, stops, max_new_tokens)
+            for b in rows:
+                answers[b] = answers_of[b]
+        return answers
+
+    def _decode(self, histories, prompts, rows: list[int], new, states, cache, pads: list[int], stops: set[int],
+                max_new_tokens: int) -> dict[int, tuple[str, int, bool]]:
+        """Decode conversations `rows` (batch row j = rows[j], left padding pads[j]) from their first answer token
+        on; returns {conversation: (text, new tokens, ended)}."""
+        model, device = self.target.model, self.target.device
+        width = cache.get_seq_length()
+        mask = torch.zeros(len(rows), width + 1, dtype=torch.long, device=device)  # [b, S + 1]
+        for j, pad in enumerate(pads):
+            mask[j, pad:] = 1
+        positions = torch.tensor([[len(prompts[b])] for b in rows], device=device)  # [b, 1]
+        x = torch.tensor([[new[b][-1]] for b in rows], device=device)  # [b, 1]
+        answers: dict[int, tuple[str, int, bool]] = {}
+        capture = LayerCapture(model, self.layer_ids)
+        for step in range(1, max_new_tokens):
+            with capture:
                 logits = model(input_ids=x, attention_mask=mask, position_ids=positions, past_key_values=cache,
                                use_cache=True, logits_to_keep=1).logits[:, -1]  # [b, V]
-                hidden = capture.stacked().to(self.dtype)  # [b, t, L, H]
-                nxt = logits.argmax(-1).tolist()  # [b]
-                for j, b in enumerate(rows):
-                    states[b].append(hidden[j, pads[j]:] if step == 0 else hidden[j])  # padding dropped
-                    self.fed_tokens += states[b][-1].shape[0]
-                    new[b].append(nxt[j])
-                ending = [j for j, b in enumerate(rows) if nxt[j] in stops or step == max_new_tokens - 1]
-                for j in ending:
-                    b = rows[j]
-                    answers[b] = self._finish(histories[b], prompts[b] + new[b][:-1], new[b], stops,
-                                              torch.cat(states[b]), cache, j, pads[j])
-                    states[b] = []
-                keep = [j for j in range(len(rows)) if j not in ending]
-                if not keep:
-                    break
-                if ending:  # the rows that ended leave the batch; padding no row needs any more goes too
-                    index = torch.tensor(keep, device=device)
-                    cache.batch_select_indices(index)
-                    mask, positions = mask[index], positions[index]
-                    rows, pads, nxt = [rows[j] for j in keep], [pads[j] for j in keep], [nxt[j] for j in keep]
-                    cut = min(pads)
-                    if cut:
-                        for layer in cache.layers:
-                            layer.keys, layer.values = layer.keys[:, :, cut:], layer.values[:, :, cut:]
-                        mask, pads = mask[:, cut:], [pad - cut for pad in pads]
-                x = torch.tensor(nxt, device=device)[:, None]  # [b, 1]
-                mask = torch.cat([mask, mask.new_ones(len(rows), 1)], dim=1)
-                positions = positions[:, -1:] + 1
+            hidden = capture.stacked().to(self.dtype)  # [b, 1, L, H]
+            nxt = logits.argmax(-1).tolist()  # [b]
+            for j, b in enumerate(rows):
+                states[b].append(hidden[j])
+                new[b].append(nxt[j])
+            self.fed_tokens += len(rows)
+            ending = [j for j, b in enumerate(rows) if nxt[j] in stops or step == max_new_tokens - 1]
+            for j in ending:
+                b = rows[j]
+                answers[b] = self._finish(histories[b], prompts[b] + new[b][:-1], new[b], stops,
+                                          torch.cat(states[b]), cache, j, pads[j])
+                states[b] = []
+            keep = [j for j in range(len(rows)) if j not in ending]
+            if not keep:
+                break
+            if ending:  # the rows that ended leave the batch; padding no row needs any more goes too
+                index = torch.tensor(keep, device=device)
+                cache.batch_select_indices(index)
+                mask, positions = mask[index], positions[index]
+                rows, pads, nxt = [rows[j] for j in keep], [pads[j] for j in keep], [nxt[j] for j in keep]
+                cut = min(pads)
+                if cut:
+                    for layer in cache.layers:
+                        layer.keys, layer.values = layer.keys[:, :, cut:], layer.values[:, :, cut:]
+                    mask, pads = mask[:, cut:], [pad - cut for pad in pads]
+            x = torch.tensor(nxt, device=device)[:, None]  # [b, 1]
+            mask = torch.cat([mask, mask.new_ones(len(rows), 1)], dim=1)
+            positions = positions + 1
         return answers
 
     def _finish(self, history: list[dict], fed: list[int], new: list[int], stops: set[int], hidden: torch.Tensor,
