@@ -45,13 +45,12 @@ def regenerate_dataset(*, out: str, dataset: str = "sharegpt", target: str | Non
     kwargs = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, batch_size=batch_size,
                   max_length=max_length, max_turns=max_turns, seed=seed)
     if extract_to is not None:
+        from engine.algos import default_algo
         from engine.data.layer_ids import resolve_layer_ids
         from engine.data.onepass import regenerate_and_extract
 
         layer_ids = resolve_layer_ids(model.num_layers, layers, algo)
-        kwargs.pop("temperature"), kwargs.pop("top_p")
-        from engine.algos import default_algo
-
+        kwargs.pop("temperature"), kwargs.pop("top_p")  # greedy (checked above)
         return regenerate_and_extract(model, rows, out, extract_to, layer_ids, extract_max_length=extract_max_length,
                                       dtype=dtype, algo=(algo or default_algo()) if layers in (None, "") else None,
                                       **kwargs)
