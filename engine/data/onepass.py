@@ -2,12 +2,14 @@
 
 `regenerate_and_extract` writes what `regenerate` followed by `extract --split all` on its JSONL writes (the
 same JSONL rows; an extraction folder of `hs_{i}.safetensors`, manifest.json and token_freq.safetensors), but
-runs no second forward over the conversations: greedy batched generation (left padding, attention mask,
-position ids, KV cache; `CapturingAnswerer`) keeps the hidden states of the requested layers for every token it
+runs no second forward over the conversations. Greedy generation (`CapturingAnswerer`) runs each prompt alone,
+then decodes the batch's answers together on the joined, left-padded KV caches (attention mask, position ids;
+an answer that ends leaves the batch), and keeps the hidden states of the requested layers for every token it
 feeds the target. A conversation's rendered tokens (what `extract` would read from the JSONL) are then the
 fed tokens up to where they differ (the end-of-turn marker after the answer, or an answer whose text
 re-tokenises differently), and only the rest, usually 1-2 tokens, is run through the target on that row's
-KV cache. Resumable and owned like both steps: a conversation in the JSONL without its sample file (a crash
+KV cache. A multi-turn conversation's later prompts (its earlier answers and the next user turn) are prefilled
+in the next turn's generation, as `regenerate` does; the last turn's states cover the whole conversation. Resumable and owned like both steps: a conversation in the JSONL without its sample file (a crash
 between the two writes) is extracted the ordinary way on the next run.
 """
 
@@ -305,7 +307,13 @@ def regenerate_and_extract(target, rows: Sequence[dict], out: str | Path, extrac
 
         def write(written: list[dict]) -> None:  # after each batch's rows are in the JSONL
             for r in written:
-                row, hs = answerer.states.pop(conversation_key(r["messages"]), (None, None))
+                key = conversation_key(r["messages"])
+                if key not in answerer.states:  # not captured (not expected): extracted the ordinary way, in order
+                    rendered = render_rows(target.tokenizer, [r], extract_max_length)
+                    answerer.states[key] = (rendered[0], capture_batch(target.model, [rendered[0].input_ids],
+                                                                       layer_ids, target.device)[0]) \
+                        if rendered else (None, None)
+                row, hs = answerer.states.pop(key)
                 if row is not None:
                     run.add(RenderedRow(str(r["id"]), row.input_ids, row.loss_mask, row.truncated), hs)
             answerer.states.clear()

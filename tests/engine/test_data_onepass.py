@@ -221,3 +221,15 @@ def test_cli_one_pass_then_extract_of_the_same_file_equals_it(tiny_targets, tmp_
     engine("extract", *common, "--dataset", str(tmp_path / "o.jsonl"), "--split", "all", "--max-length", "100",
            "--out", str(tmp_path / "two"))
     assert assert_same_folders(tmp_path / "one", tmp_path / "two", rtol=1e-4, atol=1e-5) < 1e-4
+
+
+def test_a_conversation_whose_states_were_not_kept_is_extracted_in_its_place(tiny_llama, tmp_path, monkeypatch):
+    """Sample indices must stay those of `extract`: a row without kept states is extracted, not skipped."""
+    layer_ids = [1, tiny_llama.num_layers]
+    kw = dict(max_new_tokens=8, batch_size=2, extract_max_length=200, dtype="fp32", progress=False)
+    op.regenerate_and_extract(tiny_llama, CHATS, tmp_path / "a.jsonl", tmp_path / "a", layer_ids, **kw)
+    keep = op.CapturingAnswerer._keep
+    monkeypatch.setattr(op.CapturingAnswerer, "_keep", lambda self, messages, *a: None if "Be brief." in json.dumps(
+        messages) else keep(self, messages, *a))
+    op.regenerate_and_extract(tiny_llama, CHATS, tmp_path / "b.jsonl", tmp_path / "b", layer_ids, **kw)
+    assert assert_same_folders(tmp_path / "b", tmp_path / "a", rtol=1e-4, atol=1e-5) < 1e-4
