@@ -9,8 +9,9 @@ feeds the target. A conversation's rendered tokens (what `extract` would read fr
 fed tokens up to where they differ (the end-of-turn marker after the answer, or an answer whose text
 re-tokenises differently), and only the rest, usually 1-2 tokens, is run through the target on that row's
 KV cache. A multi-turn conversation's later prompts (its earlier answers and the next user turn) are prefilled
-in the next turn's generation, as `regenerate` does; the last turn's states cover the whole conversation. Resumable and owned like both steps: a conversation in the JSONL without its sample file (a crash
-between the two writes) is extracted the ordinary way on the next run.
+in the next turn's generation, as `regenerate` does; the last turn's states cover the whole conversation.
+Resumable and owned like both steps: a conversation in the JSONL without its sample file (a crash between the
+two writes) is extracted the ordinary way on the next run.
 """
 
 from __future__ import annotations
