@@ -10,8 +10,12 @@ import streamlit as st
 from ui import sidebar, state
 from ui.resources import log_to_terminal
 from ui.errors import guard, show_pending
+from ui.start import url_path
 
 PAGES = {
+    "Start": [
+        ("pages/start.py", "Start", ":material/home:"),
+    ],
     "Models": [
         ("pages/models.py", "Models", ":material/hub:"),
     ],
@@ -34,11 +38,16 @@ PAGES = {
 }
 
 
+START = "pages/start.py"
+
+
 def run() -> None:
     log_to_terminal()
     st.set_page_config(page_title="Speculators Workbench", page_icon=":material/bolt:", layout="wide")
     state.init_state()
-    nav = st.navigation({section: [st.Page(path, title=title, icon=icon, default=(path == "pages/models.py"))
+    # the start page is "/"; every other page has the URL of its file name (/models, /demo_chat, ...), typed or linked
+    nav = st.navigation({section: [st.Page(path, title=title, icon=icon, default=(path == START),
+                                           url_path=None if path == START else url_path(path))
                                    for path, title, icon in pages] for section, pages in PAGES.items()})
     sidebar.render()
     show_pending()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
@@ -14,6 +15,9 @@ def command_line(script: str, argv: list[str] | None) -> str:
 def print_and_save(result: dict[str, Any], table: str, json_path: str | None) -> None:
     """Print the markdown table; write the result JSON (atomically, folders created) when asked."""
     print(table)
+    # 1/5/15-minute load averages when the run ended: above the core count, other work shared the machine
+    result.setdefault("load_average_at_end", [round(x, 2) for x in os.getloadavg()])
+    result.setdefault("cores", os.cpu_count())
     if json_path:
         from engine.fsutil import atomic_write_json
 

@@ -27,6 +27,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "generate": ("generate", "generate with the target, with or without speculative decoding"),
     "bench": ("bench", "benchmark speculative methods against the baseline on the same prompts"),
     "evaluate": ("evaluate", "decoding-exact acceptance per k on held-out target outputs, without decoding"),
+    "repair": ("repair", "store the verifier's embedding in a draft that lacks it (speculators 0.9.0 needs it)"),
     "convert": ("convert", "convert a research checkpoint (the known layouts: see --detect) into the speculators format"),
     "recipe": ("recipe", "run a whole named recipe (data, extraction, training, evaluation)"),
     "serve": ("serve", "serve a draft with real vLLM (its own virtual environment)"),

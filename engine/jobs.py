@@ -100,6 +100,46 @@ def reporter() -> Reporter:
     return _REPORTER
 
 
+def duration_text(seconds: float) -> str:
+    """"45 s", "3 min 20 s", "1 h 05 min": a duration as people read it."""
+    seconds = max(0, int(round(seconds)))
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min {seconds % 60:02d} s"
+    return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"
+
+
+def tracked(iterable: Any, *, desc: str, total: int | None = None, span: tuple[float, float] | None = (0.0, 1.0),
+            unit: str = "it", enabled: bool = True, every_s: float = 1.0) -> Any:
+    """A tqdm bar over `iterable` that also writes the job's progress into status.json: "desc: 3/10 (about 40 s
+    left)", its fraction scaled into `span` of the whole job (a job of several phases), at most every `every_s`;
+    span None: the bar only (a caller that reports its own progress)."""
+    from tqdm import tqdm
+
+    rep = reporter() if span is not None else Reporter(None)
+    if total is None and hasattr(iterable, "__len__"):
+        total = len(iterable)
+    lo, hi = span or (0.0, 1.0)
+    start = last = time.monotonic()
+    if rep.active:
+        rep.update(f"{desc}: 0/{total}" if total else desc, lo)
+    done = 0
+    for item in tqdm(iterable, total=total, desc=desc, unit=unit, disable=not enabled, dynamic_ncols=True):
+        yield item
+        done += 1
+        now = time.monotonic()
+        if rep.active and (now - last >= every_s or done == total):
+            last = now
+            if total:
+                left = (now - start) / done * (total - done)
+                rep.update(f"{desc}: {done}/{total} " + (f"(about {duration_text(left)} left)" if done < total
+                                                        else f"({duration_text(now - start)})"),
+                           lo + (hi - lo) * done / total)
+            else:
+                rep.update(f"{desc}: {done} done ({duration_text(now - start)})")
+
+
 @dataclass
 class Job:
     """A job directory as seen from outside (the UI, `python -m engine jobs`)."""

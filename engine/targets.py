@@ -316,17 +316,20 @@ def parse_dtype(name: str | torch.dtype) -> torch.dtype:
 
 
 # The target dtypes decoding commands take (generate, evaluate, bench), both spellings: bf16/bfloat16, fp32/float32.
-DECODE_DTYPES = ("auto", *(n for n, d in _DTYPES.items() if d in (torch.bfloat16, torch.float32)))
-DECODE_DTYPE_HELP = ("dtype of the target for in-process decoding: auto = the fastest exact kernel path measured on "
-                     "this CPU at the first load of the target (engine.generate.kernel_choice; bf16 is a candidate "
-                     "only with native bf16: AVX-512 BF16 / AMX / Arm BF16), cached; bf16/fp32 force one")
+DECODE_DTYPES = ("auto", "fastest", *(n for n, d in _DTYPES.items() if d in (torch.bfloat16, torch.float32)))
+DECODE_DTYPE_HELP = ("kernel path of the target for in-process decoding: auto = the fastest exact (bit-identical to "
+                     "the baseline) path measured on this CPU at the first load of the target, or the fastest path "
+                     "when none is exact here; fastest = the fastest measured path, exact or not (lossless in "
+                     "distribution as in vLLM; outputs say which); bf16 is a candidate only with native bf16 "
+                     "(AVX-512 BF16 / AMX / Arm BF16); bf16/fp32 force one (engine.generate.kernel_choice)")
+MEASURED_DECODE = ("auto", "fastest")  # decided by measuring the kernel paths on this CPU
 
 
 def decode_dtype(choice: str | torch.dtype = "auto", device: str | None = None) -> torch.dtype:
     """The target dtype `auto` means without measuring: bf16 on a CPU that runs it natively (where the routed kernels
     keep speculation exact), fp32 elsewhere (GPU fused kernels are not row-invariant in bf16). Decoding itself
     measures which is faster and exact (engine.generate.kernel_choice.load_decode_target)."""
-    if not (isinstance(choice, str) and choice == "auto"):
+    if not (isinstance(choice, str) and choice in MEASURED_DECODE):
         return parse_dtype(choice)
     if pick_device(device) != "cpu":
         return torch.float32
@@ -341,7 +344,7 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 def vllm_dtype(choice: str | torch.dtype = "auto") -> str:
     """vLLM's `--dtype` spelling of a decoding dtype choice; `auto` serves bf16 (vLLM's CPU default)."""
-    if isinstance(choice, str) and choice == "auto":
+    if isinstance(choice, str) and choice in MEASURED_DECODE:
         return "bfloat16"
     return {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}[parse_dtype(choice)]
 

@@ -65,13 +65,15 @@ with results_tab:
         if fresh:  # a run finished since the last look: show it
             ss["bench_result"] = fresh[0]
             seen.update(fresh)
-        if ss.get("bench_result") not in files:
-            ss["bench_result"] = next(iter(files), None)
+        if ss.get("bench_result") not in files:  # opens on the freshest result for this machine
+            ss["bench_result"] = bench.freshest_for_this_machine(files)
         c1, c2 = st.columns([2, 1])
-        choice = c1.selectbox("Result", list(files), key="bench_result", format_func=bench.label,
+        choice = c1.selectbox("Result", list(files), key="bench_result",
+                              format_func=lambda key: bench.label(key, files),
                               placeholder="no benchmark result yet",
-                              help="The results that ship with the project (benchmarks/results/), then your runs, "
-                                   "newest first.")
+                              help="The results that ship with the project (benchmarks/results/, each with the CPU "
+                                   "and date it was measured on), then your runs, newest first. It opens on the "
+                                   "freshest result for this machine.")
         upload = c2.file_uploader("…or a bench JSON", type=["json"], key="bench_upload")
         if upload is not None:
             result = bench.check(json.loads(upload.getvalue().decode("utf-8")))
@@ -79,7 +81,11 @@ with results_tab:
             result = bench.load(files[choice])
     if result is not None:
         with guard("Plotting"):
-            st.caption(bench.describe(result))
+            where = bench.provenance(choice, files) if upload is None and choice else "an uploaded file"
+            st.caption(bench.describe(result) + f" · measured on {where}")
+            if upload is None and choice and not where.startswith("this machine"):
+                st.warning(f"These speeds are not known to be from this machine ({where}): speed depends on the CPU. "
+                           "The *Run a benchmark* tab measures them here.", icon=":material/computer:")
             figs = charts.bench_figures(result)
             names = list(figs)
             for i in range(0, len(names), 2):
@@ -155,13 +161,14 @@ with results_tab:
 
     st.markdown("#### Offline evaluations (decoding walk, every k)")
     with guard("Reading evaluation results"):
-        evaluations = evaluate_ui.results()
+        evaluations = evaluate_ui.all_results()  # yours, then the shipped records in benchmarks/results
         if not evaluations:
             st.caption("No offline evaluation yet: the Models page evaluates the active draft (`python -m engine evaluate`): what "
                        "greedy decoding will measure for k = 1…5 in seconds, with the forecast speedup.")
-        for job, evaluation in evaluations[:5]:
-            fc = evaluation.get("forecast") or {}
-            st.markdown(f"`{evaluation.get('draft')}` · {evaluation.get('num_samples')} held-out samples × "
-                        f"{evaluation.get('max_new_tokens')} tokens"
-                        + (f" · recommended k {fc['recommended_k']}" if fc else ""))
-            st.dataframe(evaluate_ui.table_rows(evaluation), hide_index=True, width="stretch")
+        for ev in evaluations[:6]:
+            advice = evaluate_ui.recommendation(ev.result, ev.here)
+            st.markdown(f"`{bench.short_name(ev.result.get('draft'))}` · {ev.result.get('num_samples')} held-out "
+                        f"samples × {ev.result.get('max_new_tokens')} tokens · {ev.where}"
+                        + (f" · {advice}" if advice else ""))
+            st.dataframe(evaluate_ui.table_rows(ev.result), hide_index=True, width="stretch",
+                         column_config=evaluate_ui.columns())

@@ -104,7 +104,11 @@ elif conv.convertible(det):
                     st.error(problem)
                 if not result["problems"]:
                     st.success("Every tensor maps; the conversion will write this config.", icon=":material/check:")
-                st.json(result["config"], expanded=False)
+                for name, why in result["defaulted"].items():  # said before anything is written; changeable above
+                    st.warning(f"**{name.replace('_', ' ')} from a default:** {why} Change them in "
+                               "*Aux layer ids* above before converting." if name == "aux_layer_ids" else
+                               f"**{name.replace('_', ' ')} from a default:** {why}", icon=":material/rule:")
+                st.json(result["config"], expanded=2)  # open: the config is what the dry run is for
         show_cli(argv[:1] + argv[1:2] + ["--dry-run"] + argv[2:], label="The dry-run command")
     if st.button("Convert", type="primary", key="convert_go", icon=":material/transform:"):
         job = launch(argv, kind="convert")

@@ -4,8 +4,8 @@ import time
 
 import streamlit as st
 
-from ui import catalog, charts, resources, state
-from ui.chat import BLOCK_LEGEND, SHORT_TOKENS, explain, explain_row
+from ui import bench, catalog, charts, resources, state
+from ui.chat import BLOCK_LEGEND, SHORT_TOKENS, explain, explain_row, race_progress
 from ui.cli import command, show_cli
 from ui.errors import guard
 from ui.tokens import legend_html, plain_html, spec_html, waiting_html
@@ -107,8 +107,10 @@ def _metrics_line(side: dict, row: dict | None) -> str:
         parts.append(f"{side['decode_tokens_per_s']:.1f} tokens/s")
     if side.get("first_token_s") is not None:
         parts.append(f"first token {side['first_token_s']:.2f} s")
-    if side.get("mean_acceptance_length"):
-        parts.append(f"mean acceptance length {side['mean_acceptance_length']:.2f}")
+    if side.get("mean_acceptance_length"):  # the names the explanation below uses, for the same quantities
+        parts.append(f"mean acceptance length {side['mean_acceptance_length']:.2f} (on the steps it drafted)")
+    if row and row.get("tokens_per_step"):
+        parts.append(f"{row['tokens_per_step']:.2f} tokens per step (all steps)")
     if row and _speedup_text(row):
         parts.append(_speedup_text(row))
     return " · ".join(parts)
@@ -134,6 +136,10 @@ def _why(turn: dict, index: int) -> None:
         if any(r.get("per_position_acceptance") for r in rows.values()):
             charts.show(charts.per_position_compare(rows), key=f"chat_pos_{index}", filename="acceptance-per-position",
                         container=c2)
+        speed = bench.draft_speed(turn.get("draft"))
+        if speed and "draft" in rows:
+            st.caption(bench.draft_speed_text(speed) + " This turn is one prompt on a machine that may be busy; its "
+                       "speed varies from prompt to prompt, the benchmark's is the mean over many prompts.")
         if turn.get("kernel"):
             st.caption(f"Kernel path of the target on this CPU: {turn['kernel']}. The fastest path whose several-row "
                        "forwards equal its one-token steps bit for bit wins (engine.generate.kernel_choice).")
@@ -167,10 +173,10 @@ def _show_turn(turn: dict, index: int) -> None:
             st.caption(BLOCK_LEGEND)
             for name in names:
                 side = turn["sides"][name]
-                if side["step_lengths"]:
-                    charts.show(charts.acceptance_bars(side["step_lengths"], turn["k"]),
-                                key=f"chat_bars_{index}_{name}", filename=f"acceptance-per-step-{name}")
                 st.markdown(f"**{side['label']}**")
+                if side["step_lengths"]:
+                    charts.show(charts.acceptance_bars(side["step_lengths"], turn["k"], side["label"]),
+                                key=f"chat_bars_{index}_{name}", filename=f"acceptance-per-step-{name}")
                 st.dataframe(side["steps"], hide_index=True, width="stretch")
         show_cli(turn["cli"], label="Equivalent CLI commands")
 
@@ -204,11 +210,14 @@ if prompt:
         for col, name in zip(cols, proposers):
             col.markdown(f"**{titles[name]}**")
             holders[name] = col.empty()
+        progress = st.empty()
         race = Race(target, ids, params, proposers, int(k)).start()
         try:
             with st.spinner("Generating…", show_time=True):
                 while True:
                     running = race.running
+                    fraction, text = race_progress(race, {n: titles[n] for n in proposers}, int(max_new))
+                    progress.progress(fraction, text=text)
                     for name, side in race.sides.items():
                         if not side.marks:
                             holders[name].html(waiting_html(race.elapsed, started=bool(side.events)))
@@ -233,7 +242,8 @@ if prompt:
                                  + (["--draft", paths[name]] if method == "draft" else [])))
         profiles = {name: side.profile() for name, side in sides.items()}
         rows = explain(profiles, k=int(k), cost_curve=curve, labels={n: PROPOSERS[n] for n in chosen})
-        turn = {"prompt": prompt, "k": int(k), "temperature": float(temperature), "baseline": base.text.text,
+        turn = {"prompt": prompt, "k": int(k), "draft": draft if "draft" in chosen else None,
+                "temperature": float(temperature), "baseline": base.text.text,
                 "cost_curve": curve, "busy": busy, "explain": rows, "cli": "\n".join(lines),
                 "kernel": target.extra.get("kernel_summary"),
                 "sides": {name: {"label": PROPOSERS.get(name, "baseline"), "title": titles[name],

@@ -4,6 +4,7 @@ from pathlib import Path
 
 import streamlit as st
 
+from ui import bench as bench_ui
 from ui import catalog, report, resources, state
 from ui import evaluate as evaluate_ui
 from ui.cli import show_cli
@@ -231,16 +232,27 @@ with tab_d:
             launch(eval_argv, kind="evaluate", name=Path(shown).name)
         watch_jobs(["evaluate"], "Evaluation jobs", key="models_eval")
         with guard("Reading evaluation results"):
-            done = evaluate_ui.results(shown)
+            done = evaluate_ui.all_results(shown)  # yours first, then the shipped records (this machine's first)
             if done:
-                job, result = done[0]
-                fc = result.get("forecast") or {}
-                st.dataframe(evaluate_ui.table_rows(result), hide_index=True)
-                st.caption(f"{result.get('num_samples')} held-out samples, {result.get('max_new_tokens')} new tokens"
-                           + (f"; recommended k on this machine: **{fc['recommended_k']}**" if fc else "")
-                           + f" (job {job.id}).")
+                ev = done[0]
+                st.dataframe(evaluate_ui.table_rows(ev.result), hide_index=True, width="stretch",
+                             column_config=evaluate_ui.columns())
+                advice = evaluate_ui.recommendation(ev.result, ev.here)
+                st.caption(f"{ev.result.get('num_samples')} held-out samples, {ev.result.get('max_new_tokens')} new "
+                           f"tokens; from {ev.where}." + (f" **{advice[:1].upper() + advice[1:]}.**" if advice else ""))
+                if not ev.here:
+                    st.info("This evaluation does not name this machine's CPU, so its forecast may rest on another "
+                            "CPU's step costs. Evaluate the draft here (the button above) for this machine's forecast.",
+                            icon=":material/computer:")
             else:
                 st.caption("No evaluation of this draft yet.")
+            speed = bench_ui.draft_speed(shown)
+            if speed:
+                st.markdown(bench_ui.draft_speed_text(speed))
+                st.caption("Why the forecast and the benchmark differ: the forecast multiplies the acceptance by step "
+                           "costs measured in isolation, the benchmark times whole answers (loop overhead included). "
+                           "The Benchmarks page opens on the same benchmark; a Demo chat turn is one prompt and "
+                           "varies.")
         show_cli(eval_argv)
 
 with tab_card:
@@ -253,6 +265,10 @@ with tab_card:
                     "draft it ships (training data, steps, results); `python -m engine evaluate --write-card` adds "
                     "the decoding-exact acceptance per k to an existing card.", icon=":material/description:")
         else:
-            st.caption(f"`{shown}/{catalog.CARD}`: what the draft was trained on, for how long, and what it reaches.")
+            st.caption(f"`{shown}/{catalog.CARD}`: what the draft was trained on, for how long, and what it reaches "
+                       "(its figures were measured when the card was written, on the CPU it names).")
+            card_speed = bench_ui.draft_speed(shown)
+            if card_speed:
+                st.info(bench_ui.draft_speed_text(card_speed), icon=":material/speed:")
             with st.container(border=True):
                 st.markdown(card)

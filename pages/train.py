@@ -96,6 +96,7 @@ with tab_new:
               on_click=callback("Setting the target", _preset, {"target": state.active_target()}))
     b3.button("Reset to defaults", key="train_reset", icon=":material/restart_alt:",
               on_click=callback("Resetting", _reset))
+    b1.caption(training.smoke_summary(_algo()))  # its duration in sight, not only in the tooltip
 
     algo_names = training.algorithm_names()
     st.selectbox("Algorithm", algo_names, key=ALGO_KEY, format_func=training.algorithm_title,
@@ -177,21 +178,22 @@ with tab_watch:
                         return
                     last = training.last_row(rows) or {}
                     val = training.last_row(rows, "val") or {}
-                    m = st.columns(5)
+                    # two rows in the panel's narrow column: the acceptance metrics' labels fit uncut
+                    m = st.columns(3) + st.columns(2)
                     m[0].metric("step", last.get("step", 0))
                     m[1].metric("loss", f"{last['loss']:.3f}" if "loss" in last else "–")
-                    m[2].metric("est. acceptance length", f"{last['est_acceptance_length']:.2f}"
+                    m[2].metric("tokens/s", f"{last['tokens_per_s']:.0f}" if "tokens_per_s" in last else "–")
+                    m[3].metric("est. acceptance length", f"{last['est_acceptance_length']:.2f}"
                                 if "est_acceptance_length" in last else "–",
                                 delta=f"validation {val['est_acceptance_length']:.2f}"
                                 if "est_acceptance_length" in val else None, delta_color="off", delta_arrow="off",
                                 help="Per-token estimate on the training batches; the figure below it is the "
                                      "same estimate on the validation split (not a change).")
-                    m[3].metric("decoding walk (val)", f"{val['walk_acceptance_length']:.2f}"
+                    m[4].metric("decoding walk (val)", f"{val['walk_acceptance_length']:.2f}"
                                 if "walk_acceptance_length" in val else "–",
                                 help="Mean acceptance length greedy decoding will measure on the validation samples "
                                      "at the draft's k (the draft-verify walk of `python -m engine evaluate`); best k "
                                      + (f"{val['walk_best_k']:.0f}" if "walk_best_k" in val else "–") + ".")
-                    m[4].metric("tokens/s", f"{last['tokens_per_s']:.0f}" if "tokens_per_s" in last else "–")
                     ranks = training.rank_progress(out)
                     if ranks and (ranks[0].get("world", 1) > 1 or training.job_processes(job) > 1):
                         st.markdown(f"**Processes** ({ranks[0].get('world', len(ranks))} ranks, "

@@ -171,3 +171,26 @@ def test_answer_store_table_is_its_record():
     assert f"| second (answers read from the store) | {record['second_s']:.1f} |" in text
     assert f"Re-evaluation {record['speedup']:.1f}× faster" in text and record["figures_equal"]
     assert record["cpu"] in text and record["target_dtype"] in text and "bench_answer_store.py" in record["command"]
+
+
+def test_data_cost_table_is_its_record():
+    """Seconds per conversation both ways, their ratio and the hidden-state differences are the record's."""
+    record = _record("data_cost/intel-xeon-amx.json")
+    text = _section(DOC.read_text(), "## Data cost per conversation")
+    assert "benchmarks/results/data_cost/intel-xeon-amx.json" in text and "bench_onepass.py" in record["command"]
+    assert "Intel Xeon (AMX)" in text and "Xeon" in record["cpu"] and record["dtype"] in text
+    rows = {r["way"]: r for r in _table(text)}
+    wall, cpu, parts = record["per_conversation_s"], record["per_conversation_cpu_s"], \
+        record["two_steps_parts_per_conversation_s"]
+    assert rows["regenerate (transformers generate)"]["s per conversation"] == f"{parts['regenerate']:.2f}"
+    assert rows["extract (a second forward)"]["s per conversation"] == f"{parts['extract']:.2f}"
+    for way, key in (("regenerate, then extract", "two_steps"), ("one pass (regenerate --extract-to)", "one_pass")):
+        assert rows[way]["s per conversation"] == f"{wall[key]:.2f}", way
+        assert rows[way]["CPU s per conversation"] == f"{cpu[key]:.2f}", way
+    assert f"one pass / two steps: **{record['ratio']:.2f}** (CPU seconds {record['cpu_ratio']:.2f})" in text
+    out, exact = record["outputs"], record["exact_check"]
+    assert out["rows_equal"] and out["tokens_equal"] and exact["rows_equal"] and exact["tokens_equal"]
+    assert f"max |difference| {out['max_abs_diff']:.3g}" in text
+    assert f"{100 * out['share_of_values_differing']:.2f}% of the values differ" in text
+    assert f"{exact['dtype']} files of the first {exact['conversations']} conversations: max |difference| " \
+           f"{exact['max_abs_diff']:.2g}" in text

@@ -21,10 +21,11 @@ def test_decoding_commands_take_both_dtype_spellings(command, spelling, dtype):
 
 
 def test_an_unknown_dtype_is_refused_by_the_parser_and_auto_serves_bf16_in_vllm():
-    assert set(DECODE_DTYPES) == {"auto", "bf16", "bfloat16", "fp32", "float32"}
+    assert set(DECODE_DTYPES) == {"auto", "fastest", "bf16", "bfloat16", "fp32", "float32"}
     with pytest.raises(SystemExit):
         build_parser().parse_args(["bench", "--dtype", "fp64"])
-    assert vllm_dtype("auto") == "bfloat16"
+    assert vllm_dtype("auto") == "bfloat16" and vllm_dtype("fastest") == "bfloat16"
+    assert build_parser().parse_args(["generate", "hi", "--dtype", "fastest"]).dtype == "fastest"
 
 
 def test_the_demo_chat_marks_the_withheld_slots_and_the_cut_in_the_survival_estimates():

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from engine import jobs as engine_jobs
+from ui import records
 
 METHODS = ("baseline", "draft", "ngram", "hf_prompt_lookup", "hf_assisted")
 
@@ -33,23 +34,45 @@ def result_path(job: engine_jobs.Job) -> Path | None:
     return Path(path) if path else None
 
 
-SHIPPED = Path(__file__).resolve().parents[1] / "benchmarks" / "results"  # results that ship with the project
+SHIPPED = records.SHIPPED  # results that ship with the project
 SHIPPED_PREFIX = "shipped · "
 
 
 def shipped_results() -> dict[str, Path]:
-    """benchmarks/results/*.json, keyed "shipped · NAME"."""
-    if not SHIPPED.is_dir():
-        return {}
-    return {SHIPPED_PREFIX + p.name: p for p in sorted(SHIPPED.glob("*.json")) if _is_bench(p)}
+    """The `bench --json` results under benchmarks/results/ (other benchmark outputs live beside them), keyed
+    "shipped · PATH" (PATH relative to benchmarks/results)."""
+    return {SHIPPED_PREFIX + str(p.relative_to(SHIPPED)): p
+            for p in records.shipped_json(lambda d: isinstance(d, dict) and isinstance(d.get("methods"), dict))}
 
 
-def _is_bench(path: Path) -> bool:
-    """A `bench --json` result (other benchmark outputs live beside them)."""
+def _record(path: Path) -> dict[str, Any]:
     try:
-        return isinstance(json.loads(path.read_text()).get("methods"), dict)
-    except (OSError, ValueError, AttributeError):
-        return False
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def freshest_for_this_machine(files: dict[str, Path]) -> str | None:
+    """The result to open on: the user's newest run (made here), else the newest shipped result whose CPU is this
+    machine's, else the first one."""
+    user = [key for key in files if not key.startswith(SHIPPED_PREFIX)]
+    if user:
+        return user[0]
+    here = [(records.date_of(_record(p), p) or "", key) for key, p in files.items()
+            if records.on_this_machine(_record(p))]
+    if here:
+        return max(here)[1]
+    return next(iter(files), None)
+
+
+def provenance(key: str, files: dict[str, Path]) -> str:
+    path = files.get(key)
+    if path is None:
+        return ""
+    if not key.startswith(SHIPPED_PREFIX):
+        return records.provenance(_record(path)) if _record(path).get("cpu") else "this machine (your run)"
+    return records.provenance(_record(path), path)
 
 
 def user_results() -> dict[str, Path]:
@@ -73,8 +96,11 @@ def results() -> dict[str, Path]:
     return shipped_results() | user_results()
 
 
-def label(key: str) -> str:
-    return key if key.startswith(SHIPPED_PREFIX) else f"your run · {key}"
+def label(key: str, files: dict[str, Path] | None = None) -> str:
+    """"shipped · NAME · this machine (CPU), DATE" / "your run · JOB": what it is and where it was measured."""
+    where = provenance(key, files) if files else ""
+    name = key if key.startswith(SHIPPED_PREFIX) else f"your run · {key}"
+    return f"{name} · {where}" if where else name
 
 
 def load(path: str | Path) -> dict[str, Any]:
@@ -105,6 +131,9 @@ def num_prompts(result: dict[str, Any]) -> int | None:
 def _short(name: Any) -> str:
     text = str(name)
     return Path(text).name if "/" in text else text
+
+
+short_name = _short
 
 
 def describe(result: dict[str, Any]) -> str:
@@ -246,3 +275,51 @@ def to_csv(rows: list[dict[str, Any]]) -> str:
     writer.writeheader()
     writer.writerows(rows)
     return buf.getvalue()
+
+
+def draft_speed(draft: str | None) -> dict[str, Any] | None:
+    """The freshest benchmark of this draft for this machine (your runs, then shipped records with this CPU, then
+    the others): its measured speedup, acceptance, k, prompts and where/when, or None when none names it."""
+    if not draft:
+        return None
+    files = results()
+    mine = {key: p for key, p in files.items() if records.same_draft((_record(p) or {}).get("draft"), draft)
+            and isinstance(((_record(p).get("methods") or {}).get("draft") or {}).get("speedup"), (int, float))}
+    key = freshest_for_this_machine(mine)
+    if key is None:
+        return None
+    rec = _record(mine[key])
+    row = rec["methods"]["draft"]
+    return {"key": key, "path": str(mine[key]), "speedup": row["speedup"],
+            "mean_acceptance_length": row.get("mean_acceptance_length"), "k": rec.get("k"),
+            "prompts": num_prompts(rec), "max_new_tokens": rec.get("max_new_tokens"),
+            "backend": rec.get("backend"), "here": records.on_this_machine(rec) or not key.startswith(SHIPPED_PREFIX),
+            "where": provenance(key, mine),
+            "ngram_speedup": (rec["methods"].get("ngram") or {}).get("speedup")}
+
+
+def draft_speed_text(speed: dict[str, Any] | None) -> str:
+    """One sentence for every page that shows this draft's speed: the same record, the same words."""
+    if not speed:
+        return ""
+    tau = speed.get("mean_acceptance_length")
+    ngram = speed.get("ngram_speedup")
+    return (f"Measured for this draft: **{speed['speedup']:.2f}×** the target alone"
+            + (f" (mean acceptance length {tau:.2f})" if tau else "")
+            + (f", k = {speed['k']}" if speed.get("k") else "")
+            + (f", {speed['prompts']} prompts × up to {speed['max_new_tokens']} new tokens" if speed.get("prompts")
+               else "")
+            + (f", {speed['backend']}" if speed.get("backend") else "")
+            + (f"; n-gram {ngram:.2f}× in the same run" if isinstance(ngram, (int, float)) else "")
+            + f" — {speed['where']} (`{speed['key'].removeprefix(SHIPPED_PREFIX)}`)."
+            + verdict(speed))
+
+
+def verdict(speed: dict[str, Any]) -> str:
+    """What the record advises: never a proposer its own numbers show slower than another or than no speculation."""
+    ngram, mine = speed.get("ngram_speedup"), speed["speedup"]
+    if isinstance(ngram, (int, float)) and ngram > max(mine, 1.0):
+        return " On these prompts **n-gram is faster** than this draft."
+    if mine < 1.0:
+        return " On these prompts this draft is **slower than no speculation**."
+    return ""

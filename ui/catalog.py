@@ -260,11 +260,14 @@ def model_card(folder: str | Path) -> str | None:
     if text.startswith("---"):
         end = text.find("\n---", 3)
         text = text[end + 4:] if end != -1 else text
+    import re
+
     lines, in_code = [], False
     for line in text.strip().splitlines():
         in_code ^= line.startswith("```")
         lines.append("##" + line if line.startswith("#") and not in_code else line)
-    return "\n".join(lines)
+    # the card's HTML comments (markers of generated sections) are for tools: st.markdown would show them raw
+    return re.sub(r"<!--.*?-->\n?", "", "\n".join(lines), flags=re.DOTALL)
 
 
 def config_json(path: str) -> dict[str, Any]:

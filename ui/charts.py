@@ -10,7 +10,16 @@ import plotly.graph_objects as go
 
 from ui import palette
 
-_LAYOUT = dict(margin=dict(l=10, r=10, t=40, b=10), height=320, legend=dict(orientation="h", y=-0.2))
+# legends to the right of the plot area, top-aligned: never over the x-axis title or the tick labels
+_LAYOUT = dict(margin=dict(l=10, r=10, t=40, b=10), height=320,
+               legend=dict(orientation="v", x=1.02, xanchor="left", y=1, yanchor="top"))
+
+
+def _accepted_scale(z: Sequence[Sequence[float | None]]) -> dict[str, Any]:
+    """A heat map's colour range: 0 to the largest value (at least 10%), a visible tint from the first percent (a
+    cell at 5-30% is not white, only an exact 0 is grey)."""
+    top = max([v for row in z for v in row if v is not None] + [0.1])
+    return dict(zmin=0, zmax=min(1.0, -(-top * 10 // 1) / 10), colorscale=palette.ACCEPTED_SCALE)
 
 
 def png_config(filename: str) -> dict[str, Any]:
@@ -28,12 +37,14 @@ def show(fig: go.Figure, *, key: str, filename: str | None = None, container: An
     (container or st).plotly_chart(fig, key=key, config=png_config(filename or key))
 
 
-def acceptance_bars(lengths: Sequence[int], k: int) -> go.Figure:
-    """Tokens emitted per speculative step (1 = no draft accepted, k+1 = all accepted plus the bonus)."""
+def acceptance_bars(lengths: Sequence[int], k: int, proposer: str | None = None) -> go.Figure:
+    """Tokens emitted per speculative step (1 = no draft accepted, k+1 = all accepted plus the bonus), titled with
+    the proposer that drafted them."""
     fig = go.Figure(go.Bar(x=list(range(1, len(lengths) + 1)), y=list(lengths), marker_color=palette.ACCEPTED_BAR,
                            hovertemplate="step %{x}: %{y} tokens<extra></extra>"))
     fig.add_hline(y=k + 1, line_dash="dot", line_color="#999", annotation_text=f"max k+1 = {k + 1}")
-    fig.update_layout(title="Acceptance length per step", xaxis_title="step", yaxis_title="tokens emitted",
+    fig.update_layout(title="Acceptance length per step" + (f" · {proposer}" if proposer else ""),
+                      xaxis_title="step", yaxis_title="tokens emitted",
                       yaxis_range=[0, k + 1.5], xaxis_dtick=1 if len(lengths) <= 40 else None,
                       **{**_LAYOUT, "height": 240})
     return fig
@@ -53,8 +64,9 @@ def acc_keys(rows: Sequence[Mapping[str, Any]], prefix: str = "full_acc_") -> li
 
 
 def _mode(x: Sequence, split: str) -> str:
-    """Lines for the training split, markers too for validation and for any single point (visible alone)."""
-    return "lines+markers" if split == "val" or len(x) == 1 else "lines"
+    """Lines and markers from the first step (a first point is visible, not a lone dot lost on the axis); lines
+    only once the training split has many points."""
+    return "lines+markers" if split == "val" or len(x) <= 60 else "lines"
 
 
 def step_axis(runs: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, Any]:
@@ -173,9 +185,10 @@ def bench_figures(result: Mapping[str, Any]) -> dict[str, go.Figure]:
                           text=[f"ceiling {c:.2f}×" for _, c in ceil], textposition="top center",
                           hovertemplate="%{x}: at most %{y:.2f}× if drafting were free<extra></extra>")
     speed.add_hline(y=1.0, line_dash="dot", line_color=palette.REFERENCE, annotation_text="baseline",
-                    annotation_position="bottom right")
+                    annotation_position="right")  # in the right margin, beside the line, never on a bar
     top = max(speeds + [c for _, c in ceil] + [1.0])
-    speed.update_layout(**_bench_layout("Speedup vs baseline", f"tokens/s ÷ the baseline's · {over}"),
+    speed.update_layout(**_bench_layout("Speedup vs baseline", f"tokens/s ÷ the baseline's · {over}",
+                                        margin=dict(l=10, r=70, t=70, b=10)),
                         yaxis_title="speedup (× baseline)", yaxis_range=[0, top * 1.2])
     figs = {"per_position": per_pos, "acceptance_length": tau, "speedup": speed}
 
@@ -197,13 +210,14 @@ def bench_figures(result: Mapping[str, Any]) -> dict[str, go.Figure]:
 def acceptance_heatmap(z: Sequence[Sequence[float | None]], prompts: Sequence[str], method: str) -> go.Figure:
     """Acceptance per draft position × prompt for one method (green = accepted, like the token colouring)."""
     fig = go.Figure(go.Heatmap(z=z, x=[str(i) for i in range(1, max(len(r) for r in z) + 1)], y=list(prompts),
-                               zmin=0, zmax=1, colorscale=[[0, "#ffffff"], [1, palette.ACCEPTED_BAR]],
+                               **_accepted_scale(z),
                                colorbar=dict(title="accepted", tickformat=".0%"),
                                hovertemplate="%{y} · position %{x}: %{z:.0%}<extra></extra>"))
     fig.update_layout(**_bench_layout(f"Acceptance per position and prompt · {method}",
                                       "share of that prompt's steps whose first i drafts were accepted",
                                       height=max(300, 120 + 18 * len(prompts))),
-                      xaxis_title="draft position", yaxis_title="prompt", yaxis_autorange="reversed")
+                      xaxis_title="draft position", yaxis_title="prompt", yaxis_autorange="reversed",
+                      xaxis_type="category")  # positions 1, 2, 3: not a numeric axis with 0.5 ticks
     return fig
 
 
@@ -235,8 +249,7 @@ def step_cost_bars(rows: Mapping[str, Mapping[str, Any]]) -> go.Figure:
                                showarrow=False, xanchor="left", xshift=6)
     fig.update_layout(barmode="stack", title="What one step costs (baseline step = 1)",
                       xaxis_title="cost of one step, in baseline steps", yaxis_autorange="reversed",
-                      **{**_LAYOUT, "height": 130 + 40 * len(labels), "margin": dict(l=10, r=90, t=40, b=10),
-                         "legend": dict(orientation="h", y=-0.35)})
+                      **{**_LAYOUT, "height": 130 + 40 * len(labels), "margin": dict(l=10, r=90, t=40, b=10)})
     return fig
 
 
@@ -283,15 +296,15 @@ def checkpoint_heatmap(curve: Sequence[Mapping[str, Any]], *, source: str) -> go
     width = max((len(r["per_position_acceptance"]) for r in rows), default=0)
     z = [list(r["per_position_acceptance"]) + [None] * (width - len(r["per_position_acceptance"])) for r in rows]
     labels = [f"step {r.get('step')} · {(r.get('training_tokens') or 0) / 1e3:,.0f}k tokens" for r in rows]
-    fig = go.Figure(go.Heatmap(z=z, x=[str(i) for i in range(1, width + 1)], y=labels, zmin=0, zmax=1,
-                               colorscale=[[0, "#ffffff"], [1, palette.ACCEPTED_BAR]],
+    fig = go.Figure(go.Heatmap(z=z, x=[str(i) for i in range(1, width + 1)], y=labels, **_accepted_scale(z),
                                colorbar=dict(title="accepted", tickformat=".0%"),
                                texttemplate="%{z:.0%}", hovertemplate="%{y} · position %{x}: %{z:.0%}<extra></extra>"))
     fig.update_layout(**_bench_layout("Acceptance per position and checkpoint",
                                       "share of steps whose first i drafts were accepted, held-out prompts · "
                                       + source,
                                       height=max(340, 130 + 24 * len(rows))),
-                      xaxis_title="draft position", yaxis_title="checkpoint", yaxis_autorange="reversed")
+                      xaxis_title="draft position", yaxis_title="checkpoint", yaxis_autorange="reversed",
+                      xaxis_type="category")
     return fig
 
 
@@ -318,9 +331,10 @@ def k_sweep(sweep: Sequence[Mapping[str, Any]], *, source: str) -> dict[str, go.
                              text=[f"{v:.2f}×" if v is not None else "" for v in speeds], textposition="outside",
                              cliponaxis=False, hovertemplate="k = %{x}: %{y:.2f}× the baseline<extra></extra>"))
     speed.add_hline(y=1.0, line_dash="dot", line_color=palette.REFERENCE, annotation_text="baseline",
-                    annotation_position="bottom right")
+                    annotation_position="right")
     speed.update_layout(**_bench_layout("Speedup by k",
-                                        f"tokens/s ÷ the baseline's, interleaved per k · {over} · {source}"),
+                                        f"tokens/s ÷ the baseline's, interleaved per k · {over} · {source}",
+                                        margin=dict(l=10, r=70, t=70, b=10)),
                         xaxis_title="k (drafts per step)", xaxis_dtick=1, yaxis_title="speedup (× baseline)",
                         yaxis_range=[0, max([v for v in speeds if v is not None] + [1.0]) * 1.25], showlegend=False)
     return {"sweep_acceptance": tau, "sweep_speedup": speed}

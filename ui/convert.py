@@ -159,7 +159,7 @@ def dry_run(det: Detection, verifier: str | None, aux_layer_ids: str | None,
     fmt = det.format if det.format != det.detected else None
     p = plan(det.folder, fmt=fmt, verifier=verifier, allow_pickle=False,
              options=ConvertOptions(aux_layer_ids=aux, mask_token_id=mask_token_id))
-    return {"config": p.config, "problems": p.problems}
+    return {"config": p.config, "problems": p.problems, "defaulted": p.defaulted}
 
 
 def parse_token_id(text: str) -> int | None:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from engine import jobs as engine_jobs
+from ui import records
 
 
 def result_path(draft: str) -> str:
@@ -39,6 +41,50 @@ def results(draft: str | None = None) -> list[tuple[engine_jobs.Job, dict[str, A
     return found
 
 
+@dataclass
+class Evaluation:
+    """One evaluation's result and where it comes from (a job of yours, or a record shipped in benchmarks/results)."""
+
+    result: dict[str, Any]
+    where: str        # "your job ID · this machine (CPU), DATE" / "shipped evaluate/NAME.json · another machine: ..."
+    here: bool        # measured on this machine's CPU (a job of yours always is)
+    date: str | None
+    job: engine_jobs.Job | None = None
+
+
+def shipped_results(draft: str | None = None) -> list[Evaluation]:
+    """The evaluator's records under benchmarks/results/ (per-k `by_k` tables), optionally of one draft only."""
+    out = []
+    for path in records.shipped_json(lambda d: isinstance(d, dict) and isinstance(d.get("by_k"), dict)
+                                     and "draft" in d):
+        result = json.loads(path.read_text())
+        if draft is not None and not records.same_draft(result.get("draft"), draft):
+            continue
+        out.append(Evaluation(result, f"shipped `{path.relative_to(records.SHIPPED)}` · "
+                                      f"{records.provenance(result, path)}",
+                              records.on_this_machine(result), records.date_of(result, path)))
+    return out
+
+
+def all_results(draft: str | None = None) -> list[Evaluation]:
+    """Your evaluations (newest first), then the shipped ones with this machine's CPU (newest first), then the
+    others: the first one is the freshest for this machine."""
+    mine = [Evaluation(result, f"your job `{job.id}` · " + (records.provenance(result) if result.get("cpu")
+                                                            else "this machine"),
+                       True, time.strftime("%Y-%m-%d", time.localtime(job.created)), job)
+            for job, result in results(draft)]
+    shipped = sorted(shipped_results(draft), key=lambda e: e.date or "", reverse=True)
+    shipped.sort(key=lambda e: not e.here)  # stable: this machine's first, each group newest first
+    return mine + shipped
+
+
+def recommendation(result: dict[str, Any], here: bool = True) -> str:
+    """The forecast's advice in words (never a k whose forecast is below 1×), "" without a forecast."""
+    from engine.measure.step_costs import recommendation as words
+
+    return words(result.get("forecast"), "on this machine" if here else "on the machine it was measured on")
+
+
 def table_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per k: the walk's acceptance, per position, the all-positions average, the forecast speedup."""
     fc = (result.get("forecast") or {}).get("by_k", {})
@@ -54,8 +100,17 @@ def table_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+def columns() -> dict[str, Any]:
+    """The evaluator's table: the forecast with its unit, 2 decimals."""
+    import streamlit as st
+
+    return {"forecast speedup": st.column_config.NumberColumn(format="%.2f×"),
+            "mean acceptance length (decoding walk)": st.column_config.NumberColumn(format="%.3f")}
+
+
 def _round(x: float | None, digits: int = 3) -> float | None:
     return None if x is None else round(float(x), digits)
 
 
-__all__ = ["evaluate_argv", "result_path", "results", "table_rows"]
+__all__ = ["Evaluation", "all_results", "evaluate_argv", "recommendation", "result_path", "results", "shipped_results",
+           "table_rows"]

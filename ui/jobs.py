@@ -88,7 +88,24 @@ def status_line(job: engine_jobs.Job) -> None:
         return
     st.markdown(f"{state_md(s.state)} · `{job.id}`" + (f" — {s.message}" if s.message else ""))
     if s.progress is not None:
-        st.progress(min(1.0, max(0.0, s.progress)))
+        st.progress(min(1.0, max(0.0, s.progress)), text=progress_text(s))
+    elif job.running and s.started:
+        st.caption(f"running for {engine_jobs.duration_text(time.time() - s.started)}")
+
+
+def progress_text(s: engine_jobs.JobStatus, now: float | None = None) -> str:
+    """"42% · 3 min 10 s so far · about 4 min 22 s left" (the estimate from the job's own progress)."""
+    p = min(1.0, max(0.0, s.progress or 0.0))
+    parts = [f"{p:.0%}"]
+    if s.started:
+        end = (now or time.time()) if s.state in ("queued", "running") else (s.updated or now or time.time())
+        elapsed = max(0.0, end - s.started)
+        parts.append(f"{engine_jobs.duration_text(elapsed)} so far" if s.state in ("queued", "running")
+                     else f"took {engine_jobs.duration_text(elapsed)}")
+        own = "left" in (s.message or "")  # the job's own estimate (of its current phase) is in its message
+        if s.state in ("queued", "running") and 0.01 <= p < 1.0 and not own:
+            parts.append(f"about {engine_jobs.duration_text(elapsed * (1 - p) / p)} left")
+    return " · ".join(parts)
 
 
 def stop_button(job: engine_jobs.Job, *, key: str, label: str = "Stop", help: str | None = None) -> None:

@@ -25,6 +25,9 @@ METHODS = {"baseline": "#8c8c8c", "draft": "#7b4fc9", "draft_2": "#c2549d", "ngr
            "hf_prompt_lookup": "#d08c2a", "hf_assisted": "#8c6d31"}
 _EXTRA = ["#3b6fb6", "#b04a4a", "#5a7d2a", "#6d6d6d"]
 
+# heat maps of acceptance: none at all grey, then the accepted green from a visible tint at the first percent
+ACCEPTED_SCALE = [[0, "#eeeeee"], [0.001, "#d9f0d3"], [0.3, "#7fbf7b"], [1, ACCEPTED_BAR]]
+
 TIME_SPLIT = {"target verification": "#5b6b7d", "drafting": "#a98bd6", "the rest": "#d9d9d9"}
 
 

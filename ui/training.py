@@ -232,6 +232,12 @@ def smoke_duration(algo: str) -> tuple[float, str]:
     return SMOKE_MEASURED_S, SMOKE_MEASURED_ON
 
 
+def smoke_summary(algo: str) -> str:
+    """"About 3.2 min (measured on ...)": the smoke preset's duration in one line."""
+    seconds, where = smoke_duration(algo)
+    return f"Takes about {engine_jobs.duration_text(seconds)} ({where}; longer on a busy machine)."
+
+
 def smoke_help(algo: str) -> str:
     seconds, where = smoke_duration(algo)
     took = f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"

@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
     from engine.jobs import reporter
 
     options = {k: v for k, v in vars(args).items() if k not in ("command", "_module", "verbose", "debug", "json_out")}
-    result = benchmark(**options)
+    result = benchmark(**options, span=(0.0, 1.0))  # the job's progress: prompts done, time left
     result["command"] = "python -m engine bench " + " ".join(
         f"--{k.replace('_', '-')} {v}" for k, v in options.items() if v is not None)
     print(markdown_table(result))

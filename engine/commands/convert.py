@@ -64,6 +64,12 @@ def _print_plan(p) -> None:
     print(json.dumps(p.config, indent=2, sort_keys=True))
     for problem in p.problems:
         print(f"PROBLEM: {problem}")
+    _print_defaulted(p.defaulted)
+
+
+def _print_defaulted(defaulted: dict[str, str]) -> None:
+    for name, why in defaulted.items():
+        print(f"DEFAULT {name} = {why}")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -85,13 +91,25 @@ def run(args: argparse.Namespace) -> int:
         if not args.out and not args.dry_run:
             raise WorkbenchError("no --out given", hint="add --out DIR to convert, or --dry-run to only look")
         return 1 if p.problems else 0
+    from engine.jobs import reporter
+
+    defaulted: dict[str, str] = {}
+
+    def said(p) -> None:
+        defaulted.update(p.defaulted)
+        reporter().update("writing the converted draft (step 2 of 3)", 0.4, **({"defaulted": defaulted}
+                                                                            if defaulted else {}))
+
+    reporter().update("reading and mapping the checkpoint (step 1 of 3)", 0.05)
     out = convert(args.src, args.out, fmt=args.format, verifier=args.verifier, allow_pickle=args.allow_pickle,
-                  overwrite=args.overwrite, options=options)
+                  overwrite=args.overwrite, options=options, on_plan=said)
+    reporter().update("validating it and drafting a few tokens with it (step 3 of 3)", 0.6)
     verdict = verify(out, args.verifier)
     if args.json:
-        print(json.dumps({"out": str(out), "verdict": verdict.to_json()}, indent=2))
+        print(json.dumps({"out": str(out), "verdict": verdict.to_json(), "defaulted": defaulted}, indent=2))
     else:
         print(f"converted -> {out}")
+        _print_defaulted(defaulted)
         print(f"validate: {'OK' if verdict.valid else 'FAILED'}")
         for e in verdict.errors:
             print(f"  {e}")

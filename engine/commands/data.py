@@ -80,6 +80,22 @@ def run_prepare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_layer_arguments(p) -> None:
+    """--layers / --algo (which hidden states to keep) and --dtype (how they are saved)."""
+    layers = p.add_mutually_exclusive_group()
+    layers.add_argument("--layers", default=None,
+                        help="comma-separated layer ids, e.g. 2,15,27,30 (id N = last layer before the final norm)")
+    from engine.algos import default_algo
+    from engine.data.layer_ids import default_layer_ids, layer_algorithms
+
+    examples = "; ".join(f"{a} {default_layer_ids(30, a)}" for a in layer_algorithms())
+    layers.add_argument("--algo", choices=layer_algorithms(), default=None,
+                        help=f"the algorithm's default ids plus N (for a 30-layer target: {examples}; plus 30) "
+                        f"(default: {default_algo()})")
+    p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16",
+                   help="dtype of the saved hidden states (default: bf16)")
+
+
 # -- regenerate ------------------------------------------------------------------------------------
 
 
@@ -95,6 +111,14 @@ def add_regenerate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", choices=["transformers", "vllm"], default="transformers",
                    help="transformers generate in this process, or a managed vLLM server (continuous batching; much "
                         "faster, bf16; --batch-size requests in flight)")
+    g = p.add_argument_group("one pass: extract hidden states while generating")
+    g.add_argument("--extract-to", default=None,
+                   help="also write the hidden states `extract --dataset OUT --split all` would write into this "
+                   "folder, kept while the target generates (no second forward; greedy, transformers backend)")
+    _add_layer_arguments(g)
+    g.add_argument("--extract-max-length", type=_positive, default=DEFAULT_MAX_LENGTH,
+                   help=f"truncate the extracted conversations to N tokens, as extract --max-length "
+                   f"(default: {DEFAULT_MAX_LENGTH})")
 
 
 def run_regenerate(args: argparse.Namespace) -> int:
@@ -114,18 +138,7 @@ def run_regenerate(args: argparse.Namespace) -> int:
 def add_extract_arguments(p: argparse.ArgumentParser) -> None:
     _add_data_arguments(p)
     p.add_argument("--out", required=True, help="folder for hs_{i}.safetensors, manifest.json, token_freq.safetensors")
-    layers = p.add_mutually_exclusive_group()
-    layers.add_argument("--layers", default=None,
-                        help="comma-separated layer ids, e.g. 2,15,27,30 (id N = last layer before the final norm)")
-    from engine.algos import default_algo
-    from engine.data.layer_ids import default_layer_ids, layer_algorithms
-
-    examples = "; ".join(f"{a} {default_layer_ids(30, a)}" for a in layer_algorithms())
-    layers.add_argument("--algo", choices=layer_algorithms(), default=None,
-                        help=f"the algorithm's default ids plus N (for a 30-layer target: {examples}; plus 30) "
-                        f"(default: {default_algo()})")
-    p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16",
-                   help="dtype of the saved hidden states (default: bf16)")
+    _add_layer_arguments(p)
     p.add_argument("--backend", choices=BACKENDS, default="transformers",
                    help="transformers (CPU or one GPU) or vllm (CUDA; large targets, tensor parallel)")
     p.add_argument("--batch-size", type=_positive, default=DEFAULT_BATCH_SIZE,

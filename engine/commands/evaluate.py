@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     from engine.fsutil import atomic_write_json
     from engine.jobs import reporter
 
-    reporter().update("evaluating")
+    reporter().update("loading the target and the draft")
     result = evaluate_draft(draft=args.draft, target=args.target, data=args.data,
                             dataset=None if args.data else args.dataset, num_prompts=args.num_prompts,
                             max_new_tokens=args.max_new_tokens or None, ks=args.k,
@@ -74,7 +74,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"\n{100 * oov:.1f}% of the answers' tokens are outside the draft vocabulary (never proposable).")
     fc = result.get("forecast")
     if fc:
-        print(f"recommended k on this machine: {fc['recommended_k']} (one target step {fc['target_step_ms']:.1f} ms)")
+        from engine.measure.step_costs import recommendation
+
+        print(f"{recommendation(fc)} (one target step {fc['target_step_ms']:.1f} ms)")
     if args.json_out:
         atomic_write_json(args.json_out, result)
         print(f"wrote {args.json_out}")
@@ -89,6 +91,10 @@ def run(args: argparse.Namespace) -> int:
             from engine.errors import WorkbenchError
 
             raise WorkbenchError("--write-k needs --forecast (the recommendation comes from measured costs)")
+        if fc.get("recommended_k") is None:
+            print("config.json left as it is: no k forecasts a speedup on this machine")
+            reporter().update("done", 1.0, json=args.json_out)
+            return 0
         from engine.format.checkpoint import write_speculative_tokens
 
         write_speculative_tokens(result["draft"], fc["recommended_k"])

@@ -8,7 +8,7 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import engine.algos  # noqa: F401  (registers the speculators types vLLM serves)
 from engine.convert.base import (
@@ -102,10 +102,12 @@ class Plan:
     config: dict[str, Any]
     state: dict[str, Any]
     problems: list[str]
+    defaulted: dict[str, str] = field(default_factory=dict)  # option -> what was chosen for it and why
 
     def to_json(self) -> dict[str, Any]:
         return {"detection": self.detection.to_json(), "format": self.converter.name,
-                "mapping": [r.to_json() for r in self.rows], "config": self.config, "problems": self.problems}
+                "mapping": [r.to_json() for r in self.rows], "config": self.config, "problems": self.problems,
+                "defaulted": self.defaulted}
 
 
 def _converter_for(det: Detection, fmt: str | None, where: str) -> Converter:
@@ -134,7 +136,29 @@ def plan(path: str | os.PathLike, *, fmt: str | None = None, verifier: str | Non
     new_config = conv.build_config(config, new_state, verifier=verifier, verifier_config=verifier_config,
                                    options=options)
     problems += tensor_problems(new_config, {k: tuple(v.shape) for k, v in new_state.items()})
-    return Plan(source, det, conv, rows, new_config, new_state, problems)
+    return Plan(source, det, conv, rows, new_config, new_state, problems,
+                defaulted_values(conv, config, new_config, options, verifier_config))
+
+
+def defaulted_values(conv: Converter, config: dict[str, Any], new_config: dict[str, Any], options: ConvertOptions,
+                     verifier_config: dict[str, Any] | None) -> dict[str, str]:
+    """Values of the converted config that neither the source nor the options gave: a default the user should see
+    (and can change with the option named) before anything is written."""
+    out: dict[str, str] = {}
+    recorded = getattr(conv, "recorded_aux_ids", None)
+    if options.aux_layer_ids is None and recorded is not None and recorded(config) is None:
+        from engine.format.config import parse_draft_config
+
+        try:
+            ids = parse_draft_config(new_config).aux_layer_ids
+        except (KeyError, ValueError):
+            ids = None
+        if ids:
+            depth = (verifier_config or {}).get("num_hidden_layers")
+            out["aux_layer_ids"] = (f"{list(ids)}: the source does not record which verifier layers it reads; these "
+                                    "are vLLM's default" + (f" for a {depth}-layer verifier" if depth else "")
+                                    + ". If the draft was trained on other layers, give them (--aux-layer-ids).")
+    return out
 
 
 def tensor_problems(config: dict[str, Any], shapes: dict[str, tuple]) -> list[str]:
@@ -167,7 +191,8 @@ def refuse_problems(p: Plan) -> None:
 
 def convert(src: str | os.PathLike, out: str | os.PathLike, *, fmt: str | None = None, verifier: str | None = None,
             allow_pickle: bool = False, dtype=None, overwrite: bool = False,
-            options: ConvertOptions | None = None, **option_fields: Any) -> Path:
+            options: ConvertOptions | None = None, on_plan: Callable[[Plan], None] | None = None,
+            **option_fields: Any) -> Path:
     """Convert `src` into a speculators draft at `out` (atomic) and return it; refuses when a tensor does not map.
 
     `out` must be new, empty or a draft the workbench wrote (`engine.fsutil.is_ours`), unless `overwrite`.
@@ -178,6 +203,8 @@ def convert(src: str | os.PathLike, out: str | os.PathLike, *, fmt: str | None =
     check_replaceable(out, overwrite=overwrite)  # refuse before reading anything; only the owner marker vouches
     options = options or ConvertOptions(**option_fields)
     p = plan(src, fmt=fmt, verifier=verifier, options=options, allow_pickle=allow_pickle)
+    if on_plan is not None:  # e.g. the CLI: say which values came from a default
+        on_plan(p)
     refuse_problems(p)
     return save_checkpoint(out, p.config, p.state, dtype=dtype, overwrite=overwrite)
 

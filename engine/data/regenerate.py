@@ -37,6 +37,7 @@ class RegenerateSummary:
     seconds: float = 0.0
     skipped: Counter = field(default_factory=Counter)
     cut_at_max_new_tokens: int = 0  # answers that hit --max-new-tokens before the end-of-turn token
+    extracted: int | None = None  # samples in the extraction folder (one-pass: `engine.data.onepass`)
 
     @property
     def tokens_per_s(self) -> float:
@@ -45,7 +46,8 @@ class RegenerateSummary:
     def to_json(self) -> dict:
         return {"out": self.out, "written": self.written, "already_done": self.already_done, "answers": self.answers,
                 "new_tokens": self.new_tokens, "tokens_per_s": round(self.tokens_per_s, 1),
-                "skipped": dict(self.skipped), "cut_at_max_new_tokens": self.cut_at_max_new_tokens}
+                "skipped": dict(self.skipped), "cut_at_max_new_tokens": self.cut_at_max_new_tokens,
+                **({} if self.extracted is None else {"extracted": self.extracted})}
 
 
 # -- the output file ---------------------------------------------------------------------------------
@@ -271,8 +273,10 @@ def tokenizer_only(name_or_path: str | None) -> TokenizerOnly:
 
 def regenerate(target, rows: Sequence[dict], out: str | Path, *, max_new_tokens: int = 256, temperature: float = 0.0,
                top_p: float = 1.0, batch_size: int = 8, max_length: int | None = None, max_turns: int | None = None,
-               seed: int = 0, progress: bool = True, answer=None) -> RegenerateSummary:
-    """Write `out` (JSONL of {"id", "messages", "regenerated"}) with the target's own answers; resumable."""
+               seed: int = 0, progress: bool = True, answer=None, on_rows=None) -> RegenerateSummary:
+    """Write `out` (JSONL of {"id", "messages", "regenerated"}) with the target's own answers; resumable.
+
+    `on_rows(rows)` is called with each batch's rows once they are in the file."""
     from tqdm import tqdm
 
     if any("messages" not in r for r in rows):
@@ -284,7 +288,8 @@ def regenerate(target, rows: Sequence[dict], out: str | Path, *, max_new_tokens:
     out = Path(out)
     summary = RegenerateSummary(out=str(out))
     f, done = open_output(out)
-    meta = {"target": target.verifier_name, "backend": "transformers" if answer is None else "vllm",
+    meta = {"target": target.verifier_name,
+            "backend": "transformers" if answer is None else getattr(answer, "backend", "vllm"),
             "temperature": temperature, "max_new_tokens": max_new_tokens, "seed": seed}
     rep = reporter()
     try:
@@ -301,6 +306,8 @@ def regenerate(target, rows: Sequence[dict], out: str | Path, *, max_new_tokens:
                                            top_p=top_p, max_length=max_length, max_turns=max_turns, summary=summary,
                                            answer=answer)
                 append_rows(f, [dict(r, regenerated=meta) for r in written])
+                if on_rows is not None:
+                    on_rows(written)
                 summary.written += len(written)
                 summary.seconds = time.monotonic() - start
                 bar.update(len(batch))

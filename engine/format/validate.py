@@ -230,7 +230,7 @@ def _typed_config(cfg: dict[str, Any], report: ValidationReport):
         typed = cls.model_validate(cfg)
     except ValidationError as exc:
         for err in exc.errors():
-            report.add(Issue(_loc(err["loc"]), f"{err['msg']} (got {err.get('input')!r})"))
+            report.add(Issue(_loc(err["loc"]), in_words(err)))
         return None
     try:  # JSON types as written: "3" or true where an integer belongs pass the lax check above
         cls.model_validate(cfg, strict=True)
@@ -258,6 +258,29 @@ def _json_kind(value: Any) -> str:
         return "boolean"
     return {str: "string", int: "integer", float: "number", list: "list", dict: "object"}.get(type(value), "null") \
         if value is not None else "null"
+
+
+_PYDANTIC_WORDS = {  # pydantic's error types in the words of a form: what the value must be
+    "greater_than_equal": "must be at least {ge}", "greater_than": "must be more than {gt}",
+    "less_than_equal": "must be at most {le}", "less_than": "must be less than {lt}",
+    "int_type": "must be a whole number", "int_parsing": "must be a whole number",
+    "int_from_float": "must be a whole number", "float_type": "must be a number", "float_parsing": "must be a number",
+    "bool_type": "must be true or false", "bool_parsing": "must be true or false", "string_type": "must be text",
+    "list_type": "must be a list", "dict_type": "must be an object", "literal_error": "must be one of {expected}",
+    "too_short": "needs at least {min_length} item(s)", "too_long": "takes at most {max_length} item(s)",
+}
+
+
+def in_words(err: dict[str, Any]) -> str:
+    """A pydantic error as a form would say it: "must be at least 1, got 0" ("is required" when missing)."""
+    if err.get("type") == "missing":
+        return "is required: the field is not set"
+    template = _PYDANTIC_WORDS.get(err.get("type", ""))
+    try:
+        words = template.format(**(err.get("ctx") or {})) if template else str(err.get("msg", "is not valid"))
+    except (KeyError, IndexError):
+        words = str(err.get("msg", "is not valid"))
+    return f"{words}, got {json.dumps(err.get('input'), default=str)}"
 
 
 def _loc(loc) -> str:
@@ -398,8 +421,14 @@ def _verifier_rules(cfg: dict[str, Any], hf: dict[str, Any] | None, verifier: di
             report.add(Issue(name, f"layer {n} is the verifier's last layer (the training target), not an aux layer; "
                              "speculators stores only aux ids — drop it (vllm#54526)"))
     if isinstance(vh, int) and isinstance(ht, int) and vh != ht:
-        report.add(Issue("target_hidden_size", f"the verifier's hidden size is {vh} but the draft expects {ht}; "
-                         f"set target_hidden_size to {vh}"))
+        if cfg.get("target_hidden_size"):  # the field that says the target's size
+            report.add(Issue("target_hidden_size", f"the verifier's hidden size is {vh} but the draft expects {ht}; "
+                             f"set target_hidden_size to {vh}"))
+        else:  # the draft's own size stands for the target's: the field that was edited is the one to name
+            report.add(Issue("transformer_layer_config.hidden_size", f"is {ht}, but the verifier's hidden size is "
+                             f"{vh}: without target_hidden_size the draft reads the verifier's states at its own size; "
+                             f"set hidden size to {vh}, or set target_hidden_size to {vh} for a draft of another "
+                             "width"))
     if isinstance(vv, int) and isinstance(tlc.get("vocab_size"), int) and tlc["vocab_size"] != vv:
         report.add(Issue("transformer_layer_config.vocab_size", f"{tlc['vocab_size']} differs from the verifier's "
                          f"vocabulary ({vv}); drafts index the verifier's vocabulary"))
@@ -523,7 +552,9 @@ def _shape_rules(cfg: dict[str, Any], hf: dict[str, Any], shapes: dict[str, tupl
     elif "embed_tokens.weight" not in present and getattr(_config_class(cfg), "stores_embeddings", False):
         report.add(Issue("tensor:embed_tokens.weight", "absent: vLLM shares the target's embedding, but speculators "
                          "0.9.0 fills a missing embed_tokens with random values, so this draft drafts differently "
-                         "(and badly) there; save it (the workbench's default; `--no-save-embeddings` drops it)",
+                         "(and badly) there. Fix: `python -m engine repair "
+                         f"{shlex.quote(report.path) if report.path != '<config>' else 'DRAFT_DIR'}` stores the "
+                         "verifier's embedding (new training runs store it by default)",
                          severity="warning"))
     if "t2d" in shapes and tuple(shapes["t2d"]) != (vocab,):
         report.add(Issue("tensor:t2d", f"shape {list(shapes['t2d'])}, expected [{vocab}] (one flag per target token)"))

@@ -114,7 +114,9 @@ def _sentence(row: dict[str, Any], others: Mapping[str, dict[str, Any]]) -> str:
     if tau is None or cost is None or speedup is None:
         return f"{label}: too few steps to judge."
     mal = row["mean_acceptance_length"]
-    when = f" ({mal:.1f} on the steps it drafted)" if mal is not None and abs(mal - tau) >= 0.2 else ""
+    # the same quantity names as the answer's footer: "mean acceptance length" (vLLM's, over drafted steps)
+    when = f" (mean acceptance length {mal:.2f} on the steps it drafted)" if mal is not None and abs(mal - tau) >= 0.2 \
+        else ""
     head = f"{label} emits {tau:.1f} tokens per step{when}; a step costs {cost:.1f} baseline steps on this machine"
     parts = []
     if row["target_cost"] is not None:

@@ -3,8 +3,11 @@
 A path is a target dtype plus how its decode forwards run (engine.generate.cpu_kernels). At the first load of a
 target on a machine every candidate is timed for one and for k + 1 new tokens after the same prompt, and checked to
 give, for several new rows in one forward, the same logits bit for bit as the one-token steps it replaces (what keeps
-greedy speculation exactly the baseline). The fastest exact path wins (a one-token step plus a (k + 1)-token
-verification); bf16 paths are candidates only on a CPU with native bf16 (engine.cpu.native_bf16), emulated bf16 is
+greedy speculation exactly the baseline). `auto` takes the fastest exact path (a one-token step plus a (k + 1)-token
+verification); where no path is exact it takes the fastest one, and so does `fastest` everywhere: such a path is
+lossless in distribution, as vLLM is (a verification over several rows may round differently from the one-token
+steps at near-ties, so greedy output can differ from the baseline's), and every summary says which of the two the
+chosen path is. bf16 paths are candidates only on a CPU with native bf16 (engine.cpu.native_bf16), emulated bf16 is
 never chosen. The decision is cached as a small JSON under the workbench home, keyed by CPU model, flags, torch
 version and target identity, so a changed machine, torch or target measures again. `--dtype fp32|bf16` forces a
 path without measuring.
@@ -72,7 +75,12 @@ PATHS: dict[str, KernelPath] = {
                              "bf16 weights, transformers' kernels (fused multi-row attention, GEMV for one row)"),
 }
 FORCED = {"fp32": "fp32", "float32": "fp32", "bf16": "bf16-routed", "bfloat16": "bf16-routed"}
-CHOICES = ("auto", "fp32", "bf16", "float32", "bfloat16")
+MEASURED_MODES = ("auto", "fastest")  # choices decided by measurement (the rest force a path)
+CHOICES = (*MEASURED_MODES, "fp32", "bf16", "float32", "bfloat16")
+EXACT_LABEL = "bit-identical: speculative output equals the baseline's"
+LOSSLESS_LABEL = ("lossless in distribution, not bit-identical: verifying several tokens in one forward rounds "
+                  "differently from one-token steps, so at near-ties the output can differ from the baseline's (as in "
+                  "vLLM)")
 
 
 @dataclass
@@ -86,6 +94,7 @@ class Choice:
     torch: str
     native_bf16: bool
     candidates: dict[str, dict[str, Any]] = field(default_factory=dict)
+    mode: str = "auto"  # auto | fastest | forced (what asked for this path)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -94,6 +103,18 @@ class Choice:
     @property
     def routed(self) -> bool:
         return PATHS[self.path].routed
+
+    @property
+    def row_exact(self) -> bool | None:
+        """Whether the chosen path's multi-row forwards equal its one-token steps here (None: not checked)."""
+        value = self.candidates.get(self.path, {}).get("row_exact")
+        return None if value is None else bool(value)
+
+    def exactness(self) -> str:
+        """What speculative output on this path promises against the baseline, in words."""
+        if self.row_exact is None:
+            return "row exactness not checked here"
+        return EXACT_LABEL if self.row_exact else LOSSLESS_LABEL
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -110,7 +131,7 @@ class Choice:
                 exact = "exact" if c.get("row_exact") else "NOT row-exact"
                 parts.append(f"{name} {c['ms_1']:.1f} ms/token, {c['ms_k1']:.1f} ms for {self.k + 1} tokens, {exact}")
         detail = f": {'; '.join(parts)}" if parts else ""
-        return f"{self.path} ({why} on {self.cpu}, torch {self.torch}){detail}"
+        return f"{self.path} ({why} on {self.cpu}, torch {self.torch}; {self.exactness()}){detail}"
 
 
 def cache_dir() -> Path:
@@ -148,7 +169,7 @@ def read_cached(name_or_path: str | None, k: int = DEFAULT_K) -> Choice | None:
         return None
     if not isinstance(record, dict) or record.get("key") != key or record.get("choice", {}).get("path") not in PATHS:
         return None
-    choice = Choice(**record["choice"])
+    choice = Choice(**{**record["choice"], "mode": "auto"})
     choice.source = "cached"
     return choice
 
@@ -212,13 +233,18 @@ def _measure_path(name_or_path: str | None, path: KernelPath, k: int, device: st
             "description": path.description}
 
 
-def pick(candidates: dict[str, dict[str, Any]]) -> str:
-    """The fastest row-exact candidate (one-token step + verification); fp32 when none is exact."""
-    exact = {n: c for n, c in candidates.items() if c.get("row_exact") and c.get("ms_1") is not None}
-    if not exact:
-        log.warning("no kernel path gave row-exact forwards on this CPU; decoding in fp32")
+def pick(candidates: dict[str, dict[str, Any]], mode: str = "auto") -> str:
+    """`auto`: the fastest row-exact candidate (one-token step + verification), or the fastest of all when none is
+    exact; `fastest`: the fastest of all. fp32 when nothing was timed."""
+    timed = {n: c for n, c in candidates.items() if c.get("ms_1") is not None}
+    exact = {n: c for n, c in timed.items() if c.get("row_exact")}
+    pool = exact if mode == "auto" and exact else timed
+    if not pool:
         return "fp32"
-    return min(exact, key=lambda n: exact[n]["ms_1"] + exact[n]["ms_k1"])
+    if mode == "auto" and not exact:
+        log.warning("no kernel path gave row-exact forwards on this CPU; decoding on the fastest one (lossless in "
+                    "distribution, not bit-identical)")
+    return min(pool, key=lambda n: pool[n]["ms_1"] + pool[n]["ms_k1"])
 
 
 def candidate_paths(native: bool) -> tuple[list[str], dict[str, dict[str, Any]]]:
@@ -245,20 +271,24 @@ def choose(name_or_path: str | None = None, choice: str | torch.dtype = "auto", 
     base = {"k": k, "cpu": cpu_model(), "torch": torch.__version__, "native_bf16": native}
     if isinstance(choice, torch.dtype):
         choice = {torch.float32: "fp32", torch.bfloat16: "bf16"}.get(choice, str(choice))
-    if choice != "auto":
+    if choice not in MEASURED_MODES:
         if choice not in FORCED:
             raise WorkbenchError(f"unknown decode dtype '{choice}'", hint=f"use one of {', '.join(CHOICES)}")
-        return Choice(path=FORCED[choice], source="forced", **base)
+        cached = read_cached(name_or_path, k) if pick_device(device) == "cpu" else None
+        return Choice(path=FORCED[choice], source="forced", mode="forced",
+                      candidates=cached.candidates if cached else {}, **base)  # its exactness, when measured here
     if pick_device(device) != "cpu":
-        return Choice(path="fp32", source="gpu", **base)
+        return Choice(path="fp32", source="gpu", mode=choice, **base)
     if not refresh:
         cached = read_cached(name_or_path, k)
         if cached is not None:
+            cached.path, cached.mode = pick(cached.candidates, choice), choice
             return cached
     tried, skipped = candidate_paths(native)
     started = time.perf_counter()
     measured = measure(name_or_path, k, tried, device="cpu")
-    result = Choice(path=pick(measured), source="measured", candidates={**measured, **skipped}, **base)
+    result = Choice(path=pick(measured, choice), source="measured", candidates={**measured, **skipped}, mode=choice,
+                    **base)
     log.info("kernel choice in %.1f s: %s", time.perf_counter() - started, result.summary())
     key = cache_key(name_or_path, k)
     atomic_write_json(cache_path(key), {"key": key, "choice": result.to_dict(),

@@ -82,9 +82,11 @@ def run_bench(
     params: SamplingParams | None = None,
     measure_cost: bool = True,
     progress: bool = True,
+    span: tuple[float, float] | None = None,
 ) -> dict[str, Any]:
-    """Run every method on every prompt (round-robin per prompt) and summarise like vLLM."""
-    from tqdm import tqdm
+    """Run every method on every prompt (round-robin per prompt) and summarise like vLLM; with `span`, the job's
+    progress (prompts done, time left) goes into its status.json within that part of the job."""
+    from engine.jobs import tracked
 
     params = params or SamplingParams()
     if not params.eos_token_ids and target.tokenizer is not None and target.tokenizer.eos_token_id is not None:
@@ -100,7 +102,8 @@ def run_bench(
                                       "with the same tokenizer)"
     runners = {m: TargetRunner(target, getattr(proposers.get(m), "aux_layer_ids", None)) for m in methods}
     encoded = [prompt_ids(target.tokenizer, p) for p in prompts]
-    for ids in tqdm(encoded, desc="bench", disable=not progress):
+    for ids in tracked(encoded, desc="prompts benchmarked (every method)", span=span, unit="prompt",
+                       enabled=progress):
         for m in methods:
             run = runs[m]
             if run.skipped:
@@ -187,6 +190,7 @@ def summarize(runs: dict[str, MethodRun], *, k: int, params: SamplingParams, cos
         "backend": "transformers", "target_dtype": dtype_name(target.dtype), "kernel": target.extra.get("kernel"),
         "device": str(target.device), "threads": torch.get_num_threads(),
         "cpu": cpu_name() if target.device.type == "cpu" else None,
+        "date": time.strftime("%Y-%m-%d"),
     }
 
 
@@ -202,6 +206,14 @@ def markdown_table(result: dict[str, Any]) -> str:
         sp = f"{row['speedup']:.2f}×" if row.get("speedup") is not None else "–"
         lines.append(f"| {name} | {tau} | {pos} | {row['tokens_per_s']:.1f} | {sp} | "
                      f"{'yes' if row['identical_to_baseline'] else 'no'} |")
+    kernel = result.get("kernel") or {}
+    if kernel.get("path"):
+        exact = (kernel.get("candidates") or {}).get(kernel["path"], {}).get("row_exact")
+        lines.append("")
+        lines.append(f"Kernel path {kernel['path']} ({kernel.get('mode', 'auto')}): " + (
+            "row exactness not checked here" if exact is None else
+            "bit-identical, so 'identical' must read yes for greedy decoding" if exact else
+            "lossless in distribution, not bit-identical: 'identical' compares outputs, which may differ at near-ties"))
     curve = result.get("cost_curve") or {}
     if curve:
         lines.append("")
@@ -219,7 +231,8 @@ def benchmark(*, target: str | None = None, draft: str | None = None, prompts: s
               num_prompts: int = 20, max_prompt_chars: int = 1500, max_new_tokens: int = 128, k: int = 3,
               temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int = 0,
               methods: str | Sequence[str] = ALL_METHODS, assistant: str | None = None,
-              backend: str = "transformers", dtype: str = "auto", threads: int | None = None) -> dict:
+              backend: str = "transformers", dtype: str = "auto", threads: int | None = None,
+              span: tuple[float, float] | None = None) -> dict:
     """`python -m engine bench` as a function: in-process (`transformers`) or real vLLM (`vllm`) on the same prompts."""
     from engine.generate.sampling import SamplingParams
     from engine.jobs import reporter
@@ -248,4 +261,4 @@ def benchmark(*, target: str | None = None, draft: str | None = None, prompts: s
                               methods=tuple(m for m in methods if m in ("baseline", "draft", "ngram")),
                               dtype=vllm_dtype(dtype), tokenize=True)
     return run_bench(load_decode_target(target, dtype), prompt_rows, methods=methods, draft=draft,
-                     assistant=assistant, k=k, params=params)
+                     assistant=assistant, k=k, params=params, span=span)

@@ -17,20 +17,22 @@ import torch
 
 from engine.errors import WorkbenchError
 from engine.generate.acceptance import Acceptance, HeldOutSample, held_out_sample, walk, walk_states
+from engine.jobs import reporter, tracked
 from engine.measure.step_costs import forecast, measure_step_costs
 
 log = logging.getLogger(__name__)
+# an `evaluate` job's progress: the target's answers take most of it, then the draft pass, then the step costs
+ANSWERS_SPAN, WALK_END = (0.0, 0.85), 0.95
 
 
 def evaluate_samples(algorithm, draft, samples: Iterable[HeldOutSample], ks: Sequence[int], *,
                      max_new_tokens: int | None = None, keep_walks: bool = False, temperature: float = 0.0,
-                     progress: bool = False) -> dict[str, Any]:
-    """Decoding-exact acceptance of `draft` for each k in `ks` on held-out greedy target outputs.
+                     progress: bool = False, span: tuple[float, float] | None = None) -> dict[str, Any]:
+    """Decoding-exact acceptance of `draft` for each k in `ks` on held-out greedy target outputs (the job's
+    progress within `span`).
 
     With `temperature` > 0 (samples with `target_logits`), also the expected acceptance of sampled decoding
     (sum of min(p, q) per position, teacher-forced) at the greedy walk's states: labelled an expectation."""
-    from tqdm import tqdm
-
     ks = sorted(set(int(k) for k in ks))
     if not ks or ks[0] < 1:
         raise WorkbenchError(f"k must be at least 1, got {ks}", hint="e.g. --k 1,2,3,4,5")
@@ -45,7 +47,8 @@ def evaluate_samples(algorithm, draft, samples: Iterable[HeldOutSample], ks: Seq
     walks: dict[int, list[dict]] = {k: [] for k in ks}
     t0 = time.perf_counter()
     n = 0
-    for sample in tqdm(samples, desc="evaluate", disable=not progress):
+    for sample in tracked(samples, desc="draft pass over the held-out samples", span=span, unit="sample",
+                          enabled=progress):
         a_big, cuts = algorithm.walk_counts(draft, sample.aux, sample.token_ids, big)
         a_big, cuts = a_big.tolist(), cuts.tolist() if cuts is not None else None
         chances = None
@@ -103,11 +106,10 @@ def samples_from_extracted(folder: str | Path, aux_layer_ids: Sequence[int], *, 
 
 
 def samples_from_prompts(target, prompts: Sequence[Any], aux_layer_ids: Sequence[int], *, max_new_tokens: int,
-                         with_logits: bool = False, progress: bool = False) -> list[HeldOutSample]:
+                         with_logits: bool = False, progress: bool = False,
+                         span: tuple[float, float] | None = None) -> list[HeldOutSample]:
     """Run the target once per held-out prompt: its greedy answer (exactly as `bench`'s baseline decodes it), then
     one forward over prompt + answer for the states at the draft's layers."""
-    from tqdm import tqdm
-
     from engine.generate.api import prompt_ids
     from engine.generate.runner import TargetRunner
     from engine.generate.sampling import SamplingParams
@@ -118,7 +120,8 @@ def samples_from_prompts(target, prompts: Sequence[Any], aux_layer_ids: Sequence
         params.eos_token_ids = [target.tokenizer.eos_token_id]
     runner, decoder = TargetRunner(target, list(aux_layer_ids)), TargetRunner(target)
     out = []
-    for i, prompt in enumerate(tqdm(prompts, desc="target answers", disable=not progress)):
+    for i, prompt in enumerate(tracked(prompts, desc="the target answers the held-out prompts", span=span,
+                                       unit="prompt", enabled=progress)):
         ids = prompt_ids(target.tokenizer, prompt)
         answer, _ = generate_all(decoder, ids, params)
         runner.reset()
@@ -130,13 +133,13 @@ def samples_from_prompts(target, prompts: Sequence[Any], aux_layer_ids: Sequence
 
 
 def held_out_answers(tgt, prompts, aux_ids, max_new_tokens: int, with_logits: bool = False,
-                     progress: bool = False) -> list[HeldOutSample]:
+                     progress: bool = False, span: tuple[float, float] | None = None) -> list[HeldOutSample]:
     """samples_from_prompts, read from engine.measure.answers when this target already answered these prompts."""
     from engine.measure import answers
 
     def compute():
         return samples_from_prompts(tgt, prompts, aux_ids, max_new_tokens=max_new_tokens, with_logits=with_logits,
-                                    progress=progress)
+                                    progress=progress, span=span)
     if with_logits:  # [T, V] logits per sample are too large to keep
         return compute()
     eos = [tgt.tokenizer.eos_token_id] if tgt.tokenizer is not None and tgt.tokenizer.eos_token_id is not None else []
@@ -172,7 +175,7 @@ def evaluate_draft(*, draft: str | None = None, target: str | None = None, data:
     held-out prompts of `dataset` (the target answers each once); optionally with the speedup forecast."""
     from engine.generate.api import default_draft, draft_algorithm
     from engine.generate.kernel_choice import load_decode_target
-    from engine.targets import dtype_name, target_for_draft
+    from engine.targets import cpu_name, dtype_name, target_for_draft
 
     draft_path = draft or default_draft(target)
     if draft_path is None:
@@ -197,16 +200,20 @@ def evaluate_draft(*, draft: str | None = None, target: str | None = None, data:
         from engine.data.prompts import load_prompts
 
         prompts = load_prompts(dataset or "sharegpt", num_prompts, seed, max_prompt_chars)
-        samples = held_out_answers(tgt, prompts, aux_ids, max_new_tokens or 128, temperature > 0, progress)
+        samples = held_out_answers(tgt, prompts, aux_ids, max_new_tokens or 128, temperature > 0, progress,
+                                   span=ANSWERS_SPAN)
         source = {"dataset": dataset, "held_out_prompts": len(prompts)}
     result = evaluate_samples(algorithm, model, samples, ks, max_new_tokens=max_new_tokens, keep_walks=keep_walks,
-                              temperature=temperature, progress=progress)
+                              temperature=temperature, progress=progress,
+                              span=(ANSWERS_SPAN[1] if not data else 0.0, WALK_END if measure_speed else 1.0))
     result.update(source, draft=str(draft_path), algorithm=algorithm.name, max_new_tokens=max_new_tokens,
                   draft_k=model.config.speculative_tokens, target_dtype=dtype_name(tgt.dtype),
-                  kernel=tgt.extra.get("kernel_summary"))
+                  kernel=tgt.extra.get("kernel_summary"), date=time.strftime("%Y-%m-%d"),
+                  cpu=cpu_name() if tgt.device.type == "cpu" else None)
     if measure_speed:
         context = list(samples[0].token_ids[: samples[0].prompt_len].tolist()) if isinstance(samples, list) \
             and samples else [1] * 64
+        reporter().update("measuring the step costs on this machine", WALK_END)
         costs = measure_step_costs(tgt, algorithm, model, ks, context=context)
         result["costs"] = costs
         result["forecast"] = forecast(result, costs)

@@ -58,4 +58,21 @@ def forecast(result: dict[str, Any], costs: dict[str, Any]) -> dict[str, Any]:
                      "step_cost": (v + c) if v is not None and c is not None else None,
                      "speedup": tau / (v + c) if tau and v is not None and c is not None else None}
     best = max(rows, key=lambda key: rows[key]["speedup"] or 0.0)
-    return {"by_k": rows, "recommended_k": int(best), "target_step_ms": costs["target_step_ms"]}
+    pays = (rows[best]["speedup"] or 0.0) > 1.0
+    # no k is recommended when even the fastest forecasts a slowdown: decoding without this draft is faster here
+    return {"by_k": rows, "fastest_k": int(best), "recommended_k": int(best) if pays else None,
+            "target_step_ms": costs["target_step_ms"]}
+
+
+def recommendation(fc: dict[str, Any] | None, where: str = "on this machine") -> str:
+    """The forecast's advice in words: the k to use, or that speculating with this draft is slower (`where`: the
+    machine whose costs the forecast used)."""
+    if not fc or not fc.get("by_k"):
+        return ""
+    fastest = str(fc.get("fastest_k") or max(fc["by_k"], key=lambda key: fc["by_k"][key].get("speedup") or 0.0))
+    best = fc["by_k"].get(fastest, {}).get("speedup")
+    if best is not None and best > 1.0:
+        return f"recommended k {where}: {fastest} (forecast {best:.2f}×)"
+    return (f"no speculation with this draft: every k forecasts slower than the target alone {where}"
+            + (f" (best: k = {fastest} at {best:.2f}×)" if best is not None else "")
+            + "; decode without it, or try the n-gram proposer")

@@ -279,8 +279,14 @@ def results_section(recipe: dict[str, Any], bench: dict[str, Any]) -> list[str]:
     ]
 
 
+def _sentence(text: str) -> str:
+    return text[:1].upper() + text[1:] + "." if text else ""
+
+
 def evaluation_section(result: dict[str, Any], sweep: list[dict[str, Any]] | None = None) -> list[str]:
     """Decoding-exact acceptance per k beside the all-positions average, and forecast vs measured speedup."""
+    from engine.measure.step_costs import recommendation
+
     if not result.get("by_k"):
         return []
     measured = {str(r["k"]): r.get("speedup") for r in (sweep or [])}
@@ -304,7 +310,7 @@ def evaluation_section(result: dict[str, Any], sweep: list[dict[str, Any]] | Non
              "measured speedup |", "|---|---|---|---|---|---|", *rows, ""]
     if oov is not None:
         lines.append(f"{100 * oov:.1f}% of the answers' tokens are outside the draft vocabulary. "
-                     + (f"Recommended k on this machine: {result['forecast']['recommended_k']}."
+                     + (_sentence(recommendation(result["forecast"]))
                         if result.get("forecast") else ""))
         lines.append("")
     return lines + [EVAL_END, ""]

@@ -87,6 +87,14 @@ WORK_FILES = ("steps", "regenerated.jsonl", "hidden", "train", "bench.json", "vl
               "sweep.json", "evaluate.json", "remeasure")
 
 
+def _kept_folder(recipe: dict[str, Any]) -> Path | None:
+    """Where the recipe keeps its regenerated rows in the repository (`keep_regenerated: true` or a folder)."""
+    from engine.data.kept import KEPT_DIR
+
+    value = recipe.get("keep_regenerated")
+    return None if not value else KEPT_DIR if value is True else Path(value)
+
+
 def claim_work(work: Path, names=WORK_FILES) -> None:
     """Refuse a work folder holding a file of the user's under a name the steps write; record the names as ours."""
     claim_names(work, names, kind="recipe-work", what="recipe work folder", flag="the recipe's `work:`")
@@ -116,9 +124,18 @@ def run_recipe(name_or_path: str, *, only: list[str] | None = None, force: bool 
         if dry_run:
             continue
         rep.update(f"recipe step {step}", i / max(1, len(steps)))
+        kept = _kept_folder(source or recipe) if step == "regenerate" else None
+        if kept is not None:  # rows regenerated on other machines with these settings are not paid again
+            from engine.data.kept import seed
+
+            seed((source or recipe)["name"], opts["out"], opts, kept)
         t = time.time()
         STEP_FUNCTIONS[step](opts)
         timings[step] = time.time() - t
+        if kept is not None:
+            from engine.data.kept import keep
+
+            keep((source or recipe)["name"], opts["out"], opts, kept)
         marker.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_json(marker, {"digest": digest, "argv": argv, "inputs": inputs, "seconds": timings[step],
                                    "finished": time.strftime("%Y-%m-%dT%H:%M:%S")})

@@ -32,7 +32,8 @@ def load_recipe(name_or_path: str) -> dict[str, Any]:
         raise WorkbenchError(f"{path} is not valid YAML: {exc}") from exc
     recipe.setdefault("name", path.stem)
     recipe.setdefault("work", f"runs/recipes/{recipe['name']}")
-    unknown = set(recipe) - set(STEPS) - {"name", "work", "target", "description", "data", "goals"}
+    known = {"name", "work", "target", "description", "data", "goals", "keep_regenerated"}
+    unknown = set(recipe) - set(STEPS) - known
     if unknown:
         raise WorkbenchError(f"unknown recipe keys {sorted(unknown)}", where=str(path),
                              hint=f"steps are {list(STEPS)}")
@@ -95,8 +96,10 @@ def step_options(recipe: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     else:
         work_data = work / "hidden"
     if "regenerate" in recipe:
-        steps.append(("regenerate", {"target": target, **recipe["regenerate"],
-                                     "out": str(work / "regenerated.jsonl")}))
+        regen = dict(recipe["regenerate"])
+        if regen.pop("onepass", False):  # the extract step's hidden states, kept while generating
+            regen.update(_onepass_options(recipe.get("extract") or {}), extract_to=str(work / "hidden"))
+        steps.append(("regenerate", {"target": target, **regen, "out": str(work / "regenerated.jsonl")}))
     if "extract" in recipe:
         dataset = str(work / "regenerated.jsonl") if "regenerate" in recipe else recipe["extract"].get("dataset")
         steps.append(("extract", {"target": target, "dataset": dataset, "split": "all", **recipe["extract"],
@@ -111,6 +114,13 @@ def step_options(recipe: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
         steps.append(("vllm_bench", {"target": target, "draft": str(work / "train" / "draft"), **recipe["vllm_bench"],
                                      "backend": "vllm", "json": str(work / "vllm_bench.json")}))
     return steps
+
+
+def _onepass_options(extract: dict[str, Any]) -> dict[str, Any]:
+    """The extract step's settings as `regenerate --extract-to` flags (the extract step then finds its samples
+    on disk and only checks them)."""
+    names = {"algo": "algo", "layers": "layers", "dtype": "dtype", "max_length": "extract_max_length"}
+    return {names[k]: v for k, v in extract.items() if k in names}
 
 
 def step_commands(recipe: dict[str, Any]) -> list[tuple[str, list[str]]]:

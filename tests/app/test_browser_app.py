@@ -2,12 +2,15 @@
 
 Starts `streamlit run app.py` on a free localhost port with a private runs folder, visits every page (screenshots
 under test-artifacts/browser/), runs the demo chat on the built-in target with the shipped draft (or the n-gram
-proposer while no draft is shipped), and watches a tiny training job's chart update.
+proposer while no draft is shipped), and watches a tiny training job's chart update; the start page (and typed page
+URLs), the shipped draft's speed alike on every page that shows it, a running evaluation's progress, and no traceback
+in the app's log after a tour of every page and tab.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -27,9 +30,9 @@ ARTIFACTS = ROOT / "test-artifacts" / "browser"
 CHROMIUM = os.environ.get("WORKBENCH_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-PAGES = [("Models", "Models"), ("Data", "Data"), ("Train", "Train"), ("Convert", "Convert"),
-         ("Config builder", "Config builder"), ("Demo chat", "Demo chat"), ("Benchmarks", "Benchmarks"),
-         ("Serve", "Serve"), ("Jobs", "Jobs")]
+PAGES = [("Start", "Speculators Workbench"), ("Models", "Models"), ("Data", "Data"), ("Train", "Train"),
+         ("Convert", "Convert"), ("Config builder", "Config builder"), ("Demo chat", "Demo chat"),
+         ("Benchmarks", "Benchmarks"), ("Serve", "Serve"), ("Jobs", "Jobs")]
 
 
 def _free_port() -> int:
@@ -113,9 +116,13 @@ def idle(pg, timeout: float = 180_000) -> None:
     pg.wait_for_selector('[data-test-script-state="notRunning"]', timeout=timeout)
 
 
-def go(pg, link: str) -> None:
-    pg.get_by_role("link", name=link, exact=True).click()
-    pg.wait_for_function(f"() => [...document.querySelectorAll('h1')].some(h => h.innerText.trim() === {link!r})",
+def go(pg, link: str, title: str | None = None) -> None:
+    pg.get_by_role("link", name=link, exact=True).first.click()
+    wait_title(pg, title or dict(PAGES).get(link, link))
+
+
+def wait_title(pg, title: str) -> None:
+    pg.wait_for_function(f"() => [...document.querySelectorAll('h1')].some(h => h.innerText.trim() === {title!r})",
                          timeout=180_000)
     idle(pg)
 
@@ -133,7 +140,7 @@ def no_traceback(pg) -> None:
 def test_every_page_opens_without_a_traceback(page):
     sidebar = page.locator('[data-testid="stSidebarUserContent"]').inner_text()
     assert "Target" in sidebar and "smollm2-135m-instruct" in sidebar and "Device" in sidebar
-    for i, (link, title) in enumerate(PAGES, 1):
+    for i, (link, title) in enumerate(PAGES[1:], 1):
         go(page, link)
         assert page.locator("h1").first.inner_text().strip() == title
         no_traceback(page)
@@ -214,6 +221,17 @@ def test_demo_chat_colours_accepted_tokens_and_answers_identically(page):
     assert page.get_by_text("baseline steps on this machine").count() >= 1
     why.scroll_into_view_if_needed()
     shot(page, "10-demo-chat-answer")
+    body = page.locator("body").inner_text()
+    assert "tokens per step (all steps)" in body  # the footer names the quantity the explanation gives
+    if shipped:  # the shipped draft's benchmarked speed beside this one prompt's, and why they differ
+        from ui import bench
+
+        speed = bench.draft_speed(str(shipped))
+        if speed:
+            assert _measured(body) == bench.draft_speed_text(speed).replace("**", "").split(" — ")[0]
+            assert "This turn is one prompt" in body
+            page.get_by_text("This turn is one prompt").first.scroll_into_view_if_needed()
+            shot(page, "10-demo-chat-speed-on-record")
 
 
 def test_training_job_chart_updates(page, tmp_path):
@@ -317,3 +335,115 @@ def test_parallel_demo_chat_sessions_all_answer_and_share_one_model(browser, app
     terminal = (runs.parent / "streamlit.log").read_text()
     assert terminal.count("loading the target model") == 1, terminal[-3000:]
     assert terminal.count("loading the draft model") <= 1
+
+
+# -- the start page, one story for the speed figures, progress, a clean log -------------------------------------
+
+
+def _main_text(pg) -> str:
+    return pg.locator('[data-testid="stMain"]').inner_text()
+
+
+def _measured(text: str) -> str:
+    """The "Measured for this draft: X× ..." sentence as the page renders it (one line)."""
+    line = next((ln for ln in text.splitlines() if "Measured for this draft:" in ln), "")
+    assert line, "no measured speed for the draft on this page"
+    return line[line.index("Measured for this draft:"):].split(" — ")[0]
+
+
+def test_the_app_opens_on_a_start_page_that_shows_the_way(page, app_url):
+    url, _ = app_url
+    assert page.locator("h1").first.inner_text().strip() == "Speculators Workbench"  # what opens at "/"
+    body = _main_text(page)
+    for words in ("speculative decoding", "1. Target", "2. Data", "3. Train", "4. Evaluate", "5. Serve",
+                  "Where to start", "Try the Demo chat"):
+        assert words in body, words
+    no_traceback(page)
+    shot(page, "00-start")
+    page.get_by_role("link", name="Try the Demo chat").click()  # a step's button opens its page
+    wait_title(page, "Demo chat")
+    for path, title in (("models", "Models"), ("benchmarks", "Benchmarks"), ("demo_chat", "Demo chat")):
+        page.goto(f"{url}/{path}")  # typed URLs work
+        wait_title(page, title)
+        assert "Page not found" not in page.locator("body").inner_text()
+
+
+def test_the_shipped_drafts_speed_is_the_same_on_start_models_card_and_benchmarks(page):
+    from ui import bench, catalog
+
+    speed = bench.draft_speed(catalog.shipped_draft("smollm2-135m-instruct"))
+    assert speed is not None
+    on_start = _measured(_main_text(page))
+    go(page, "Models")
+    page.get_by_role("tab", name="Draft details and validation").click()
+    page.get_by_text("Measured for this draft:").first.wait_for(timeout=120_000)
+    on_models = _measured(_main_text(page))
+    page.get_by_text("Measured for this draft:").first.scroll_into_view_if_needed()
+    shot(page, "02-models-draft-speed")
+    page.get_by_role("tab", name="Draft model card").click()
+    page.get_by_text("Acceptance length against training tokens").first.wait_for(timeout=60_000)
+    on_card = _measured(page.locator('[data-testid="stTabPanel"]:visible').inner_text())
+    assert "<!--" not in _main_text(page)
+    shot(page, "02-models-card-speed")
+    go(page, "Benchmarks")
+    page.wait_for_selector(".js-plotly-plot", timeout=120_000)
+    idle(page)
+    caption = _main_text(page)
+    assert f"{speed['speedup']:.2f}×" in page.locator('[data-testid="stDataFrame"]').first.inner_text() or \
+        f"{speed['speedup']:.2f}" in caption
+    assert speed["where"].split(",")[0] in caption
+    shot(page, "12-benchmarks-freshest")
+    page.locator('[data-testid="stPlotlyChart"]').nth(2).scroll_into_view_if_needed()  # the speedup chart
+    time.sleep(0.5)
+    page.screenshot(path=str(ARTIFACTS / "12-benchmarks-speedup.png"))
+    per_prompt = page.get_by_text("Per prompt (", exact=False)
+    if per_prompt.count():
+        per_prompt.first.click()
+        page.locator(".js-plotly-plot .gtitle", has_text="Acceptance per position and prompt").first.wait_for()
+        page.locator('[data-testid="stPlotlyChart"]', has_text="Acceptance per position and prompt").first \
+            .scroll_into_view_if_needed()
+        time.sleep(0.5)
+        page.screenshot(path=str(ARTIFACTS / "12-benchmarks-heatmap.png"))
+    page.get_by_text("Offline evaluations (decoding walk, every k)").scroll_into_view_if_needed()
+    time.sleep(0.5)
+    page.screenshot(path=str(ARTIFACTS / "12-benchmarks-evaluations.png"))
+    assert "No offline evaluation yet" not in _main_text(page)
+    figure = f"**{speed['speedup']:.2f}×**".strip("*")
+    for where, sentence in (("start", on_start), ("models", on_models), ("card", on_card)):
+        assert figure in sentence, (where, sentence)
+    assert on_start == on_models == on_card
+
+
+def test_a_running_evaluation_shows_progress_and_time_left(page, app_url):
+    _, runs = app_url
+    go(page, "Models")
+    page.get_by_role("tab", name="Draft details and validation").click()
+    page.get_by_label("Held-out prompts").fill("7")  # an odd size: not in the answer store from other runs
+    page.get_by_label("Held-out prompts").press("Enter")
+    idle(page)
+    page.get_by_label("Max new tokens").fill("40")
+    page.get_by_label("Max new tokens").press("Enter")
+    idle(page)
+    page.get_by_role("button", name="Evaluate this draft").click()
+    bar = page.locator('[data-testid="stProgress"]', has_text="so far")
+    bar.first.wait_for(timeout=300_000)
+    page.get_by_text(re.compile(r"held-out prompts: [1-6]/7 \(about .* left\)")).first.wait_for(timeout=300_000)
+    assert "%" in bar.first.inner_text()
+    bar.first.scroll_into_view_if_needed()
+    shot(page, "03-models-evaluation-progress")
+    job = next(j for j in jobs.list_jobs(runs) if j.kind == "evaluate")
+    if jobs.stop(job):
+        jobs.wait(job, timeout=60)
+
+
+def test_the_apps_log_holds_no_traceback_after_a_full_tour(page, app_url):
+    _, runs = app_url
+    for link, title in PAGES:
+        go(page, link)
+        no_traceback(page)
+        for tab in page.locator('[data-testid="stTab"]').all():  # every tab of the page
+            tab.click()
+            idle(page)
+            no_traceback(page)
+    log = (runs.parent / "streamlit.log").read_text(errors="replace")
+    assert "Traceback" not in log, log[log.index("Traceback") - 500:][:3000]

@@ -64,6 +64,7 @@ def test_bench_cli_writes_json_and_skips_unfit_assistant(tiny_targets, tiny_draf
     assert proc.returncode == 0, proc.stderr[-2000:]
     data = json.loads(out.read_text())
     assert data["methods"]["hf_assisted"]["skipped"]
+    assert data["cpu"] and len(data["date"]) == 10  # the record names its machine and day
     assert data["methods"]["draft"]["identical_to_baseline"] is True
 
 
@@ -72,3 +73,24 @@ def test_prompt_file_errors_are_clear(tmp_path):
     bad.write_text('{"prompt": "ok"}\n{"text": "no prompt key"}\n')
     with pytest.raises(Exception, match="line 2 needs a 'prompt' or 'messages' key"):
         load_prompts(str(bad))
+
+
+def test_a_bench_job_reports_prompts_done_and_time_left(tiny_llama, tmp_path, monkeypatch):
+    from engine import jobs
+
+    monkeypatch.setenv(jobs.JOB_DIR_ENV, str(tmp_path))
+    monkeypatch.setattr(jobs, "_REPORTER", None)
+    seen = []
+    real = jobs.Reporter.update
+
+    def spy(self, message=None, progress=None, **result):
+        seen.append((message, progress))
+        real(self, message, progress, **result)
+
+    monkeypatch.setattr(jobs.Reporter, "update", spy)
+    prompts = [{"prompt": f"Count to {i}."} for i in range(3)]
+    run_bench(tiny_llama, prompts, methods=("baseline", "ngram"), params=SamplingParams(max_new_tokens=4),
+              measure_cost=False, span=(0.0, 1.0))
+    assert [p for _, p in seen] == sorted(p for _, p in seen)  # progress only grows
+    assert seen[-1] == ("prompts benchmarked (every method): 3/3 " + seen[-1][0].split("3/3 ")[1], 1.0)
+    assert seen[0] == ("prompts benchmarked (every method): 0/3", 0.0)  # at most every second in between

@@ -86,13 +86,16 @@ def test_evaluate_cli_prints_the_table_and_writes_json(tmp_path):
     assert "| k | mean acceptance length (walk)" in proc.stdout
     result = json.loads(out.read_text())
     assert result["ks"] == [1, 2, 3] and set(result["by_k"]) == {"1", "2", "3"}
+    from engine.cpu import cpu_model
+
+    assert result["cpu"] == cpu_model() and len(result["date"]) == 10  # which machine, which day: the app says so
     for acc in result["by_k"].values():
         tau, r = acc["mean_acceptance_length"], acc["per_position_acceptance"]
         assert tau == pytest.approx(1 + sum(r))  # vLLM's identity for a fixed k
 
 
 def test_forecast_and_card_section(tmp_path):
-    from engine.measure.step_costs import forecast
+    from engine.measure.step_costs import forecast, recommendation
     from engine.recipes.model_card import EVAL_BEGIN, write_evaluation_section
 
     result = {"by_k": {"1": {"mean_acceptance_length": 1.5, "per_position_acceptance": [0.5],
@@ -104,7 +107,10 @@ def test_forecast_and_card_section(tmp_path):
     fc = forecast(result, costs)
     assert fc["by_k"]["1"]["speedup"] == pytest.approx(1.5 / 1.2)
     assert fc["by_k"]["2"]["speedup"] == pytest.approx(1.8 / 1.4)
-    assert fc["recommended_k"] == 2
+    assert fc["recommended_k"] == 2 and "recommended k on this machine: 2" in recommendation(fc)
+    slow = forecast(result, {**costs, "verify_cost": {1: 1.9, 2: 2.0}})  # every k below 1x: no k is recommended
+    assert slow["recommended_k"] is None and slow["fastest_k"] == 2
+    assert recommendation(slow).startswith("no speculation") and "n-gram" in recommendation(slow)
     card = tmp_path / "README.md"
     card.write_text("# A draft\n\n### Number of speculative tokens (k)\n\n| k | mean acceptance length | per-position "
                     "acceptance | speedup | identical |\n|---|---|---|---|---|\n| 1 | 1.35 | 0.35 | 0.77× | yes |\n\n"

@@ -46,7 +46,8 @@ def test_steps_without_drafts_are_named_when_they_lower_the_rate():
     events = _events(10, 3, 0.012, drafted=3) + [StepEvent(step=11 + i, tokens=[1], sources=["target"],
                                                            step_s=0.01, target_s=0.009) for i in range(10)]
     rows = explain({"baseline": profile(_events(30, 1, 0.01)), "ngram": profile(events)}, k=3)
-    assert "emits 2.0 tokens per step (3.0 on the steps it drafted)" in rows["ngram"]["sentence"]
+    assert "emits 2.0 tokens per step (mean acceptance length 3.00 on the steps it drafted)" in \
+        rows["ngram"]["sentence"]
 
 
 def test_a_verification_dearer_than_its_tokens_is_the_reason_given():

@@ -231,7 +231,11 @@ def test_verifier_hidden_and_vocab_mismatch(good):
     report = validate_draft(good, check_weights=False, verifier_config={**LLAMA_VERIFIER, "hidden_size": 2048,
                                                                           "vocab_size": 32000})
     fields = {e.field for e in report.errors}
-    assert {"target_hidden_size", "transformer_layer_config.vocab_size"} <= fields
+    # no target_hidden_size in the config: its own hidden size is the one that disagrees (and is named)
+    assert {"transformer_layer_config.hidden_size", "transformer_layer_config.vocab_size"} <= fields
+    with_ht = validate_draft(broken(good, ["target_hidden_size"], 1024), check_weights=False,
+                             verifier_config={**LLAMA_VERIFIER, "hidden_size": 2048})
+    assert "target_hidden_size" in {e.field for e in with_ht.errors}
 
 
 def test_llama_eagle3_with_four_aux_layers_needs_num_aux_hidden_states(good):

@@ -645,14 +645,22 @@ def test_eagle3_drafts_carry_embed_tokens_unless_opted_out(tiny_llama, tmp_path)
     assert train_overrides(args)["save_embeddings"] is False
 
 
-def test_validate_warns_that_the_shipped_draft_lacks_embed_tokens():
-    """The shipped draft predates the default (its bytes are pinned by other tests): validate says so."""
+def test_validate_warns_about_a_draft_without_embed_tokens_and_names_the_repair(tiny_llama, tmp_path):
+    """A draft saved without its embedding (as the shipped one was before `engine repair`): validate says what
+    speculators 0.9.0 does with it and which command stores it."""
+    from engine.algos import ALGOS
+    from engine.algos.eagle3.args import Eagle3Args
     from engine.format.validate import validate_draft
 
-    report = validate_draft(SHIPPED, check_weights=True)
+    algo = ALGOS.get("eagle3")
+    draft = algo.build(tiny_llama, Eagle3Args(save_embeddings=False), aux_layer_ids=[1, 2, 3], token_counts=None,
+                       seed=0)
+    folder = algo.save(draft, tmp_path / "slim")
+    report = validate_draft(folder, check_weights=True)
     assert report.ok, report.errors
     [warning] = [w for w in report.warnings if w.field == "tensor:embed_tokens.weight"]
     assert "random values" in warning.message and "speculators 0.9.0" in warning.message
+    assert f"python -m engine repair {folder}" in warning.message
 
 
 # -- validation does not pass drafts that cannot work ---------------------------------------------------

@@ -30,8 +30,10 @@ class Eagle3(DraftAlgorithm):
         return [f"- {args.num_layers} {args.draft_arch.capitalize()} decoder layer(s) over the target's layers "
                 f"{config.get('eagle_aux_hidden_state_layer_ids', '?')} (fused by `fc`), hidden "
                 f"{tl.get('hidden_size', '?')}; draft vocabulary {config.get('draft_vocab_size', '?')} of "
-                f"{tl.get('vocab_size', '?')} tokens (the most frequent assistant tokens, `d2t`/`t2d`); the token "
-                "embedding is the target's (not stored).",
+                f"{tl.get('vocab_size', '?')} tokens (the most frequent assistant tokens, `d2t`/`t2d`); "
+                + ("the token embedding is a frozen copy of the target's, stored so that speculators 0.9.0 loads "
+                   "the draft as vLLM runs it." if args.save_embeddings else
+                   "the token embedding is the target's (not stored: speculators 0.9.0 fills it with random values)."),
                 f"- `norm_before_fc`, `norm_before_residual`, `norm_output` as speculators 0.9.0's trainer defaults; "
                 f"`speculative_tokens` = {self.speculative_tokens(args)}. Weights in bf16."]
 

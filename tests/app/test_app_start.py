@@ -1,0 +1,285 @@
+"""The start page, one source per speed figure, and progress with time estimates (AppTest; fast)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+from test_app import _research_checkpoint, ok, open_app, texts, tiny_draft, tiny_target  # noqa: F401
+
+from engine import jobs
+
+BUILTIN = "smollm2-135m-instruct"
+
+
+@pytest.fixture
+def runs(tmp_path, monkeypatch):
+    root = tmp_path / "runs"
+    monkeypatch.setenv("WORKBENCH_RUNS", str(root))
+    return root
+
+
+def _fake_job(runs: Path, kind: str, argv: list[str], status: dict, name: str = "x") -> Path:
+    """A job folder as `engine.jobs.launch` leaves it; `running` jobs carry this (alive) process's pid."""
+    job = runs / f"20000101-000000_{kind}_{name}"
+    job.mkdir(parents=True)
+    (job / "job.json").write_text(json.dumps({"kind": kind, "argv": argv, "created": time.time() - 120,
+                                              "pid": os.getpid(), "pgid": None}))
+    (job / "status.json").write_text(json.dumps({"pid": os.getpid(), **status}))
+    return job
+
+
+def _evaluation(draft: str, speedups: list[float]) -> dict:
+    by_k = {str(k): {"k": k, "mean_acceptance_length": 1.2 + 0.1 * k, "per_position_acceptance": [0.2] * k,
+                     "all_positions_acceptance_length": 1.3} for k in range(1, len(speedups) + 1)}
+    fc = {str(k): {"mean_acceptance_length": 1.2, "verify_cost": 1.0, "draft_cost": 0.5, "step_cost": 1.5,
+                   "speedup": s} for k, s in enumerate(speedups, 1)}
+    return {"num_samples": 3, "max_new_tokens": 16, "draft": draft, "by_k": by_k,
+            "forecast": {"by_k": fc, "recommended_k": 1, "target_step_ms": 5.0}}  # an old record: "1" below 1x
+
+
+# -- start page -----------------------------------------------------------------------------------------------
+
+
+def test_the_app_opens_on_the_start_page_with_the_workflow_and_its_state(runs, tiny_targets):
+    target = str(tiny_targets["llama"])
+    at = open_app(target)  # no page switch: what a new user sees first
+    assert at.title[0].value == "Speculators Workbench"
+    body = texts(at.markdown)
+    assert "draft" in body and "target" in body and "faster" in body  # what the workbench is for
+    for step in ("1. Target", "2. Data", "3. Train", "4. Evaluate", "5. Serve"):
+        assert step in body, step
+    links = {link.proto.page for link in at.get("page_link")}  # one button per step, by the page's own URL
+    assert {"models", "data", "train", "benchmarks", "serve", "demo_chat"} <= links, links
+    # no draft and no data for this target: the next step is the data, and the steps say so
+    assert "No extraction for this target yet." in body and "Next step for this target: **Data**" in body
+    assert not at.error, texts(at.error)
+    # an extraction of this target appears: the data step is done, training is next
+    folder = runs / "extract" / "tiny"
+    folder.mkdir(parents=True)
+    (folder / "manifest.json").write_text(json.dumps({"target": target, "samples": 4}))
+    at = open_app(target)
+    body = texts(at.markdown)
+    assert "1 extraction for this target." in body and "Next step for this target: **Train**" in body
+
+
+def test_start_page_for_the_builtin_target_names_the_shipped_drafts_measured_speed(runs):
+    from ui import bench, catalog
+
+    at = open_app(BUILTIN, "auto")
+    body = texts(at.markdown)
+    speed = bench.draft_speed(catalog.shipped_draft(BUILTIN))
+    assert speed is not None and f"Measured for this draft: **{speed['speedup']:.2f}×**" in body
+    assert speed["where"] in body
+
+
+def test_every_page_has_a_url_of_its_own():
+    """Typed URLs work: every page but the start page ("/") has its file name as url_path."""
+    import ast
+
+    from ui.start import url_path
+
+    tree = ast.parse((Path(__file__).resolve().parents[2] / "app.py").read_text())
+    assert any(isinstance(n, ast.keyword) and n.arg == "url_path" for n in ast.walk(tree))
+    assert url_path("pages/demo_chat.py") == "demo_chat" and url_path("pages/models.py") == "models"
+
+
+# -- one source per figure ------------------------------------------------------------------------------------
+
+
+def test_the_shipped_drafts_speed_agrees_on_models_card_and_benchmarks(runs):
+    """Models (draft tab), the model card tab and the Benchmarks page show the same measured speedup for the
+    shipped draft, from the same record, with the machine it was measured on."""
+    from ui import bench, catalog
+
+    draft = catalog.shipped_draft(BUILTIN)
+    speed = bench.draft_speed(draft)
+    assert speed is not None, "a shipped benchmark of the shipped draft"
+    sentence = bench.draft_speed_text(speed)
+    at = open_app(BUILTIN, "auto", page="models")
+    assert texts(at.markdown).count(sentence) == 1  # the draft tab
+    assert sentence in texts(at.info)               # the model card tab
+    assert "<!--" not in texts(at.markdown)         # the card's generated-section markers are not shown raw
+    at = open_app(BUILTIN, "auto", page="benchmarks")
+    assert at.selectbox(key="bench_result").value == speed["key"]  # opens on the same record
+    table = at.dataframe[0].value
+    shown = table.loc[table["method"] == "draft", "speedup"].iloc[0]
+    assert shown == f"{speed['speedup']:.2f}×"
+    assert speed["where"] in texts(at.caption)
+
+
+def test_shipped_offline_evaluations_are_listed_with_their_machine(runs, tiny_targets):
+    from ui import evaluate as evaluate_ui
+
+    shipped = evaluate_ui.shipped_results()
+    assert shipped, "benchmarks/results/evaluate/*.json ship"
+    at = open_app(str(tiny_targets["llama"]), page="benchmarks")
+    body = texts(at.markdown)
+    assert "No offline evaluation yet" not in texts(at.caption)
+    for ev in shipped:  # each with where it comes from: its file, its CPU (or that none is recorded), its date
+        assert ev.where in body and ("machine" in ev.where or "CPU not recorded" in ev.where)
+
+
+def test_no_k_is_recommended_when_every_forecast_is_below_one(runs, tiny_targets, tmp_path):
+    """An evaluation whose forecast is below 1x at every k: the page advises no speculation (an older record that
+    still says "recommended k 1" included)."""
+    draft = tmp_path / "drafts" / "slow-draft"
+    draft.mkdir(parents=True)
+    result = runs / "evaluate" / "slow.json"
+    result.parent.mkdir(parents=True)
+    result.write_text(json.dumps(_evaluation(str(draft), [0.83, 0.5, 0.06])))
+    _fake_job(runs, "evaluate", ["evaluate", "--draft", str(draft), "--json", str(result)], {"state": "done"})
+    from ui import evaluate as evaluate_ui
+
+    ev = evaluate_ui.all_results(str(draft))[0]
+    advice = evaluate_ui.recommendation(ev.result, ev.here)
+    assert advice.startswith("no speculation") and "recommended k" not in advice and "0.83×" in advice
+    fast = _evaluation(str(draft), [0.9, 1.2])
+    assert evaluate_ui.recommendation(fast).startswith("recommended k on this machine: 2")
+
+
+def test_benchmarks_record_verdict_never_advises_the_slower_proposer():
+    from ui import bench
+
+    base = {"key": "shipped · x.json", "where": "this machine", "k": 3, "prompts": 20, "max_new_tokens": 128}
+    assert "n-gram is faster" in bench.draft_speed_text({**base, "speedup": 1.19, "ngram_speedup": 1.40})
+    assert "slower than no speculation" in bench.draft_speed_text({**base, "speedup": 0.81, "ngram_speedup": 0.9})
+    assert "faster" not in bench.draft_speed_text({**base, "speedup": 1.3, "ngram_speedup": 1.1}).split("—")[1]
+
+
+# -- progress ----------------------------------------------------------------------------------------------
+
+
+def test_tracked_writes_progress_and_time_left_into_the_jobs_status(tmp_path, monkeypatch):
+    monkeypatch.setenv(jobs.JOB_DIR_ENV, str(tmp_path))
+    monkeypatch.setattr(jobs, "_REPORTER", None)
+    seen = []
+    for i in jobs.tracked(range(4), desc="the target answers the held-out prompts", span=(0.0, 0.8), every_s=0.0):
+        seen.append(json.loads((tmp_path / jobs.STATUS).read_text()))
+    final = json.loads((tmp_path / jobs.STATUS).read_text())
+    assert seen[0]["progress"] == 0.0 and "0/4" in seen[0]["message"]
+    assert "3/4" in seen[-1]["message"] and "left" in seen[-1]["message"]
+    assert final["progress"] == pytest.approx(0.8) and "4/4" in final["message"]
+
+
+def test_a_running_evaluation_shows_a_progress_bar_with_time_left(runs, tiny_targets):
+    from ui import bench, catalog
+
+    draft = catalog.shipped_draft(BUILTIN)
+    _fake_job(runs, "evaluate", ["evaluate", "--draft", draft, "--json", str(runs / "e.json")],
+              {"state": "running", "progress": 0.4, "started": time.time() - 100,
+               "message": "the target answers the held-out prompts: 4/10 (about 2 min 30 s left)"})
+    at = open_app(BUILTIN, "auto", page="models")
+    ok(at)
+    bars = at.get("progress")
+    assert bars, "no progress bar"
+    text = bars[0].proto.text
+    assert "40%" in text and "so far" in text, text
+    assert "4/10 (about 2 min 30 s left)" in texts(at.markdown)  # one estimate: the job's own, for its phase
+
+
+def test_progress_text_gives_elapsed_and_estimate():
+    from ui.jobs import progress_text
+
+    s = jobs.JobStatus(state="running", progress=0.25, started=1000.0)
+    assert progress_text(s, now=1060.0) == "25% · 1 min 00 s so far · about 3 min 00 s left"
+    done = jobs.JobStatus(state="done", progress=1.0, started=1000.0, updated=1090.0)
+    assert progress_text(done) == "100% · took 1 min 30 s"
+
+
+# -- layout ----------------------------------------------------------------------------------------------
+
+
+def test_charts_keep_legends_off_axis_titles_scale_heat_maps_to_the_data_and_name_the_proposer():
+    from ui import charts
+    from ui.chat import explain_row
+
+    result = {"methods": {"baseline": {"speedup": 1.0}, "draft": {"speedup": 0.8, "mean_acceptance_length": 1.5,
+                                                                   "per_position_acceptance": [0.3, 0.1],
+                                                                   "speedup_ceiling": 1.2},
+                          "ngram": {"speedup": 1.3, "mean_acceptance_length": 2.0,
+                                    "per_position_acceptance": [0.6, 0.4]}},
+              "k": 2, "num_prompts": 3}
+    for fig in charts.bench_figures(result).values():
+        legend = fig.layout.legend
+        assert legend.orientation == "v" and legend.x > 1  # beside the plot, never over the x-axis title
+    speed = charts.bench_figures(result)["speedup"]
+    assert [a.text for a in speed.layout.annotations if a.text == "baseline"]
+    assert all(a.xanchor == "left" and a.x == 1 for a in speed.layout.annotations if a.text == "baseline")
+    heat = charts.acceptance_heatmap([[0.05, 0.3], [0.2, None]], ["prompt 1", "prompt 2"], "draft").data[0]
+    assert charts.acceptance_heatmap([[0.5]], ["prompt 1"], "draft").layout.xaxis.type == "category"
+    assert heat.zmax == pytest.approx(0.3) and heat.colorscale[1][1] != "#ffffff"  # 5% is tinted, not white
+    assert "n-gram" in charts.acceptance_bars([1, 2, 3], 3, "n-gram").layout.title.text
+    assert charts._mode([1], "train") == "lines+markers" == charts._mode([1, 2, 3], "train")
+    row = explain_row({"label": "draft", "mean_acceptance_length": 1.67, "tokens_per_step": 1.1, "speedup": 0.9,
+                       "ceiling": 1.3, "step_cost": 1.2})
+    assert list(row).index("ceiling (free drafting)") < 5  # visible without scrolling sideways
+    assert "tokens per step (all steps)" in row and "mean acceptance length (drafted steps)" in row
+
+
+# -- values from a default are said, and can be changed before writing --------------------------------------------
+
+
+def test_convert_dry_run_says_the_aux_layer_ids_came_from_a_default(runs, tiny_target, tiny_draft, tmp_path):
+    src = _research_checkpoint(tiny_draft, tmp_path / "research")  # its config records no aux layer ids
+    verifier = tmp_path / "deep-verifier"  # a 30-layer verifier's config: vLLM's default ids are [2, 15, 27]
+    verifier.mkdir()
+    cfg = json.loads((Path(tiny_target) / "config.json").read_text())
+    (verifier / "config.json").write_text(json.dumps({**cfg, "num_hidden_layers": 30}))
+    at = open_app(tiny_target, page="convert")
+    at.text_input(key="convert_path").set_value(str(src)).run()
+    at.text_input(key="convert_verifier").set_value(str(verifier)).run()
+    at.button(key="convert_dry").click().run()
+    ok(at)
+    warning = texts(at.warning)
+    assert "aux layer ids from a default" in warning and "[2, 15, 27]" in warning and "Aux layer ids" in warning
+    assert "2" in str(at.json[-1].value)  # the config itself is shown open
+    at.text_input(key="convert_aux").set_value("1, 2, 3").run()  # given: no longer a default
+    at.button(key="convert_dry").click().run()
+    ok(at)
+    assert "from a default" not in texts(at.warning)
+
+
+def test_config_builder_says_what_is_wrong_in_words_under_the_field_that_is_wrong(runs, tiny_target, tiny_draft):
+    from engine.format.validate import validate_draft
+
+    cfg = json.loads((Path(tiny_draft) / "config.json").read_text())
+    k_path = "speculators_config.proposal_methods[0].speculative_tokens"
+    cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"] = 0
+    words = " ".join(i.message for i in validate_draft(cfg, check_weights=False).errors)
+    assert "Input should" not in words
+    hidden = json.loads((Path(tiny_draft) / "config.json").read_text())
+    h = hidden["transformer_layer_config"]["hidden_size"]
+    hidden["transformer_layer_config"]["hidden_size"] = h + 1
+    hidden.pop("target_hidden_size", None)
+    tcfg = json.loads((Path(tiny_target) / "config.json").read_text())
+    fields = {i.field: i.message for i in validate_draft(hidden, verifier_config=tcfg, check_weights=False).errors}
+    assert "target_hidden_size" not in fields, fields
+    assert f"set hidden size to {h}" in fields["transformer_layer_config.hidden_size"], fields
+    assert k_path  # the k field's own finding is checked in the page below
+    at = open_app(tiny_target, tiny_draft, page="config_builder")
+    at.button(key="builder_from_draft").click().run()
+    ok(at)
+    box = next(w for w in at.number_input if "speculative tokens" in w.label)
+    box.set_value(0).run()
+    ok(at)
+    caption = texts(at.caption)
+    assert "must be at least 1, got 0" in caption or "must be a positive integer, got 0" in caption, caption
+    assert "Input should" not in caption
+
+
+def test_a_chat_turn_reports_tokens_so_far_speed_and_time_left():
+    from types import SimpleNamespace
+
+    from ui.chat import race_progress
+
+    sides = {"baseline": SimpleNamespace(ids=list(range(24)), tokens_per_s=6.0, done=False),
+             "draft": SimpleNamespace(ids=list(range(48)), tokens_per_s=8.0, done=True)}
+    fraction, text = race_progress(SimpleNamespace(sides=sides, elapsed=30.0),
+                                   {"baseline": "Baseline", "draft": "Draft model, k=3"}, 48)
+    assert fraction == pytest.approx((24 / 48 + 1.0) / 2)
+    assert "Baseline 24/48 tokens, 6.0 tokens/s" in text and "Draft model, k=3 48/48 tokens" in text
+    assert "30 s so far" in text and "about 4 s left" in text  # (48 - 24) / 6

@@ -1,0 +1,83 @@
+"""Regenerated rows kept in the repository: written once, seeded on another machine, never mixed across settings."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+
+import engine.data.regenerate as rg
+from engine.data import kept
+from engine.errors import WorkbenchError
+
+CHATS = [{"id": f"c{i}", "messages": [{"role": "user", "content": f"question {i}?"}]} for i in range(4)]
+OPTIONS = {"target": "tiny", "max_new_tokens": 8}
+
+
+@pytest.fixture
+def answered(monkeypatch):
+    """Deterministic answers; records every history the target was asked to answer."""
+    asked = []
+
+    def fake(target, histories, **kw):
+        asked.extend(h[-1]["content"] for h in histories)
+        return [(f"answer to {h[-1]['content']}", 3, True) for h in histories]
+
+    monkeypatch.setattr(rg, "generate_answers", fake)
+    return asked
+
+
+def test_kept_rows_seed_another_machine_which_pays_only_the_new_rows(tiny_llama, tmp_path, answered):
+    rg.regenerate(tiny_llama, CHATS[:2], tmp_path / "m1.jsonl", progress=False)
+    prov = kept.keep("r", tmp_path / "m1.jsonl", OPTIONS, tmp_path / "kept")
+    first = (tmp_path / "kept" / "r.jsonl.gz").read_bytes()
+    assert prov["rows"] == 2 and prov["settings"]["max_new_tokens"] == 8
+    kept.keep("r", tmp_path / "m1.jsonl", OPTIONS, tmp_path / "kept")
+    assert (tmp_path / "kept" / "r.jsonl.gz").read_bytes() == first  # same rows, same bytes (no timestamp)
+    answered.clear()
+    assert kept.seed("r", tmp_path / "m2.jsonl", OPTIONS, tmp_path / "kept") == 2  # the other machine
+    summary = rg.regenerate(tiny_llama, CHATS, tmp_path / "m2.jsonl", progress=False)
+    assert answered == ["question 2?", "question 3?"] and summary.already_done == 2
+    rows = [json.loads(x) for x in (tmp_path / "m2.jsonl").read_text().splitlines()]
+    assert [r["id"] for r in rows] == ["c0", "c1", "c2", "c3"]
+    assert kept.seed("r", tmp_path / "m2.jsonl", OPTIONS, tmp_path / "kept") == 0  # nothing it lacks
+
+
+def test_other_settings_are_not_mixed_in_and_a_changed_file_is_refused(tiny_llama, tmp_path, answered):
+    rg.regenerate(tiny_llama, CHATS[:2], tmp_path / "m1.jsonl", progress=False)
+    kept.keep("r", tmp_path / "m1.jsonl", OPTIONS, tmp_path / "kept")
+    assert kept.seed("r", tmp_path / "m2.jsonl", {**OPTIONS, "max_new_tokens": 16}, tmp_path / "kept") == 0
+    assert not (tmp_path / "m2.jsonl").exists()
+    gz = tmp_path / "kept" / "r.jsonl.gz"
+    gz.write_bytes(gzip.compress(gzip.decompress(gz.read_bytes()).replace(b"answer", b"ANSWER")))
+    with pytest.raises(WorkbenchError, match="sha256"):
+        kept.seed("r", tmp_path / "m2.jsonl", OPTIONS, tmp_path / "kept")
+
+
+def test_a_users_file_under_the_kept_name_is_refused_untouched(tiny_llama, tmp_path, answered):
+    rg.regenerate(tiny_llama, CHATS[:1], tmp_path / "m1.jsonl", progress=False)
+    (tmp_path / "kept").mkdir()
+    (tmp_path / "kept" / "r.jsonl.gz").write_bytes(b"mine")
+    with pytest.raises(WorkbenchError, match="did not write"):
+        kept.keep("r", tmp_path / "m1.jsonl", OPTIONS, tmp_path / "kept")
+    assert (tmp_path / "kept" / "r.jsonl.gz").read_bytes() == b"mine"
+
+
+def test_a_recipe_keeps_its_rows_and_a_fresh_work_folder_starts_from_them(tiny_targets, tmp_path, answered):
+    from engine.recipes.recipe import run_recipe
+
+    def recipe(work, samples):
+        path = tmp_path / f"{work}.yaml"
+        path.write_text(f"name: kept-test\nwork: {tmp_path / work}\ntarget: {tiny_targets['llama']}\n"
+                        f"keep_regenerated: {tmp_path / 'kept'}\n"
+                        f"regenerate: {{max_samples: {samples}, max_new_tokens: 4}}\n")
+        return str(path)
+
+    run_recipe(recipe("machine1", 2), only=["regenerate"])
+    assert json.loads((tmp_path / "kept" / "kept-test.provenance.json").read_text())["rows"] == 2
+    asked_before = len(answered)
+    run_recipe(recipe("machine2", 3), only=["regenerate"])  # another machine, more data
+    assert len(answered) - asked_before == 1  # only the new conversation was generated
+    assert len((tmp_path / "machine2" / "regenerated.jsonl").read_text().splitlines()) == 3
+    assert json.loads((tmp_path / "kept" / "kept-test.provenance.json").read_text())["rows"] == 3

@@ -1,0 +1,129 @@
+"""`python -m engine repair`: a draft without its embedding gets the verifier's, in place only where the workbench
+wrote it; the shipped EAGLE-3 draft carries its embedding and speculators 0.9.0 computes our logits from it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+SHIPPED = ROOT / "assets" / "drafts" / "smollm2-135m-instruct-eagle3"
+EMBED = "embed_tokens.weight"
+
+
+def _slim_draft(target, folder: Path) -> Path:
+    """An EAGLE-3 draft saved the old way, without embed_tokens (bf16 like shipped drafts)."""
+    from engine.algos import ALGOS
+    from engine.algos.eagle3.args import Eagle3Args
+
+    algo = ALGOS.get("eagle3")
+    draft = algo.build(target, Eagle3Args(save_embeddings=False), aux_layer_ids=[1, 2, 3], token_counts=None, seed=0)
+    return algo.save(draft, folder)
+
+
+def _embed_warnings(folder: Path) -> list:
+    from engine.format.validate import validate_draft
+
+    return [w for w in validate_draft(folder).warnings if w.field == f"tensor:{EMBED}"]
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "engine", "repair", *args], capture_output=True, text=True, cwd=ROOT)
+
+
+def test_the_warning_names_the_repair_command_and_the_command_clears_it(tiny_targets, tiny_llama, tmp_path):
+    from engine.format.checkpoint import tensor_index
+    from safetensors.torch import load_file
+
+    folder = _slim_draft(tiny_llama, tmp_path / "slim")
+    before = load_file(str(folder / "model.safetensors"))
+    [warning] = _embed_warnings(folder)
+    assert f"python -m engine repair {folder}" in warning.message
+    proc = _cli(str(folder), "--target", str(tiny_targets["llama"]))
+    assert proc.returncode == 0, proc.stderr
+    after = load_file(str(folder / "model.safetensors"))
+    assert set(after) - set(before) == {EMBED} and after[EMBED].dtype == before["fc.weight"].dtype
+    assert all(torch.equal(before[k], after[k]) for k in before)  # nothing else changed
+    want = tiny_llama.embed_tokens().weight.detach().to(after[EMBED].dtype)
+    assert torch.equal(after[EMBED], want)
+    assert not _embed_warnings(folder) and EMBED in tensor_index(folder)
+    assert _cli(str(folder), "--target", str(tiny_targets["llama"])).stdout.startswith("nothing to repair")
+
+
+def test_a_folder_the_workbench_did_not_write_is_repaired_only_into_a_new_folder(tiny_targets, tiny_llama, tmp_path):
+    folder = _slim_draft(tiny_llama, tmp_path / "theirs")
+    (folder / ".workbench-owned.json").unlink()  # a user's folder now
+    (folder / "notes.txt").write_text("mine")
+    weights = (folder / "model.safetensors").read_bytes()
+    proc = _cli(str(folder), "--target", str(tiny_targets["llama"]))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "not written by the workbench" in proc.stderr and "--out" in proc.stderr
+    assert (folder / "model.safetensors").read_bytes() == weights and (folder / "notes.txt").read_text() == "mine"
+    out = tmp_path / "repaired"
+    proc = _cli(str(folder), "--target", str(tiny_targets["llama"]), "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert (folder / "model.safetensors").read_bytes() == weights  # the source is left as it was
+    assert not _embed_warnings(out)
+
+
+def test_a_verifier_of_another_shape_is_refused_with_both_shapes(tiny_llama, builtin_target, tmp_path):
+    folder = _slim_draft(tiny_llama, tmp_path / "slim")
+    weights = (folder / "model.safetensors").read_bytes()
+    proc = _cli(str(folder), "--target", "smollm2-135m-instruct")  # [49152, 576] against the tiny [384, 64]
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "[49152, 576]" in proc.stderr and f"[{tiny_llama.vocab_size}, {tiny_llama.hidden_size}]" in proc.stderr
+    assert (folder / "model.safetensors").read_bytes() == weights
+
+
+def test_the_shipped_eagle3_draft_stores_the_targets_embedding(builtin_target):
+    """Issue 31: the shipped checkpoint carries embed_tokens (the built-in target's, in the draft's bf16)."""
+    from safetensors import safe_open
+
+    assert not _embed_warnings(SHIPPED)
+    with safe_open(str(SHIPPED / "model.safetensors"), framework="pt") as f:
+        stored = f.get_tensor(EMBED)
+    assert stored.dtype == torch.bfloat16
+    assert torch.equal(stored, builtin_target.embed_tokens().weight.detach().to(torch.bfloat16))
+
+
+@pytest.mark.speculators
+def test_speculators_loads_the_shipped_draft_with_its_stored_embedding_and_drafts_as_we_do(builtin_target):
+    """speculators 0.9.0 on the shipped files: its embedding is the stored one (not random), and its logits over the
+    training-time-test steps equal ours for the same inputs."""
+    pytest.importorskip("speculators")
+    from safetensors import safe_open
+    from speculators import SpeculatorModel
+    from speculators.models.eagle3 import Eagle3SpeculatorConfig
+
+    from engine.algos.eagle3.io import load_eagle3
+
+    cfg = Eagle3SpeculatorConfig.from_pretrained(SHIPPED)
+    cfg.transformer_layer_config._attn_implementation = "eager"  # CPU: no flex attention
+    # the hub id's files are not on this offline machine: speculators reads the verifier's lm_head/norm from the
+    # built-in target's local folder instead (the draft's own files are the shipped ones)
+    cfg.speculators_config.verifier.name_or_path = builtin_target.ref.path
+    torch.manual_seed(0)
+    ref = SpeculatorModel.from_pretrained(SHIPPED, config=cfg, dtype=torch.float32).eval()
+    with safe_open(str(SHIPPED / "model.safetensors"), framework="pt") as f:
+        stored = f.get_tensor(EMBED).float()
+    assert torch.equal(ref.embed_tokens.weight.detach().float(), stored)
+    ours = load_eagle3(SHIPPED, builtin_target)
+    t = 31
+    torch.manual_seed(1)
+    aux = torch.randn(1, t, ours.fc.in_features)
+    ids = torch.randint(3, builtin_target.vocab_size, (1, t))
+    doc, pos = torch.zeros(1, t, dtype=torch.long), 1 + torch.arange(t)[None]
+    theirs: list[torch.Tensor] = []
+    hook = ref.lm_head.register_forward_hook(lambda m, i, o: theirs.append(o.detach().float()))
+    with torch.no_grad():
+        ref(hidden_states=aux, input_ids=ids, document_ids=doc, position_ids=pos, ttt_steps=3)
+        mine = ours.ttt_forward(aux, ids, pos, doc, 3)
+    hook.remove()
+    assert len(theirs) == 3
+    for k in range(3):
+        assert (theirs[k] - mine[k].float()).abs().max() <= 1e-3, k

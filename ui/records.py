@@ -1,0 +1,88 @@
+"""Where a measured figure comes from: the CPU and the date a record names, and whether that is this machine."""
+
+from __future__ import annotations
+
+import functools
+import subprocess
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+SHIPPED = ROOT / "benchmarks" / "results"  # records that ship with the project
+
+
+@functools.lru_cache(maxsize=1)
+def this_cpu() -> str:
+    from engine.cpu import cpu_model
+
+    return cpu_model()
+
+
+def cpu_of(record: dict[str, Any]) -> str | None:
+    cpu = record.get("cpu")
+    return str(cpu) if cpu else None
+
+
+def on_this_machine(record: dict[str, Any]) -> bool:
+    """The record names this machine's CPU model (a record without a CPU is not counted as this machine's)."""
+    return cpu_of(record) == this_cpu()
+
+
+@functools.lru_cache(maxsize=256)
+def _first_commit_date(path: str, mtime: float) -> str | None:
+    """When a shipped record was first committed ("2026-12-01 10:22:33", from `git log`), or None outside a git
+    checkout."""
+    try:
+        out = subprocess.run(["git", "log", "--diff-filter=A", "--format=%ci", "--", path], cwd=ROOT,
+                             capture_output=True, text=True, timeout=10, check=False).stdout.splitlines()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out[-1][:19] if out else None
+
+
+def date_of(record: dict[str, Any], path: str | Path | None = None) -> str | None:
+    """The record's own `date`, else (a shipped record) the day it was committed, else None."""
+    if record.get("date"):
+        return str(record["date"])
+    if path is not None and Path(path).is_file():
+        p = Path(path).resolve()
+        if p.is_relative_to(ROOT):
+            return _first_commit_date(str(p.relative_to(ROOT)), p.stat().st_mtime)
+    return None
+
+
+def provenance(record: dict[str, Any], path: str | Path | None = None) -> str:
+    """"this machine (Intel Xeon ...), 2026-12-01" or "another machine: AMD EPYC ..., committed 2026-11-28"."""
+    cpu, date = cpu_of(record), date_of(record, path)
+    when = ("" if not date else f", {date[:10]}" if record.get("date") else f", committed {date[:10]}")
+    if cpu is None:
+        return f"CPU not recorded{when}"
+    if on_this_machine(record):
+        return f"this machine ({cpu}){when}"
+    return f"another machine: {cpu}{when}"
+
+
+def same_draft(a: str | None, b: str | None) -> bool:
+    """Two names of one draft folder: equal resolved paths, or (a shipped record's path from another checkout) the
+    same `drafts/NAME` tail."""
+    if not a or not b:
+        return False
+    pa, pb = Path(a), Path(b)
+    if pa.exists() and pb.exists() and pa.resolve() == pb.resolve():
+        return True
+    return len(pa.parts) >= 2 and pa.parts[-2:] == pb.parts[-2:] and pa.parts[-2] == "drafts"
+
+
+def shipped_json(predicate) -> list[Path]:
+    """benchmarks/results/**/*.json whose content satisfies `predicate(data)`, sorted by path."""
+    import json
+
+    out = []
+    if SHIPPED.is_dir():
+        for p in sorted(SHIPPED.rglob("*.json")):
+            try:
+                if predicate(json.loads(p.read_text())):
+                    out.append(p)
+            except (OSError, ValueError, AttributeError, TypeError):
+                continue
+    return out
