@@ -194,3 +194,24 @@ def test_data_cost_table_is_its_record():
     assert f"{100 * out['share_of_values_differing']:.2f}% of the values differ" in text
     assert f"{exact['dtype']} files of the first {exact['conversations']} conversations: max |difference| " \
            f"{exact['max_abs_diff']:.2g}" in text
+
+
+def test_intel_step_cost_and_baseline_tables_are_their_records():
+    """The Intel Xeon (AMX) chapter: the step-cost and baseline-vs-generate tables are their records, as the scripts
+    print them, and the chapter names the CPU and the kernel path the measurement chose."""
+    import sys
+
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.bench_baseline_generate import markdown as baseline_markdown
+    from benchmarks.bench_step_cost import markdown as step_markdown
+
+    chapter = _chapter(DOC.read_text(), "## Intel Xeon (AMX)")
+    step, baseline = _record("step_cost/intel-xeon-amx.json"), _record("baseline_generate/intel-xeon-amx.json")
+    for name, record in (("step_cost", step), ("baseline_generate", baseline)):
+        assert f"benchmarks/results/{name}/intel-xeon-amx.json" in chapter and "Xeon" in record["cpu"]
+        assert record["command"] in chapter.replace(".venv/bin/python", "python")
+    assert step_markdown(step) in chapter and baseline_markdown(baseline) in chapter
+    assert baseline["kernel_paths"]["auto"] in chapter
+    [auto] = [v for k, v in baseline["tokens_per_s"].items() if k.startswith("engine baseline (auto")]
+    fastest = max(v for k, v in baseline["tokens_per_s"].items() if k.startswith("transformers"))
+    assert (auto >= fastest) == ("is **met** here" in chapter)
