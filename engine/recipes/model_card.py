@@ -550,12 +550,19 @@ def _refresh_goals(lines: list[str], bench: dict[str, Any], vllm_bench: dict[str
 
 def refresh_measurements(card: str | Path, recipe: dict[str, Any], *, bench: dict[str, Any] | None = None,
                          vllm_bench: dict[str, Any] | None = None, sweep: list[dict[str, Any]] | None = None,
-                         data: list[dict[str, Any]] | None = None) -> Path:
+                         data: list[dict[str, Any]] | None = None, vllm_goals: dict[str, Any] | None = None,
+                         model_lines: list[str] | None = None) -> Path:
     """Re-measured figures of a shipped draft into its existing card, in place: the in-process results, the
-    vLLM table, the k sweep, what limits the speedup and the goals; training sections stay as they were."""
+    vLLM table, the k sweep, what limits the speedup and the goals; training sections stay as they were.
+    `vllm_goals` (default: `vllm_bench`) is the vLLM record the goals are judged on when vLLM was not re-measured."""
     path = Path(card)
     lines = path.read_text(encoding="utf-8").splitlines()
     goals = recipe_goals(recipe)
+    if model_lines:  # the algorithm's bullets for the files as they are now; the target-weights bullet stays
+        found = _block(lines, "## Model")
+        if found is not None:
+            kept = [line for line in lines[found[0] + 1:found[1]] if line.startswith("- Target weights")]
+            lines[found[0]:found[1]] = ["## Model", *model_lines, *kept, ""]
     if bench:
         _put(lines, "## Results", results_section(recipe, bench), after="## Model")
         limits = _limits(bench)
@@ -564,11 +571,13 @@ def refresh_measurements(card: str | Path, recipe: dict[str, Any], *, bench: dic
     if vllm_bench:
         _put(lines, "### In real vLLM", _vllm_section(vllm_bench, recipe), after="## Results")
     if data:
-        _put(lines, DATA_HEADING, data_section(data), after="### Acceptance length against training tokens")
+        section = data_section(data)  # heading, sentence, blank, header, rule, *rows, blank
+        rows = sorted(section[5:-1] + _kept_data_rows(lines, data))
+        _put(lines, DATA_HEADING, section[:5] + rows + section[-1:], after="### Acceptance length against training tokens")
     if sweep:
         _put(lines, "### Number of speculative tokens", _sweep_section(sweep), after=DATA_HEADING)
     if bench:
-        _refresh_goals(lines, bench, vllm_bench or {}, goals)
+        _refresh_goals(lines, bench, vllm_bench or vllm_goals or {}, goals)
         note = (f"The measurements in this card were taken again after training with `python -m engine recipe "
                 f"{recipe['name']} --remeasure` (the engine changed since); the training sections are as trained.")
         lines[:] = [line for line in lines if not line.startswith("The measurements in this card were taken again")]
@@ -577,6 +586,17 @@ def refresh_measurements(card: str | Path, recipe: dict[str, Any], *, bench: dic
         lines += ["", note]
     atomic_write_text(path, "\n".join(lines).rstrip("\n") + "\n")
     return path
+
+
+def _kept_data_rows(lines: list[str], data: list[dict[str, Any]]) -> list[str]:
+    """The card's rows of recipes not evaluated on this machine (their work folders are elsewhere): kept as they
+    were, so a re-measure here does not drop what was measured there."""
+    found = _block(lines, DATA_HEADING)
+    if found is None:
+        return []
+    here = {f"| `{r['recipe']}` |" for r in data}
+    return [line for line in lines[found[0]:found[1]]
+            if line.startswith("| `") and not any(line.startswith(h) for h in here)]
 
 
 def _vllm_cost_line(vb: dict[str, Any], goal: float | None) -> list[str]:

@@ -303,12 +303,30 @@ def remeasure(recipe: dict[str, Any], *, only: list[str] | None = None, force: b
         else:
             records[step] = evaluate_step(recipe, draft=shipped, out_file=file, force=force)
     card = shipped / "README.md"
+    kept_vllm = out / "vllm_bench.json"  # not re-measured now: the card's vLLM table (and its goal) stay as measured
+    vllm_for_goals = records.get("vllm_bench") or (read_json(kept_vllm) if kept_vllm.is_file() else None)
     refresh_measurements(card, recipe, bench=records.get("bench"), vllm_bench=records.get("vllm_bench"),
+                         vllm_goals=vllm_for_goals, model_lines=_shipped_model_lines(recipe, shipped),
                          sweep=records.get("sweep"), data=data_rows(target) if "evaluate" in records else None)
     if records.get("evaluate"):
         write_evaluation_section(card, records["evaluate"], records.get("sweep"))
     log.info("re-measured %s: %s", shipped, ", ".join(records))
     return {"draft": str(shipped), "card": str(card), "records": {k: str(out / f"{k}.json") for k in records}}
+
+
+def _shipped_model_lines(recipe: dict[str, Any], shipped: Path) -> list[str]:
+    """The card's model bullets for the shipped files as they are now (a draft repaired after training stores its
+    embedding: the card says so), from the recipe's training arguments and the checkpoint's tensors."""
+    from engine.algos import ALGOS
+    from engine.format.checkpoint import read_config_dict, tensor_index
+
+    train = recipe.get("train") or {}
+    algo = ALGOS.get(train.get("algo", "eagle3"))
+    fields = {**train, **(train.get("algo_args") or {})}
+    args = algo.args_class.model_validate({k: v for k, v in fields.items() if k in algo.args_class.model_fields})
+    if "save_embeddings" in algo.args_class.model_fields:
+        args.save_embeddings = "embed_tokens.weight" in tensor_index(shipped)
+    return algo.card_model_lines(read_config_dict(shipped), args)
 
 
 def _remeasure_bench_options(recipe: dict[str, Any], step: str, shipped: Path, out: Path, target: str) -> dict:

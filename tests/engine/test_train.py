@@ -516,6 +516,40 @@ def test_remeasured_figures_replace_the_old_ones_in_a_shipped_card_and_keep_its_
     assert card.read_text() == text  # in place: refreshing twice changes nothing
 
 
+def test_a_remeasure_here_keeps_what_it_did_not_measure_and_describes_the_files_as_they_are(tmp_path):
+    """Re-measuring bench/evaluate/sweep on a machine without the other recipes' work folders keeps their rows of
+    the acceptance-against-data table, judges the vLLM goal on the kept vLLM record, and rewrites the model bullets
+    (a repaired draft stores its embedding)."""
+    from engine.recipes.model_card import refresh_measurements
+
+    card = tmp_path / "README.md"
+    card.write_text((ROOT / "assets" / "drafts" / "smollm2-135m-instruct-eagle3" / "README.md").read_text())
+    before = card.read_text()
+    other_rows = [line for line in before.splitlines() if line.startswith("| `smollm2-") and "eagle3" not in line]
+    assert len(other_rows) == 3  # dflash, dspark, peagle, measured on another machine
+    row = {"mean_acceptance_length": 1.6, "per_position_acceptance": [0.4, 0.15, 0.05], "tokens_per_s": 40.0,
+           "speedup": 1.2, "identical_to_baseline": True, "draft_fraction": 0.13, "overhead_fraction": 0.01}
+    bench = {"k": 3, "num_prompts": 20, "max_new_tokens": 128, "target_dtype": "bf16", "threads": 2,
+             "cost_curve": {"1": 1.0, "4": 1.09}, "command": "python -m engine bench --draft D --dtype auto",
+             "methods": {"baseline": {"mean_acceptance_length": None, "per_position_acceptance": [],
+                                      "tokens_per_s": 33.0, "speedup": 1.0, "identical_to_baseline": True},
+                         "draft": row}}
+    kept_vllm = {"methods": {"draft": {"mean_acceptance_length": 1.55, "speedup": 1.16}}}
+    recipe = {"name": "smollm2-eagle3", "work": "w", "ship": {"to": "d"},
+              "goals": {"mean_acceptance_length": 2.0, "speedup": 1.1, "vllm_speedup": 1.35}}
+    data = [{"recipe": "smollm2-eagle3", "algorithm": "eagle3", "conversations": 2689, "assistant_tokens": 534985,
+             "training_tokens": 2219535, "mean_acceptance_length": 1.6, "target_dtype": "bf16"}]
+    refresh_measurements(card, recipe, bench=bench, data=data, vllm_goals=kept_vllm,
+                         model_lines=["- a new model bullet"])
+    text = card.read_text()
+    assert all(line in text for line in other_rows)
+    assert "| `smollm2-eagle3` | eagle3 | 2,689 | 534,985 | 2.22M | 1.600 | bf16 |" in text
+    assert "≥ 1.35× in real vLLM on this CPU (this draft: 1.16×, short by 0.19)" in text
+    assert "### In real vLLM" in text and "| draft | 1.55 |" in text  # the vLLM table as it was measured
+    model = text[text.index("## Model"):text.index("## Data")]
+    assert "- a new model bullet" in model and "- Target weights" in model and "not stored" not in model
+
+
 def test_raising_a_recipes_sample_count_regenerates_and_extracts_only_the_new_rows(tiny_targets, tmp_path):
     """Data that grows across runs (issue 20): the finished rows and sample files are kept, byte for byte."""
     import yaml
