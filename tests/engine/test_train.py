@@ -273,8 +273,7 @@ def test_speculators_runs_a_draft_saved_exactly_as_we_ship_drafts(tiny_targets, 
     0.9.0 fills the embedding with random values, or with the verifier's when the memory it got held NaN (issue
     18; which one depends on the allocator): `validate` warns about such a draft."""
     pytest.importorskip("speculators")
-    from speculators import SpeculatorModel
-    from speculators.models.eagle3 import Eagle3SpeculatorConfig
+    from speculators_ref import load_reference, logit_gaps
 
     from engine.algos.eagle3.io import load_eagle3
     from engine.targets import load_target
@@ -289,22 +288,7 @@ def test_speculators_runs_a_draft_saved_exactly_as_we_ship_drafts(tiny_targets, 
 
     def gap(folder: Path, ours_from: Path | None = None) -> float:
         ours = load_eagle3(ours_from or folder, target)  # fp32 copies of the bf16 values
-        cfg = Eagle3SpeculatorConfig.from_pretrained(folder)
-        cfg.transformer_layer_config._attn_implementation = "eager"  # CPU: no flex attention
-        torch.manual_seed(0)
-        ref = SpeculatorModel.from_pretrained(folder, config=cfg, dtype=torch.float32).eval()
-        t = 29
-        torch.manual_seed(1)
-        aux = torch.randn(1, t, ours.fc.in_features)
-        ids = torch.randint(3, target.vocab_size, (1, t))
-        doc, pos = torch.zeros(1, t, dtype=torch.long), 1 + torch.arange(t)[None]
-        theirs: list[torch.Tensor] = []
-        hook = ref.lm_head.register_forward_hook(lambda m, i, o: theirs.append(o.detach().float()))
-        with torch.no_grad():
-            ref(hidden_states=aux, input_ids=ids, document_ids=doc, position_ids=pos, ttt_steps=2)
-            mine = ours.ttt_forward(aux, ids, pos, doc, 2)
-        hook.remove()
-        return max(float((theirs[k] - mine[k]).abs().max()) for k in range(2))
+        return max(logit_gaps(load_reference(folder), ours, target.vocab_size, tokens=29, steps=2))
 
     same = gap(shipped)
     assert same <= 1e-4
