@@ -14,18 +14,10 @@ from engine.data.regenerate import regenerate
 from engine.data.render import render_dataset
 from engine.data.store import read_manifest, sample_indices
 from engine.errors import WorkbenchError
+from test_data_regenerate import CHATS as REGENERATE_CHATS  # noqa: E402  (the tests folder is on the path)
 
-CHATS = [
-    {"id": "multi", "messages": [{"role": "system", "content": "Be brief."},
-                                 {"role": "user", "content": "Hello, how are you today?"},
-                                 {"role": "assistant", "content": "ORIGINAL ANSWER ONE"},
-                                 {"role": "user", "content": "What can I help you with?"},
-                                 {"role": "assistant", "content": "ORIGINAL ANSWER TWO"}]},
-    {"id": "single", "messages": [{"role": "user", "content": "The quick brown fox?"},
-                                  {"role": "assistant", "content": "ORIGINAL"}]},
-    {"id": "third", "messages": [{"role": "user", "content": "1 2 3 4 5"}, {"role": "assistant", "content": "6"}]},
-    {"id": "fourth", "messages": [{"role": "user", "content": "def add(a, b): what does it return?"}]},
-]
+CHATS = [*REGENERATE_CHATS,  # a multi-turn, a single-turn and a short conversation, as the regenerate tests use
+         {"id": "fourth", "messages": [{"role": "user", "content": "def add(a, b): what does it return?"}]}]
 # bf16 files: both ways round the same fp32 states to bf16; a last-bit difference in fp32 can flip one rounding
 BF16_TOLERANCE = 2 ** -7  # relative to the value's magnitude (one bf16 step); checked with rtol below
 
