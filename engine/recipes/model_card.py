@@ -304,7 +304,9 @@ def evaluation_section(result: dict[str, Any], sweep: list[dict[str, Any]] | Non
              f"{source}, greedy, {result.get('max_new_tokens') or 'whole'} new tokens: the walk of greedy speculative "
              "decoding computed from one draft pass (`python -m engine evaluate`), beside the all-positions average "
              "that training-time estimates resemble." + (" Forecast speedup = acceptance length / (verify cost of "
-             "k + 1 tokens + drafting cost), both measured on this machine in units of one target step." if fc else
+             "k + 1 tokens + drafting cost), both measured in units of one target step on the machine the evaluation ran on"
+             + (f" ({result['cpu']}, {result.get('target_dtype') or '?'} target{', ' + result['date'] if result.get('date') else ''})."
+                if result.get("cpu") else ".") if fc else
              " No forecast: the measured speedups are the recipe's k sweep."), "",
              "| k | mean acceptance length | per-position acceptance | all-positions average | forecast speedup | "
              "measured speedup |", "|---|---|---|---|---|---|", *rows, ""]

@@ -121,6 +121,10 @@ def test_forecast_and_card_section(tmp_path):
     assert text.count(EVAL_BEGIN) == 1 and text.index(EVAL_BEGIN) < text.index("## Goals not reached")
     assert "| 2 | 1.800 | 0.50, 0.30 | 1.900 | 1.29× | – |" in text
     assert "| 1 | 1.500 | 0.50 | 1.600 | 1.25× | 0.77× |" in text  # measured: the card's own k sweep
+    assert "on the machine the evaluation ran on." in text  # a record without its CPU names none
+    write_evaluation_section(card, {**result, "forecast": fc, "cpu": "Some CPU X", "target_dtype": "bf16",
+                                    "date": "2026-12-02"})
+    assert "on the machine the evaluation ran on (Some CPU X, bf16 target, 2026-12-02)." in card.read_text()
 
 
 def test_sampled_expectation_is_a_probability_and_tends_to_the_greedy_walk(tiny_targets):
