@@ -230,7 +230,10 @@ class Trainer:
                                  hint="resume with the same number of processes, or start a new output folder")
         self.strategy.check_resumable(state, path)
         # flags that change what is trained are refused; harmless changes are recorded
-        changes = resume_changes(state.get("config"), self.cfg.model_dump(mode="json"))
+        current, saved = self.cfg.model_dump(mode="json"), state.get("config")
+        if current.get("target") is None and current.get("data") and saved:
+            current["target"] = saved.get("target")  # no --target follows the data, which is compared itself
+        changes = resume_changes(saved, current)
         if self.strategy.sharded:
             self.strategy.load(self.opt, path)
         else:

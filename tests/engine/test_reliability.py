@@ -900,6 +900,19 @@ def test_resume_refuses_changed_model_flags_and_records_harmless_ones(tiny_targe
     assert steps == [1, 2, 3]
 
 
+def test_a_run_started_with_its_target_named_resumes_without_it(tiny_targets, tiny_hs, tmp_path):
+    """Runs recorded the target by name before `train --data` followed the data's manifest; resuming one without
+    --target follows the same data, so it is no changed setting (a different --target still is)."""
+    from engine.train.trainer import Trainer
+
+    out = tmp_path / "run"
+    Trainer(_train_cfg(tiny_targets["llama"], tiny_hs, out, max_steps=2)).run()
+    Trainer(_train_cfg(tiny_targets["llama"], tiny_hs, out, max_steps=3).model_copy(update={"target": None})).run()
+    steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()
+             if json.loads(line)["split"] == "train"]
+    assert steps == [1, 2, 3]
+
+
 def test_metrics_after_a_hard_kill_are_valid_jsonl_without_duplicate_steps(tiny_targets, tiny_hs, tmp_path):
     """The state a SIGKILL leaves: rows logged after the last checkpoint, half a line, a temp checkpoint folder."""
     from engine.train.trainer import Trainer
