@@ -317,11 +317,11 @@ def remeasure(recipe: dict[str, Any], *, only: list[str] | None = None, force: b
 def _shipped_model_lines(recipe: dict[str, Any], shipped: Path) -> list[str]:
     """The card's model bullets for the shipped files as they are now (a draft repaired after training stores its
     embedding: the card says so), from the recipe's training arguments and the checkpoint's tensors."""
-    from engine.algos import ALGOS
+    from engine.algos import ALGOS, default_algo
     from engine.format.checkpoint import read_config_dict, tensor_index
 
     train = recipe.get("train") or {}
-    algo = ALGOS.get(train.get("algo", "eagle3"))
+    algo = ALGOS.get(train.get("algo") or default_algo())
     fields = {**train, **(train.get("algo_args") or {})}
     args = algo.args_class.model_validate({k: v for k, v in fields.items() if k in algo.args_class.model_fields})
     if "save_embeddings" in algo.args_class.model_fields:
