@@ -5,7 +5,7 @@ import time
 import streamlit as st
 
 from ui import bench, catalog, charts, resources, state
-from ui.chat import BLOCK_LEGEND, SHORT_TOKENS, explain, explain_row, race_progress
+from ui.chat import BLOCK_LEGEND, SHORT_TOKENS, explain, explain_row, identical_badge, kernel_exact, race_progress
 from ui.cli import command, show_cli
 from ui.errors import guard
 from ui.tokens import legend_html, plain_html, spec_html, waiting_html
@@ -141,8 +141,9 @@ def _why(turn: dict, index: int) -> None:
             st.caption(bench.draft_speed_text(speed) + " This turn is one prompt on a machine that may be busy; its "
                        "speed varies from prompt to prompt, the benchmark's is the mean over many prompts.")
         if turn.get("kernel"):
-            st.caption(f"Kernel path of the target on this CPU: {turn['kernel']}. The fastest path whose several-row "
-                       "forwards equal its one-token steps bit for bit wins (engine.generate.kernel_choice).")
+            st.caption(f"Kernel path of the target on this CPU: {turn['kernel']}. `auto` takes the fastest path whose "
+                       "several-row forwards equal its one-token steps bit for bit, or the fastest one where none does "
+                       "(engine.generate.kernel_choice).")
         curve = turn.get("cost_curve") or {}
         if curve.get(turn["k"] + 1):
             st.caption(f"The target's cost curve on this machine: one forward over {turn['k'] + 1} tokens costs "
@@ -157,11 +158,10 @@ def _show_turn(turn: dict, index: int) -> None:
         names = [n for n in turn["sides"] if n != "baseline"]
         for name in names:
             label = turn["sides"][name]["label"]
-            if turn["sides"][name]["identical"]:
-                st.badge(f"Identical output: {label} = baseline", icon=":material/check_circle:", color="green")
-            else:
-                st.badge(f"{label}: output differs", icon=":material/difference:", color="orange",
-                         help="Expected with temperature > 0 (the same distribution, different samples).")
+            identical = turn["sides"][name]["identical"]
+            text, color, why = identical_badge(label, identical, turn.get("kernel_exact"), turn["temperature"])
+            st.badge(text, icon=":material/check_circle:" if identical else ":material/difference:", color=color,
+                     help=why)
         cols = st.columns(len(turn["sides"]))
         for col, (name, side) in zip(cols, turn["sides"].items()):
             with col:
@@ -245,7 +245,7 @@ if prompt:
         turn = {"prompt": prompt, "k": int(k), "draft": draft if "draft" in chosen else None,
                 "temperature": float(temperature), "baseline": base.text.text,
                 "cost_curve": curve, "busy": busy, "explain": rows, "cli": "\n".join(lines),
-                "kernel": target.extra.get("kernel_summary"),
+                "kernel": target.extra.get("kernel_summary"), "kernel_exact": kernel_exact(target.extra.get("kernel")),
                 "sides": {name: {"label": PROPOSERS.get(name, "baseline"), "title": titles[name],
                                  "html": (plain_html(side.text.text) if name == "baseline" else spec_html(side.marks)),
                                  "identical": side.ids == base.ids,

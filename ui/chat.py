@@ -175,6 +175,31 @@ def race_progress(race: "Race", titles: dict[str, str], max_new_tokens: int) -> 
     return min(1.0, fraction), " · ".join(parts + [waiting])
 
 
+def kernel_exact(kernel: dict | None) -> bool | None:
+    """Whether the target's kernel path gives several-row forwards equal to its one-token steps on this CPU (None:
+    not checked), from `target.extra["kernel"]`."""
+    kernel = kernel or {}
+    value = ((kernel.get("candidates") or {}).get(kernel.get("path")) or {}).get("row_exact")
+    return None if value is None else bool(value)
+
+
+def identical_badge(label: str, identical: bool, exact: bool | None, temperature: float) -> tuple[str, str, str]:
+    """(text, colour, help) of the badge that compares one proposer's answer with the baseline's, saying which
+    comparison it makes: equal tokens, and whether the kernel path promises that (bit-identical) or not (lossless)."""
+    if identical:
+        promise = {True: "bit-identical kernel path: equal by construction",
+                   False: "lossless kernel path: equal this time, not guaranteed at near-ties",
+                   None: "kernel path's exactness not checked"}[exact]
+        return (f"Identical output: {label} = baseline ({promise})", "green",
+                "The same tokens as the target alone, compared token by token.")
+    why = ("Expected with temperature > 0 (the same distribution, different samples)." if temperature > 0 else
+           "This kernel path is lossless in distribution, not bit-identical: a verification over several tokens "
+           "rounds differently from one-token steps, so at a near-tie the greedy answers can part (as in vLLM); "
+           "`--dtype auto` picks an exact path where this CPU has one." if exact is False else
+           "Unexpected at temperature 0 on an exact kernel path: please report it.")
+    return f"{label}: output differs", "orange", why
+
+
 def block_marks(event) -> str:
     """'✓✓✗··✂' for a step: which drafted slots the target accepted, rejected, never reached, or never saw."""
     if not event.drafted and not event.withheld:

@@ -283,3 +283,20 @@ def test_a_chat_turn_reports_tokens_so_far_speed_and_time_left():
     assert fraction == pytest.approx((24 / 48 + 1.0) / 2)
     assert "Baseline 24/48 tokens, 6.0 tokens/s" in text and "Draft model, k=3 48/48 tokens" in text
     assert "30 s so far" in text and "about 4 s left" in text  # (48 - 24) / 6
+
+
+def test_the_identical_badge_says_which_comparison_it_makes():
+    """Issue 27: the Demo chat's badge says whether equal output is guaranteed (bit-identical kernel path) or only
+    happened (lossless path), and why outputs may differ on a lossless path at temperature 0."""
+    from ui.chat import identical_badge, kernel_exact
+
+    kernel = {"path": "bf16-plain", "candidates": {"bf16-plain": {"row_exact": False}, "fp32": {"row_exact": True}}}
+    assert kernel_exact(kernel) is False and kernel_exact({**kernel, "path": "fp32"}) is True
+    assert kernel_exact({"path": "fp32"}) is None and kernel_exact(None) is None
+    text, color, _ = identical_badge("Draft model", True, True, 0.0)
+    assert color == "green" and "bit-identical kernel path" in text
+    text, _, _ = identical_badge("Draft model", True, False, 0.0)
+    assert "not guaranteed" in text and "lossless" in text
+    text, color, why = identical_badge("Draft model", False, False, 0.0)
+    assert color == "orange" and "near-tie" in why and "--dtype auto" in why
+    assert "temperature > 0" in identical_badge("Draft model", False, True, 0.7)[2]
