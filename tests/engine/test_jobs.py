@@ -12,7 +12,8 @@ def test_job_runs_reports_and_is_listed(tmp_path):
     job = jobs.launch(["targets", "--prepare", "none", "--json"], root=tmp_path)
     done = jobs.wait(job, timeout=60)
     assert done.status.state == "done", done.log_tail()
-    assert "smollm2-135m-instruct" in done.log_tail()
+    assert "smollm2-135m-instruct" in (job.dir / "stdout.log").read_text()  # the whole output (the tail may be
+    # only the kernel choice's timings, where this machine has measured them)
     listed = jobs.list_jobs(tmp_path)
     assert [j.id for j in listed] == [job.id] and listed[0].command.startswith("python -m engine targets")
     assert (job.dir / "command.txt").read_text().startswith("python -m engine targets")
