@@ -14,8 +14,8 @@ PORT ?= 8501
 ADDRESS ?= localhost
 PYTEST_ARGS ?=
 # `make test` (what CI runs) runs every test but the `slow` ones: on a 2-core AMD EPYC (AVX2) the rest took 42 min and
-# the slow ones another 24: with the install, too close to CI's 90. `make test-all` runs them too (the last -m
-# given wins over pyproject's addopts).
+# the slow ones another 24 (19 and 9 on an Intel Xeon with AMX): with the install, too close to CI's 90.
+# `make test-all` runs them too (the last -m given wins over pyproject's addopts).
 PYTEST_MARKS ?= not slow
 
 .PHONY: app test test-all install test-deps vllm-env browser clean-venv help
