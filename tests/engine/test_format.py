@@ -450,3 +450,26 @@ def test_an_unknown_type_is_refused_naming_the_known_ones():
     with pytest.raises(WorkbenchError, match="unknown speculators_model_type"):
         vr.expected_parameters({"speculators_model_type": "medusa"}, {"hidden_size": 8, "num_attention_heads": 1,
                                                                      "intermediate_size": 8, "vocab_size": 8})
+
+
+def test_validate_says_what_vllms_cpu_build_does_with_a_head_size_it_has_no_kernel_for(fixtures_dir):
+    """vLLM's CPU build runs attention only for some head sizes: a draft or verifier with another one gets a warning
+    that names the sizes (a GPU runs it, so it is not an error)."""
+    from engine.format.validate import VLLM_CPU_HEAD_SIZES, validate_draft
+
+    cfg = json.loads((fixtures_dir / "eagle3_llama31_8b" / "config.json").read_text())
+    assert 128 in VLLM_CPU_HEAD_SIZES and 16 not in VLLM_CPU_HEAD_SIZES
+    fine = validate_draft(cfg, check_weights=False)
+    assert not [w for w in fine.warnings if "CPU build" in w.message]
+    small = json.loads(json.dumps(cfg))
+    small["transformer_layer_config"]["head_dim"] = 16
+    [warning] = [w for w in validate_draft(small, check_weights=False).warnings if "CPU build" in w.message]
+    assert warning.field == "transformer_layer_config.head_dim" and "head size is 16" in warning.message
+    verifier = json.loads(json.dumps(cfg["transformer_layer_config"]))
+    verifier.update(num_hidden_layers=32, head_dim=None, num_attention_heads=32)  # 4096 / 32 = 128: fine
+    assert not [w for w in validate_draft(cfg, verifier_config=verifier, check_weights=False).warnings
+                if "CPU build" in w.message]
+    verifier["head_dim"] = 48
+    flagged = [w for w in validate_draft(cfg, verifier_config=verifier, check_weights=False).warnings
+               if "CPU build" in w.message]
+    assert [w.field for w in flagged] == ["speculators_config.verifier"] and "head size is 48" in flagged[0].message
