@@ -1,5 +1,5 @@
 """`python -m engine repair`: a draft without its embedding gets the verifier's, in place only where the workbench
-wrote it; the shipped EAGLE-3 draft carries its embedding and speculators 0.9.0 computes our logits from it."""
+wrote it; the shipped EAGLE-3 draft, repaired into a new folder, loads in speculators 0.9.0 with our logits."""
 
 from __future__ import annotations
 
@@ -80,20 +80,32 @@ def test_a_verifier_of_another_shape_is_refused_with_both_shapes(tiny_llama, bui
     assert (folder / "model.safetensors").read_bytes() == weights
 
 
-def test_the_shipped_eagle3_draft_stores_the_targets_embedding(builtin_target):
-    """Issue 31: the shipped checkpoint carries embed_tokens (the built-in target's, in the draft's bf16)."""
+@pytest.fixture(scope="module")
+def repaired_shipped(builtin_target, tmp_path_factory) -> Path:
+    """The shipped EAGLE-3 draft repaired into a new folder (the shipped files stay small, without the 57 MB
+    embedding): what a user who loads it in speculators 0.9.0 runs first, as validate's warning says."""
+    out = tmp_path_factory.mktemp("repaired") / "eagle3"
+    proc = _cli(str(SHIPPED), "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    return out
+
+
+def test_the_shipped_draft_is_warned_about_and_repaired_with_the_targets_embedding(builtin_target, repaired_shipped):
     from safetensors import safe_open
 
-    assert not _embed_warnings(SHIPPED)
-    with safe_open(str(SHIPPED / "model.safetensors"), framework="pt") as f:
+    [warning] = _embed_warnings(SHIPPED)
+    assert "python -m engine repair" in warning.message
+    assert not _embed_warnings(repaired_shipped)
+    with safe_open(str(repaired_shipped / "model.safetensors"), framework="pt") as f:
         stored = f.get_tensor(EMBED)
     assert stored.dtype == torch.bfloat16
     assert torch.equal(stored, builtin_target.embed_tokens().weight.detach().to(torch.bfloat16))
 
 
 @pytest.mark.speculators
-def test_speculators_loads_the_shipped_draft_with_its_stored_embedding_and_drafts_as_we_do(builtin_target):
-    """speculators 0.9.0 on the shipped files: its embedding is the stored one (not random), and its logits over the
+def test_speculators_loads_the_repaired_shipped_draft_with_its_stored_embedding_and_drafts_as_we_do(
+        builtin_target, repaired_shipped):
+    """speculators 0.9.0 on the repaired files: its embedding is the stored one (not random), and its logits over the
     training-time-test steps equal ours for the same inputs."""
     pytest.importorskip("speculators")
     from safetensors import safe_open
@@ -102,10 +114,10 @@ def test_speculators_loads_the_shipped_draft_with_its_stored_embedding_and_draft
     from engine.algos.eagle3.io import load_eagle3
 
     # the hub id's files are not on this offline machine: speculators reads the verifier's lm_head/norm from the
-    # built-in target's local folder instead (the draft's own files are the shipped ones)
-    ref = load_reference(SHIPPED, verifier_path=builtin_target.ref.path)
-    with safe_open(str(SHIPPED / "model.safetensors"), framework="pt") as f:
+    # built-in target's local folder instead
+    ref = load_reference(repaired_shipped, verifier_path=builtin_target.ref.path)
+    with safe_open(str(repaired_shipped / "model.safetensors"), framework="pt") as f:
         stored = f.get_tensor(EMBED).float()
     assert torch.equal(ref.embed_tokens.weight.detach().float(), stored)
-    gaps = logit_gaps(ref, load_eagle3(SHIPPED, builtin_target), builtin_target.vocab_size, tokens=31, steps=3)
+    gaps = logit_gaps(ref, load_eagle3(repaired_shipped, builtin_target), builtin_target.vocab_size, tokens=31, steps=3)
     assert max(gaps) <= 1e-3, gaps
