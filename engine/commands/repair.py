@@ -16,16 +16,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import engine.algos  # noqa: F401  (registers the config types)
-    from engine.format.checkpoint import read_config_dict
+    from engine.errors import WorkbenchError
     from engine.format.repair import EMBED, add_embeddings, embedding_need
     from engine.format.validate import validate_draft
-    from engine.targets import load_verifier_parts
+    from engine.targets import draft_verifier, load_verifier_parts
 
     need = embedding_need(args.path)
     if not need.missing:
         print(f"nothing to repair in {args.path}: {need.reason}")
         return 0
-    verifier = args.target or read_config_dict(args.path)["speculators_config"]["verifier"].get("name_or_path")
+    verifier = args.target or draft_verifier(args.path)
+    if not verifier:
+        raise WorkbenchError("the draft's config names no verifier (speculators_config.verifier.name_or_path)",
+                             where=args.path, hint="give --target the model the draft was trained for")
     parts = load_verifier_parts(verifier)
     written = add_embeddings(args.path, parts.embed_tokens().weight, out=args.out, overwrite=args.overwrite)
     report = validate_draft(written)

@@ -121,3 +121,12 @@ def test_speculators_loads_the_repaired_shipped_draft_with_its_stored_embedding_
     assert torch.equal(ref.embed_tokens.weight.detach().float(), stored)
     gaps = logit_gaps(ref, load_eagle3(repaired_shipped, builtin_target), builtin_target.vocab_size, tokens=31, steps=3)
     assert max(gaps) <= 1e-3, gaps
+
+
+def test_a_draft_naming_no_verifier_asks_for_target(tiny_llama, tmp_path):
+    folder = _slim_draft(tiny_llama, tmp_path / "slim")
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["speculators_config"]["verifier"].pop("name_or_path", None)
+    (folder / "config.json").write_text(json.dumps(cfg))
+    proc = _cli(str(folder))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and "--target" in proc.stderr
