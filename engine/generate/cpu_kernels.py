@@ -1,12 +1,15 @@
 """Fast, row-invariant decode kernels for a bf16 target on CPU: a k-token verification costs about one step.
 
-Two routings, both exact:
-- linears over 1..MAX_ROWS rows run as `weight @ x^T` (one row padded to two). On CPUs with AMX /
-  AVX-512 BF16 that takes the blocked bf16 GEMM path, while `F.linear` runs one bf16 row as a slow
-  GEMV. Both accumulate in fp32 and round once (the same bits on the Intel Xeon with AMX where this was
-  measured; tests assert only bf16 closeness to `F.linear`).
+Two routings, both exact where the kernel choice measured them so:
+- linears over 1..MAX_ROWS rows run in one of three forms (LINEAR_FORMS): `weight @ x^T` with one row
+  padded to two (on the Intel Xeon with AMX the blocked bf16 GEMM, while `F.linear` runs one bf16 row as
+  a slow GEMV); the same with one row left to `F.linear`'s GEMV; or `F.linear` with one row padded to two
+  (on the AMD EPYC Zen 4 its bf16 GEMM is row-invariant and faster than `weight @ x^T`, while its GEMV
+  rounds differently from it for some shapes); or `F.linear` with one row padded only for those shapes
+  (checked per shape, `gemv_matches_gemm`: the GEMV is the cheaper one-row kernel). Which is exact and fastest is measured per CPU, never assumed; tests
+  assert only bf16 closeness to `F.linear`.
 - attention over 1..MAX_ROWS new query rows runs one row at a time, each over exactly the keys it may
-  see. The fused kernel over several query rows rounds differently from one row in bf16, so a
+  see, through SDPA or through eager products (ATTENTION_FORMS). The fused kernel over several query rows rounds differently from one row in bf16, so a
   verification forward would not reproduce the decode steps it replaces and greedy speculative
   decoding would drift from the baseline at near-ties; row by row it reproduces them bit for bit.
   Only inside `decode_scope()` (TargetRunner's forwards): training, extraction and transformers' own
@@ -29,37 +32,64 @@ MAX_ROWS = 32  # above this F.linear's GEMM is as fast; the routing is for decod
 _MARK = "_workbench_few_row_routed"
 
 
+LINEAR_FORMS = ("gemm", "gemm-gemv1", "linear-pad2", "linear-checked")  # see the module docstring; "gemm" default
+LINEAR_FORM = "_workbench_linear_form"
+_GEMV_MATCHES_GEMM: dict[tuple, bool] = {}  # (out, in, dtype, threads) -> one-row GEMV equals every GEMM row here
+
+
+def gemv_matches_gemm(weight: torch.Tensor) -> bool:
+    """Whether, on this CPU and thread count, `F.linear` of one row (its GEMV) gives bit for bit the rows of
+    `F.linear` over 2..MAX_ROWS rows (its GEMM) for this weight's shape. Which kernel runs and how it orders its sums
+    depend on the shapes, not the values, so one random input per row count decides it; cached per shape."""
+    key = (*weight.shape, weight.dtype, torch.get_num_threads())
+    if key not in _GEMV_MATCHES_GEMM:
+        x = torch.randn(MAX_ROWS, weight.shape[1], generator=torch.Generator().manual_seed(0)).to(weight.dtype)
+        with torch.no_grad():
+            one = torch.cat([F.linear(x[i:i + 1], weight) for i in range(MAX_ROWS)])  # [R, out], GEMV each
+            _GEMV_MATCHES_GEMM[key] = all(torch.equal(F.linear(x[:rows], weight), one[:rows])
+                                          for rows in range(2, MAX_ROWS + 1))
+    return _GEMV_MATCHES_GEMM[key]
+
+
 def few_row_linear(weight: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None = None, *,
-                   one_row_gemv: bool = False) -> torch.Tensor:
-    """x [..., in] -> [..., out] as `weight @ x^T`; one row is padded to two (the GEMM path), then cut, or with
-    `one_row_gemv` left to `F.linear` (exact only on a CPU whose GEMV rounds like its GEMM: measured, never assumed)."""
+                   form: str = "gemm") -> torch.Tensor:
+    """x [..., in] -> [..., out] in one of LINEAR_FORMS: `weight @ x^T` (one row padded to two, then cut; with
+    "gemm-gemv1" one row is left to `F.linear`), or "linear-pad2": `F.linear` with one row padded to two;
+    "linear-checked": `F.linear`, one row padded to two only for the shapes whose GEMV rounds unlike the GEMM."""
     rows = x.numel() // x.shape[-1]
-    if rows == 1 and one_row_gemv:
+    if rows == 1 and (form == "gemm-gemv1" or form == "linear-checked" and gemv_matches_gemm(weight)):
         return F.linear(x, weight, bias)
     flat = x.reshape(rows, x.shape[-1])  # [R, in]
     if rows == 1:
         flat = flat.expand(2, -1)
-    y = (weight @ flat.t()).t()[:rows].contiguous()  # [R, out]
-    if bias is not None:
-        y = y + bias
+    if form in ("linear-pad2", "linear-checked"):
+        y = F.linear(flat, weight, bias)[:rows]  # [R, out]
+    else:
+        y = (weight @ flat.t()).t()[:rows].contiguous()  # [R, out]
+        if bias is not None:
+            y = y + bias
     return y.view(*x.shape[:-1], weight.shape[0])
 
 
 def _routed_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     if x.dtype in ROUTED_DTYPES and x.numel() // max(1, x.shape[-1]) <= MAX_ROWS and not torch.is_grad_enabled():
-        return few_row_linear(self.weight, x, self.bias, one_row_gemv=getattr(self, ONE_ROW_GEMV, False))
+        return few_row_linear(self.weight, x, self.bias, form=getattr(self, LINEAR_FORM, "gemm"))
     return F.linear(x, self.weight, self.bias)
 
 
-ONE_ROW_GEMV = "_workbench_one_row_gemv"
+def linear_form(model: nn.Module) -> str:
+    """The form `model`'s routed linears (and the runner's head) take."""
+    return getattr(model, LINEAR_FORM, "gemm")
 
 
-def one_row_as_gemv(model: nn.Module) -> None:
-    """Routed linears (and the runner's head) of `model` leave one row to `F.linear`'s GEMV, the rest as above."""
-    setattr(model, ONE_ROW_GEMV, True)
+def set_linear_form(model: nn.Module, form: str) -> None:
+    """Routed linears of `model` (and the runner's head) run in `form` (one of LINEAR_FORMS)."""
+    if form not in LINEAR_FORMS:
+        raise ValueError(f"unknown linear form {form!r}; one of {LINEAR_FORMS}")
+    setattr(model, LINEAR_FORM, form)
     for module in model.modules():
         if isinstance(module, nn.Linear):
-            setattr(module, ONE_ROW_GEMV, True)
+            setattr(module, LINEAR_FORM, form)
 
 
 ATTENTION = "workbench_decode_rows"
@@ -85,11 +115,19 @@ def _rowwise_ok(module: nn.Module, query: torch.Tensor, attention_mask, dropout:
             and (attention_mask is None or attention_mask.shape[0] == 1))
 
 
+ATTENTION_FORMS = ("sdpa-rows", "eager-masked")  # see decode_rows_attention; "sdpa-rows" is the default
+ATTENTION_FORM = "_workbench_attention_form"
+
+
 def decode_rows_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
     """query [1, Hq, q, d] (the last q of kv positions), key/value [1, Hkv, kv, d] -> ([1, q, Hq, d], None).
 
-    Row i attends to keys [0, kv - q + i] through the same SDPA call a one-token step makes; other
-    shapes fall through to SDPA unchanged.
+    Row i attends to keys [0, kv - q + i]. "sdpa-rows": one SDPA call per row, exactly the call a
+    one-token step makes. "eager-masked" (the model's ATTENTION_FORM): all rows at once as eager products,
+    q k^T, an fp32 softmax with each row's unseen keys masked, and p v, the query heads grouped by their
+    shared key head (no SDPA setup or key copies): bit for bit the one-token steps only where this CPU's
+    products ignore the row count and the masked zeros, which the kernel choice measures, never assumes.
+    Other shapes fall through to SDPA unchanged.
     """
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
@@ -98,10 +136,48 @@ def decode_rows_attention(module, query, key, value, attention_mask, dropout=0.0
                                       **kwargs)
     kwargs.pop("is_causal", None)
     rows, past = query.shape[2], key.shape[2] - query.shape[2]
+    form = getattr(module, ATTENTION_FORM, "sdpa-rows")
+    if form == "eager-masked" and _eager_ok(query, key, kwargs):
+        scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+        return _eager_masked(query[0], key[0], value[0], scale).unsqueeze(0), None
     outs = [sdpa_attention_forward(module, query[:, :, i:i + 1], key[:, :, :past + i + 1],
                                    value[:, :, :past + i + 1], None, scaling=scaling, is_causal=False,
                                    **kwargs)[0] for i in range(rows)]  # each [1, 1, Hq, d]
     return torch.cat(outs, dim=1), None
+
+
+def _eager_ok(query: torch.Tensor, key: torch.Tensor, kwargs: dict) -> bool:
+    """The eager row form computes plain softmax attention: no logit softcap, no attention sinks."""
+    return (query.shape[1] % key.shape[1] == 0 and kwargs.get("softcap") is None and kwargs.get("s_aux") is None
+            and kwargs.get("sinks") is None)
+
+
+def _eager_masked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """q [Hq, R, d] (the last R of n positions), k/v [Hkv, n, d] -> [R, Hq, d]: row r sees keys [0, n - R + r]."""
+    hq, rows, d = q.shape
+    hkv, n = k.shape[0], k.shape[1]
+    grouped = q.reshape(hkv, hq // hkv * rows, d)  # [Hkv, g*R, d], row-minor
+    scores = torch.matmul(grouped, k.transpose(-1, -2)).float() * scale  # [Hkv, g*R, n]
+    if rows > 1:
+        seen = torch.arange(n) <= (n - rows + torch.arange(rows)).unsqueeze(1)  # [R, n]
+        scores = scores.view(hkv, -1, rows, n).masked_fill(~seen, float("-inf")).view(hkv, -1, n)
+    probs = torch.softmax(scores, dim=-1).to(v.dtype)
+    out = torch.matmul(probs, v)  # [Hkv, g*R, d]
+    return out.view(hq, rows, d).transpose(0, 1)  # [R, Hq, d]
+
+
+def attention_form(model: nn.Module) -> str:
+    """The form `model`'s routed attention takes (ATTENTION_FORMS)."""
+    return getattr(model, ATTENTION_FORM, "sdpa-rows")
+
+
+def set_attention_form(model: nn.Module, form: str) -> None:
+    """Routed attention of `model` runs in `form` (one of ATTENTION_FORMS)."""
+    if form not in ATTENTION_FORMS:
+        raise ValueError(f"unknown attention form {form!r}; one of {ATTENTION_FORMS}")
+    setattr(model, ATTENTION_FORM, form)
+    for module in model.modules():
+        setattr(module, ATTENTION_FORM, form)
 
 
 def _register_attention() -> None:

@@ -29,12 +29,12 @@ import torch
 from engine.cpu import cpu_flags, cpu_model, native_bf16
 from engine.errors import WorkbenchError
 from engine.fsutil import atomic_write_json, read_json
-from engine.generate.cpu_kernels import force_routing, one_row_as_gemv, route_decode_kernels
+from engine.generate.cpu_kernels import force_routing, route_decode_kernels, set_attention_form, set_linear_form
 from engine.targets import Target, load_target, pick_device, resolve_target, workbench_home
 
 log = logging.getLogger(__name__)
 
-CACHE_FORMAT = 1  # bump when what a decision records (or how it is measured) changes
+CACHE_FORMAT = 2  # bump when what a decision records (or how it is measured) changes
 DEFAULT_K = 3  # drafts per step the verification timing assumes (the workbench's default k)
 PROMPT_TOKENS = 64  # KV cache the timed forwards run after
 REPEATS = 7  # timed repeats per shape and candidate, after the exactness check warmed it up (median kept)
@@ -43,37 +43,54 @@ EXACT_ROWS = (2, 8)  # besides k + 1: row counts whose forward must equal their 
 
 @dataclass(frozen=True)
 class KernelPath:
-    """A way to run the decode forwards: the target dtype and what is done to the loaded model first."""
+    """A way to run the decode forwards: the target dtype and how its few-row linears and attention run."""
 
     name: str
     dtype: torch.dtype
     routed: bool  # TargetRunner routes the few-row linears and attention (engine.generate.cpu_kernels)
     native_bf16_only: bool
     description: str
-    setup: Callable[[torch.nn.Module], object] | None = None
+    linear_form: str = "gemm"  # engine.generate.cpu_kernels.LINEAR_FORMS
+    attention_form: str = "sdpa-rows"  # engine.generate.cpu_kernels.ATTENTION_FORMS
+    force_routing: bool = False  # route an fp32 model too
 
     def prepare(self, model: torch.nn.Module) -> None:
-        if self.setup is not None:
-            self.setup(model)
-        if self.routed:
-            route_decode_kernels(model)
+        if not self.routed:
+            return
+        set_linear_form(model, self.linear_form)
+        set_attention_form(model, self.attention_form)
+        if self.force_routing:
+            force_routing(model)
+        route_decode_kernels(model)
 
 
-PATHS: dict[str, KernelPath] = {
-    "fp32": KernelPath("fp32", torch.float32, False, False, "fp32 weights, transformers' kernels"),
-    "fp32-routed": KernelPath("fp32-routed", torch.float32, True, False,
-                              "fp32 weights, few-row linears as GEMM and attention row by row "
-                              "(engine.generate.cpu_kernels)", force_routing),
-    "bf16-routed": KernelPath("bf16-routed", torch.bfloat16, True, True,
-                              "bf16 weights, few-row linears as GEMM and attention row by row "
-                              "(engine.generate.cpu_kernels)"),
-    "bf16-routed-gemv1": KernelPath("bf16-routed-gemv1", torch.bfloat16, True, True,
-                                    "as bf16-routed, but one row through F.linear's GEMV (faster where the padded "
-                                    "GEMM is not; exact only if this CPU's GEMV rounds like its GEMM)",
-                                    one_row_as_gemv),
-    "bf16-plain": KernelPath("bf16-plain", torch.bfloat16, False, True,
-                             "bf16 weights, transformers' kernels (fused multi-row attention, GEMV for one row)"),
-}
+_ROWS = "attention row by row"
+_MASKED = ("attention over all rows at once as eager products, each row's unseen keys masked (exact only if this "
+           "CPU's products ignore the row count and the masked zeros)")
+PATHS: dict[str, KernelPath] = {p.name: p for p in (
+    KernelPath("fp32", torch.float32, False, False, "fp32 weights, transformers' kernels"),
+    KernelPath("fp32-routed", torch.float32, True, False,
+               f"fp32 weights, few-row linears as GEMM and {_ROWS} (engine.generate.cpu_kernels)", force_routing=True),
+    KernelPath("bf16-routed", torch.bfloat16, True, True,
+               f"bf16 weights, few-row linears as weight @ x^T (one row padded to two) and {_ROWS}"),
+    KernelPath("bf16-routed-gemv1", torch.bfloat16, True, True,
+               f"as bf16-routed, but one row through F.linear's GEMV (exact only if this CPU's GEMV rounds like its "
+               f"GEMM)", linear_form="gemm-gemv1"),
+    KernelPath("bf16-routed-linear", torch.bfloat16, True, True,
+               f"bf16 weights, few-row linears through F.linear's GEMM (one row padded to two) and {_ROWS} (exact "
+               f"only if that GEMM is row-invariant here)", linear_form="linear-pad2"),
+    KernelPath("bf16-routed-masked", torch.bfloat16, True, True, f"as bf16-routed, {_MASKED}",
+               attention_form="eager-masked"),
+    KernelPath("bf16-routed-linear-masked", torch.bfloat16, True, True,
+               f"as bf16-routed-linear, {_MASKED}",
+               linear_form="linear-pad2", attention_form="eager-masked"),
+    KernelPath("bf16-routed-checked-masked", torch.bfloat16, True, True,
+               f"as bf16-routed-linear-masked, but one row through F.linear's GEMV for the weight shapes whose GEMV "
+               f"rounds as the GEMM's rows do here (checked per shape at load)",
+               linear_form="linear-checked", attention_form="eager-masked"),
+    KernelPath("bf16-plain", torch.bfloat16, False, True,
+               "bf16 weights, transformers' kernels (fused multi-row attention, GEMV for one row)"),
+)}
 FORCED = {"fp32": "fp32", "float32": "fp32", "bf16": "bf16-routed", "bfloat16": "bf16-routed"}
 MEASURED_MODES = ("auto", "fastest")  # choices decided by measurement (the rest force a path)
 CHOICES = (*MEASURED_MODES, "fp32", "bf16", "float32", "bfloat16")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from engine.generate.cpu_kernels import ONE_ROW_GEMV, decode_scope, few_row_linear, route_decode_kernels
+from engine.generate.cpu_kernels import decode_scope, few_row_linear, linear_form, route_decode_kernels
 from engine.targets import LayerCapture, Target
 
 # Families whose logits are exactly lm_head(decoder output): the runner may compute the head itself.
@@ -13,15 +13,15 @@ _PLAIN_HEAD = {"llama", "qwen2", "qwen3", "qwen3_moe", "mistral"}
 
 
 def head_logits(weight: torch.Tensor, hidden: torch.Tensor, *, routed: bool = True,
-                one_row_gemv: bool = False) -> torch.Tensor:
+                form: str = "gemm") -> torch.Tensor:
     """lm_head over hidden [T, H] -> logits [T, V].
 
     One row is a GEMV (what transformers does); several rows use weight @ hidden^T, which MKL runs
     ~2x faster than the equivalent `linear` for the few-row shapes of speculative verification.
-    bf16 takes the routed kernel of engine.generate.cpu_kernels (one row included).
+    Routed, it takes the few-row linear of engine.generate.cpu_kernels in the model's form (one row included).
     """
     if routed and hidden.device.type == "cpu":
-        return few_row_linear(weight, hidden, one_row_gemv=one_row_gemv)
+        return few_row_linear(weight, hidden, form=form)
     if hidden.shape[0] == 1:
         return F.linear(hidden, weight)
     return (weight @ hidden.t()).t()
@@ -76,7 +76,7 @@ class TargetRunner:
         hidden = self.model.get_decoder()(input_ids=input_ids, past_key_values=self.cache, use_cache=True)
         h = hidden.last_hidden_state[0]  # [T, H]
         return head_logits(self._head, h if all_logits else h[-1:], routed=self.routed,
-                           one_row_gemv=getattr(self.model, ONE_ROW_GEMV, False)).float()
+                           form=linear_form(self.model)).float()
 
     @torch.inference_mode()
     def forward(self, ids: list[int] | torch.Tensor, *, all_logits: bool = True

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from engine.cpu import native_bf16
-from engine.generate.cpu_kernels import ATTENTION, MAX_ROWS, few_row_linear, route_decode_kernels
+from engine.generate.cpu_kernels import (ATTENTION, ATTENTION_FORMS, LINEAR_FORMS, MAX_ROWS, decode_rows_attention,
+                                         decode_scope, few_row_linear, route_decode_kernels)
 from engine.generate.runner import TargetRunner
 from engine.targets import LayerCapture, load_target
 
@@ -28,14 +29,46 @@ needs_native_bf16 = pytest.mark.skipif(not native_bf16(), reason="no native bf16
 ROW_COUNTS = (2, 3, 5, 8, 16, MAX_ROWS)
 
 
+@pytest.mark.parametrize("form", LINEAR_FORMS)
 @pytest.mark.parametrize("rows", [1, 2, 4, 9, 33])
-def test_few_row_linear_is_linear(rows):
+def test_few_row_linear_is_linear(rows, form):
     torch.manual_seed(rows)
     weight, bias = torch.randn(96, 40, dtype=torch.bfloat16), torch.randn(96, dtype=torch.bfloat16)
     x = torch.randn(1, rows, 40, dtype=torch.bfloat16)
-    got = few_row_linear(weight, x, bias)
+    got = few_row_linear(weight, x, bias, form=form)
     assert got.shape == (1, rows, 96) and got.is_contiguous()
     torch.testing.assert_close(got, torch.nn.functional.linear(x, weight, bias), rtol=1.6e-2, atol=1e-2)
+
+
+class _Attention(torch.nn.Module):
+    """What decode_rows_attention reads off an attention module: causal, no sliding window, a form."""
+
+    is_causal, sliding_window, num_key_value_groups = True, None, 3
+
+    def __init__(self, form: str):
+        super().__init__()
+        self._workbench_attention_form = form
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("form", ATTENTION_FORMS)
+@pytest.mark.parametrize("rows", [1, 2, 5])
+def test_decode_attention_forms_compute_causal_attention_over_grouped_heads(rows, form, dtype):
+    """Each row i of q new rows sees keys [0, past + i]: the same values (to the dtype's rounding) as SDPA with an
+    explicit causal mask over the grouped key heads."""
+    torch.manual_seed(rows)
+    hkv, group, past, d = 2, 3, 11, 16
+    query = torch.randn(1, hkv * group, rows, d, dtype=dtype)
+    key, value = torch.randn(1, hkv, past + rows, d, dtype=dtype), torch.randn(1, hkv, past + rows, d, dtype=dtype)
+    seen = torch.arange(past + rows) <= (past + torch.arange(rows)).unsqueeze(1)  # [rows, past + rows]
+    want = torch.nn.functional.scaled_dot_product_attention(
+        query.float(), key.float().repeat_interleave(group, 1), value.float().repeat_interleave(group, 1),
+        attn_mask=seen).transpose(1, 2)  # [1, rows, Hq, d]
+    with torch.inference_mode(), decode_scope():
+        got, _ = decode_rows_attention(_Attention(form), query, key, value, None)
+    assert got.shape == (1, rows, hkv * group, d)
+    tol = 2e-2 if dtype == torch.bfloat16 else 1e-5
+    torch.testing.assert_close(got.float(), want, rtol=tol, atol=tol)
 
 
 def _layer_states(target, runner, prompt: list[int], chunks: list[list[int]]) -> list[torch.Tensor]:
