@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -34,7 +35,7 @@ from engine.targets import Target, load_target, pick_device, resolve_target, wor
 
 log = logging.getLogger(__name__)
 
-CACHE_FORMAT = 2  # bump when what a decision records (or how it is measured) changes
+CACHE_FORMAT = 3  # bump when what a decision records (or how it is measured) changes
 DEFAULT_K = 3  # drafts per step the verification timing assumes (the workbench's default k)
 PROMPT_TOKENS = 64  # KV cache the timed forwards run after
 REPEATS = 7  # timed repeats per shape and candidate, after the exactness check warmed it up (median kept)
@@ -221,33 +222,86 @@ def measure(name_or_path: str | None, k: int, paths: list[str], *, device: str |
             repeats: int = REPEATS) -> dict[str, dict[str, Any]]:
     """For each path: median ms of a 1-token and a (k + 1)-token forward, and whether several rows equal steps.
 
-    One path's model at a time (a large target is never held twice); each is warmed up before it is timed.
+    Where every candidate's copy of the target fits in INTERLEAVE_MEMORY_SHARE of the free memory, all are loaded and
+    their repeats interleaved round-robin: separate loads of the same weights run a step at speeds up to 1.3x apart
+    on a shared VM (measured on the AMD EPYC), which would decide between paths only 5% apart by chance. Otherwise
+    one path's model at a time (a large target is never held twice). Each is warmed up before it is timed.
     """
-    return {name: _measure_path(name_or_path, PATHS[name], k, device, repeats) for name in paths}
-
-
-def _measure_path(name_or_path: str | None, path: KernelPath, k: int, device: str | None,
-                  repeats: int) -> dict[str, Any]:
-    from engine.generate.runner import TargetRunner
-
-    target = load_target(name_or_path, dtype=path.dtype, device=device, with_tokenizer=False)
-    path.prepare(target.model)
-    runner = TargetRunner(target, route_kernels=path.routed)
-    vocab = target.vocab_size
-    prompt = _prompt(vocab)
-    runner.reset()
-    runner.forward(prompt, all_logits=False)
-
-    def new(n: int) -> list[int]:
-        return [(vocab // 2 + 7 * j) % vocab for j in range(n)]
-    plen, verify = len(prompt), new(k + 1)
-    exact = all(rows_equal_steps(runner, plen, new(n)) for n in sorted({k + 1, *EXACT_ROWS}))
-    one, several = [], []
+    loaded: dict[str, _Candidate] = {}
+    results: dict[str, dict[str, Any]] = {}
+    interleave = None
+    for name in paths:
+        candidate = _Candidate.load(name_or_path, PATHS[name], k, device)
+        if interleave is None:
+            interleave = _fits_together(candidate.runner.model, [PATHS[n] for n in paths])
+        if interleave:
+            loaded[name] = candidate
+        else:
+            results[name] = candidate.timed(repeats)
+            del candidate
     for _ in range(repeats):
-        one.append(_forward_ms(runner, plen, new(1)))
-        several.append(_forward_ms(runner, plen, verify))
-    return {"row_exact": exact, "ms_1": statistics.median(one), "ms_k1": statistics.median(several),
-            "description": path.description}
+        for candidate in loaded.values():
+            candidate.time_once()
+    results.update({name: c.result() for name, c in loaded.items()})
+    return {name: {**results[name], "interleaved": bool(interleave)} for name in paths}
+
+
+INTERLEAVE_MEMORY_SHARE = 0.3  # of MemAvailable: the most all candidates' copies may take to be timed together
+
+
+def _fits_together(model: torch.nn.Module, paths: list[KernelPath]) -> bool:
+    """All candidates' copies of this model fit in INTERLEAVE_MEMORY_SHARE of the available memory."""
+    numel = sum(p.numel() for p in model.parameters())
+    need = sum(numel * torch.empty(0, dtype=p.dtype).element_size() for p in paths)
+    try:
+        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")  # free physical memory (page cache not)
+    except (ValueError, OSError):
+        return False
+    return need <= INTERLEAVE_MEMORY_SHARE * free
+
+
+@dataclass
+class _Candidate:
+    """One kernel path's loaded target, prefilled, its exactness checked, and its timings so far."""
+
+    path: KernelPath
+    runner: Any
+    prompt_len: int
+    vocab: int
+    k: int
+    row_exact: bool = False
+    one: list[float] = field(default_factory=list)
+    several: list[float] = field(default_factory=list)
+
+    @classmethod
+    def load(cls, name_or_path: str | None, path: KernelPath, k: int, device: str | None) -> "_Candidate":
+        from engine.generate.runner import TargetRunner
+
+        target = load_target(name_or_path, dtype=path.dtype, device=device, with_tokenizer=False)
+        path.prepare(target.model)
+        runner = TargetRunner(target, route_kernels=path.routed)
+        prompt = _prompt(target.vocab_size)
+        runner.reset()
+        runner.forward(prompt, all_logits=False)
+        c = cls(path, runner, len(prompt), target.vocab_size, k)
+        c.row_exact = all(rows_equal_steps(runner, c.prompt_len, c.new(n)) for n in sorted({k + 1, *EXACT_ROWS}))
+        return c
+
+    def new(self, n: int) -> list[int]:
+        return [(self.vocab // 2 + 7 * j) % self.vocab for j in range(n)]
+
+    def time_once(self) -> None:
+        self.one.append(_forward_ms(self.runner, self.prompt_len, self.new(1)))
+        self.several.append(_forward_ms(self.runner, self.prompt_len, self.new(self.k + 1)))
+
+    def timed(self, repeats: int) -> dict[str, Any]:
+        for _ in range(repeats):
+            self.time_once()
+        return self.result()
+
+    def result(self) -> dict[str, Any]:
+        return {"row_exact": self.row_exact, "ms_1": statistics.median(self.one),
+                "ms_k1": statistics.median(self.several), "description": self.path.description}
 
 
 def pick(candidates: dict[str, dict[str, Any]], mode: str = "auto") -> str:
