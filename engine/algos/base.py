@@ -171,11 +171,16 @@ class DraftAlgorithm:
 
     def load(self, path: str | os.PathLike, target=None, *, allow_pickle: bool = False,
              dtype: "torch.dtype | None" = None) -> "nn.Module":
-        """A draft folder in the speculators layout, in eval mode (fp32 unless `dtype`)."""
+        """A draft folder in the speculators layout, in eval mode, in `dtype`; by default in its target's dtype when
+        that is bf16 on a CPU (each draft step then reads half the bytes, and the draft runs in the dtype vLLM serves
+        it in; BENCHMARKS.md, AMD EPYC Zen 4 chapter, has the effect), else fp32."""
         import torch
 
-        return self.part("io", f"load_{self.name}")(path, target, allow_pickle=allow_pickle,
-                                                    dtype=dtype or torch.float32)
+        if dtype is None:
+            device = getattr(getattr(target, "device", None), "type", None)
+            bf16_cpu = getattr(target, "dtype", None) == torch.bfloat16 and device == "cpu"
+            dtype = torch.bfloat16 if bf16_cpu else torch.float32
+        return self.part("io", f"load_{self.name}")(path, target, allow_pickle=allow_pickle, dtype=dtype)
 
     def save(self, draft: "nn.Module", path: str | os.PathLike, *, dtype: "torch.dtype | None" = None,
              config_updates: dict[str, Any] | None = None) -> Path:
