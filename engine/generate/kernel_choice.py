@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 CACHE_FORMAT = 3  # bump when what a decision records (or how it is measured) changes
 DEFAULT_K = 3  # drafts per step the verification timing assumes (the workbench's default k)
 PROMPT_TOKENS = 64  # KV cache the timed forwards run after
-REPEATS = 7  # timed repeats per shape and candidate, after the exactness check warmed it up (median kept)
+REPEATS = 11  # timed repeats per shape and candidate, after the exactness check warmed it up (median kept)
 EXACT_ROWS = (2, 8)  # besides k + 1: row counts whose forward must equal their one-token steps bit for bit
 
 

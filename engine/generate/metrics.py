@@ -77,19 +77,22 @@ class SpecMetrics:
 
 
 def measure_cost_curve(runner, context: list[int], ks: list[int], repeats: int = 5) -> dict[int, float]:
-    """Median time of one target forward over k new tokens (after `context`), relative to k = 1."""
+    """Median time of one target forward over k new tokens (after `context`), relative to k = 1.
+
+    The shapes are timed round-robin, one of each per repeat, so machine load that comes and goes weighs on
+    all of them alike (one shape's repeats in a row let a busy second make 2 tokens look cheaper than 1)."""
     runner.reset()
     runner.forward(context, all_logits=False)
     base = runner.length
-    times: dict[int, float] = {}
-    for k in sorted(set([1] + list(ks))):
-        samples = []
-        for _ in range(repeats):
+    shapes = sorted(set([1] + list(ks)))
+    samples: dict[int, list[float]] = {k: [] for k in shapes}
+    for _ in range(repeats):
+        for k in shapes:
             t = time.perf_counter()
             runner.forward(context[-1:] * k)
-            samples.append(time.perf_counter() - t)
+            samples[k].append(time.perf_counter() - t)
             runner.crop(base)
-        times[k] = statistics.median(samples)
+    times = {k: statistics.median(v) for k, v in samples.items()}
     return {k: times[k] / times[1] for k in times}
 
 

@@ -8,39 +8,38 @@ from typing import Any, Sequence
 
 
 def measure_step_costs(target, algorithm, draft, ks: Sequence[int], *, context: Sequence[int],
-                       repeats: int = 5) -> dict[str, Any]:
+                       repeats: int = 7) -> dict[str, Any]:
     """On this machine: the target's forward over k+1 tokens and the draft's proposal of k tokens, both in units
-    of one single-token target forward (medians over `repeats`)."""
-    from engine.generate.metrics import measure_cost_curve
+    of one single-token target forward (medians over `repeats`, every shape timed once per round so that load which
+    comes and goes weighs on all alike)."""
     from engine.generate.runner import TargetRunner
     from engine.generate.sampling import SamplingParams
 
     ks = sorted(set(int(k) for k in ks))
-    verify = measure_cost_curve(TargetRunner(target), list(context), [k + 1 for k in ks], repeats=repeats)
-    runner = TargetRunner(target, algorithm.aux_layer_ids(draft))
-    runner.reset()
-    logits, aux = runner.forward(list(context), all_logits=False)  # prefill of the context
-    base = runner.length
-    one = []
-    for _ in range(repeats):  # one single-token target step, measured here too (same context length)
-        t = time.perf_counter()
-        runner.forward(list(context[-1:]))
-        one.append(time.perf_counter() - t)
-        runner.crop(base)
-    one_s = statistics.median(one)
-    first = int(logits[-1].argmax())
-    draft_cost: dict[int, float] = {}
-    params = SamplingParams()
-    for k in ks:
-        samples = []
-        for _ in range(repeats):
+    plain, with_aux = TargetRunner(target), TargetRunner(target, algorithm.aux_layer_ids(draft))
+    plain.reset()
+    plain.forward(list(context), all_logits=False)
+    with_aux.reset()
+    logits, aux = with_aux.forward(list(context), all_logits=False)  # prefill: the features the draft starts from
+    base, first, params = plain.length, int(logits[-1].argmax()), SamplingParams()
+    shapes = sorted({1, *(k + 1 for k in ks)})
+    forward_s: dict[int, list[float]] = {n: [] for n in shapes}
+    propose_s: dict[int, list[float]] = {k: [] for k in ks}
+    for _ in range(repeats):
+        for n in shapes:  # the target over n new tokens, as a verification (n = 1: a baseline step)
+            t = time.perf_counter()
+            plain.forward(list(context[-1:]) * n)
+            forward_s[n].append(time.perf_counter() - t)
+            plain.crop(base)
+        for k in ks:
             proposer = algorithm.proposer(draft)
             proposer.start(list(context), aux, first)
             t = time.perf_counter()
             proposer.propose(k, params, None)
-            samples.append(time.perf_counter() - t)
-        draft_cost[k] = statistics.median(samples) / one_s
-    return {"verify_cost": {k: verify[k + 1] for k in ks}, "draft_cost": draft_cost,
+            propose_s[k].append(time.perf_counter() - t)
+    one_s = statistics.median(forward_s[1])
+    return {"verify_cost": {k: statistics.median(forward_s[k + 1]) / one_s for k in ks},
+            "draft_cost": {k: statistics.median(propose_s[k]) / one_s for k in ks},
             "target_step_ms": one_s * 1e3, "context_tokens": len(context)}
 
 
