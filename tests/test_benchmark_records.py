@@ -54,7 +54,9 @@ TABLES = [
     ("### In-process", "drafters/builtin.json", ("inprocess",), str),
     ("### Real vLLM", "drafters/builtin.json", ("vllm",), str),
     ("End to end, the same 20 held-out prompts", "drafters/builtin-dtypes.json", ("inprocess",), str),
-    ("The shipped EAGLE-3 draft in-process on this Xeon", "remeasure-eagle3/bench.json", (), _first_word),
+    ("The shipped EAGLE-3 draft in-process on this Xeon", "remeasure-eagle3/intel-xeon-amx/bench.json", (),
+     _first_word),
+    ("The shipped EAGLE-3 draft in-process on this AMD EPYC", "remeasure-eagle3/bench.json", (), _first_word),
 ]
 
 
@@ -197,19 +199,22 @@ def test_data_cost_table_is_its_record():
            f"{exact['max_abs_diff']:.2g}" in text
 
 
-def test_intel_step_cost_and_baseline_tables_are_their_records():
-    """The Intel Xeon (AMX) chapter: the step-cost and baseline-vs-generate tables are their records, as the scripts
-    print them, and the chapter names the CPU and the kernel path the measurement chose."""
+@pytest.mark.parametrize("heading,slug,cpu_word", [("## Intel Xeon (AMX)", "intel-xeon-amx", "Xeon"),
+                                                    ("## AMD EPYC Zen 4", "amd-epyc-zen4", "AMD EPYC")])
+def test_per_cpu_step_cost_and_baseline_tables_are_their_records(heading, slug, cpu_word):
+    """A CPU's chapter (the Intel Xeon with AMX, the AMD EPYC Zen 4): the step-cost and baseline-vs-generate tables
+    are their records, as the scripts print them, and the chapter names the CPU and the kernel path the measurement
+    chose."""
     import sys
 
     sys.path.insert(0, str(ROOT))
     from benchmarks.bench_baseline_generate import markdown as baseline_markdown
     from benchmarks.bench_step_cost import markdown as step_markdown
 
-    chapter = _chapter(DOC.read_text(), "## Intel Xeon (AMX)")
-    step, baseline = _record("step_cost/intel-xeon-amx.json"), _record("baseline_generate/intel-xeon-amx.json")
+    chapter = _chapter(DOC.read_text(), heading)
+    step, baseline = _record(f"step_cost/{slug}.json"), _record(f"baseline_generate/{slug}.json")
     for name, record in (("step_cost", step), ("baseline_generate", baseline)):
-        assert f"benchmarks/results/{name}/intel-xeon-amx.json" in chapter and "Xeon" in record["cpu"]
+        assert f"benchmarks/results/{name}/{slug}.json" in chapter and cpu_word in record["cpu"]
         assert record["command"] in chapter.replace(".venv/bin/python", "python")
     assert step_markdown(step) in chapter and baseline_markdown(baseline) in chapter
     assert baseline["kernel_paths"]["auto"] in chapter

@@ -173,7 +173,7 @@ class DraftAlgorithm:
              dtype: "torch.dtype | None" = None) -> "nn.Module":
         """A draft folder in the speculators layout, in eval mode, in `dtype`; by default in its target's dtype when
         that is bf16 on a CPU (each draft step then reads half the bytes, and the draft runs in the dtype vLLM serves
-        it in; BENCHMARKS.md, AMD EPYC Zen 4 chapter, has the effect), else fp32."""
+        it in), else fp32."""
         import torch
 
         if dtype is None:
