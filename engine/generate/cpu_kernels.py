@@ -1,19 +1,20 @@
 """Fast, row-invariant decode kernels for a bf16 target on CPU: a k-token verification costs about one step.
 
 Two routings, both exact where the kernel choice measured them so:
-- linears over 1..MAX_ROWS rows run in one of three forms (LINEAR_FORMS): `weight @ x^T` with one row
+- linears over 1..MAX_ROWS rows run in one of four forms (LINEAR_FORMS): `weight @ x^T` with one row
   padded to two (on the Intel Xeon with AMX the blocked bf16 GEMM, while `F.linear` runs one bf16 row as
-  a slow GEMV); the same with one row left to `F.linear`'s GEMV; or `F.linear` with one row padded to two
+  a slow GEMV); the same with one row left to `F.linear`'s GEMV; `F.linear` with one row padded to two
   (on the AMD EPYC Zen 4 its bf16 GEMM is row-invariant and faster than `weight @ x^T`, while its GEMV
   rounds differently from it for some shapes); or `F.linear` with one row padded only for those shapes
-  (checked per shape, `gemv_matches_gemm`: the GEMV is the cheaper one-row kernel). Which is exact and fastest is measured per CPU, never assumed; tests
-  assert only bf16 closeness to `F.linear`.
-- attention over 1..MAX_ROWS new query rows runs one row at a time, each over exactly the keys it may
-  see, through SDPA or through eager products (ATTENTION_FORMS). The fused kernel over several query rows rounds differently from one row in bf16, so a
-  verification forward would not reproduce the decode steps it replaces and greedy speculative
-  decoding would drift from the baseline at near-ties; row by row it reproduces them bit for bit.
-  Only inside `decode_scope()` (TargetRunner's forwards): training, extraction and transformers' own
-  `generate` on the same model keep plain SDPA.
+  (checked per shape, `gemv_matches_gemm`: the GEMV is the cheaper one-row kernel). Which is exact and
+  fastest is measured per CPU, never assumed; tests assert only bf16 closeness to `F.linear`.
+- attention over 1..MAX_ROWS new query rows sees, for each row, exactly the keys that row may see: one
+  row at a time through SDPA, or all rows at once as eager products with each row's unseen keys masked
+  (ATTENTION_FORMS). The fused SDPA kernel over several query rows rounds differently from one row in
+  bf16, so a verification forward would not reproduce the decode steps it replaces and greedy
+  speculative decoding would drift from the baseline at near-ties; these forms reproduce them bit for
+  bit where measured so. Only inside `decode_scope()` (TargetRunner's forwards): training, extraction
+  and transformers' own `generate` on the same model keep plain SDPA.
 tests/engine/test_cpu_kernels.py checks both; engine.generate.kernel_choice measures on each CPU whether this
 path is exact and the fastest; BENCHMARKS.md has the timings.
 """
@@ -164,11 +165,6 @@ def _eager_masked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: floa
     probs = torch.softmax(scores, dim=-1).to(v.dtype)
     out = torch.matmul(probs, v)  # [Hkv, g*R, d]
     return out.view(hq, rows, d).transpose(0, 1)  # [R, Hq, d]
-
-
-def attention_form(model: nn.Module) -> str:
-    """The form `model`'s routed attention takes (ATTENTION_FORMS)."""
-    return getattr(model, ATTENTION_FORM, "sdpa-rows")
 
 
 def set_attention_form(model: nn.Module, form: str) -> None:

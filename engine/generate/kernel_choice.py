@@ -23,7 +23,7 @@ import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -75,8 +75,8 @@ PATHS: dict[str, KernelPath] = {p.name: p for p in (
     KernelPath("bf16-routed", torch.bfloat16, True, True,
                f"bf16 weights, few-row linears as weight @ x^T (one row padded to two) and {_ROWS}"),
     KernelPath("bf16-routed-gemv1", torch.bfloat16, True, True,
-               f"as bf16-routed, but one row through F.linear's GEMV (exact only if this CPU's GEMV rounds like its "
-               f"GEMM)", linear_form="gemm-gemv1"),
+               "as bf16-routed, but one row through F.linear's GEMV (exact only if this CPU's GEMV rounds like its "
+               "GEMM)", linear_form="gemm-gemv1"),
     KernelPath("bf16-routed-linear", torch.bfloat16, True, True,
                f"bf16 weights, few-row linears through F.linear's GEMM (one row padded to two) and {_ROWS} (exact "
                f"only if that GEMM is row-invariant here)", linear_form="linear-pad2"),
@@ -86,8 +86,8 @@ PATHS: dict[str, KernelPath] = {p.name: p for p in (
                f"as bf16-routed-linear, {_MASKED}",
                linear_form="linear-pad2", attention_form="eager-masked"),
     KernelPath("bf16-routed-checked-masked", torch.bfloat16, True, True,
-               f"as bf16-routed-linear-masked, but one row through F.linear's GEMV for the weight shapes whose GEMV "
-               f"rounds as the GEMM's rows do here (checked per shape at load)",
+               "as bf16-routed-linear-masked, but one row through F.linear's GEMV for the weight shapes whose GEMV "
+               "rounds as the GEMM's rows do here (checked per shape at load)",
                linear_form="linear-checked", attention_form="eager-masked"),
     KernelPath("bf16-plain", torch.bfloat16, False, True,
                "bf16 weights, transformers' kernels (fused multi-row attention, GEMV for one row)"),
