@@ -33,6 +33,9 @@ def _paths(names: str | None) -> list[str]:
     from engine.generate.kernel_choice import PATHS
 
     if names:
+        unknown = sorted(set(names.split(",")) - set(PATHS))
+        if unknown:
+            raise SystemExit(f"error: unknown kernel path(s) {unknown}; choose from {', '.join(PATHS)}")
         return names.split(",")
     return [n for n, p in PATHS.items() if native_bf16() or not p.native_bf16_only]
 
@@ -66,6 +69,7 @@ def measure(target: str | None, *, context: int, ns: list[int], repeats: int,
     from tqdm import tqdm
 
     from engine.cpu import describe
+    from engine.generate.kernel_choice import rows_equal_steps
 
     runners = _runners(target, paths)
     prompt = [100 + (i * 37) % 20000 for i in range(context)]
@@ -85,22 +89,10 @@ def measure(target: str | None, *, context: int, ns: list[int], repeats: int,
         "relative_to_own_step": {v: {n: m / by_n[1] for n, m in by_n.items()} for v, by_n in ms.items()},
         "relative_to_fp32_step": ({v: {n: m / one_fp32 for n, m in by_n.items()} for v, by_n in ms.items()}
                                   if one_fp32 else {}),
-        "rows_equal_steps_by_path": {name: {n: _rows_equal_steps(r, prompt, [500 + j for j in range(n)])
+        "rows_equal_steps_by_path": {name: {n: rows_equal_steps(r, len(prompt), [500 + j for j in range(n)])
                                             for n in EXACT_ROWS} for name, r in runners.items()},
         "cpu": describe(), "torch": torch.__version__,
     }
-
-
-def _rows_equal_steps(runner, prompt: list[int], new: list[int]) -> bool:
-    """A forward over `new` gives the same logits, bit for bit, as len(new) one-token forwards."""
-    import torch
-
-    runner.crop(len(prompt))
-    block, _ = runner.forward(new)
-    runner.crop(len(prompt))
-    steps = torch.cat([runner.forward([t])[0] for t in new])
-    runner.crop(len(prompt))
-    return bool(torch.equal(block, steps))
 
 
 def markdown(result: dict[str, Any]) -> str:

@@ -223,8 +223,9 @@ def measure(name_or_path: str | None, k: int, paths: list[str], *, device: str |
     """For each path: median ms of a 1-token and a (k + 1)-token forward, and whether several rows equal steps.
 
     Where every candidate's copy of the target fits in INTERLEAVE_MEMORY_SHARE of the free memory, all are loaded and
-    their repeats interleaved round-robin: separate loads of the same weights run a step at speeds up to 1.3x apart
-    on a shared VM (measured on the AMD EPYC), which would decide between paths only 5% apart by chance. Otherwise
+    their repeats interleaved round-robin: separate loads of the same weights ran a step at clearly different speeds
+    on a shared VM (the AMD EPYC; not kept as a record), which would decide between paths a few percent apart by
+    chance. Otherwise
     one path's model at a time (a large target is never held twice). Each is warmed up before it is timed.
     """
     loaded: dict[str, _Candidate] = {}

@@ -76,22 +76,31 @@ class SpecMetrics:
         }
 
 
-def measure_cost_curve(runner, context: list[int], ks: list[int], repeats: int = 5) -> dict[int, float]:
-    """Median time of one target forward over k new tokens (after `context`), relative to k = 1.
+def time_forwards_round_robin(runner, context: list[int], shapes: list[int], repeats: int,
+                              also=None) -> dict[int, list[float]]:
+    """Seconds of one target forward over n new tokens after `context`, for each n in `shapes`, `repeats` times.
 
-    The shapes are timed round-robin, one of each per repeat, so machine load that comes and goes weighs on
-    all of them alike (one shape's repeats in a row let a busy second make 2 tokens look cheaper than 1)."""
+    The shapes are timed round-robin, one of each per repeat (then `also()`, e.g. a draft proposal timed by the
+    caller), so machine load that comes and goes weighs on all of them alike (one shape's repeats in a row let a
+    busy second make 2 tokens look cheaper than 1)."""
     runner.reset()
     runner.forward(context, all_logits=False)
     base = runner.length
-    shapes = sorted(set([1] + list(ks)))
-    samples: dict[int, list[float]] = {k: [] for k in shapes}
+    samples: dict[int, list[float]] = {n: [] for n in shapes}
     for _ in range(repeats):
-        for k in shapes:
+        for n in shapes:
             t = time.perf_counter()
-            runner.forward(context[-1:] * k)
-            samples[k].append(time.perf_counter() - t)
+            runner.forward(context[-1:] * n)
+            samples[n].append(time.perf_counter() - t)
             runner.crop(base)
+        if also is not None:
+            also()
+    return samples
+
+
+def measure_cost_curve(runner, context: list[int], ks: list[int], repeats: int = 5) -> dict[int, float]:
+    """Median time of one target forward over k new tokens (after `context`), relative to k = 1 (round-robin)."""
+    samples = time_forwards_round_robin(runner, context, sorted(set([1] + list(ks))), repeats)
     times = {k: statistics.median(v) for k, v in samples.items()}
     return {k: times[k] / times[1] for k in times}
 

@@ -12,31 +12,28 @@ def measure_step_costs(target, algorithm, draft, ks: Sequence[int], *, context: 
     """On this machine: the target's forward over k+1 tokens and the draft's proposal of k tokens, both in units
     of one single-token target forward (medians over `repeats`, every shape timed once per round so that load which
     comes and goes weighs on all alike)."""
+    from engine.generate.metrics import time_forwards_round_robin
     from engine.generate.runner import TargetRunner
     from engine.generate.sampling import SamplingParams
 
     ks = sorted(set(int(k) for k in ks))
-    plain, with_aux = TargetRunner(target), TargetRunner(target, algorithm.aux_layer_ids(draft))
-    plain.reset()
-    plain.forward(list(context), all_logits=False)
+    with_aux = TargetRunner(target, algorithm.aux_layer_ids(draft))
     with_aux.reset()
     logits, aux = with_aux.forward(list(context), all_logits=False)  # prefill: the features the draft starts from
-    base, first, params = plain.length, int(logits[-1].argmax()), SamplingParams()
-    shapes = sorted({1, *(k + 1 for k in ks)})
-    forward_s: dict[int, list[float]] = {n: [] for n in shapes}
+    first, params = int(logits[-1].argmax()), SamplingParams()
     propose_s: dict[int, list[float]] = {k: [] for k in ks}
-    for _ in range(repeats):
-        for n in shapes:  # the target over n new tokens, as a verification (n = 1: a baseline step)
-            t = time.perf_counter()
-            plain.forward(list(context[-1:]) * n)
-            forward_s[n].append(time.perf_counter() - t)
-            plain.crop(base)
+
+    def propose_each_k() -> None:
         for k in ks:
             proposer = algorithm.proposer(draft)
             proposer.start(list(context), aux, first)
             t = time.perf_counter()
             proposer.propose(k, params, None)
             propose_s[k].append(time.perf_counter() - t)
+
+    # the target over n new tokens, as a verification (n = 1: a baseline step), and the proposals, per round
+    forward_s = time_forwards_round_robin(TargetRunner(target), list(context), sorted({1, *(k + 1 for k in ks)}),
+                                          repeats, also=propose_each_k)
     one_s = statistics.median(forward_s[1])
     return {"verify_cost": {k: statistics.median(forward_s[k + 1]) / one_s for k in ks},
             "draft_cost": {k: statistics.median(propose_s[k]) / one_s for k in ks},

@@ -143,3 +143,14 @@ def test_bf16_greedy_speculation_is_exactly_the_baseline_on_builtin(builtin_bf16
         assert out == base, f"{method}: bf16 speculative output differs from the baseline"
         accepted += sum(e.accepted for e in events)
     assert accepted > 0  # multi-token verification really happened
+
+
+def test_gemv_check_is_a_cached_verdict_per_shape():
+    from engine.generate import cpu_kernels
+
+    weight = torch.randn(24, 40, dtype=torch.bfloat16)
+    verdict = cpu_kernels.gemv_matches_gemm(weight)
+    assert isinstance(verdict, bool)
+    key = (24, 40, torch.bfloat16, torch.get_num_threads())
+    assert cpu_kernels._GEMV_MATCHES_GEMM[key] is verdict
+    assert cpu_kernels.gemv_matches_gemm(torch.randn(24, 40, dtype=torch.bfloat16)) is verdict  # by shape, not values

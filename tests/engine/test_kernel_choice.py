@@ -225,3 +225,28 @@ def test_sampling_on_every_kernel_path_keeps_the_target_distribution(tiny_target
         accepted += events[1].accepted
     assert accepted > 0
     assert chi_square_pvalue(counts, exact) > 1e-3
+
+
+def test_candidates_are_timed_one_at_a_time_when_their_copies_do_not_fit_together(tiny_targets, monkeypatch):
+    """The large-target branch of `measure` (one model at a time) gives what the interleaved one gives."""
+    target, paths = str(tiny_targets["llama"]), ["fp32", "fp32-routed"]
+    monkeypatch.setattr(kc, "INTERLEAVE_MEMORY_SHARE", 0.0)
+    alone = kc.measure(target, 3, paths, device="cpu", repeats=2)
+    monkeypatch.setattr(kc, "INTERLEAVE_MEMORY_SHARE", 1.0)
+    together = kc.measure(target, 3, paths, device="cpu", repeats=2)
+    assert list(alone) == list(together) == paths
+    assert not any(c["interleaved"] for c in alone.values()) and all(c["interleaved"] for c in together.values())
+    for name in paths:
+        assert alone[name]["row_exact"] == together[name]["row_exact"]
+        assert alone[name]["ms_1"] > 0 and alone[name]["ms_k1"] > 0
+
+
+def test_a_draft_loads_in_its_cpu_targets_bf16_and_in_fp32_otherwise(builtin_target):
+    from engine.generate.api import default_draft, load_draft
+    from engine.targets import load_target
+
+    path = default_draft(builtin_target.ref.name)
+    assert load_draft(path, builtin_target).fc.weight.dtype == torch.float32  # fp32 target
+    bf16 = load_target("smollm2-135m-instruct", dtype="bf16", device="cpu", with_tokenizer=False)
+    assert load_draft(path, bf16).fc.weight.dtype == torch.bfloat16
+    assert load_draft(path, bf16, dtype=torch.float32).fc.weight.dtype == torch.float32  # as asked
