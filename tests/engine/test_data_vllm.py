@@ -57,15 +57,19 @@ def test_read_connector_file_takes_the_lock_and_checks_keys(tmp_path):
         vb.read_connector_file(tmp_path / "bad.safetensors")
 
 
-def test_unavailable_vllm_is_a_clear_error(monkeypatch):
-    if vb.vllm_unavailable_reason() is None:
-        pytest.skip("vLLM with a GPU is available here")
-    with pytest.raises(WorkbenchError, match="vllm extraction backend cannot run"):
+def test_unavailable_vllm_is_a_clear_error(monkeypatch, tmp_path):
+    """Neither vLLM here with a GPU nor vLLM's own environment: refused up front, saying how to get one."""
+    monkeypatch.setattr(vb, "_in_process_reason", lambda: "vLLM is not installed in this environment")
+    monkeypatch.setenv("WORKBENCH_VLLM_VENV", str(tmp_path / "no-venv"))
+    assert "not installed at" in vb.vllm_unavailable_reason()
+    with pytest.raises(WorkbenchError, match="vllm extraction backend cannot run") as err:
         vb.require_vllm()
+    assert "make vllm-env" in err.value.hint
     from engine.data.extract import extract_dataset
 
     with pytest.raises(WorkbenchError, match="cannot run"):
-        extract_dataset("anything", "sharegpt", "/tmp/unused", backend="vllm")
+        extract_dataset("anything", "sharegpt", tmp_path / "unused", backend="vllm")
+    assert not (tmp_path / "unused").exists()
 
 
 class FakeLLM:
@@ -151,3 +155,32 @@ def test_make_llm_wraps_the_connector_config(fake_vllm, monkeypatch, tmp_path):
     assert vb.make_llm(vb.llm_kwargs("m", [2, 4], tmp_path)) == "llm"
     assert seen["kv_transfer_config"][0] == "KVTransferConfig"
     assert seen["kv_transfer_config"][1]["kv_connector"] == "ExampleHiddenStatesConnector"
+
+
+# -- real vLLM (the CPU build in its own environment) -------------------------------------------------------
+
+
+@pytest.mark.vllm
+def test_vllms_cpu_build_extracts_what_transformers_extracts(tmp_path):
+    """`extract --backend vllm` on this CPU: vLLM's extract_hidden_states method in its own environment, written
+    through the worker's CPU connector. Same files, token ids and loss masks as the transformers backend, and the
+    same hidden states up to float32 kernel rounding (head size 32: the CPU build's attention has no kernel for 16)."""
+    from engine.serve.venv import ensure_vllm_env
+    from tiny import save_tiny_target
+
+    env = ensure_vllm_env()
+    assert env.flavor == "cpu" or torch.cuda.is_available()
+    target = save_tiny_target(tmp_path / "target", "qwen3", hidden_size=128)
+    common = dict(max_samples=6, max_length=96, dtype="fp32", algo="eagle3", progress=False)
+    from engine.data.extract import extract_dataset
+
+    theirs = extract_dataset(str(target), "sharegpt", tmp_path / "vllm", backend="vllm", **common)
+    ours = extract_dataset(str(target), "sharegpt", tmp_path / "hf", backend="transformers", **common)
+    assert theirs["backend"] == "vllm" and theirs["complete"] and theirs["samples"] == ours["samples"] == 6
+    assert theirs["layer_ids"] == ours["layer_ids"] and theirs["dtype"] == "fp32"
+    for i in range(ours["samples"]):
+        a, b = (load_sample(tmp_path / d / f"hs_{i}.safetensors") for d in ("vllm", "hf"))
+        assert torch.equal(a["token_ids"], b["token_ids"]) and torch.equal(a["loss_mask"], b["loss_mask"])
+        assert a["hidden_states"].dtype == torch.float32
+        torch.testing.assert_close(a["hidden_states"], b["hidden_states"], rtol=1e-4, atol=1e-4)
+    assert not list((tmp_path / "vllm").glob(".workbench-hs-*"))  # staging removed

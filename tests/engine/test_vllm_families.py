@@ -1,0 +1,168 @@
+"""Real vLLM (the CPU build) beside a tiny random verifier of every family: an EAGLE-3 draft the workbench trained
+is served losslessly, with vLLM's acceptance counters equal to our engine's on the same prompts (greedy, fp32).
+Families whose vLLM model class gives no aux hidden states are refused by vLLM with its own message, and `validate`
+warns about them before anything starts.
+
+The targets are 128 wide with 4 heads (head size 32: the CPU build's attention has no kernel for the 16 of the
+in-process family tests). Each family starts two vLLM servers (about 40 s each on 2 cores), so one family runs by
+default and the others with `-m slow`.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+
+import pytest
+
+from engine.format import vllm_rules as vr
+from tiny import FAMILIES, save_tiny_target, tiny_config
+
+WIDTH = 128  # head size 32
+FAST_FAMILY = "qwen2"
+K = 3
+MAX_TOKENS = 32
+PROMPTS = [{"prompt": "The quick brown fox"},
+           {"messages": [{"role": "user", "content": "Hello, how are you today?"}]},
+           {"messages": [{"role": "user", "content": "def add(a, b):"}]}]
+
+
+def _served(family: str) -> bool:
+    return vr.verifier_without_aux_states({"architectures": tiny_config(family).architectures}) is None
+
+
+def _cells() -> list:
+    return [pytest.param(f, id=f, marks=() if f == FAST_FAMILY else pytest.mark.slow) for f in FAMILIES]
+
+
+def _engine(capsys, *argv: str) -> str:
+    from engine.cli import main
+
+    capsys.readouterr()
+    rc = main(list(argv))
+    out = capsys.readouterr()
+    assert rc == 0, out.err[-2000:]
+    return out.out
+
+
+def _trained_draft(root: Path, family: str, capsys) -> tuple[Path, Path]:
+    """A tiny target of `family` and an EAGLE-3 draft trained on it for a few seconds (its acceptance above 1)."""
+    target = save_tiny_target(root / "target", family, hidden_size=WIDTH)
+    _engine(capsys, "extract", "--target", str(target), "--dataset", "sharegpt", "--max-samples", "200",
+            "--max-length", "128", "--dtype", "fp32", "--algo", "eagle3", "--out", str(root / "hs"))
+    _engine(capsys, "train", "--data", str(root / "hs"), "--algo", "eagle3", "--epochs", "8", "--lr", "0.003",
+            "--tokens-per-batch", "1024", "--num-layers", "1", "--draft-vocab-size", "256", "--out", str(root / "run"))
+    return target, root / "run" / "draft"
+
+
+@pytest.fixture(scope="module")
+def vllm_pool(tmp_path_factory):
+    from engine.serve.server import ServerPool
+    from engine.serve.venv import ensure_vllm_env
+
+    pool = ServerPool(root=tmp_path_factory.mktemp("vllm-servers"), venv=ensure_vllm_env())
+    yield pool
+    pool.close()
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("family", _cells())
+def test_vllm_serves_the_familys_draft_with_our_acceptance(family, vllm_pool, tmp_path, capsys):
+    from engine.errors import WorkbenchError
+    from engine.generate.sampling import SamplingParams
+    from engine.measure.bench import run_bench
+    from engine.serve.bench import run_vllm_bench
+    from engine.targets import load_target
+
+    target, draft = _trained_draft(tmp_path, family, capsys)
+    report = _engine(capsys, "validate", str(draft))
+    bench = dict(draft=str(draft), k=K, max_new_tokens=MAX_TOKENS, temperature=0.0, seed=0, dtype="float32",
+                 tokenize=True, pool=vllm_pool)
+    if not _served(family):
+        assert vr.NO_AUX_STATES_MESSAGE in report  # validate warns first
+        with pytest.raises(WorkbenchError) as refused:
+            run_vllm_bench(PROMPTS, methods=("draft",), **bench)
+        assert vr.NO_AUX_STATES_MESSAGE in str(refused.value)  # vLLM's own words
+        return
+    assert vr.NO_AUX_STATES_MESSAGE not in report
+    served = run_vllm_bench(PROMPTS, methods=("baseline", "draft"), **bench)["methods"]["draft"]
+    assert served["identical_to_baseline"], served["first_divergence"]
+    assert served["num_drafts"] > 0 and served["num_draft_tokens"] == K * served["num_drafts"]
+    ours = run_bench(load_target(str(target), dtype="fp32"), PROMPTS, methods=("draft",), draft=str(draft), k=K,
+                     params=SamplingParams(max_new_tokens=MAX_TOKENS), measure_cost=False, progress=False)
+    ours = ours["methods"]["draft"]
+    print(f"\n{family}: acceptance length vLLM {served['mean_acceptance_length']:.4f}, ours "
+          f"{ours['mean_acceptance_length']:.4f}; per position vLLM {served['per_position_acceptance']}, ours "
+          f"{ours['per_position_acceptance']}")
+    assert ours["mean_acceptance_length"] > 1.0  # the draft is accepted sometimes: the comparison means something
+    assert served["mean_acceptance_length"] == pytest.approx(ours["mean_acceptance_length"], rel=0.03)
+    for theirs, mine in zip(served["per_position_acceptance"], ours["per_position_acceptance"], strict=True):
+        assert theirs == pytest.approx(mine, abs=0.03)
+
+
+# -- the architectures vLLM cannot use as verifiers, re-derived from the installed vLLM ------------------------------
+
+
+def _vllm_models_dir() -> Path:
+    from engine.serve.venv import ensure_vllm_env
+
+    found = sorted(ensure_vllm_env().path.glob("lib/python3*/site-packages/vllm/model_executor/models"))
+    assert found, "vLLM's model folder is missing from its environment"
+    return found[0]
+
+
+def _classes(path: Path) -> tuple[dict[str, list[str]], dict[str, tuple[str, str]]]:
+    """A vLLM model module's classes (name -> base expressions) and its `from X import Y` names."""
+    if not path.exists():
+        return {}, {}
+    tree = ast.parse(path.read_text())
+    classes = {n.name: [ast.unparse(b) for b in n.bases] for n in ast.walk(tree) if isinstance(n, ast.ClassDef)}
+    imports = {a.asname or a.name: (n.module, a.name) for n in ast.walk(tree)
+               if isinstance(n, ast.ImportFrom) and n.module for a in n.names}
+    return classes, imports
+
+
+def _implements_eagle3(models: Path, module: str, name: str, depth: int = 0) -> bool:
+    """Whether class `name` of vLLM module `module` has SupportsEagle3 among its bases, followed through imports."""
+    classes, imports = _classes(models / f"{module}.py")
+    if depth > 8:
+        return False
+    if name not in classes:
+        if name not in imports:
+            return False
+        source, imported = imports[name]
+        return _implements_eagle3(models, source.replace("vllm.model_executor.models.", "").lstrip("."), imported,
+                                  depth + 1)
+    return any("SupportsEagle3" in base or _implements_eagle3(models, module, base.split("[")[0], depth + 1)
+               for base in classes[name] if base != "nn.Module")
+
+
+@pytest.mark.vllm
+def test_the_list_of_verifiers_without_aux_states_is_the_installed_vllms():
+    models = _vllm_models_dir()
+    registry = ast.parse((models / "registry.py").read_text())
+    text_models = next(n.value for n in ast.walk(registry) if isinstance(n, ast.Assign)
+                       and getattr(n.targets[0], "id", None) == "_TEXT_GENERATION_MODELS")
+    native = {k.value: (v.elts[0].value, v.elts[1].value) for k, v in zip(text_models.keys, text_models.values)
+              if isinstance(v, ast.Tuple) and v.elts[0].value != "transformers"}
+    without = {arch for arch, (module, name) in native.items() if not _implements_eagle3(models, module, name)}
+    assert without == vr.NO_AUX_STATE_ARCHITECTURES
+    served = {f for f in FAMILIES if _served(f)}
+    print(f"\nfamilies vLLM serves drafts for: {sorted(served)}; not: {sorted(set(FAMILIES) - served)}")
+    assert {"llama", "qwen3", "qwen3_moe", "gpt_oss"} <= served and "gemma2" not in served
+
+
+def test_validate_warns_about_a_verifier_without_aux_states(tmp_path):
+    from engine.format.validate import validate_draft
+
+    from test_vllm_serve import random_eagle3_draft
+
+    draft = random_eagle3_draft(tmp_path / "draft")
+    verifier = json.loads(json.dumps(tiny_config("gemma2", hidden_size=576, vocab_size=49152).to_dict()))
+    warned = [i for i in validate_draft(draft, verifier_config=verifier).warnings
+              if vr.NO_AUX_STATES_MESSAGE in i.message]
+    assert len(warned) == 1 and warned[0].severity == "warning" and "Gemma2ForCausalLM" in warned[0].message
+    llama = json.loads(json.dumps(tiny_config("llama", hidden_size=576, vocab_size=49152).to_dict()))
+    assert not [i for i in validate_draft(draft, verifier_config=llama).warnings
+                if vr.NO_AUX_STATES_MESSAGE in i.message]
