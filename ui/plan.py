@@ -28,6 +28,10 @@ def family_rows(plan: TargetPlan) -> list[dict[str, Any]]:
             {"fact": "tested end to end", "value": "yes: a tiny random checkpoint of this family runs extract, train, "
              "validate, evaluate and lossless generation with every algorithm (tests/engine/test_families.py)"
              if plan.tested_family else "no: not among the families the tests run; try a short run first"},
+            {"fact": "vLLM serves drafts beside it", "value": "yes: its vLLM class gives the draft its aux hidden "
+             "states (families table in the README)" if plan.vllm_without_aux_states is None else
+             f"no: vLLM's {plan.vllm_without_aux_states} class gives no aux hidden states, so vLLM stops at load "
+             "with any draft the workbench trains; in-process decoding runs them"},
             {"fact": "layers / width / vocabulary", "value": f"{plan.num_layers} / {plan.hidden_size} / "
                                                              f"{plan.vocab_size:,}"},
             {"fact": "target parameters", "value": f"{plan.parameters:,}"}]

@@ -7,5 +7,6 @@ template + assistant-only loss masks, previews), `regenerate` (on-policy answers
 vLLM server, `regenerate_dataset` the step the CLI, app and recipes run), `layer_ids` (which layer ids to
 capture), `store` (the on-disk format and its reader), `extract` (the driver and the transformers backend),
 `extraction_run` (what both extraction backends share: manifest header, resumable run, disk checks),
-`vllm_backend` (vLLM's `extract_hidden_states` path), `online` (hidden states computed while training).
+`vllm_backend` (vLLM's `extract_hidden_states` path, in this process or as a worker in vLLM's own
+environment: `vllm_side/workbench_hs_worker.py`), `online` (hidden states computed while training).
 """

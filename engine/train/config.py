@@ -50,7 +50,9 @@ class TrainConfig(BaseModel):
     max_length: int = Field(2048, ge=8, description="Samples are truncated to this many tokens.")
     grad_accum: int = Field(1, ge=1, description="Micro-batches per optimizer step.")
     clip_grad: float = Field(1.0, gt=0, description="Gradient norm clipping.")
-    precision: Literal["auto", "fp32", "bf16"] = Field("auto", description="auto = fp32 on CPU, bf16 autocast on GPU.")
+    precision: Literal["auto", "fp32", "bf16"] = Field(
+        "auto", description="auto = fp32 on CPU, bf16 autocast on GPU; bf16 = bf16 autocast on either (weights and "
+        "optimizer state stay fp32; on a CPU without native bf16 it is emulated and slow).")
     seed: int = Field(0, description="Seed for initialisation, shuffling and validation split.")
 
     # bookkeeping

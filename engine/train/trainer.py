@@ -260,7 +260,8 @@ class Trainer:
         return self._collate(self._samples(indices))
 
     def _forward(self, batch):
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.autocast and self.device.startswith("cuda")):
+        kind = "cuda" if self.device.startswith("cuda") else "cpu"
+        with torch.autocast(kind, dtype=torch.bfloat16, enabled=self.autocast and self.device.split(":")[0] == kind):
             return self.objective(self.model, batch)
 
     def _micro_step(self, batch) -> dict[str, float]:

@@ -81,6 +81,7 @@ def test_models_page_says_the_family_and_what_runs_need(runs, made):
              for row in d.value.to_dict("records")}
     assert facts["family"] == "Gemma 2" and "sqrt(H)" in facts["what a draft sees"]
     assert facts["tested end to end"].startswith("yes")
+    assert facts["vLLM serves drafts beside it"].startswith("no: vLLM's Gemma2ForCausalLM class")
     table = next(d.value for d in at.dataframe if "layer ids (extract)" in d.value.columns)
     assert len(table) == len(ALGOS.names())
     assert all(row.endswith("fits") for row in table["extraction disk"])

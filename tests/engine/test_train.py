@@ -582,3 +582,30 @@ def test_a_draft_whose_training_records_are_gone_gets_its_data_point_from_its_ca
     row = data_point(recipe)
     assert (row["conversations"], row["assistant_tokens"], row["training_tokens"]) == (2689, 534985, 2219535)
     assert row["mean_acceptance_length"] == 1.58 and row["algorithm"] == "eagle3" and row["target_dtype"] == "bf16"
+
+
+@pytest.mark.parametrize("precision,autocast", [("bf16", True), ("fp32", False), ("auto", False)])
+def test_cpu_precision_bf16_trains_under_bf16_autocast(tiny_targets, tiny_data, tmp_path, precision, autocast):
+    """`--precision bf16` on a CPU computes under bf16 autocast (it used to be ignored off CUDA); fp32 and auto do not;
+    the weights stay fp32 either way and the run learns."""
+    trainer = Trainer(config(tiny_targets["llama"], tiny_data, tmp_path / "run", max_steps=3, precision=precision,
+                             device="cpu"))
+    seen = []
+
+    class Watched:  # the objective, noting the autocast state it runs under
+        def __init__(self, objective):
+            self.objective = objective
+
+        def __call__(self, model, batch):
+            seen.append((torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")))
+            return self.objective(model, batch)
+
+        def __getattr__(self, name):
+            return getattr(self.objective, name)
+
+    trainer.objective = Watched(trainer.objective)
+    trainer.run()
+    assert seen and all(enabled == autocast for enabled, _ in seen)
+    assert all(dtype == torch.bfloat16 for enabled, dtype in seen if enabled)
+    assert all(p.dtype == torch.float32 for p in trainer.draft.parameters())
+    assert all(torch.isfinite(torch.tensor(r["loss"])) for r in read_metrics(tmp_path / "run") if r["split"] == "train")
