@@ -12,8 +12,9 @@ and whether it has AVX-512 BF16 or AMX).
 Throughput is also compared in --rounds short interleaved runs (ABBA: fp32, bf16, bf16, fp32, ...) of
 --round-steps steps each, since the machine is shared and one long run per side can meet a busy minute.
 
-    .venv/bin/python benchmarks/bench_train_precision.py --samples 200 --max-length 512 --epochs 1 --rounds 2 \\
-        --round-steps 8 --eval-prompts 10 --json benchmarks/results/train_precision/amd-epyc-zen4.json
+    .venv/bin/python benchmarks/bench_train_precision.py --samples 200 --max-length 512 --max-steps 40 \\
+        --tokens-per-batch 1024 --rounds 1 --round-steps 6 --eval-prompts 8 --eval-tokens 64 \\
+        --json benchmarks/results/train_precision/amd-epyc-zen4.json
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ def train(a, data: Path, precision: str, out: Path, *, max_steps: int | None = N
             "--tokens-per-batch", str(a.tokens_per_batch), "--seed", "0",
             "--out", str(out)]
     if max_steps is not None:
-        argv += ["--max-steps", str(max_steps), "--val-every", str(10 ** 6)]
+        argv += ["--max-steps", str(max_steps)]
     started = time.perf_counter()
     engine(argv, a.threads)
     wall = time.perf_counter() - started
@@ -106,6 +107,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--samples", type=int, default=200)
     ap.add_argument("--max-length", type=int, default=512)
     ap.add_argument("--epochs", type=int, default=1)
+    ap.add_argument("--max-steps", type=int, help="stop each full run after this many steps (same for both)")
     ap.add_argument("--tokens-per-batch", type=int, default=2048)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--warmup", type=int, default=2, help="steps dropped from each run's throughput")
@@ -120,7 +122,7 @@ def main(argv: list[str] | None = None) -> None:
     if not a.data:
         engine(["extract", "--dataset", "sharegpt", "--algo", ALGO, "--max-samples", str(a.samples),
                 "--max-length", str(a.max_length), "--out", str(data)], a.threads)
-    full = {p: train(a, data, p, work / f"full-{p}") for p in PRECISIONS}
+    full = {p: train(a, data, p, work / f"full-{p}", max_steps=a.max_steps) for p in PRECISIONS}
     taus = {p: evaluate(a, work / f"full-{p}" / "draft", work / f"eval-{p}.json") for p in PRECISIONS}
     ratios = []
     for r in range(a.rounds):
@@ -133,8 +135,8 @@ def main(argv: list[str] | None = None) -> None:
               "date": time.strftime("%Y-%m-%d"), "threads": a.threads, "algo": ALGO,
               "data": {"samples": manifest.get("samples"), "tokens": manifest.get("tokens"),
                        "max_length": manifest.get("max_length"), "target": manifest.get("target")},
-              "settings": {k: getattr(a, k) for k in ("epochs", "tokens_per_batch", "warmup", "rounds", "round_steps",
-                                                      "eval_prompts", "eval_tokens")},
+              "settings": {k: getattr(a, k) for k in ("epochs", "max_steps", "tokens_per_batch", "warmup", "rounds",
+                                                      "round_steps", "eval_prompts", "eval_tokens")},
               "full": full, "evaluate": taus,
               "full_ratio": full["bf16"]["tokens_per_s_median"] / full["fp32"]["tokens_per_s_median"],
               "round_ratios": ratios, "round_ratio_median": statistics.median(ratios),

