@@ -118,13 +118,13 @@ def extract_dataset(target: str | None, dataset: str, out: str | Path, *, layers
     if backend == "vllm":
         from transformers import AutoConfig, AutoTokenizer
 
-        from engine.data.vllm_backend import refuse_without_aux_states, require_vllm
+        from engine.data.vllm_backend import refuse_unsupported_target, require_vllm
         from engine.targets import resolve_target
 
         require_vllm()
         ref = resolve_target(target)
         config = AutoConfig.from_pretrained(ref.path)
-        refuse_without_aux_states(config.to_dict(), ref.path)
+        refuse_unsupported_target(config.get_text_config().to_dict(), ref.path)
         info = TargetInfo.from_config(ref, config)
         tokenizer, tgt = AutoTokenizer.from_pretrained(ref.path), None
     else:

@@ -72,15 +72,25 @@ def require_vllm() -> None:
                                   "--backend transformers")
 
 
-def refuse_without_aux_states(target_config: dict, target: str) -> None:
-    """Refuse a target whose vLLM model class gives no aux hidden states (vLLM would stop after loading it)."""
+def refuse_unsupported_target(target_config: dict, target: str) -> None:
+    """Refuse, before vLLM starts, a target vLLM would stop on: a model class that gives no aux hidden states, or on
+    vLLM's CPU build an attention head size it has no kernel for."""
+    from engine.format.validate import VLLM_CPU_HEAD_SIZES
     from engine.format.vllm_rules import NO_AUX_STATES_MESSAGE, verifier_without_aux_states
+    from engine.serve.venv import read_stamp
 
+    hint = "use --backend transformers, which extracts from any target"
     arch = verifier_without_aux_states(target_config)
     if arch is not None:
         raise WorkbenchError(f"vLLM cannot extract hidden states from {target}: its {arch} class gives no aux hidden "
                              f"states (vLLM stops at load with a RuntimeError ending '{NO_AUX_STATES_MESSAGE}')",
-                             hint="use --backend transformers, which extracts from any target")
+                             hint=hint)
+    env = read_stamp() if _in_process_reason() is not None else None
+    width, heads = target_config.get("hidden_size"), target_config.get("num_attention_heads")
+    head = target_config.get("head_dim") or (width // heads if isinstance(width, int) and heads else None)
+    if env is not None and env.flavor == "cpu" and isinstance(head, int) and head not in VLLM_CPU_HEAD_SIZES:
+        raise WorkbenchError(f"vLLM's CPU build cannot extract hidden states from {target}: its attention head size "
+                             f"is {head}, and the CPU build runs only {list(VLLM_CPU_HEAD_SIZES)}", hint=hint)
 
 
 def speculative_config(layer_ids: Sequence[int]) -> dict:

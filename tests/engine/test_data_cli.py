@@ -82,12 +82,23 @@ def test_regenerate_end_to_end(tiny_targets, chats, tmp_path):
     assert rows and all(r["messages"][-1]["role"] == "assistant" for r in rows)
 
 
-def test_vllm_backend_without_vllm_is_a_clear_cli_error(tiny_targets, chats, tmp_path):
-    proc = _engine("extract", "--target", str(tiny_targets["llama"]), "--dataset", str(chats), "--backend", "vllm",
-                   "--out", str(tmp_path / "hs"), check=False)
+def test_vllm_backend_without_vllm_is_a_clear_cli_error(tiny_targets, chats, tmp_path, monkeypatch):
+    """No vLLM here and no vLLM environment: refused up front; vLLM's CPU build with a head size it has no kernel for
+    (the tiny targets' 16): refused up front too, before any vLLM starts."""
+    argv = ("extract", "--target", str(tiny_targets["llama"]), "--dataset", str(chats), "--backend", "vllm",
+            "--out", str(tmp_path / "hs"))
+    monkeypatch.setenv("WORKBENCH_VLLM_VENV", str(tmp_path / "no-vllm-env"))
+    proc = _engine(*argv, check=False)
     if proc.returncode == 0:
-        pytest.skip("vLLM with a GPU is available here")
+        pytest.skip("vLLM with a GPU is available in this environment")
     assert proc.returncode == 2 and "cannot run" in proc.stderr and "--backend transformers" in proc.stderr
+    monkeypatch.delenv("WORKBENCH_VLLM_VENV")
+    from engine.serve.venv import read_stamp
+
+    if read_stamp() is not None and read_stamp().flavor == "cpu":
+        proc = _engine(*argv, check=False)
+        assert proc.returncode == 2 and "head size is 16" in proc.stderr and "--backend transformers" in proc.stderr
+        assert not (tmp_path / "hs").exists()
 
 
 def test_extract_as_a_background_job_reports_progress(tiny_targets, chats, tmp_path):
