@@ -221,3 +221,17 @@ def test_per_cpu_step_cost_and_baseline_tables_are_their_records(heading, slug, 
     [auto] = [v for k, v in baseline["tokens_per_s"].items() if k.startswith("engine baseline (auto")]
     fastest = max(v for k, v in baseline["tokens_per_s"].items() if k.startswith("transformers"))
     assert (auto >= fastest) == ("is **met** here" in chapter)
+
+
+def test_training_precision_table_is_its_record():
+    """fp32 vs bf16 autocast training on a CPU: the table is the record as the script prints it, with its command."""
+    import sys
+
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.bench_train_precision import table
+
+    chapter = _chapter(DOC.read_text(), "## Training precision on a CPU")
+    record = _record("train_precision/amd-epyc-zen4.json")
+    assert "benchmarks/results/train_precision/amd-epyc-zen4.json" in chapter and "AMD EPYC" in record["cpu"]
+    assert record["command"] in chapter.replace(".venv/bin/python", "python")
+    assert table(record) in chapter
