@@ -282,8 +282,9 @@ def vllm_files(model: str, layer_ids: Sequence[int], storage: Path, *, dtype: st
         cpu = {"cpu": True, "enforce_eager": True} if env.flavor == "cpu" else {}  # as the CPU server runs
         job = {"llm": llm_kwargs(model, layer_ids, storage, **cpu, **kwargs),
                "sampling": sampling_kwargs()}
-        log.info("starting vLLM (%s build) in %s; its log: %s", env.flavor, env.path, _worker_log())
-        worker = VllmWorker(env, job, _worker_log())
+        log_path = _worker_log()
+        log.info("starting vLLM (%s build) in %s; its log: %s", env.flavor, env.path, log_path)
+        worker = VllmWorker(env, job, log_path)
         try:
             yield worker.paths
         finally:
