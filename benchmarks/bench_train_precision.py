@@ -95,8 +95,9 @@ def table(result: dict) -> str:
                      f"{tau['1']:.3f} | {tau['2']:.3f} | {tau['3']:.3f} |")
     ratios = ", ".join(f"{r:.2f}×" for r in result["round_ratios"])
     lines.append("")
+    flags = result["bf16_flags"] or "no native bf16"
     lines.append(f"bf16 / fp32 tokens/s: full runs {result['full_ratio']:.2f}×; interleaved rounds {ratios} "
-                 f"(median {result['round_ratio_median']:.2f}×). CPU: {result['cpu']} ({result['bf16_flags'] or 'no native bf16'})")
+                 f"(median {result['round_ratio_median']:.2f}×). CPU: {result['cpu']} ({flags})")
     return "\n".join(lines)
 
 
