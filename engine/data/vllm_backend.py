@@ -75,7 +75,7 @@ def require_vllm() -> None:
 def refuse_unsupported_target(target_config: dict, target: str) -> None:
     """Refuse, before vLLM starts, a target vLLM would stop on: a model class that gives no aux hidden states, or on
     vLLM's CPU build an attention head size it has no kernel for."""
-    from engine.format.validate import VLLM_CPU_HEAD_SIZES
+    from engine.format.validate import VLLM_CPU_HEAD_SIZES, head_size
     from engine.format.vllm_rules import NO_AUX_STATES_MESSAGE, verifier_without_aux_states
     from engine.serve.venv import read_stamp
 
@@ -86,8 +86,7 @@ def refuse_unsupported_target(target_config: dict, target: str) -> None:
                              f"states (vLLM stops at load with a RuntimeError ending '{NO_AUX_STATES_MESSAGE}')",
                              hint=hint)
     env = read_stamp() if _in_process_reason() is not None else None
-    width, heads = target_config.get("hidden_size"), target_config.get("num_attention_heads")
-    head = target_config.get("head_dim") or (width // heads if isinstance(width, int) and heads else None)
+    head = head_size(target_config)
     if env is not None and env.flavor == "cpu" and isinstance(head, int) and head not in VLLM_CPU_HEAD_SIZES:
         raise WorkbenchError(f"vLLM's CPU build cannot extract hidden states from {target}: its attention head size "
                              f"is {head}, and the CPU build runs only {list(VLLM_CPU_HEAD_SIZES)}", hint=hint)
@@ -221,15 +220,11 @@ class VllmWorker:
         raise self._failure()
 
     def _failure(self) -> WorkbenchError:
-        from engine.jobs import tail
-        from engine.serve.server import vllm_error_lines
+        from engine.serve.server import vllm_failure
 
         self.proc.wait(timeout=60)
-        errors = vllm_error_lines(tail(self.log_path, 400))
-        said = "\n".join(f"  {e}" for e in errors[:3]) or "  (no error line found)"
-        return WorkbenchError(f"vLLM's extraction worker stopped (exit code {self.proc.returncode}).\nvLLM says:\n"
-                              f"{said}\nLast lines of {self.log_path}:\n{tail(self.log_path, 15)}",
-                              hint="fix what vLLM reports above, or use --backend transformers")
+        return vllm_failure(f"vLLM's extraction worker stopped (exit code {self.proc.returncode})", self.log_path,
+                            hint="fix what vLLM reports above, or use --backend transformers", last_lines=15)
 
     def paths(self, token_ids: Sequence[Sequence[int]]) -> list[Path]:
         """Extract one chunk of prompts; the connector's file of each, in order."""

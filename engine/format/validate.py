@@ -403,7 +403,8 @@ _local_config = find_verifier_config
 VLLM_CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 
 
-def _head_size(config: dict[str, Any]) -> int | None:
+def head_size(config: dict[str, Any]) -> int | None:
+    """A model config's attention head size: its head_dim, else hidden_size / num_attention_heads."""
     head = config.get("head_dim")
     if isinstance(head, int):
         return head
@@ -419,7 +420,7 @@ def _cpu_build_rules(cfg: dict[str, Any], verifier: dict[str, Any] | None, repor
         else verifier
     for field, what, config in (("transformer_layer_config.head_dim", "the draft's", tlc),
                                 ("speculators_config.verifier", "the verifier's", vcfg or {})):
-        head = _head_size(config)
+        head = head_size(config)
         if head is not None and head not in VLLM_CPU_HEAD_SIZES:
             report.add(Issue(field, f"{what} attention head size is {head}: vLLM's CPU build (vllm-cpu 0.32.0) runs "
                              f"only head sizes {list(VLLM_CPU_HEAD_SIZES)} and refuses to start with it, so "

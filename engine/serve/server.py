@@ -282,6 +282,15 @@ def vllm_error_lines(text: str) -> list[str]:
     return sorted(seen, key=lambda s: any(g in s for g in _GENERIC))
 
 
+def vllm_failure(message: str, log_path: Path, *, hint: str, last_lines: int = 25) -> WorkbenchError:
+    """An error for a vLLM process that stopped: `message`, vLLM's own error lines (root causes first) and the end
+    of its log."""
+    errors = vllm_error_lines(tail(log_path, 400))
+    said = "\n".join(f"  {e}" for e in errors[:3]) or "  (no error line found)"
+    return WorkbenchError(f"{message}.\nvLLM says:\n{said}\nLast lines of {log_path}:\n{tail(log_path, last_lines)}",
+                          hint=hint)
+
+
 def vllm_process_env(venv: VllmEnv, *, kv_cache_gib: float | None = None) -> dict[str, str]:
     """The environment of a vLLM process from `venv`: this one's without our own python paths, the flavour's runtime
     (tcmalloc, OpenMP), no usage reports, and on CPU the KV cache's size (VLLM_CPU_KVCACHE_SPACE, GiB)."""
@@ -422,13 +431,8 @@ class VllmServer:
             time.sleep(poll)
 
     def _failure(self, message: str, *, hint: str | None = None) -> WorkbenchError:
-        text = tail(self.log_path, 400)
-        errors = vllm_error_lines(text)
-        said = "\n".join(f"  {e}" for e in errors[:3]) or "  (no error line found)"
-        return WorkbenchError(
-            f"{message}.\nvLLM says:\n{said}\nLast lines of {self.log_path}:\n{tail(self.log_path, 25)}",
-            hint=hint or "fix what vLLM reports above (for a draft: `python -m engine validate <draft>` shows "
-            "the same rules), then start the server again")
+        return vllm_failure(message, self.log_path, hint=hint or "fix what vLLM reports above (for a draft: "
+                            "`python -m engine validate <draft>` shows the same rules), then start the server again")
 
     def stop(self, grace: float = 20.0) -> None:
         """SIGTERM to the process group, SIGKILL after `grace` seconds."""

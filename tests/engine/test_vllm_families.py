@@ -6,7 +6,7 @@ warns about them before anything starts.
 
 The targets are 128 wide with 4 heads (head size 32: the CPU build's attention has no kernel for the 16 of the
 in-process family tests). Each cell starts two vLLM servers (about 40 s each on 2 cores), so one family runs by
-default and the others with `-m slow`. The drafts accept little (random targets are hard to predict: 1.02-1.28),
+default and the others with `-m slow`. The drafts accept little (random targets are hard to predict),
 so this checks that both engines count the same, not a draft's quality.
 """
 
