@@ -87,8 +87,9 @@ def read_extraction(folder: Path) -> tuple[dict, list[int], list[list[int]], lis
     return manifest, indices, ids, masks
 
 
-def build_speculators_data(folder: Path, out: Path) -> dict:
-    """What speculators' trainer reads, built from our files (the hidden states are linked, not copied).
+def build_speculators_data(folder: Path, out: Path, order: list[int] | None = None) -> dict:
+    """What speculators' trainer reads, built from our files (the hidden states are linked, not copied); `order`:
+    which of our samples (positions) become its rows, in that order (default: all, as they are).
 
     out/            Arrow dataset (input_ids int64, loss_mask int64, seq_len; torch format) via save_to_disk
     out/hidden_states/hs_{j}.safetensors -> folder/hs_{i}.safetensors  (j = Arrow row; its FileTransfer name)
@@ -103,15 +104,17 @@ def build_speculators_data(folder: Path, out: Path) -> dict:
     if not manifest.get("includes_last_layer") or layers[-1] != n:
         raise SystemExit(f"{folder} lacks the target's last layer {n} (layers {layers}): speculators' loader "
                          "takes hidden_states[:, -1] as the verifier's last hidden state; extract with --algo eagle3")
+    order = list(range(len(ids))) if order is None else order
     if out.exists():
         shutil.rmtree(out)
-    ds = Dataset.from_dict({"input_ids": ids, "loss_mask": masks, "seq_len": [len(x) for x in ids]})
+    ds = Dataset.from_dict({"input_ids": [ids[p] for p in order], "loss_mask": [masks[p] for p in order],
+                            "seq_len": [len(ids[p]) for p in order]})
     ds.set_format(type="torch")
     ds.save_to_disk(str(out))
     hs = out / "hidden_states"
     hs.mkdir()
-    for j, i in enumerate(indices):
-        (hs / f"hs_{j}.safetensors").symlink_to(folder.resolve() / f"hs_{i}.safetensors")
+    for j, p in enumerate(order):
+        (hs / f"hs_{j}.safetensors").symlink_to(folder.resolve() / f"hs_{indices[p]}.safetensors")
     counts = load_file(str(folder / "token_freq.safetensors"))["counts"]
     nz = torch.nonzero(counts).flatten()
     torch.save(dict(zip(nz.tolist(), counts[nz].tolist())), out / "token_freq.pt")

@@ -235,3 +235,43 @@ def test_training_precision_table_is_its_record():
     assert "benchmarks/results/train_precision/amd-epyc-zen4.json" in chapter and "AMD EPYC" in record["cpu"]
     assert record["command"] in chapter.replace(".venv/bin/python", "python")
     assert table(record) in chapter
+
+
+def test_training_outcome_table_is_its_record():
+    """The four algorithms x two trainers (and ours under bf16) table is the record's, and names its command."""
+    from benchmarks.bench_train_quality import table
+
+    chapter = _chapter(DOC.read_text(), "## Training outcome: our trainers vs speculators 0.9.0's")
+    record = _record("train_quality/amd-epyc-zen4.json")
+    assert "benchmarks/results/train_quality/amd-epyc-zen4.json" in chapter and "AMD EPYC" in record["cpu"]
+    assert record["command"] in chapter.replace(".venv/bin/python", "python")
+    assert table(record["results"]) in chapter
+    assert set(record["results"]) == {"eagle3", "dflash", "peagle", "dspark"}
+
+
+def test_vllm_data_cost_table_is_its_record():
+    """The recipe way against the vLLM-only way, per conversation, is the record's (AMD EPYC Zen 4)."""
+    from benchmarks.bench_data_cost import table
+
+    text = _section(DOC.read_text(), "### The recipes' way against vLLM only")
+    record = _record("data_cost/amd-epyc-zen4-vllm.json")
+    assert "benchmarks/results/data_cost/amd-epyc-zen4-vllm.json" in text and "AMD EPYC" in record["cpu"]
+    assert record["command"] in text.replace(".venv/bin/python", "python")
+    assert table(record) in text
+    check = record["checks"][0]
+    assert check["rows_equal"] == check["conversations"] and check["samples_equal"] == check["samples"]
+
+
+def test_the_training_outcome_benchmark_refuses_a_work_folder_it_did_not_make(tmp_path):
+    """It removes run folders inside --work: a folder of the user's is refused before anything is touched."""
+    import subprocess
+    import sys
+
+    work = tmp_path / "mine"
+    (work / "eagle3" / "ours").mkdir(parents=True)
+    (work / "eagle3" / "ours" / "notes.txt").write_text("the user's")
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_train_quality.py"), "--train-jsonl", "x",
+                           "--val-jsonl", "y", "--work", str(work)], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode != 0 and "did not write" in proc.stderr and "Traceback" not in proc.stderr
+    assert (work / "eagle3" / "ours" / "notes.txt").read_text() == "the user's"
+    assert not (work / ".bench-train-quality").exists()

@@ -40,6 +40,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--forecast", action="store_true",
                    help="measure the target's verify cost and the draft's cost per step here and forecast the speedup")
     p.add_argument("--dtype", choices=DECODE_DTYPES, default="auto", help=DECODE_DTYPE_HELP)
+    p.add_argument("--all-drafts", action="store_true",
+                   help="verify every drafted token: a proposer's own cut (fewer drafts when it is not confident) "
+                        "is not applied, so the table scores the draft's tokens alone, not what decoding would verify")
     p.add_argument("--walks", action="store_true", help="keep each sample's accepted-count sequence in the JSON")
     p.add_argument("--json", dest="json_out", default=None, help="write the result JSON here")
     p.add_argument("--write-card", action="store_true",
@@ -59,9 +62,11 @@ def run(args: argparse.Namespace) -> int:
                             dataset=None if args.data else args.dataset, num_prompts=args.num_prompts,
                             max_new_tokens=args.max_new_tokens or None, ks=args.k,
                             max_prompt_chars=args.max_prompt_chars, seed=args.seed, measure_speed=args.forecast,
-                            keep_walks=args.walks, temperature=args.temperature, dtype=args.dtype)
+                            keep_walks=args.walks, temperature=args.temperature, dtype=args.dtype,
+                            all_drafts=args.all_drafts)
     print(f"{result['algorithm']} draft {result['draft']} on {result['num_samples']} held-out samples "
-          f"({result['seconds']:.1f} s for the draft pass); greedy decoding, vLLM's definitions:\n")
+          f"({result['seconds']:.1f} s for the draft pass); greedy decoding, vLLM's definitions"
+          + (", every drafted token verified (no proposer cut)" if args.all_drafts else "") + ":\n")
     print(format_table(result, result.get("forecast")))
     if args.temperature > 0:
         print(f"\nsampled decoding at temperature {args.temperature} (an expectation from p and q, not a walk):")

@@ -27,12 +27,14 @@ ANSWERS_SPAN, WALK_END = (0.0, 0.85), 0.95
 
 def evaluate_samples(algorithm, draft, samples: Iterable[HeldOutSample], ks: Sequence[int], *,
                      max_new_tokens: int | None = None, keep_walks: bool = False, temperature: float = 0.0,
-                     progress: bool = False, span: tuple[float, float] | None = None) -> dict[str, Any]:
+                     progress: bool = False, span: tuple[float, float] | None = None,
+                     all_drafts: bool = False) -> dict[str, Any]:
     """Decoding-exact acceptance of `draft` for each k in `ks` on held-out greedy target outputs (the job's
     progress within `span`).
 
     With `temperature` > 0 (samples with `target_logits`), also the expected acceptance of sampled decoding
-    (sum of min(p, q) per position, teacher-forced) at the greedy walk's states: labelled an expectation."""
+    (sum of min(p, q) per position, teacher-forced) at the greedy walk's states: labelled an expectation.
+    `all_drafts` verifies every drafted token: a proposer's own cut (`walk_counts`) is not applied."""
     ks = sorted(set(int(k) for k in ks))
     if not ks or ks[0] < 1:
         raise WorkbenchError(f"k must be at least 1, got {ks}", hint="e.g. --k 1,2,3,4,5")
@@ -49,7 +51,8 @@ def evaluate_samples(algorithm, draft, samples: Iterable[HeldOutSample], ks: Seq
     n = 0
     for sample in tracked(samples, desc="draft pass over the held-out samples", span=span, unit="sample",
                           enabled=progress):
-        a_big, cuts = algorithm.walk_counts(draft, sample.aux, sample.token_ids, big)
+        a_big, cuts = ((algorithm.acceptance_counts(draft, sample.aux, sample.token_ids, big), None) if all_drafts
+                       else algorithm.walk_counts(draft, sample.aux, sample.token_ids, big))
         a_big, cuts = a_big.tolist(), cuts.tolist() if cuts is not None else None
         chances = None
         if temperature > 0:
@@ -76,7 +79,7 @@ def evaluate_samples(algorithm, draft, samples: Iterable[HeldOutSample], ks: Seq
     if not n:
         raise WorkbenchError("no held-out samples to evaluate", hint="give extracted val data or more prompts")
     out = {"num_samples": n, "seconds": seconds, "ks": ks, "by_k": {str(k): results[k].to_dict() for k in ks},
-           "temperature": temperature,
+           "temperature": temperature, "all_drafts": all_drafts,
            "out_of_draft_vocab_fraction": out_of_vocab / answer_tokens if answer_tokens else None}
     best = max(ks, key=lambda k: results[k].to_dict()["mean_acceptance_length"] or 0.0)
     out["best_k"] = best
@@ -170,7 +173,7 @@ def evaluate_draft(*, draft: str | None = None, target: str | None = None, data:
                    dataset: str | None = "sharegpt", num_prompts: int = 20, max_new_tokens: int | None = 128,
                    ks: Sequence[int] | None = None, max_prompt_chars: int = 1500, seed: int = 0,
                    measure_speed: bool = False, keep_walks: bool = False, temperature: float = 0.0,
-                   progress: bool = True, dtype: str = "auto") -> dict[str, Any]:
+                   progress: bool = True, dtype: str = "auto", all_drafts: bool = False) -> dict[str, Any]:
     """`python -m engine evaluate` as a function: offline from extracted held-out files (`data`), or online from
     held-out prompts of `dataset` (the target answers each once); optionally with the speedup forecast."""
     from engine.generate.api import default_draft, draft_algorithm
@@ -204,7 +207,7 @@ def evaluate_draft(*, draft: str | None = None, target: str | None = None, data:
                                    span=ANSWERS_SPAN)
         source = {"dataset": dataset, "held_out_prompts": len(prompts)}
     result = evaluate_samples(algorithm, model, samples, ks, max_new_tokens=max_new_tokens, keep_walks=keep_walks,
-                              temperature=temperature, progress=progress,
+                              temperature=temperature, progress=progress, all_drafts=all_drafts,
                               span=(ANSWERS_SPAN[1] if not data else 0.0, WALK_END if measure_speed else 1.0))
     result.update(source, draft=str(draft_path), algorithm=algorithm.name, max_new_tokens=max_new_tokens,
                   draft_k=model.config.speculative_tokens, target_dtype=dtype_name(tgt.dtype),

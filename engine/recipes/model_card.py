@@ -439,8 +439,10 @@ def _data_line(facts: dict[str, Any], algo) -> str:
     return line
 
 
-def missed_goals(bench: dict[str, Any], vllm_bench: dict[str, Any], goals: dict[str, Any]) -> list[str]:
-    """Each goal the records miss, with the measured figure and the gap."""
+def missed_goals(bench: dict[str, Any], vllm_bench: dict[str, Any], goals: dict[str, Any],
+                 conversations: int | None = None) -> list[str]:
+    """Each goal the records miss, with the measured figure and the gap (`conversations`: how many the draft
+    trained on, judged against the `conversations` goal)."""
     draft = bench.get("methods", {}).get("draft", {})
     tau, speedup = draft.get("mean_acceptance_length"), draft.get("speedup")
     vllm_speedup = ((vllm_bench or {}).get("methods", {}).get("draft") or {}).get("speedup")
@@ -456,7 +458,20 @@ def missed_goals(bench: dict[str, Any], vllm_bench: dict[str, Any], goals: dict[
     if vllm_speedup and goal_vllm and vllm_speedup < goal_vllm:
         missed.append(f"≥ {goal_vllm}× in real vLLM on this CPU{goals.get('vllm_speedup_why', '')} (this draft: "
                       f"{vllm_speedup:.2f}×, short by {goal_vllm - vllm_speedup:.2f})")
+    goal_data = goals.get("conversations")
+    if conversations and goal_data and conversations < goal_data:
+        missed.append(f"training data of ≥ {goal_data:,} conversations (this draft: {conversations:,}, "
+                      f"{goal_data / conversations:.1f}× short)")
     return missed
+
+
+def card_conversations(lines: list[str]) -> int | None:
+    """The number of conversations a card's Data section says the draft trained on (its hidden-states line)."""
+    for line in lines:
+        found = re.match(r"- Hidden states: ([0-9,]+) samples", line)
+        if found:
+            return int(found.group(1).replace(",", ""))
+    return None
 
 
 def _step_cost_line(bench: dict[str, Any], goals: dict[str, Any]) -> str:
@@ -478,7 +493,7 @@ def _goals(facts: dict[str, Any], algo=None) -> list[str]:
     """When the goals are missed: by how much, and what the records say limits them."""
     bench, m, goals = facts["bench"], facts["manifest"], facts["goals"]
     draft = bench.get("methods", {}).get("draft", {})
-    missed = missed_goals(bench, facts.get("vllm_bench") or {}, goals)
+    missed = missed_goals(bench, facts.get("vllm_bench") or {}, goals, m.get("samples"))
     if not draft.get("mean_acceptance_length") or not draft.get("speedup") or not missed:
         return []
 
@@ -536,7 +551,7 @@ def _refresh_goals(lines: list[str], bench: dict[str, Any], vllm_bench: dict[str
     if start is None:
         return
     end = next((j for j in range(start + 1, len(lines)) if lines[j].startswith("## ")), len(lines))
-    missed = missed_goals(bench, vllm_bench, goals)
+    missed = missed_goals(bench, vllm_bench, goals, card_conversations(lines))
     body = [line for line in lines[start + 1:end] if not line.startswith(
         ("The goals were", "Goals missed:", "All goals", "- **Cost of a step on this CPU.**", "- **In vLLM**"))]
     head = ["Goals missed: " + "; ".join(missed) + "." if missed else

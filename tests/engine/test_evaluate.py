@@ -30,6 +30,33 @@ def test_walk_follows_the_engine_rules():
     assert w.accepted[:3] == [2, 1, 0]  # q = 5 -> 8 -> 10 -> 11
 
 
+class _CuttingAlgorithm:
+    """An algorithm whose drafts would all be right (2 of 2) but whose proposer's cut verifies none of them."""
+
+    def max_k(self, config):
+        return None
+
+    def draft_vocabulary(self, draft):
+        return None
+
+    def acceptance_counts(self, draft, aux, token_ids, k):
+        return torch.full((token_ids.numel(),), k, dtype=torch.long)
+
+    def walk_counts(self, draft, aux, token_ids, k):
+        counts = self.acceptance_counts(draft, aux, token_ids, k)
+        return torch.zeros_like(counts), torch.zeros_like(counts)
+
+
+def test_all_drafts_scores_the_drafts_a_proposers_cut_would_not_verify():
+    from types import SimpleNamespace
+
+    samples, draft = [_sample(20, 5)], SimpleNamespace(config=None)
+    cut = evaluate_samples(_CuttingAlgorithm(), draft, samples, [2])
+    every = evaluate_samples(_CuttingAlgorithm(), draft, samples, [2], all_drafts=True)
+    assert cut["by_k"]["2"]["num_drafts"] == 0 and not cut["all_drafts"]
+    assert every["all_drafts"] and every["by_k"]["2"]["mean_acceptance_length"] == 3.0  # 14 tokens: 3+3+3+3+2
+
+
 def _decode(target, runner_cls, proposer, ids, params, k):
     from engine.generate.speculative import generate
 

@@ -609,3 +609,18 @@ def test_cpu_precision_bf16_trains_under_bf16_autocast(tiny_targets, tiny_data, 
     assert all(dtype == torch.bfloat16 for enabled, dtype in seen if enabled)
     assert all(p.dtype == torch.float32 for p in trainer.draft.parameters())
     assert all(torch.isfinite(torch.tensor(r["loss"])) for r in read_metrics(tmp_path / "run") if r["split"] == "train")
+
+
+def test_a_data_goal_is_judged_against_the_conversations_the_card_says_the_draft_trained_on(tmp_path):
+    """`goals: conversations:` is missed with the factor still to go, read from the card's hidden-states line;
+    a draft trained on enough data misses nothing on that count."""
+    from engine.recipes.model_card import card_conversations, missed_goals
+
+    lines = (ROOT / "tests" / "fixtures" / "card-eagle3-fp32.md").read_text().splitlines()
+    assert card_conversations(lines) == 2689
+    bench = {"k": 3, "methods": {"draft": {"mean_acceptance_length": 1.9, "speedup": 1.2}}}
+    goals = {"mean_acceptance_length": 1.8, "speedup": 1.1, "conversations": 10756}
+    assert missed_goals(bench, {}, goals, 2689) == [
+        "training data of ≥ 10,756 conversations (this draft: 2,689, 4.0× short)"]
+    assert missed_goals(bench, {}, goals, 10756) == []
+    assert card_conversations(["## Data", "- Prompts: 12 conversations"]) is None

@@ -73,27 +73,15 @@ def element_rows(batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Te
     return anchor, depth, anchor + depth
 
 
-@torch.no_grad()
-def top1_in_draft_vocab(verifier_last: torch.Tensor, norm, head: torch.Tensor, t2d: torch.Tensor,
-                        chunk: int = 256) -> torch.Tensor:
-    """verifier_last [T, Ht] -> bool [T]: the target's top-1 over its full vocabulary is a draft token (chunked:
-    [chunk, V] logits at a time)."""
-    out = []
-    for part in verifier_last.split(chunk):
-        out.append(t2d[(norm(part.float()) @ head.float().T).argmax(-1)])
-    return torch.cat(out) if out else torch.zeros(0, dtype=torch.bool, device=verifier_last.device)
-
-
 class PEagleObjective:
-    """Forward KL to the target on every sampled (anchor, depth) element, all weighted alike (speculators: no depth
-    decay); elements outside the loss, or whose target top-1 is not a draft token, are dropped."""
+    """Forward KL to the target (its distribution over the draft vocabulary) on every sampled (anchor, depth)
+    element in the loss, all weighted alike, as speculators 0.9.0 trains it (no depth decay, no filter on the
+    target's top-1: checking that over the full vocabulary cost a [T, V] head product per step)."""
 
     def __init__(self, draft: PEagleDraft, verifier, *, num_depths: int, device: str):
         self.num_depths = num_depths
         self.norm = verifier.final_norm_fn()
         head = verifier.head_weight
-        self.t2d = draft.t2d.to(device) if draft.t2d is not None else None
-        self.full_head = head.to(device) if draft.t2d is not None else None
         self.head_rows = (head[draft.t2d.cpu()] if draft.t2d is not None else head).to(device)  # [Vd, H]
 
     def __call__(self, model, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
@@ -102,8 +90,6 @@ class PEagleObjective:
         anchor, depth, row = element_rows(batch)
         last = batch["verifier_last"][0]                                          # [T, Ht]
         valid = batch["loss_mask"][0].bool()                                      # [T] per target row
-        if self.t2d is not None:
-            valid = valid & top1_in_draft_vocab(last, self.norm, self.full_head, self.t2d)
         targets = target_logits(last, self.norm, self.head_rows)                 # [T, Vd]
         keep = valid[row]                                                         # [T+M]
         kl = forward_kl(logits[keep], torch.softmax(targets[row[keep]], -1))
