@@ -1,5 +1,5 @@
-"""speculators 0.9.0 beside our EAGLE-3 model: load a draft folder in both and compare the logits of each
-training-time-test step on the same random inputs."""
+"""speculators 0.9.0 beside our EAGLE-3 model: load a draft folder in both, compare the logits of each
+training-time-test step on the same random inputs, and count acceptance from speculators' logits."""
 
 from __future__ import annotations
 
@@ -36,3 +36,40 @@ def logit_gaps(ref, ours, vocab_size: int, *, tokens: int, steps: int) -> list[f
     hook.remove()
     assert len(theirs) == steps
     return [float((theirs[k] - mine[k].float()).abs().max()) for k in range(steps)]
+
+
+@torch.no_grad()
+def reference_step_logits(ref, aux: torch.Tensor, token_ids: torch.Tensor, k: int) -> list[torch.Tensor]:
+    """k x [T-1, Vd]: speculators' training-time-test logits over a held-out sequence, aligned as our
+    `engine.algos.eagle3.evaluate.step_logits` aligns ours (aux [T, A*Ht], token_ids [T])."""
+    t = int(token_ids.shape[0])
+    ids = token_ids.long().view(1, -1)[:, 1:]                      # [1, T-1]: x_1..x_{T-1}
+    g = aux[:-1].float().unsqueeze(0)                                # [1, T-1, A*Ht]: g_0..g_{T-2}
+    steps: list[torch.Tensor] = []
+    hook = ref.lm_head.register_forward_hook(lambda m, i, o: steps.append(o.detach().float()[0]))
+    try:
+        ref(hidden_states=g, input_ids=ids, document_ids=torch.zeros_like(ids),
+            position_ids=torch.arange(1, t).view(1, -1), ttt_steps=k)
+    finally:
+        hook.remove()
+    return steps
+
+
+class ReferenceEagle3:
+    """Our registered EAGLE-3 algorithm with speculators' model computing the draft logits: `evaluate_samples`
+    then gives the acceptance that speculators' draft reaches on the same held-out samples."""
+
+    def __init__(self, algorithm, ref):
+        self._algorithm, self._ref = algorithm, ref
+
+    def __getattr__(self, name: str):
+        return getattr(self._algorithm, name)
+
+    def acceptance_counts(self, draft, aux: torch.Tensor, token_ids: torch.Tensor, k: int) -> torch.Tensor:
+        from engine.algos.eagle3.evaluate import counts_from_steps
+
+        ids = token_ids.long().cpu()
+        return counts_from_steps(draft, reference_step_logits(self._ref, aux, ids, k), ids)
+
+    def walk_counts(self, draft, aux: torch.Tensor, token_ids: torch.Tensor, k: int):
+        return self.acceptance_counts(draft, aux, token_ids, k), None  # a chain draft has no cut

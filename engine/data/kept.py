@@ -3,9 +3,9 @@
     assets/regenerated/<name>.jsonl.gz         the rows `regenerate` wrote (gzip, no timestamp: same rows, same bytes)
     assets/regenerated/<name>.provenance.json  target and the settings that make the answers what they are, rows, sha256
 
-`keep` writes both from a work JSONL (only files the workbench wrote there are replaced); `seed` appends to a work
-JSONL the kept rows it lacks, when the provenance's settings are the run's, so `regenerate` then skips them and only
-new rows cost generation. Kept rows from other settings are never mixed in: `seed` says why and adds nothing.
+`keep` writes both from a work JSONL (only files the workbench wrote there are replaced), after the rows already kept
+with the same settings; `seed` appends to a work JSONL the kept rows of the run's selection it lacks, when the
+provenance's settings are the run's, so `regenerate` then skips them and only new rows cost generation. Kept rows from other settings are never mixed in: `seed` says why and adds nothing.
 """
 
 from __future__ import annotations
@@ -43,15 +43,32 @@ def answer_settings(options: dict[str, Any]) -> dict[str, Any]:
     return {k: options.get(k, DEFAULTS.get(k)) for k in ANSWER_SETTINGS}
 
 
+def selection_ids(options: dict[str, Any]) -> set[str]:
+    """The ids of the conversations a regenerate run with these options answers (dataset, split, max_samples)."""
+    from engine.data.datasets import load_conversations
+
+    settings = answer_settings(options)
+    rows, _ = load_conversations(settings["dataset"], split=settings["split"], val_fraction=settings["val_fraction"],
+                                 seed=settings["seed"], max_samples=options.get("max_samples"), prompt_only=True)
+    return {str(r["id"]) for r in rows}
+
+
 def keep(name: str, jsonl: str | Path, options: dict[str, Any], folder: str | Path = KEPT_DIR) -> dict[str, Any]:
-    """Write `jsonl`'s rows (gzip) and their provenance under `folder`; returns the provenance."""
+    """Write `jsonl`'s rows (gzip), after the rows already kept under the same settings, and their provenance under
+    `folder`; returns the provenance. A smaller run never shrinks what is kept."""
     data_path, prov_path = kept_paths(name, folder)
     claim_names(Path(folder), [data_path.name, prov_path.name], kind="kept-regenerated",
                 what="kept-data folder", flag="the recipe's `keep_regenerated:`")
     raw = Path(jsonl).read_bytes()
     raw = raw[: raw.rfind(b"\n") + 1]  # complete rows only
+    settings = answer_settings(options)
+    before = read_kept(name, folder)
+    if before is not None and before[1].get("settings") == settings:
+        known = {str(json.loads(line)["id"]) for line in before[0]}
+        lines = before[0] + [line for line in raw.splitlines() if line.strip() and str(json.loads(line)["id"]) not in known]
+        raw = b"".join(line + b"\n" for line in lines)
     rows = sum(1 for line in raw.splitlines() if line.strip())
-    provenance = {"name": name, "settings": answer_settings(options), "rows": rows,
+    provenance = {"name": name, "settings": settings, "rows": rows,
                   "sha256": hashlib.sha256(raw).hexdigest(), "bytes": len(raw),
                   "written": time.strftime("%Y-%m-%dT%H:%M:%S"), "written_by": "speculators-workbench"}
     atomic_write_bytes(data_path, gzip.compress(raw, compresslevel=9, mtime=0))
@@ -73,8 +90,10 @@ def read_kept(name: str, folder: str | Path = KEPT_DIR) -> tuple[list[bytes], di
     return [line for line in raw.splitlines() if line.strip()], provenance
 
 
-def seed(name: str, jsonl: str | Path, options: dict[str, Any], folder: str | Path = KEPT_DIR) -> int:
-    """Append to the work `jsonl` the kept rows it lacks when the settings agree; returns how many were added."""
+def seed(name: str, jsonl: str | Path, options: dict[str, Any], folder: str | Path = KEPT_DIR,
+         ids: set[str] | None = None) -> int:
+    """Append to the work `jsonl` the kept rows it lacks when the settings agree, only those whose id is in `ids`
+    (the run's own selection: a smaller run does not train on more) when given; returns how many were added."""
     from engine.data.regenerate import append_rows, is_own_row, open_output
 
     kept = read_kept(name, folder)
@@ -93,7 +112,7 @@ def seed(name: str, jsonl: str | Path, options: dict[str, Any], folder: str | Pa
                              hint="restore it from git, or delete it and its provenance file")
     f, done = open_output(Path(jsonl))  # locked; refuses a file regenerate did not write
     try:
-        new = [r for r in rows if str(r["id"]) not in done]
+        new = [r for r in rows if str(r["id"]) not in done and (ids is None or str(r["id"]) in ids)]
         append_rows(f, new)
     finally:
         fcntl.flock(f.fileno(), fcntl.LOCK_UN)

@@ -126,9 +126,9 @@ def run_recipe(name_or_path: str, *, only: list[str] | None = None, force: bool 
         rep.update(f"recipe step {step}", i / max(1, len(steps)))
         kept = _kept_folder(source or recipe) if step == "regenerate" else None
         if kept is not None:  # rows regenerated on other machines with these settings are not paid again
-            from engine.data.kept import seed
+            from engine.data.kept import seed, selection_ids
 
-            seed((source or recipe)["name"], opts["out"], opts, kept)
+            seed((source or recipe)["name"], opts["out"], opts, kept, ids=selection_ids(opts))
         t = time.time()
         STEP_FUNCTIONS[step](opts)
         timings[step] = time.time() - t

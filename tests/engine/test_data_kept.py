@@ -81,3 +81,8 @@ def test_a_recipe_keeps_its_rows_and_a_fresh_work_folder_starts_from_them(tiny_t
     assert len(answered) - asked_before == 1  # only the new conversation was generated
     assert len((tmp_path / "machine2" / "regenerated.jsonl").read_text().splitlines()) == 3
     assert json.loads((tmp_path / "kept" / "kept-test.provenance.json").read_text())["rows"] == 3
+    asked_before = len(answered)
+    run_recipe(recipe("machine3", 1), only=["regenerate"])  # a smaller run: its own selection only
+    assert len(answered) == asked_before
+    assert len((tmp_path / "machine3" / "regenerated.jsonl").read_text().splitlines()) == 1
+    assert json.loads((tmp_path / "kept" / "kept-test.provenance.json").read_text())["rows"] == 3  # not shrunk
