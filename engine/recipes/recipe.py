@@ -95,6 +95,12 @@ def _kept_folder(recipe: dict[str, Any]) -> Path | None:
     return None if not value else KEPT_DIR if value is True else Path(value)
 
 
+def _kept_name(recipe: dict[str, Any]) -> str:
+    """The name its regenerated rows are kept under: `kept_as:` (rows shared by recipes whose regenerate settings are
+    the same; `seed` checks that) or the recipe's own name."""
+    return str(recipe.get("kept_as") or recipe["name"])
+
+
 def claim_work(work: Path, names=WORK_FILES) -> None:
     """Refuse a work folder holding a file of the user's under a name the steps write; record the names as ours."""
     claim_names(work, names, kind="recipe-work", what="recipe work folder", flag="the recipe's `work:`")
@@ -125,17 +131,18 @@ def run_recipe(name_or_path: str, *, only: list[str] | None = None, force: bool 
             continue
         rep.update(f"recipe step {step}", i / max(1, len(steps)))
         kept = _kept_folder(source or recipe) if step == "regenerate" else None
+        kept_name = _kept_name(source or recipe)
         if kept is not None:  # rows regenerated on other machines with these settings are not paid again
             from engine.data.kept import seed, selection_ids
 
-            seed((source or recipe)["name"], opts["out"], opts, kept, ids=selection_ids(opts))
+            seed(kept_name, opts["out"], opts, kept, ids=selection_ids(opts))
         t = time.time()
         STEP_FUNCTIONS[step](opts)
         timings[step] = time.time() - t
         if kept is not None:
             from engine.data.kept import keep
 
-            keep((source or recipe)["name"], opts["out"], opts, kept)
+            keep(kept_name, opts["out"], opts, kept)
         marker.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_json(marker, {"digest": digest, "argv": argv, "inputs": inputs, "seconds": timings[step],
                                    "finished": time.strftime("%Y-%m-%dT%H:%M:%S")})

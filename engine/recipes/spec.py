@@ -32,7 +32,7 @@ def load_recipe(name_or_path: str) -> dict[str, Any]:
         raise WorkbenchError(f"{path} is not valid YAML: {exc}") from exc
     recipe.setdefault("name", path.stem)
     recipe.setdefault("work", f"runs/recipes/{recipe['name']}")
-    known = {"name", "work", "target", "description", "data", "goals", "keep_regenerated"}
+    known = {"name", "work", "target", "description", "data", "goals", "keep_regenerated", "kept_as"}
     unknown = set(recipe) - set(STEPS) - known
     if unknown:
         raise WorkbenchError(f"unknown recipe keys {sorted(unknown)}", where=str(path),

@@ -86,3 +86,21 @@ def test_a_recipe_keeps_its_rows_and_a_fresh_work_folder_starts_from_them(tiny_t
     assert len(answered) == asked_before
     assert len((tmp_path / "machine3" / "regenerated.jsonl").read_text().splitlines()) == 1
     assert json.loads((tmp_path / "kept" / "kept-test.provenance.json").read_text())["rows"] == 3  # not shrunk
+
+
+def test_a_recipe_kept_as_another_recipes_name_starts_from_that_recipes_rows(tiny_targets, tmp_path, answered):
+    from engine.recipes.recipe import run_recipe
+
+    def recipe(name, extra=""):
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(f"name: {name}\nwork: {tmp_path / name}\ntarget: {tiny_targets['llama']}\n"
+                        f"keep_regenerated: {tmp_path / 'kept'}\n{extra}"
+                        f"regenerate: {{max_samples: 2, max_new_tokens: 4}}\n")
+        return str(path)
+
+    run_recipe(recipe("first"), only=["regenerate"])
+    asked_before = len(answered)
+    run_recipe(recipe("second", "kept_as: first\n"), only=["regenerate"])
+    assert len(answered) == asked_before  # its rows came from the first recipe's kept file
+    assert len((tmp_path / "second" / "regenerated.jsonl").read_text().splitlines()) == 2
+    assert not (tmp_path / "kept" / "second.jsonl.gz").exists()
