@@ -5,7 +5,8 @@
 
 `keep` writes both from a work JSONL (only files the workbench wrote there are replaced), after the rows already kept
 with the same settings; `seed` appends to a work JSONL the kept rows of the run's selection it lacks, when the
-provenance's settings are the run's, so `regenerate` then skips them and only new rows cost generation. Kept rows from other settings are never mixed in: `seed` says why and adds nothing.
+provenance's settings are the run's, so `regenerate` then skips them and only new rows cost generation. Kept rows
+from other settings are never mixed in: `seed` says why and adds nothing.
 """
 
 from __future__ import annotations
@@ -65,7 +66,8 @@ def keep(name: str, jsonl: str | Path, options: dict[str, Any], folder: str | Pa
     before = read_kept(name, folder)
     if before is not None and before[1].get("settings") == settings:
         known = {str(json.loads(line)["id"]) for line in before[0]}
-        lines = before[0] + [line for line in raw.splitlines() if line.strip() and str(json.loads(line)["id"]) not in known]
+        added = [line for line in raw.splitlines() if line.strip() and str(json.loads(line)["id"]) not in known]
+        lines = before[0] + added
         raw = b"".join(line + b"\n" for line in lines)
     rows = sum(1 for line in raw.splitlines() if line.strip())
     provenance = {"name": name, "settings": settings, "rows": rows,
