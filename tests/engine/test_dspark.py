@@ -123,6 +123,27 @@ def test_proposer_block_equals_the_training_block(tiny, tiny_dspark):
     assert torch.allclose(survival, torch.tensor(prop.last_survival), atol=1e-5)
 
 
+@pytest.mark.parametrize("head", ["vanilla", "gated", "rnn"])
+def test_teacher_forced_heads_equal_the_slot_by_slot_heads(tiny, head):
+    """Training computes every slot of every block at once (the rnn head alone loops over slots); that equals the
+    decoding path's one slot at a time with the same previous tokens, logits and confidences."""
+    draft = build_dspark(tiny, aux_layer_ids=[1, 2, 3], num_layers=1, block_size=BLOCK, seed=5, markov_rank=16,
+                         markov_head_type=head, draft_vocab_size=160,
+                         token_counts=torch.arange(tiny.vocab_size).flip(0)).eval()
+    with torch.no_grad():
+        draft.markov_head.markov_w1.weight.normal_(0.0, 1.0)
+        torch.manual_seed(2)
+        x = torch.randn(6, BLOCK, draft.hidden_size)                       # [N, B, H]
+        prev = torch.randint(3, tiny.vocab_size, (6, BLOCK))               # [N, B]
+        logits, conf = draft.heads(x, prev)
+        hn, state = draft.norm(x), draft.markov_head.initial_state(6, x)
+        base = draft.project(hn)
+        for k in range(BLOCK):
+            u, c, state = draft.slot(k, hn[:, k], base[:, k], prev[:, k], state)
+            assert (u - logits[:, k]).abs().max() <= 1e-5 and (c - conf[:, k]).abs().max() <= 1e-5, (head, k)
+    assert not torch.equal(logits, base)                                   # the Markov bias is in both
+
+
 def test_markov_head_changes_the_drafts(tiny, tiny_dspark):
     """The corrected logits differ from the backbone's: the sequential head is on the drafting path."""
     ids = prompt_ids(tiny.tokenizer, PROMPTS[0])

@@ -58,6 +58,18 @@ class MarkovHead(nn.Module):
         state = g * state + (1.0 - g) * torch.tanh(c)
         return self.markov_w2(torch.tanh(o)), state
 
+    def block_bias(self, e: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        """Teacher-forced bias of whole blocks: e = W1[x_{k-1}] [N, B, r], h [N, B, H] -> [N, B, Vd]. The vanilla
+        and gated heads keep no state, so every slot is one batched product; the rnn head runs slot by slot."""
+        if self.kind != "rnn":
+            return self.step(e, h, None)[0]
+        state = self.initial_state(e.shape[0], e)
+        biases = []
+        for k in range(e.shape[1]):
+            bias, state = self.step(e[:, k], h[:, k], state)
+            biases.append(bias)
+        return torch.stack(biases, 1)
+
 
 class ConfidenceHead(nn.Module):
     """c_k's logit from [h_k; W1[x_{k-1}]] (or h_k alone): one linear layer."""
@@ -104,17 +116,20 @@ class DSparkDraft(DFlashDraft):
 
     def heads(self, x: torch.Tensor, prev_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Teacher-forced heads over whole blocks: decoder output x [N, B, H], prev_ids [N, B] (x_{k-1} per slot)
-        -> (corrected logits [N, B, Vd], confidence logits [N, B] or None)."""
+        -> (corrected logits [N, B, Vd], confidence logits [N, B] or None); the same values as `slot` gives slot by
+        slot, computed for all slots at once."""
         hn = self.norm(x)
-        base = self.project(hn)
-        state = self.markov_head.initial_state(x.shape[0], hn) if self.markov_head is not None else None
-        logits, confs = [], []
-        for k in range(x.shape[1]):
-            u, conf, state = self.slot(k, hn[:, k], base[:, k], prev_ids[:, k], state)
-            logits.append(u)
-            confs.append(conf)
-        conf = torch.stack(confs, 1) if self.confidence_head is not None else None
-        return torch.stack(logits, 1), conf
+        logits = self.project(hn)                                                  # [N, B, Vd]
+        e = None
+        if self.markov_head is not None:
+            e = self.markov_head.markov_w1(prev_ids)                               # [N, B, r]
+            logits = logits + self.markov_head.block_bias(e, hn).to(logits.dtype)
+        conf = None
+        if self.confidence_head is not None:
+            features = torch.cat([hn, e.to(hn.dtype)], -1) if self.conf_with_markov else hn
+            temps = self.confidence_temperature[: x.shape[1]].to(features.dtype)
+            conf = self.confidence_head(features) / temps                         # [N, B]
+        return logits, conf
 
     def draft_sequentially(self, x: torch.Tensor, anchor_ids: torch.Tensor, steps: int,
                            choose: Callable[[torch.Tensor], torch.Tensor],
