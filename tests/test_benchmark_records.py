@@ -249,6 +249,18 @@ def test_training_outcome_table_is_its_record():
     assert set(record["results"]) == {"eagle3", "dflash", "peagle", "dspark"}
 
 
+def test_dspark_rerun_after_batching_its_heads_is_its_record():
+    """The DSpark re-run (heads for all slots at once) is its record's table and command, on the same token count."""
+    from benchmarks.bench_train_quality import table
+
+    text = _section(DOC.read_text(), "### DSpark again, with its heads computed for all slots at once")
+    record = _record("train_quality/amd-epyc-zen4-dspark-batched-heads.json")
+    assert "benchmarks/results/train_quality/amd-epyc-zen4-dspark-batched-heads.json" in text
+    assert "AMD EPYC" in record["cpu"] and record["command"] in text and table(record["results"]) in text
+    assert set(record["results"]) == {"dspark"} and record["results"]["dspark"]["data"]["tokens"] == 153486
+    assert f"{record['results']['dspark']['cpu_ratio']:.2f}×" in text
+
+
 def test_vllm_data_cost_table_is_its_record():
     """The recipe way against the vLLM-only way, per conversation, is the record's (AMD EPYC Zen 4)."""
     from benchmarks.bench_data_cost import table
