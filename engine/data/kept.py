@@ -56,7 +56,8 @@ def selection_ids(options: dict[str, Any]) -> set[str]:
 
 def keep(name: str, jsonl: str | Path, options: dict[str, Any], folder: str | Path = KEPT_DIR) -> dict[str, Any]:
     """Write `jsonl`'s rows (gzip), after the rows already kept under the same settings, and their provenance under
-    `folder`; returns the provenance. A smaller run never shrinks what is kept."""
+    `folder`; returns the provenance. A smaller run never shrinks what is kept, and one that adds nothing rewrites
+    nothing."""
     data_path, prov_path = kept_paths(name, folder)
     claim_names(Path(folder), [data_path.name, prov_path.name], kind="kept-regenerated",
                 what="kept-data folder", flag="the recipe's `keep_regenerated:`")
@@ -69,9 +70,12 @@ def keep(name: str, jsonl: str | Path, options: dict[str, Any], folder: str | Pa
         added = [line for line in raw.splitlines() if line.strip() and str(json.loads(line)["id"]) not in known]
         lines = before[0] + added
         raw = b"".join(line + b"\n" for line in lines)
+    sha256 = hashlib.sha256(raw).hexdigest()
+    if before is not None and before[1].get("settings") == settings and before[1].get("sha256") == sha256:
+        return before[1]  # nothing new: both files stay as they are (no new timestamp)
     rows = sum(1 for line in raw.splitlines() if line.strip())
     provenance = {"name": name, "settings": settings, "rows": rows,
-                  "sha256": hashlib.sha256(raw).hexdigest(), "bytes": len(raw),
+                  "sha256": sha256, "bytes": len(raw),
                   "written": time.strftime("%Y-%m-%dT%H:%M:%S"), "written_by": "speculators-workbench"}
     atomic_write_bytes(data_path, gzip.compress(raw, compresslevel=9, mtime=0))
     atomic_write_json(prov_path, provenance)

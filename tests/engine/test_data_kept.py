@@ -28,13 +28,17 @@ def answered(monkeypatch):
     return asked
 
 
-def test_kept_rows_seed_another_machine_which_pays_only_the_new_rows(tiny_llama, tmp_path, answered):
+def test_kept_rows_seed_another_machine_which_pays_only_the_new_rows(tiny_llama, tmp_path, answered,
+                                                                      monkeypatch):
     rg.regenerate(tiny_llama, CHATS[:2], tmp_path / "m1.jsonl", progress=False)
     prov = kept.keep("r", tmp_path / "m1.jsonl", OPTIONS, tmp_path / "kept")
     first = (tmp_path / "kept" / "r.jsonl.gz").read_bytes()
     assert prov["rows"] == 2 and prov["settings"]["max_new_tokens"] == 8
+    provenance = (tmp_path / "kept" / "r.provenance.json").read_bytes()
+    monkeypatch.setattr(kept.time, "strftime", lambda *a: "a later time")
     kept.keep("r", tmp_path / "m1.jsonl", OPTIONS, tmp_path / "kept")
     assert (tmp_path / "kept" / "r.jsonl.gz").read_bytes() == first  # same rows, same bytes (no timestamp)
+    assert (tmp_path / "kept" / "r.provenance.json").read_bytes() == provenance  # nothing new: not rewritten
     answered.clear()
     assert kept.seed("r", tmp_path / "m2.jsonl", OPTIONS, tmp_path / "kept") == 2  # the other machine
     summary = rg.regenerate(tiny_llama, CHATS, tmp_path / "m2.jsonl", progress=False)
