@@ -249,16 +249,20 @@ def test_training_outcome_table_is_its_record():
     assert set(record["results"]) == {"eagle3", "dflash", "peagle", "dspark"}
 
 
-def test_dspark_rerun_after_batching_its_heads_is_its_record():
-    """The DSpark re-run (heads for all slots at once) is its record's table and command, on the same token count."""
+@pytest.mark.parametrize("name", ["amd-epyc-zen4-dspark-batched-heads", "amd-epyc-zen4-dspark-same-objective"])
+def test_dspark_reruns_are_their_records(name):
+    """The DSpark re-runs (heads for all slots at once; speculators on its KL default, then on our objective) are their
+    records' tables and commands, on the same token count; the second gives speculators our objective."""
     from benchmarks.bench_train_quality import table
 
     text = _section(DOC.read_text(), "### DSpark again, with its heads computed for all slots at once")
-    record = _record("train_quality/amd-epyc-zen4-dspark-batched-heads.json")
-    assert "benchmarks/results/train_quality/amd-epyc-zen4-dspark-batched-heads.json" in text
+    record = _record(f"train_quality/{name}.json")
+    assert f"benchmarks/results/train_quality/{name}.json" in text
     assert "AMD EPYC" in record["cpu"] and record["command"] in text and table(record["results"]) in text
-    assert set(record["results"]) == {"dspark"} and record["results"]["dspark"]["data"]["tokens"] == 153486
-    assert f"{record['results']['dspark']['cpu_ratio']:.2f}×" in text
+    run = record["results"]["dspark"]
+    assert set(record["results"]) == {"dspark"} and run["data"]["tokens"] == 153486
+    assert f"{run['cpu_ratio']:.2f}×" in text
+    assert ('{"ce": 0.1, "tv": 0.9}' in run["speculators"]["command"]) == name.endswith("same-objective")
 
 
 def test_vllm_data_cost_table_is_its_record():
