@@ -19,6 +19,8 @@ Settings each side is given explicitly (everything else is each library's defaul
               speculators is given `--per-position-loss-weight fixed-exp-decay`)
   DFlash,     slots attend to each other both ways inside a block, as DFlash drafts do (ours' default;
   DSpark      speculators' is causal inside the block: it is given `--sliding-window-non-causal`)
+  DSpark      the same objective, 0.1 x CE on the data tokens + 0.9 x TV to the target (ours' default; speculators'
+              is kl_div: it is given `--loss-fn '{"ce": 0.1, "tv": 0.9}'`)
   DSpark      no post-training confidence calibration on our side (speculators has none); the evaluator applies
               the proposer's static cut (survival >= 0.2), so a draft that is never confident proposes nothing
               ("no drafts": every step yields one token); such an algorithm is also scored with every drafted
@@ -87,7 +89,6 @@ SHARED_FLAGS = {
 OURS_FLAGS = {"eagle3": [], "dflash": [], "peagle": [], "dspark": ["--calibration-blocks", "0"]}
 SPECULATORS_FLAGS = {"eagle3": [], "peagle": [],
                      "dflash": ["--per-position-loss-weight", "fixed-exp-decay", "--sliding-window-non-causal"],
-                     # speculators' DSpark default objective is kl_div; ours (DSpark's) is 0.1 CE + 0.9 TV: told so
                      "dspark": ["--sliding-window-non-causal", "--loss-fn", '{"ce": 0.1, "tv": 0.9}']}
 EVAL_K = {"eagle3": "1-5", "dflash": "1-7", "peagle": "1-4", "dspark": "1-8"}
 

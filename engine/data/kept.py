@@ -65,13 +65,14 @@ def keep(name: str, jsonl: str | Path, options: dict[str, Any], folder: str | Pa
     raw = raw[: raw.rfind(b"\n") + 1]  # complete rows only
     settings = answer_settings(options)
     before = read_kept(name, folder)
-    if before is not None and before[1].get("settings") == settings:
+    same_settings = before is not None and before[1].get("settings") == settings
+    if same_settings:
         known = {str(json.loads(line)["id"]) for line in before[0]}
         added = [line for line in raw.splitlines() if line.strip() and str(json.loads(line)["id"]) not in known]
         lines = before[0] + added
         raw = b"".join(line + b"\n" for line in lines)
     sha256 = hashlib.sha256(raw).hexdigest()
-    if before is not None and before[1].get("settings") == settings and before[1].get("sha256") == sha256:
+    if same_settings and before[1].get("sha256") == sha256:
         return before[1]  # nothing new: both files stay as they are (no new timestamp)
     rows = sum(1 for line in raw.splitlines() if line.strip())
     provenance = {"name": name, "settings": settings, "rows": rows,

@@ -111,14 +111,13 @@ def test_a_recipe_kept_as_another_recipes_name_starts_from_that_recipes_rows(tin
 
 
 def test_the_eagle3_recipes_kept_rows_are_four_times_the_shipped_drafts_conversations():
-    """The README's claim: the committed EAGLE-3 rows match their sha256, were answered with the recipe's own answer
-    settings, have distinct ids and number at least 4 x the 2,689 conversations the shipped draft was trained on."""
-    from pathlib import Path
+    """The README's claim: the committed EAGLE-3 rows match their sha256, were answered with the settings the recipe's
+    regenerate step runs with, have distinct ids and number at least 4 x the 2,689 conversations the shipped draft
+    was trained on."""
+    from engine.recipes.spec import load_recipe, step_options
 
-    import yaml
-
-    spec = yaml.safe_load((Path(__file__).resolve().parents[2] / "configs" / "smollm2-eagle3.yaml").read_text())
+    regenerate = dict(step_options(load_recipe("smollm2-eagle3")))["regenerate"]
     lines, provenance = kept.read_kept("smollm2-eagle3")
-    assert provenance["settings"] == kept.answer_settings({"target": spec["target"], **spec["regenerate"]})
+    assert provenance["settings"] == kept.answer_settings(regenerate)
     ids = [json.loads(line)["id"] for line in lines]
     assert len(set(ids)) == len(ids) == provenance["rows"] >= 4 * 2689

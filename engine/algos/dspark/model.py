@@ -108,11 +108,15 @@ class DSparkDraft(DFlashDraft):
             e = self.markov_head.markov_w1(prev)
             bias, state = self.markov_head.step(e, h, state)
             u = u + bias.to(u.dtype)
-        conf = None
-        if self.confidence_head is not None:
-            features = torch.cat([h, e.to(h.dtype)], -1) if self.conf_with_markov else h
-            conf = self.confidence_head(features) / self.confidence_temperature[k].to(features.dtype)
-        return u, conf, state
+        return u, self.confidence(h, e, self.confidence_temperature[k]), state
+
+    def confidence(self, h: torch.Tensor, e: torch.Tensor | None, temperature: torch.Tensor) -> torch.Tensor | None:
+        """Confidence logits c / T from h [.., H] and e = W1[x_{k-1}] [.., r] (or None without a Markov head);
+        `temperature` broadcasts over h's leading dimensions (one slot's T_k, or [B] for whole blocks)."""
+        if self.confidence_head is None:
+            return None
+        features = torch.cat([h, e.to(h.dtype)], -1) if self.conf_with_markov else h
+        return self.confidence_head(features) / temperature.to(features.dtype)
 
     def heads(self, x: torch.Tensor, prev_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Teacher-forced heads over whole blocks: decoder output x [N, B, H], prev_ids [N, B] (x_{k-1} per slot)
@@ -124,12 +128,7 @@ class DSparkDraft(DFlashDraft):
         if self.markov_head is not None:
             e = self.markov_head.markov_w1(prev_ids)                               # [N, B, r]
             logits = logits + self.markov_head.block_bias(e, hn).to(logits.dtype)
-        conf = None
-        if self.confidence_head is not None:
-            features = torch.cat([hn, e.to(hn.dtype)], -1) if self.conf_with_markov else hn
-            temps = self.confidence_temperature[: x.shape[1]].to(features.dtype)
-            conf = self.confidence_head(features) / temps                         # [N, B]
-        return logits, conf
+        return logits, self.confidence(hn, e, self.confidence_temperature[: x.shape[1]])   # [N, B, Vd], [N, B]
 
     def draft_sequentially(self, x: torch.Tensor, anchor_ids: torch.Tensor, steps: int,
                            choose: Callable[[torch.Tensor], torch.Tensor],
