@@ -113,7 +113,7 @@ def test_a_recipe_kept_as_another_recipes_name_starts_from_that_recipes_rows(tin
 def test_the_eagle3_recipes_kept_rows_are_four_times_the_shipped_drafts_conversations():
     """The README's claim: the committed EAGLE-3 rows match their sha256, were answered with the settings the recipe's
     regenerate step runs with, have distinct ids and number at least 4 x the 2,689 conversations the shipped draft
-    was trained on."""
+    was trained on, all inside the first 12,000 train samples (`max_samples: 12000`)."""
     from engine.recipes.spec import load_recipe, step_options
 
     regenerate = dict(step_options(load_recipe("smollm2-eagle3")))["regenerate"]
@@ -121,3 +121,4 @@ def test_the_eagle3_recipes_kept_rows_are_four_times_the_shipped_drafts_conversa
     assert provenance["settings"] == kept.answer_settings(regenerate)
     ids = [json.loads(line)["id"] for line in lines]
     assert len(set(ids)) == len(ids) == provenance["rows"] >= 4 * 2689
+    assert set(ids) <= kept.selection_ids({**regenerate, "max_samples": 12000})  # the README's re-ship setting
