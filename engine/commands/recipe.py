@@ -6,12 +6,12 @@ import argparse
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from engine.recipes.spec import CONFIGS
+    from engine.recipes.spec import CONFIGS, STEPS
 
     names = ", ".join(sorted(f.stem for f in CONFIGS.glob("*.yaml"))) or "none yet"
     p.add_argument("name", help=f"recipe name in configs/ ({names}) or a YAML path")
     p.add_argument("--only", default=None,
-                   help="comma-separated steps to run (regenerate,extract,train,bench,curve,sweep,ship)")
+                   help=f"comma-separated steps to run ({','.join(STEPS)})")
     p.add_argument("--force", action="store_true",
                    help="re-run steps (and measure the curve, sweep and evaluate records again) even if they completed "
                         "with the same arguments")

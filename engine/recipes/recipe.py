@@ -18,7 +18,7 @@ from typing import Any
 from engine.errors import WorkbenchError
 from engine.fsutil import atomic_write_json, claim_names, read_json
 from engine.jobs import reporter
-from engine.recipes.spec import STEP_COMMANDS, cli_flags, data_recipe, load_recipe, step_options
+from engine.recipes.spec import STEP_COMMANDS, STEPS, cli_flags, data_recipe, load_recipe, step_options
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +108,9 @@ def claim_work(work: Path, names=WORK_FILES) -> None:
 
 def run_recipe(name_or_path: str, *, only: list[str] | None = None, force: bool = False, dry_run: bool = False) -> dict:
     recipe = load_recipe(name_or_path)
+    unknown = sorted(set(only or []) - set(STEPS))
+    if unknown:  # a misspelt step would otherwise run nothing and say "recipe done"
+        raise WorkbenchError(f"unknown recipe step(s) {unknown} in --only", hint=f"steps are {','.join(STEPS)}")
     work = Path(recipe["work"])
     done_dir = work / "steps"
     timings: dict[str, float] = {}

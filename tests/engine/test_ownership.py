@@ -160,6 +160,17 @@ def test_a_recipe_refuses_a_work_folder_holding_the_users_file_and_a_dry_run_wri
         "bench.json"]
 
 
+def test_a_misspelt_recipe_step_is_refused_before_anything_runs(tmp_path, capsys):
+    from engine.cli import main
+    from engine.recipes.spec import STEPS
+
+    work = tmp_path / "work"
+    assert main(["recipe", str(_recipe_file(tmp_path, work, tmp_path / "ship")), "--only", "bench,evalute"]) != 0
+    err = capsys.readouterr().err
+    assert "evalute" in err and "Traceback" not in err and ",".join(STEPS) in err
+    assert not work.exists()  # nothing ran, nothing was claimed
+
+
 def test_remeasure_dry_run_prints_the_commands_and_writes_nothing(tmp_path, capsys):
     from engine.cli import main
 
