@@ -11,7 +11,7 @@ import torch
 from engine.errors import WorkbenchError
 from engine.format.checkpoint import (INDEX_NAME, WEIGHTS_NAME, load_state_dict, read_config_dict, save_checkpoint,
                                       tensor_index)
-from engine.format.config import config_type
+from engine.format.config import CONFIG_TYPES, config_type
 from engine.fsutil import atomic_save_safetensors, claim_names, is_ours
 
 EMBED = "embed_tokens.weight"
@@ -33,14 +33,23 @@ def embedding_need(folder: str | os.PathLike) -> EmbeddingNeed:
     kind = cfg.get("speculators_model_type")
     layer = cfg.get("transformer_layer_config") or {}
     shape = (int(layer.get("vocab_size", 0)), int(layer.get("hidden_size", 0)))
-    config_class = config_type(kind)  # the types registered by engine.algos (the caller imports it)
-    present = EMBED in tensor_index(folder)
-    if present:
+    config_type(kind)  # a clear error for a type the workbench does not know (engine.algos registers them)
+    names = tensor_index(folder)
+    if lacks_stored_embedding(cfg, names):
+        return EmbeddingNeed(True, shape, "absent: speculators 0.9.0 would fill it with random values")
+    if EMBED in names:
         return EmbeddingNeed(False, shape, "the draft already stores embed_tokens")
-    if not config_class.stores_embeddings:
-        return EmbeddingNeed(False, shape, f"{kind} drafts share the verifier's embedding in both vLLM and "
-                             "speculators: nothing to store")
-    return EmbeddingNeed(True, shape, "absent: speculators 0.9.0 would fill it with random values")
+    return EmbeddingNeed(False, shape, f"{kind} drafts share the verifier's embedding in both vLLM and "
+                         "speculators: nothing to store")
+
+
+def lacks_stored_embedding(cfg: dict, tensor_names) -> bool:
+    """The rule `validate` warns by and `repair` mends: a draft of a type whose embedding speculators 0.9.0 loads
+    from the checkpoint (a missing one is filled with random values) that does not store it (vLLM shares the
+    verifier's, so only speculators drafts differently). False for an unknown type."""
+    kind = cfg.get("speculators_model_type")
+    known = isinstance(kind, str) and kind in CONFIG_TYPES
+    return bool(known and CONFIG_TYPES.get(kind).stores_embeddings and EMBED not in tensor_names)
 
 
 def _floating_dtype(state: dict[str, torch.Tensor]) -> torch.dtype:

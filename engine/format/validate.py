@@ -16,6 +16,7 @@ from engine.errors import WorkbenchError
 from engine.format import vllm_rules as vr
 from engine.format.checkpoint import CONFIG_NAME, INDEX_NAME, read_config_dict, tensor_index
 from engine.format.config import CONFIG_TYPES, config_types
+from engine.format.repair import lacks_stored_embedding
 from engine.format.report import Issue, ValidationReport
 
 def _vllm(report: ValidationReport, err: vr.VllmError, message: str, *, severity: str = "error") -> None:
@@ -592,7 +593,7 @@ def _shape_rules(cfg: dict[str, Any], hf: dict[str, Any], shapes: dict[str, tupl
     if "embed_tokens.weight" not in present and ht != int(hf["hidden_size"]):
         report.add(Issue("tensor:embed_tokens.weight", "the draft's hidden size differs from the target's, so the "
                          "target embedding cannot be shared; save embed_tokens"))
-    elif "embed_tokens.weight" not in present and getattr(_config_class(cfg), "stores_embeddings", False):
+    elif lacks_stored_embedding(cfg, present):
         report.add(Issue("tensor:embed_tokens.weight", "absent: vLLM shares the target's embedding, but speculators "
                          "0.9.0 fills a missing embed_tokens with random values, so this draft drafts differently "
                          "(and badly) there. Fix: `python -m engine repair "
