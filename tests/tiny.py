@@ -140,3 +140,11 @@ def save_tiny_target(folder: str | Path, arch: str = "llama", *, seed: int = 0, 
         tokenizer.save_pretrained(tmp)
         atomic_write_json(tmp / "workbench_target.json", {"name": f"tiny-{arch}", "hub_id": None, "seed": seed})
     return folder
+
+
+def algo_flags(algo: str, wanted: dict[str, str]) -> list[str]:
+    """`train` flags for the arguments of `wanted` that `algo` has (e.g. only block algorithms have block_size)."""
+    from engine.algos import ALGOS
+
+    fields = ALGOS.get(algo).args_class.model_fields
+    return [x for name, value in wanted.items() if name in fields for x in (f"--{name.replace('_', '-')}", value)]

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from engine.algos import ALGOS, default_algo
-from tiny import FAMILIES, save_tiny_target
+from tiny import FAMILIES, algo_flags, save_tiny_target
 
 PROMPT = "Tell me about the quick brown fox."
 FAST_FAMILY = "llama"
@@ -42,9 +42,8 @@ def _engine(capsys, *argv: str) -> tuple[int, str, str]:
 
 def _small_args(algo: str) -> list[str]:
     """Arguments that keep any algorithm's draft tiny, given only where that algorithm has the field."""
-    fields = ALGOS.get(algo).args_class.model_fields
-    wanted = {"num_layers": "1", "draft_vocab_size": "160", "block_size": "4", "markov_rank": "16", "max_anchors": "32"}
-    return [x for name, value in wanted.items() if name in fields for x in (f"--{name.replace('_', '-')}", value)]
+    return algo_flags(algo, {"num_layers": "1", "draft_vocab_size": "160", "block_size": "4", "markov_rank": "16",
+                             "max_anchors": "32"})
 
 
 def _tokens(stdout: str) -> tuple[list[int], int]:

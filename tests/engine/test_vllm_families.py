@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from engine.format import vllm_rules as vr
-from tiny import FAMILIES, save_tiny_target, tiny_config
+from tiny import FAMILIES, algo_flags, save_tiny_target, tiny_config
 
 WIDTH = 128  # head size 32
 FAST_FAMILY = "qwen2"
@@ -66,11 +66,7 @@ def _engine(capsys, *argv: str) -> str:
 
 def _small_args(algo: str) -> list[str]:
     """Arguments that keep the draft small (one layer; K + 1 tokens a block), given where the algorithm has them."""
-    from engine.algos import ALGOS
-
-    fields = ALGOS.get(algo).args_class.model_fields
-    wanted = {"num_layers": "1", "draft_vocab_size": "256", "block_size": str(K + 1)}
-    return [x for name, value in wanted.items() if name in fields for x in (f"--{name.replace('_', '-')}", value)]
+    return algo_flags(algo, {"num_layers": "1", "draft_vocab_size": "256", "block_size": str(K + 1)})
 
 
 def _trained_draft(root: Path, family: str, algo: str, capsys) -> tuple[Path, Path]:
