@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -10,7 +11,7 @@ import shutil
 import tempfile
 import uuid
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from engine.errors import WorkbenchError
 
@@ -273,3 +274,23 @@ def _public_modes(folder: Path) -> None:
 def read_json(path: str | Path) -> Any:
     with open(path, encoding="utf-8") as f:
         return json.load(f)
+
+
+@contextlib.contextmanager
+def exclusive_lock(lock_file: str | Path, on_wait: Callable[[], None] | None = None) -> Iterator[None]:
+    """Hold an exclusive flock on `lock_file` (created if absent) while the block runs; other processes wait.
+    `on_wait` is called once when another process holds it (to say why this one pauses)."""
+    lock_file = Path(lock_file)
+    lock_file.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(lock_file, os.O_RDWR | os.O_CREAT, FILE_MODE)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if on_wait is not None:
+                on_wait()
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)

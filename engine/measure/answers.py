@@ -10,7 +10,6 @@ removed past a size bound ($WORKBENCH_ANSWERS_MAX_MB, default 2048).
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import logging
@@ -22,7 +21,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from engine.fsutil import atomic_save_safetensors, atomic_write_json, read_json
+from engine.fsutil import atomic_save_safetensors, atomic_write_json, exclusive_lock, read_json
 from engine.targets import workbench_home
 
 log = logging.getLogger(__name__)
@@ -42,13 +41,8 @@ def max_bytes() -> int:
 @contextmanager
 def _locked():
     folder = store_dir()
-    folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / ".lock", "a+") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield folder
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    with exclusive_lock(folder / ".lock"):
+        yield folder
 
 
 def weights_hash(folder: str | os.PathLike) -> str:

@@ -9,7 +9,6 @@ later calls return at once; an interrupted install is resumed (every step is ide
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import logging
 import os
@@ -20,10 +19,10 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 from engine.errors import WorkbenchError
-from engine.fsutil import atomic_write_json, read_json
+from engine.fsutil import atomic_write_json, exclusive_lock, read_json
 
 log = logging.getLogger(__name__)
 
@@ -142,22 +141,10 @@ def ensure_vllm_env(path: Path | None = None, *, flavor: str | None = None, prog
         return env
 
 
-@contextlib.contextmanager
-def _install_lock(path: Path) -> Iterator[None]:
+def _install_lock(path: Path):
     """One installer at a time per folder; others wait (a test run and the CLI may start together)."""
-    lock = path.with_name(f".{path.name}.lock")
-    lock.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            log.info("another process is installing the vLLM environment in %s; waiting", path)
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        os.close(fd)
+    return exclusive_lock(path.with_name(f".{path.name}.lock"), on_wait=lambda: log.info(
+        "another process is installing the vLLM environment in %s; waiting", path))
 
 
 def _python_works(python: Path) -> bool:

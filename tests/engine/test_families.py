@@ -8,7 +8,6 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 
 from engine.algos import ALGOS, default_algo
 from tiny import FAMILIES, algo_flags, save_tiny_target

@@ -182,6 +182,27 @@ def test_files_written_private_inside_an_atomic_directory_are_made_readable(tmp_
     assert stat.S_IMODE((tmp_path / "t" / "sub" / "secret-looking").stat().st_mode) == 0o644
 
 
+def test_a_second_holder_of_an_exclusive_lock_is_told_and_waits_for_the_first(tmp_path):
+    """engine.fsutil.exclusive_lock: the vLLM installer and the answers store (two CLIs at once) take turns."""
+    import threading
+
+    from engine.fsutil import exclusive_lock
+
+    lock, order, told = tmp_path / "sub" / ".lock", [], threading.Event()
+
+    def second():
+        with exclusive_lock(lock, on_wait=told.set):
+            order.append("second")
+
+    with exclusive_lock(lock):
+        thread = threading.Thread(target=second)
+        thread.start()
+        assert told.wait(30)  # it found the lock held and said so
+        order.append("first")
+    thread.join(30)
+    assert order == ["first", "second"] and lock.is_file()
+
+
 # -- 2. the app listens on this machine only -----------------------------------------------------------
 
 
