@@ -115,6 +115,53 @@ def test_cod_sampling_keeps_whole_rollouts_inside_documents_and_decays():
     assert capped.numel() == int(50 * 0.7) + int(50 * 0.49)
 
 
+def test_the_objective_runs_the_heads_on_the_loss_elements_only_and_loses_nothing(tiny, tiny_peagle, tiny_targets):
+    """The objective gives the draft only the elements in the loss (`rows`): loss, metrics and gradients equal
+    those of the head over every element, masked afterwards (how it was computed before)."""
+    from engine.algos.eagle3.train import forward_kl, target_logits
+    from engine.algos.peagle.train import PEagleObjective, depth_stats, element_rows
+    from engine.targets import load_verifier_parts
+
+    torch.manual_seed(4)
+    t = 48
+    doc = torch.cat([torch.zeros(20, dtype=torch.long), torch.ones(28, dtype=torch.long)])[None]
+    mask = torch.ones(1, t, dtype=torch.bool)
+    mask[0, :6], mask[0, 20:27] = False, False                    # two prompts, not in the loss
+    anchors, depths = cod_sample(mask[0], doc[0], num_depths=K, ratio=0.8, ratio_min=0.3, max_anchors=None)
+    batch = {"aux": torch.randn(1, t, tiny_peagle.fc.in_features), "input_ids": torch.randint(3, 290, (1, t)),
+             "position_ids": torch.cat([torch.arange(1, 21), torch.arange(1, 29)])[None], "document_ids": doc,
+             "loss_mask": mask, "anchors": anchors, "depths": depths,
+             "verifier_last": torch.randn(1, t, tiny.hidden_size)}
+    objective = PEagleObjective(tiny_peagle, load_verifier_parts(str(tiny_targets["llama"])), num_depths=K,
+                                device="cpu")
+    params = [p for p in tiny_peagle.parameters() if p.requires_grad]
+
+    def grads(loss):
+        return [g.clone() for g in torch.autograd.grad(loss, params)]
+
+    head_rows = []
+    hook = tiny_peagle.lm_head.register_forward_hook(lambda m, x, out: head_rows.append(x[0].shape[-2]))
+    try:
+        loss, stats = objective(tiny_peagle, batch)
+    finally:
+        hook.remove()
+    anchor, depth, row = element_rows(batch)
+    keep = mask[0][row]
+    assert 0 < int(keep.sum()) < keep.numel()                     # some elements are left out of the loss
+    assert head_rows == [int(keep.sum())]                         # and the draft's head never sees them
+    logits = tiny_peagle.parallel_forward(batch["aux"], batch["input_ids"], batch["position_ids"], doc, anchors,
+                                          depths)[0]                  # every element [T+M, Vd]
+    targets = target_logits(batch["verifier_last"][0], objective.norm, objective.head_rows)
+    kl = forward_kl(logits[keep], torch.softmax(targets[row[keep]], -1))
+    full_loss = kl.sum() / keep.sum()
+    full_stats = depth_stats(logits.argmax(-1) == targets.argmax(-1)[row], keep, anchor, depth, kl, K, t)
+    assert torch.allclose(loss, full_loss, rtol=1e-5, atol=1e-6)
+    assert stats.keys() == full_stats.keys()
+    assert all(abs(stats[k] - full_stats[k]) <= 1e-4 * max(1.0, abs(full_stats[k])) for k in stats), stats
+    for mine, full in zip(grads(loss), grads(full_loss)):
+        assert torch.allclose(mine, full, rtol=1e-4, atol=1e-6)
+
+
 def test_peagle_trains_and_writes_a_checkpoint_vllm_rules_accept(tiny_targets, tmp_path):
     import json
 

@@ -60,23 +60,25 @@ class PEagleDraft(Eagle3Draft):
 
     # -- training / evaluation: every sampled (anchor, depth) element in one masked forward ------------------------
     def parallel_forward(self, aux: torch.Tensor, input_ids: torch.Tensor, position_ids: torch.Tensor,
-                         document_ids: torch.Tensor, anchors: torch.Tensor, depths: torch.Tensor) -> torch.Tensor:
+                         document_ids: torch.Tensor, anchors: torch.Tensor, depths: torch.Tensor,
+                         rows: torch.Tensor | None = None) -> torch.Tensor:
         """aux [1,T,A*Ht] features g_r, input_ids [1,T] tokens x_{r+1} (EAGLE-3's shift), position_ids and
         document_ids [1,T]; anchors/depths [M]: the mask-slot elements (depth >= 1), grouped by ascending depth,
         anchors ascending within a depth, each depth's anchors among the previous depth's (COD sampling).
 
         Returns logits [1, T+M, Vd]: row r < T is depth 0 at anchor r (drafts x_{r+2}); row T+i is element i,
-        (anchor a, depth d), which drafts x_{a+d+2} (the target's prediction at row a+d)."""
+        (anchor a, depth d), which drafts x_{a+d+2} (the target's prediction at row a+d). `rows` [K] (indices into
+        the T+M) limits the head to those rows: logits [1, K, Vd] (training needs only the elements in the loss)."""
         t, m = input_ids.shape[1], int(anchors.numel())
         ids = torch.cat([input_ids, input_ids.new_full((1, m), self.mask_token_id)], dim=1)       # [1, T+M]
         hidden = self.slot_features(aux[0], m)                                                     # [1, T+M, H]
         positions = torch.cat([position_ids, (position_ids[0, anchors] + depths).unsqueeze(0)], dim=1)
         attend = RolloutAttention(anchors, depths, document_ids, positions, self.windows, self.kv_groups, t)
-        x = self._layers(ids, hidden, positions, attend)
-        return self.head(x)[1]
+        x = self._layers(ids, hidden, positions, attend)                                           # [1, T+M, H]
+        return self.head(x if rows is None else x[:, rows])[1]
 
-    def forward(self, aux, input_ids, position_ids, document_ids, anchors, depths):  # training entry (DDP calls it)
-        return self.parallel_forward(aux, input_ids, position_ids, document_ids, anchors, depths)
+    def forward(self, aux, input_ids, position_ids, document_ids, anchors, depths, rows=None):  # training (DDP)
+        return self.parallel_forward(aux, input_ids, position_ids, document_ids, anchors, depths, rows)
 
     def checkpoint_state(self, *, include_embeddings: bool = True) -> dict[str, torch.Tensor]:
         """The tensors vLLM loads: EAGLE-3's, `mask_hidden`, and `embed_tokens.weight` with the trained mask row."""

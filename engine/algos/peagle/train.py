@@ -85,18 +85,19 @@ class PEagleObjective:
         self.head_rows = (head[draft.t2d.cpu()] if draft.t2d is not None else head).to(device)  # [Vd, H]
 
     def __call__(self, model, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
+        anchor, depth, row = element_rows(batch)                                  # [T+M] each
+        keep = batch["loss_mask"][0].bool()[row]                                  # [T+M] target row in the loss
+        kept = keep.nonzero().squeeze(1)                                          # [K]
+        # the heads (draft and target) run on the K elements in the loss only: about 3/4 of the rows of a chat
         logits = model(batch["aux"], batch["input_ids"], batch["position_ids"], batch["document_ids"],
-                       batch["anchors"], batch["depths"])[0]                       # [T+M, Vd]
-        anchor, depth, row = element_rows(batch)
-        last = batch["verifier_last"][0]                                          # [T, Ht]
-        valid = batch["loss_mask"][0].bool()                                      # [T] per target row
-        targets = target_logits(last, self.norm, self.head_rows)                 # [T, Vd]
-        keep = valid[row]                                                         # [T+M]
-        kl = forward_kl(logits[keep], torch.softmax(targets[row[keep]], -1))
+                       batch["anchors"], batch["depths"], kept)[0]                # [K, Vd]
+        targets = target_logits(batch["verifier_last"][0, row[kept]], self.norm, self.head_rows)  # [K, Vd]
+        kl = forward_kl(logits, torch.softmax(targets, -1))                       # [K]
         loss = kl.sum() / keep.sum().clamp(min=1)
         with torch.no_grad():
-            stats = depth_stats(logits.argmax(-1) == targets.argmax(-1)[row], keep, anchor, depth, kl,
-                                self.num_depths, batch["input_ids"].shape[1])
+            correct = torch.zeros_like(keep)                                      # [T+M]; counted where kept
+            correct[kept] = logits.argmax(-1) == targets.argmax(-1)
+            stats = depth_stats(correct, keep, anchor, depth, kl, self.num_depths, batch["input_ids"].shape[1])
         return loss, stats
 
     def summarize(self, stats: dict[str, float]) -> dict[str, float]:
