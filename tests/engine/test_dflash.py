@@ -50,6 +50,39 @@ def test_proposer_block_equals_the_training_block(tiny, tiny_dflash):
     assert drafted == tiny_dflash.draft_to_target(blocks[0, 1:4].argmax(-1)).tolist()
 
 
+@pytest.mark.parametrize("window,block_causal", [(None, False), (5, False), (5, True)])
+def test_attention_document_by_document_equals_the_dense_row(tiny, window, block_causal, monkeypatch):
+    """A packed row's blocks attend document by document (`document_groups`): the logits and gradients equal
+    those of one dense masked attention over the whole row, with and without a sliding window, and for blocks
+    causal inside (the rule for sliding layers)."""
+    import engine.algos.dflash.model as dflash_model
+
+    counts = torch.arange(tiny.vocab_size).flip(0)
+    draft = build_dflash(tiny, aux_layer_ids=[1, 2, 3], num_layers=2, block_size=4, draft_vocab_size=160,
+                         token_counts=counts, sliding_window=window, block_causal=block_causal, seed=2).train()
+    assert any(draft.block_causal) == block_causal
+    lens = [9, 1, 14, 11]                                         # a one-token document holds no anchor
+    doc = torch.cat([torch.full((n,), i) for i, n in enumerate(lens)])[None]
+    pos = torch.cat([torch.arange(n) for n in lens])[None]
+    torch.manual_seed(5)
+    aux, ids = torch.randn(1, doc.shape[1], draft.fc.in_features), torch.randint(3, 290, (1, doc.shape[1]))
+    anchors = torch.tensor([0, 3, 8, 10, 12, 20, 24, 26, 33])      # the first, middle and last rows of documents
+    groups = dflash_model.document_groups(doc, anchors, 4)
+    assert [(g[2], g[3]) for g in groups] == [(0, 9), (10, 24), (24, 35)] and groups[-1][1] == 9 * 4
+    assert dflash_model.document_groups(doc, anchors.flip(0), 4) is None  # unordered anchors: one dense group
+
+    def run():
+        out = draft.anchored_blocks(aux, ids, pos, doc, anchors)
+        return out, torch.autograd.grad(out.square().sum(), [p for p in draft.parameters() if p.requires_grad])
+
+    grouped, grouped_grads = run()
+    monkeypatch.setattr(dflash_model, "document_groups", lambda *args: None)
+    dense, dense_grads = run()
+    assert torch.allclose(grouped, dense, atol=1e-5)
+    for g, d in zip(grouped_grads, dense_grads):  # equal up to float rounding (sums in another order)
+        assert float((g - d).abs().max()) <= 1e-6 * float(d.abs().max())
+
+
 def test_dflash_trains_and_writes_a_checkpoint_vllm_rules_accept(tiny_targets, tmp_path):
     import json
 

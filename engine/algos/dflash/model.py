@@ -18,8 +18,23 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.algos.common.layers import DecoderLayer, LayerDims, RMSNorm, layer_windows, repeat_kv, rotary_embedding
+from engine.algos.common.layers import (DecoderLayer, LayerDims, RMSNorm, document_spans, layer_windows, repeat_kv,
+                                        rotary_embedding)
 from engine.algos.dflash.config import DFlashConfig
+
+
+def document_groups(document_ids: torch.Tensor, anchors: torch.Tensor,
+                    block_size: int) -> list[tuple[int, int, int, int]] | None:
+    """document_ids [1, T], anchors [N] ascending -> per document holding anchors: (first slot, end slot, first
+    row, end row) of its blocks' slots and of its rows (a block sees only its own document). None when the
+    anchors are not ascending (then the slots of a document are not contiguous: one dense group)."""
+    if anchors.numel() == 0 or bool((anchors[1:] < anchors[:-1]).any()):
+        return None
+    spans = document_spans(document_ids)
+    bounds = torch.tensor([s for s, _ in spans] + [spans[-1][1]], device=anchors.device)
+    first = torch.searchsorted(anchors, bounds).tolist()  # index of the first anchor at or after each boundary
+    return [(lo * block_size, hi * block_size, s, e) for (s, e), lo, hi in zip(spans, first[:-1], first[1:])
+            if hi > lo]
 
 
 class DFlashDraft(nn.Module):
@@ -80,25 +95,38 @@ class DFlashDraft(nn.Module):
         return [layer.self_attn.kv(c, cos, sin) for layer in self.layers]
 
     def block_forward(self, block_ids: torch.Tensor, block_positions: torch.Tensor,
-                      ctx_kv: list[tuple[torch.Tensor, torch.Tensor]], ctx_mask: torch.Tensor) -> torch.Tensor:
+                      ctx_kv: list[tuple[torch.Tensor, torch.Tensor]], ctx_mask: torch.Tensor,
+                      groups: list[tuple[int, int, int, int]] | None = None) -> torch.Tensor:
         """Blocks in one forward. block_ids/positions [1, N*B]; ctx_kv from `context_kv`; ctx_mask [N*B, T] (bool,
-        which context rows each slot sees; its own block is added here) -> decoder output [1, N*B, H]."""
+        which context rows each slot sees; its own block is added here) -> decoder output [1, N*B, H].
+
+        `groups` (from `document_groups`): (first slot, end slot, first row, end row) of slots that see only those
+        context rows and each other's blocks, e.g. one document of a packed row. Attention then runs group by
+        group and never computes the masked-out pairs between documents; the result is the same."""
         n_slots = block_ids.shape[1]
         b = self.block_size
         with torch.no_grad():
             x = self.embed_tokens(block_ids).to(self.fc.weight.dtype)
         cos, sin = self.rotary_emb(x, block_positions)
+        groups = groups or [(0, n_slots, 0, ctx_mask.shape[1])]
         blk = torch.arange(n_slots, device=block_ids.device) // b
         slot = torch.arange(n_slots, device=block_ids.device) % b
-        same_block = blk[:, None] == blk[None, :]
-        masks = {causal: torch.cat([ctx_mask, same_block & (slot[None, :] <= slot[:, None]) if causal
-                                    else same_block], dim=1)[None, None] for causal in set(self.block_causal)}
+        masks = {}  # per causal flag, per group: [1, 1, slots, rows + slots]
+        for causal in set(self.block_causal):
+            masks[causal] = []
+            for s0, s1, c0, c1 in groups:
+                same_block = blk[s0:s1, None] == blk[None, s0:s1]
+                own = same_block & (slot[None, s0:s1] <= slot[s0:s1, None]) if causal else same_block
+                masks[causal].append(torch.cat([ctx_mask[s0:s1, c0:c1], own], dim=1)[None, None])
 
         def attend(i, q, k, v):
             k_ctx, v_ctx = ctx_kv[i]
-            keys = repeat_kv(torch.cat([k_ctx, k], dim=2), self.kv_groups)
-            values = repeat_kv(torch.cat([v_ctx, v], dim=2), self.kv_groups)
-            return F.scaled_dot_product_attention(q, keys, values, attn_mask=masks[self.block_causal[i]])
+            outs = []
+            for (s0, s1, c0, c1), mask in zip(groups, masks[self.block_causal[i]]):
+                keys = repeat_kv(torch.cat([k_ctx[:, :, c0:c1], k[:, :, s0:s1]], dim=2), self.kv_groups)
+                values = repeat_kv(torch.cat([v_ctx[:, :, c0:c1], v[:, :, s0:s1]], dim=2), self.kv_groups)
+                outs.append(F.scaled_dot_product_attention(q[:, :, s0:s1], keys, values, attn_mask=mask))
+            return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
 
         for layer in self.layers:
             x = layer(x, cos, sin, attend)
@@ -133,7 +161,8 @@ class DFlashDraft(nn.Module):
         if window:
             ctx_mask = ctx_mask & (idx[None, :] >= anchors[:, None] - window)
         ctx_mask = ctx_mask.repeat_interleave(b, dim=0)  # [N*B, T]
-        x = self.block_forward(block_ids.view(1, -1), block_pos.view(1, -1), ctx_kv, ctx_mask)
+        x = self.block_forward(block_ids.view(1, -1), block_pos.view(1, -1), ctx_kv, ctx_mask,
+                               document_groups(document_ids, anchors, b))
         return x.view(n, b, -1)
 
     def forward(self, aux, input_ids, position_ids, document_ids, anchors):  # the training entry point (DDP calls it)
