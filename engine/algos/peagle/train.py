@@ -88,7 +88,7 @@ class PEagleObjective:
         anchor, depth, row = element_rows(batch)                                  # [T+M] each
         keep = batch["loss_mask"][0].bool()[row]                                  # [T+M] target row in the loss
         kept = keep.nonzero().squeeze(1)                                          # [K]
-        # the heads (draft and target) run on the K elements in the loss only: about 3/4 of the rows of a chat
+        # the heads (draft and target) run on the K elements in the loss only (70% of the shipped data's tokens)
         logits = model(batch["aux"], batch["input_ids"], batch["position_ids"], batch["document_ids"],
                        batch["anchors"], batch["depths"], kept)[0]                # [K, Vd]
         targets = target_logits(batch["verifier_last"][0, row[kept]], self.norm, self.head_rows)  # [K, Vd]
