@@ -265,6 +265,22 @@ def test_dspark_reruns_are_their_records(name):
     assert ('{"ce": 0.1, "tv": 0.9}' in run["speculators"]["command"]) == name.endswith("same-objective")
 
 
+def test_the_per_document_rerun_is_its_record():
+    """P-EAGLE, DFlash and DSpark after the heads-on-loss-rows and per-document attention changes: the section's table,
+    command and ratios are the record's, on the same token count, with speculators on our DSpark objective."""
+    from benchmarks.bench_train_quality import table
+
+    text = _section(DOC.read_text(), "### P-EAGLE, DFlash and DSpark again")
+    record = _record("train_quality/amd-epyc-zen4-per-document.json")
+    assert "benchmarks/results/train_quality/amd-epyc-zen4-per-document.json" in text and "AMD EPYC" in record["cpu"]
+    assert record["command"] in text and table(record["results"]) in text
+    assert set(record["results"]) == {"peagle", "dflash", "dspark"}
+    for algo, run in record["results"].items():
+        assert run["data"]["tokens"] == 153486 and run["data"]["steps"] == 75
+        assert f"{run['cpu_ratio']:.2f}×" in text
+    assert '{"ce": 0.1, "tv": 0.9}' in record["results"]["dspark"]["speculators"]["command"]
+
+
 def test_vllm_data_cost_table_is_its_record():
     """The recipe way against the vLLM-only way, per conversation, is the record's (AMD EPYC Zen 4)."""
     from benchmarks.bench_data_cost import table
