@@ -119,13 +119,21 @@ class DFlashDraft(nn.Module):
                 own = same_block & (slot[None, s0:s1] <= slot[s0:s1, None]) if causal else same_block
                 masks[causal].append(torch.cat([ctx_mask[s0:s1, c0:c1], own], dim=1)[None, None])
 
+        # split (not index) the rows and slots into the groups' pieces: the backward of a split writes each piece's
+        # gradient into one buffer, where every slice would allocate and add a full-size zero gradient
+        row_cuts = sorted({0, ctx_mask.shape[1]} | {c for g in groups for c in g[2:]})
+        row_sizes = [b - a for a, b in zip(row_cuts[:-1], row_cuts[1:])]
+        row_piece = [row_cuts.index(c0) for _, _, c0, _ in groups]
+        slot_sizes = [s1 - s0 for s0, s1, _, _ in groups]  # the groups cover the slots in order
+
         def attend(i, q, k, v):
-            k_ctx, v_ctx = ctx_kv[i]
+            k_ctx, v_ctx = (t.split(row_sizes, dim=2) for t in ctx_kv[i])
             outs = []
-            for (s0, s1, c0, c1), mask in zip(groups, masks[self.block_causal[i]]):
-                keys = repeat_kv(torch.cat([k_ctx[:, :, c0:c1], k[:, :, s0:s1]], dim=2), self.kv_groups)
-                values = repeat_kv(torch.cat([v_ctx[:, :, c0:c1], v[:, :, s0:s1]], dim=2), self.kv_groups)
-                outs.append(F.scaled_dot_product_attention(q[:, :, s0:s1], keys, values, attn_mask=mask))
+            for g, (q_g, k_g, v_g, mask) in enumerate(zip(q.split(slot_sizes, dim=2), k.split(slot_sizes, dim=2),
+                                                          v.split(slot_sizes, dim=2), masks[self.block_causal[i]])):
+                keys = repeat_kv(torch.cat([k_ctx[row_piece[g]], k_g], dim=2), self.kv_groups)
+                values = repeat_kv(torch.cat([v_ctx[row_piece[g]], v_g], dim=2), self.kv_groups)
+                outs.append(F.scaled_dot_product_attention(q_g, keys, values, attn_mask=mask))
             return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
 
         for layer in self.layers:
