@@ -265,16 +265,19 @@ def test_dspark_reruns_are_their_records(name):
     assert ('{"ce": 0.1, "tv": 0.9}' in run["speculators"]["command"]) == name.endswith("same-objective")
 
 
-def test_the_per_document_rerun_is_its_record():
-    """P-EAGLE, DFlash and DSpark after the heads-on-loss-rows and per-document attention changes: the section's table,
-    command and ratios are the record's, on the same token count, with speculators on our DSpark objective."""
+@pytest.mark.parametrize("name,algos", [("amd-epyc-zen4-per-document", {"peagle", "dflash", "dspark"}),
+                                        ("amd-epyc-zen4-per-document-split", {"dflash", "dspark"})])
+def test_the_per_document_reruns_are_their_records(name, algos):
+    """P-EAGLE, DFlash and DSpark after the heads-on-loss-rows and per-document attention changes (then DFlash and
+    DSpark after the split): the section's tables, commands and ratios are the records', on the same token count,
+    with speculators on our DSpark objective."""
     from benchmarks.bench_train_quality import table
 
     text = _section(DOC.read_text(), "### P-EAGLE, DFlash and DSpark again")
-    record = _record("train_quality/amd-epyc-zen4-per-document.json")
-    assert "benchmarks/results/train_quality/amd-epyc-zen4-per-document.json" in text and "AMD EPYC" in record["cpu"]
+    record = _record(f"train_quality/{name}.json")
+    assert f"benchmarks/results/train_quality/{name}.json" in text and "AMD EPYC" in record["cpu"]
     assert record["command"] in text and table(record["results"]) in text
-    assert set(record["results"]) == {"peagle", "dflash", "dspark"}
+    assert set(record["results"]) == algos
     for algo, run in record["results"].items():
         assert run["data"]["tokens"] == 153486 and run["data"]["steps"] == 75
         assert f"{run['cpu_ratio']:.2f}×" in text
