@@ -122,7 +122,7 @@ class DFlashDraft(nn.Module):
         # split (not index) the rows and slots into the groups' pieces: the backward of a split writes each piece's
         # gradient into one buffer, where every slice would allocate and add a full-size zero gradient
         row_cuts = sorted({0, ctx_mask.shape[1]} | {c for g in groups for c in g[2:]})
-        row_sizes = [b - a for a, b in zip(row_cuts[:-1], row_cuts[1:])]
+        row_sizes = [hi - lo for lo, hi in zip(row_cuts[:-1], row_cuts[1:])]
         row_piece = [row_cuts.index(c0) for _, _, c0, _ in groups]
         slot_sizes = [s1 - s0 for s0, s1, _, _ in groups]  # the groups cover the slots in order
 
