@@ -220,6 +220,16 @@ def claim_names(folder: str | Path, names: Iterable[str], *, kind: str, what: st
     return folder
 
 
+def release_names(folder: str | Path, names: Iterable[str]) -> None:
+    """Drop `names` (files the workbench wrote into `folder` and has removed) from its owner marker, so that a file
+    of the user's later put under one of those names is not taken for ours."""
+    folder, names = Path(folder), set(names)
+    ours = _recorded(folder)
+    if ours & names:
+        marker = read_json(folder / OWNER_MARKER)
+        atomic_write_json(folder / OWNER_MARKER, {**marker, "files": sorted(ours - names)})
+
+
 @contextlib.contextmanager
 def atomic_directory(final: str | Path, *, owner: str | None = None, overwrite: bool = False,
                      also_ours=None) -> Iterator[Path]:

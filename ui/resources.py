@@ -31,7 +31,7 @@ def log_to_terminal() -> None:
 def _stamp(path: str | os.PathLike) -> float:
     """Changes when a folder's config or weights are rewritten, so a retrained draft is reloaded."""
     p = Path(path)
-    stamps = [f.stat().st_mtime for f in (p / "config.json", p / "model.safetensors") if f.exists()]
+    stamps = [f.stat().st_mtime for f in (p / "config.json", *p.glob("*.safetensors")) if f.exists()]
     return max(stamps, default=0.0)
 
 

@@ -6,7 +6,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Collection, Mapping
 
 import torch
 
@@ -156,11 +156,14 @@ def save_checkpoint(
     dtype: torch.dtype | None = None,
     extra_files: Mapping[str, str] | None = None,
     max_shard_bytes: int | None = None,
+    own_shards: Collection[str] = (),
     overwrite: bool = False,
 ) -> Path:
     """Write config.json + model.safetensors (or shards with an index) atomically.
 
-    Floating tensors are cast to `dtype` when given; integer/bool tensors (d2t, t2d) keep theirs.
+    Floating tensors are cast to `dtype` when given; integer/bool tensors (d2t, t2d) keep theirs. Each tensor
+    named in `own_shards` gets a shard of its own: a tensor that never changes (the verifier's embedding) is then
+    the same file, byte for byte, in every draft saved so, and git stores it once.
     The folder appears complete or not at all. An existing folder is replaced only when it is empty or a
     draft the workbench wrote (its ownership marker lists every file in it), or with `overwrite`;
     otherwise a WorkbenchError says so and nothing is touched.
@@ -176,7 +179,7 @@ def save_checkpoint(
     }
     with atomic_directory(folder, owner="draft", overwrite=overwrite, also_ours=legacy_job_draft) as tmp:
         atomic_write_text(tmp / CONFIG_NAME, json.dumps(cfg, indent=2, sort_keys=True) + "\n")
-        shards = _shard(tensors, max_shard_bytes)
+        shards = _shard(tensors, max_shard_bytes, own_shards)
         if len(shards) == 1:
             atomic_save_safetensors(shards[0], tmp / WEIGHTS_NAME, metadata={"format": "pt"})
         else:
@@ -205,19 +208,22 @@ def legacy_job_draft(folder: str | os.PathLike) -> bool:
     return CONFIG_NAME in names and all(n in draft_files or n.endswith(".safetensors") for n in names)
 
 
-def _shard(tensors: dict[str, torch.Tensor], max_bytes: int | None) -> list[dict[str, torch.Tensor]]:
-    if not max_bytes:
-        return [tensors]
-    shards: list[dict[str, torch.Tensor]] = [{}]
+def _shard(tensors: dict[str, torch.Tensor], max_bytes: int | None,
+           own_shards: Collection[str] = ()) -> list[dict[str, torch.Tensor]]:
+    """The tensors in `own_shards` one per shard first, then the rest in shards of at most `max_bytes` (one
+    shard without a limit)."""
+    shards: list[dict[str, torch.Tensor]] = [{k: tensors[k]} for k in own_shards if k in tensors] + [{}]
     size = 0
     for k, v in tensors.items():
+        if k in own_shards:
+            continue
         n = v.numel() * v.element_size()
-        if shards[-1] and size + n > max_bytes:
+        if max_bytes and shards[-1] and size + n > max_bytes:
             shards.append({})
             size = 0
         shards[-1][k] = v
         size += n
-    return shards
+    return [s for s in shards if s] or [{}]
 
 
 def write_speculative_tokens(folder: str | os.PathLike, k: int) -> Path:

@@ -10,13 +10,13 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import shutil
+import os
 import time
 from pathlib import Path
 from typing import Any
 
 from engine.errors import WorkbenchError
-from engine.fsutil import atomic_write_json, claim_names, read_json
+from engine.fsutil import atomic_write_json, claim_names, read_json, release_names
 from engine.jobs import reporter
 from engine.recipes.spec import STEP_COMMANDS, STEPS, cli_flags, data_recipe, load_recipe, step_options
 
@@ -211,8 +211,9 @@ def acceptance_curve(recipe: dict[str, Any], *, force: bool = False) -> list[dic
 
 def _stamp(folder: Path) -> str:
     """Identifies the weights in a draft or checkpoint folder (size and modification time of its safetensors)."""
-    st = (folder / "model.safetensors").stat()
-    return f"{st.st_size}-{st.st_mtime_ns}"
+    from engine.format.checkpoint import weight_files
+
+    return "+".join(f"{st.st_size}-{st.st_mtime_ns}" for st in (f.stat() for f in weight_files(folder)))
 
 
 def k_sweep(recipe: dict[str, Any], *, draft: Path | None = None, out_file: Path | None = None,
@@ -352,24 +353,44 @@ def _remeasure_command(recipe: dict[str, Any], step: str, shipped: Path, out: Pa
     return f"{step} of {shipped} with {recipe[step]} into {out / f'{step}.json'}"
 
 
-SHIPPED_FILES = {"config.json", "model.safetensors", "README.md"}  # what `ship` writes into its destination
+def _weight_names(folder: Path) -> set[str]:
+    """The names of the weight files in a draft folder (shard index and safetensors files)."""
+    from engine.format.checkpoint import INDEX_NAME
+
+    return {p.name for p in folder.glob("*.safetensors")} | ({INDEX_NAME} if (folder / INDEX_NAME).exists() else set())
 
 
 def ship(recipe: dict[str, Any]) -> Path:
-    """Copy the trained draft (bf16 config + safetensors) into the shipped location."""
+    """Write the trained draft (bf16 config + safetensors) into the shipped location, the verifier's embedding (when
+    the draft stores it) in a shard of its own: the same bytes in every re-ship, so git keeps one copy of it."""
+    import tempfile
+
+    from engine.format.checkpoint import load_state_dict, read_config_dict, save_checkpoint
+    from engine.format.repair import EMBED
     from engine.format.validate import validate_draft
 
-    work = Path(recipe["work"])
-    src = work / "train" / "draft"
+    src = Path(recipe["work"]) / "train" / "draft"
     dest = Path(recipe["ship"]["to"])
-    claim_names(dest, SHIPPED_FILES, kind="shipped-draft", what="ship destination",
-                flag="the recipe's `ship: to:`")  # only a destination an earlier ship wrote is replaced
+
+    def claim(names: set[str]) -> None:  # only what an earlier ship wrote is replaced or removed
+        claim_names(dest, names, kind="shipped-draft", what="ship destination", flag="the recipe's `ship: to:`")
+
+    previous = _weight_names(dest)
+    claim({"config.json", "README.md"} | previous)
     report = validate_draft(src)
     if not report.ok:
         raise WorkbenchError(f"the trained draft does not validate: {[e.message for e in report.errors]}")
-    dest.mkdir(parents=True, exist_ok=True)
-    for name in SHIPPED_FILES - {"README.md"}:  # the card is written next
-        shutil.copy2(src / name, dest / name)
+    with tempfile.TemporaryDirectory(prefix=".ship-", dir=dest.parent) as tmp:
+        staged = save_checkpoint(Path(tmp) / "draft", read_config_dict(src), load_state_dict(src),
+                                 own_shards=[EMBED])
+        written = {"config.json"} | _weight_names(staged)
+        claim(written)
+        for name in sorted(written):
+            os.replace(staged / name, dest / name)
+    stale = previous - written  # the previous ship's layout (one model.safetensors before the embedding's shard)
+    for name in stale:
+        (dest / name).unlink()
+    release_names(dest, stale)
     from engine.recipes.model_card import write_model_card
 
     write_model_card(recipe, dest)

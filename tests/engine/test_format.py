@@ -370,6 +370,23 @@ def test_sharded_checkpoint_reads_back(tmp_path):
     assert all(torch.equal(back[k], state[k]) for k in state)
 
 
+def test_a_tensor_in_its_own_shard_is_the_same_file_in_every_draft_that_stores_it(tmp_path):
+    """The verifier's embedding gets a shard of its own: two drafts with different weights share that file byte for
+    byte (git keeps one copy), and both read back whole."""
+    embed = torch.randn(32, 8).to(torch.bfloat16)
+    folders = [save_checkpoint(tmp_path / f"d{i}", {"v": i}, {"fc.weight": torch.randn(8, 16),
+                                                             "embed_tokens.weight": embed},
+                               dtype=torch.bfloat16, own_shards=["embed_tokens.weight"]) for i in range(2)]
+    index = json.loads((folders[0] / "model.safetensors.index.json").read_text())["weight_map"]
+    assert index["embed_tokens.weight"] != index["fc.weight"] and not (folders[0] / "model.safetensors").exists()
+    shard = index["embed_tokens.weight"]
+    assert (folders[0] / shard).read_bytes() == (folders[1] / shard).read_bytes()
+    assert (folders[0] / index["fc.weight"]).read_bytes() != (folders[1] / index["fc.weight"]).read_bytes()
+    assert all(torch.equal(load_state_dict(f)["embed_tokens.weight"], embed) for f in folders)
+    alone = save_checkpoint(tmp_path / "slim", {}, {"fc.weight": torch.ones(2)}, own_shards=["embed_tokens.weight"])
+    assert [p.name for p in alone.glob("*.safetensors")] == ["model.safetensors"]  # nothing to set apart
+
+
 def test_failed_write_leaves_previous_checkpoint_intact(tmp_path):
     folder = save_checkpoint(tmp_path / "ckpt", {"v": 1}, {"w": torch.ones(3)})
 

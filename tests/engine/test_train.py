@@ -454,6 +454,37 @@ def test_ship_refuses_a_destination_holding_files_the_workbench_did_not_write(tm
     assert (dest / "notes.txt").read_text() == "the user's" and (dest / "config.json").read_text() == "{}"
 
 
+def test_ship_sets_the_embedding_apart_and_replaces_only_the_old_layout_it_wrote(tiny_llama, tmp_path, monkeypatch):
+    """A re-ship over the old single-file layout: the verifier's embedding in a shard of its own, the old
+    model.safetensors removed and no longer recorded as ours; the draft reads back as trained."""
+    from engine.algos import ALGOS
+    from engine.algos.eagle3.args import Eagle3Args
+    from engine.format.checkpoint import load_state_dict
+    from engine.fsutil import OWNER_MARKER, claim_names
+    from engine.recipes import model_card
+    from engine.recipes.recipe import ship
+
+    algo = ALGOS.get("eagle3")
+    draft = algo.build(tiny_llama, Eagle3Args(), aux_layer_ids=[1, 2, 3], token_counts=None, seed=0)
+    trained = algo.save(draft, tmp_path / "work" / "train" / "draft")
+    dest = tmp_path / "shipped"
+    claim_names(dest, ["config.json", "model.safetensors", "README.md"], kind="shipped-draft")
+    for name in ("config.json", "model.safetensors", "README.md"):
+        (dest / name).write_text("the previous ship's")
+    monkeypatch.setattr(model_card, "write_model_card", lambda recipe, folder: (folder / "README.md").write_text("card"))
+    ship({"name": "r", "work": str(tmp_path / "work"), "ship": {"to": str(dest)}})
+
+    index = json.loads((dest / "model.safetensors.index.json").read_text())["weight_map"]
+    embed_shard = index.pop("embed_tokens.weight")
+    assert embed_shard not in index.values()  # a shard of its own
+    assert set(tensor_index(dest)) == set(tensor_index(trained)) and not (dest / "model.safetensors").exists()
+    back, want = load_state_dict(dest), load_state_dict(trained)
+    assert all(torch.equal(back[k], want[k]) for k in want)
+    files = {p.name for p in dest.iterdir()} - {OWNER_MARKER}
+    assert set(json.loads((dest / OWNER_MARKER).read_text())["files"]) == files
+    assert "model.safetensors" not in files and validate_draft(dest).ok
+
+
 def test_remeasured_figures_replace_the_old_ones_in_a_shipped_card_and_keep_its_training_sections(tmp_path):
     """The shipped EAGLE-3 card as it was (fp32 figures), refreshed from new bench, vLLM and sweep records."""
     from engine.recipes.model_card import refresh_measurements
