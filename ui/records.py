@@ -73,6 +73,36 @@ def same_draft(a: str | None, b: str | None) -> bool:
     return len(pa.parts) >= 2 and pa.parts[-2:] == pb.parts[-2:] and pa.parts[-2] == "drafts"
 
 
+def weights_digest(draft: str | None) -> str | None:
+    """sha256 of a draft folder's weights (what records store as `draft_sha256`), cached while its files are
+    unchanged; None without readable weights."""
+    from engine.errors import WorkbenchError
+    from engine.format.checkpoint import weight_files
+
+    try:
+        files = weight_files(draft) if draft else []
+        stamps = tuple((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files)
+    except (WorkbenchError, OSError):
+        return None
+    return _digest(str(Path(draft).resolve()), stamps) if files else None
+
+
+@functools.lru_cache(maxsize=16)
+def _digest(folder: str, stamps: tuple) -> str:  # `stamps` only keys the cache: new files, new digest
+    from engine.format.checkpoint import weights_sha256
+
+    return weights_sha256(folder)
+
+
+def of_these_weights(recs: dict[str, dict[str, Any]], draft: str) -> set[str]:
+    """The keys of `recs` (records naming this draft folder) that measured its current weights: those whose
+    `draft_sha256` is the folder's; records from before the digest was kept count only when none has it.
+    A re-shipped draft keeps its folder, so the name alone would credit it with its predecessor's figures."""
+    digest = weights_digest(draft)
+    exact = {k for k, r in recs.items() if digest and r.get("draft_sha256") == digest}
+    return exact or {k for k, r in recs.items() if not r.get("draft_sha256")}
+
+
 def shipped_json(predicate) -> list[Path]:
     """benchmarks/results/**/*.json whose content satisfies `predicate(data)`, sorted by path."""
     import json

@@ -99,6 +99,19 @@ def weight_files(folder: str | os.PathLike) -> list[Path]:
     raise WorkbenchError("no model.safetensors in the folder", where=str(folder), hint="save the weights as safetensors")
 
 
+def weights_sha256(folder: str | os.PathLike) -> str:
+    """sha256 over the bytes of a checkpoint's safetensors files in name order: which weights a record measured
+    (a re-shipped draft keeps its folder name, so the name alone cannot tell)."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for f in sorted(weight_files(folder), key=lambda p: p.name):
+        with open(f, "rb") as handle:
+            for chunk in iter(lambda: handle.read(1 << 22), b""):
+                digest.update(chunk)
+    return digest.hexdigest()
+
+
 def _inside(name: str) -> bool:
     """A shard name of an index: relative, and inside the folder written as it is (symlinked files are fine)."""
     norm = os.path.normpath(name)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Sequence
 
 import torch
@@ -256,9 +257,19 @@ def benchmark(*, target: str | None = None, draft: str | None = None, prompts: s
         from engine.generate.api import default_draft
         from engine.serve.bench import run_vllm_bench
 
-        return run_vllm_bench(prompt_rows, target=target, draft=draft or default_draft(target), k=k,
-                              max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
-                              methods=tuple(m for m in methods if m in ("baseline", "draft", "ngram")),
-                              dtype=vllm_dtype(dtype), tokenize=True)
-    return run_bench(load_decode_target(target, dtype), prompt_rows, methods=methods, draft=draft,
-                     assistant=assistant, k=k, params=params, span=span)
+        draft = draft or default_draft(target)
+        result = run_vllm_bench(prompt_rows, target=target, draft=draft, k=k, max_new_tokens=max_new_tokens,
+                                temperature=temperature, seed=seed,
+                                methods=tuple(m for m in methods if m in ("baseline", "draft", "ngram")),
+                                dtype=vllm_dtype(dtype), tokenize=True)
+    else:
+        result = run_bench(load_decode_target(target, dtype), prompt_rows, methods=methods, draft=draft,
+                           assistant=assistant, k=k, params=params, span=span)
+    return {**result, **_weights_of(draft if "draft" in methods else None)}
+
+
+def _weights_of(draft: str | None) -> dict[str, str]:
+    """{"draft_sha256": ...} for a draft folder: the weights measured, beyond the folder's name."""
+    from engine.format.checkpoint import weights_sha256
+
+    return {"draft_sha256": weights_sha256(draft)} if draft and Path(draft).is_dir() else {}

@@ -300,3 +300,30 @@ def test_the_identical_badge_says_which_comparison_it_makes():
     text, color, why = identical_badge("Draft model", False, False, 0.0)
     assert color == "orange" and "near-tie" in why and "--dtype auto" in why
     assert "temperature > 0" in identical_badge("Draft model", False, True, 0.7)[2]
+
+
+def test_a_redrafted_folder_is_credited_only_with_the_figures_of_its_own_weights(tmp_path, monkeypatch):
+    """A re-shipped draft keeps its folder: records of the weights it had before (another `draft_sha256`) are not
+    its speed; records from before digests were kept count only while none measured these weights."""
+    import torch
+
+    from engine.format.checkpoint import save_checkpoint, weights_sha256
+    from ui import bench
+
+    draft = save_checkpoint(tmp_path / "drafts" / "mine", {"v": 1}, {"w": torch.ones(3)})
+    paths = {}
+
+    def record(name: str, speedup: float, **extra) -> None:
+        paths[f"{bench.SHIPPED_PREFIX}{name}"] = path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps({"draft": str(draft), "k": 3, "date": "2026-12-01", **extra,
+                                    "methods": {"draft": {"speedup": speedup, "mean_acceptance_length": 1.5}}}))
+
+    monkeypatch.setattr(bench, "results", lambda: dict(paths))
+    record("legacy", 0.9)
+    assert bench.draft_speed(str(draft))["speedup"] == 0.9       # nothing better known
+    record("predecessor", 1.1, draft_sha256="0" * 64)
+    assert bench.draft_speed(str(draft))["speedup"] == 0.9       # another weights' figure never counts
+    record("these", 1.3, draft_sha256=weights_sha256(draft))
+    assert bench.draft_speed(str(draft))["speedup"] == 1.3
+    del paths[f"{bench.SHIPPED_PREFIX}legacy"], paths[f"{bench.SHIPPED_PREFIX}these"]
+    assert bench.draft_speed(str(draft)) is None

@@ -66,6 +66,9 @@ def test_bench_cli_writes_json_and_skips_unfit_assistant(tiny_targets, tiny_draf
     assert data["methods"]["hf_assisted"]["skipped"]
     assert data["cpu"] and len(data["date"]) == 10  # the record names its machine and day
     assert data["methods"]["draft"]["identical_to_baseline"] is True
+    from engine.format.checkpoint import weights_sha256
+
+    assert data["draft_sha256"] == weights_sha256(tiny_draft_dir)  # and the weights it measured
 
 
 def test_prompt_file_errors_are_clear(tmp_path):
