@@ -138,6 +138,12 @@ def _bench_table(bench: dict[str, Any]) -> str:
     return markdown_table(bench) if bench.get("methods") else "_not measured yet_"
 
 
+def _seeded(marker: dict[str, Any]) -> str:
+    """What a step's wall time leaves out: the regenerated rows it took from the repository's kept ones."""
+    rows = marker.get("seeded_rows")
+    return f" ({rows:,} rows taken from the kept ones in assets/regenerated/, made in earlier runs)" if rows else ""
+
+
 def render(recipe: dict[str, Any], facts: dict[str, Any]) -> str:
     from engine.algos import ALGOS, default_algo
 
@@ -198,7 +204,8 @@ def render(recipe: dict[str, Any], facts: dict[str, Any]) -> str:
         f"estimated acceptance length {facts['val_last'].get('est_acceptance_length', float('nan')):.2f}.",
         *_calibration_lines(facts.get("calibration") or {}),
         f"- Hardware: {facts['hardware']}. Wall time: "
-        + ", ".join(f"{k} {_hours(v)}" for k, v in timings.items()) + f" (total {_hours(total)}).",
+        + ", ".join(f"{k} {_hours(v)}{_seeded(facts['steps'].get(k, {}))}" for k, v in timings.items())
+        + f" (total {_hours(total)}).",
         "",
         *results_section(recipe, bench),
         *_vllm_section(facts.get("vllm_bench") or {}, recipe),

@@ -135,10 +135,11 @@ def run_recipe(name_or_path: str, *, only: list[str] | None = None, force: bool 
         rep.update(f"recipe step {step}", i / max(1, len(steps)))
         kept = _kept_folder(source or recipe) if step == "regenerate" else None
         kept_name = _kept_name(source or recipe)
+        seeded = 0
         if kept is not None:  # rows regenerated on other machines with these settings are not paid again
             from engine.data.kept import seed, selection_ids
 
-            seed(kept_name, opts["out"], opts, kept, ids=selection_ids(opts))
+            seeded = seed(kept_name, opts["out"], opts, kept, ids=selection_ids(opts))
         t = time.time()
         STEP_FUNCTIONS[step](opts)
         timings[step] = time.time() - t
@@ -148,7 +149,8 @@ def run_recipe(name_or_path: str, *, only: list[str] | None = None, force: bool 
             keep(kept_name, opts["out"], opts, kept)
         marker.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_json(marker, {"digest": digest, "argv": argv, "inputs": inputs, "seconds": timings[step],
-                                   "finished": time.strftime("%Y-%m-%dT%H:%M:%S")})
+                                   "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                                   **({"seeded_rows": seeded} if seeded else {})})
     if "curve" in recipe and (not only or "curve" in only) and not dry_run:
         rep.update("recipe step curve")
         acceptance_curve(recipe, force=force)

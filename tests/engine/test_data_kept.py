@@ -108,12 +108,16 @@ def test_a_recipe_kept_as_another_recipes_name_starts_from_that_recipes_rows(tin
     assert len(answered) == asked_before  # its rows came from the first recipe's kept file
     assert len((tmp_path / "second" / "regenerated.jsonl").read_text().splitlines()) == 2
     assert not (tmp_path / "kept" / "second.jsonl.gz").exists()
+    from engine.recipes.model_card import _seeded
+
+    marker = json.loads((tmp_path / "second" / "steps" / "regenerate.json").read_text())
+    assert marker["seeded_rows"] == 2 and "2 rows taken from the kept ones" in _seeded(marker)  # the card says so
 
 
 def test_the_eagle3_recipes_kept_rows_are_four_times_the_shipped_drafts_conversations():
     """The README's claim: the committed EAGLE-3 rows match their sha256, were answered with the settings the recipe's
-    regenerate step runs with, have distinct ids and number at least 4 x the 2,689 conversations the shipped draft
-    was trained on, all inside the first 12,000 train samples (`max_samples: 12000`)."""
+    regenerate step runs with, have distinct ids and number at least 4 x the 2,689 conversations the first draft
+    was trained on, all inside the first 12,000 train samples, which the recipe asks for (`max_samples: 12000`)."""
     from engine.recipes.spec import load_recipe, step_options
 
     regenerate = dict(step_options(load_recipe("smollm2-eagle3")))["regenerate"]
@@ -121,4 +125,4 @@ def test_the_eagle3_recipes_kept_rows_are_four_times_the_shipped_drafts_conversa
     assert provenance["settings"] == kept.answer_settings(regenerate)
     ids = [json.loads(line)["id"] for line in lines]
     assert len(set(ids)) == len(ids) == provenance["rows"] >= 4 * 2689
-    assert set(ids) <= kept.selection_ids({**regenerate, "max_samples": 12000})  # the README's re-ship setting
+    assert regenerate["max_samples"] == 12000 and set(ids) <= kept.selection_ids(regenerate)
