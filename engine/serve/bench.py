@@ -160,4 +160,14 @@ def _result(runs: dict[str, dict[str, Any]], **facts: Any) -> dict[str, Any]:
             "speculative_config": run["speculative_config"],
         }
     facts["draft"] = str(facts["draft"]) if facts.get("draft") is not None else None
-    return {"methods": out, "backend": "vllm", **facts}
+    return {"methods": out, "backend": "vllm", **facts, **_machine()}
+
+
+def _machine() -> dict[str, Any]:
+    """Where the servers ran, for the record: the CPU with vLLM's CPU build (None with its CUDA build), the day."""
+    from engine.serve.venv import read_stamp
+    from engine.targets import cpu_name
+
+    env = read_stamp()
+    return {"cpu": cpu_name() if env is None or env.flavor == "cpu" else None, "vllm_flavor": env and env.flavor,
+            "date": time.strftime("%Y-%m-%d")}

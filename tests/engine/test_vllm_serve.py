@@ -292,7 +292,8 @@ def vllm_bench(vllm_pool):
 @pytest.mark.slow  # the default suite's budget: the shipped/random-draft tests below cover the same paths
 def test_explicit_form_and_ngram_are_lossless_and_counted(vllm_bench, random_draft):
     result = vllm_bench(random_draft, methods=("baseline", "draft", "ngram"))
-    assert result["backend"] == "vllm"
+    assert result["backend"] == "vllm" and result["vllm_flavor"] == "cpu"
+    assert result["cpu"] and len(result["date"]) == 10  # the record names the machine its servers ran on, and the day
     base, draft, ngram = (result["methods"][m] for m in ("baseline", "draft", "ngram"))
     print("\nvLLM bench (fp32, random draft):", {m: {k: v[k] for k in ("tokens_per_s", "speedup",
           "mean_acceptance_length", "server_start_s", "memory_bytes")} for m, v in result["methods"].items()})
