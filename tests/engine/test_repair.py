@@ -1,6 +1,5 @@
 """`python -m engine repair`: a draft without its embedding gets the verifier's, in place only where the workbench
-wrote it; the shipped EAGLE-3 draft, repaired into a new folder, loads in speculators 0.9.0 with our logits and
-our acceptance."""
+wrote it; the shipped EAGLE-3 draft stores it and loads in speculators 0.9.0 with our logits and our acceptance."""
 
 from __future__ import annotations
 
@@ -82,25 +81,32 @@ def test_a_verifier_of_another_shape_is_refused_with_both_shapes(tiny_llama, bui
 
 
 @pytest.fixture(scope="module")
-def repaired_shipped(builtin_target, tmp_path_factory) -> Path:
-    """The shipped EAGLE-3 draft repaired into a new folder (the shipped files stay small, without the 57 MB
-    embedding): what a user who loads it in speculators 0.9.0 runs first, as validate's warning says."""
-    out = tmp_path_factory.mktemp("repaired") / "eagle3"
-    proc = _cli(str(SHIPPED), "--out", str(out))
-    assert proc.returncode == 0, proc.stderr
-    return out
+def slim_shipped(tmp_path_factory) -> Path:
+    """The shipped EAGLE-3 draft as it was shipped before issue 31: the same weights without the stored embedding
+    (one model.safetensors, bf16)."""
+    from engine.format.checkpoint import load_state_dict, read_config_dict, save_checkpoint
+
+    state = load_state_dict(SHIPPED)
+    del state[EMBED]
+    return save_checkpoint(tmp_path_factory.mktemp("slim") / "eagle3", read_config_dict(SHIPPED), state)
 
 
-def test_the_shipped_draft_is_warned_about_and_repaired_with_the_targets_embedding(builtin_target, repaired_shipped):
-    from safetensors import safe_open
+def test_the_shipped_draft_stores_the_targets_embedding_and_repair_gives_a_slim_copy_the_same(
+        builtin_target, slim_shipped, tmp_path):
+    """No warning about the shipped files: they store the target's embedding (bf16, in a shard of its own). A copy
+    without it is warned about, and `repair` writes back exactly the stored one."""
+    from engine.format.checkpoint import load_state_dict, tensor_index
 
-    [warning] = _embed_warnings(SHIPPED)
-    assert "python -m engine repair" in warning.message
-    assert not _embed_warnings(repaired_shipped)
-    with safe_open(str(repaired_shipped / "model.safetensors"), framework="pt") as f:
-        stored = f.get_tensor(EMBED)
+    assert not _embed_warnings(SHIPPED) and EMBED in tensor_index(SHIPPED)
+    stored = load_state_dict(SHIPPED)[EMBED]
     assert stored.dtype == torch.bfloat16
     assert torch.equal(stored, builtin_target.embed_tokens().weight.detach().to(torch.bfloat16))
+    [warning] = _embed_warnings(slim_shipped)
+    assert "python -m engine repair" in warning.message
+    proc = _cli(str(slim_shipped), "--out", str(tmp_path / "repaired"))
+    assert proc.returncode == 0, proc.stderr
+    assert not _embed_warnings(tmp_path / "repaired")
+    assert torch.equal(load_state_dict(tmp_path / "repaired")[EMBED], stored)
 
 
 @pytest.fixture(scope="module")
@@ -116,26 +122,26 @@ def held_out(builtin_target):
 
 
 @pytest.mark.speculators
-def test_speculators_loads_the_repaired_shipped_draft_with_its_embedding_and_accepts_as_our_engine(
-        builtin_target, repaired_shipped, held_out):
-    """speculators 0.9.0 on the repaired files: its embedding is the stored one (not random), its logits over the
-    training-time-test steps equal ours, and the decoding-exact acceptance its logits give on held-out prompts is
-    ours. The shipped files as they are (no embedding) draft worse there: what the repair is for."""
+def test_speculators_loads_the_shipped_draft_with_its_stored_embedding_and_accepts_as_our_engine(
+        builtin_target, slim_shipped, held_out):
+    """speculators 0.9.0 on the shipped files as they are (sharded, the embedding stored): its embedding is the
+    stored one (not random), its logits over the training-time-test steps equal ours, and the decoding-exact
+    acceptance its logits give on held-out prompts is ours. The same weights without the embedding draft worse
+    there: why the shipped files store it."""
     pytest.importorskip("speculators")
-    from safetensors import safe_open
     from speculators_ref import ReferenceEagle3, load_reference, logit_gaps
 
     from engine.algos import ALGOS
+    from engine.format.checkpoint import load_state_dict
     from engine.measure.evaluate import evaluate_samples
 
     # the hub id's files are not on this offline machine: speculators reads the verifier's lm_head/norm from the
     # built-in target's local folder instead
-    ref = load_reference(repaired_shipped, verifier_path=builtin_target.ref.path)
-    with safe_open(str(repaired_shipped / "model.safetensors"), framework="pt") as f:
-        stored = f.get_tensor(EMBED).float()
+    ref = load_reference(SHIPPED, verifier_path=builtin_target.ref.path)
+    stored = load_state_dict(SHIPPED)[EMBED].float()
     assert torch.equal(ref.embed_tokens.weight.detach().float(), stored)
     algorithm = ALGOS.get("eagle3")
-    ours = algorithm.load(repaired_shipped, builtin_target, dtype=torch.float32)
+    ours = algorithm.load(SHIPPED, builtin_target, dtype=torch.float32)
     assert max(logit_gaps(ref, ours, builtin_target.vocab_size, tokens=31, steps=3)) <= 1e-3
 
     def tau(algo) -> float:
@@ -143,7 +149,7 @@ def test_speculators_loads_the_repaired_shipped_draft_with_its_embedding_and_acc
 
     mine, theirs = tau(algorithm), tau(ReferenceEagle3(algorithm, ref))
     assert mine > 1.2 and abs(theirs - mine) <= 0.01, (mine, theirs)
-    random_embedding = ReferenceEagle3(algorithm, load_reference(SHIPPED, verifier_path=builtin_target.ref.path))
+    random_embedding = ReferenceEagle3(algorithm, load_reference(slim_shipped, verifier_path=builtin_target.ref.path))
     assert tau(random_embedding) < mine - 0.1
 
 
