@@ -59,11 +59,18 @@ def freshest_for_this_machine(files: dict[str, Path]) -> str | None:
     user = [key for key in files if not key.startswith(SHIPPED_PREFIX)]
     if user:
         return user[0]
-    here = [(records.date_of(_record(p), p) or "", key) for key, p in files.items()
-            if records.on_this_machine(_record(p))]
+    here = [(records.date_of(_record(p), p) or "", _record(p).get("backend") != "vllm", key)
+            for key, p in files.items() if records.on_this_machine(_record(p))]  # same day: in-process first
     if here:
-        return max(here)[1]
+        return max(here)[-1]
     return next(iter(files), None)
+
+
+def opening_result(files: dict[str, Path], draft: str | None) -> str | None:
+    """The result the Benchmarks page opens on: the one every page quotes for the active draft's speed
+    (`draft_speed`), else the freshest result for this machine."""
+    speed = draft_speed(draft)
+    return speed["key"] if speed and speed["key"] in files else freshest_for_this_machine(files)
 
 
 def provenance(key: str, files: dict[str, Path]) -> str:
@@ -248,7 +255,7 @@ def per_prompt_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
                     row[f"{name} · speedup"] = round(rate / base_rate, 2)
             fd = r.get("first_divergence") or []
             if name != "baseline" and i < len(fd):
-                row[f"{name} · parts from baseline at token"] = "–" if fd[i] is None else int(fd[i])
+                row[f"{name} · parts from baseline at token"] = "–" if fd[i] is None else str(int(fd[i]))  # one type
         rows.append(row)
     return rows
 
@@ -287,6 +294,8 @@ def draft_speed(draft: str | None) -> dict[str, Any] | None:
             and isinstance(((_record(p).get("methods") or {}).get("draft") or {}).get("speedup"), (int, float))}
     these = records.of_these_weights({key: _record(p) for key, p in mine.items()}, draft)
     mine = {key: p for key, p in mine.items() if key in these}
+    in_process = {key: p for key, p in mine.items() if _record(p).get("backend") != "vllm"}
+    mine = in_process or mine  # the engine the app runs, before real vLLM
     key = freshest_for_this_machine(mine)
     if key is None:
         return None

@@ -194,7 +194,7 @@ def render(recipe: dict[str, Any], facts: dict[str, Any]) -> str:
         "",
         "## Training",
         f"- {facts['train_steps']} optimizer steps, {facts['train_tokens']:,.0f} tokens seen "
-        f"({tc.get('epochs', '?')} epochs), AdamW lr {tc.get('lr')}, {tc.get('scheduler')} schedule, "
+        f"({tc.get('epochs', '?')} epoch{'' if tc.get('epochs') == 1 else 's'}), AdamW lr {tc.get('lr')}, {tc.get('scheduler')} schedule, "
         f"{tc.get('tokens_per_batch')} packed tokens per step, {objective}.",
         f"- Validation ({100 * tc.get('val_fraction', 0):.0f}% of the samples, held out of training), step "
         f"{facts['val_first'].get('step', '?')} → {facts['val_last'].get('step', '?')}: "
@@ -505,8 +505,11 @@ def _goals(facts: dict[str, Any], algo=None) -> list[str]:
         return []
 
     def per(step: str, count) -> str:
-        seconds = facts["steps"].get(step, {}).get("seconds")
-        return f"{seconds / count:.1f} s" if seconds and count else "?"
+        marker = facts["steps"].get(step, {})
+        if marker.get("seeded_rows"):  # its rows were made in earlier runs: this run's seconds are not their cost
+            return "was paid in earlier runs (rows kept in the repository)"
+        seconds = marker.get("seconds")
+        return f"took {seconds / count:.1f} s" if seconds and count else "took ?"
 
     pos0 = (draft.get("per_position_acceptance") or [float("nan")])[0]
     return [
@@ -521,8 +524,8 @@ def _goals(facts: dict[str, Any], algo=None) -> list[str]:
         _step_cost_line(bench, goals),
         *_vllm_cost_line(facts.get("vllm_bench") or {}, goals.get("vllm_speedup")),
         "- **Budget.** The recipe has to finish on a 2-core CPU in a few hours. Per conversation, regeneration "
-        f"took {per('regenerate', facts['conversations'])} and extraction {per('extract', m.get('samples'))}; "
-        f"training took {per('train', facts['train_steps'])} per step.",
+        f"{per('regenerate', facts['conversations'])} and extraction {per('extract', m.get('samples'))}; "
+        f"training {per('train', facts['train_steps'])} per step.",
         "",
     ]
 
@@ -595,21 +598,27 @@ def refresh_measurements(card: str | Path, recipe: dict[str, Any], *, bench: dic
     if vllm_bench:
         _put(lines, "### In real vLLM", _vllm_section(vllm_bench, recipe), after="## Results")
     if data:
-        section = data_section(data)  # heading, sentence, blank, header, rule, *rows, blank
-        rows = sorted(section[5:-1] + _kept_data_rows(lines, data))
-        _put(lines, DATA_HEADING, section[:5] + rows + section[-1:], after="### Acceptance length against training tokens")
+        _put_data_section(lines, data, lines)
     if sweep:
         _put(lines, "### Number of speculative tokens", _sweep_section(sweep), after=DATA_HEADING)
     if bench:
         _refresh_goals(lines, bench, vllm_bench or vllm_goals or {}, goals)
         note = (f"The measurements in this card were taken again after training with `python -m engine recipe "
-                f"{recipe['name']} --remeasure` (the engine changed since); the training sections are as trained.")
+                f"{recipe['name']} --remeasure` (on the shipped files); the training sections are as trained.")
         lines[:] = [line for line in lines if not line.startswith("The measurements in this card were taken again")]
         while lines and not lines[-1].strip():
             lines.pop()
         lines += ["", note]
     atomic_write_text(path, "\n".join(lines).rstrip("\n") + "\n")
     return path
+
+
+def _put_data_section(lines: list[str], data: list[dict[str, Any]], previous: list[str]) -> None:
+    """The acceptance-against-data table of `data` (recipes evaluated here) into `lines`, with the rows of
+    `previous` (the card as it was) for recipes measured on another machine."""
+    section = data_section(data)  # heading, sentence, blank, header, rule, *rows, blank
+    rows = sorted(section[5:-1] + _kept_data_rows(previous, data))
+    _put(lines, DATA_HEADING, section[:5] + rows + section[-1:], after="### Acceptance length against training tokens")
 
 
 def _kept_data_rows(lines: list[str], data: list[dict[str, Any]]) -> list[str]:
@@ -639,7 +648,10 @@ def write_model_card(recipe: dict[str, Any], dest: str | Path) -> Path:
     path = Path(dest) / "README.md"
     facts = gather(recipe)
     facts["data_rows"] = data_rows(recipe.get("target", "smollm2-135m-instruct"))
-    atomic_write_text(path, render(recipe, facts))
+    lines = render(recipe, facts).splitlines()
+    if path.is_file() and facts["data_rows"]:  # a re-ship keeps the rows measured on other machines
+        _put_data_section(lines, facts["data_rows"], path.read_text(encoding="utf-8").splitlines())
+    atomic_write_text(path, "\n".join(lines) + "\n")
     return path
 
 

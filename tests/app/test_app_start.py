@@ -325,5 +325,9 @@ def test_a_redrafted_folder_is_credited_only_with_the_figures_of_its_own_weights
     assert bench.draft_speed(str(draft))["speedup"] == 0.9       # another weights' figure never counts
     record("these", 1.3, draft_sha256=weights_sha256(draft))
     assert bench.draft_speed(str(draft))["speedup"] == 1.3
+    record("these-in-vllm", 1.2, draft_sha256=weights_sha256(draft), backend="vllm", date="2026-12-02")
+    assert bench.draft_speed(str(draft))["speedup"] == 1.3       # the engine the app runs comes first
     del paths[f"{bench.SHIPPED_PREFIX}legacy"], paths[f"{bench.SHIPPED_PREFIX}these"]
+    assert bench.draft_speed(str(draft))["speedup"] == 1.2       # then real vLLM
+    del paths[f"{bench.SHIPPED_PREFIX}these-in-vllm"]
     assert bench.draft_speed(str(draft)) is None
