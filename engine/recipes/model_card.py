@@ -194,7 +194,8 @@ def render(recipe: dict[str, Any], facts: dict[str, Any]) -> str:
         "",
         "## Training",
         f"- {facts['train_steps']} optimizer steps, {facts['train_tokens']:,.0f} tokens seen "
-        f"({tc.get('epochs', '?')} epoch{'' if tc.get('epochs') == 1 else 's'}), AdamW lr {tc.get('lr')}, {tc.get('scheduler')} schedule, "
+        f"({tc.get('epochs', '?')} epoch{'' if tc.get('epochs') == 1 else 's'}), AdamW lr {tc.get('lr')}, "
+        f"{tc.get('scheduler')} schedule, "
         f"{tc.get('tokens_per_batch')} packed tokens per step, {objective}.",
         f"- Validation ({100 * tc.get('val_fraction', 0):.0f}% of the samples, held out of training), step "
         f"{facts['val_first'].get('step', '?')} → {facts['val_last'].get('step', '?')}: "
