@@ -656,3 +656,24 @@ def test_a_data_goal_is_judged_against_the_conversations_the_card_says_the_draft
         "training data of ≥ 10,756 conversations (this draft: 2,689, 4.0× short)"]
     assert missed_goals(bench, {}, goals, 10756) == []
     assert card_conversations(["## Data", "- Prompts: 12 conversations"]) is None
+
+
+def test_a_reship_keeps_the_cards_rows_of_recipes_measured_on_other_machines(tmp_path, monkeypatch):
+    """The acceptance-against-data table of a new card: this recipe's row from its records, the other recipes' rows
+    from the card it replaces (their work folders are not on this machine)."""
+    from engine.recipes import model_card
+
+    dest = tmp_path / "shipped"
+    dest.mkdir()
+    other = "| `smollm2-dflash` | dflash | 2,688 | 536,000 | 2.23M | 1.371 | bf16 |"
+    (dest / "README.md").write_text("\n".join([
+        model_card.DATA_HEADING, "", "", "| recipe | algorithm | conversations | assistant tokens | training tokens "
+        "| τ at k = 3 | target |", "|---|---|---|---|---|---|---|", other,
+        "| `smollm2-eagle3` | eagle3 | 2,689 | 534,985 | 2.22M | 1.539 | bf16 |", ""]))
+    here = {"recipe": "smollm2-eagle3", "algorithm": "eagle3", "conversations": 10774, "assistant_tokens": 2160059,
+            "training_tokens": 2975625, "mean_acceptance_length": 1.713, "target_dtype": "bf16"}
+    monkeypatch.setattr(model_card, "data_rows", lambda target: [here])
+    card = model_card.write_model_card({"name": "smollm2-eagle3", "work": str(tmp_path / "work"),
+                                        "ship": {"to": str(dest)}}, dest).read_text()
+    assert other in card and "| `smollm2-eagle3` | eagle3 | 10,774 | 2,160,059 | 2.98M | 1.713 | bf16 |" in card
+    assert "534,985" not in card  # this recipe's old row is replaced, not kept
