@@ -452,6 +452,15 @@ def test_ship_refuses_a_destination_holding_files_the_workbench_did_not_write(tm
     with pytest.raises(WorkbenchError, match="did not write"):
         ship({"name": "r", "work": str(tmp_path / "work"), "ship": {"to": str(dest)}})
     assert (dest / "notes.txt").read_text() == "the user's" and (dest / "config.json").read_text() == "{}"
+    from engine.fsutil import claim_names
+
+    ours = tmp_path / "shipped-before"  # an earlier ship's folder, plus weights a user put beside them
+    claim_names(ours, ["config.json", "model.safetensors", "README.md"], kind="shipped-draft")
+    (ours / "model.safetensors").write_bytes(b"ours")
+    (ours / "extra.safetensors").write_bytes(b"the user's")
+    with pytest.raises(WorkbenchError, match="extra.safetensors"):
+        ship({"name": "r", "work": str(tmp_path / "work"), "ship": {"to": str(ours)}})
+    assert (ours / "extra.safetensors").read_bytes() == b"the user's" and (ours / "model.safetensors").exists()
 
 
 def test_ship_sets_the_embedding_apart_and_replaces_only_the_old_layout_it_wrote(tiny_llama, tmp_path, monkeypatch):
