@@ -54,16 +54,18 @@ class Evaluation:
 
 def shipped_results(draft: str | None = None) -> list[Evaluation]:
     """The evaluator's records under benchmarks/results/ (per-k `by_k` tables), optionally of one draft only."""
-    out = []
+    found = {}
     for path in records.shipped_json(lambda d: isinstance(d, dict) and isinstance(d.get("by_k"), dict)
                                      and "draft" in d):
         result = json.loads(path.read_text())
-        if draft is not None and not records.same_draft(result.get("draft"), draft):
-            continue
-        out.append(Evaluation(result, f"shipped `{path.relative_to(records.SHIPPED)}` · "
-                                      f"{records.provenance(result, path)}",
-                              records.on_this_machine(result), records.date_of(result, path)))
-    return out
+        if draft is None or records.same_draft(result.get("draft"), draft):
+            found[path] = result
+    if draft is not None:  # a re-shipped draft keeps its folder: only evaluations of its current weights
+        these = records.of_these_weights(found, draft)
+        found = {path: result for path, result in found.items() if path in these}
+    return [Evaluation(result, f"shipped `{path.relative_to(records.SHIPPED)}` · {records.provenance(result, path)}",
+                       records.on_this_machine(result), records.date_of(result, path))
+            for path, result in found.items()]
 
 
 def all_results(draft: str | None = None) -> list[Evaluation]:

@@ -16,6 +16,7 @@ from typing import Any, Iterable, Sequence
 import torch
 
 from engine.errors import WorkbenchError
+from engine.format.checkpoint import weights_sha256
 from engine.generate.acceptance import Acceptance, HeldOutSample, held_out_sample, walk, walk_states
 from engine.jobs import reporter, tracked
 from engine.measure.step_costs import forecast, measure_step_costs
@@ -212,7 +213,7 @@ def evaluate_draft(*, draft: str | None = None, target: str | None = None, data:
     result.update(source, draft=str(draft_path), algorithm=algorithm.name, max_new_tokens=max_new_tokens,
                   draft_k=model.config.speculative_tokens, target_dtype=dtype_name(tgt.dtype),
                   kernel=tgt.extra.get("kernel_summary"), date=time.strftime("%Y-%m-%d"),
-                  cpu=cpu_name() if tgt.device.type == "cpu" else None)
+                  cpu=cpu_name() if tgt.device.type == "cpu" else None, draft_sha256=weights_sha256(draft_path))
     if measure_speed:
         context = list(samples[0].token_ids[: samples[0].prompt_len].tolist()) if isinstance(samples, list) \
             and samples else [1] * 64

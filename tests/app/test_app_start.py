@@ -331,3 +331,23 @@ def test_a_redrafted_folder_is_credited_only_with_the_figures_of_its_own_weights
     assert bench.draft_speed(str(draft))["speedup"] == 1.2       # then real vLLM
     del paths[f"{bench.SHIPPED_PREFIX}these-in-vllm"]
     assert bench.draft_speed(str(draft)) is None
+
+
+def test_shipped_evaluations_of_a_redrafted_folder_are_those_of_its_current_weights(tmp_path, monkeypatch):
+    """The offline evaluations the Models page lists for a draft: not those of the weights its folder held before."""
+    import torch
+
+    from engine.format.checkpoint import save_checkpoint, weights_sha256
+    from ui import evaluate as evaluate_ui
+    from ui import records
+
+    draft = save_checkpoint(tmp_path / "drafts" / "mine", {"v": 1}, {"w": torch.ones(3)})
+    shipped = tmp_path / "results"
+    shipped.mkdir()
+    for name, digest in (("before", "0" * 64), ("legacy", None), ("now", weights_sha256(draft))):
+        (shipped / f"{name}.json").write_text(json.dumps({"draft": str(draft), "by_k": {"3": {}},
+                                                          **({"draft_sha256": digest} if digest else {})}))
+    monkeypatch.setattr(records, "SHIPPED", shipped)
+    assert [e.where.split("`")[1] for e in evaluate_ui.shipped_results(str(draft))] == ["now.json"]
+    (shipped / "now.json").unlink()
+    assert [e.where.split("`")[1] for e in evaluate_ui.shipped_results(str(draft))] == ["legacy.json"]

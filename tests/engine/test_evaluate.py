@@ -116,6 +116,9 @@ def test_evaluate_cli_prints_the_table_and_writes_json(tmp_path):
     from engine.cpu import cpu_model
 
     assert result["cpu"] == cpu_model() and len(result["date"]) == 10  # which machine, which day: the app says so
+    from engine.format.checkpoint import weights_sha256
+
+    assert result["draft_sha256"] == weights_sha256(result["draft"])  # and which weights
     for acc in result["by_k"].values():
         tau, r = acc["mean_acceptance_length"], acc["per_position_acceptance"]
         assert tau == pytest.approx(1 + sum(r))  # vLLM's identity for a fixed k
