@@ -32,7 +32,7 @@ def document_groups(document_ids: torch.Tensor, anchors: torch.Tensor,
         return None
     spans = document_spans(document_ids)
     bounds = torch.tensor([s for s, _ in spans] + [spans[-1][1]], device=anchors.device)
-    first = torch.searchsorted(anchors, bounds).tolist()  # index of the first anchor at or after each boundary
+    first = torch.searchsorted(anchors.contiguous(), bounds).tolist()  # first anchor at or after each boundary
     return [(lo * block_size, hi * block_size, s, e) for (s, e), lo, hi in zip(spans, first[:-1], first[1:])
             if hi > lo]
 
