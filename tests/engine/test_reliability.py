@@ -635,9 +635,6 @@ def test_translator_unit_cases():
 # -- drafts load the same everywhere (embed_tokens) ----------------------------------------------------
 
 
-SHIPPED = ROOT / "assets" / "drafts" / "smollm2-135m-instruct-eagle3"
-
-
 def test_eagle3_drafts_carry_embed_tokens_unless_opted_out(tiny_llama, tmp_path):
     from engine.algos import ALGOS
     from engine.algos.eagle3.args import Eagle3Args
