@@ -59,6 +59,8 @@ TABLES = [
     ("The shipped EAGLE-3 draft in-process on this AMD EPYC", "remeasure-eagle3/bench.json", (), _first_word),
     ("The re-shipped EAGLE-3 draft in-process", "reship-eagle3/amd-epyc-zen4/bench.json", (), _first_word),
     ("The re-shipped EAGLE-3 draft in real vLLM", "reship-eagle3/amd-epyc-zen4/vllm_bench.json", (), _first_word),
+    ("The re-shipped DFlash draft in-process", "reship-dflash/amd-epyc-zen4/bench.json", (), _first_word),
+    ("The re-shipped DFlash draft in real vLLM", "reship-dflash/amd-epyc-zen4/vllm_bench.json", (), _first_word),
 ]
 
 
@@ -197,6 +199,37 @@ def test_the_reshipped_eagle3_drafts_figures_are_its_records():
     assert (row["conversations"], row["assistant tokens"]) == (f"{manifest['samples']:,}", f"{manifest['loss_tokens']:,}")
     card = (ROOT / "assets" / "drafts" / "smollm2-135m-instruct-eagle3" / "README.md").read_text()
     bench = _record("reship-eagle3/amd-epyc-zen4/bench.json")
+    assert f"Mean acceptance length **{bench['methods']['draft']['mean_acceptance_length']:.2f}**" in card
+    assert f"| 3 | {new['by_k']['3']['mean_acceptance_length']:.3f} |" in card
+
+
+def test_the_reshipped_dflash_drafts_figures_are_its_records():
+    """Issue 31's DFlash re-ship on the EAGLE-3 draft's conversations: τ per k beside the draft it replaced (both
+    evaluated on this machine with the same settings), the data row and the card, all the committed records'."""
+    text = DOC.read_text()
+    section = _chapter(text, "## The re-shipped DFlash draft")
+    new = _record("reship-dflash/amd-epyc-zen4/evaluate.json")
+    old = _record("reship-dflash/amd-epyc-zen4/replaced-evaluate.json")
+    assert new["cpu"] == old["cpu"] and new["target_dtype"] == old["target_dtype"] == "bf16"
+    assert new["num_samples"] == old["num_samples"] == 20 and new["max_new_tokens"] == old["max_new_tokens"] == 128
+    assert new["draft_sha256"] != old["draft_sha256"]  # two different drafts
+    rows = _table(section.split("Decoding-exact acceptance per k")[1])
+    assert [r["k"] for r in rows] == list(new["by_k"]) == list(old["by_k"])
+    for row in rows:
+        k = row["k"]
+        assert row["τ (this draft)"] == f"{new['by_k'][k]['mean_acceptance_length']:.3f}"
+        assert row["τ (the draft it replaces)"] == f"{old['by_k'][k]['mean_acceptance_length']:.3f}"
+    manifest = _record("reship-dflash/amd-epyc-zen4/recipe/hidden-manifest.json")
+    metrics = [json.loads(x) for x in (RESULTS / "reship-dflash/amd-epyc-zen4/recipe/train-metrics.jsonl").open()]
+    seen = sum(r.get("tokens", 0) for r in metrics if r["split"] == "train")
+    assert f"{manifest['samples']:,} conversations" in section and f"{manifest['tokens']:,} tokens" in section
+    assert f"{manifest['loss_tokens']:,} of them in the loss" in section and f"{seen:,.0f} tokens seen" in section
+    data = {r["draft"]: r for r in _table(_section(text, "### Acceptance against data"))}
+    row = data["DFlash re-shipped (its card)"]
+    assert row["decoding-exact τ at k = 3 (20 held-out prompts)"] == f"{new['by_k']['3']['mean_acceptance_length']:.3f}"
+    assert (row["conversations"], row["assistant tokens"]) == (f"{manifest['samples']:,}", f"{manifest['loss_tokens']:,}")
+    card = (ROOT / "assets" / "drafts" / "smollm2-135m-instruct-dflash" / "README.md").read_text()
+    bench = _record("reship-dflash/amd-epyc-zen4/bench.json")
     assert f"Mean acceptance length **{bench['methods']['draft']['mean_acceptance_length']:.2f}**" in card
     assert f"| 3 | {new['by_k']['3']['mean_acceptance_length']:.3f} |" in card
 
