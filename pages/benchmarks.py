@@ -19,6 +19,17 @@ RECIPE_COLUMNS = {"training tokens": st.column_config.NumberColumn(format="local
                   "mean acceptance length": st.column_config.NumberColumn(format="%.2f"),
                   "speedup": st.column_config.NumberColumn(format="%.2f×")}
 target, draft = state.active_target(), state.active_draft()
+
+
+def _evaluation(ev: evaluate_ui.Evaluation) -> None:
+    """One offline evaluation: which draft, on what, from where, the advice, and its table per k."""
+    advice = evaluate_ui.recommendation(ev.result, ev.here)
+    st.markdown(f"`{bench.short_name(ev.result.get('draft'))}` · {ev.result.get('num_samples')} held-out "
+                f"samples × {ev.result.get('max_new_tokens')} tokens · {ev.where}" + (f" · {advice}" if advice else ""))
+    st.dataframe(evaluate_ui.table_rows(ev.result), hide_index=True, width="stretch",
+                 column_config=evaluate_ui.columns())
+
+
 results_tab, run_tab = st.tabs(["Results", "Run a benchmark"])  # opens on the results
 
 with run_tab:
@@ -167,9 +178,8 @@ with results_tab:
             st.caption("No offline evaluation yet: the Models page evaluates the active draft (`python -m engine evaluate`): what "
                        "greedy decoding will measure for k = 1…5 in seconds, with the forecast speedup.")
         for ev in evaluations[:6]:
-            advice = evaluate_ui.recommendation(ev.result, ev.here)
-            st.markdown(f"`{bench.short_name(ev.result.get('draft'))}` · {ev.result.get('num_samples')} held-out "
-                        f"samples × {ev.result.get('max_new_tokens')} tokens · {ev.where}"
-                        + (f" · {advice}" if advice else ""))
-            st.dataframe(evaluate_ui.table_rows(ev.result), hide_index=True, width="stretch",
-                         column_config=evaluate_ui.columns())
+            _evaluation(ev)
+        if len(evaluations) > 6:  # every record stays reachable; the freshest for this machine come first
+            with st.expander(f"{len(evaluations) - 6} older or other machines' evaluations"):
+                for ev in evaluations[6:]:
+                    _evaluation(ev)
