@@ -418,8 +418,8 @@ def random_dflash(tmp_path_factory, builtin_target) -> Path:
 def test_dflash_draft_is_served_by_vllm_losslessly_and_counted_like_ours(vllm_bench, random_dflash, builtin_target):
     """Our DFlash checkpoint in real vLLM (explicit form, fp32): loads (tensor names, shapes, dflash_config), greedy
     output identical to vLLM alone, one draft of K tokens per step, and vLLM's acceptance equal to ours on the same
-    prompts. The draft is untrained (both engines then accept almost nothing); a trained DFlash draft's comparison
-    comes with the shipped one."""
+    prompts. The draft is untrained (both engines then accept almost nothing); the trained (shipped) DFlash draft's
+    comparison is the next test."""
     from engine.measure.bench import run_bench
     from engine.generate.sampling import SamplingParams
 
@@ -431,6 +431,26 @@ def test_dflash_draft_is_served_by_vllm_losslessly_and_counted_like_ours(vllm_be
                      params=SamplingParams(max_new_tokens=MAX_TOKENS), measure_cost=False, progress=False)
     ours_tau = ours["methods"]["draft"]["mean_acceptance_length"]
     assert abs(draft["mean_acceptance_length"] - ours_tau) <= 0.10 * ours_tau
+
+
+SHIPPED_DFLASH = ROOT / "assets" / "drafts" / "smollm2-135m-instruct-dflash"
+
+
+@pytest.mark.vllm
+def test_shipped_dflash_draft_is_lossless_in_vllm_and_accepts_as_ours(vllm_bench, builtin_target):
+    """The shipped, trained DFlash draft (explicit form, fp32): greedy output identical to vLLM alone, and vLLM's
+    acceptance within 10% of our engine's on the same prompts, well above an untrained draft's."""
+    from engine.measure.bench import run_bench
+    from engine.generate.sampling import SamplingParams
+
+    draft = vllm_bench(SHIPPED_DFLASH, methods=("baseline", "draft"), tokenize=True)["methods"]["draft"]
+    assert draft["identical_to_baseline"], draft["first_divergence"]
+    ours = run_bench(builtin_target, PROMPTS, methods=("draft",), draft=str(SHIPPED_DFLASH), k=K,
+                     params=SamplingParams(max_new_tokens=MAX_TOKENS), measure_cost=False, progress=False)
+    ours_tau, vllm_tau = ours["methods"]["draft"]["mean_acceptance_length"], draft["mean_acceptance_length"]
+    print(f"\nshipped DFlash draft: vLLM acceptance length {vllm_tau:.3f}, ours {ours_tau:.3f}")
+    assert abs(vllm_tau - ours_tau) <= 0.10 * ours_tau
+    assert vllm_tau > 1.15  # trained (an untrained draft stays at about 1.0)
 
 
 @pytest.fixture(scope="module")
