@@ -136,8 +136,13 @@ def num_prompts(result: dict[str, Any]) -> int | None:
 
 
 def _short(name: Any) -> str:
+    """A folder's name; for a run's generic `draft` or `step_N` folder, with the two above it (whose run it is)."""
     text = str(name)
-    return Path(text).name if "/" in text else text
+    if "/" not in text:
+        return text
+    parts = Path(text).parts
+    generic = parts[-1] == "draft" or parts[-1].startswith("step_")
+    return Path(*parts[-3:]).as_posix() if generic else parts[-1]
 
 
 short_name = _short

@@ -88,17 +88,19 @@ def recommendation(result: dict[str, Any], here: bool = True) -> str:
 
 
 def table_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
-    """One row per k: the walk's acceptance, per position, the all-positions average, the forecast speedup."""
+    """One row per k: the walk's acceptance, per position, the all-positions average, the forecast speedup (its
+    columns only when the evaluation made a forecast)."""
     fc = (result.get("forecast") or {}).get("by_k", {})
     rows = []
     for key, acc in result.get("by_k", {}).items():
-        f = fc.get(key) or {}
-        rows.append({"k": int(key),
-                     "mean acceptance length (decoding walk)": _round(acc.get("mean_acceptance_length")),
-                     "per-position acceptance": ", ".join(f"{x:.2f}" for x in acc.get("per_position_acceptance", [])),
-                     "all-positions average": _round(acc.get("all_positions_acceptance_length")),
-                     "step cost (target steps)": _round(f.get("step_cost")),
-                     "forecast speedup": _round(f.get("speedup"))})
+        row = {"k": int(key),
+               "mean acceptance length (decoding walk)": _round(acc.get("mean_acceptance_length")),
+               "per-position acceptance": ", ".join(f"{x:.2f}" for x in acc.get("per_position_acceptance", [])),
+               "all-positions average": _round(acc.get("all_positions_acceptance_length"))}
+        if fc:
+            f = fc.get(key) or {}
+            row |= {"step cost (target steps)": _round(f.get("step_cost")), "forecast speedup": _round(f.get("speedup"))}
+        rows.append(row)
     return rows
 
 

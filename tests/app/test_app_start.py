@@ -123,6 +123,21 @@ def test_shipped_offline_evaluations_are_listed_with_their_machine(runs, tiny_ta
         assert ev.where in body and ("machine" in ev.where or "CPU not recorded" in ev.where)
 
 
+def test_an_evaluation_without_forecast_has_no_forecast_columns_and_run_drafts_say_whose_run():
+    """A record made without a forecast (the recipes' `forecast: false`) shows no empty forecast columns; a run's
+    generic `draft` folder is named with its run."""
+    from ui import bench
+    from ui import evaluate as evaluate_ui
+
+    with_forecast = _evaluation("drafts/a", [1.1, 1.2])
+    assert "forecast speedup" in evaluate_ui.table_rows(with_forecast)[0]
+    rows = evaluate_ui.table_rows({**with_forecast, "forecast": None})
+    assert [r["k"] for r in rows] == [1, 2] and not any("forecast" in c or "step cost" in c for c in rows[0])
+    assert bench.short_name("runs/recipes/smollm2-dflash/train/draft") == "smollm2-dflash/train/draft"
+    assert bench.short_name("runs/train/x/checkpoints/step_0000100") == "x/checkpoints/step_0000100"
+    assert bench.short_name("assets/drafts/smollm2-135m-instruct-dflash") == "smollm2-135m-instruct-dflash"
+
+
 def test_no_k_is_recommended_when_every_forecast_is_below_one(runs, tiny_targets, tmp_path):
     """An evaluation whose forecast is below 1x at every k: the page advises no speculation (an older record that
     still says "recommended k 1" included)."""
