@@ -295,7 +295,7 @@ def draft_speed(draft: str | None) -> dict[str, Any] | None:
     if not draft:
         return None
     files = results()
-    mine = {key: p for key, p in files.items() if records.same_draft((_record(p) or {}).get("draft"), draft)
+    mine = {key: p for key, p in files.items() if records.measured(_record(p), draft)
             and isinstance(((_record(p).get("methods") or {}).get("draft") or {}).get("speedup"), (int, float))}
     these = records.of_these_weights({key: _record(p) for key, p in mine.items()}, draft)
     mine = {key: p for key, p in mine.items() if key in these}

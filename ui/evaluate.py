@@ -58,7 +58,7 @@ def shipped_results(draft: str | None = None) -> list[Evaluation]:
     for path in records.shipped_json(lambda d: isinstance(d, dict) and isinstance(d.get("by_k"), dict)
                                      and "draft" in d):
         result = json.loads(path.read_text())
-        if draft is None or records.same_draft(result.get("draft"), draft):
+        if draft is None or records.measured(result, draft):
             found[path] = result
     if draft is not None:  # a re-shipped draft keeps its folder: only evaluations of its current weights
         these = records.of_these_weights(found, draft)

@@ -73,6 +73,16 @@ def same_draft(a: str | None, b: str | None) -> bool:
     return len(pa.parts) >= 2 and pa.parts[-2:] == pb.parts[-2:] and pa.parts[-2] == "drafts"
 
 
+def measured(record: dict[str, Any] | None, draft: str | None) -> bool:
+    """Whether `record` measured this draft folder: it names the folder, or it measured the same weight files
+    (its `draft_sha256`) under another name (a recipe measures its training folder, then ships the same bytes)."""
+    record = record or {}
+    if same_draft(record.get("draft"), draft):
+        return True
+    digest = record.get("draft_sha256")
+    return bool(digest) and digest == weights_digest(draft)
+
+
 def weights_digest(draft: str | None) -> str | None:
     """sha256 of a draft folder's weights (what records store as `draft_sha256`), cached while its files are
     unchanged; None without readable weights."""

@@ -366,3 +366,29 @@ def test_shipped_evaluations_of_a_redrafted_folder_are_those_of_its_current_weig
     assert [e.where.split("`")[1] for e in evaluate_ui.shipped_results(str(draft))] == ["now.json"]
     (shipped / "now.json").unlink()
     assert [e.where.split("`")[1] for e in evaluate_ui.shipped_results(str(draft))] == ["legacy.json"]
+
+
+def test_records_of_the_trained_folder_are_the_shipped_drafts_when_the_bytes_are_the_same(tmp_path, monkeypatch):
+    """A recipe measures its training folder and ships the same bytes: those records are the shipped draft's
+    (same `draft_sha256`); a record of another folder with other weights is not."""
+    import torch
+
+    from engine.format.checkpoint import save_checkpoint, weights_sha256
+    from ui import bench
+    from ui import evaluate as evaluate_ui
+    from ui import records
+
+    trained = save_checkpoint(tmp_path / "runs" / "recipe" / "train" / "draft", {"v": 1}, {"w": torch.ones(3)})
+    shipped_draft = save_checkpoint(tmp_path / "drafts" / "mine", {"v": 1}, {"w": torch.ones(3)})
+    other = save_checkpoint(tmp_path / "runs" / "other" / "draft", {"v": 1}, {"w": torch.zeros(3)})
+    assert weights_sha256(trained) == weights_sha256(shipped_draft) != weights_sha256(other)
+    shipped = tmp_path / "results"
+    shipped.mkdir()
+    for name, folder in (("recipe", trained), ("other", other)):
+        (shipped / f"{name}.json").write_text(json.dumps({
+            "draft": str(folder), "draft_sha256": weights_sha256(folder), "by_k": {"3": {}}, "k": 3,
+            "date": "2026-12-03", "methods": {"draft": {"speedup": 1.2 if name == "recipe" else 2.0}}}))
+    monkeypatch.setattr(records, "SHIPPED", shipped)
+    assert [e.where.split("`")[1] for e in evaluate_ui.shipped_results(str(shipped_draft))] == ["recipe.json"]
+    monkeypatch.setattr(bench, "results", lambda: {f"{bench.SHIPPED_PREFIX}{p.stem}": p for p in shipped.glob("*")})
+    assert bench.draft_speed(str(shipped_draft))["speedup"] == 1.2
