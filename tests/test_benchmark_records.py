@@ -170,12 +170,9 @@ def test_eagle3_acceptance_per_k_and_against_data_are_its_evaluation_records():
     assert all(r["target dtype"] in ("fp32", "bf16") for r in data.values())  # every figure says its dtype
 
 
-def test_the_reshipped_eagle3_drafts_figures_are_its_records():
-    """Issue 31's re-ship: τ per k beside the draft it replaced, the data row, the figures the prose compares, and the
-    shipped draft's card, all the committed records' (AMD EPYC Zen 4)."""
-    text = DOC.read_text()
-    section = _chapter(text, "## The re-shipped EAGLE-3 draft")
-    new, old = _record("reship-eagle3/amd-epyc-zen4/evaluate.json"), _record("remeasure-eagle3/evaluate.json")
+def _check_reship(text: str, section: str, folder: str, new: dict, old: dict, data_row: str, card: str) -> None:
+    """A re-ship's section, data row and card against its records in `folder`: τ per k beside the replaced draft's
+    (same CPU, dtype, prompts and length), the data and tokens seen, the card's figures."""
     assert new["cpu"] == old["cpu"] and new["target_dtype"] == old["target_dtype"] == "bf16"
     assert new["num_samples"] == old["num_samples"] == 20 and new["max_new_tokens"] == old["max_new_tokens"] == 128
     rows = _table(section.split("Decoding-exact acceptance per k")[1])
@@ -184,54 +181,45 @@ def test_the_reshipped_eagle3_drafts_figures_are_its_records():
         k = row["k"]
         assert row["τ (this draft)"] == f"{new['by_k'][k]['mean_acceptance_length']:.3f}"
         assert row["τ (the draft it replaces)"] == f"{old['by_k'][k]['mean_acceptance_length']:.3f}"
-        assert row["forecast speedup"] == f"{new['forecast']['by_k'][k]['speedup']:.2f}×"
-    manifest = _record("reship-eagle3/amd-epyc-zen4/recipe/hidden-manifest.json")
-    metrics = [json.loads(x) for x in (RESULTS / "reship-eagle3/amd-epyc-zen4/recipe/train-metrics.jsonl").open()]
+        if "forecast speedup" in row:
+            assert row["forecast speedup"] == f"{new['forecast']['by_k'][k]['speedup']:.2f}×"
+    manifest = _record(f"{folder}/recipe/hidden-manifest.json")
+    metrics = [json.loads(x) for x in (RESULTS / folder / "recipe" / "train-metrics.jsonl").open()]
     seen = sum(r.get("tokens", 0) for r in metrics if r["split"] == "train")
     assert f"{manifest['samples']:,} conversations" in section and f"{manifest['tokens']:,} tokens" in section
     assert f"{manifest['loss_tokens']:,} of them in the loss" in section and f"{seen:,.0f} tokens seen" in section
-    first = _record("reship-eagle3/amd-epyc-zen4/recipe/vllm_bench.json")["methods"]["draft"]
-    assert f"**{first['speedup']:.2f}×** ({first['tokens_per_s'] / first['speedup']:.1f} against " \
-        f"{first['tokens_per_s']:.1f} tokens/s)" in section
-    data = {r["draft"]: r for r in _table(_section(text, "### Acceptance against data"))}
-    row = data["EAGLE-3 re-shipped (its card)"]
+    row = {r["draft"]: r for r in _table(_section(text, "### Acceptance against data"))}[data_row]
     assert row["decoding-exact τ at k = 3 (20 held-out prompts)"] == f"{new['by_k']['3']['mean_acceptance_length']:.3f}"
     assert (row["conversations"], row["assistant tokens"]) == (f"{manifest['samples']:,}", f"{manifest['loss_tokens']:,}")
-    card = (ROOT / "assets" / "drafts" / "smollm2-135m-instruct-eagle3" / "README.md").read_text()
-    bench = _record("reship-eagle3/amd-epyc-zen4/bench.json")
-    assert f"Mean acceptance length **{bench['methods']['draft']['mean_acceptance_length']:.2f}**" in card
-    assert f"| 3 | {new['by_k']['3']['mean_acceptance_length']:.3f} |" in card
+    card_text = (ROOT / "assets" / "drafts" / card / "README.md").read_text()
+    bench = _record(f"{folder}/bench.json")
+    assert f"Mean acceptance length **{bench['methods']['draft']['mean_acceptance_length']:.2f}**" in card_text
+    assert f"| 3 | {new['by_k']['3']['mean_acceptance_length']:.3f} |" in card_text
+
+
+def test_the_reshipped_eagle3_drafts_figures_are_its_records():
+    """Issue 31's re-ship: τ per k beside the draft it replaced, the data row, the figures the prose compares, and the
+    shipped draft's card, all the committed records' (AMD EPYC Zen 4)."""
+    text = DOC.read_text()
+    section = _chapter(text, "## The re-shipped EAGLE-3 draft")
+    folder = "reship-eagle3/amd-epyc-zen4"
+    new, old = _record(f"{folder}/evaluate.json"), _record("remeasure-eagle3/evaluate.json")
+    assert "forecast speedup" in _table(section.split("Decoding-exact acceptance per k")[1])[0]
+    _check_reship(text, section, folder, new, old, "EAGLE-3 re-shipped (its card)", "smollm2-135m-instruct-eagle3")
+    first = _record(f"{folder}/recipe/vllm_bench.json")["methods"]["draft"]
+    assert f"**{first['speedup']:.2f}×** ({first['tokens_per_s'] / first['speedup']:.1f} against " \
+        f"{first['tokens_per_s']:.1f} tokens/s)" in section
 
 
 def test_the_reshipped_dflash_drafts_figures_are_its_records():
     """Issue 31's DFlash re-ship on the EAGLE-3 draft's conversations: τ per k beside the draft it replaced (both
     evaluated on this machine with the same settings), the data row and the card, all the committed records'."""
     text = DOC.read_text()
-    section = _chapter(text, "## The re-shipped DFlash draft")
-    new = _record("reship-dflash/amd-epyc-zen4/evaluate.json")
-    old = _record("reship-dflash/amd-epyc-zen4/replaced-evaluate.json")
-    assert new["cpu"] == old["cpu"] and new["target_dtype"] == old["target_dtype"] == "bf16"
-    assert new["num_samples"] == old["num_samples"] == 20 and new["max_new_tokens"] == old["max_new_tokens"] == 128
-    assert new["draft_sha256"] != old["draft_sha256"]  # two different drafts
-    rows = _table(section.split("Decoding-exact acceptance per k")[1])
-    assert [r["k"] for r in rows] == list(new["by_k"]) == list(old["by_k"])
-    for row in rows:
-        k = row["k"]
-        assert row["τ (this draft)"] == f"{new['by_k'][k]['mean_acceptance_length']:.3f}"
-        assert row["τ (the draft it replaces)"] == f"{old['by_k'][k]['mean_acceptance_length']:.3f}"
-    manifest = _record("reship-dflash/amd-epyc-zen4/recipe/hidden-manifest.json")
-    metrics = [json.loads(x) for x in (RESULTS / "reship-dflash/amd-epyc-zen4/recipe/train-metrics.jsonl").open()]
-    seen = sum(r.get("tokens", 0) for r in metrics if r["split"] == "train")
-    assert f"{manifest['samples']:,} conversations" in section and f"{manifest['tokens']:,} tokens" in section
-    assert f"{manifest['loss_tokens']:,} of them in the loss" in section and f"{seen:,.0f} tokens seen" in section
-    data = {r["draft"]: r for r in _table(_section(text, "### Acceptance against data"))}
-    row = data["DFlash re-shipped (its card)"]
-    assert row["decoding-exact τ at k = 3 (20 held-out prompts)"] == f"{new['by_k']['3']['mean_acceptance_length']:.3f}"
-    assert (row["conversations"], row["assistant tokens"]) == (f"{manifest['samples']:,}", f"{manifest['loss_tokens']:,}")
-    card = (ROOT / "assets" / "drafts" / "smollm2-135m-instruct-dflash" / "README.md").read_text()
-    bench = _record("reship-dflash/amd-epyc-zen4/bench.json")
-    assert f"Mean acceptance length **{bench['methods']['draft']['mean_acceptance_length']:.2f}**" in card
-    assert f"| 3 | {new['by_k']['3']['mean_acceptance_length']:.3f} |" in card
+    folder = "reship-dflash/amd-epyc-zen4"
+    new, old = _record(f"{folder}/evaluate.json"), _record(f"{folder}/replaced-evaluate.json")
+    assert new["draft_sha256"] != old["draft_sha256"] and list(new["by_k"]) == list(old["by_k"])  # two drafts
+    _check_reship(text, _chapter(text, "## The re-shipped DFlash draft"), folder, new, old,
+                  "DFlash re-shipped (its card)", "smollm2-135m-instruct-dflash")
 
 
 def test_answer_store_table_is_its_record():

@@ -295,12 +295,13 @@ def draft_speed(draft: str | None) -> dict[str, Any] | None:
     if not draft:
         return None
     files = results()
-    mine = {key: p for key, p in files.items() if records.measured(_record(p), draft)
-            and isinstance(((_record(p).get("methods") or {}).get("draft") or {}).get("speedup"), (int, float))}
-    these = records.of_these_weights({key: _record(p) for key, p in mine.items()}, draft)
-    mine = {key: p for key, p in mine.items() if key in these}
-    in_process = {key: p for key, p in mine.items() if _record(p).get("backend") != "vllm"}
-    mine = in_process or mine  # the engine the app runs, before real vLLM
+    loaded = {key: _record(p) for key, p in files.items()}  # each file read once
+    measured = {key: rec for key, rec in loaded.items() if records.measured(rec, draft)
+                and isinstance(((rec.get("methods") or {}).get("draft") or {}).get("speedup"), (int, float))}
+    these = records.of_these_weights(measured, draft)
+    in_process = {key for key in these if measured[key].get("backend") != "vllm"}
+    keep = in_process or these  # the engine the app runs, before real vLLM
+    mine = {key: p for key, p in files.items() if key in keep}  # in results()' order: yours newest first
     key = freshest_for_this_machine(mine)
     if key is None:
         return None
