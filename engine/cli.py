@@ -23,6 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "prepare": ("data", "render a dataset with the target's chat template and loss masks; preview rows"),
     "regenerate": ("data", "re-answer each user turn with the target to build on-policy training data"),
     "extract": ("data", "extract target hidden states to vLLM-format safetensors files"),
+    "check": ("check", "check extracted hidden-state files: shapes, dtypes, token ids, finite values, digests"),
     "train": ("train", "train a draft (any registered algorithm) from extracted or online data"),
     "generate": ("generate", "generate with the target, with or without speculative decoding"),
     "bench": ("bench", "benchmark speculative methods against the baseline on the same prompts"),

@@ -304,3 +304,96 @@ def exclusive_lock(lock_file: str | Path, on_wait: Callable[[], None] | None = N
     finally:
         fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Digests of tensors (not of files): the same tensors give the same digest however they are sharded or named on disk
+# ---------------------------------------------------------------------------------------------------
+
+_DIGEST_CHUNK = 16 << 20
+_TORCH_TO_SAFETENSORS = {"float32": "F32", "float16": "F16", "bfloat16": "BF16", "float64": "F64", "int64": "I64",
+                         "int32": "I32", "int16": "I16", "int8": "I8", "uint8": "U8", "bool": "BOOL"}
+
+
+def safetensors_header(path: str | Path) -> tuple[dict[str, Any], int]:
+    """(header, offset of the data section) of a .safetensors file, read without loading a tensor.
+
+    Raises WorkbenchError naming the file when the header cannot be read (truncated or not safetensors)."""
+    path = Path(path)
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+        n = int.from_bytes(head, "little") if len(head) == 8 else -1
+        if n <= 0 or 8 + n > size:
+            raise WorkbenchError(f"{path} is not a readable .safetensors file (header length {n}, file size {size})",
+                                 hint="re-write the file (re-run the step that made it) or remove it")
+        try:
+            header = json.loads(f.read(n))
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise WorkbenchError(f"{path} has a corrupt .safetensors header ({exc})",
+                                 hint="re-write the file (re-run the step that made it) or remove it") from None
+    if not isinstance(header, dict):
+        raise WorkbenchError(f"{path} has a corrupt .safetensors header (not a mapping)",
+                             hint="re-write the file (re-run the step that made it) or remove it")
+    return header, 8 + n
+
+
+def _digest_entry(h, name: str, dtype: str, shape: list[int]) -> None:
+    h.update(json.dumps([name, dtype, list(shape)]).encode())
+
+
+def tensors_digest(files: Iterable[str | Path]) -> str:
+    """sha256 over every tensor of the given .safetensors files: (name, dtype, shape, bytes) in name order.
+
+    File names, shard boundaries, metadata and header order do not count; a changed value does."""
+    import hashlib
+
+    entries: dict[str, tuple[Path, str, list[int], int, int]] = {}
+    for path in files:
+        header, base = safetensors_header(path)
+        size = Path(path).stat().st_size
+        for name, info in header.items():
+            if name == "__metadata__":
+                continue
+            try:
+                begin, end = (int(x) for x in info["data_offsets"])
+                dtype, shape = str(info["dtype"]), [int(x) for x in info["shape"]]
+            except (KeyError, TypeError, ValueError):
+                raise WorkbenchError(f"{path} has a corrupt .safetensors header (entry {name!r})",
+                                     hint="re-write the file or remove it") from None
+            if name in entries:
+                raise WorkbenchError(f"tensor {name!r} is in both {entries[name][0]} and {path}",
+                                     hint="keep one copy of each tensor (an old shard may be left over)")
+            if not 0 <= begin <= end or base + end > size:
+                raise WorkbenchError(f"{path}: tensor {name!r} lies past the end of the file (truncated?)",
+                                     hint="re-write the file or remove it")
+            entries[name] = (Path(path), dtype, shape, base + begin, base + end)
+    h = hashlib.sha256()
+    for name in sorted(entries):
+        path, dtype, shape, begin, end = entries[name]
+        _digest_entry(h, name, dtype, shape)
+        with open(path, "rb") as f:
+            f.seek(begin)
+            left = end - begin
+            while left > 0:
+                chunk = f.read(min(left, _DIGEST_CHUNK))
+                if not chunk:
+                    raise WorkbenchError(f"{path} ended early while reading {name!r}", hint="re-write the file")
+                h.update(chunk)
+                left -= len(chunk)
+    return "sha256:" + h.hexdigest()
+
+
+def tensors_digest_of(tensors: dict) -> str:
+    """The `tensors_digest` that a .safetensors file holding exactly these (contiguous CPU) tensors will have."""
+    import hashlib
+
+    import torch
+
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        t = tensors[name].detach().to("cpu").contiguous()
+        _digest_entry(h, name, _TORCH_TO_SAFETENSORS[str(t.dtype).replace("torch.", "")], list(t.shape))
+        if t.numel():
+            h.update(t.reshape(-1).view(torch.uint8).numpy().data)
+    return "sha256:" + h.hexdigest()

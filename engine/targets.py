@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import logging
 import os
@@ -14,7 +15,7 @@ import torch
 from torch import nn
 
 from engine.errors import WorkbenchError
-from engine.fsutil import atomic_directory, atomic_write_json, read_json
+from engine.fsutil import atomic_directory, atomic_write_json, read_json, tensors_digest
 
 log = logging.getLogger(__name__)
 
@@ -242,7 +243,7 @@ class Target:
         return self.ref.hub_id or self.ref.path
 
     def decoder(self) -> nn.Module:
-        return self.model.get_decoder()
+        return decoder_of(self.model)
 
     def layers(self) -> nn.ModuleList:
         return self.decoder().layers
@@ -358,6 +359,19 @@ class _StopForward(Exception):
     """Raised from a hook to end a forward once every requested layer has been captured."""
 
 
+def decoder_of(model: nn.Module) -> nn.Module:
+    """The decoder stack of a causal LM, the module holding `layers` and the final `norm`: what `get_decoder()`
+    returns, else its `model` (transformers' Llama 4 returns the whole model from `get_decoder()`)."""
+    found = model.get_decoder() if hasattr(model, "get_decoder") else None
+    for candidate in (found, getattr(model, "model", None)):
+        if isinstance(getattr(candidate, "layers", None), nn.ModuleList) and hasattr(candidate, "norm"):
+            return candidate
+    raise WorkbenchError(f"cannot find the decoder layers of this target ({type(model).__name__}): the workbench reads "
+                         "hidden states before `layers[i]` and the final `norm` of its decoder, and this model has no "
+                         "such stack", hint="this family is not supported yet; use a family of the README's families "
+                         "table")
+
+
 class LayerCapture:
     """Capture the residual stream at layer ids with hooks (no `output_hidden_states` tuple).
 
@@ -369,7 +383,7 @@ class LayerCapture:
     """
 
     def __init__(self, model: nn.Module, layer_ids: Iterable[int], *, stop_early: bool = False):
-        self.decoder = model.get_decoder()
+        self.decoder = decoder_of(model)
         self.num_layers = len(self.decoder.layers)
         self.layer_ids = sorted(set(int(i) for i in layer_ids))
         bad = [i for i in self.layer_ids if not 0 <= i <= self.num_layers]
@@ -577,8 +591,6 @@ class TargetIdentity:
 def weights_fingerprint(folder: str | os.PathLike) -> str | None:
     """A cheap fingerprint of a model folder's weights: sha256 over every safetensors file's name, size and first and
     last MiB (the first holds the header; two fine-tunes of one base differ there). None without safetensors files."""
-    import hashlib
-
     files = sorted(Path(folder).glob("*.safetensors"))
     if not files:
         return None
@@ -592,6 +604,61 @@ def weights_fingerprint(folder: str | os.PathLike) -> str | None:
                 fh.seek(size - _FINGERPRINT_BYTES)
                 h.update(fh.read(_FINGERPRINT_BYTES))
     return "sha256:" + h.hexdigest()[:32]
+
+
+def target_weight_files(name_or_path: str | os.PathLike) -> list[Path]:
+    """The .safetensors files of a target that resolves here (built-in, local folder or cached hub id); [] if none."""
+    ref = resolve_target(name_or_path)
+    folder = Path(ref.path) if Path(ref.path).is_dir() else cached_snapshot(ref.path)
+    return sorted(folder.glob("*.safetensors")) if folder else []
+
+
+def target_digest(name_or_path: str | os.PathLike) -> str | None:
+    """The identity of a target's weights: `fsutil.tensors_digest` over its tensors (None without safetensors files).
+
+    Hashing reads every weight byte, so the result is kept under the workbench home, keyed by each file's path, size,
+    inode and change time (ctime moves on any write, also one that restores the modification time)."""
+    files = target_weight_files(name_or_path)
+    if not files:
+        return None
+    stamps = []
+    for f in files:
+        st = f.resolve().stat()
+        stamps.append(f"{f.resolve()}:{st.st_size}:{st.st_ino}:{st.st_ctime_ns}:{st.st_mtime_ns}")
+    cache = workbench_home() / "digests" / (hashlib.sha256("\n".join(stamps).encode()).hexdigest()[:32] + ".json")
+    try:
+        return str(read_json(cache)["digest"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    log.info("computing the digest of %d weight file(s) of %s (once per change of the files)", len(files),
+             name_or_path)
+    digest = tensors_digest(files)
+    try:
+        atomic_write_json(cache, {"digest": digest, "files": stamps})
+    except OSError:
+        pass  # a read-only home only costs the next check a re-read
+    return digest
+
+
+def check_target_digest(recorded: str | None, name_or_path: str | os.PathLike, *, what: str, where: str = "",
+                        accept: bool = False, flag: str = "--accept-target-change") -> None:
+    """Refuse a target whose weights are not those `what` was made from (both digests in the message).
+
+    Nothing to check when nothing was recorded or the target has no safetensors files here; `accept` logs the
+    mismatch instead of refusing it."""
+    if not recorded:
+        return
+    found = target_digest(name_or_path)
+    if found is None or found == recorded:
+        return
+    message = (f"the weights of target '{name_or_path}' are not those {what} was made from: their tensors' digest is "
+               f"{found}, {what} records {recorded}")
+    if accept:
+        log.warning("%s (accepted with %s)", message, flag)
+        return
+    raise WorkbenchError(message, where=where or None,
+                         hint=f"use the target {what} was made from, re-make {what} from this target, or pass {flag} "
+                              "to go on knowingly")
 
 
 def resolves_locally(name: str | None) -> bool:
@@ -621,25 +688,28 @@ def _refuse(explicit: str, recorded: str, what: str, where: str, differences: li
         where=where or None, hint=f"drop --target to use {recorded}, or use data/a draft made for {explicit}")
 
 
-def target_for_data(manifest: dict, explicit: str | None, *, where: str = "") -> str:
+def target_for_data(manifest: dict, explicit: str | None, *, where: str = "", accept_change: bool = False) -> str:
     """The target to train on extracted data: the one its manifest records (its folder, else its name), or an
-    explicit one that agrees with it (layers, width, vocabulary, and weights where the manifest has a fingerprint)."""
+    explicit one that agrees with it (layers, width, vocabulary). Either way its tensors' digest must be the one
+    the manifest records (`accept_change` logs a mismatch instead of refusing it)."""
     recorded_name = manifest.get("target")
     recorded_path = manifest.get("target_path")
     recorded = TargetIdentity(str(recorded_name or recorded_path), manifest.get("num_layers"),
                               manifest.get("hidden_size"), manifest.get("vocab_size"),
                               manifest.get("target_weights"))
     if explicit is None:
-        for candidate in (recorded_path, recorded_name):
-            if candidate and resolves_locally(candidate):
-                return str(candidate)
-        raise WorkbenchError(f"the data was extracted from target '{recorded.name}', which is not available here",
-                             where=where, hint="pass --target with that model (a local folder or a cached hub id)")
-    found = target_identity(explicit, fingerprint=recorded.weights is not None)
-    differences = recorded.differences(found)
-    if differences:
-        raise _refuse(str(explicit), recorded.name, "the data", where, differences)
-    return str(explicit)
+        chosen = next((str(c) for c in (recorded_path, recorded_name) if c and resolves_locally(c)), None)
+        if chosen is None:
+            raise WorkbenchError(f"the data was extracted from target '{recorded.name}', which is not available here",
+                                 where=where, hint="pass --target with that model (a local folder or a cached hub id)")
+    else:
+        found = target_identity(explicit, fingerprint=recorded.weights is not None)
+        differences = recorded.differences(found)
+        if differences:
+            raise _refuse(str(explicit), recorded.name, "the data", where, differences)
+        chosen = str(explicit)
+    check_target_digest(manifest.get("target_digest"), chosen, what="the data", where=where, accept=accept_change)
+    return chosen
 
 
 def same_target(a: str | os.PathLike, b: str | os.PathLike) -> bool:

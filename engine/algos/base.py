@@ -49,7 +49,7 @@ class AlgoArgs(BaseModel):
     `groups` names the form sections (title -> field names); fields it does not name go into one section
     titled after the algorithm."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
     groups: ClassVar[dict[str, list[str]]] = {}
     field_defaults: ClassVar[dict[str, Any]] = {}  # an algorithm's own defaults of inherited fields
     field_help: ClassVar[dict[str, str]] = {}      # and its own help for them

@@ -150,6 +150,7 @@ def add_extract_arguments(p: argparse.ArgumentParser) -> None:
                    help="dtype to run the target in (default: fp32 on CPU, bf16 on GPU)")
     p.add_argument("--tensor-parallel-size", type=_positive, default=1, help="GPUs per target (vllm backend)")
     p.add_argument("--overwrite", action="store_true", help="delete samples of an earlier run in --out first")
+    p.add_argument("--verify", action="store_true", help="then check every file fully, as `check --full` does")
 
 
 def run_extract(args: argparse.Namespace) -> int:
@@ -165,4 +166,8 @@ def run_extract(args: argparse.Namespace) -> int:
     reporter().update(f"extracted {manifest['samples']} samples", 1.0, samples=manifest["samples"],
                       tokens=manifest["tokens"], out=str(args.out))
     print(json.dumps(manifest, indent=2))
+    if args.verify:
+        from engine.commands.check import run as run_check
+
+        return run_check(argparse.Namespace(data=args.out, full=True, json=False))
     return 0

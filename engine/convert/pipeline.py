@@ -24,6 +24,7 @@ from engine.convert.inputs import Source, open_source
 from engine.errors import WorkbenchError
 from engine.format import vllm_rules as vr
 from engine.format.checkpoint import TensorInfo
+from engine.format.config import refuse_bad_numbers
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +127,7 @@ def plan(path: str | os.PathLike, *, fmt: str | None = None, verifier: str | Non
     source = open_source(path)
     det = detect_source(source)
     conv = _converter_for(det, fmt, str(source.folder))
+    refuse_bad_numbers(source.config, str(source.folder / "config.json"))  # before reading any weight
     config = conv.source_config(source.folder, source.config)
     state = source.load(allow_pickle=allow_pickle)
     index = det.index or {k: TensorInfo(k, tuple(v.shape), str(v.dtype), "") for k, v in state.items()}
@@ -136,6 +138,7 @@ def plan(path: str | os.PathLike, *, fmt: str | None = None, verifier: str | Non
     new_config = conv.build_config(config, new_state, verifier=verifier, verifier_config=verifier_config,
                                    options=options)
     problems += tensor_problems(new_config, {k: tuple(v.shape) for k, v in new_state.items()})
+    refuse_bad_numbers(new_config, "the converted config (from the source's config and the options)")
     return Plan(source, det, conv, rows, new_config, new_state, problems,
                 defaulted_values(conv, config, new_config, options, verifier_config))
 

@@ -23,7 +23,7 @@ from engine.data.store import (FORMAT, MANIFEST, TOKEN_FREQ, FolderStats, incomp
 from engine.errors import WorkbenchError
 from engine.fsutil import claim_names
 from engine.jobs import DirLock, reporter
-from engine.targets import dtype_name, parse_dtype, weights_fingerprint
+from engine.targets import dtype_name, parse_dtype, target_digest
 
 log = logging.getLogger(__name__)
 
@@ -67,8 +67,8 @@ def build_header(info: TargetInfo, layer_ids: Sequence[int], dtype: str | torch.
         "files": "hs_{i}.safetensors", "max_length": max_length, "dataset": dataset, "split": split,
         "seed": seed, "val_fraction": val_fraction, "algo": algo, "backend": backend,
         "planned_samples": planned_samples,
-        # a fingerprint of the target's weight files, so training refuses another target of the same shape
-        "target_weights": weights_fingerprint(info.path) if Path(info.path).is_dir() else None,
+        # the digest of the target's tensors: training, evaluation and serving refuse other weights of the same shape
+        "target_digest": target_digest(info.path),
     }
 
 

@@ -20,7 +20,7 @@ from typing import Iterator, Sequence
 import torch
 
 from engine.errors import WorkbenchError
-from engine.fsutil import atomic_save_safetensors, atomic_write_json, read_json
+from engine.fsutil import atomic_save_safetensors, atomic_write_json, read_json, tensors_digest_of
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +29,7 @@ MANIFEST = "manifest.json"
 TOKEN_FREQ = "token_freq.safetensors"
 SAMPLE_RE = re.compile(r"^hs_(\d+)\.safetensors$")
 KEYS = ("hidden_states", "token_ids", "loss_mask")
+SAMPLE_DIGEST = "sha256"  # metadata field of a sample file: `fsutil.tensors_digest` of its tensors
 # Fields that must agree before a folder is resumed (anything else may change between runs).
 COMPATIBLE_FIELDS = ("format", "target", "layer_ids", "hidden_size", "dtype", "max_length", "dataset", "split",
                      "seed", "val_fraction")
@@ -86,9 +87,10 @@ def write_sample(folder: str | Path, index: int, hidden_states: torch.Tensor, to
         raise WorkbenchError(f"sample {index} (row {row_id}) has non-finite hidden states",
                              hint="use --dtype bf16 or fp32 (fp16 overflows on large activations)")
     path = sample_path(folder, index)
-    metadata = {"index": str(index), **({"id": str(row_id)} if row_id is not None else {})}
-    atomic_save_safetensors({"hidden_states": hidden_states, "token_ids": token_ids, "loss_mask": loss_mask}, path,
-                            metadata=metadata)
+    tensors = {"hidden_states": hidden_states, "token_ids": token_ids, "loss_mask": loss_mask}
+    metadata = {"index": str(index), **({"id": str(row_id)} if row_id is not None else {}),
+                SAMPLE_DIGEST: tensors_digest_of(tensors)}  # `engine check --full` compares it with the file
+    atomic_save_safetensors(tensors, path, metadata=metadata)
     check_sample_file(path, token_ids, tuple(hidden_states.shape))
     return path
 

@@ -303,3 +303,43 @@ __all__ = [
     "VerifierInfo", "build_draft_config", "build_layer_config", "config_type", "config_types", "field_default",
     "parse_draft_config", "register_config_type", "vllm_default_aux_layer_ids",
 ]
+
+
+# -- numbers a config cannot hold: NaN/inf anywhere, and values outside the range a field allows ------------------
+
+# A field of this name (at any depth) must be a number > 0: a model cannot be built or run with zero or less.
+POSITIVE_FIELDS = frozenset({
+    "rms_norm_eps", "layer_norm_eps", "norm_eps", "rope_theta", "hidden_size", "intermediate_size",
+    "num_attention_heads", "num_key_value_heads", "num_hidden_layers", "head_dim", "vocab_size", "draft_vocab_size",
+    "max_position_embeddings", "target_hidden_size", "block_size", "speculative_tokens",
+})
+
+
+def number_problems(value: Any, path: str = "") -> list[tuple[str, str]]:
+    """(JSON path, what is wrong) for every non-finite number (NaN, inf) anywhere in a JSON/YAML value, and every
+    POSITIVE_FIELDS number that is not > 0. Python's json and YAML read NaN and Infinity without complaint."""
+    import math
+
+    found: list[tuple[str, str]] = []
+    if isinstance(value, dict):
+        for key, item in value.items():
+            child = f"{path}.{key}" if path else str(key)
+            found += number_problems(item, child)
+            if (key in POSITIVE_FIELDS and isinstance(item, (int, float)) and not isinstance(item, bool)
+                    and math.isfinite(item) and item <= 0):
+                found.append((child, f"must be greater than 0, got {item}"))
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            found += number_problems(item, f"{path}[{i}]")
+    elif isinstance(value, float) and not math.isfinite(value):
+        found.append((path or "value", f"is {value} (not a finite number); give a finite value"))
+    return found
+
+
+def refuse_bad_numbers(value: Any, where: str) -> None:
+    """Raise a WorkbenchError naming every non-finite or out-of-range number in `value` (see `number_problems`)."""
+    problems = number_problems(value)
+    if problems:
+        listing = "; ".join(f"`{p}` {what}" for p, what in problems[:8])
+        raise WorkbenchError(f"{listing}{' (and more)' if len(problems) > 8 else ''}", where=where,
+                             hint="correct those values (NaN and inf are never valid here)")

@@ -15,7 +15,7 @@ import engine.algos  # noqa: F401  (registers every algorithm's config type: the
 from engine.errors import WorkbenchError
 from engine.format import vllm_rules as vr
 from engine.format.checkpoint import CONFIG_NAME, INDEX_NAME, read_config_dict, tensor_index
-from engine.format.config import CONFIG_TYPES, config_types
+from engine.format.config import CONFIG_TYPES, config_types, number_problems
 from engine.format.repair import lacks_stored_embedding
 from engine.format.report import Issue, ValidationReport
 
@@ -56,6 +56,8 @@ def validate_draft(
             return report
         folder = p if p.is_dir() else None
     report.algorithm = cfg.get("speculators_model_type") if isinstance(cfg.get("speculators_model_type"), str) else None
+    for field, what in number_problems(cfg):  # vLLM reads NaN and inf in config.json without a word
+        report.add(Issue(field, what))
     if not _structure_rules(cfg, report):
         try:  # vLLM's own verdict still (its rules are written for exactly these inputs)
             _vllm_layer(cfg, report)

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.generate.cpu_kernels import decode_scope, few_row_linear, linear_form, route_decode_kernels
-from engine.targets import LayerCapture, Target
+from engine.targets import LayerCapture, Target, decoder_of
 
 # Families whose logits are exactly lm_head(decoder output): the runner may compute the head itself.
 _PLAIN_HEAD = {"llama", "qwen2", "qwen3", "qwen3_moe", "mistral"}
@@ -73,7 +73,7 @@ class TargetRunner:
             out = self.model(input_ids=input_ids, past_key_values=self.cache, use_cache=True,
                              logits_to_keep=0 if all_logits else 1)
             return out.logits[0].float()
-        hidden = self.model.get_decoder()(input_ids=input_ids, past_key_values=self.cache, use_cache=True)
+        hidden = decoder_of(self.model)(input_ids=input_ids, past_key_values=self.cache, use_cache=True)
         h = hidden.last_hidden_state[0]  # [T, H]
         return head_logits(self._head, h if all_logits else h[-1:], routed=self.routed,
                            form=linear_form(self.model)).float()
@@ -95,3 +95,49 @@ class TargetRunner:
         """Forget cached positions >= length (rejected draft tokens)."""
         drop = self.length - length
         self.cache.crop(-drop if drop > 0 else 0)  # crop(0) trims sliding-window layers back to their window
+
+
+# -- the rollback guard: speculation is lossless only if verify-then-crop equals one-token steps ---------------------
+
+_PROBE_PREFIX, _PROBE_K = 12, 3  # a prefix longer than the tiny test targets' sliding windows; k drafted tokens
+
+
+def _probe_ids(vocab_size: int, n: int) -> list[int]:
+    return [(7 * i + 5) % vocab_size for i in range(n)]  # varied, deterministic ids
+
+
+def rollback_problem(target: Target) -> str | None:
+    """Why speculative decoding would not be lossless on this target (None when it would), measured: a multi-token
+    verify must give the logits of a full forward, and after cropping the rejected tokens the cache must give what
+    one-token steps give. Families whose cache keeps state a crop cannot undo (recurrent linear-attention layers)
+    or that fail on a multi-token step fail here. Measured once per target and dtype (kept in `target.extra`)."""
+    key = f"rollback_problem:{target.dtype}"
+    if key not in target.extra:
+        target.extra[key] = _measure_rollback(target)
+    return target.extra[key]
+
+
+def _measure_rollback(target: Target) -> str | None:
+    p, k = _PROBE_PREFIX, _PROBE_K
+    ids = _probe_ids(int(target.vocab_size), p + k)
+    runner = TargetRunner(target)
+    try:
+        full, _ = runner.forward(ids)  # [P+K, V]: one pass, nothing cached before
+        runner.reset()
+        runner.forward(ids[:p], all_logits=False)
+        verify, _ = runner.forward(ids[p:p + k])  # [K, V] as a speculative step verifies
+        runner.crop(p + 1)  # accept one token: forget ids[p+1:]
+        after, _ = runner.forward([ids[p + 1]])  # [1, V]: must be position p+1 again
+    except Exception as exc:  # noqa: BLE001 - whatever fails here would fail mid-generation
+        return (f"this target's model ({type(target.model).__name__}) fails when it verifies several tokens with a "
+                f"cache ({type(exc).__name__}: {str(exc)[:160]})")
+    finally:
+        runner.reset()
+    scale = float(full.abs().max()) + 1.0
+    tol = (1e-3 if target.dtype == torch.float32 else 5e-2) * scale
+    worst = max(float((verify - full[p:p + k]).abs().max()), float((after[0] - full[p + 1]).abs().max()))
+    if worst <= tol:
+        return None
+    return (f"this target's cache cannot be rolled back exactly: after a {k}-token verify and a rollback its logits "
+            f"differ from one-token steps by {worst:.3g} (logits up to {scale - 1:.3g}); families with recurrent "
+            "(linear-attention) layers keep state over rejected tokens, so a draft would change the output")

@@ -18,7 +18,7 @@ import torch
 from engine.errors import WorkbenchError
 from engine.generate.events import ACCEPTED, BONUS, CORRECTION, TARGET, StepEvent
 from engine.generate.proposers import Proposal, Proposer
-from engine.generate.runner import TargetRunner
+from engine.generate.runner import TargetRunner, rollback_problem
 from engine.generate.sampling import SamplingParams, logits_to_probs, pick, sample
 
 
@@ -109,6 +109,10 @@ def generate(
     _check_prompt(prompt_ids, params, runner)
     if proposer is not None and k < 1:
         raise WorkbenchError("k (draft tokens per step) must be at least 1")
+    if proposer is not None and (problem := rollback_problem(runner.target)):
+        raise WorkbenchError(f"speculative decoding would not be lossless here: {problem}",
+                             hint="decode without a draft (baseline) on this target; the README's families table "
+                                  "lists the families verified lossless")
     generator = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
     stopper = _Stopper(params, tokenizer)
     runner.reset()

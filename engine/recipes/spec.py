@@ -8,6 +8,7 @@ from typing import Any
 import yaml
 
 from engine.errors import WorkbenchError
+from engine.format.config import refuse_bad_numbers
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 STEPS = ("regenerate", "extract", "train", "bench", "vllm_bench", "curve", "sweep", "evaluate", "ship")
@@ -30,6 +31,10 @@ def load_recipe(name_or_path: str) -> dict[str, Any]:
         recipe = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as exc:
         raise WorkbenchError(f"{path} is not valid YAML: {exc}") from exc
+    if not isinstance(recipe, dict):
+        raise WorkbenchError(f"{path} must be a mapping of recipe keys, not a {type(recipe).__name__}",
+                             hint="see configs/*.yaml for the layout")
+    refuse_bad_numbers(recipe, str(path))  # YAML reads .nan and .inf as numbers
     recipe.setdefault("name", path.stem)
     recipe.setdefault("work", f"runs/recipes/{recipe['name']}")
     known = {"name", "work", "target", "description", "data", "goals", "keep_regenerated", "kept_as"}

@@ -19,7 +19,7 @@ class TrainConfig(BaseModel):
     level (a flag, or a flat YAML key as older recipes wrote them): it is moved into `algo_args`.
     """
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
     # what
     algo: str = Field(default_factory=default_algo, description="Draft algorithm to train (a registered algorithm).")
@@ -63,6 +63,18 @@ class TrainConfig(BaseModel):
     checkpoint_every: int = Field(200, ge=1, description="Checkpoint every N optimizer steps (also at the end and on SIGTERM).")
     keep_checkpoints: int = Field(2, ge=1, description="Step checkpoints to keep (the final one is always kept).")
     device: str = Field("auto", description="auto, cpu or cuda.")
+
+    # bad data and bad steps
+    accept_target_change: bool = Field(
+        False, description="Train although the target's weights are not those the data was extracted from (the "
+                           "digests of their tensors differ); without it such data is refused.")
+    bad_samples: Literal["refuse", "skip"] = Field(
+        "refuse", description="A hidden-state file that fails the checks (shape, dtype, token id outside the "
+                              "vocabulary, non-finite value): refuse = stop and name it; skip = leave it out and "
+                              "report how many tokens were skipped.")
+    max_nonfinite_steps: int = Field(
+        5, ge=1, description="Steps in a row whose loss or gradients are not finite before the run stops (each is "
+                             "skipped; the last good checkpoint is kept).")
 
     # several processes (under torchrun)
     strategy: Literal["ddp", "fsdp"] = Field(

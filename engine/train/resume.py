@@ -15,7 +15,7 @@ from engine.fsutil import atomic_write_text, remove_ours
 # Flags that may change between a run and its resume: how long to train and what to write, not what is trained.
 HARMLESS_ON_RESUME = frozenset({
     "epochs", "max_steps", "out", "log_every", "val_every", "val_max_batches", "checkpoint_every",
-    "keep_checkpoints", "device",
+    "keep_checkpoints", "device", "accept_target_change", "bad_samples", "max_nonfinite_steps",
 })
 
 

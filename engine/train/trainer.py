@@ -8,6 +8,7 @@ the same batch plan and optimizer state, so the result equals an uninterrupted r
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -43,22 +44,59 @@ log = logging.getLogger(__name__)
 
 
 class OfflineData:
-    """Extracted hidden-state files (engine.data.extract format) with per-sample lengths from headers."""
+    """Extracted hidden-state files (engine.data.extract format), checked before use (engine.data.check).
 
-    def __init__(self, folder: str):
+    At open every file's header, token ids and loss mask are checked (the hidden states are not read); each sample's
+    values are checked when it is loaded. A bad file refuses the run, or with `bad_samples="skip"` is left out
+    and counted (`skipped`)."""
+
+    def __init__(self, folder: str, bad_samples: str = "refuse", vocab_size: int | None = None):
+        from engine.data.check import Expected, quick_check, refusal
         from engine.data.extract import HiddenStatesDataset
+        from engine.data.store import sample_path
 
         self.dataset = HiddenStatesDataset(folder)
         self.manifest = self.dataset.manifest
         self.layer_ids = list(self.manifest["layer_ids"])
         self.num_layers = int(self.manifest["num_layers"])
-        self.lengths = self.dataset.lengths()
+        self.skip = bad_samples == "skip"
+        self.expected = Expected.from_manifest(self.manifest)
+        if vocab_size:  # the verifier's: embedding lookups fail past it whatever the manifest says
+            self.expected = dataclasses.replace(self.expected, vocab_size=min(vocab_size, self.expected.vocab_size
+                                                                               or vocab_size))
+        self.paths = [sample_path(self.dataset.folder, i) for i in self.dataset.indices]
+        checked = [quick_check(path, self.expected) for path in self.paths]
+        self.skipped = [problem for _, problem in checked if problem]
+        if self.skipped and not self.skip:
+            raise refusal(self.skipped, len(self.paths))
+        self.keep = [k for k, (_, problem) in enumerate(checked) if problem is None]  # dataset positions used
+        self.lengths = [checked[k][0] for k in self.keep]
+        if not self.keep:
+            raise refusal(self.skipped, len(self.paths), skip_flag="fewer bad files")
+        for problem in self.skipped:
+            log.warning("skipped %s", problem)
 
     def __len__(self) -> int:
-        return len(self.dataset)
+        return len(self.keep)
 
-    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        return self.dataset[i]
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor] | None:
+        """Sample i, or None when its values fail the checks and bad samples are skipped."""
+        from engine.data.check import SampleProblem, refusal, value_problem
+
+        sample = self.dataset[self.keep[i]]
+        problem = value_problem(sample["hidden_states"])
+        if problem is None:
+            return sample
+        bad = SampleProblem(self.paths[self.keep[i]], problem, int(sample["token_ids"].numel()))
+        if not self.skip:
+            raise refusal([bad], len(self.paths))
+        if all(b.path != bad.path for b in self.skipped):
+            log.warning("skipped %s", bad)
+            self.skipped.append(bad)
+        return None
+
+    def files(self, indices: list[int]) -> list[str]:
+        return [str(self.paths[self.keep[i]]) for i in indices]
 
     def token_counts(self) -> torch.Tensor | None:
         return self.dataset.token_freq()
@@ -78,6 +116,8 @@ class OnlineData:
         self.layer_ids = list(layer_ids)
         self.num_layers = self.target.num_layers
         self.lengths = self.source.lengths()
+        self.cfg_dataset = cfg.online_dataset
+        self.skipped: list = []
 
     def __len__(self) -> int:
         return len(self.source)
@@ -87,6 +127,9 @@ class OnlineData:
 
     def get_many(self, indices: list[int]) -> list[dict[str, torch.Tensor]]:
         return self.source.get_many(indices)  # one batched target forward per micro-batch
+
+    def files(self, indices: list[int]) -> list[str]:
+        return [f"{self.cfg_dataset} row {i}" for i in indices]
 
     def token_counts(self) -> torch.Tensor | None:
         return self.source.token_counts()
@@ -162,6 +205,7 @@ class Trainer:
         self.opt = torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
         self.step = 0
         self.epoch = 0
+        self.nonfinite_in_row = self.nonfinite_total = 0  # steps skipped for a non-finite loss or gradient
         self.cursor = 0  # micro-batches of this epoch already consumed (per rank)
         self.total_steps = self._total_steps()
 
@@ -175,11 +219,12 @@ class Trainer:
         manifest_file = Path(self.cfg.data) / "manifest.json"
         if not manifest_file.is_file():
             return self.cfg.target or DEFAULT_TARGET  # OfflineData says what is wrong with the folder
-        return target_for_data(read_json(manifest_file), self.cfg.target, where=self.cfg.data)
+        return target_for_data(read_json(manifest_file), self.cfg.target, where=self.cfg.data,
+                               accept_change=self.cfg.accept_target_change)
 
     def _open_data(self):
         if self.cfg.data:
-            return OfflineData(self.cfg.data)
+            return OfflineData(self.cfg.data, self.cfg.bad_samples, self.verifier.vocab_size)
         n = self.verifier.num_layers
         aux = self.cfg.aux_layer_ids or self.algo.default_layer_ids(n)
         return OnlineData(self.cfg, sorted(set(aux) | ({n} if self.algo.needs_last_layer else set())), self.device)
@@ -202,6 +247,7 @@ class Trainer:
                 "world": self.d.world, "strategy": self.strategy.kind, "config": self.cfg.model_dump(mode="json")}
 
     def save(self, reason: str) -> Path | None:
+        self._check_finite_weights(self.draft, f"the {reason} checkpoint at step {self.step}")
         if self.strategy.sharded:
             return self.strategy.save(self.checkpoints, self._state_record(reason), self.opt, self.algo)
         if not self.d.main:
@@ -250,7 +296,10 @@ class Trainer:
 
     # -- loop --------------------------------------------------------------------------------
     def _samples(self, indices: list[int]) -> list[dict[str, torch.Tensor]]:
-        return self.data.get_many(indices) if hasattr(self.data, "get_many") else [self.data[i] for i in indices]
+        """The samples of a micro-batch; those the data skips (bad values, `bad_samples="skip"`) are left out."""
+        if hasattr(self.data, "get_many"):
+            return self.data.get_many(indices)
+        return [s for s in (self.data[i] for i in indices) if s is not None]
 
     def _collate(self, samples: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
         batch = self.algo.collate(samples, self.layout, self.cfg.tokens_per_batch, self.cfg.algo_args)
@@ -287,6 +336,8 @@ class Trainer:
         totals: dict[str, float] = {}
         for indices in plan[self.d.rank::self.d.world]:
             samples = self._samples(indices)
+            if not samples:  # every sample of this batch was skipped
+                continue
             loss, stats = self._forward(self._collate(samples))
             stats["loss_sum"], stats["loss_count"] = float(loss), 1.0
             # decoding-exact acceptance along the draft-verify walk (engine.generate.acceptance), for every k
@@ -354,17 +405,24 @@ class Trainer:
                 lr = lr_at(self.step, self.total_steps, cfg)
                 for g in self.opt.param_groups:
                     g["lr"] = lr
-                for j in range(cfg.grad_accum):
-                    stats = self._micro_step(self._batch(plan[self.cursor + j]))
-                    for k, v in stats.items():
-                        window[k] = window.get(k, 0.0) + v
+                step_plan = plan[self.cursor:self.cursor + cfg.grad_accum]
+                step_stats: dict[str, float] = {}
+                for indices in step_plan:
+                    samples = self._samples(indices)
+                    if not samples:  # every sample of this micro-batch was skipped
+                        continue
+                    for k, v in self._micro_step(self._collate(samples)).items():
+                        step_stats[k] = step_stats.get(k, 0.0) + v
                 step_rng = None  # past the step's draws: an interruption from here on keeps the live state
-                torch.nn.utils.clip_grad_norm_(self.draft.parameters(), cfg.clip_grad)
-                self.opt.step()
+                norm = torch.nn.utils.clip_grad_norm_(self.draft.parameters(), cfg.clip_grad)
+                if self._finite_step(step_stats, norm, step_plan):
+                    self.opt.step()
+                    for k, v in step_stats.items():
+                        window[k] = window.get(k, 0.0) + v
                 self.opt.zero_grad(set_to_none=True)
                 self.cursor += cfg.grad_accum
                 self.step += 1
-                if self.step % cfg.log_every == 0 or self.step == self.total_steps:
+                if (self.step % cfg.log_every == 0 or self.step == self.total_steps) and window:
                     window = all_reduce_sum(window, self.d)
                     row = self._train_row(window, lr, time.perf_counter() - t_window)
                     self._log(row)
@@ -394,13 +452,52 @@ class Trainer:
         full = self.strategy.consolidated(self.draft)
         if self.d.main:
             self._calibrate(full)
+            self._check_finite_weights(full, "draft/")
             self.algo.save(full, final, dtype=torch.bfloat16)
+            self._write_data_report()
         if self.d.world > 1:
             if not self.strategy.sharded:
                 self._check_ranks_agree()
             dist.barrier()
         self.progress.update(self._position(), state="done")
         return final
+
+    def _finite_step(self, stats: dict[str, float], norm: torch.Tensor, step_plan: list[list[int]]) -> bool:
+        """True when this step's loss and gradient norm are finite on every rank. A non-finite step is skipped,
+        logged and counted; `max_nonfinite_steps` of them in a row stop the run (the last checkpoint is kept)."""
+        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+        bad = {"bad": float(not (math.isfinite(stats.get("loss_sum", 0.0)) and math.isfinite(float(norm))))}
+        if all_reduce_sum(bad, self.d)["bad"] == 0:
+            self.nonfinite_in_row = 0
+            return True
+        self.nonfinite_in_row += 1
+        self.nonfinite_total += 1
+        files = [f for indices in step_plan for f in self.data.files(indices)]
+        self._log({"split": "skipped", "step": self.step + 1, "loss": stats.get("loss_sum"), "grad_norm": float(norm),
+                   "in_a_row": self.nonfinite_in_row, "skipped_steps": self.nonfinite_total, "files": files})
+        log.warning("step %d skipped: loss %s, gradient norm %s (%d in a row)", self.step + 1,
+                    stats.get("loss_sum"), float(norm), self.nonfinite_in_row)
+        if self.nonfinite_in_row >= self.cfg.max_nonfinite_steps:
+            last = self.checkpoints.latest()
+            shown = ", ".join(files[:5]) + (f" and {len(files) - 5} more" if len(files) > 5 else "")
+            raise WorkbenchError(
+                f"training stopped at step {self.step + 1}: {self.nonfinite_in_row} steps in a row had a non-finite "
+                f"loss or gradient norm (last: loss {stats.get('loss_sum')}, norm {float(norm)}); the last batch read "
+                f"{shown}. The last good checkpoint is kept: {last or 'none yet'}; no draft/ was written",
+                where=str(self.out), hint="check the data with `python -m engine check DATA --full`, lower --lr, "
+                "then run the same command again to resume from that checkpoint")
+        return False
+
+    def _check_finite_weights(self, draft, what: str) -> None:
+        """Refuse to write weights holding NaN or inf (the last checkpoint written stays the last good one)."""
+        bad = [name for name, p in draft.state_dict().items()
+               if torch.is_tensor(p) and p.is_floating_point()
+               and not bool(torch.isfinite(p.full_tensor() if hasattr(p, "full_tensor") else p).all())]
+        if bad:
+            raise WorkbenchError(
+                f"the draft's weights hold non-finite values at step {self.step} ({', '.join(bad[:5])}); {what} was "
+                f"not written. The last good checkpoint is {self.checkpoints.latest() or 'none yet'}",
+                where=str(self.out), hint="lower --lr or raise the warm-up, then resume from that checkpoint")
 
     @torch.no_grad()
     def _calibrate(self, draft) -> None:
@@ -415,6 +512,16 @@ class Trainer:
             atomic_write_json(self.out / "calibration.json", report)
             self._log({"split": "calibration", "step": self.step,
                        **{k: v for k, v in report.items() if isinstance(v, (int, float))}})
+
+    def _write_data_report(self) -> None:
+        """`data_check.json`: the files left out (`bad_samples="skip"`) and their tokens, and the skipped steps."""
+        skipped = getattr(self.data, "skipped", [])
+        report = {"skipped_files": [{"file": str(b.path), "problem": b.what, "tokens": b.tokens} for b in skipped],
+                  "skipped_tokens": sum(b.tokens for b in skipped), "nonfinite_steps": self.nonfinite_total}
+        atomic_write_json(self.out / "data_check.json", report)
+        if skipped or self.nonfinite_total:
+            log.warning("left out %d bad file(s) (%d tokens) and skipped %d non-finite step(s): %s", len(skipped),
+                        report["skipped_tokens"], self.nonfinite_total, self.out / "data_check.json")
 
     def _log_validation(self) -> None:
         with self.strategy.evaluating():
@@ -445,7 +552,7 @@ class Trainer:
 
 # What a training job writes into its --out folder (progress/: the ranks' progress files, resumes.jsonl: resumes).
 JOB_FILES = ("config.yaml", "metrics.jsonl", "resumes.jsonl", "calibration.json", "ddp_check.json", "checkpoints",
-             "draft", "progress")
+             "draft", "progress", "data_check.json")
 
 
 def train(cfg: TrainConfig) -> Path:
