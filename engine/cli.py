@@ -36,6 +36,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+# Commands that run a draft beside a target: they take --accept-target-change (train has it in TrainConfig).
+ACCEPT_CHANGE_COMMANDS = frozenset({"generate", "bench", "evaluate", "serve"})
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m engine", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -46,6 +50,10 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text, description=help_text)
         p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                        help="on an error, also print the Python traceback")
+        if name in ACCEPT_CHANGE_COMMANDS:
+            p.add_argument("--accept-target-change", action="store_true",
+                           help="run a draft beside a target whose weights are not those it was trained on (the "
+                                "digests of their tensors differ); without it that is refused")
         mod = importlib.import_module(f"engine.commands.{module}")
         getattr(mod, f"add_{name}_arguments", getattr(mod, "add_arguments", lambda _p: None))(p)
         p.set_defaults(_module=module)
@@ -64,6 +72,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if args.command in ACCEPT_CHANGE_COMMANDS and args.accept_target_change:
+        from engine.targets import ACCEPT_CHANGE_ENV
+
+        os.environ[ACCEPT_CHANGE_ENV] = "1"  # read by engine.targets.target_for_draft, also in child processes
     _quiet_transformers()
     signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM behaves like Ctrl-C: commands clean up / checkpoint
     mod = importlib.import_module(f"engine.commands.{args._module}")

@@ -80,6 +80,20 @@ def _first_line(text: str, limit: int = 300) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+def _failing_model_family(exc: BaseException) -> str | None:
+    """The model family whose transformers modeling code raised `exc` (its innermost frame), or None."""
+    tb, family = exc.__traceback__, None
+    while tb is not None:
+        parts = os.path.normpath(tb.tb_frame.f_code.co_filename).split(os.sep)
+        if "transformers" in parts and len(parts) > 2 and parts[-3] == "models" \
+                and parts[-1].startswith("modeling_"):
+            family = parts[-2]
+        elif family is not None and not {"torch", "transformers"} & set(parts):
+            family = None  # the error came from deeper code of another package (or ours), not the model's own
+        tb = tb.tb_next
+    return family
+
+
 def translate(exc: BaseException) -> WorkbenchError | None:
     """Our error for a foreign exception a user can act on (None: not one we know, likely a bug).
 
@@ -127,6 +141,13 @@ def translate(exc: BaseException) -> WorkbenchError | None:
         if exc.filename2 is not None:
             where = f"{where} -> {exc.filename2}"
         return WorkbenchError(what, where=os.fspath(where) if isinstance(where, os.PathLike) else where, hint=hint)
+    family = _failing_model_family(exc)
+    if family is not None and isinstance(exc, (RuntimeError, ValueError, IndexError, AttributeError, TypeError)):
+        return WorkbenchError(f"transformers' {family} model fails on this target ({cls.__name__}: "
+                              f"{_first_line(exc, 300)})",
+                              hint=f"the target's config.json may hold values this transformers version's {family} "
+                                   "code does not support (e.g. a head_dim that disagrees with the attention's own "
+                                   "dimensions); the families the workbench verifies are listed in the README")
     if isinstance(exc, MemoryError):
         return WorkbenchError("out of memory", hint="use a smaller model, fewer tokens or a smaller batch")
     if isinstance(exc, json.JSONDecodeError):

@@ -640,6 +640,10 @@ def target_digest(name_or_path: str | os.PathLike) -> str | None:
     return digest
 
 
+VERIFIER_DIGEST = "tensors_digest"  # key under a draft's speculators_config.verifier: the data's target_digest
+ACCEPT_CHANGE_ENV = "WORKBENCH_ACCEPT_TARGET_CHANGE"  # set by `--accept-target-change` of the decoding commands
+
+
 def check_target_digest(recorded: str | None, name_or_path: str | os.PathLike, *, what: str, where: str = "",
                         accept: bool = False, flag: str = "--accept-target-change") -> None:
     """Refuse a target whose weights are not those `what` was made from (both digests in the message).
@@ -745,10 +749,29 @@ def draft_shape(draft: str | os.PathLike) -> TargetIdentity | None:
     return TargetIdentity(draft_verifier(draft) or str(draft), None, width, layer.get("vocab_size"))
 
 
+def draft_verifier_digest(draft: str | os.PathLike) -> str | None:
+    """The digest of the verifier's tensors a draft trained here records (None for drafts from elsewhere)."""
+    try:
+        info = (read_json(Path(draft) / "config.json").get("speculators_config") or {}).get("verifier") or {}
+    except (OSError, ValueError, AttributeError):
+        return None
+    value = info.get(VERIFIER_DIGEST) if isinstance(info, dict) else None
+    return str(value) if value else None
+
+
 def target_for_draft(draft: str | os.PathLike | None, explicit: str | None) -> str | None:
     """The target to decode a draft with: its verifier when that resolves here, or an explicit one that agrees with
     that verifier (layers, width, vocabulary; with the verifier elsewhere, the width and vocabulary the draft's config
-    records). None when neither says (the caller's default applies)."""
+    records). None when neither says (the caller's default applies). A draft that records the digest of its
+    verifier's tensors is refused beside other weights unless $WORKBENCH_ACCEPT_TARGET_CHANGE is set."""
+    chosen = _target_for_draft(draft, explicit)
+    if draft and chosen:
+        check_target_digest(draft_verifier_digest(draft), chosen, what="the draft", where=str(draft),
+                            accept=os.environ.get(ACCEPT_CHANGE_ENV, "") not in ("", "0"))
+    return chosen
+
+
+def _target_for_draft(draft: str | os.PathLike | None, explicit: str | None) -> str | None:
     verifier = draft_verifier(draft) if draft else None
     if verifier is None or not resolves_locally(verifier):
         shape = draft_shape(draft) if draft and explicit is not None else None

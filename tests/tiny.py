@@ -43,6 +43,20 @@ FAMILIES: dict[str, dict] = {
 }
 
 
+# Families outside the end-to-end matrix, for the rollback guard (tests/engine/test_families.py): DeepSeek-V3 with
+# fewer KV heads than heads (transformers' cached multi-token step crashes), Qwen3-Next (Gated DeltaNet layers keep
+# recurrent state a crop cannot undo), Llama 4 text (whose get_decoder() returns the whole model).
+PROBE_FAMILIES: dict[str, dict] = {
+    "deepseek_v3": dict(head_dim=8, kv_lora_rank=16, q_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16,
+                        n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, first_k_dense_replace=1,
+                        n_group=1, topk_group=1),
+    "qwen3_next": dict(linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=16,
+                       linear_value_head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                       shared_expert_intermediate_size=32, full_attention_interval=2),
+    "llama4_text": dict(num_local_experts=4, num_experts_per_tok=1, intermediate_size_mlp=128),
+}
+
+
 def tiny_tokenizer(vocab_size: int = 384):
     """A byte-level BPE tokenizer trained in milliseconds, with ChatML specials at ids 0, 1, 2."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -69,7 +83,8 @@ def tiny_tokenizer(vocab_size: int = 384):
     return fast
 
 
-def tiny_config(arch: str = "llama", *, num_layers: int = 4, hidden_size: int = 64, vocab_size: int = 384):
+def tiny_config(arch: str = "llama", *, num_layers: int = 4, hidden_size: int = 64, vocab_size: int = 384,
+                **overrides):
     """A transformers config for a tiny target of family `arch` (a model_type in FAMILIES)."""
     from transformers import AutoConfig, LlamaConfig, Qwen3Config, Qwen3MoeConfig
 
@@ -101,6 +116,10 @@ def tiny_config(arch: str = "llama", *, num_layers: int = 4, hidden_size: int = 
             decoder_sparse_step=1,
             architectures=["Qwen3MoeForCausalLM"],
         )
+    if arch in PROBE_FAMILIES:
+        return AutoConfig.for_model(arch, **{**common, **PROBE_FAMILIES[arch], **overrides})
+    if overrides:
+        raise ValueError(f"config overrides {sorted(overrides)} are only taken for {sorted(PROBE_FAMILIES)}")
     if arch in FAMILIES:
         extra = dict(FAMILIES[arch])
         if arch == "gemma3_text":

@@ -84,7 +84,7 @@ def plan_server(draft: str | os.PathLike | None = None, *, target: str | os.Path
     Without a form, auto is used when the target is the draft's own verifier. `speculative_config` without
     a draft serves the target with that config (e.g. ngram). `validate` refuses invalid drafts first.
     """
-    from engine.targets import resolve_target
+    from engine.targets import resolve_target, resolves_locally, target_for_draft
 
     if form is not None and form not in FORMS:
         raise WorkbenchError(f"unknown form '{form}'", hint=f"use one of {list(FORMS)}")
@@ -100,6 +100,9 @@ def plan_server(draft: str | os.PathLike | None = None, *, target: str | os.Path
     verifier = cfg["speculators_config"]["verifier"]["name_or_path"]
     derived = _derived_speculative_config(cfg, report)
     same_target = target is None or _same_target(target, verifier)
+    if target is not None or resolves_locally(verifier):
+        # refuses a target of another shape than the draft's verifier, or other weights than those it was trained on
+        target_for_draft(draft_dir, str(target) if target is not None else None)
     if form is None:
         form = "auto" if same_target else "explicit"
     if form == "auto":
@@ -112,10 +115,6 @@ def plan_server(draft: str | os.PathLike | None = None, *, target: str | os.Path
         target_path, env = _auto_target(verifier, hub_cache)
         return ServePlan(model=str(draft_dir), target=target_path, form="auto", draft=str(draft_dir),
                          speculative_config=overrides or None, env=env, served_model_name=None, validation=report)
-    if target is not None and not same_target:
-        from engine.targets import target_for_draft
-
-        target_for_draft(draft_dir, str(target))  # refuses a target of another shape than the draft's verifier
     ref = resolve_target(target if target is not None else verifier)
     spec = {"method": derived["method"], "model": str(draft_dir),
             "num_speculative_tokens": int(k if k is not None else derived["num_speculative_tokens"])}

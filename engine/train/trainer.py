@@ -30,7 +30,7 @@ from engine.fsutil import (
 )
 from engine.generate.acceptance import summarize_walk_sums, walk_sums
 from engine.jobs import DirLock, reporter
-from engine.targets import load_verifier_parts, pick_device
+from engine.targets import VERIFIER_DIGEST, load_verifier_parts, pick_device
 from engine.train.checkpoints import CheckpointFolder, is_legacy_checkpoint
 from engine.train.config import TrainConfig
 from engine.train.data import layout_for, plan_packed_batches, split_indices
@@ -254,7 +254,7 @@ class Trainer:
             return None
         path = self.checkpoints.path(self.step)
         with atomic_directory(path, owner="checkpoint", also_ours=is_legacy_checkpoint) as tmp:
-            self.algo.save(self.draft, tmp / "draft", dtype=torch.float32)
+            self.algo.save(self.draft, tmp / "draft", dtype=torch.float32, config_updates=self._verifier_digest())
             for f in (tmp / "draft").iterdir():
                 f.rename(tmp / f.name)
             (tmp / "draft").rmdir()
@@ -453,7 +453,7 @@ class Trainer:
         if self.d.main:
             self._calibrate(full)
             self._check_finite_weights(full, "draft/")
-            self.algo.save(full, final, dtype=torch.bfloat16)
+            self.algo.save(full, final, dtype=torch.bfloat16, config_updates=self._verifier_digest())
             self._write_data_report()
         if self.d.world > 1:
             if not self.strategy.sharded:
@@ -512,6 +512,15 @@ class Trainer:
             atomic_write_json(self.out / "calibration.json", report)
             self._log({"split": "calibration", "step": self.step,
                        **{k: v for k, v in report.items() if isinstance(v, (int, float))}})
+
+    def _verifier_digest(self) -> dict[str, Any] | None:
+        """The config update that records, under `speculators_config.verifier`, the digest of the tensors of the
+        target the data was extracted from (evaluate, bench and serve check it; speculators and vLLM ignore it)."""
+        digest = getattr(self.data, "manifest", {}).get("target_digest")
+        if not digest:
+            return None
+        spec = self.draft.config.to_dict()["speculators_config"]
+        return {"speculators_config": {**spec, "verifier": {**spec["verifier"], VERIFIER_DIGEST: digest}}}
 
     def _write_data_report(self) -> None:
         """`data_check.json`: the files left out (`bad_samples="skip"`) and their tokens, and the skipped steps."""

@@ -105,6 +105,35 @@ def test_train_refuses_data_whose_target_changed_in_place_and_a_flag_accepts_it(
     assert _snapshot(data) == before  # nothing of the user's was changed
 
 
+def test_a_draft_records_its_targets_digest_and_decoding_beside_changed_weights_is_refused(made, tmp_path, capsys):
+    from engine.errors import WorkbenchError
+    from engine.serve.server import plan_server
+    from engine.targets import target_digest
+
+    target = _copy(made["target"], tmp_path / "target")
+    data = _copy(made["data"], tmp_path / "hs")
+    manifest = json.loads((data / "manifest.json").read_text())
+    manifest["target_path"] = str(target.resolve())
+    (data / "manifest.json").write_text(json.dumps(manifest))
+    rc, _, err = _engine(capsys, "train", "--data", str(data), *TRAIN, "--out", str(tmp_path / "run"))
+    assert rc == 0, err
+    draft = tmp_path / "run" / "draft"
+    verifier = json.loads((draft / "config.json").read_text())["speculators_config"]["verifier"]
+    assert verifier["tensors_digest"] == manifest["target_digest"]
+    argv = ("generate", "Hello", "--method", "draft", "--draft", str(draft), "--max-new-tokens", "4",
+            "--dtype", "fp32")
+    assert _engine(capsys, *argv)[0] == 0
+    state = load_file(str(target / "model.safetensors"))
+    state["lm_head.weight"] = state["lm_head.weight"].flip(0)  # same shape, other values
+    save_file(state, str(target / "model.safetensors"), metadata={"format": "pt"})
+    rc, _, err = _engine(capsys, *argv)
+    assert rc == 2 and "are not those the draft was made from" in err and target_digest(target) in err, err
+    with pytest.raises(WorkbenchError, match="are not those the draft was made from"):
+        plan_server(draft, target=str(target), form="explicit")
+    rc, _, err = _engine(capsys, *argv, "--accept-target-change")
+    assert rc == 0, err
+
+
 # -- 2. non-finite and out-of-range numbers in configs ----------------------------------------------------------
 
 

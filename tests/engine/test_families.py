@@ -90,3 +90,37 @@ def test_family_goes_end_to_end_with_algorithm(family, algo, family_targets, tmp
     speculative, drafted = _tokens(out)
     assert len(baseline) > 0 and speculative == baseline  # lossless: the target's own greedy output
     assert drafted > 0, "the draft never proposed a token"
+
+
+@pytest.mark.parametrize("family,config,expected", [
+    ("deepseek_v3", {}, "refused"), ("qwen3_next", {}, "refused"), ("llama4_text", {}, "lossless"),
+    ("deepseek_v3", {"qk_rope_head_dim": 4}, "broken"),  # unlike head_dim: transformers' MLA fails
+])
+def test_targets_whose_cache_cannot_roll_back_are_refused(family, config, expected, tmp_path, capsys):
+    """Speculative decoding is refused, with the measured reason, where a multi-token verify and a crop do not
+    give the logits of one-token steps; a family where they do (Llama 4, its decoder found) decodes losslessly; a
+    target whose transformers model fails on any forward is named as such, not as a bug of ours."""
+    target = str(save_tiny_target(tmp_path / family, family, **config))
+    common = ["--max-new-tokens", "16", "--k", "3", "--dtype", "fp32", "--events", "--target", target]
+    data, run = tmp_path / "hs", tmp_path / "run"
+    extract = ["extract", "--target", target, "--max-samples", "8", "--max-length", "64", "--dtype", "fp32",
+               "--out", str(data)]
+    if expected == "broken":
+        rc, _, err = _engine(capsys, *extract)
+        assert rc == 2 and f"transformers' {family} model fails on this target" in err, err[-2000:]
+        return
+    rc, out, err = _engine(capsys, "generate", PROMPT, "--method", "baseline", *common)
+    assert rc == 0, err[-2000:]
+    baseline, _ = _tokens(out)
+    if expected == "refused":
+        rc, _, err = _engine(capsys, "generate", PROMPT, "--method", "ngram", *common)
+        assert rc == 2 and "speculative decoding would not be lossless here" in err, err[-2000:]
+        assert "unexpected" not in err
+        return
+    assert _engine(capsys, *extract)[0] == 0
+    rc, _, err = _engine(capsys, "train", "--data", str(data), "--max-steps", "2", "--tokens-per-batch", "256",
+                         "--warmup-steps", "1", "--val-fraction", "0.25", "--num-layers", "1", "--out", str(run))
+    assert rc == 0, err[-2000:]
+    rc, out, err = _engine(capsys, "generate", PROMPT, "--method", "draft", "--draft", str(run / "draft"), *common)
+    assert rc == 0, err[-2000:]
+    assert _tokens(out)[0] == baseline and baseline
