@@ -12,10 +12,11 @@ SHIPPED = ROOT / "benchmarks" / "results"  # records that ship with the project
 
 
 @functools.lru_cache(maxsize=1)
-def this_cpu() -> str:
-    from engine.cpu import cpu_model
+def this_cpu() -> dict[str, str]:
+    """{"cpu": model name, "cpu_kind": ...} of this machine (engine.cpu.cpu_identity)."""
+    from engine.cpu import cpu_identity
 
-    return cpu_model()
+    return cpu_identity()
 
 
 def cpu_of(record: dict[str, Any]) -> str | None:
@@ -23,9 +24,24 @@ def cpu_of(record: dict[str, Any]) -> str | None:
     return str(cpu) if cpu else None
 
 
+def kind_of(record: dict[str, Any]) -> str | None:
+    """The record's CPU kind (engine.cpu.CPU_KINDS): its `cpu_kind`, else the kind its CPU description names
+    ("AMD EPYC (2 cores, AVX-512 BF16, native bf16)"); None when it names none."""
+    from engine.cpu import CPU_KINDS
+
+    kind = record.get("cpu_kind")
+    if kind in CPU_KINDS:
+        return kind
+    words = str(record.get("cpu") or "").replace("(", ",").replace(")", ",").split(",")
+    return next((k for k in CPU_KINDS[:-1] if k in (w.strip() for w in words)), None)
+
+
 def on_this_machine(record: dict[str, Any]) -> bool:
-    """The record names this machine's CPU model (a record without a CPU is not counted as this machine's)."""
-    return cpu_of(record) == this_cpu()
+    """The record was measured on a CPU of this machine's kind (AMX, AVX-512 BF16, AVX2: what sets the speed of a
+    bf16 step, not the brand: a Zen 4 record is not an AVX2 EPYC's; an "other" kind also needs the same model).
+    A record naming no kind is not counted."""
+    kind, here = kind_of(record), this_cpu()
+    return kind is not None and kind == here["cpu_kind"] and (kind != "other" or cpu_of(record) == here["cpu"])
 
 
 @functools.lru_cache(maxsize=256)
