@@ -73,6 +73,13 @@ def cpu_kind(flags: frozenset[str] | set[str] | None = None) -> str:
     return "AVX2" if "avx2" in flags else "other"
 
 
+def kind_named(text: str | None) -> str | None:
+    """The CPU kind a description names ("AMD EPYC (2 cores, AVX-512 BF16, native bf16)", "Intel Xeon (AMX,
+    AVX-512 BF16), 2-core VM": the first of CPU_KINDS among its comma-separated words), else None."""
+    words = {w.strip() for w in str(text or "").replace("(", ",").replace(")", ",").split(",")}
+    return next((kind for kind in CPU_KINDS[:-1] if kind in words), None)
+
+
 def cpu_identity() -> dict[str, str]:
     """{"cpu": the model name, "cpu_kind": one of CPU_KINDS}: how every measurement record names its machine."""
     return {"cpu": cpu_model(), "cpu_kind": cpu_kind()}
