@@ -174,7 +174,8 @@ def _step_dtype(opts: dict[str, Any]) -> str:
 
 def recipe_command(recipe: dict[str, Any], step: str, *, remeasure: bool = False) -> str:
     """The command that measures one of a recipe's records (curve, sweep, evaluate): `recipe NAME --only STEP`."""
-    return engine_command(["recipe", recipe["name"], *(["--remeasure"] if remeasure else []), "--only", step])
+    name = recipe.get("name") or recipe["work"]
+    return engine_command(["recipe", name, *(["--remeasure"] if remeasure else []), "--only", step])
 
 
 def _write_rows(path: Path, rows: list[dict[str, Any]], command: str, dtype: str) -> None:
