@@ -4,7 +4,8 @@ the day and the torch version."""
 from __future__ import annotations
 
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 # The fields each record under benchmarks/results (and each JSON a measuring command writes) carries.
 FIELDS = ("command", "cpu", "cpu_kind", "dtype", "date", "torch")
@@ -24,7 +25,8 @@ def provenance(dtype: str | Sequence[str], *, command: str | None = None, on_cpu
         torch_version = torch.__version__
     machine = cpu_identity() if on_cpu else {"cpu": None, "cpu_kind": None}
     dtypes = {"dtype": dtype} if isinstance(dtype, str) else {"dtypes": list(dtype)}
-    return {**({"command": command} if command is not None else {}), **machine, **dtypes, "date": time.strftime("%Y-%m-%d"), "torch": str(torch_version)}
+    named = {"command": command} if command is not None else {}
+    return {**named, **machine, **dtypes, "date": time.strftime("%Y-%m-%d"), "torch": str(torch_version)}
 
 
 def engine_command(words: Sequence[Any]) -> str:

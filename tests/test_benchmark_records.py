@@ -161,7 +161,7 @@ def test_each_checked_record_names_its_command_cpu_and_dtype(path):
 NOT_RECORDS = ("hidden-manifest.json",)
 # The machines a path names (a folder, or a file named after its machine) and their CPU kinds.
 MACHINES = {"amd-epyc-zen4": "AVX-512 BF16", "amd-epyc-avx2": "AVX2", "intel-xeon-amx": "AMX"}
-UNKNOWN = re.compile(r"unknown \(.+\)", re.S)  # "unknown (why)": only in records filled in after the fact
+UNKNOWN = re.compile(r"unknown \(.+\)", re.DOTALL)  # "unknown (why)": only in records filled in after the fact
 
 
 def _all_records() -> list[Path]:
