@@ -12,9 +12,18 @@ def command_line(script: str, argv: list[str] | None) -> str:
     return f"python benchmarks/{script} " + " ".join(sys.argv[1:] if argv is None else argv)
 
 
-def print_and_save(result: dict[str, Any], table: str, json_path: str | None) -> None:
-    """Print the markdown table; write the result JSON (atomically, folders created) when asked."""
+def print_and_save(result: dict[str, Any], table: str, json_path: str | None,
+                   dtype: str | list[str] | None = None) -> None:
+    """Print the markdown table; write the result JSON (atomically, folders created) when asked, with its provenance
+    (engine.provenance: the command, the CPU and its kind, `dtype` unless the result names its own, day, torch)."""
+    from engine.provenance import provenance
+
     print(table)
+    own = result.get("dtype") or result.get("dtypes")
+    if not result.get("command") or not (own or dtype):
+        raise ValueError("a benchmark record names its command and dtype")  # a script's mistake, not the user's
+    for key, value in provenance(own or dtype).items():
+        result.setdefault(key, value)  # a script's own "cpu" (its description of the CPU) stays
     # 1/5/15-minute load averages when the run ended: above the core count, other work shared the machine
     result.setdefault("load_average_at_end", [round(x, 2) for x in os.getloadavg()])
     result.setdefault("cores", os.cpu_count())

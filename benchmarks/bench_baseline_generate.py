@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     result = measure(args.target, dtypes=[d.strip() for d in args.dtypes.split(",") if d.strip()],
                      prompts=args.prompts, new=args.max_new_tokens)
     result["command"] = command_line("bench_baseline_generate.py", argv)
-    print_and_save(result, markdown(result), args.json)
+    print_and_save(result, markdown(result), args.json, dtype=list(result["kernel_paths"]))
     return 0
 
 

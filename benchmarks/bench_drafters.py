@@ -234,7 +234,8 @@ def main(argv: list[str] | None = None) -> int:
             [parse_method("baseline")] + [parse_method(s) for s in args.vllm_method if s != "baseline"]
         result["vllm"] = run_vllm(vmethods, prompts, target=args.target, max_new_tokens=args.max_new_tokens)
     result["seconds"] = time.time() - started
-    print_and_save(result, markdown(result), args.json)
+    dtypes = list((result.get("inprocess") or {}).get("dtypes") or []) + (["bfloat16"] if args.vllm else [])
+    print_and_save(result, markdown(result), args.json, dtype=dtypes)
     return 0
 
 

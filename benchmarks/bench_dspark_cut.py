@@ -57,7 +57,9 @@ def main() -> int:
     from engine.generate.runner import TargetRunner
     from engine.generate.sampling import SamplingParams
     from engine.generate.speculative import generate_all
-    from engine.targets import load_target
+    from benchmarks._results import command_line
+    from engine.provenance import provenance
+    from engine.targets import dtype_name, load_target
 
     torch.set_num_threads(args.threads)
     work = Path(tempfile.mkdtemp(prefix="bench_dspark_"))
@@ -124,7 +126,8 @@ def main() -> int:
               "device": "cpu", "threads": args.threads, "outputs_identical_to_baseline": identical,
               "baseline": {"seconds": round(baseline["seconds"], 2),
                            "tokens_per_s": round(baseline["tokens"] / baseline["seconds"], 1)},
-              "results": results}
+              "results": results,
+              **provenance(dtype_name(target.dtype), command=command_line("bench_dspark_cut.py", None))}
     text = json.dumps(report, indent=2)
     print(text)
     if args.json:

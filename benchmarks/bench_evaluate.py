@@ -46,7 +46,9 @@ def main() -> int:
     from engine.generate.speculative import generate_all
     from engine.generate.sampling import SamplingParams
     from engine.measure.evaluate import samples_from_prompts
-    from engine.targets import load_target
+    from benchmarks._results import command_line
+    from engine.provenance import provenance
+    from engine.targets import dtype_name, load_target
 
     torch.set_num_threads(args.threads)
     target = load_target("smollm2-135m-instruct")
@@ -99,7 +101,8 @@ def main() -> int:
            "evaluate_vs_bench": evaluate_s / bench_s, "online_evaluate_vs_bench": (data_s + evaluate_s) / bench_s,
            "cpu_seconds": cpu, "evaluate_vs_bench_cpu": cpu["evaluate"] / cpu["bench"],
            "evaluated_mean_acceptance_length": evaluated, "bench_mean_acceptance_length": measured,
-           "evaluated_by_k": {k: v["mean_acceptance_length"] for k, v in result["by_k"].items()}}
+           "evaluated_by_k": {k: v["mean_acceptance_length"] for k, v in result["by_k"].items()},
+           **provenance(dtype_name(target.dtype), command=command_line("bench_evaluate.py", None))}
     print(json.dumps(out, indent=2))
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2) + "\n")

@@ -218,7 +218,11 @@ def main() -> None:
           + ", ".join(f"{o['tokens_per_s'] / n['tokens_per_s']:.2f}x" for n, o in zip(runs["naive"], runs["ours"]))
           + ")")
     if args.json:
-        Path(args.json).write_text(json.dumps({"rows": stats, "interleaved": inter, "runs": runs, "median": summary,
+        from benchmarks._results import command_line
+        from engine.provenance import provenance
+
+        Path(args.json).write_text(json.dumps({**provenance("bf16", command=command_line("bench_extract.py", None)),
+                                               "rows": stats, "interleaved": inter, "runs": runs, "median": summary,
                                                "ratio": ratio, "cpu_ratio": cpu_ratio,
                                                "isolated_ratio": isolated_ratio}, indent=2))
 

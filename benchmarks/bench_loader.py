@@ -169,6 +169,10 @@ def main(argv: list[str] | None = None) -> int:
           f"{result['open']['us_per_sample']:.0f} us/sample ({n} samples); RSS growth while loading "
           f"{rss1 - rss0:.0f} MB (the {len(plan)} batches hold {held_mb:.0f} MB)")
     if args.json:
+        from benchmarks._results import command_line
+        from engine.provenance import provenance
+
+        result.update(provenance("bf16", command=command_line("bench_loader.py", argv)))
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
     if tmp:
         tmp.cleanup()

@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     result = measure(args.target, context=args.context, ns=[int(n) for n in args.ns.split(",")],
                      repeats=args.repeats, paths=_paths(args.paths))
     result["command"] = command_line("bench_step_cost.py", argv)
-    print_and_save(result, markdown(result), args.json)
+    print_and_save(result, markdown(result), args.json, dtype=list(result["ms"]))
     return 0
 
 

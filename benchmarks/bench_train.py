@@ -396,7 +396,11 @@ def main() -> None:
           + ", ".join(f"{x:.2f}x" for x in ratios["tokens_per_s"]) + f"); load average {load_before[0]:.1f} "
           f"before, {load_after[0]:.1f} after, on {os.cpu_count()} CPUs")
     if args.json:
+        from benchmarks._results import command_line
+        from engine.provenance import provenance
+
         Path(args.json).write_text(json.dumps({
+            **provenance("fp32", command=command_line("bench_train.py", None)),
             "conditions": {"samples": info["samples"], "tokens": info["tokens"], "max_length": args.max_length,
                            "draft_vocab_size": args.draft_vocab_size, "tokens_per_step": args.tokens_per_step,
                            "steps": args.steps, "warmup": args.warmup, "rounds": args.rounds,

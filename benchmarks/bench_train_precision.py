@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> None:
               "full_ratio": full["bf16"]["tokens_per_s_median"] / full["fp32"]["tokens_per_s_median"],
               "round_ratios": ratios, "round_ratio_median": statistics.median(ratios),
               "command": command_line("bench_train_precision.py", argv)}
-    print_and_save(result, table(result), a.json_out)
+    print_and_save(result, table(result), a.json_out, dtype=list(PRECISIONS))
 
 
 if __name__ == "__main__":

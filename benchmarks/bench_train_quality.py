@@ -373,8 +373,10 @@ def main() -> None:
     print("\n" + table(results))
     if a.json:
         Path(a.json).parent.mkdir(parents=True, exist_ok=True)
+        from engine.provenance import provenance
+
         Path(a.json).write_text(json.dumps({
-            "command": command_line("bench_train_quality.py", None), "cpu": cpu_name(), "dtype": "fp32",
+            **provenance("fp32", command=command_line("bench_train_quality.py", None)),
             "conditions": {"target": TARGET, "train_jsonl": a.train_jsonl, "val_jsonl": a.val_jsonl,
                            "steps": a.steps, "tokens_per_step": a.tokens_per_step, "lr": a.lr, "warmup": a.warmup,
                            "draft_vocab_size": a.draft_vocab_size, "threads": a.threads, "cpu": cpu_name(),

@@ -11,6 +11,11 @@ X86_NATIVE_BF16 = frozenset({"avx512_bf16", "amx_bf16"})
 # Arm: the BFDOT/BFMMLA instructions (Armv8.6 BF16, Neoverse V1/N2 and later), with SVE or without.
 ARM_NATIVE_BF16 = frozenset({"bf16", "svebf16"})
 _CPUINFO = Path("/proc/cpuinfo")
+# What a record names its machine by, besides the model name: the kind of bf16 matmul the CPU has (the brand alone
+# does not tell a Zen 4, bf16 in hardware, from an AVX2 EPYC that emulates it at half the speed or less).
+# AVX-512 without BF16 counts as AVX2 here: bf16 is emulated on both.
+CPU_KINDS = ("AMX", "AVX-512 BF16", "AVX2", "other")
+_TORCH_KINDS = {"AMX": "AMX", "AMX_BF16": "AMX", "AVX512_BF16": "AVX-512 BF16", "AVX512": "AVX2", "AVX2": "AVX2"}
 
 
 def _cpuinfo_lines() -> list[str]:
@@ -53,6 +58,31 @@ def native_bf16(flags: frozenset[str] | set[str] | None = None, machine: str | N
     if machine in ("aarch64", "arm64"):
         return bool(flags & ARM_NATIVE_BF16)
     return False
+
+
+def cpu_kind(flags: frozenset[str] | set[str] | None = None) -> str:
+    """One of CPU_KINDS from the CPU's flags: "AMX" (amx_tile/amx_bf16), "AVX-512 BF16" (avx512_bf16), "AVX2",
+    else "other". Without flags to read (not Linux), torch's capability string, which names the same features."""
+    flags = cpu_flags() if flags is None else frozenset(f.lower() for f in flags)
+    if not flags:
+        return _TORCH_KINDS.get(_torch_capability(), "other")
+    if flags & {"amx_tile", "amx_bf16"}:
+        return "AMX"
+    if "avx512_bf16" in flags:
+        return "AVX-512 BF16"
+    return "AVX2" if "avx2" in flags else "other"
+
+
+def kind_named(text: str | None) -> str | None:
+    """The CPU kind a description names ("AMD EPYC (2 cores, AVX-512 BF16, native bf16)", "Intel Xeon (AMX,
+    AVX-512 BF16), 2-core VM": the first of CPU_KINDS among its comma-separated words), else None."""
+    words = {w.strip() for w in str(text or "").replace("(", ",").replace(")", ",").split(",")}
+    return next((kind for kind in CPU_KINDS[:-1] if kind in words), None)
+
+
+def cpu_identity() -> dict[str, str]:
+    """{"cpu": the model name, "cpu_kind": one of CPU_KINDS}: how every measurement record names its machine."""
+    return {"cpu": cpu_model(), "cpu_kind": cpu_kind()}
 
 
 def _torch_capability() -> str:

@@ -1,14 +1,18 @@
-"""Every figure of a checked table in BENCHMARKS.md equals the committed record beside it, as displayed.
+"""Every figure of a checked table in BENCHMARKS.md equals the committed record beside it, as displayed; every
+record under benchmarks/results names its provenance.
 
 Each checked table names its record (`benchmarks/results/<bench>/...`); the record names the command that made
 it, the CPU and the dtype, and the table's section names the same CPU and dtype. A figure edited by hand, or a
-record re-measured without regenerating the table, fails here.
+record re-measured without regenerating the table, fails here. Every record (the whole tree) names its command,
+CPU model and kind (AMX, AVX-512 BF16, AVX2: the kind agrees with the machine its path names), dtype, date and
+torch.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import sys
 from pathlib import Path
 from typing import Any, Callable
 
@@ -150,6 +154,87 @@ def test_each_checked_record_names_its_command_cpu_and_dtype(path):
         assert cpu in text, (path, cpu)
         assert all(d in text or {"fp32": "float32", "bf16": "bfloat16"}.get(d, d) in text
                    or {"float32": "fp32", "bfloat16": "bf16"}.get(d, d) in text for d in dtypes), (path, dtypes)
+
+
+# Files under benchmarks/results that are not measurements: a recipe's data manifest, copied beside its records
+# (its provenance is the extract step's marker, recipe/steps/extract.json, which is checked).
+NOT_RECORDS = ("hidden-manifest.json",)
+# The machines a path names (a folder, or a file named after its machine) and their CPU kinds.
+MACHINES = {"amd-epyc-zen4": "AVX-512 BF16", "amd-epyc-avx2": "AVX2", "intel-xeon-amx": "AMX"}
+UNKNOWN = re.compile(r"unknown \(.+\)", re.DOTALL)  # "unknown (why)": only in records filled in after the fact
+
+
+def _all_records() -> list[Path]:
+    return sorted(p for p in RESULTS.rglob("*.json") if p.name not in NOT_RECORDS)
+
+
+def _named_machine(path: Path) -> str | None:
+    names = [m for part in path.relative_to(RESULTS).parts for m in MACHINES if part.startswith(m)]
+    assert len(set(names)) <= 1, f"{path} names two machines"
+    return names[0] if names else None
+
+
+def check_provenance(path: Path) -> None:
+    """The record names its command, CPU (model and kind), dtype, date and torch; "unknown (why)" only where the
+    fields were added after the fact (`provenance_added`); the kind agrees with the machine its path names."""
+    from engine.cpu import CPU_KINDS, kind_named
+    from engine.provenance import FIELDS
+
+    record = json.loads(path.read_text())
+    assert isinstance(record, dict), f"{path}: a record is an object (rows go under 'rows')"
+    late = record.get("provenance_added")
+    if late:
+        assert re.match(r"\d{4}-\d{2}-\d{2}: ", late), f"{path}: provenance_added starts with the day it was added"
+    for field in FIELDS:
+        value = record.get(field) or (record.get("dtypes") if field == "dtype" else None)
+        assert value, f"{path}: no {field}"
+        if isinstance(value, str) and value.startswith("unknown"):
+            assert late and UNKNOWN.fullmatch(value), f"{path}: {field} '{value}' (unknown only as 'unknown (why)', " \
+                "in a record that predates its writer's provenance and says so in provenance_added)"
+    known = {f: record[f] for f in FIELDS if f in record and not str(record[f]).startswith("unknown")}
+    if "command" in known:
+        assert re.match(r"(\.venv/bin/)?python ", known["command"]), f"{path}: command {known['command']!r}"
+    if "date" in known:
+        assert re.fullmatch(r"\d{4}-\d{2}-\d{2}", known["date"]), f"{path}: date {known['date']!r}"
+    if "torch" in known:
+        assert re.match(r"\d+\.\d+", known["torch"]), f"{path}: torch {known['torch']!r}"
+    kind = known.get("cpu_kind")
+    assert kind is None or kind in CPU_KINDS, f"{path}: cpu_kind {kind!r} is not one of {CPU_KINDS}"
+    machine = _named_machine(path)
+    if machine:
+        assert kind == MACHINES[machine], f"{path}: cpu_kind {kind!r}, but its path names {machine}"
+    named = kind_named(known.get("cpu"))
+    assert named is None or named == kind, f"{path}: its cpu names {named}, its cpu_kind is {kind!r}"
+
+
+@pytest.mark.parametrize("path", _all_records(), ids=lambda p: str(p.relative_to(RESULTS)))
+def test_every_record_names_its_command_cpu_kind_dtype_date_and_torch(path):
+    check_provenance(path)
+
+
+def test_the_provenance_check_fails_on_a_missing_field_and_on_a_kind_not_the_folders(tmp_path, monkeypatch):
+    """The check above can fail: a record without its torch, an AVX2 kind in a Zen 4 folder, an 'unknown' in a
+    record that does not say it was filled in after the fact."""
+    record = json.loads((RESULTS / "reship-eagle3" / "amd-epyc-zen4" / "bench.json").read_text())
+    folder = tmp_path / "results" / "x" / "amd-epyc-zen4"
+    folder.mkdir(parents=True)
+    monkeypatch.setattr(sys.modules[__name__], "RESULTS", tmp_path / "results")
+    path = folder / "bench.json"
+    path.write_text(json.dumps(record))
+    check_provenance(path)
+    for broken, message in (({"torch": None}, "no torch"), ({"cpu_kind": "AVX2"}, "its path names amd-epyc-zen4"),
+                            ({"provenance_added": None, "date": "unknown (x)"}, "unknown only as"),
+                            ({"cpu_kind": "Zen 4"}, "is not one of")):
+        path.write_text(json.dumps({**record, **broken}))
+        with pytest.raises(AssertionError, match=re.escape(message)):
+            check_provenance(path)
+
+
+def test_every_json_under_results_is_checked_or_named_as_no_record():
+    """The walk covers the whole tree (rows of curves and sweeps included), leaving out only NOT_RECORDS."""
+    every = sorted(RESULTS.rglob("*.json"))
+    assert len(_all_records()) >= 55 and {p.name for p in every} - {p.name for p in _all_records()} <= set(NOT_RECORDS)
+    assert {"sweep.json", "curve.json"} <= {p.name for p in _all_records()}
 
 
 def test_eagle3_acceptance_per_k_and_against_data_are_its_evaluation_records():

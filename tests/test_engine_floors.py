@@ -10,7 +10,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # Lowest first. A module may import its own floor and those below; its longest matching prefix names its floor
 # (a prefix covers a module and everything inside it; "engine" alone is the package's own __init__).
 FLOORS = (
-    ("base", ("engine", "engine.errors", "engine.fsutil", "engine.registry", "engine.jobs", "engine.cpu")),
+    ("base", ("engine", "engine.errors", "engine.fsutil", "engine.registry", "engine.jobs", "engine.cpu",
+              "engine.provenance")),
     ("core", ("engine.targets", "engine.format", "engine.data", "engine.algos", "engine.generate", "engine.train",
               "engine.convert", "engine.serve")),
     ("measure", ("engine.measure",)),

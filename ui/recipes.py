@@ -25,11 +25,12 @@ class RecipeResults:
 
 
 def _load_list(path: Path) -> list[dict[str, Any]]:
+    from engine.provenance import rows_of
+
     try:
-        rows = read_json(path)
+        return rows_of(read_json(path))
     except (OSError, ValueError):
         return []
-    return [r for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []
 
 
 def from_work(name: str, work: str | Path) -> RecipeResults | None:

@@ -12,20 +12,37 @@ SHIPPED = ROOT / "benchmarks" / "results"  # records that ship with the project
 
 
 @functools.lru_cache(maxsize=1)
-def this_cpu() -> str:
-    from engine.cpu import cpu_model
+def this_cpu() -> dict[str, str]:
+    """{"cpu": model name, "cpu_kind": ...} of this machine (engine.cpu.cpu_identity)."""
+    from engine.cpu import cpu_identity
 
-    return cpu_model()
+    return cpu_identity()
+
+
+def _known(value: Any) -> str | None:
+    """A record's field as text; None when absent or recorded as "unknown (why)" (records filled in after the fact)."""
+    return str(value) if value and not str(value).startswith("unknown") else None
 
 
 def cpu_of(record: dict[str, Any]) -> str | None:
-    cpu = record.get("cpu")
-    return str(cpu) if cpu else None
+    return _known(record.get("cpu"))
+
+
+def kind_of(record: dict[str, Any]) -> str | None:
+    """The record's CPU kind (engine.cpu.CPU_KINDS): its `cpu_kind`, else the kind its CPU description names
+    ("AMD EPYC (2 cores, AVX-512 BF16, native bf16)"); None when it names none."""
+    from engine.cpu import CPU_KINDS, kind_named
+
+    kind = record.get("cpu_kind")
+    return kind if kind in CPU_KINDS else kind_named(cpu_of(record))
 
 
 def on_this_machine(record: dict[str, Any]) -> bool:
-    """The record names this machine's CPU model (a record without a CPU is not counted as this machine's)."""
-    return cpu_of(record) == this_cpu()
+    """The record was measured on a CPU of this machine's kind (AMX, AVX-512 BF16, AVX2: what sets the speed of a
+    bf16 step, not the brand: a Zen 4 record is not an AVX2 EPYC's; an "other" kind also needs the same model).
+    A record naming no kind is not counted."""
+    kind, here = kind_of(record), this_cpu()
+    return kind is not None and kind == here["cpu_kind"] and (kind != "other" or cpu_of(record) == here["cpu"])
 
 
 @functools.lru_cache(maxsize=256)
@@ -42,7 +59,7 @@ def _first_commit_date(path: str, mtime: float) -> str | None:
 
 def date_of(record: dict[str, Any], path: str | Path | None = None) -> str | None:
     """The record's own `date`, else (a shipped record) the day it was committed, else None."""
-    if record.get("date"):
+    if _known(record.get("date")):
         return str(record["date"])
     if path is not None and Path(path).is_file():
         p = Path(path).resolve()
@@ -52,9 +69,11 @@ def date_of(record: dict[str, Any], path: str | Path | None = None) -> str | Non
 
 
 def provenance(record: dict[str, Any], path: str | Path | None = None) -> str:
-    """"this machine (Intel Xeon ...), 2026-12-01" or "another machine: AMD EPYC ..., committed 2026-11-28"."""
-    cpu, date = cpu_of(record), date_of(record, path)
-    when = ("" if not date else f", {date[:10]}" if record.get("date") else f", committed {date[:10]}")
+    """"this machine (Intel Xeon ..., AMX), 2026-12-01" or "another machine: AMD EPYC, AVX-512 BF16, committed
+    2026-11-28"."""
+    cpu, date, kind = cpu_of(record), date_of(record, path), kind_of(record)
+    cpu = f"{cpu}, {kind}" if cpu and kind and kind not in cpu else cpu  # the kind is what tells two EPYCs apart
+    when = ("" if not date else f", {date[:10]}" if _known(record.get("date")) else f", committed {date[:10]}")
     if cpu is None:
         return f"CPU not recorded{when}"
     if on_this_machine(record):

@@ -52,10 +52,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(speculators_config.proposal_methods[0].speculative_tokens)")
 
 
+def _options(args: argparse.Namespace) -> dict:
+    """The options as flags name them (`--json`, not its dest; `--dataset` only without `--data`)."""
+    skip = {"command", "_module", "verbose", "debug"} | ({"dataset"} if args.data else set())
+    return {("json" if k == "json_out" else k): v for k, v in vars(args).items() if k not in skip}
+
+
 def run(args: argparse.Namespace) -> int:
-    from engine.measure.evaluate import evaluate_draft, format_table
     from engine.fsutil import atomic_write_json
     from engine.jobs import reporter
+    from engine.measure.evaluate import evaluate_draft, format_table
+    from engine.provenance import command_of
 
     reporter().update("loading the target and the draft")
     result = evaluate_draft(draft=args.draft, target=args.target, data=args.data,
@@ -64,6 +71,7 @@ def run(args: argparse.Namespace) -> int:
                             max_prompt_chars=args.max_prompt_chars, seed=args.seed, measure_speed=args.forecast,
                             keep_walks=args.walks, temperature=args.temperature, dtype=args.dtype,
                             all_drafts=args.all_drafts)
+    result["command"] = command_of("evaluate", _options(args))
     print(f"{result['algorithm']} draft {result['draft']} on {result['num_samples']} held-out samples "
           f"({result['seconds']:.1f} s for the draft pass); greedy decoding, vLLM's definitions"
           + (", every drafted token verified (no proposer cut)" if args.all_drafts else "") + ":\n")

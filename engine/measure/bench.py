@@ -22,7 +22,8 @@ from engine.generate.metrics import SpecMetrics, measure_cost_curve, speedup_cei
 from engine.generate.runner import TargetRunner
 from engine.generate.sampling import SamplingParams
 from engine.generate.speculative import generate
-from engine.targets import cpu_name, dtype_name
+from engine.provenance import provenance
+from engine.targets import dtype_name
 
 log = logging.getLogger(__name__)
 ALL_METHODS = ("baseline", "draft", "ngram", "hf_prompt_lookup", "hf_assisted")
@@ -190,8 +191,7 @@ def summarize(runs: dict[str, MethodRun], *, k: int, params: SamplingParams, cos
         "cost_curve": {str(kk): v for kk, v in cost_curve.items()},
         "backend": "transformers", "target_dtype": dtype_name(target.dtype), "kernel": target.extra.get("kernel"),
         "device": str(target.device), "threads": torch.get_num_threads(),
-        "cpu": cpu_name() if target.device.type == "cpu" else None,
-        "date": time.strftime("%Y-%m-%d"),
+        **provenance(dtype_name(target.dtype), on_cpu=target.device.type == "cpu"),
     }
 
 

@@ -179,7 +179,8 @@ def evaluate_draft(*, draft: str | None = None, target: str | None = None, data:
     held-out prompts of `dataset` (the target answers each once); optionally with the speedup forecast."""
     from engine.generate.api import default_draft, draft_algorithm
     from engine.generate.kernel_choice import load_decode_target
-    from engine.targets import cpu_name, dtype_name, target_for_draft
+    from engine.provenance import provenance
+    from engine.targets import dtype_name, target_for_draft
 
     draft_path = draft or default_draft(target)
     if draft_path is None:
@@ -212,8 +213,8 @@ def evaluate_draft(*, draft: str | None = None, target: str | None = None, data:
                               span=(ANSWERS_SPAN[1] if not data else 0.0, WALK_END if measure_speed else 1.0))
     result.update(source, draft=str(draft_path), algorithm=algorithm.name, max_new_tokens=max_new_tokens,
                   draft_k=model.config.speculative_tokens, target_dtype=dtype_name(tgt.dtype),
-                  kernel=tgt.extra.get("kernel_summary"), date=time.strftime("%Y-%m-%d"),
-                  cpu=cpu_name() if tgt.device.type == "cpu" else None, draft_sha256=weights_sha256(draft_path))
+                  kernel=tgt.extra.get("kernel_summary"), draft_sha256=weights_sha256(draft_path),
+                  **provenance(dtype_name(tgt.dtype), on_cpu=tgt.device.type == "cpu"))
     if measure_speed:
         context = list(samples[0].token_ids[: samples[0].prompt_len].tolist()) if isinstance(samples, list) \
             and samples else [1] * 64

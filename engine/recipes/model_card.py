@@ -12,6 +12,7 @@ import yaml
 
 from engine.fsutil import atomic_write_text, read_json
 from engine.jobs import read_jsonl
+from engine.provenance import rows_of
 from engine.recipes.spec import CONFIGS, data_work, load_recipe
 
 
@@ -54,8 +55,8 @@ def gather(recipe: dict[str, Any]) -> dict[str, Any]:
         "vllm_bench": _load(work / "vllm_bench.json", {}),
         "goals": recipe_goals(recipe),
         "draft_config": _load(work / "train" / "draft" / "config.json", {}),
-        "curve": _load(work / "curve.json", []),
-        "sweep": _load(work / "sweep.json", []),
+        "curve": rows_of(_load(work / "curve.json", [])),
+        "sweep": rows_of(_load(work / "sweep.json", [])),
         "evaluate": _load(work / "evaluate.json", {}),
         "calibration": _load(work / "train" / "calibration.json", {}),
         "train_config": (yaml.safe_load((work / "train" / "config.yaml").read_text()) or {}).get("train", {})

@@ -18,6 +18,7 @@ from typing import Any
 from engine.errors import WorkbenchError
 from engine.fsutil import atomic_write_json, claim_names, read_json, release_names
 from engine.jobs import reporter
+from engine.provenance import engine_command, provenance, rows_of
 from engine.recipes.spec import STEP_COMMANDS, STEPS, cli_flags, data_recipe, load_recipe, step_options
 
 log = logging.getLogger(__name__)
@@ -50,7 +51,7 @@ def _run_bench(opts: dict[str, Any], **record: Any) -> None:
     opts = dict(opts)
     out = opts.pop("json")
     result = benchmark(**opts)
-    result["command"] = "python -m engine bench " + " ".join(cli_flags(opts))
+    result["command"] = engine_command(["bench", *cli_flags(opts)])
     atomic_write_json(out, {**result, **record})
 
 
@@ -150,7 +151,8 @@ def run_recipe(name_or_path: str, *, only: list[str] | None = None, force: bool 
         marker.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_json(marker, {"digest": digest, "argv": argv, "inputs": inputs, "seconds": timings[step],
                                    "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
-                                   **({"seeded_rows": seeded} if seeded else {})})
+                                   **({"seeded_rows": seeded} if seeded else {}),
+                                   **provenance(_step_dtype(opts), command=engine_command(shown))})
     if "curve" in recipe and (not only or "curve" in only) and not dry_run:
         rep.update("recipe step curve")
         acceptance_curve(recipe, force=force)
@@ -165,6 +167,21 @@ def run_recipe(name_or_path: str, *, only: list[str] | None = None, force: bool 
     return {"work": str(work), "timings": timings}
 
 
+def _step_dtype(opts: dict[str, Any]) -> str:
+    """The dtype a step ran in, as its options say (a training step's precision; "auto" where left to the engine)."""
+    return str(opts.get("dtype") or opts.get("precision") or "auto")
+
+
+def recipe_command(recipe: dict[str, Any], step: str, *, remeasure: bool = False) -> str:
+    """The command that measures one of a recipe's records (curve, sweep, evaluate): `recipe NAME --only STEP`."""
+    name = recipe.get("name") or recipe["work"]
+    return engine_command(["recipe", name, *(["--remeasure"] if remeasure else []), "--only", step])
+
+
+def _write_rows(path: Path, rows: list[dict[str, Any]], command: str, dtype: str) -> None:
+    atomic_write_json(path, {**provenance(dtype, command=command), "rows": rows})
+
+
 def acceptance_curve(recipe: dict[str, Any], *, force: bool = False) -> list[dict[str, Any]]:
     """Decoding-exact mean acceptance length (engine.generate.acceptance's walk) of every kept checkpoint vs the
     training tokens it had seen: the target answers the held-out prompts once (engine.measure.answers keeps them for
@@ -175,11 +192,12 @@ def acceptance_curve(recipe: dict[str, Any], *, force: bool = False) -> list[dic
     from engine.generate.kernel_choice import load_decode_target
     from engine.jobs import read_jsonl
     from engine.measure.evaluate import evaluate_samples, held_out_answers
+    from engine.targets import dtype_name
 
     work = Path(recipe["work"])
     opts = recipe["curve"]
     out_file = work / "curve.json"
-    done = {row["step"]: row for row in (read_json(out_file) if out_file.is_file() and not force else [])}
+    done = {row["step"]: row for row in (rows_of(read_json(out_file)) if out_file.is_file() and not force else [])}
     rows = [r for r in read_jsonl(work / "train" / "metrics.jsonl") if r.get("split") == "train"]
     checkpoints = {int(c.name.split("_")[1]): c for c in sorted((work / "train" / "checkpoints").glob("step_*"))}
     # a row measured on other weights (the run was trained again) is measured again
@@ -207,7 +225,8 @@ def acceptance_curve(recipe: dict[str, Any], *, force: bool = False) -> list[dic
                       "measured_by": "decoding walk (engine.measure.evaluate)"}
         log.info("curve: step %d (%.0f tokens) -> acceptance length %.2f", step, done[step]["training_tokens"],
                  row["mean_acceptance_length"] or 0)
-        atomic_write_json(out_file, [done[k] for k in sorted(done)])
+        _write_rows(out_file, [done[k] for k in sorted(done)], recipe_command(recipe, "curve"),
+                    dtype_name(target.dtype))
     return [done[k] for k in sorted(done)]
 
 
@@ -219,19 +238,20 @@ def _stamp(folder: Path) -> str:
 
 
 def k_sweep(recipe: dict[str, Any], *, draft: Path | None = None, out_file: Path | None = None,
-            force: bool = False) -> list[dict[str, Any]]:
+            force: bool = False, command: str | None = None) -> list[dict[str, Any]]:
     """Acceptance length and wall-clock speedup of the trained draft (or `draft`) for each k, baseline
-    interleaved per k."""
+    interleaved per k; the record names `command` (default: the recipe's sweep step)."""
     from engine.data.prompts import load_prompts
     from engine.generate.kernel_choice import load_decode_target
     from engine.generate.sampling import SamplingParams
     from engine.measure.bench import run_bench
+    from engine.targets import dtype_name
 
     work = Path(recipe["work"])
     opts = recipe["sweep"]
     out_file = out_file or work / "sweep.json"
     draft = draft or work / "train" / "draft"
-    done = {row["k"]: row for row in (read_json(out_file) if out_file.is_file() and not force else [])
+    done = {row["k"]: row for row in (rows_of(read_json(out_file)) if out_file.is_file() and not force else [])
             if row.get("weights") == _stamp(draft)}
     target = load_decode_target(recipe.get("target", "smollm2-135m-instruct"), opts.get("dtype", "auto"))
     prompts = load_prompts(opts.get("prompts", "sharegpt"), opts.get("num_prompts", 10))
@@ -248,13 +268,15 @@ def k_sweep(recipe: dict[str, Any], *, draft: Path | None = None, out_file: Path
                    "num_prompts": len(prompts), "max_new_tokens": params.max_new_tokens}
         log.info("sweep: k=%d -> acceptance length %.2f, speedup %.2fx", k, row["mean_acceptance_length"] or 0,
                  row["speedup"] or 0)
-        atomic_write_json(out_file, [done[x] for x in sorted(done)])
+        _write_rows(out_file, [done[x] for x in sorted(done)], command or recipe_command(recipe, "sweep"),
+                    dtype_name(target.dtype))
     return [done[x] for x in sorted(done)]
 
 
 def evaluate_step(recipe: dict[str, Any], *, draft: Path | None = None, out_file: Path | None = None,
-                  force: bool = False) -> dict[str, Any]:
-    """Decoding-exact acceptance of the trained draft (or `draft`) for every k, with the speedup forecast."""
+                  force: bool = False, command: str | None = None) -> dict[str, Any]:
+    """Decoding-exact acceptance of the trained draft (or `draft`) for every k, with the speedup forecast; the
+    record names `command` (default: the recipe's evaluate step)."""
     from engine.measure.evaluate import evaluate_draft
 
     work = Path(recipe["work"])
@@ -269,6 +291,7 @@ def evaluate_step(recipe: dict[str, Any], *, draft: Path | None = None, out_file
                             measure_speed=opts.get("forecast", True), progress=False,
                             dtype=opts.get("dtype", "auto"))
     result["weights"] = _stamp(draft)
+    result["command"] = command or recipe_command(recipe, "evaluate")
     atomic_write_json(out_file, result)
     return result
 
@@ -312,9 +335,11 @@ def remeasure(recipe: dict[str, Any], *, only: list[str] | None = None, force: b
                 _run_bench(_remeasure_bench_options(recipe, step, shipped, out, target), weights=stamp)
             records[step] = read_json(file)
         elif step == "sweep":
-            records[step] = k_sweep(recipe, draft=shipped, out_file=file, force=force)
+            records[step] = k_sweep(recipe, draft=shipped, out_file=file, force=force,
+                                    command=recipe_command(recipe, step, remeasure=True))
         else:
-            records[step] = evaluate_step(recipe, draft=shipped, out_file=file, force=force)
+            records[step] = evaluate_step(recipe, draft=shipped, out_file=file, force=force,
+                                          command=recipe_command(recipe, step, remeasure=True))
     card = shipped / "README.md"
     kept_vllm = out / "vllm_bench.json"  # not re-measured now: the card's vLLM table (and its goal) stay as measured
     vllm_for_goals = records.get("vllm_bench") or (read_json(kept_vllm) if kept_vllm.is_file() else None)
@@ -350,8 +375,7 @@ def _remeasure_bench_options(recipe: dict[str, Any], step: str, shipped: Path, o
 def _remeasure_command(recipe: dict[str, Any], step: str, shipped: Path, out: Path, target: str) -> str:
     """What `remeasure` runs for `step`, as words (a command line for the benches)."""
     if step in ("bench", "vllm_bench"):
-        return "python -m engine bench " + " ".join(cli_flags(_remeasure_bench_options(recipe, step, shipped, out,
-                                                                                    target)))
+        return engine_command(["bench", *cli_flags(_remeasure_bench_options(recipe, step, shipped, out, target))])
     return f"{step} of {shipped} with {recipe[step]} into {out / f'{step}.json'}"
 
 

@@ -160,14 +160,16 @@ def _result(runs: dict[str, dict[str, Any]], **facts: Any) -> dict[str, Any]:
             "speculative_config": run["speculative_config"],
         }
     facts["draft"] = str(facts["draft"]) if facts.get("draft") is not None else None
-    return {"methods": out, "backend": "vllm", **facts, **_machine()}
+    return {"methods": out, "backend": "vllm", **facts, **_machine(str(facts.get("dtype")))}
 
 
-def _machine() -> dict[str, Any]:
-    """Where the servers ran, for the record: the CPU with vLLM's CPU build (None with its CUDA build), the day."""
+def _machine(dtype: str) -> dict[str, Any]:
+    """Where the servers ran, for the record: the CPU with vLLM's CPU build (None with its CUDA build), the dtype,
+    the day, and the torch (and vLLM) of vLLM's own environment."""
+    from engine.provenance import provenance
     from engine.serve.venv import read_stamp
-    from engine.targets import cpu_name
 
     env = read_stamp()
-    return {"cpu": cpu_name() if env is None or env.flavor == "cpu" else None, "vllm_flavor": env and env.flavor,
-            "date": time.strftime("%Y-%m-%d")}
+    versions = {"torch_version": env.torch_version} if env is not None else {}
+    return {**provenance(dtype, on_cpu=env is None or env.flavor == "cpu", **versions),
+            "vllm_flavor": env and env.flavor, "vllm_version": env and env.vllm_version}

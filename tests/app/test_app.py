@@ -775,6 +775,9 @@ def test_recipe_results_from_a_work_folder_and_from_a_card(tmp_path):
     assert recipes.curve_rows(found) == [{"step": 5, "training tokens": 1234, "mean acceptance length": 1.33,
                                           "per-position acceptance": "0.30, 0.10"}]
     assert recipes.from_work("empty", tmp_path / "nothing") is None
+    (tmp_path / "sweep.json").write_text(json.dumps({"command": "python -m engine recipe tiny --only sweep",
+                                                     "rows": [{"k": 2, "speedup": 1.1}]}))  # rows beside provenance
+    assert recipes.from_work("tiny", tmp_path).sweep == [{"k": 2, "speedup": 1.1}]
     card = ("### Acceptance length against training tokens\n| step | training tokens | a | b |\n|---|---|---|---|\n"
             "| 50 | 194k | 1.18 | 0.15, 0.03 |\n\n### Number of speculative tokens (k)\n"
             "| k | a | b | speedup | identical |\n|---|---|---|---|---|\n| 2 | 1.45 | 0.33, 0.12 | 0.73× | yes |\n")

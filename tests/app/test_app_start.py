@@ -392,3 +392,31 @@ def test_records_of_the_trained_folder_are_the_shipped_drafts_when_the_bytes_are
     assert [e.where.split("`")[1] for e in evaluate_ui.shipped_results(str(shipped_draft))] == ["recipe.json"]
     monkeypatch.setattr(bench, "results", lambda: {f"{bench.SHIPPED_PREFIX}{p.stem}": p for p in shipped.glob("*")})
     assert bench.draft_speed(str(shipped_draft))["speedup"] == 1.2
+
+
+def test_this_machine_is_matched_on_the_cpu_kind_not_the_brand(tmp_path, monkeypatch):
+    """A record of the AMD EPYC Zen 4 (AVX-512 BF16, native bf16) is not credited to an AVX2-only AMD EPYC of the
+    same model name, where bf16 is emulated and the figures differ 2x; on a Zen 4 it is, and an AVX2 record is not."""
+    from engine import cpu
+    from ui import bench, records
+
+    info = tmp_path / "cpuinfo"
+    monkeypatch.setattr(cpu, "_CPUINFO", info)
+    monkeypatch.setattr(bench, "results", bench.shipped_results)  # the shipped records alone, not this user's runs
+    zen4 = json.loads((records.SHIPPED / "reship-eagle3" / "amd-epyc-zen4" / "bench.json").read_text())
+    avx2 = json.loads((records.SHIPPED / "step_cost" / "amd-epyc-avx2.json").read_text())
+    shipped_draft = str(records.ROOT / "assets" / "drafts" / "smollm2-135m-instruct-eagle3")
+    try:
+        for flags, kind in (("avx2", "AVX2"), ("avx2 avx512f avx512_bf16", "AVX-512 BF16")):
+            info.write_text(f"processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: fpu sse2 {flags}\n")
+            records.this_cpu.cache_clear()
+            assert records.this_cpu() == {"cpu": "AMD EPYC", "cpu_kind": kind} and zen4["cpu"] == "AMD EPYC"
+            on_zen4 = kind == "AVX-512 BF16"
+            assert records.on_this_machine(zen4) is on_zen4 and records.on_this_machine(avx2) is not on_zen4
+            assert records.provenance(zen4).startswith("this machine" if on_zen4 else
+                                                       "another machine: AMD EPYC, AVX-512 BF16")
+            speed = bench.draft_speed(shipped_draft)  # what every page says of the shipped draft's speed
+            assert speed["key"].startswith(bench.SHIPPED_PREFIX + "reship-eagle3/amd-epyc-zen4/")
+            assert speed["here"] is on_zen4
+    finally:
+        records.this_cpu.cache_clear()

@@ -64,7 +64,16 @@ def test_bench_cli_writes_json_and_skips_unfit_assistant(tiny_targets, tiny_draf
     assert proc.returncode == 0, proc.stderr[-2000:]
     data = json.loads(out.read_text())
     assert data["methods"]["hf_assisted"]["skipped"]
-    assert data["cpu"] and len(data["date"]) == 10  # the record names its machine and day
+    from engine.cli import build_parser
+    from engine.cpu import cpu_identity
+    from engine.provenance import FIELDS
+
+    assert all(data[f] for f in FIELDS)  # the record names its command, machine (model and kind), dtype, day, torch
+    assert {k: data[k] for k in ("cpu", "cpu_kind")} == cpu_identity() and len(data["date"]) == 10
+    assert data["dtype"] == data["target_dtype"] and data["torch"] == __import__("torch").__version__
+    again = vars(build_parser().parse_args(data["command"].split()[3:]))  # the command runs the same bench
+    assert again["target"] == str(tiny_targets["llama"]) and again["methods"] == "baseline,draft,hf_assisted"
+    assert again["max_new_tokens"] == 12 and again["json_out"] is None
     assert data["methods"]["draft"]["identical_to_baseline"] is True
     from engine.format.checkpoint import weights_sha256
 

@@ -113,9 +113,14 @@ def test_evaluate_cli_prints_the_table_and_writes_json(tmp_path):
     assert "| k | mean acceptance length (walk)" in proc.stdout
     result = json.loads(out.read_text())
     assert result["ks"] == [1, 2, 3] and set(result["by_k"]) == {"1", "2", "3"}
-    from engine.cpu import cpu_model
+    from engine.cli import build_parser
+    from engine.cpu import cpu_identity
+    from engine.provenance import FIELDS
 
-    assert result["cpu"] == cpu_model() and len(result["date"]) == 10  # which machine, which day: the app says so
+    assert all(result[f] for f in FIELDS)  # command, machine (model and kind), dtype, day, torch: the app says so
+    assert {k: result[k] for k in ("cpu", "cpu_kind")} == cpu_identity() and len(result["date"]) == 10
+    again = vars(build_parser().parse_args(result["command"].split()[3:]))
+    assert again["k"] == [1, 2, 3] and again["num_prompts"] == 2 and again["json_out"] == str(out)
     from engine.format.checkpoint import weights_sha256
 
     assert result["draft_sha256"] == weights_sha256(result["draft"])  # and which weights

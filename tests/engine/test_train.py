@@ -179,10 +179,21 @@ def test_tiny_recipe_runs_every_step_and_writes_the_model_card(tiny_targets, tmp
     assert {p.stem for p in (tmp_path / "work" / "steps").glob("*.json")} == {"extract", "train", "bench"}
     shipped = tmp_path / "shipped"
     assert validate_draft(shipped).ok
-    curve = json.loads((tmp_path / "work" / "curve.json").read_text())
+    curve = json.loads((tmp_path / "work" / "curve.json").read_text())["rows"]
     assert [r["step"] for r in curve] == [2, 4] and curve[1]["training_tokens"] > curve[0]["training_tokens"] > 0
-    sweep = json.loads((tmp_path / "work" / "sweep.json").read_text())
+    sweep = json.loads((tmp_path / "work" / "sweep.json").read_text())["rows"]
     assert [r["k"] for r in sweep] == [1, 2] and all(r["identical_to_baseline"] for r in sweep)
+    from engine.cpu import cpu_identity
+    from engine.provenance import FIELDS
+
+    for name in ("curve", "sweep", "evaluate", "bench", "steps/extract", "steps/train", "steps/bench"):
+        record = json.loads((tmp_path / "work" / f"{name}.json").read_text())  # each names how it was made
+        assert all(record[f] for f in FIELDS) and record["cpu_kind"] == cpu_identity()["cpu_kind"], name
+        assert record["command"].startswith("python -m engine "), name
+    for step in ("curve", "sweep", "evaluate"):  # the command that measures it again
+        assert json.loads((tmp_path / "work" / f"{step}.json").read_text())["command"] == \
+            f"python -m engine recipe tiny --only {step}"
+    assert json.loads((tmp_path / "work" / "steps" / "extract.json").read_text())["dtype"] == "bf16"
     card = (shipped / "README.md").read_text()
     bench = json.loads((tmp_path / "work" / "bench.json").read_text())
     tau = bench["methods"]["draft"]["mean_acceptance_length"]
@@ -190,7 +201,7 @@ def test_tiny_recipe_runs_every_step_and_writes_the_model_card(tiny_targets, tmp
     assert "| 4 |" in card and "### Number of speculative tokens (k)" in card
     assert "### Decoding-exact acceptance per k (offline evaluator)" in card and "forecast speedup" in card
     assert run_recipe(str(path))["timings"] == {}  # nothing changed: every step is skipped
-    assert json.loads((tmp_path / "work" / "sweep.json").read_text()) == sweep  # measurements kept too
+    assert json.loads((tmp_path / "work" / "sweep.json").read_text())["rows"] == sweep  # measurements kept too
 
     from engine.recipes.recipe import k_sweep
 
