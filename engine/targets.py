@@ -495,6 +495,21 @@ class VerifierParts:
             return w.to(x.device) * x.to(dtype)
         return norm
 
+    def logit_transform(self):
+        """What the family's own forward does to lm_head's output, as a function on logits: Granite divides by
+        `logits_scaling`, Gemma 2 soft-caps (tanh(x / c) * c with `final_logit_softcapping`); identity elsewhere.
+        Both keep the argmax, but not the distribution training matches."""
+        scale = getattr(self.text_config, "logits_scaling", None)
+        cap = getattr(self.text_config, "final_logit_softcapping", None)
+
+        def transform(logits: torch.Tensor) -> torch.Tensor:
+            if scale:
+                logits = logits / scale
+            if cap:
+                logits = torch.tanh(logits / cap) * cap
+            return logits
+        return transform
+
 
 def _find_tensor(names: Iterable[str], *suffixes: str) -> str | None:
     names = list(names)

@@ -50,7 +50,7 @@ def _form_config():
             del errors[""]
     for name, messages in arg_errors.items():
         errors.setdefault(name, []).extend(messages)
-    target_problem = training.data_target_problem(cfg.data, cfg.target) if cfg is not None else None
+    target_problem = training.data_target_problem(cfg.data, cfg.target, cfg.accept_target_change) if cfg is not None else None
     if target_problem:  # training would refuse it: say so at the field, before launching
         errors.setdefault("target", []).append(target_problem)
     return (cfg if not errors else None), errors

@@ -309,8 +309,9 @@ def data_target(data: str | None) -> str | None:
     return None
 
 
-def data_target_problem(data: str | None, target: str | None) -> str | None:
-    """Why training on `data` with `target` would be refused (another target than the data's), or None."""
+def data_target_problem(data: str | None, target: str | None, accept_change: bool = False) -> str | None:
+    """Why training on `data` with `target` would be refused (another target than the data's, or its weights
+    changed), or None."""
     from engine.errors import WorkbenchError
     from engine.fsutil import read_json
     from engine.targets import target_for_data
@@ -319,7 +320,7 @@ def data_target_problem(data: str | None, target: str | None) -> str | None:
     if not data or not manifest.is_file():
         return None
     try:
-        target_for_data(read_json(manifest), target, where=data)
+        target_for_data(read_json(manifest), target, where=data, accept_change=accept_change)
     except WorkbenchError as exc:
         return str(exc)
     except (OSError, ValueError):

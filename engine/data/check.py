@@ -146,13 +146,13 @@ def full_check(path: Path, expected: Expected) -> SampleProblem | None:
     return SampleProblem(path, problem, t) if problem else None
 
 
-def refusal(problems: list[SampleProblem], total: int, *, skip_flag: str = "--bad-samples skip") -> WorkbenchError:
-    """One error naming the bad files (the first five) and the ways out."""
+def refusal(problems: list[SampleProblem], total: int, *, hint: str | None = None) -> WorkbenchError:
+    """One error naming the bad files (the first five) and the ways out (`hint`: other ways than training's)."""
     shown = "; ".join(str(p) for p in problems[:5])
     more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
     return WorkbenchError(f"{len(problems)} of {total} hidden-state files fail the checks: {shown}{more}",
-                          hint=f"re-run the extraction into a new folder, remove those files, or pass {skip_flag} to "
-                               "leave them out (the skipped tokens are reported)")
+                          hint=hint or "re-run the extraction into a new folder, remove those files, or pass "
+                                       "--bad-samples skip to leave them out (the skipped tokens are reported)")
 
 
 def check_folder(folder: str | Path, *, full: bool = False, progress: Iterable | None = None) -> dict:

@@ -95,7 +95,8 @@ def evaluate_samples(algorithm, draft, samples: Iterable[HeldOutSample], ks: Seq
 def samples_from_extracted(folder: str | Path, aux_layer_ids: Sequence[int], *, max_samples: int | None = None,
                            max_new_tokens: int | None = None) -> Iterable[HeldOutSample]:
     """Held-out samples from an `extract` folder (each one `held_out_sample` of a stored sample)."""
-    from engine.data.store import HiddenStatesDataset
+    from engine.data.check import SampleProblem, refusal, sample_problem
+    from engine.data.store import HiddenStatesDataset, sample_path
     from engine.train.data import layout_for
 
     data = HiddenStatesDataset(str(folder))
@@ -103,6 +104,11 @@ def samples_from_extracted(folder: str | Path, aux_layer_ids: Sequence[int], *, 
                         needs_last=False)
     for i in range(len(data) if max_samples is None else min(len(data), max_samples)):
         s = data[i]
+        problem = sample_problem(s, data.manifest.get("vocab_size"))
+        if problem:  # an id past the vocabulary would fail deep in the draft, NaN would poison the averages
+            raise refusal([SampleProblem(sample_path(folder, data.indices[i]), problem)], len(data),
+                          hint="re-run the extraction, or remove the file (`python -m engine check DIR` names "
+                               "every bad file)")
         sample = held_out_sample(s["token_ids"], s["hidden_states"][:, layout.aux_columns].flatten(1), s["loss_mask"],
                          max_new_tokens, str(i))
         if sample is not None:

@@ -72,7 +72,8 @@ class OfflineData:
         self.keep = [k for k, (_, problem) in enumerate(checked) if problem is None]  # dataset positions used
         self.lengths = [checked[k][0] for k in self.keep]
         if not self.keep:
-            raise refusal(self.skipped, len(self.paths), skip_flag="fewer bad files")
+            raise refusal(self.skipped, len(self.paths), hint="every file fails the checks: re-run the extraction "
+                                                               "into a new folder")
         for problem in self.skipped:
             log.warning("skipped %s", problem)
 

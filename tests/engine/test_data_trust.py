@@ -42,7 +42,7 @@ def made(tmp_path_factory):
     target = save_tiny_target(root / "target", "llama")
     data = root / "hs"
     assert main(["extract", "--target", str(target), "--dataset", "sharegpt", "--max-samples", "8",
-                 "--max-length", "64", "--dtype", "fp32", "--out", str(data)]) == 0
+                 "--max-length", "64", "--dtype", "fp32", "--out", str(data), "--verify"]) == 0  # verify passes
     return {"root": root, "target": target, "data": data}
 
 
@@ -149,9 +149,9 @@ def test_validate_refuses_non_finite_and_out_of_range_numbers(field, value, frag
     config = json.loads((draft / "config.json").read_text())
     config["transformer_layer_config"][field] = value
     (draft / "config.json").write_text(json.dumps(config))  # json writes NaN/Infinity, as a careless tool would
-    report = validate_draft(draft)
-    hits = [e for e in report.errors if e.field == f"transformer_layer_config.{field}"]
-    assert not report.ok and hits and fragment in hits[0].message, [(e.field, e.message) for e in report.errors]
+    for report in (validate_draft(draft), validate_draft(config)):  # a folder; a dict, as the Config builder checks
+        hits = [e for e in report.errors if e.field == f"transformer_layer_config.{field}"]
+        assert not report.ok and hits and fragment in hits[0].message, [(e.field, e.message) for e in report.errors]
 
 
 def test_a_recipe_and_a_train_config_with_nan_are_refused(tmp_path, capsys):

@@ -55,6 +55,22 @@ def test_training_sees_what_decoding_gives_the_draft(family, family_targets):
         torch.testing.assert_close(parts.head_weight, target.lm_head().weight)
 
 
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_training_targets_are_the_targets_own_logits(family, family_targets):
+    """The distribution training matches is the target's own: norm, lm_head, then the family's logit transform
+    (Gemma 2's final soft-capping, Granite's logits_scaling), against the logits of the target's forward."""
+    from engine.algos.eagle3.train import target_logits
+    from engine.targets import capture_hidden_states, load_verifier_parts
+
+    target = family_targets[family]
+    parts = load_verifier_parts(target.ref.path)
+    with torch.no_grad():
+        own = target.model(input_ids=IDS).logits[0].float()                               # [T, V]
+    last = capture_hidden_states(target.model, IDS, [target.num_layers])[0, :, 0]         # [T, H]
+    got = target_logits(last, parts.final_norm_fn(), parts.head_weight, parts.logit_transform())
+    torch.testing.assert_close(got, own, atol=1e-4, rtol=1e-4)
+
+
 @pytest.mark.parametrize("family", [f for f in FAMILIES if "sliding_window" in FAMILIES[f]])
 def test_the_kv_cache_rolls_back_past_a_sliding_window(family, family_targets):
     """Verify 4 tokens past the window, reject 3 (crop), continue: the logits equal a fresh run of the same text."""

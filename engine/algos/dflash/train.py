@@ -88,7 +88,7 @@ class DFlashObjective:
             lookup[selected] = torch.arange(selected.numel())
             self.draft_ids_of_target = lookup.to(device)
         if loss_fn == "kl":
-            self.norm = verifier.final_norm_fn()
+            self.norm, self.finish = verifier.final_norm_fn(), verifier.logit_transform()
             head = verifier.head_weight
             self.head_rows = (head[draft.t2d.cpu()] if draft.t2d is not None else head).to(device)
 
@@ -105,7 +105,8 @@ class DFlashObjective:
             pos = (batch["anchors"][:, None] + torch.arange(self.block_size, device=labels.device)[None, :] - 1)
             pos = pos.clamp(min=0, max=batch["input_ids"].shape[1] - 1)
             with torch.no_grad():
-                target = F.softmax(self.norm(batch["verifier_last"][0, pos].float()) @ self.head_rows.float().T, -1)
+                target = F.softmax(self.finish(self.norm(batch["verifier_last"][0, pos].float())
+                                               @ self.head_rows.float().T), -1)
             per_slot = F.kl_div(F.log_softmax(logits.float(), -1), target, reduction="none").sum(-1)
         else:
             per_slot = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), reduction="none"

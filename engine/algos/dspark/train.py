@@ -60,7 +60,8 @@ class DSparkObjective(DFlashObjective):
         pos = batch["anchors"][:, None] + torch.arange(self.block_size, device=batch["anchors"].device)[None, :]
         pos = pos.clamp(max=batch["input_ids"].shape[1] - 1)
         with torch.no_grad():
-            return F.softmax(self.norm(batch["verifier_last"][0, pos].float()) @ self.head_rows.float().T, -1)
+            return F.softmax(self.finish(self.norm(batch["verifier_last"][0, pos].float())
+                                         @ self.head_rows.float().T), -1)
 
     def terms(self, model, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Per-slot quantities [N, B]: ce, tv, the confidence logit (or None), labels, valid (in the draft vocab)."""

@@ -9,12 +9,14 @@ from engine.algos.eagle3.model import Eagle3Draft
 from engine.train.data import Layout
 
 
-def target_logits(verifier_last: torch.Tensor, norm, head_rows: torch.Tensor) -> torch.Tensor:
-    """Target distribution over the draft vocab: verifier lm_head rows (t2d) over norm(pre-norm last layer).
+def target_logits(verifier_last: torch.Tensor, norm, head_rows: torch.Tensor, finish=None) -> torch.Tensor:
+    """Target distribution over the draft vocab: verifier lm_head rows (t2d) over norm(pre-norm last layer), then
+    the family's own logit transform (`finish`: VerifierParts.logit_transform, e.g. Gemma 2's soft-capping).
 
     verifier_last [B,T,Ht] -> logits [B,T,Vd] (fp32, no grad)."""
     with torch.no_grad():
-        return norm(verifier_last.float()) @ head_rows.float().T
+        logits = norm(verifier_last.float()) @ head_rows.float().T
+        return finish(logits) if finish is not None else logits
 
 
 def forward_kl(logits: torch.Tensor, target_probs: torch.Tensor) -> torch.Tensor:
@@ -80,26 +82,26 @@ class Eagle3Objective:
 
     def __init__(self, draft: Eagle3Draft, verifier, *, ttt_steps: int, ttt_step_loss_decay: float, device: str):
         self.steps, self.decay = ttt_steps, ttt_step_loss_decay
-        self.norm = verifier.final_norm_fn()
+        self.norm, self.finish = verifier.final_norm_fn(), verifier.logit_transform()
         head = verifier.head_weight
         if draft.t2d is not None:
             head = head[draft.t2d.cpu()]
         self.head_rows = head.to(device)  # [Vd, H]
 
     def __call__(self, model, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
-        return draft_step(model, batch, self.norm, self.head_rows, self.steps, self.decay)
+        return draft_step(model, batch, self.norm, self.head_rows, self.steps, self.decay, self.finish)
 
     def summarize(self, stats: dict[str, float]) -> dict[str, float]:
         return summarize(stats, self.steps)
 
 
 def draft_step(draft: Eagle3Draft | torch.nn.Module, batch: dict[str, torch.Tensor], norm, head_rows: torch.Tensor,
-               steps: int, decay: float) -> tuple[torch.Tensor, dict[str, float]]:
+               steps: int, decay: float, finish=None) -> tuple[torch.Tensor, dict[str, float]]:
     """One forward + loss on a packed batch (see `collate` for the keys).
 
     `draft` may be wrapped (DDP): it is called, so its forward (= ttt_forward) runs with gradient sync."""
     logits = draft(batch["aux"], batch["input_ids"], batch["position_ids"], batch["document_ids"], steps)
-    targets = target_logits(batch["verifier_last"], norm, head_rows)
+    targets = target_logits(batch["verifier_last"], norm, head_rows, finish)
     return eagle3_loss(logits, targets, batch["loss_mask"], batch["document_ids"], decay)
 
 

@@ -80,7 +80,7 @@ class PEagleObjective:
 
     def __init__(self, draft: PEagleDraft, verifier, *, num_depths: int, device: str):
         self.num_depths = num_depths
-        self.norm = verifier.final_norm_fn()
+        self.norm, self.finish = verifier.final_norm_fn(), verifier.logit_transform()
         head = verifier.head_weight
         self.head_rows = (head[draft.t2d.cpu()] if draft.t2d is not None else head).to(device)  # [Vd, H]
 
@@ -91,7 +91,8 @@ class PEagleObjective:
         # the heads (draft and target) run on the K elements in the loss only (70% of the shipped data's tokens)
         logits = model(batch["aux"], batch["input_ids"], batch["position_ids"], batch["document_ids"],
                        batch["anchors"], batch["depths"], kept)[0]                # [K, Vd]
-        targets = target_logits(batch["verifier_last"][0, row[kept]], self.norm, self.head_rows)  # [K, Vd]
+        targets = target_logits(batch["verifier_last"][0, row[kept]], self.norm, self.head_rows,
+                                self.finish)                                             # [K, Vd]
         kl = forward_kl(logits, torch.softmax(targets, -1))                       # [K]
         loss = kl.sum() / keep.sum().clamp(min=1)
         with torch.no_grad():
