@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     from engine.fsutil import atomic_write_json
     from engine.jobs import reporter
 
-    reporter().update("loading the target and the draft")
+    reporter().phase("loading the target and the draft")
     result = evaluate_draft(draft=args.draft, target=args.target, data=args.data,
                             dataset=None if args.data else args.dataset, num_prompts=args.num_prompts,
                             max_new_tokens=args.max_new_tokens or None, ks=args.k,

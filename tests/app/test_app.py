@@ -483,8 +483,8 @@ def test_train_compare_runs_from_disk(runs, tiny_target):
 def test_train_smoke_preset_time_is_measured(runs, tiny_target):
     from ui import training
 
-    seconds, where = training.smoke_duration("eagle3")  # no smoke run here yet: the figure measured on a CPU
-    assert (seconds, where) == (training.SMOKE_MEASURED_S, training.SMOKE_MEASURED_ON)
+    assert training.smoke_duration("eagle3") is None  # no smoke run here yet: no figure from another machine
+    assert training.smoke_summary("eagle3") == f"Time: {training.SMOKE_FIRST}." and "estimating…" in training.SMOKE_FIRST
     argv = ["train", "--online-dataset", "sharegpt", "--online-max-samples", "24", "--max-steps", "12",
             "--tokens-per-batch", "256"]
     now = time.time()

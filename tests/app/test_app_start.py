@@ -196,13 +196,63 @@ def test_a_running_evaluation_shows_a_progress_bar_with_time_left(runs, tiny_tar
     assert "4/10 (about 2 min 30 s left)" in texts(at.markdown)  # one estimate: the job's own, for its phase
 
 
-def test_progress_text_gives_elapsed_and_estimate():
+def test_progress_text_gives_elapsed_and_no_figure_it_cannot_back():
     from ui.jobs import progress_text
 
-    s = jobs.JobStatus(state="running", progress=0.25, started=1000.0)
-    assert progress_text(s, now=1060.0) == "25% · 1 min 00 s so far · about 3 min 00 s left"
+    s = jobs.JobStatus(state="running", progress=0.25, started=1000.0)  # no phase, no earlier run: no figure
+    assert progress_text(s, now=1060.0) == "25% · 1 min 00 s so far · estimating…"
     done = jobs.JobStatus(state="done", progress=1.0, started=1000.0, updated=1090.0)
     assert progress_text(done) == "100% · took 1 min 30 s"
+
+
+def _run_job(root, name: str, kind: str, prompts: int, monkeypatch, *, stop_after: int | None = None,
+             measure_s: float = 0.0) -> list[dict]:
+    """A job folder under `root` whose process runs two phases the way `evaluate` does (tracked prompts, then an
+    untracked measurement); returns the status.json seen at each prompt and after the measurement started."""
+    job_dir = root / name
+    job_dir.mkdir(parents=True)
+    (job_dir / "job.json").write_text(json.dumps({"kind": kind, "argv": [kind], "created": time.time()}))
+    monkeypatch.setenv(jobs.JOB_DIR_ENV, str(job_dir))
+    monkeypatch.setattr(jobs, "_REPORTER", None)
+    seen = []
+    for i in jobs.tracked(range(prompts), desc="the target answers the held-out prompts", span=(0.0, 0.9),
+                          every_s=0.0):
+        seen.append(json.loads((job_dir / jobs.STATUS).read_text()))
+        time.sleep(0.4)
+        if stop_after is not None and i + 1 >= stop_after:
+            return seen
+    rep = jobs.reporter()
+    rep.phase("measuring the step costs on this machine", progress=0.95)
+    seen.append(json.loads((job_dir / jobs.STATUS).read_text()))
+    time.sleep(measure_s)
+    rep.finish("done")
+    return seen
+
+
+def test_time_estimates_learn_from_this_machines_last_run_of_the_same_kind(tmp_path, monkeypatch):
+    from ui.jobs import time_left
+
+    monkeypatch.setenv("WORKBENCH_RUNS", str(tmp_path))
+    first = _run_job(tmp_path, "20260101-000000_evaluate", "evaluate", 3, monkeypatch, measure_s=1.0)
+    assert first[0]["message"].endswith("0/3 (estimating…)")  # nothing learned yet: no figure
+    untracked = jobs.JobStatus(**first[-1])  # the measurement phase: no own estimate, nothing learned either
+    assert time_left(untracked, time.time(), kind="evaluate", job_id="20260101-000000_evaluate") == "estimating…"
+    took = {ph["name"]: ph["end"] - ph["start"]
+            for ph in json.loads((tmp_path / "20260101-000000_evaluate" / jobs.STATUS).read_text())["phases"]}
+    answers, measure = took["the target answers the held-out prompts"], took["measuring the step costs on this machine"]
+    assert answers >= 1.2 and measure >= 1.0  # a whole second apart from twice as long
+    # the next run of the same kind: 6 prompts, twice the 3 the last one answered
+    second = _run_job(tmp_path, "20260101-000001_evaluate", "evaluate", 6, monkeypatch, stop_after=1)
+    assert second[0]["message"].endswith(f"0/6 (about {jobs.duration_text(2 * answers)} left, as your last run "
+                                         "took)"), second[0]["message"]
+    status = jobs.JobStatus(**second[0])  # and the untracked phase after it: what it took last time
+    assert time_left(status, time.time(), kind="evaluate", job_id="20260101-000001_evaluate") == \
+        f"then about {jobs.duration_text(measure)} more (as your last run took)"
+    phase = {"name": "measuring the step costs on this machine", "start": time.time(), "end": None, "units": None}
+    measuring = jobs.JobStatus(state="running", message="measuring", phases=[phase])
+    assert time_left(measuring, phase["start"], kind="evaluate", job_id="x") == \
+        f"about {jobs.duration_text(measure)} left (as your last run took)"
+    assert time_left(measuring, phase["start"], kind="bench", job_id="x") == "estimating…"  # another kind: nothing
 
 
 # -- layout ----------------------------------------------------------------------------------------------
