@@ -49,15 +49,15 @@ with st.container(border=True):
         elif "draft" in chosen:
             st.caption(f"Draft: `{state.short(draft, 60)}`")
     with c2:
-        k = st.slider("k (drafts per step)", 1, 8, 3, key="chat_k")
+        k = st.slider("k (drafts per step)", 1, 8, key="chat_k")  # values: ui.state.Settings
     with c3:
-        temperature = st.slider("Temperature", 0.0, 1.5, 0.0, 0.1, key="chat_temperature",
+        temperature = st.slider("Temperature", 0.0, 1.5, step=0.1, key="chat_temperature",
                                 help="0 = greedy: all answers identical. Above 0 speculative sampling is lossless "
                                 "in distribution: the same distribution as the target alone, not the same text.")
     with c4:
-        max_new = st.number_input("Max new tokens", 8, 1024, 96, 8, key="chat_max_new_tokens")
+        max_new = st.number_input("Max new tokens", 8, 1024, step=8, key="chat_max_new_tokens")
     with c5:
-        seed = st.number_input("Seed", 0, 2**31 - 1, 0, key="chat_seed")
+        seed = st.number_input("Seed", 0, 2**31 - 1, key="chat_seed")
     c6, c8, c7 = st.columns([2, 2, 1])
     with c6:
         multi_turn = st.toggle("Continue the conversation (earlier turns are context)", key="chat_multi_turn",

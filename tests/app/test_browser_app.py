@@ -51,7 +51,8 @@ def app_url(tmp_path_factory):
     prepare_builtin()  # dequantize the built-in target once, before the app needs it
     runs = tmp_path_factory.mktemp("browser") / "runs"
     port = _free_port()
-    env = {**os.environ, "WORKBENCH_RUNS": str(runs), "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "WORKBENCH_RUNS": str(runs), "PYTHONUNBUFFERED": "1",
+           "WORKBENCH_SETTINGS": str(runs.parent / "app-settings.json")}  # the app's saved choices: its own file
     log = open(runs.parent / "streamlit.log", "wb")  # the app's terminal (model loads are logged there)
     proc = subprocess.Popen(
         [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port), "--server.address",
@@ -287,6 +288,34 @@ def test_training_job_chart_updates(page, tmp_path):
     idle(page)
     no_traceback(page)
     shot(page, "12-train-compare")
+
+
+def test_a_reload_keeps_the_chosen_target_until_the_reset(page, tmp_path):
+    from tiny import save_tiny_target
+
+    tiny = save_tiny_target(tmp_path / "tiny-reload")
+    go(page, "Models")
+    page.get_by_text("Local folder", exact=True).first.click()
+    idle(page)
+    box = page.get_by_label("Local model folder")
+    box.fill(str(tiny))
+    box.press("Enter")
+    idle(page)
+    page.get_by_role("button", name="Use this target").click()
+    idle(page)
+    sidebar = page.locator('[data-testid="stSidebarUserContent"]')
+    assert "tiny-reload" in sidebar.inner_text()
+    page.reload()  # a new browser session: the same target, from the saved choices
+    idle(page)
+    assert "tiny-reload" in sidebar.inner_text(), sidebar.inner_text()
+    no_traceback(page)
+    shot(page, "15-reload-keeps-the-target")
+    page.get_by_role("button", name="Reset saved choices").click()
+    idle(page)
+    page.reload()
+    idle(page)
+    text = sidebar.inner_text()
+    assert "smollm2-135m-instruct" in text and "tiny-reload" not in text, text
 
 
 def test_jobs_page_lists_what_ran(page, app_url):
