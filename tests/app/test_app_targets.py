@@ -94,6 +94,32 @@ def test_choices_survive_a_restart_and_the_reset_forgets_them(runs, made, app_se
     assert fourth.session_state["chat_k"] == 3 and fourth.session_state["chat_seed"] == 7
 
 
+def test_models_page_says_not_tried_for_a_family_nothing_here_covers(runs, tmp_path):
+    """A local Gemma 4 folder (config only): no test runs the family and vLLM's text-model registry does not list its
+    class, so the Models page asserts nothing about vLLM; the registry's own answer is given where it has one."""
+    import json
+
+    from transformers import Gemma4Config
+
+    from engine.data.plan import plan_target
+    from engine.format import vllm_rules as vr
+    from ui.plan import vllm_fact
+
+    folder = tmp_path / "gemma-4"
+    folder.mkdir()
+    config = Gemma4Config().to_dict() | {"architectures": ["Gemma4ForConditionalGeneration"]}
+    (folder / "config.json").write_text(json.dumps(config))
+    at = open_app(str(folder), page="models")
+    facts = {row["fact"]: row["value"] for d in at.table if "fact" in d.value.columns
+             for row in d.value.to_dict("records")}
+    assert facts["tested end to end"].startswith("no")
+    assert facts["vLLM serves drafts beside it"].startswith("not tried: Gemma4ForConditionalGeneration is not in "
+                                                          f"the model registry of {vr.CPU_BUILD_LABEL}")
+    (folder / "config.json").write_text(json.dumps(config | {"architectures": ["Gemma4ForCausalLM"]}))
+    assert vllm_fact(plan_target(str(folder))).startswith(f"yes by vLLM's registry ({vr.CPU_BUILD_LABEL}): its "
+                                                          "Gemma4ForCausalLM class")  # the text-only class: listed
+
+
 def test_demo_chat_refuses_a_draft_of_another_shape(runs, made):
     at = open_app(made["narrow"], made["draft"], page="demo_chat")
     assert f"--target {made['narrow']} is not the target the draft was made for" in texts(at.error)
