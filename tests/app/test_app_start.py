@@ -64,6 +64,19 @@ def test_the_app_opens_on_the_start_page_with_the_workflow_and_its_state(runs, t
     at = open_app(target)
     body = texts(at.markdown)
     assert "1 extraction for this target." in body and "Next step for this target: **Train**" in body
+    assert ":green[:material/check_circle:] **2. Data**" in body
+
+
+def test_the_data_step_is_not_checked_when_it_is_only_not_needed(runs):
+    from ui import start as start_ui
+
+    at = open_app(BUILTIN, "auto")  # the shipped draft is active and no extraction of the target exists
+    body = texts(at.markdown)
+    assert "No extraction for this target yet: not needed to use the active draft" in body
+    assert ":gray[:material/remove_circle_outline:] **2. Data**" in body  # not a green check
+    assert ":green[:material/check_circle:] **2. Data**" not in body
+    steps = start_ui.steps(BUILTIN, "some/draft", None)
+    assert not steps[1].done and not steps[1].needed and start_ui.next_step(steps).title != "2. Data"
 
 
 def test_start_page_for_the_builtin_target_names_the_shipped_drafts_measured_speed(runs):
