@@ -5,7 +5,8 @@ import time
 import streamlit as st
 
 from ui import bench, catalog, charts, resources, state
-from ui.chat import BLOCK_LEGEND, SHORT_TOKENS, explain, explain_row, identical_badge, kernel_exact, race_progress
+from ui.chat import (BLOCK_LEGEND, SHORT_TOKENS, explain, explain_row, identical_badge, kernel_exact, kernel_rows,
+                     kernel_source, race_progress)
 from ui.cli import command, show_cli
 from ui.errors import guard
 from ui.tokens import legend_html, plain_html, spec_html, waiting_html
@@ -140,10 +141,13 @@ def _why(turn: dict, index: int) -> None:
         if speed and "draft" in rows:
             st.caption(bench.draft_speed_text(speed) + " This turn is one prompt on a machine that may be busy; its "
                        "speed varies from prompt to prompt, the benchmark's is the mean over many prompts.")
-        if turn.get("kernel"):
-            st.caption(f"Kernel path of the target on this CPU: {turn['kernel']}. `auto` takes the fastest path whose "
-                       "several-row forwards equal its one-token steps bit for bit, or the fastest one where none does "
-                       "(engine.generate.kernel_choice).")
+        if turn.get("kernel_rows"):
+            st.caption(f"Kernel paths of the target on this CPU ({turn.get('kernel_source', 'timed')}): `auto` takes "
+                       "the fastest whose several-row forwards equal its one-token steps bit for bit (row-exact), or "
+                       "the fastest where none does (engine.generate.kernel_choice).")
+            st.dataframe(turn["kernel_rows"], hide_index=True)
+        elif turn.get("kernel"):
+            st.caption(f"Kernel path of the target on this CPU: {turn['kernel']}.")
         curve = turn.get("cost_curve") or {}
         if curve.get(turn["k"] + 1):
             st.caption(f"The target's cost curve on this machine: one forward over {turn['k'] + 1} tokens costs "
@@ -246,6 +250,8 @@ if prompt:
                 "temperature": float(temperature), "baseline": base.text.text,
                 "cost_curve": curve, "busy": busy, "explain": rows, "cli": "\n".join(lines),
                 "kernel": target.extra.get("kernel_summary"), "kernel_exact": kernel_exact(target.extra.get("kernel")),
+                "kernel_rows": kernel_rows(target.extra.get("kernel")),
+                "kernel_source": kernel_source(target.extra.get("kernel")),
                 "sides": {name: {"label": PROPOSERS.get(name, "baseline"), "title": titles[name],
                                  "html": (plain_html(side.text.text) if name == "baseline" else spec_html(side.marks)),
                                  "identical": side.ids == base.ids,

@@ -175,6 +175,30 @@ def race_progress(race: "Race", titles: dict[str, str], max_new_tokens: int) -> 
     return min(1.0, fraction), " · ".join(parts + [waiting])
 
 
+def kernel_rows(kernel: dict | None) -> list[dict]:
+    """The target's kernel paths as timed on this CPU, one row each (from `target.extra["kernel"]`): the chosen one
+    first; a path that was not tried says why."""
+    kernel = kernel or {}
+    k1 = int(kernel.get("k") or 0) + 1
+    rows = []
+    for name, c in (kernel.get("candidates") or {}).items():
+        tried = c.get("ms_1") is not None
+        rows.append({"path": name + (" (chosen)" if name == kernel.get("path") else ""),
+                     "ms per token": _num(c.get("ms_1"), ".1f") if tried else "–",
+                     f"ms for {k1} tokens": _num(c.get("ms_k1"), ".1f") if tried else "–",
+                     "row-exact": ("yes" if c.get("row_exact") else "no") if tried else f"not tried: {c['skipped']}"
+                     if c.get("skipped") else "–"})
+    return sorted(rows, key=lambda r: not r["path"].endswith("(chosen)"))
+
+
+def kernel_source(kernel: dict | None) -> str:
+    """How the path was decided, in words: "measured at first load on <cpu>, torch <version>"."""
+    kernel = kernel or {}
+    why = {"measured": "measured now", "cached": "measured at first load", "forced": "forced by --dtype",
+           "gpu": "GPU: fp32"}.get(kernel.get("source"), "timed")
+    return f"{why} on {kernel.get('cpu', 'this CPU')}, torch {kernel.get('torch', '?')}"
+
+
 def kernel_exact(kernel: dict | None) -> bool | None:
     """Whether the target's kernel path gives several-row forwards equal to its one-token steps on this CPU (None:
     not checked), from `target.extra["kernel"]`."""
