@@ -5,8 +5,8 @@ import time
 import streamlit as st
 
 from ui import bench, catalog, charts, resources, state
-from ui.chat import (BLOCK_LEGEND, SHORT_TOKENS, explain, explain_row, identical_badge, kernel_exact, kernel_rows,
-                     kernel_source, race_progress)
+from ui.chat import (BLOCK_LEGEND, SHORT_TOKENS, explain, explain_table, identical_badge, kernel_exact, kernel_rows,
+                     kernel_source, kernel_untried, race_progress)
 from ui.cli import command, show_cli
 from ui.errors import guard
 from ui.tokens import legend_html, plain_html, spec_html, waiting_html
@@ -131,7 +131,7 @@ def _why(turn: dict, index: int) -> None:
                        "answer (or run Benchmarks) before drawing conclusions.")
         if turn.get("busy"):
             st.caption(turn["busy"])
-        st.dataframe([explain_row(r) for r in rows.values()], hide_index=True, width="stretch")
+        st.table(explain_table(rows), hide_index=True)
         c1, c2 = st.columns(2)
         charts.show(charts.step_cost_bars(rows), key=f"chat_cost_{index}", filename="step-cost", container=c1)
         if any(r.get("per_position_acceptance") for r in rows.values()):
@@ -146,6 +146,8 @@ def _why(turn: dict, index: int) -> None:
                        "the fastest whose several-row forwards equal its one-token steps bit for bit (row-exact), or "
                        "the fastest where none does (engine.generate.kernel_choice).")
             st.dataframe(turn["kernel_rows"], hide_index=True)
+            if turn.get("kernel_untried"):
+                st.caption(turn["kernel_untried"])
         elif turn.get("kernel"):
             st.caption(f"Kernel path of the target on this CPU: {turn['kernel']}.")
         curve = turn.get("cost_curve") or {}
@@ -251,6 +253,7 @@ if prompt:
                 "cost_curve": curve, "busy": busy, "explain": rows, "cli": "\n".join(lines),
                 "kernel": target.extra.get("kernel_summary"), "kernel_exact": kernel_exact(target.extra.get("kernel")),
                 "kernel_rows": kernel_rows(target.extra.get("kernel")),
+                "kernel_untried": kernel_untried(target.extra.get("kernel")),
                 "kernel_source": kernel_source(target.extra.get("kernel")),
                 "sides": {name: {"label": PROPOSERS.get(name, "baseline"), "title": titles[name],
                                  "html": (plain_html(side.text.text) if name == "baseline" else spec_html(side.marks)),

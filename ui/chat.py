@@ -176,19 +176,31 @@ def race_progress(race: "Race", titles: dict[str, str], max_new_tokens: int) -> 
 
 
 def kernel_rows(kernel: dict | None) -> list[dict]:
-    """The target's kernel paths as timed on this CPU, one row each (from `target.extra["kernel"]`): the chosen one
-    first; a path that was not tried says why."""
+    """The target's kernel paths timed on this CPU, one row each (from `target.extra["kernel"]`), the chosen one
+    first."""
     kernel = kernel or {}
     k1 = int(kernel.get("k") or 0) + 1
-    rows = []
-    for name, c in (kernel.get("candidates") or {}).items():
-        tried = c.get("ms_1") is not None
-        rows.append({"path": name + (" (chosen)" if name == kernel.get("path") else ""),
-                     "ms per token": _num(c.get("ms_1"), ".1f") if tried else "–",
-                     f"ms for {k1} tokens": _num(c.get("ms_k1"), ".1f") if tried else "–",
-                     "row-exact": ("yes" if c.get("row_exact") else "no") if tried else f"not tried: {c['skipped']}"
-                     if c.get("skipped") else "–"})
+    rows = [{"path": name + (" (chosen)" if name == kernel.get("path") else ""), "ms per token": f"{c['ms_1']:.1f}",
+             f"ms for {k1} tokens": _num(c.get("ms_k1"), ".1f"), "row-exact": "yes" if c.get("row_exact") else "no"}
+            for name, c in (kernel.get("candidates") or {}).items() if c.get("ms_1") is not None]
     return sorted(rows, key=lambda r: not r["path"].endswith("(chosen)"))
+
+
+def kernel_untried(kernel: dict | None) -> str | None:
+    """The paths not timed here, one sentence per reason: "Not tried: a, b (why)."."""
+    why: dict[str, list[str]] = {}
+    for name, c in ((kernel or {}).get("candidates") or {}).items():
+        if c.get("ms_1") is None and c.get("skipped"):
+            why.setdefault(c["skipped"], []).append(name)
+    return " ".join(f"Not tried: {', '.join(names)} ({reason})." for reason, names in why.items()) or None
+
+
+def explain_table(rows: dict[str, dict]) -> list[dict]:
+    """The explanation's figures with one column per proposer and one row per quantity (narrow enough that no
+    column is cut)."""
+    per = {row["label"]: explain_row(row) for row in rows.values()}
+    keys = [k for k in next(iter(per.values()), {}) if k != "proposer"]
+    return [{"": key, **{label: values[key] for label, values in per.items()}} for key in keys]
 
 
 def kernel_source(kernel: dict | None) -> str:

@@ -163,7 +163,21 @@ def _models_page_shows_numbers_and_the_model_card(page) -> None:
     shot(page, "01-models-model-card")
 
 
-def test_benchmarks_results_open_on_the_shipped_results(page):
+def _cut_text(locator) -> list[str]:
+    """Texts inside `locator` that the page cuts (an element narrower than its content, text-overflow or clipping)."""
+    return locator.evaluate_all("els => els.flatMap(el => [el, ...el.querySelectorAll('*')])"
+                                ".filter(e => e.children.length === 0 && e.scrollWidth > e.clientWidth + 1"
+                                " && getComputedStyle(e).overflow !== 'visible').map(e => e.textContent)")
+
+
+def test_benchmarks_results_open_on_the_shipped_results(page, app_url):
+    from ui import bench
+
+    _, runs = app_url
+    shipped = next(iter(bench.shipped_results().values()))
+    loose = runs / "bench" / "a-rather-long-run-name-for-the-eagle3-draft-at-k-3-with-128-new-tokens.json"
+    loose.parent.mkdir(parents=True, exist_ok=True)
+    loose.write_text(shipped.read_text())  # a run of the user's with a long label, listed beside the shipped ones
     go(page, "Benchmarks")
     page.get_by_role("tab", name="Results").click()
     page.wait_for_selector(".js-plotly-plot", timeout=120_000)
@@ -174,6 +188,15 @@ def test_benchmarks_results_open_on_the_shipped_results(page):
     picker = page.locator(".st-key-bench_result")
     picked = picker.inner_text() + " ".join(i.input_value() for i in picker.locator("input").all())
     assert "shipped · " in picked, picked
+    picker.locator("input").first.click()  # the list: every label whole, the long one too
+    options = page.locator('[role="option"]')
+    options.first.wait_for()
+    labels = [o.inner_text() for o in options.all()]
+    assert any(loose.name in text for text in labels), labels
+    assert not _cut_text(options), _cut_text(options)
+    page.screenshot(path=str(ARTIFACTS / "12-benchmarks-picker.png"))
+    page.keyboard.press("Escape")
+    idle(page)
     assert "None prompts" not in body and "on None" not in body
     titles = [t.text_content() for t in page.locator(".js-plotly-plot .gtitle").all()]
     assert "Acceptance per draft position" in titles and "Speedup vs baseline" in titles, titles
@@ -219,9 +242,20 @@ def test_demo_chat_colours_accepted_tokens_and_answers_identically(page):
         assert page.locator(".spec-answer").count() == 2
     why = page.get_by_text("Why this speed")
     assert why.count() == 1
+    for answer in page.locator(".spec-answer").all():  # ends as the baseline's text does: no ↵ mark at its end
+        assert not answer.inner_text().rstrip("▌").strip().endswith("↵"), answer.inner_text()
+    figures = page.locator('[data-testid="stTable"]', has_text="step cost (baseline steps)")
+    assert figures.count() == 1 and not _cut_text(figures)  # one column per proposer: nothing cut
+    if "Kernels · " in page.locator('[data-testid="stSidebarUserContent"]').inner_text():  # a CPU: its kernel paths
+        assert page.get_by_text("Kernel paths of the target on this CPU").count() == 1
     assert page.get_by_text("baseline steps on this machine").count() >= 1
     why.scroll_into_view_if_needed()
     shot(page, "10-demo-chat-answer")
+    page.get_by_text("Step details (accepted and rejected drafts)").first.click()
+    idle(page)
+    page.get_by_text("Step details (accepted and rejected drafts)").first.scroll_into_view_if_needed()
+    time.sleep(0.5)
+    page.screenshot(path=str(ARTIFACTS / "10-demo-chat-steps.png"))
     body = page.locator("body").inner_text()
     assert "tokens per step (all steps)" in body  # the footer names the quantity the explanation gives
     if shipped:  # the shipped draft's benchmarked speed beside this one prompt's, and why they differ
