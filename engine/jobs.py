@@ -96,16 +96,6 @@ class Reporter:
         if self.status.phases and self.status.phases[-1].get("end") is None:
             self.status.phases[-1]["end"] = now
 
-    def learned(self, name: str, units: int | None = None) -> tuple[float, str] | None:
-        """What phase `name` took in this job's kind's newest finished job here (learned_seconds), or None."""
-        if self.job_dir is None:
-            return None
-        try:
-            kind = read_json(self.job_dir / "job.json").get("kind")
-        except (OSError, ValueError):
-            return None
-        return learned_seconds(kind, name, units, root=self.job_dir.parent, exclude=self.job_dir.name)
-
     def finish(self, state: str = "done", message: str = "", **result: Any) -> None:
         self._end_phase(time.time())
         self.status.state = state
@@ -139,15 +129,12 @@ def duration_text(seconds: float) -> str:
     return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"
 
 
-def left_text(done: float, total: float, elapsed: float, learned: tuple[float, str] | None = None) -> str:
-    """"(about 40 s left)" from the phase's own rate once it has done something; before that "(about 1 min 10 s
-    left, as your last run took)" from what the same phase took here before (learned_seconds), else
-    "(estimating…)": never a figure nothing backs."""
+def left_text(done: float, total: float, elapsed: float) -> str:
+    """"(about 40 s left)" from the phase's own rate once it has done something, else "": before that the UI counts
+    down what the same phase took here before (learned_seconds), or says "estimating…"."""
     if done > 0 and total:
         return f"(about {duration_text(elapsed / done * max(0.0, total - done))} left)"
-    if learned:
-        return f"(about {duration_text(max(0.0, learned[0] - elapsed))} left, as your last run took)"
-    return "(estimating…)"
+    return ""
 
 
 def tracked(iterable: Any, *, desc: str, total: int | None = None, span: tuple[float, float] | None = (0.0, 1.0),
@@ -162,9 +149,8 @@ def tracked(iterable: Any, *, desc: str, total: int | None = None, span: tuple[f
         total = len(iterable)
     lo, hi = span or (0.0, 1.0)
     start = last = time.monotonic()
-    if rep.active:  # before the first item: what this phase took in the last job of this kind here, scaled
-        message = f"{desc}: 0/{total} {left_text(0, total, 0.0, rep.learned(desc, total))}" if total else desc
-        rep.phase(desc, total, progress=lo, message=message)
+    if rep.active:  # a named phase of `total` items: later jobs of this kind learn what it takes here
+        rep.phase(desc, total, progress=lo, message=f"{desc}: 0/{total}" if total else desc)
     done = 0
     for item in tqdm(iterable, total=total, desc=desc, unit=unit, disable=not enabled, dynamic_ncols=True):
         yield item

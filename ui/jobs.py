@@ -111,15 +111,16 @@ def progress_text(s: engine_jobs.JobStatus, now: float | None = None, *, kind: s
 
 
 def time_left(s: engine_jobs.JobStatus, now: float, *, kind: str | None, job_id: str | None) -> str | None:
-    """The time left of a running job, learned from this machine's own runs: the phase's own estimate is in its
-    message (engine.jobs.left_text) and the later phases take what they took in the last job of this kind here;
-    a phase without either is "estimating…", not a figure nothing backs."""
+    """The time left of a running job, learned from this machine's own runs: the phase's own estimate from its rate
+    is in its message (engine.jobs.left_text); before it has one, what the phase took in the last job of this kind
+    here (scaled to its units), counted down; the later phases take what they took then. A phase without either is
+    "estimating…", not a figure nothing backs."""
     phase = s.phases[-1] if s.phases and s.phases[-1].get("end") is None else None
     if phase is None or kind is None:
         return "estimating…"
     root = str(engine_jobs.runs_dir())
     rest = _learned(root, kind, phase["name"], None, job_id, after=True)
-    if "left" in s.message or "estimating" in s.message:  # the phase's own figure is in its message
+    if "left" in s.message:  # the phase's own figure is in its message
         return f"then about {engine_jobs.duration_text(rest[0])} more (as your last run took)" \
             if rest and rest[0] >= 1 else None
     learned = _learned(root, kind, phase["name"], phase.get("units"), job_id)

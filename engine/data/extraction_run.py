@@ -226,10 +226,9 @@ class ExtractionProgress:
         self.rep = reporter()
         self._last = 0.0
         self._start = time.monotonic()
-        if self.rep.active:  # until it has its own rate: what this target's tokens took here before, per token
+        if self.rep.active:  # until it has its own rate, the UI counts down what this target's tokens took before
             phase = f"extracting the hidden states of {run.header.get('target')}"
-            self.rep.phase(phase, self.total, message=f"{phase}: 0/{len(run.rows)} samples "
-                           f"{left_text(0, self.total, 0.0, self.rep.learned(phase, self.total))}")
+            self.rep.phase(phase, self.total, message=f"{phase}: 0/{len(run.rows)} samples")
 
     def __enter__(self) -> "ExtractionProgress":
         return self

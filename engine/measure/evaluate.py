@@ -18,7 +18,7 @@ import torch
 from engine.errors import WorkbenchError
 from engine.format.checkpoint import weights_sha256
 from engine.generate.acceptance import Acceptance, HeldOutSample, held_out_sample, walk, walk_states
-from engine.jobs import left_text, reporter, tracked
+from engine.jobs import reporter, tracked
 from engine.measure.step_costs import forecast, measure_step_costs
 
 log = logging.getLogger(__name__)
@@ -217,9 +217,7 @@ def evaluate_draft(*, draft: str | None = None, target: str | None = None, data:
     if measure_speed:
         context = list(samples[0].token_ids[: samples[0].prompt_len].tolist()) if isinstance(samples, list) \
             and samples else [1] * 64
-        rep = reporter()
-        phase = "measuring the step costs on this machine"
-        rep.phase(phase, message=f"{phase} {left_text(0, 0, 0.0, rep.learned(phase))}", progress=WALK_END)
+        reporter().phase("measuring the step costs on this machine", progress=WALK_END)
         costs = measure_step_costs(tgt, algorithm, model, ks, context=context)
         result["costs"] = costs
         result["forecast"] = forecast(result, costs)

@@ -345,8 +345,7 @@ class Trainer:
         # the steps' rate depends on the algorithm and the batch: only a run with both the same teaches an estimate
         phase = f"training steps ({cfg.algo}, {cfg.tokens_per_batch} tokens per batch)"
         todo = self.total_steps - first_step
-        rep.phase(phase, todo, message=f"step {self.step}/{self.total_steps} "
-                  + left_text(0, todo, 0.0, rep.learned(phase, todo)))
+        rep.phase(phase, todo, message=f"step {self.step}/{self.total_steps}")
         step_rng = None
         try:
             while self.step < self.total_steps:

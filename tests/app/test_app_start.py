@@ -247,28 +247,29 @@ def test_time_estimates_learn_from_this_machines_last_run_of_the_same_kind(tmp_p
 
     monkeypatch.setenv("WORKBENCH_RUNS", str(tmp_path))
     first = _run_job(tmp_path, "20260101-000000_evaluate", "evaluate", 3, monkeypatch, measure_s=1.0)
-    assert first[0]["message"].endswith("0/3 (estimating…)")  # nothing learned yet: no figure
-    untracked = jobs.JobStatus(**first[-1])  # the measurement phase: no own estimate, nothing learned either
-    assert time_left(untracked, time.time(), kind="evaluate", job_id="20260101-000000_evaluate") == "estimating…"
+    for seen in (first[0], first[-1]):  # the prompts, then the measurement: nothing learned yet, so no figure
+        status = jobs.JobStatus(**seen)
+        assert time_left(status, status.phases[-1]["start"], kind="evaluate", job_id="20260101-000000_evaluate") \
+            == "estimating…"
+    assert "left" in first[1]["message"]  # from the second prompt on: the phase's own rate
     took = {ph["name"]: ph["end"] - ph["start"]
             for ph in json.loads((tmp_path / "20260101-000000_evaluate" / jobs.STATUS).read_text())["phases"]}
     answers, measure = took["the target answers the held-out prompts"], took["measuring the step costs on this machine"]
     assert answers >= 1.2 and measure >= 1.0  # a whole second apart from twice as long
-    # the next run of the same kind: 6 prompts, twice the 3 the last one answered
-    second = _run_job(tmp_path, "20260101-000001_evaluate", "evaluate", 6, monkeypatch, stop_after=1)
-    assert second[0]["message"].endswith(f"0/6 (about {jobs.duration_text(2 * answers)} left, as your last run "
-                                         "took)"), second[0]["message"]
-    status = jobs.JobStatus(**second[0])  # and the untracked phase after it: what it took last time
+    # the next run of the same kind: 6 prompts, twice the 3 the last one answered, then the same measurement
+    second = _run_job(tmp_path, "20260101-000001_evaluate", "evaluate", 6, monkeypatch, stop_after=2)
+    status = jobs.JobStatus(**second[0])
+    start = status.phases[-1]["start"]
+    assert time_left(status, start, kind="evaluate", job_id="20260101-000001_evaluate") == \
+        f"about {jobs.duration_text(2 * answers + measure)} left (as your last run took)"
+    assert time_left(status, start + 1.0, kind="evaluate", job_id="20260101-000001_evaluate") == \
+        f"about {jobs.duration_text(2 * answers + measure - 1.0)} left (as your last run took)"  # counted down
+    status = jobs.JobStatus(**second[1])  # its own rate from the second prompt on, then what the rest took
     assert time_left(status, time.time(), kind="evaluate", job_id="20260101-000001_evaluate") == \
         f"then about {jobs.duration_text(measure)} more (as your last run took)"
-    phase = {"name": "measuring the step costs on this machine", "start": time.time(), "end": None, "units": None}
-    measuring = jobs.JobStatus(state="running", message="measuring", phases=[phase])
-    assert time_left(measuring, phase["start"], kind="evaluate", job_id="x") == \
-        f"about {jobs.duration_text(measure)} left (as your last run took)"
-    assert time_left(measuring, phase["start"], kind="bench", job_id="x") == "estimating…"  # another kind: nothing
-
-
-# -- layout ----------------------------------------------------------------------------------------------
+    assert time_left(status, time.time(), kind="bench", job_id="x") is None  # its own figure, nothing more
+    status = jobs.JobStatus(**second[0])
+    assert time_left(status, start, kind="bench", job_id="x") == "estimating…"  # another kind teaches nothing
 
 
 def test_charts_keep_legends_off_axis_titles_scale_heat_maps_to_the_data_and_name_the_proposer():
