@@ -51,8 +51,11 @@ def run() -> None:
                                    for path, title, icon in pages] for section, pages in PAGES.items()})
     sidebar.render()
     show_pending()
-    with guard(nav.title):  # the last net: an unexpected error is a message, not a traceback
-        nav.run()
+    try:
+        with guard(nav.title):  # the last net: an unexpected error is a message, not a traceback
+            nav.run()
+    finally:  # also when a page reruns the script: the choices made so far survive a reload
+        state.save_state()
 
 
 run()

@@ -19,7 +19,8 @@ from engine.jobs import reporter
 # name -> (module in engine.commands, one-line help). Modules are imported only when used.
 COMMANDS: dict[str, tuple[str, str]] = {
     "targets": ("targets", "list built-in targets and prepare (dequantize and cache) the default"),
-    "validate": ("validate", "validate a draft folder or config.json against vLLM 0.33's rules and ours"),
+    "validate": ("validate", "validate a draft folder or config.json against vLLM's rules (it names the version) "
+                             "and ours"),
     "prepare": ("data", "render a dataset with the target's chat template and loss masks; preview rows"),
     "regenerate": ("data", "re-answer each user turn with the target to build on-policy training data"),
     "extract": ("data", "extract target hidden states to vLLM-format safetensors files"),

@@ -44,6 +44,9 @@ class JobStatus:
     started: float | None = None
     updated: float | None = None
     result: dict[str, Any] = field(default_factory=dict)
+    # the job's named phases in order: {"name", "start", "end" (None while it runs), "units" (items, steps or None)};
+    # later jobs of the same kind learn their time estimates from them (learned_seconds)
+    phases: list[dict[str, Any]] = field(default_factory=list)
 
 
 class Reporter:
@@ -52,6 +55,8 @@ class Reporter:
     def __init__(self, job_dir: Path | None):
         self.job_dir = job_dir
         self.status = JobStatus(state="running", pid=os.getpid(), started=time.time())
+        # process start, imports and set-up until the command names its first phase
+        self.status.phases.append({"name": "starting", "start": self.status.started, "end": None, "units": None})
         if job_dir is not None:
             try:
                 old = read_json(job_dir / STATUS)
@@ -78,7 +83,21 @@ class Reporter:
         self.status.result.update(result)
         self._write()
 
+    def phase(self, name: str, units: int | None = None, *, message: str | None = None,
+              progress: float | None = None) -> None:
+        """Start the phase `name` (the previous one ends): `units` items or steps; its message is `name` unless
+        given. What it takes is what later jobs of the same kind here expect it to take (learned_seconds)."""
+        now = time.time()
+        self._end_phase(now)
+        self.status.phases.append({"name": name, "start": now, "end": None, "units": units})
+        self.update(name if message is None else message, progress)
+
+    def _end_phase(self, now: float) -> None:
+        if self.status.phases and self.status.phases[-1].get("end") is None:
+            self.status.phases[-1]["end"] = now
+
     def finish(self, state: str = "done", message: str = "", **result: Any) -> None:
+        self._end_phase(time.time())
         self.status.state = state
         self.status.message = message or self.status.message
         if state == "done":
@@ -110,6 +129,14 @@ def duration_text(seconds: float) -> str:
     return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"
 
 
+def left_text(done: float, total: float, elapsed: float) -> str:
+    """"(about 40 s left)" from the phase's own rate once it has done something, else "": before that the UI counts
+    down what the same phase took here before (learned_seconds), or says "estimating…"."""
+    if done > 0 and total:
+        return f"(about {duration_text(elapsed / done * max(0.0, total - done))} left)"
+    return ""
+
+
 def tracked(iterable: Any, *, desc: str, total: int | None = None, span: tuple[float, float] | None = (0.0, 1.0),
             unit: str = "it", enabled: bool = True, every_s: float = 1.0) -> Any:
     """A tqdm bar over `iterable` that also writes the job's progress into status.json: "desc: 3/10 (about 40 s
@@ -122,8 +149,8 @@ def tracked(iterable: Any, *, desc: str, total: int | None = None, span: tuple[f
         total = len(iterable)
     lo, hi = span or (0.0, 1.0)
     start = last = time.monotonic()
-    if rep.active:
-        rep.update(f"{desc}: 0/{total}" if total else desc, lo)
+    if rep.active:  # a named phase of `total` items: later jobs of this kind learn what it takes here
+        rep.phase(desc, total, progress=lo, message=f"{desc}: 0/{total}" if total else desc)
     done = 0
     for item in tqdm(iterable, total=total, desc=desc, unit=unit, disable=not enabled, dynamic_ncols=True):
         yield item
@@ -132,12 +159,41 @@ def tracked(iterable: Any, *, desc: str, total: int | None = None, span: tuple[f
         if rep.active and (now - last >= every_s or done == total):
             last = now
             if total:
-                left = (now - start) / done * (total - done)
-                rep.update(f"{desc}: {done}/{total} " + (f"(about {duration_text(left)} left)" if done < total
+                rep.update(f"{desc}: {done}/{total} " + (left_text(done, total, now - start) if done < total
                                                         else f"({duration_text(now - start)})"),
                            lo + (hi - lo) * done / total)
             else:
                 rep.update(f"{desc}: {done} done ({duration_text(now - start)})")
+
+
+def learned_seconds(kind: str | None, phase: str, units: int | None = None, *, root: Path | None = None,
+                    exclude: str | None = None) -> tuple[float, str] | None:
+    """(seconds, job id): how long phase `phase` took in the newest finished job of `kind` on this machine (its
+    runs folder), scaled to `units` when both know their units; None when no such job here ran that phase."""
+    for job in list_jobs(root):
+        if job.kind != kind or job.status.state != "done" or job.id == exclude:
+            continue
+        for ph in job.status.phases:
+            if ph.get("name") == phase and ph.get("end") and ph.get("start"):
+                seconds = float(ph["end"]) - float(ph["start"])
+                if units and ph.get("units"):
+                    seconds *= units / ph["units"]
+                return seconds, job.id
+    return None
+
+
+def learned_rest(kind: str | None, phase: str, *, root: Path | None = None,
+                 exclude: str | None = None) -> tuple[float, str] | None:
+    """(seconds, job id): how long the phases after `phase` took in the newest finished job of `kind` here that ran
+    `phase`; None when none did."""
+    for job in list_jobs(root):
+        if job.kind != kind or job.status.state != "done" or job.id == exclude:
+            continue
+        names = [ph.get("name") for ph in job.status.phases]
+        if phase in names:
+            later = job.status.phases[names.index(phase) + 1:]
+            return sum(float(ph["end"]) - float(ph["start"]) for ph in later if ph.get("end")), job.id
+    return None
 
 
 @dataclass

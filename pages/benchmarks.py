@@ -78,15 +78,15 @@ with results_tab:
             seen.update(fresh)
         if ss.get("bench_result") not in files:  # opens on the active draft's measured speed, as every page quotes it
             ss["bench_result"] = bench.opening_result(files, state.active_draft())
-        c1, c2 = st.columns([2, 1])
-        choice = c1.selectbox("Result", list(files), key="bench_result",
+        # the whole row: a long run label is read in full, in the field and in its list
+        choice = st.selectbox("Result", list(files), key="bench_result", width="stretch",
                               format_func=lambda key: bench.label(key, files),
                               placeholder="no benchmark result yet",
                               help="The results that ship with the project (benchmarks/results/, each with the CPU "
                                    "and date it was measured on), then your runs, newest first. It opens on the "
                                    "result the other pages quote for the active draft, else on the freshest "
                                    "result for this machine.")
-        upload = c2.file_uploader("…or a bench JSON", type=["json"], key="bench_upload")
+        upload = st.file_uploader("…or a bench JSON", type=["json"], key="bench_upload", width=480)
         if upload is not None:
             result = bench.check(json.loads(upload.getvalue().decode("utf-8")))
         elif choice:

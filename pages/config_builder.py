@@ -8,7 +8,8 @@ from ui.errors import callback, guard
 
 st.title("Config builder")
 st.caption("Edit a speculators `config.json` in the form or as JSON: both stay in sync, and every edit is checked "
-           "against vLLM 0.33's own rules and the workbench's extra checks, field by field.")
+           f"against {report.RULES_LABEL}'s own rules and the workbench's extra checks, field by field "
+           f"(`python -m engine serve` runs {report.CPU_BUILD_LABEL} on a CPU).")
 
 ss = st.session_state
 target = state.active_target()

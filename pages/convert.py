@@ -116,7 +116,7 @@ elif conv.convertible(det):
             ss["convert_job"] = job.id
     show_cli(argv, label="The conversion command")
 elif det.kind == "not-convertible":
-    st.error(f"{det.title}: this cannot be converted into a draft vLLM 0.33 loads. Why: {det.why}.",
+    st.error(f"{det.title}: this cannot be converted into a draft {report.RULES_LABEL} loads. Why: {det.why}.",
              icon=":material/block:")
     st.info(f"What you can do instead: {det.instead}", icon=":material/lightbulb:")
 else:

@@ -5,7 +5,8 @@ import time
 import streamlit as st
 
 from ui import bench, catalog, charts, resources, state
-from ui.chat import BLOCK_LEGEND, SHORT_TOKENS, explain, explain_row, identical_badge, kernel_exact, race_progress
+from ui.chat import (BLOCK_LEGEND, SHORT_TOKENS, explain, explain_table, identical_badge, kernel_exact, kernel_rows,
+                     kernel_source, kernel_untried, race_progress)
 from ui.cli import command, show_cli
 from ui.errors import guard
 from ui.tokens import legend_html, plain_html, spec_html, waiting_html
@@ -49,15 +50,15 @@ with st.container(border=True):
         elif "draft" in chosen:
             st.caption(f"Draft: `{state.short(draft, 60)}`")
     with c2:
-        k = st.slider("k (drafts per step)", 1, 8, 3, key="chat_k")
+        k = st.slider("k (drafts per step)", 1, 8, key="chat_k")  # values: ui.state.Settings
     with c3:
-        temperature = st.slider("Temperature", 0.0, 1.5, 0.0, 0.1, key="chat_temperature",
+        temperature = st.slider("Temperature", 0.0, 1.5, step=0.1, key="chat_temperature",
                                 help="0 = greedy: all answers identical. Above 0 speculative sampling is lossless "
                                 "in distribution: the same distribution as the target alone, not the same text.")
     with c4:
-        max_new = st.number_input("Max new tokens", 8, 1024, 96, 8, key="chat_max_new_tokens")
+        max_new = st.number_input("Max new tokens", 8, 1024, step=8, key="chat_max_new_tokens")
     with c5:
-        seed = st.number_input("Seed", 0, 2**31 - 1, 0, key="chat_seed")
+        seed = st.number_input("Seed", 0, 2**31 - 1, key="chat_seed")
     c6, c8, c7 = st.columns([2, 2, 1])
     with c6:
         multi_turn = st.toggle("Continue the conversation (earlier turns are context)", key="chat_multi_turn",
@@ -130,7 +131,7 @@ def _why(turn: dict, index: int) -> None:
                        "answer (or run Benchmarks) before drawing conclusions.")
         if turn.get("busy"):
             st.caption(turn["busy"])
-        st.dataframe([explain_row(r) for r in rows.values()], hide_index=True, width="stretch")
+        st.table(explain_table(rows), hide_index=True)
         c1, c2 = st.columns(2)
         charts.show(charts.step_cost_bars(rows), key=f"chat_cost_{index}", filename="step-cost", container=c1)
         if any(r.get("per_position_acceptance") for r in rows.values()):
@@ -140,10 +141,15 @@ def _why(turn: dict, index: int) -> None:
         if speed and "draft" in rows:
             st.caption(bench.draft_speed_text(speed) + " This turn is one prompt on a machine that may be busy; its "
                        "speed varies from prompt to prompt, the benchmark's is the mean over many prompts.")
-        if turn.get("kernel"):
-            st.caption(f"Kernel path of the target on this CPU: {turn['kernel']}. `auto` takes the fastest path whose "
-                       "several-row forwards equal its one-token steps bit for bit, or the fastest one where none does "
-                       "(engine.generate.kernel_choice).")
+        if turn.get("kernel_rows"):
+            st.caption(f"Kernel paths of the target on this CPU ({turn.get('kernel_source', 'timed')}): `auto` takes "
+                       "the fastest whose several-row forwards equal its one-token steps bit for bit (row-exact), or "
+                       "the fastest where none does (engine.generate.kernel_choice).")
+            st.dataframe(turn["kernel_rows"], hide_index=True)
+            if turn.get("kernel_untried"):
+                st.caption(turn["kernel_untried"])
+        elif turn.get("kernel"):
+            st.caption(f"Kernel path of the target on this CPU: {turn['kernel']}.")
         curve = turn.get("cost_curve") or {}
         if curve.get(turn["k"] + 1):
             st.caption(f"The target's cost curve on this machine: one forward over {turn['k'] + 1} tokens costs "
@@ -246,6 +252,9 @@ if prompt:
                 "temperature": float(temperature), "baseline": base.text.text,
                 "cost_curve": curve, "busy": busy, "explain": rows, "cli": "\n".join(lines),
                 "kernel": target.extra.get("kernel_summary"), "kernel_exact": kernel_exact(target.extra.get("kernel")),
+                "kernel_rows": kernel_rows(target.extra.get("kernel")),
+                "kernel_untried": kernel_untried(target.extra.get("kernel")),
+                "kernel_source": kernel_source(target.extra.get("kernel")),
                 "sides": {name: {"label": PROPOSERS.get(name, "baseline"), "title": titles[name],
                                  "html": (plain_html(side.text.text) if name == "baseline" else spec_html(side.marks)),
                                  "identical": side.ids == base.ids,

@@ -173,7 +173,8 @@ with tab_t:
                 facts_table({k: v for k, v in summary.items() if k != "folder"})
             with c2:
                 st.markdown("**Weights** (from safetensors headers; nothing loaded)")
-                weight_metrics(folder)
+                with guard("Reading the weights"):  # a config-only folder still gets its family facts below
+                    weight_metrics(folder)
                 st.caption(f"Folder: `{folder}`" + (f" · hub id `{ref.hub_id}`" if ref.hub_id else ""))
             with st.expander("config.json"):
                 st.json(catalog.config_json(folder))

@@ -4,7 +4,7 @@ import time
 
 import streamlit as st
 
-from ui import charts, serving, state
+from ui import charts, report, serving, state
 from ui.cli import show_cli
 from ui.errors import guard
 from ui.jobs import job_panel, job_selector, launch
@@ -33,7 +33,8 @@ if env is None:
         job_panel(ss["serve_install_job"], key="serve_install_panel")
     show_cli(["serve", "--install-only"])
 else:
-    st.caption(f"vLLM {env.vllm_version} ({env.flavor} build, torch {env.torch_version}) in `{env.path}`")
+    st.caption(f"Runs vLLM {env.vllm_version} ({env.flavor} build, torch {env.torch_version}) from `{env.path}`; "
+               f"drafts are checked with {report.RULES_LABEL}'s rules (Config builder, Models).")
 
 start_tab, use_tab = st.tabs(["Start a server", "Use a running server"])
 

@@ -42,8 +42,7 @@ if steps:
     cols = st.columns(len(steps))
     for col, step in zip(cols, steps):
         with col, st.container(border=True, height="stretch"):
-            mark = ":green[:material/check_circle:]" if step.done else ":gray[:material/radio_button_unchecked:]"
-            st.markdown(f"{mark} **{step.title}**")
+            st.markdown(f"{step.mark} **{step.title}**")
             st.caption(step.what)
             st.markdown(step.status)
             st.page_link(step.page, label=step.action, icon=step.icon)

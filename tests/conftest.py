@@ -18,6 +18,14 @@ TOY_ALGO = ROOT / "tests" / "toy_algo"
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
 
+@pytest.fixture(autouse=True)
+def app_settings(tmp_path_factory, monkeypatch) -> Path:
+    """The app's saved choices (ui.state) go to a file of each test's own, never the user's."""
+    path = tmp_path_factory.mktemp("settings") / "app-settings.json"
+    monkeypatch.setenv("WORKBENCH_SETTINGS", str(path))
+    return path
+
+
 @pytest.fixture(scope="session")
 def fixtures_dir() -> Path:
     return FIXTURES

@@ -175,6 +175,42 @@ def race_progress(race: "Race", titles: dict[str, str], max_new_tokens: int) -> 
     return min(1.0, fraction), " · ".join(parts + [waiting])
 
 
+def kernel_rows(kernel: dict | None) -> list[dict]:
+    """The target's kernel paths timed on this CPU, one row each (from `target.extra["kernel"]`), the chosen one
+    first."""
+    kernel = kernel or {}
+    k1 = int(kernel.get("k") or 0) + 1
+    rows = [{"path": name + (" (chosen)" if name == kernel.get("path") else ""), "ms per token": f"{c['ms_1']:.1f}",
+             f"ms for {k1} tokens": _num(c.get("ms_k1"), ".1f"), "row-exact": "yes" if c.get("row_exact") else "no"}
+            for name, c in (kernel.get("candidates") or {}).items() if c.get("ms_1") is not None]
+    return sorted(rows, key=lambda r: not r["path"].endswith("(chosen)"))
+
+
+def kernel_untried(kernel: dict | None) -> str | None:
+    """The paths not timed here, one sentence per reason: "Not tried: a, b (why)."."""
+    why: dict[str, list[str]] = {}
+    for name, c in ((kernel or {}).get("candidates") or {}).items():
+        if c.get("ms_1") is None and c.get("skipped"):
+            why.setdefault(c["skipped"], []).append(name)
+    return " ".join(f"Not tried: {', '.join(names)} ({reason})." for reason, names in why.items()) or None
+
+
+def explain_table(rows: dict[str, dict]) -> list[dict]:
+    """The explanation's figures with one column per proposer and one row per quantity (narrow enough that no
+    column is cut)."""
+    per = {row["label"]: explain_row(row) for row in rows.values()}
+    keys = [k for k in next(iter(per.values()), {}) if k != "proposer"]
+    return [{"": key, **{label: values[key] for label, values in per.items()}} for key in keys]
+
+
+def kernel_source(kernel: dict | None) -> str:
+    """How the path was decided, in words: "measured at first load on <cpu>, torch <version>"."""
+    kernel = kernel or {}
+    why = {"measured": "measured now", "cached": "measured at first load", "forced": "forced by --dtype",
+           "gpu": "GPU: fp32"}.get(kernel.get("source"), "timed")
+    return f"{why} on {kernel.get('cpu', 'this CPU')}, torch {kernel.get('torch', '?')}"
+
+
 def kernel_exact(kernel: dict | None) -> bool | None:
     """Whether the target's kernel path gives several-row forwards equal to its one-token steps on this CPU (None:
     not checked), from `target.extra["kernel"]`."""

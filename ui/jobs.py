@@ -88,24 +88,57 @@ def status_line(job: engine_jobs.Job) -> None:
         return
     st.markdown(f"{state_md(s.state)} · `{job.id}`" + (f" — {s.message}" if s.message else ""))
     if s.progress is not None:
-        st.progress(min(1.0, max(0.0, s.progress)), text=progress_text(s))
+        st.progress(min(1.0, max(0.0, s.progress)), text=progress_text(s, kind=job.kind, job_id=job.id))
     elif job.running and s.started:
         st.caption(f"running for {engine_jobs.duration_text(time.time() - s.started)}")
 
 
-def progress_text(s: engine_jobs.JobStatus, now: float | None = None) -> str:
-    """"42% · 3 min 10 s so far · about 4 min 22 s left" (the estimate from the job's own progress)."""
+def progress_text(s: engine_jobs.JobStatus, now: float | None = None, *, kind: str | None = None,
+                  job_id: str | None = None) -> str:
+    """"42% · 3 min 10 s so far · about 4 min 22 s left": the time left as `time_left` can back it."""
     p = min(1.0, max(0.0, s.progress or 0.0))
     parts = [f"{p:.0%}"]
     if s.started:
-        end = (now or time.time()) if s.state in ("queued", "running") else (s.updated or now or time.time())
+        running = s.state in ("queued", "running")
+        end = (now or time.time()) if running else (s.updated or now or time.time())
         elapsed = max(0.0, end - s.started)
-        parts.append(f"{engine_jobs.duration_text(elapsed)} so far" if s.state in ("queued", "running")
+        parts.append(f"{engine_jobs.duration_text(elapsed)} so far" if running
                      else f"took {engine_jobs.duration_text(elapsed)}")
-        own = "left" in (s.message or "")  # the job's own estimate (of its current phase) is in its message
-        if s.state in ("queued", "running") and 0.01 <= p < 1.0 and not own:
-            parts.append(f"about {engine_jobs.duration_text(elapsed * (1 - p) / p)} left")
+        if running and p < 1.0:
+            left = time_left(s, now or time.time(), kind=kind, job_id=job_id)
+            parts += [left] if left else []
     return " · ".join(parts)
+
+
+def time_left(s: engine_jobs.JobStatus, now: float, *, kind: str | None, job_id: str | None) -> str | None:
+    """The time left of a running job, learned from this machine's own runs: the phase's own estimate from its rate
+    is in its message (engine.jobs.left_text); before it has one, what the phase took in the last job of this kind
+    here (scaled to its units), counted down; the later phases take what they took then. A phase without either is
+    "estimating…", not a figure nothing backs."""
+    phase = s.phases[-1] if s.phases and s.phases[-1].get("end") is None else None
+    if phase is None or kind is None:
+        return "estimating…"
+    root = str(engine_jobs.runs_dir())
+    rest = _learned(root, kind, phase["name"], None, job_id, after=True)
+    if "left" in s.message:  # the phase's own figure is in its message
+        return f"then about {engine_jobs.duration_text(rest[0])} more (as your last run took)" \
+            if rest and rest[0] >= 1 else None
+    learned = _learned(root, kind, phase["name"], phase.get("units"), job_id)
+    if learned is None:
+        return "estimating…"
+    left = learned[0] - (now - phase["start"])
+    if left < 0:
+        return f"longer than your last run's {engine_jobs.duration_text(learned[0])} for this phase"
+    return f"about {engine_jobs.duration_text(left + (rest[0] if rest else 0.0))} left (as your last run took)"
+
+
+@st.cache_data(ttl=15, show_spinner=False)
+def _learned(root: str, kind: str, phase: str, units: int | None, job_id: str | None,
+             after: bool = False) -> tuple[float, str] | None:
+    """engine.jobs.learned_seconds / learned_rest over the runs folder `root`, read at most every 15 s."""
+    if after:
+        return engine_jobs.learned_rest(kind, phase, root=Path(root), exclude=job_id)
+    return engine_jobs.learned_seconds(kind, phase, units, root=Path(root), exclude=job_id)
 
 
 def stop_button(job: engine_jobs.Job, *, key: str, label: str = "Stop", help: str | None = None) -> None:

@@ -7,6 +7,7 @@ from typing import Any
 import streamlit as st
 
 from engine.data.plan import Need, TargetPlan, human_size, plan_target
+from engine.format.vllm_rules import CPU_BUILD_LABEL
 
 
 @st.cache_data(max_entries=16, show_spinner="Sizing the runs (config only, nothing loaded)…")
@@ -28,13 +29,27 @@ def family_rows(plan: TargetPlan) -> list[dict[str, Any]]:
             {"fact": "tested end to end", "value": "yes: a tiny random checkpoint of this family runs extract, train, "
              "validate, evaluate and lossless generation with every algorithm (tests/engine/test_families.py)"
              if plan.tested_family else "no: not among the families the tests run; try a short run first"},
-            {"fact": "vLLM serves drafts beside it", "value": "yes: its vLLM class gives the draft its aux hidden "
-             "states (families table in the README)" if plan.vllm_without_aux_states is None else
-             f"no: vLLM's {plan.vllm_without_aux_states} class gives no aux hidden states, so vLLM stops at load "
-             "with any draft the workbench trains; in-process decoding runs them"},
+            {"fact": "vLLM serves drafts beside it", "value": vllm_fact(plan)},
             {"fact": "layers / width / vocabulary", "value": f"{plan.num_layers} / {plan.hidden_size} / "
                                                              f"{plan.vocab_size:,}"},
             {"fact": "target parameters", "value": f"{plan.parameters:,}"}]
+
+
+def vllm_fact(plan: TargetPlan) -> str:
+    """Whether vLLM serves a draft beside this target, as far as a test here or the vLLM CPU build's registry knows;
+    "not tried" where neither says."""
+    arch = plan.architecture or plan.model_type
+    if plan.vllm_without_aux_states is not None:
+        return (f"no: vLLM's {plan.vllm_without_aux_states} class gives no aux hidden states, so vLLM stops at load "
+                "with any draft the workbench trains; in-process decoding runs them")
+    if plan.tested_family:  # tests/engine/test_vllm_families.py serves a draft beside each of these families
+        return ("yes: vLLM serves a draft the workbench trained beside this family, tested (families table in the "
+                "README)")
+    if plan.vllm_aux_states:
+        return (f"yes by vLLM's registry ({CPU_BUILD_LABEL}): its {arch} class gives a draft its aux hidden states; "
+                "not tried here")
+    return (f"not tried: {arch} is not in the model registry of {CPU_BUILD_LABEL} and no test here serves a draft "
+            "beside this family; try a short run and `python -m engine serve` first")
 
 
 def algorithm_rows(plan: TargetPlan, titles: dict[str, str]) -> list[dict[str, Any]]:

@@ -7,8 +7,14 @@ from typing import Any
 import streamlit as st
 
 from engine.format.validate import Issue, ValidationReport, serve_commands, validate_draft
+from engine.format.vllm_rules import CPU_BUILD_LABEL, RULES_LABEL
 
-__all__ = ["breakable", "full", "issue_rows", "issues_table", "serve_commands", "serving", "validate", "verdicts"]
+__all__ = ["CPU_BUILD_LABEL", "RULES_HELP", "RULES_LABEL", "breakable", "full", "issue_rows", "issues_table",
+           "serve_commands", "serving", "validate", "verdicts"]
+
+# What the version on a verdict means (one source: engine.format.vllm_rules)
+RULES_HELP = (f"The rules of {RULES_LABEL}, read from its code (engine/format/vllm_rules.py). `python -m engine serve` "
+              f"on a CPU runs {CPU_BUILD_LABEL}, whose model registry gave the family facts.")
 
 
 def validate(path_or_config, **options) -> ValidationReport:
@@ -17,15 +23,16 @@ def validate(path_or_config, **options) -> ValidationReport:
 
 
 def verdicts(report: ValidationReport) -> None:
-    """Two badges: would vLLM 0.33 load it, and do our extra checks pass."""
+    """Two badges: would vLLM (RULES_LABEL's rules) load it, and do our extra checks pass."""
     vllm_errors = [i for i in report.errors if i.layer == "vllm"]
     ours = [i for i in report.errors if i.layer != "vllm"]
     c1, c2, c3 = st.columns([1, 1, 2])
     with c1:
         if vllm_errors:
-            st.badge(f"vLLM 0.33: rejects ({len(vllm_errors)})", icon=":material/block:", color="red")
+            st.badge(f"{RULES_LABEL}: rejects ({len(vllm_errors)})", icon=":material/block:", color="red",
+                     help=RULES_HELP)
         else:
-            st.badge("vLLM 0.33: loads it", icon=":material/check_circle:", color="green")
+            st.badge(f"{RULES_LABEL}: loads it", icon=":material/check_circle:", color="green", help=RULES_HELP)
     with c2:
         if ours:
             st.badge(f"workbench checks: {len(ours)} error(s)", icon=":material/error:", color="red")

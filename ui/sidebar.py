@@ -21,6 +21,9 @@ def render() -> None:
         else:
             st.markdown("**Draft** · none — n-gram only", help="no draft selected and no shipped draft for this "
                         "target yet; pick one on the Models page")
+        st.button("Reset saved choices", key="app_reset", icon=":material/restart_alt:", on_click=state.reset_settings,
+                  help="The target, draft and Demo chat settings are kept across reloads and restarts in "
+                  f"`{state.settings_path()}`; this forgets them (the built-in target and its shipped draft again).")
         with guard("Detecting the device"):
             info = resources.device_info()
             icon = ":material/memory:" if info["kind"] == "GPU" else ":material/developer_board:"

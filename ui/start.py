@@ -23,6 +23,14 @@ class Step:
     page: str      # the page that does it ("pages/models.py")
     action: str    # the button's label
     icon: str
+    needed: bool = True  # False: not needed for what is active (data, while a draft is active); not "done" either
+
+    @property
+    def mark(self) -> str:
+        """The card's status mark: a green check only for a step that is done."""
+        if self.done:
+            return ":green[:material/check_circle:]"
+        return ":gray[:material/radio_button_unchecked:]" if self.needed else ":gray[:material/remove_circle_outline:]"
 
 
 def _same_target(manifest: dict, target: str, target_path: str | None) -> bool:
@@ -76,7 +84,7 @@ def steps(target: str, draft: str | None, target_problem: str | None, target_pat
                      "No extraction for this target yet" + (": not needed to use the active draft, needed to train "
                                                              "your own." if draft else "."))
                     + (f" · {len(extracting)} job{'s' if len(extracting) != 1 else ''} running" if extracting else ""),
-                    bool(data) or draft is not None, "pages/data.py", "Prepare data", ":material/dataset:"))
+                    bool(data), "pages/data.py", "Prepare data", ":material/dataset:", needed=draft is None))
     trained = trained_drafts()
     training = running("train") + running("recipe")
     draft_text = (f"Active draft: `{Path(draft).name}`." if draft else "No draft: the n-gram proposer only.")
@@ -114,5 +122,5 @@ def steps(target: str, draft: str | None, target_problem: str | None, target_pat
 
 
 def next_step(all_steps: list[Step]) -> Step:
-    """The first step not done yet (the last one when all are)."""
-    return next((s for s in all_steps if not s.done), all_steps[-1])
+    """The first step needed and not done yet (the last one when all are)."""
+    return next((s for s in all_steps if s.needed and not s.done), all_steps[-1])

@@ -1,24 +1,118 @@
-"""Session state shared by the pages: the active target and draft (keys `app_*`); pages use their own prefixes."""
+"""Session state shared by the pages: the active target and draft (keys `app_*`); pages use their own prefixes.
+
+The choices in `Settings` survive a browser reload and an app restart: they are saved in a small JSON file under the
+workbench home (written atomically) whenever a session changes one, and a new session starts from them.
+"""
 
 from __future__ import annotations
 
+import logging
+import os
 from pathlib import Path
+from typing import Any
 
 import streamlit as st
+from pydantic import BaseModel, Field, ValidationError
 
-from engine.targets import DEFAULT_TARGET
+from engine.fsutil import atomic_write_json, read_json
+from engine.targets import DEFAULT_TARGET, workbench_home
+
+log = logging.getLogger(__name__)
 
 TARGET = "app_target"  # built-in name, local folder or hub id
 DRAFT = "app_draft"    # "auto" (the shipped draft of the target, if any), "none", or a draft folder
 AUTO, NONE = "auto", "none"
+SAVED = "app_saved_settings"  # the settings as this session last read or wrote them
+SETTINGS_ENV = "WORKBENCH_SETTINGS"
 
-DEFAULTS = {TARGET: DEFAULT_TARGET, DRAFT: AUTO}
+
+class Settings(BaseModel):
+    """What a user chose that the next session starts from; the field names are the session-state keys."""
+
+    app_target: str = Field(DEFAULT_TARGET, description="The active target.")
+    app_draft: str = Field(AUTO, description="The active draft: auto (the target's shipped draft), none, or a folder.")
+    chat_k: int = Field(3, ge=1, le=8, description="Demo chat: tokens drafted per step.")
+    chat_temperature: float = Field(0.0, ge=0.0, le=1.5, description="Demo chat: sampling temperature.")
+    chat_max_new_tokens: int = Field(96, ge=8, le=1024, description="Demo chat: longest answer.")
+    chat_seed: int = Field(0, ge=0, le=2**31 - 1, description="Demo chat: sampling seed.")
+
+
+DEFAULTS = Settings().model_dump()
+
+
+def settings_path() -> Path:
+    """$WORKBENCH_SETTINGS, or app-settings.json under the workbench home."""
+    return Path(os.environ.get(SETTINGS_ENV) or workbench_home() / "app-settings.json")
+
+
+def _gone(folder: str) -> bool:
+    return Path(folder).is_absolute() and not Path(folder).exists()
+
+
+def load_settings() -> dict[str, Any]:
+    """The saved settings; a value that no longer validates (or a folder that is gone) falls back to its default."""
+    try:
+        raw = read_json(settings_path())
+    except FileNotFoundError:
+        raw = {}
+    except (OSError, ValueError) as exc:
+        log.warning("ignoring %s (%s): the defaults apply", settings_path(), exc)
+        raw = {}
+    out = dict(DEFAULTS)
+    for key, value in (raw if isinstance(raw, dict) else {}).items():
+        if key not in DEFAULTS:
+            continue
+        try:
+            out[key] = getattr(Settings.model_validate({key: value}), key)
+        except ValidationError:
+            log.warning("ignoring the saved %s=%r: the default applies", key, value)
+    if _gone(out[TARGET]):
+        out[TARGET] = DEFAULTS[TARGET]
+    if out[DRAFT] not in (AUTO, NONE) and _gone(out[DRAFT]):
+        out[DRAFT] = DEFAULTS[DRAFT]
+    return out
 
 
 def init_state() -> None:
-    """Set the shared defaults once per session (a browser refresh starts a new session: defaults again)."""
+    """At a session's first run: the saved settings; later runs put back a setting whose widget was on another page
+    (Streamlit forgets a widget's value when its page is not shown)."""
+    ss = st.session_state
+    if SAVED not in ss:
+        ss[SAVED] = load_settings()
+    for key, value in ss[SAVED].items():
+        ss.setdefault(key, value)
+
+
+def save_state() -> None:
+    """Write the settings this session changed since it last read or wrote them (the others stay as saved, perhaps
+    by another session)."""
+    ss = st.session_state
+    saved = ss.get(SAVED)
+    if saved is None:
+        return
+    changed = {k: ss[k] for k in DEFAULTS if k in ss and ss[k] != saved.get(k)}
+    if not changed:
+        return
+    try:
+        on_disk = load_settings() if settings_path().exists() else dict(DEFAULTS)
+        merged = Settings.model_validate(on_disk | changed).model_dump()
+        atomic_write_json(settings_path(), merged)
+    except (OSError, ValidationError) as exc:  # not saved: the session goes on with its own values
+        log.warning("could not save the app settings to %s: %s", settings_path(), exc)
+        return
+    ss[SAVED] = merged
+
+
+def reset_settings() -> None:
+    """Forget the saved settings: the defaults, in this session and the next ones (a button's on_click)."""
+    try:
+        settings_path().unlink(missing_ok=True)
+    except OSError as exc:
+        log.warning("could not remove %s: %s", settings_path(), exc)
+    ss = st.session_state
+    ss[SAVED] = dict(DEFAULTS)
     for key, value in DEFAULTS.items():
-        st.session_state.setdefault(key, value)
+        ss[key] = value
 
 
 def active_target() -> str:

@@ -77,7 +77,13 @@ def _span(mark: TokenMark) -> str:
 
 
 def spec_html(marks: Iterable[TokenMark], *, cursor: bool = False) -> str:
-    body = "".join(_span(m) for m in marks)
+    """The answer, a coloured span per token; newline tokens at its very end are plain line breaks (no ↵), as the
+    baseline's text shows them."""
+    marks = list(marks)
+    end = len(marks)
+    while end and not marks[end - 1].piece.strip("\n"):
+        end -= 1
+    body = "".join(_span(m) for m in marks[:end]) + "".join(m.piece for m in marks[end:])
     return f'<div class="spec-answer" style="{_BOX}">{body}{"▌" if cursor else ""}</div>'
 
 

@@ -30,13 +30,6 @@ GROUPS = {
 SMOKE = {"online_dataset": "sharegpt", "online_max_samples": 24, "data": None, "max_steps": 12, "epochs": 1,
          "tokens_per_batch": 256, "max_length": 192, "warmup_steps": 2, "val_fraction": 0.2, "val_every": 4,
          "val_max_batches": 2, "log_every": 1, "checkpoint_every": 6}
-# Wall time of `python -m engine train` with the preset (the default algorithm, built-in target, process start
-# to exit), measured on the development machine: 2 CPU cores shared with other jobs (load average 9-15).
-SMOKE_MEASURED_S = 460.0
-SMOKE_MEASURED_ON = ("a 2-core CPU shared with other jobs (load average 9-15), with the default algorithm "
-                     "(record not kept)")
-
-
 COMMON_SKIP = ("algo", "algo_args")  # the algorithm is chosen by its own selector; its arguments have a form
 
 
@@ -219,9 +212,9 @@ def is_smoke_run(job: engine_jobs.Job) -> bool:
                                        for name in ("max_steps", "online_max_samples", "tokens_per_batch"))
 
 
-def smoke_duration(algo: str) -> tuple[float, str]:
-    """(seconds, where measured) of the smoke preset: the latest finished smoke run of `algo` on this machine,
-    else the figure measured when the preset was written (with the default algorithm)."""
+def smoke_duration(algo: str) -> tuple[float, str] | None:
+    """(seconds, where measured) of the smoke preset: the latest finished smoke run of `algo` on this machine (process
+    start to exit), or None before the first one (no figure measured elsewhere stands in for this machine)."""
     from ui.jobs import argv_value
 
     default_algo = defaults()["algo"]
@@ -229,23 +222,28 @@ def smoke_duration(algo: str) -> tuple[float, str]:
         if job.status.state == "done" and job.status.updated and is_smoke_run(job) \
                 and (argv_value(job, "--algo") or default_algo) == algo:
             return job.status.updated - job.created, f"your last smoke run here ({job.id})"
-    return SMOKE_MEASURED_S, SMOKE_MEASURED_ON
+    return None
+
+
+SMOKE_FIRST = ("estimating…: no smoke run of this algorithm on this machine yet; the first one is timed and the "
+               "next estimate uses it")
 
 
 def smoke_summary(algo: str) -> str:
-    """"About 3.2 min (measured on ...)": the smoke preset's duration in one line."""
-    seconds, where = smoke_duration(algo)
+    """"Takes about 1 min 23 s (your last smoke run here ...)": the smoke preset's duration in one line."""
+    measured = smoke_duration(algo)
+    if measured is None:
+        return f"Time: {SMOKE_FIRST}."
+    seconds, where = measured
     return f"Takes about {engine_jobs.duration_text(seconds)} ({where}; longer on a busy machine)."
 
 
 def smoke_help(algo: str) -> str:
-    seconds, where = smoke_duration(algo)
-    took = f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
-    other = where == SMOKE_MEASURED_ON and algo != defaults()["algo"]
+    measured = smoke_duration(algo)
+    took = (f"Measured: {engine_jobs.duration_text(measured[0])} on {measured[1]}; the time grows with the "
+            "machine's load." if measured else f"Time: {SMOKE_FIRST}.")
     return (f"Online training on {SMOKE['online_max_samples']} ShareGPT rows for {SMOKE['max_steps']} steps: checks "
-            f"the pipeline, does not make a useful draft. Measured: {took} on {where}"
-            + ("; this algorithm's steps cost differently, and its first smoke run here is measured" if other else "")
-            + "; the time grows with the machine's load.")
+            f"the pipeline, does not make a useful draft. {took}")
 
 
 def read_metrics(folder: Path) -> list[dict[str, Any]]:
@@ -267,8 +265,7 @@ __all__ = [
     "args_class",
     "config_values",
     "SMOKE",
-    "SMOKE_MEASURED_ON",
-    "SMOKE_MEASURED_S",
+    "SMOKE_FIRST",
     "TrainConfig",
     "default_out",
     "defaults",

@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     from engine.measure.evaluate import evaluate_draft, format_table
     from engine.provenance import command_of
 
-    reporter().update("loading the target and the draft")
+    reporter().phase("loading the target and the draft")
     result = evaluate_draft(draft=args.draft, target=args.target, data=args.data,
                             dataset=None if args.data else args.dataset, num_prompts=args.num_prompts,
                             max_new_tokens=args.max_new_tokens or None, ks=args.k,

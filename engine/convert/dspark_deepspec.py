@@ -10,6 +10,7 @@ from engine.convert.base import CONVERTERS, Converter, ConvertOptions, KeyRule
 from engine.convert.eagle3_common import architectures
 from engine.errors import WorkbenchError
 from engine.format.config import build_draft_config
+from engine.format.vllm_rules import RULES_LABEL
 
 _LAYER_PARTS = (r"self_attn\.(?:q_proj|k_proj|v_proj|o_proj)\.(?:weight|bias)|self_attn\.(?:q_norm|k_norm)\.weight|"
                 r"mlp\.(?:gate_proj|up_proj|down_proj)\.weight|input_layernorm\.weight|post_attention_layernorm\.weight")
@@ -47,8 +48,8 @@ class DSparkDeepSpec(Converter):
          "the slots of a block attend to each other in both directions, as DeepSpec trains them."),
         ("embed_tokens and lm_head are DeepSpec's frozen copies of the verifier's: they are dropped and the "
          "verifier's own are used, as vLLM does."),
-        ("vLLM 0.33's Qwen3 DSpark class has the vanilla Markov head only: a gated or rnn head's extra projection "
-         "is listed as a tensor it cannot load, and the conversion stops."),
+        (f"{RULES_LABEL}'s Qwen3 DSpark class has the vanilla Markov head only: a gated or rnn head's extra "
+         "projection is listed as a tensor it cannot load, and the conversion stops."),
     )
 
     def matches(self, config: dict[str, Any], index) -> bool:
@@ -82,8 +83,9 @@ class DSparkDeepSpec(Converter):
         fields. vLLM 0.33 serves Qwen3 DSpark drafts only."""
         model_type = config.get("model_type", "qwen3")
         if model_type != "qwen3":
-            raise WorkbenchError(f"a DeepSpec DSpark draft with {model_type} layers: vLLM 0.33 loads only Qwen3 DSpark "
-                                 "drafts (Qwen3DSparkModel)", hint="convert a Qwen3 DSpark draft, or train one with "
+            raise WorkbenchError(f"a DeepSpec DSpark draft with {model_type} layers: {RULES_LABEL} loads only Qwen3 "
+                                 "DSpark drafts (Qwen3DSparkModel)",
+                                 hint="convert a Qwen3 DSpark draft, or train one with "
                                  "the workbench (python -m engine train --algo dspark)")
         return {k: v for k, v in config.items() if k not in _DEEPSPEC_KEYS}
 

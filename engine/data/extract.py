@@ -131,11 +131,11 @@ def extract_dataset(target: str | None, dataset: str, out: str | Path, *, layers
         from engine.targets import load_target, pick_device
 
         device = pick_device(device)
-        reporter().update("loading target")
+        reporter().phase("loading target")
         tgt = load_target(target, dtype=target_dtype or ("fp32" if device == "cpu" else "bf16"), device=device)
         info, tokenizer = TargetInfo.from_target(tgt), tgt.tokenizer
     layer_ids = resolve_layer_ids(info.num_layers, layers, algo)
-    reporter().update("rendering dataset")
+    reporter().phase("rendering dataset")
     rows, summary, _ = render_dataset(dataset, tokenizer, split=split, max_samples=max_samples,
                                       max_length=max_length, val_fraction=val_fraction, seed=seed)
     if not rows:

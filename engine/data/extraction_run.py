@@ -22,7 +22,7 @@ from engine.data.store import (FORMAT, MANIFEST, TOKEN_FREQ, FolderStats, incomp
                                write_sample)
 from engine.errors import WorkbenchError
 from engine.fsutil import claim_names
-from engine.jobs import DirLock, reporter
+from engine.jobs import DirLock, left_text, reporter
 from engine.targets import dtype_name, parse_dtype, target_digest
 
 log = logging.getLogger(__name__)
@@ -226,6 +226,9 @@ class ExtractionProgress:
         self.rep = reporter()
         self._last = 0.0
         self._start = time.monotonic()
+        if self.rep.active:  # until it has its own rate, the UI counts down what this target's tokens took before
+            phase = f"extracting the hidden states of {run.header.get('target')}"
+            self.rep.phase(phase, self.total, message=f"{phase}: 0/{len(run.rows)} samples")
 
     def __enter__(self) -> "ExtractionProgress":
         return self
@@ -240,7 +243,8 @@ class ExtractionProgress:
         if self.rep.active and (now - self._last > 1.0 or self.done >= self.total):
             self._last = now
             rate = self.done / max(now - self._start, 1e-9)
-            self.rep.update(f"extracted {self.run.stats.samples}/{len(self.run.rows)} samples ({rate:.0f} tok/s)",
+            self.rep.update(f"extracted {self.run.stats.samples}/{len(self.run.rows)} samples ({rate:.0f} tok/s) "
+                            + left_text(self.done, self.total, now - self._start),
                             self.done / self.total, samples=self.run.stats.samples, tokens_per_s=round(rate, 1))
 
 

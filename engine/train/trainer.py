@@ -29,7 +29,7 @@ from engine.fsutil import (
     read_json,
 )
 from engine.generate.acceptance import summarize_walk_sums, walk_sums
-from engine.jobs import DirLock, reporter
+from engine.jobs import DirLock, left_text, reporter
 from engine.targets import VERIFIER_DIGEST, load_verifier_parts, pick_device
 from engine.train.checkpoints import CheckpointFolder, is_legacy_checkpoint
 from engine.train.config import TrainConfig
@@ -392,7 +392,12 @@ class Trainer:
         validated_at = self.step if self.step == 0 else -1
         if self.step == 0:  # the starting point of the validation curve
             self._log_validation()
-        t_window = time.perf_counter()
+        t_window = t_start = time.perf_counter()
+        first_step = self.step
+        # the steps' rate depends on the algorithm and the batch: only a run with both the same teaches an estimate
+        phase = f"training steps ({cfg.algo}, {cfg.tokens_per_batch} tokens per batch)"
+        todo = self.total_steps - first_step
+        rep.phase(phase, todo, message=f"step {self.step}/{self.total_steps}")
         step_rng = None
         try:
             while self.step < self.total_steps:
@@ -429,7 +434,8 @@ class Trainer:
                     self._log(row)
                     bar.set_postfix(loss=f"{row['loss']:.3f}", tau=f"{row.get('est_acceptance_length', 0):.2f}",
                                     tok_s=f"{row['tokens_per_s']:.0f}")
-                    rep.update(f"step {self.step}/{self.total_steps} loss {row['loss']:.3f}",
+                    rep.update(f"step {self.step}/{self.total_steps} loss {row['loss']:.3f} " + left_text(
+                        self.step - first_step, todo, time.perf_counter() - t_start),
                                self.step / self.total_steps, step=self.step)
                     window, t_window = {}, time.perf_counter()
                     self.progress.update(self._position())

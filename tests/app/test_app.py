@@ -252,9 +252,11 @@ def test_demo_chat_compares_baseline_draft_and_ngram_in_one_run_and_says_why(run
     md = texts(at.markdown)
     assert "Why this speed" in md and turn["explain"]["ngram"]["sentence"] in md
     assert turn["cost_curve"][turn["k"] + 1] > 0  # the target's cost curve, measured once and cached
-    table = at.dataframe[0].value
-    assert list(table["proposer"]) == ["Draft model", "n-gram (prompt lookup)"]
-    assert {"step cost (baseline steps)", "target verification", "drafting", "ceiling (free drafting)"} <= set(table)
+    table = at.table[0].value  # one column per proposer, one row per quantity: no column cut off
+    assert list(table.columns) == ["", "Draft model", "n-gram (prompt lookup)"]
+    assert {"step cost (baseline steps)", "target verification", "drafting", "ceiling (free drafting)"} <= set(table[""])
+    if turn["kernel_rows"]:  # the kernel paths timed on this CPU: a table beside the explanation
+        assert any("ms per token" in d.value.columns for d in at.dataframe)
     html = texts(at.html)
     assert 'class="baseline-answer"' in html and html.count('class="spec-answer"') == 2 and "tok tok-" in html
     assert "--method baseline" in turn["cli"] and "--method draft" in turn["cli"] and "--method ngram" in turn["cli"]
@@ -281,7 +283,8 @@ def test_demo_chat_short_answers_busy_machine_and_sampling_are_worded(runs, tiny
     turn = at.session_state["chat_history"][0]
     assert turn["explain"]["ngram"]["short"]
     assert "rough indication" in texts(at.caption) and "This machine is busy" in texts(at.caption)
-    assert "≈" in at.dataframe[0].value["speedup"][0]
+    table = at.table[0].value
+    assert "≈" in table.set_index("").loc["speedup"].iloc[0]
 
 
 def test_demo_chat_without_a_draft_offers_ngram_only(runs, tiny_target):
@@ -299,6 +302,24 @@ def test_newline_tokens_stay_outside_the_coloured_spans():
     assert "\n</span>" not in out and ">\n" not in out.split("</span>", 1)[0]
     assert "↵" in out  # a newline-only token stays visible and hoverable
     assert out.count("tok-bonus") == 2  # "a" and "b" coloured, the newline between them plain
+    # an answer ending in newline tokens ends as the baseline's text does: line breaks, no ↵
+    end = spec_html([TokenMark("Hi", "accepted", 1), TokenMark("\n", "target", 1), TokenMark("\n\n", "bonus", 2)])
+    assert "↵" not in end and end.endswith("Hi</span>\n\n\n</div>")
+
+
+def test_the_kernel_paths_are_a_small_table_not_a_paragraph():
+    from engine.generate.kernel_choice import Choice
+    from ui.chat import kernel_rows, kernel_source, kernel_untried
+
+    choice = Choice("gemm-gemv1", "cached", 3, "AMD EPYC", "2.13.0", False, candidates={
+        "fp32": {"ms_1": 12.04, "ms_k1": 20.5, "row_exact": True},
+        "gemm-gemv1": {"ms_1": 8.0, "ms_k1": 9.25, "row_exact": True},
+        "bf16-native": {"skipped": "no native bf16 on this CPU"}})
+    rows = kernel_rows(choice.to_dict())
+    assert rows[0] == {"path": "gemm-gemv1 (chosen)", "ms per token": "8.0", "ms for 4 tokens": "9.2",
+                       "row-exact": "yes"}
+    assert len(rows) == 2 and kernel_untried(choice.to_dict()) == "Not tried: bf16-native (no native bf16 on this CPU)."
+    assert kernel_source(choice.to_dict()) == "measured at first load on AMD EPYC, torch 2.13.0"
 
 
 # -- data ---------------------------------------------------------------------------------------------------
@@ -483,8 +504,9 @@ def test_train_compare_runs_from_disk(runs, tiny_target):
 def test_train_smoke_preset_time_is_measured(runs, tiny_target):
     from ui import training
 
-    seconds, where = training.smoke_duration("eagle3")  # no smoke run here yet: the figure measured on a CPU
-    assert (seconds, where) == (training.SMOKE_MEASURED_S, training.SMOKE_MEASURED_ON)
+    assert training.smoke_duration("eagle3") is None  # no smoke run here yet: no figure from another machine
+    assert training.smoke_summary("eagle3") == f"Time: {training.SMOKE_FIRST}."
+    assert training.SMOKE_FIRST.startswith("estimating…")
     argv = ["train", "--online-dataset", "sharegpt", "--online-max-samples", "24", "--max-steps", "12",
             "--tokens-per-batch", "256"]
     now = time.time()

@@ -64,6 +64,19 @@ def test_the_app_opens_on_the_start_page_with_the_workflow_and_its_state(runs, t
     at = open_app(target)
     body = texts(at.markdown)
     assert "1 extraction for this target." in body and "Next step for this target: **Train**" in body
+    assert ":green[:material/check_circle:] **2. Data**" in body
+
+
+def test_the_data_step_is_not_checked_when_it_is_only_not_needed(runs):
+    from ui import start as start_ui
+
+    at = open_app(BUILTIN, "auto")  # the shipped draft is active and no extraction of the target exists
+    body = texts(at.markdown)
+    assert "No extraction for this target yet: not needed to use the active draft" in body
+    assert ":gray[:material/remove_circle_outline:] **2. Data**" in body  # not a green check
+    assert ":green[:material/check_circle:] **2. Data**" not in body
+    steps = start_ui.steps(BUILTIN, "some/draft", None)
+    assert not steps[1].done and not steps[1].needed and start_ui.next_step(steps).title != "2. Data"
 
 
 def test_start_page_for_the_builtin_target_names_the_shipped_drafts_measured_speed(runs):
@@ -196,16 +209,67 @@ def test_a_running_evaluation_shows_a_progress_bar_with_time_left(runs, tiny_tar
     assert "4/10 (about 2 min 30 s left)" in texts(at.markdown)  # one estimate: the job's own, for its phase
 
 
-def test_progress_text_gives_elapsed_and_estimate():
+def test_progress_text_gives_elapsed_and_no_figure_it_cannot_back():
     from ui.jobs import progress_text
 
-    s = jobs.JobStatus(state="running", progress=0.25, started=1000.0)
-    assert progress_text(s, now=1060.0) == "25% · 1 min 00 s so far · about 3 min 00 s left"
+    s = jobs.JobStatus(state="running", progress=0.25, started=1000.0)  # no phase, no earlier run: no figure
+    assert progress_text(s, now=1060.0) == "25% · 1 min 00 s so far · estimating…"
     done = jobs.JobStatus(state="done", progress=1.0, started=1000.0, updated=1090.0)
     assert progress_text(done) == "100% · took 1 min 30 s"
 
 
-# -- layout ----------------------------------------------------------------------------------------------
+def _run_job(root, name: str, kind: str, prompts: int, monkeypatch, *, stop_after: int | None = None,
+             measure_s: float = 0.0) -> list[dict]:
+    """A job folder under `root` whose process runs two phases the way `evaluate` does (tracked prompts, then an
+    untracked measurement); returns the status.json seen at each prompt and after the measurement started."""
+    job_dir = root / name
+    job_dir.mkdir(parents=True)
+    (job_dir / "job.json").write_text(json.dumps({"kind": kind, "argv": [kind], "created": time.time()}))
+    monkeypatch.setenv(jobs.JOB_DIR_ENV, str(job_dir))
+    monkeypatch.setattr(jobs, "_REPORTER", None)
+    seen = []
+    for i in jobs.tracked(range(prompts), desc="the target answers the held-out prompts", span=(0.0, 0.9),
+                          every_s=0.0):
+        seen.append(json.loads((job_dir / jobs.STATUS).read_text()))
+        time.sleep(0.4)
+        if stop_after is not None and i + 1 >= stop_after:
+            return seen
+    rep = jobs.reporter()
+    rep.phase("measuring the step costs on this machine", progress=0.95)
+    seen.append(json.loads((job_dir / jobs.STATUS).read_text()))
+    time.sleep(measure_s)
+    rep.finish("done")
+    return seen
+
+
+def test_time_estimates_learn_from_this_machines_last_run_of_the_same_kind(tmp_path, monkeypatch):
+    from ui.jobs import time_left
+
+    monkeypatch.setenv("WORKBENCH_RUNS", str(tmp_path))
+    first = _run_job(tmp_path, "20260101-000000_evaluate", "evaluate", 3, monkeypatch, measure_s=1.0)
+    for seen in (first[0], first[-1]):  # the prompts, then the measurement: nothing learned yet, so no figure
+        status = jobs.JobStatus(**seen)
+        assert time_left(status, status.phases[-1]["start"], kind="evaluate", job_id="20260101-000000_evaluate") \
+            == "estimating…"
+    assert "left" in first[1]["message"]  # from the second prompt on: the phase's own rate
+    took = {ph["name"]: ph["end"] - ph["start"]
+            for ph in json.loads((tmp_path / "20260101-000000_evaluate" / jobs.STATUS).read_text())["phases"]}
+    answers, measure = took["the target answers the held-out prompts"], took["measuring the step costs on this machine"]
+    assert answers >= 1.2 and measure >= 1.0  # a whole second apart from twice as long
+    # the next run of the same kind: 6 prompts, twice the 3 the last one answered, then the same measurement
+    second = _run_job(tmp_path, "20260101-000001_evaluate", "evaluate", 6, monkeypatch, stop_after=2)
+    status = jobs.JobStatus(**second[0])
+    start = status.phases[-1]["start"]
+    assert time_left(status, start, kind="evaluate", job_id="20260101-000001_evaluate") == \
+        f"about {jobs.duration_text(2 * answers + measure)} left (as your last run took)"
+    assert time_left(status, start + 1.0, kind="evaluate", job_id="20260101-000001_evaluate") == \
+        f"about {jobs.duration_text(2 * answers + measure - 1.0)} left (as your last run took)"  # counted down
+    status = jobs.JobStatus(**second[1])  # its own rate from the second prompt on, then what the rest took
+    assert time_left(status, time.time(), kind="evaluate", job_id="20260101-000001_evaluate") == \
+        f"then about {jobs.duration_text(measure)} more (as your last run took)"
+    assert time_left(status, time.time(), kind="bench", job_id="x") is None  # its own figure, nothing more
+    status = jobs.JobStatus(**second[0])
+    assert time_left(status, start, kind="bench", job_id="x") == "estimating…"  # another kind teaches nothing
 
 
 def test_charts_keep_legends_off_axis_titles_scale_heat_maps_to_the_data_and_name_the_proposer():

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from test_app import open_app, ok, texts  # noqa: F401 - the app fixtures' helpers
+from streamlit.testing.v1 import AppTest
+from test_app import ROOT, open_app, ok, texts  # noqa: F401 - the app fixtures' helpers
 from tiny import save_tiny_target
 
 
@@ -65,6 +66,58 @@ def test_choosing_a_draft_makes_its_verifier_the_active_target(runs, made):
     ok(at)
     assert Path(at.session_state["app_target"]).resolve() == Path(made["a"]).resolve()
     assert at.session_state["app_draft"] == made["draft"]
+
+
+def test_choices_survive_a_restart_and_the_reset_forgets_them(runs, made, app_settings):
+    def session(**chosen) -> AppTest:  # a new browser session (a reload, or the app restarted) of app.py
+        at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=180)
+        for key, value in chosen.items():
+            at.session_state[key] = value  # what its pages would have set
+        at.run()
+        ok(at)
+        return at
+
+    session(app_target=made["a"], app_draft=made["draft"], chat_k=5)
+    assert app_settings.is_file()  # written when the choices changed, atomically (engine.fsutil)
+    again = session()
+    assert again.session_state["app_target"] == made["a"] and again.session_state["app_draft"] == made["draft"]
+    assert again.session_state["chat_k"] == 5
+    assert "/".join(Path(made["a"]).parts[-2:]) in texts(again.sidebar.markdown)  # the sidebar names it
+    again.button(key="app_reset").click().run()  # the sidebar's reset: the defaults here and in the next session
+    ok(again)
+    assert again.session_state["app_target"] == "smollm2-135m-instruct" and again.session_state["chat_k"] == 3
+    assert not app_settings.exists()
+    assert session().session_state["app_target"] == "smollm2-135m-instruct"
+    app_settings.write_text('{"app_target": "/no/such/folder", "chat_k": 99, "chat_seed": 7}')  # stale or bad values
+    fourth = session()  # each falls back to its default, not to an error; the good ones stay
+    assert fourth.session_state["app_target"] == "smollm2-135m-instruct"
+    assert fourth.session_state["chat_k"] == 3 and fourth.session_state["chat_seed"] == 7
+
+
+def test_models_page_says_not_tried_for_a_family_nothing_here_covers(runs, tmp_path):
+    """A local Gemma 4 folder (config only): no test runs the family and vLLM's text-model registry does not list its
+    class, so the Models page asserts nothing about vLLM; the registry's own answer is given where it has one."""
+    import json
+
+    from transformers import Gemma4Config
+
+    from engine.data.plan import plan_target
+    from engine.format import vllm_rules as vr
+    from ui.plan import vllm_fact
+
+    folder = tmp_path / "gemma-4"
+    folder.mkdir()
+    config = Gemma4Config().to_dict() | {"architectures": ["Gemma4ForConditionalGeneration"]}
+    (folder / "config.json").write_text(json.dumps(config))
+    at = open_app(str(folder), page="models")
+    facts = {row["fact"]: row["value"] for d in at.table if "fact" in d.value.columns
+             for row in d.value.to_dict("records")}
+    assert facts["tested end to end"].startswith("no")
+    assert facts["vLLM serves drafts beside it"].startswith("not tried: Gemma4ForConditionalGeneration is not in "
+                                                          f"the model registry of {vr.CPU_BUILD_LABEL}")
+    (folder / "config.json").write_text(json.dumps(config | {"architectures": ["Gemma4ForCausalLM"]}))
+    assert vllm_fact(plan_target(str(folder))).startswith(f"yes by vLLM's registry ({vr.CPU_BUILD_LABEL}): its "
+                                                          "Gemma4ForCausalLM class")  # the text-only class: listed
 
 
 def test_demo_chat_refuses_a_draft_of_another_shape(runs, made):

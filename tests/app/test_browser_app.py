@@ -51,7 +51,8 @@ def app_url(tmp_path_factory):
     prepare_builtin()  # dequantize the built-in target once, before the app needs it
     runs = tmp_path_factory.mktemp("browser") / "runs"
     port = _free_port()
-    env = {**os.environ, "WORKBENCH_RUNS": str(runs), "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "WORKBENCH_RUNS": str(runs), "PYTHONUNBUFFERED": "1",
+           "WORKBENCH_SETTINGS": str(runs.parent / "app-settings.json")}  # the app's saved choices: its own file
     log = open(runs.parent / "streamlit.log", "wb")  # the app's terminal (model loads are logged there)
     proc = subprocess.Popen(
         [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port), "--server.address",
@@ -162,7 +163,21 @@ def _models_page_shows_numbers_and_the_model_card(page) -> None:
     shot(page, "01-models-model-card")
 
 
-def test_benchmarks_results_open_on_the_shipped_results(page):
+def _cut_text(locator) -> list[str]:
+    """Texts inside `locator` that the page cuts (an element narrower than its content, text-overflow or clipping)."""
+    return locator.evaluate_all("els => els.flatMap(el => [el, ...el.querySelectorAll('*')])"
+                                ".filter(e => e.children.length === 0 && e.scrollWidth > e.clientWidth + 1"
+                                " && getComputedStyle(e).overflow !== 'visible').map(e => e.textContent)")
+
+
+def test_benchmarks_results_open_on_the_shipped_results(page, app_url):
+    from ui import bench
+
+    _, runs = app_url
+    shipped = next(iter(bench.shipped_results().values()))
+    loose = runs / "bench" / "a-rather-long-run-name-for-the-eagle3-draft-at-k-3-with-128-new-tokens.json"
+    loose.parent.mkdir(parents=True, exist_ok=True)
+    loose.write_text(shipped.read_text())  # a run of the user's with a long label, listed beside the shipped ones
     go(page, "Benchmarks")
     page.get_by_role("tab", name="Results").click()
     page.wait_for_selector(".js-plotly-plot", timeout=120_000)
@@ -173,6 +188,15 @@ def test_benchmarks_results_open_on_the_shipped_results(page):
     picker = page.locator(".st-key-bench_result")
     picked = picker.inner_text() + " ".join(i.input_value() for i in picker.locator("input").all())
     assert "shipped · " in picked, picked
+    picker.locator("input").first.click()  # the list: every label whole, the long one too
+    options = page.locator('[role="option"]')
+    options.first.wait_for()
+    labels = [o.inner_text() for o in options.all()]
+    assert any(loose.name in text for text in labels), labels
+    assert not _cut_text(options), _cut_text(options)
+    page.screenshot(path=str(ARTIFACTS / "12-benchmarks-picker.png"))
+    page.keyboard.press("Escape")
+    idle(page)
     assert "None prompts" not in body and "on None" not in body
     titles = [t.text_content() for t in page.locator(".js-plotly-plot .gtitle").all()]
     assert "Acceptance per draft position" in titles and "Speedup vs baseline" in titles, titles
@@ -218,9 +242,22 @@ def test_demo_chat_colours_accepted_tokens_and_answers_identically(page):
         assert page.locator(".spec-answer").count() == 2
     why = page.get_by_text("Why this speed")
     assert why.count() == 1
+    for answer in page.locator(".spec-answer").all():  # ends as the baseline's text does: no ↵ mark at its end
+        assert not answer.inner_text().rstrip("▌").strip().endswith("↵"), answer.inner_text()
+    figures = page.locator('[data-testid="stTable"]', has_text="step cost (baseline steps)")
+    assert figures.count() == 1 and not _cut_text(figures)  # one column per proposer: nothing cut
+    if "Kernels · " in page.locator('[data-testid="stSidebarUserContent"]').inner_text():  # a CPU: its kernel paths
+        assert page.get_by_text("Kernel paths of the target on this CPU").count() == 1
     assert page.get_by_text("baseline steps on this machine").count() >= 1
     why.scroll_into_view_if_needed()
     shot(page, "10-demo-chat-answer")
+    page.get_by_text("Step details (accepted and rejected drafts)").first.click()
+    idle(page)
+    steps = page.locator('[data-testid="stExpander"] [data-testid="stDataFrame"]')
+    steps.first.wait_for()
+    steps.last.scroll_into_view_if_needed()
+    time.sleep(0.5)
+    page.screenshot(path=str(ARTIFACTS / "10-demo-chat-steps.png"))
     body = page.locator("body").inner_text()
     assert "tokens per step (all steps)" in body  # the footer names the quantity the explanation gives
     if shipped:  # the shipped draft's benchmarked speed beside this one prompt's, and why they differ
@@ -287,6 +324,34 @@ def test_training_job_chart_updates(page, tmp_path):
     idle(page)
     no_traceback(page)
     shot(page, "12-train-compare")
+
+
+def test_a_reload_keeps_the_chosen_target_until_the_reset(page, tmp_path):
+    from tiny import save_tiny_target
+
+    tiny = save_tiny_target(tmp_path / "tiny-reload")
+    go(page, "Models")
+    page.get_by_text("Local folder", exact=True).first.click()
+    idle(page)
+    box = page.get_by_label("Local model folder")
+    box.fill(str(tiny))
+    box.press("Enter")
+    idle(page)
+    page.get_by_role("button", name="Use this target").click()
+    idle(page)
+    sidebar = page.locator('[data-testid="stSidebarUserContent"]')
+    assert "tiny-reload" in sidebar.inner_text()
+    page.reload()  # a new browser session: the same target, from the saved choices
+    idle(page)
+    assert "tiny-reload" in sidebar.inner_text(), sidebar.inner_text()
+    no_traceback(page)
+    shot(page, "15-reload-keeps-the-target")
+    page.get_by_role("button", name="Reset saved choices").click()
+    idle(page)
+    page.reload()
+    idle(page)
+    text = sidebar.inner_text()
+    assert "smollm2-135m-instruct" in text and "tiny-reload" not in text, text
 
 
 def test_jobs_page_lists_what_ran(page, app_url):

