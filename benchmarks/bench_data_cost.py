@@ -71,13 +71,13 @@ def transformers_extract_part(jsonl: Path, out: Path, layer_ids, args) -> dict:
 
 def vllm_extract_part(jsonl: Path, out: Path, layer_ids, args) -> dict:
     """`extract --backend vllm`, with the worker's start timed apart from the extraction (extract_rows_vllm's steps)."""
+    from transformers import AutoConfig
+
     from engine.data.extraction_run import ExtractionRun, TargetInfo, build_header
     from engine.data.regenerate import tokenizer_only
     from engine.data.render import render_dataset
     from engine.data.vllm_backend import DEFAULT_CHUNK, collect, staging_dir, vllm_files
     from engine.targets import resolve_target
-
-    from transformers import AutoConfig
 
     ref = resolve_target(TARGET)
     rows, _, _ = render_dataset(str(jsonl), tokenizer_only(TARGET).tokenizer, split="all", max_length=args.max_length)

@@ -57,7 +57,7 @@ class RssPeak:
             self.peak = max(self.peak, self.proc.memory_info().rss)
             time.sleep(self.every_s)
 
-    def __enter__(self) -> "RssPeak":
+    def __enter__(self) -> RssPeak:
         self._thread.start()
         return self
 

@@ -174,9 +174,8 @@ def speculators_worker(steps_file: str, argv: list[str]) -> None:
     """Run speculators' trainer in this process with the two CPU shims, recording one JSON line per step."""
     import logging
 
-    import torch
-
     import speculators.train.trainer as spec_trainer
+    import torch
     from speculators.train.cli import main
     from speculators.train.config import TrainConfig
     from speculators.train.logger import setup_root_logger
@@ -326,9 +325,10 @@ def main() -> None:
     if args.warmup < 1:
         p.error("--warmup must be at least 1 (a step's time is measured from the previous step's record)")
 
+    from importlib.metadata import version
+
     import torch
     import transformers
-    from importlib.metadata import version
 
     from engine.targets import resolve_target
 

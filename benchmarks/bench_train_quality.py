@@ -66,9 +66,16 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench_train import (TARGET, VAL_FRACTION, build_speculators_data, cpu_at, planned_batches,  # noqa: E402
-                         proc_cpu_seconds, read_extraction, thread_env)
-
+from bench_train import (  # noqa: E402
+    TARGET,
+    VAL_FRACTION,
+    build_speculators_data,
+    cpu_at,
+    planned_batches,
+    proc_cpu_seconds,
+    read_extraction,
+    thread_env,
+)
 from benchmarks._results import command_line  # noqa: E402
 from engine.targets import cpu_name  # noqa: E402
 
@@ -325,9 +332,10 @@ def main() -> None:
     if unknown:
         p.error(f"unknown algorithm(s) {unknown}: choose from {list(ALGOS)}")
 
+    from importlib.metadata import version
+
     import torch
     import transformers
-    from importlib.metadata import version
 
     from engine.algos import ALGOS as REGISTERED
     from engine.targets import resolve_target

@@ -11,7 +11,8 @@ import sys
 import traceback
 import types
 import typing
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from engine.errors import translate
 from engine.jobs import reporter

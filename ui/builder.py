@@ -265,8 +265,8 @@ def widget(field: BuilderField, issues: list) -> None:
 
 def template(algorithm: str, target_path: str, verifier_name: str | None) -> dict[str, Any]:
     """A fresh config of `algorithm` for a target folder (the shapes and names the target implies)."""
-    from engine.format.checkpoint import read_config_dict
     from engine.data.layer_ids import default_layer_ids
+    from engine.format.checkpoint import read_config_dict
     from engine.format.config import build_draft_config
 
     verifier = read_config_dict(target_path)

@@ -38,8 +38,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from engine.fsutil import atomic_write_json
-    from engine.measure.bench import benchmark, markdown_table
     from engine.jobs import reporter
+    from engine.measure.bench import benchmark, markdown_table
 
     options = {k: v for k, v in vars(args).items() if k not in ("command", "_module", "verbose", "debug", "json_out")}
     result = benchmark(**options, span=(0.0, 1.0))  # the job's progress: prompts done, time left

@@ -53,9 +53,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.measure.evaluate import evaluate_draft, format_table
     from engine.fsutil import atomic_write_json
     from engine.jobs import reporter
+    from engine.measure.evaluate import evaluate_draft, format_table
 
     reporter().update("loading the target and the draft")
     result = evaluate_draft(draft=args.draft, target=args.target, data=args.data,

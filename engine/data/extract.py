@@ -9,14 +9,21 @@ The vLLM backend (`engine.data.vllm_backend`) writes through the same `Extractio
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 import torch
 
 from engine.data.datasets import DEFAULT_VAL_FRACTION
-from engine.data.extraction_run import (ExtractionProgress, ExtractionRun, TargetInfo, build_header, dataset_name,
-                                    estimate_bytes, log_done)
+from engine.data.extraction_run import (
+    ExtractionProgress,
+    ExtractionRun,
+    TargetInfo,
+    build_header,
+    dataset_name,
+    estimate_bytes,
+    log_done,
+)
 from engine.data.layer_ids import resolve_layer_ids
 from engine.data.render import RenderedRow, render_dataset
 from engine.data.store import HiddenStatesDataset, load_sample

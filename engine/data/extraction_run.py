@@ -9,17 +9,28 @@ from __future__ import annotations
 import logging
 import shutil
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 import torch
 
 from engine.data.render import RenderedRow
 from engine.data.sources import BUILTIN_DATASETS
-from engine.data.store import (FORMAT, MANIFEST, TOKEN_FREQ, FolderStats, incompatibilities, read_manifest,
-                               read_sample_stats, remove_stale_temp_files, sample_indices, sample_path, write_manifest,
-                               write_sample)
+from engine.data.store import (
+    FORMAT,
+    MANIFEST,
+    TOKEN_FREQ,
+    FolderStats,
+    incompatibilities,
+    read_manifest,
+    read_sample_stats,
+    remove_stale_temp_files,
+    sample_indices,
+    sample_path,
+    write_manifest,
+    write_sample,
+)
 from engine.errors import WorkbenchError
 from engine.fsutil import claim_names
 from engine.jobs import DirLock, reporter
@@ -42,11 +53,11 @@ class TargetInfo:
     vocab_size: int
 
     @classmethod
-    def from_target(cls, target) -> "TargetInfo":
+    def from_target(cls, target) -> TargetInfo:
         return cls(target.verifier_name, target.ref.path, target.num_layers, target.hidden_size, target.vocab_size)
 
     @classmethod
-    def from_config(cls, ref, config) -> "TargetInfo":
+    def from_config(cls, ref, config) -> TargetInfo:
         text = config.get_text_config() if hasattr(config, "get_text_config") else config
         return cls(ref.hub_id or ref.path, ref.path, int(text.num_hidden_layers), int(text.hidden_size),
                    int(text.vocab_size))
@@ -124,7 +135,7 @@ class ExtractionRun:
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
-    def __enter__(self) -> "ExtractionRun":
+    def __enter__(self) -> ExtractionRun:
         self._claim()  # before the lock file: a refused run leaves the folder as it was
         self._lock.__enter__()
         try:
@@ -227,7 +238,7 @@ class ExtractionProgress:
         self._last = 0.0
         self._start = time.monotonic()
 
-    def __enter__(self) -> "ExtractionProgress":
+    def __enter__(self) -> ExtractionProgress:
         return self
 
     def __exit__(self, *exc) -> None:

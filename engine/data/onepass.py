@@ -18,15 +18,22 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import torch
 
 from engine.data.datasets import DEFAULT_VAL_FRACTION
 from engine.data.extract import DEFAULT_BATCH_TOKENS, capture_batch, plan_padded_batches
-from engine.data.extraction_run import (ExtractionRun, TargetInfo, build_header, check_disk, dataset_name,
-                                        estimate_bytes, log_done)
+from engine.data.extraction_run import (
+    ExtractionRun,
+    TargetInfo,
+    build_header,
+    check_disk,
+    dataset_name,
+    estimate_bytes,
+    log_done,
+)
 from engine.data.regenerate import RegenerateSummary, regenerate, stop_token_ids
 from engine.data.render import RenderedRow, render_dataset, render_rows
 from engine.data.store import MANIFEST, TOKEN_FREQ, sample_indices, sample_path

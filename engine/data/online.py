@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import random
 from collections import Counter
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import torch
 

@@ -20,8 +20,9 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 import torch
 

@@ -4,15 +4,21 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Collection, Mapping
+from typing import Any
 
 import torch
 
 from engine.errors import WorkbenchError
-from engine.fsutil import (atomic_directory, atomic_save_safetensors, atomic_write_json, atomic_write_text,
-                           check_replaceable)
+from engine.fsutil import (
+    atomic_directory,
+    atomic_save_safetensors,
+    atomic_write_json,
+    atomic_write_text,
+    check_replaceable,
+)
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"

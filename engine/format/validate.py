@@ -19,6 +19,7 @@ from engine.format.config import CONFIG_TYPES, config_types
 from engine.format.repair import lacks_stored_embedding
 from engine.format.report import Issue, ValidationReport
 
+
 def _vllm(report: ValidationReport, err: vr.VllmError, message: str, *, severity: str = "error") -> None:
     cause = f" (caused by {err.cause})" if err.cause else ""
     report.add(Issue(err.field or "config", message + cause, err.vllm_message, "vllm", severity))

@@ -10,8 +10,9 @@ token, per-position acceptance) for every k <= K at once, since a_k(q) = min(a_K
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import torch
 

@@ -10,8 +10,8 @@ bonus from p. Deterministic drafts (n-gram, greedy drafts) have one-hot q.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 import torch
 

@@ -111,7 +111,7 @@ class TrainConfig(BaseModel):
         return ALGOS.get(self.algo)
 
     @classmethod
-    def from_yaml(cls, path: str | Path, **overrides: Any) -> "TrainConfig":
+    def from_yaml(cls, path: str | Path, **overrides: Any) -> TrainConfig:
         """Load a recipe; a `train:` block is used if present; `overrides` win."""
         try:
             raw = yaml.safe_load(Path(path).read_text()) or {}

@@ -35,10 +35,11 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -105,7 +106,7 @@ def all_reduce_sum(values: dict[str, float], d: Dist) -> dict[str, float]:
 # -- strategies ----------------------------------------------------------------------------------
 
 
-def make_strategy(cfg, d: Dist, device: str) -> "Strategy":
+def make_strategy(cfg, d: Dist, device: str) -> Strategy:
     """The strategy of `cfg.strategy` for this process group (one process: plain training either way)."""
     if cfg.strategy == "fsdp" and d.world > 1:
         return Sharded(cfg, d, device)

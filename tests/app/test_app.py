@@ -366,10 +366,9 @@ def test_train_form_is_generated_from_the_config(runs, tiny_target):
 
     at = open_app(tiny_target, page="train")
     widgets = {w.key: w for w in [*at.text_input, *at.number_input, *at.checkbox, *at.selectbox]}
-    from ui.forms import human_label
-    from ui.training import GROUPS, COMMON_SKIP, algo_groups, algo_prefix
-
     from engine.algos import ALGOS
+    from ui.forms import human_label
+    from ui.training import COMMON_SKIP, GROUPS, algo_groups, algo_prefix
 
     grouped = [name for names in GROUPS.values() for name in names]
     assert set(grouped) <= set(TrainConfig.model_fields), "the form groups name fields the config does not have"

@@ -181,7 +181,7 @@ def test_tracked_writes_progress_and_time_left_into_the_jobs_status(tmp_path, mo
 
 
 def test_a_running_evaluation_shows_a_progress_bar_with_time_left(runs, tiny_targets):
-    from ui import bench, catalog
+    from ui import catalog
 
     draft = catalog.shipped_draft(BUILTIN)
     _fake_job(runs, "evaluate", ["evaluate", "--draft", draft, "--json", str(runs / "e.json")],
@@ -374,9 +374,8 @@ def test_records_of_the_trained_folder_are_the_shipped_drafts_when_the_bytes_are
     import torch
 
     from engine.format.checkpoint import save_checkpoint, weights_sha256
-    from ui import bench
+    from ui import bench, records
     from ui import evaluate as evaluate_ui
-    from ui import records
 
     trained = save_checkpoint(tmp_path / "runs" / "recipe" / "train" / "draft", {"v": 1}, {"w": torch.ones(3)})
     shipped_draft = save_checkpoint(tmp_path / "drafts" / "mine", {"v": 1}, {"w": torch.ones(3)})

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_app import ok, open_app, texts  # noqa: F401 - the app fixtures' helpers
 
-from test_app import open_app, ok, texts  # noqa: F401 - the app fixtures' helpers
 from tiny import save_tiny_target
 
 

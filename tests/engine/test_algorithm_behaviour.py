@@ -20,13 +20,13 @@ import torch
 from test_generate import PROMPTS, chi_square_pvalue, second_token_distribution  # the decode engine's own checks
 
 from engine.algos import ALGOS, load_plugins
-from engine.measure.evaluate import evaluate_samples, samples_from_prompts  # the offline evaluator (walk over counts)
 from engine.generate import speculative
 from engine.generate.api import prompt_ids
 from engine.generate.proposers import Proposal, Proposer
 from engine.generate.runner import TargetRunner
 from engine.generate.sampling import SamplingParams
 from engine.generate.speculative import generate_all
+from engine.measure.evaluate import evaluate_samples, samples_from_prompts  # the offline evaluator (walk over counts)
 
 TOY_ALGO = Path(__file__).resolve().parents[1] / "toy_algo"  # registered like any plugin (WORKBENCH_ALGO_PLUGINS)
 TOY = "toy"

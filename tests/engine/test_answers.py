@@ -9,8 +9,8 @@ import shutil
 import pytest
 import torch
 
-from engine.measure import evaluate as ev
 from engine.measure import answers
+from engine.measure import evaluate as ev
 
 
 @pytest.fixture

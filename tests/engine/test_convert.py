@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import save_file
+
 from convert_layouts import (
     HD,
     LAYOUTS,
@@ -34,8 +36,6 @@ from convert_layouts import (
     specforge,
     write_checkpoint,
 )
-from safetensors.torch import save_file
-
 from engine.convert import ConvertOptions, convert, detect, mapping_table, plan, verify
 from engine.errors import WorkbenchError
 from engine.format.checkpoint import tensor_index

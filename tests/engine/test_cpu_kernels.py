@@ -14,8 +14,16 @@ import pytest
 import torch
 
 from engine.cpu import native_bf16
-from engine.generate.cpu_kernels import (ATTENTION, ATTENTION_FORMS, LINEAR_FORMS, MAX_ROWS, decode_rows_attention,
-                                         decode_scope, few_row_linear, route_decode_kernels)
+from engine.generate.cpu_kernels import (
+    ATTENTION,
+    ATTENTION_FORMS,
+    LINEAR_FORMS,
+    MAX_ROWS,
+    decode_rows_attention,
+    decode_scope,
+    few_row_linear,
+    route_decode_kernels,
+)
 from engine.generate.runner import TargetRunner
 from engine.targets import LayerCapture, load_target
 

@@ -71,8 +71,8 @@ def _decode(target, runner_cls, proposer, ids, params, k):
 def test_evaluated_acceptance_equals_real_decoding_on_the_builtin_target(builtin_target):
     """Held-out prompts, the shipped draft, k = 1..5: the walk's mean acceptance length is within 0.03 of greedy
     speculative decoding (fp32), and >= 95% of the steps have the same (drafted, accepted) pair."""
-    from engine.generate.api import default_draft, draft_algorithm, prompt_ids
     from engine.data.prompts import load_prompts
+    from engine.generate.api import default_draft, draft_algorithm, prompt_ids
     from engine.generate.metrics import SpecMetrics
     from engine.generate.runner import TargetRunner
     from engine.generate.sampling import SamplingParams

@@ -10,10 +10,10 @@ import sys
 import pytest
 import torch
 
+from engine.format import vllm_rules as vr
 from engine.format.checkpoint import load_state_dict, save_checkpoint, tensor_index
 from engine.format.config import CONFIG_TYPES, build_draft_config, parse_draft_config
 from engine.format.validate import validate_draft
-from engine.format import vllm_rules as vr
 
 ALGOS = ["eagle3_llama31_8b", "eagle3_qwen3_8b", "peagle_qwen3_8b", "dflash_qwen3_8b", "dflash2_qwen3_8b",
          "dspark_qwen3_8b"]

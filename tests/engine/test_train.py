@@ -273,10 +273,9 @@ def test_speculators_runs_a_draft_saved_exactly_as_we_ship_drafts(tiny_targets, 
     0.9.0 fills the embedding with random values, or with the verifier's when the memory it got held NaN (issue
     18; which one depends on the allocator): `validate` warns about such a draft."""
     pytest.importorskip("speculators")
-    from speculators_ref import load_reference, logit_gaps
-
     from engine.algos.eagle3.io import load_eagle3
     from engine.targets import load_target
+    from speculators_ref import load_reference, logit_gaps
 
     target = load_target(str(tiny_targets["llama"]))
     shipped = Trainer(config(tiny_targets["llama"], tiny_data, tmp_path / "run", max_steps=2)).run()

@@ -352,8 +352,8 @@ def test_shipped_draft_explicit_form_lossless_and_acceptance_matches_ours(vllm_b
     Both run in float32 here; served in bf16 (the default) vLLM's verification rounds differently from its
     one-token steps, so a near-tie can flip and the continuation (and its acceptance) then differs slightly.
     """
-    from engine.measure.bench import run_bench
     from engine.generate.sampling import SamplingParams
+    from engine.measure.bench import run_bench
 
     result = vllm_bench(SHIPPED, methods=("baseline", "draft"), tokenize=True)
     draft = result["methods"]["draft"]
@@ -420,8 +420,8 @@ def test_dflash_draft_is_served_by_vllm_losslessly_and_counted_like_ours(vllm_be
     output identical to vLLM alone, one draft of K tokens per step, and vLLM's acceptance equal to ours on the same
     prompts. The draft is untrained (both engines then accept almost nothing); the trained (shipped) DFlash draft's
     comparison is the next test."""
-    from engine.measure.bench import run_bench
     from engine.generate.sampling import SamplingParams
+    from engine.measure.bench import run_bench
 
     result = vllm_bench(random_dflash, methods=("baseline", "draft"), tokenize=True)
     draft = result["methods"]["draft"]
@@ -440,8 +440,8 @@ SHIPPED_DFLASH = ROOT / "assets" / "drafts" / "smollm2-135m-instruct-dflash"
 def test_shipped_dflash_draft_is_lossless_in_vllm_and_accepts_as_ours(vllm_bench, builtin_target):
     """The shipped, trained DFlash draft (explicit form, fp32): greedy output identical to vLLM alone, and vLLM's
     acceptance within 10% of our engine's on the same prompts, well above an untrained draft's."""
-    from engine.measure.bench import run_bench
     from engine.generate.sampling import SamplingParams
+    from engine.measure.bench import run_bench
 
     draft = vllm_bench(SHIPPED_DFLASH, methods=("baseline", "draft"), tokenize=True)["methods"]["draft"]
     assert draft["identical_to_baseline"], draft["first_divergence"]
@@ -472,8 +472,8 @@ def test_peagle_draft_is_served_by_vllm_losslessly_with_our_per_position_accepta
     """Our P-EAGLE checkpoint in real vLLM (eagle3 + parallel_drafting, fp32): loads (mask_hidden, embed_tokens with
     the mask row, pard_token), greedy output identical to vLLM alone, K drafts per step from one forward, and vLLM's
     per-position acceptance within 10% of ours on the same prompts (position 1 is accepted: EAGLE-3's trained step)."""
-    from engine.measure.bench import run_bench
     from engine.generate.sampling import SamplingParams
+    from engine.measure.bench import run_bench
 
     result = vllm_bench(peagle_draft, methods=("baseline", "draft"), tokenize=True)
     draft = result["methods"]["draft"]

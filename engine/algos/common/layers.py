@@ -5,8 +5,9 @@ Notation: B batch, T tokens, S keys, H hidden, nh/nkv heads, hd head dim.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -32,7 +33,7 @@ class LayerDims:
     mlp_bias: bool
 
     @classmethod
-    def from_config(cls, tlc: dict[str, Any]) -> "LayerDims":
+    def from_config(cls, tlc: dict[str, Any]) -> LayerDims:
         h = int(tlc["hidden_size"])
         nh = int(tlc["num_attention_heads"])
         return cls(hidden=h, heads=nh, kv_heads=int(tlc.get("num_key_value_heads") or nh),

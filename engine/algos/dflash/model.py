@@ -18,8 +18,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.algos.common.layers import (DecoderLayer, LayerDims, RMSNorm, document_spans, layer_windows, repeat_kv,
-                                        rotary_embedding)
+from engine.algos.common.layers import (
+    DecoderLayer,
+    LayerDims,
+    RMSNorm,
+    document_spans,
+    layer_windows,
+    repeat_kv,
+    rotary_embedding,
+)
 from engine.algos.dflash.config import DFlashConfig
 
 

@@ -16,9 +16,21 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.algos.common.layers import (Attend, DecoderLayer, DraftCache, LayerDims, RMSNorm, cached_attend,
-                                        causal_mask, document_spans, layer_windows, repeat_kv, rotary_embedding)
+from engine.algos.common.layers import (
+    Attend,
+    DecoderLayer,
+    DraftCache,
+    LayerDims,
+    RMSNorm,
+    cached_attend,
+    causal_mask,
+    document_spans,
+    layer_windows,
+    repeat_kv,
+    rotary_embedding,
+)
 from engine.algos.eagle3.config import Eagle3Config
+
 
 class Eagle3Layer(DecoderLayer):
     """A Llama/Qwen3 decoder layer; the first EAGLE-3 layer takes [embedding; hidden] (2H) instead of H."""
