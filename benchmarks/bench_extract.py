@@ -215,7 +215,8 @@ def main() -> None:
               f"{s['rss_increase_mb']:.0f} MiB |")
     print(f"\nspeed-up ours/naive: {ratio:.2f}x interleaved wall-clock, {cpu_ratio:.2f}x per CPU-second; "
           f"{isolated_ratio:.2f}x isolated (per round: "
-          + ", ".join(f"{o['tokens_per_s'] / n['tokens_per_s']:.2f}x" for n, o in zip(runs["naive"], runs["ours"]))
+          + ", ".join(f"{o['tokens_per_s'] / n['tokens_per_s']:.2f}x"
+                      for n, o in zip(runs["naive"], runs["ours"], strict=True))
           + ")")
     if args.json:
         Path(args.json).write_text(json.dumps({"rows": stats, "interleaved": inter, "runs": runs, "median": summary,

@@ -171,7 +171,8 @@ def speculators_command(a, algo: str, data: Path, info: dict, verifier: str, out
             str(out / "steps.jsonl"), "--",
             "--verifier-name-or-path", verifier, "--speculator-type", algo, "--num-layers", "1",
             "--target-layer-ids", *map(str, info["aux_layer_ids"]), "--draft-vocab-size", str(a.draft_vocab_size),
-            *SHARED_FLAGS[algo], *SPECULATORS_FLAGS[algo], "--draft-attn-impl", "sdpa", "--loss-implementation", "eager",
+            *SHARED_FLAGS[algo], *SPECULATORS_FLAGS[algo], "--draft-attn-impl", "sdpa",
+            "--loss-implementation", "eager",
             "--hidden-states-dtype",
             "float32",
             "--data-path", str(data), "--total-seq-len", str(a.tokens_per_step),
@@ -287,8 +288,9 @@ def fmt(tau: float | None) -> str:
 
 
 def table(results: dict) -> str:
-    rows = ["| algorithm | trainer | τ k=1 | τ k=3 | best τ (k) | τ k=3, every draft verified | tokens per CPU-second | "
-            "τ k=3 / speculators' | every draft verified / speculators' | tokens per CPU-s / speculators' |",
+    rows = ["| algorithm | trainer | τ k=1 | τ k=3 | best τ (k) | τ k=3, every draft verified | "
+            "tokens per CPU-second | τ k=3 / speculators' | every draft verified / speculators' | "
+            "tokens per CPU-s / speculators' |",
             "|---|---|---|---|---|---|---|---|---|---|"]
     names = {"ours": "ours (fp32)", "speculators": "speculators 0.9.0 (fp32)", OURS_BF16: "ours (bf16 autocast)"}
     for algo, r in results.items():

@@ -567,10 +567,13 @@ class TargetIdentity:
     def differences(self, other: TargetIdentity) -> list[str]:
         """'width 64 vs 576'-style lines for every recorded quantity the two disagree on."""
         out = []
-        for label, a, b in (("layers", self.num_layers, other.num_layers), ("width", self.hidden_size, other.hidden_size),
-                            ("vocabulary", self.vocab_size, other.vocab_size), ("weights", self.weights, other.weights)):
+        for label, a, b in (("layers", self.num_layers, other.num_layers),
+                            ("width", self.hidden_size, other.hidden_size),
+                            ("vocabulary", self.vocab_size, other.vocab_size),
+                            ("weights", self.weights, other.weights)):
             if a is not None and b is not None and a != b:
-                out.append(f"{label} {a} vs {b}" if label != "weights" else "weights differ (fingerprints of the files)")
+                out.append(f"{label} {a} vs {b}" if label != "weights"
+                           else "weights differ (fingerprints of the files)")
         return out
 
 

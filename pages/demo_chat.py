@@ -1,4 +1,5 @@
-"""Demo chat: one prompt answered by the baseline and each chosen proposer side by side, and why each is fast or slow."""
+"""Demo chat: one prompt answered by the baseline and each chosen proposer side by side, and why each is fast or
+slow."""
 
 import time
 
@@ -80,7 +81,7 @@ with st.container(border=True):
 st.html(legend_html())
 st.caption("Examples:")
 ex_cols = st.columns(len(EXAMPLES))
-for i, (col, text) in enumerate(zip(ex_cols, EXAMPLES)):
+for i, (col, text) in enumerate(zip(ex_cols, EXAMPLES, strict=True)):
     if col.button(text, key=f"chat_example_{i}", width="stretch"):
         ss["chat_pending"] = text
 
@@ -122,7 +123,7 @@ def _why(turn: dict, index: int) -> None:
         return
     with st.container(border=True):
         st.markdown("**Why this speed**")
-        for name, row in rows.items():
+        for row in rows.values():
             won = row.get("speedup") is not None and row["speedup"] >= 1.0
             st.markdown(f"{':material/trending_up:' if won else ':material/trending_down:'} {row['sentence']}")
         if any(r["short"] for r in rows.values()):
@@ -163,7 +164,7 @@ def _show_turn(turn: dict, index: int) -> None:
             st.badge(text, icon=":material/check_circle:" if identical else ":material/difference:", color=color,
                      help=why)
         cols = st.columns(len(turn["sides"]))
-        for col, (name, side) in zip(cols, turn["sides"].items()):
+        for col, (name, side) in zip(cols, turn["sides"].items(), strict=True):
             with col:
                 st.markdown(f"**{side['title']}**")
                 st.html(side["html"])
@@ -207,7 +208,7 @@ if prompt:
         titles = {"baseline": "Baseline (target alone)"} | {n: f"{PROPOSERS[n]}, k={k}" for n in chosen}
         cols = st.columns(len(proposers))
         holders = {}
-        for col, name in zip(cols, proposers):
+        for col, name in zip(cols, proposers, strict=True):
             col.markdown(f"**{titles[name]}**")
             holders[name] = col.empty()
         progress = st.empty()

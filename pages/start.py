@@ -40,7 +40,7 @@ if steps:
 
     st.subheader("The workflow", anchor=False)
     cols = st.columns(len(steps))
-    for col, step in zip(cols, steps):
+    for col, step in zip(cols, steps, strict=True):
         with col, st.container(border=True, height="stretch"):
             mark = ":green[:material/check_circle:]" if step.done else ":gray[:material/radio_button_unchecked:]"
             st.markdown(f"{mark} **{step.title}**")

@@ -230,7 +230,7 @@ with tab_compare:
                                                reference=shipped.curve if show_shipped else None)
                 figs = {name: fig for name, fig in figs.items() if fig.data}  # the shipped curve alone: one chart
                 cols = st.columns(3)
-                for col, (name, fig) in zip(cols, figs.items()):
+                for col, (name, fig) in zip(cols, figs.items(), strict=False):  # empty charts were dropped
                     with col:
                         charts.show(fig, key=f"train_compare_{name}", filename=f"compare-{name}")
 

@@ -10,6 +10,7 @@ import copy
 import json
 import re
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any, Literal
 
 import streamlit as st
@@ -101,7 +102,7 @@ def get_path(cfg: Any, path: str) -> Any:
 def set_path(cfg: dict, path: str, value: Any) -> None:
     parts = _parts(path)
     node: Any = cfg
-    for part, nxt in zip(parts, parts[1:]):
+    for part, nxt in pairwise(parts):
         empty: Any = [] if isinstance(nxt, int) else {}
         if isinstance(part, int):
             while len(node) <= part:

@@ -39,7 +39,7 @@ class Side:
         self.events.append(event)
         self.metrics.observe(event)
         rejected = [self.text.tokenizer.decode([t], skip_special_tokens=False) for t in event.rejected]
-        for i, (tok, src) in enumerate(zip(event.tokens, event.sources)):
+        for i, (tok, src) in enumerate(zip(event.tokens, event.sources, strict=True)):
             last = i == len(event.tokens) - 1
             self.marks.append(TokenMark(self.text.add(tok), src, event.step, rejected if last else []))
         if event.finished:

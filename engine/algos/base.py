@@ -316,7 +316,8 @@ def load_plugins(spec: str | None = None) -> list[str]:
             name = f"workbench_plugin_{folder.name}"
             if name not in sys.modules:
                 init = folder / "__init__.py"
-                module_spec = importlib.util.spec_from_file_location(name, init, submodule_search_locations=[str(folder)])
+                module_spec = importlib.util.spec_from_file_location(name, init,
+                                                                     submodule_search_locations=[str(folder)])
                 if module_spec is None or not init.is_file():
                     raise WorkbenchError(f"{folder} is not a Python package", where="WORKBENCH_ALGO_PLUGINS",
                                          hint="give a folder with an __init__.py, or a module name")

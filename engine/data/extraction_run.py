@@ -95,8 +95,8 @@ def check_disk(folder: Path, needed: int) -> None:
     required = needed * 1.05 + 64 * 2**20
     if required > free:
         raise WorkbenchError(
-            f"extraction needs {human_bytes(required)} free (about {human_bytes(needed)} of samples, plus 5% and 64 MiB to "
-            f"spare) but only {human_bytes(free)} is free under {folder}",
+            f"extraction needs {human_bytes(required)} free (about {human_bytes(needed)} of samples, plus 5% and "
+            f"64 MiB to spare) but only {human_bytes(free)} is free under {folder}",
             hint="use --max-samples or --max-length to extract less, fewer --layers, --dtype bf16, "
             "or an --out folder on a larger disk")
     log.info("estimated size %s (%s free)", human_bytes(needed), human_bytes(free))

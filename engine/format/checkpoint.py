@@ -102,7 +102,8 @@ def weight_files(folder: str | os.PathLike) -> list[Path]:
             hint="convert them to model.safetensors, or pass allow_pickle=True (--allow-pickle) if you trust the "
             "file (loaded with torch.load(weights_only=True))",
         )
-    raise WorkbenchError("no model.safetensors in the folder", where=str(folder), hint="save the weights as safetensors")
+    raise WorkbenchError("no model.safetensors in the folder", where=str(folder),
+                         hint="save the weights as safetensors")
 
 
 def weights_sha256(folder: str | os.PathLike) -> str:

@@ -100,7 +100,7 @@ def all_reduce_sum(values: dict[str, float], d: Dist) -> dict[str, float]:
     device = f"cuda:{torch.cuda.current_device()}" if dist.get_backend() == "nccl" else "cpu"
     t = torch.tensor([values.get(k, 0.0) for k in keys], dtype=torch.float64, device=device)
     dist.all_reduce(t)
-    return dict(zip(keys, t.tolist()))
+    return dict(zip(keys, t.tolist(), strict=True))
 
 
 # -- strategies ----------------------------------------------------------------------------------

@@ -372,7 +372,8 @@ def test_train_form_is_generated_from_the_config(runs, tiny_target):
 
     grouped = [name for names in GROUPS.values() for name in names]
     assert set(grouped) <= set(TrainConfig.model_fields), "the form groups name fields the config does not have"
-    for prefix, model in (("train_f_", TrainConfig), (algo_prefix("train_f_", "eagle3"), ALGOS.get("eagle3").args_class)):
+    for prefix, model in (("train_f_", TrainConfig),
+                          (algo_prefix("train_f_", "eagle3"), ALGOS.get("eagle3").args_class)):
         for name, info in model.model_fields.items():
             if name in COMMON_SKIP:
                 continue

@@ -172,7 +172,7 @@ def test_tracked_writes_progress_and_time_left_into_the_jobs_status(tmp_path, mo
     monkeypatch.setenv(jobs.JOB_DIR_ENV, str(tmp_path))
     monkeypatch.setattr(jobs, "_REPORTER", None)
     seen = []
-    for i in jobs.tracked(range(4), desc="the target answers the held-out prompts", span=(0.0, 0.8), every_s=0.0):
+    for _ in jobs.tracked(range(4), desc="the target answers the held-out prompts", span=(0.0, 0.8), every_s=0.0):
         seen.append(json.loads((tmp_path / jobs.STATUS).read_text()))
     final = json.loads((tmp_path / jobs.STATUS).read_text())
     assert seen[0]["progress"] == 0.0 and "0/4" in seen[0]["message"]
@@ -238,7 +238,8 @@ def test_charts_keep_legends_off_axis_titles_scale_heat_maps_to_the_data_and_nam
 # -- values from a default are said, and can be changed before writing --------------------------------------------
 
 
-def test_convert_dry_run_says_the_aux_layer_ids_came_from_a_default(runs, tiny_target, tiny_draft, tmp_path):
+# tiny_target, tiny_draft: fixtures imported from test_app, which F811 takes for redefinitions
+def test_convert_dry_run_says_the_aux_layer_ids_came_from_a_default(runs, tiny_target, tiny_draft, tmp_path):  # noqa: F811
     src = _research_checkpoint(tiny_draft, tmp_path / "research")  # its config records no aux layer ids
     verifier = tmp_path / "deep-verifier"  # a 30-layer verifier's config: vLLM's default ids are [2, 15, 27]
     verifier.mkdir()
@@ -258,7 +259,8 @@ def test_convert_dry_run_says_the_aux_layer_ids_came_from_a_default(runs, tiny_t
     assert "from a default" not in texts(at.warning)
 
 
-def test_config_builder_says_what_is_wrong_in_words_under_the_field_that_is_wrong(runs, tiny_target, tiny_draft):
+# tiny_target, tiny_draft: fixtures imported from test_app, which F811 takes for redefinitions
+def test_config_builder_says_what_is_wrong_in_words_under_the_field_that_is_wrong(runs, tiny_target, tiny_draft):  # noqa: F811
     from engine.format.validate import validate_draft
 
     cfg = json.loads((Path(tiny_draft) / "config.json").read_text())

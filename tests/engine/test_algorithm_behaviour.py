@@ -222,10 +222,10 @@ def test_evaluator_walk_equals_decoding(algo, target, fitted):
     params = SamplingParams(max_new_tokens=NEW_TOKENS, eos_token_ids=[target.tokenizer.eos_token_id])
     for k in ks(algo, fitted):
         walked_accepted = 0
-        for messages, walked in zip(MESSAGES, result["walks"][str(k)]):
+        for messages, walked in zip(MESSAGES, result["walks"][str(k)], strict=True):
             _, events = decode(target, algo.proposer(fitted), prompt_ids(target.tokenizer, messages), params, k)
-            assert [(e.drafted, e.accepted) for e in events if e.step > 0] == list(zip(walked["drafted"],
-                                                                                        walked["accepted"]))
+            assert [(e.drafted, e.accepted) for e in events if e.step > 0] == list(
+                zip(walked["drafted"], walked["accepted"], strict=True))
             walked_accepted += sum(walked["accepted"])
         assert walked_accepted > 0, k
 

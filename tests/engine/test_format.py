@@ -204,7 +204,8 @@ def test_local_verifier_is_a_warning_and_only_explicit_command(good, tmp_path):
     assert len(report.serve_commands) == 1 and "--speculative-config" in report.serve_commands[0]
     report = validate_draft(good, check_weights=False)
     assert report.serve_commands[0].startswith("vllm serve ") and len(report.serve_commands) == 2
-    assert '"method": "eagle3"' in report.serve_commands[1] and '"num_speculative_tokens": 3' in report.serve_commands[1]
+    assert '"method": "eagle3"' in report.serve_commands[1]
+    assert '"num_speculative_tokens": 3' in report.serve_commands[1]
 
 
 # -- project rules --------------------------------------------------------------------------------

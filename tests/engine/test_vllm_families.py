@@ -167,7 +167,8 @@ def test_the_list_of_verifiers_without_aux_states_is_the_installed_vllms():
     registry = ast.parse((models / "registry.py").read_text())
     text_models = next(n.value for n in ast.walk(registry) if isinstance(n, ast.Assign)
                        and getattr(n.targets[0], "id", None) == "_TEXT_GENERATION_MODELS")
-    native = {k.value: (v.elts[0].value, v.elts[1].value) for k, v in zip(text_models.keys, text_models.values)
+    native = {k.value: (v.elts[0].value, v.elts[1].value)
+              for k, v in zip(text_models.keys, text_models.values, strict=True)
               if isinstance(v, ast.Tuple) and v.elts[0].value != "transformers"}
     without = {arch for arch, (module, name) in native.items() if not _implements_eagle3(models, module, name)}
     assert without == vr.NO_AUX_STATE_ARCHITECTURES

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any
 
 import torch
@@ -230,7 +231,7 @@ def document_spans(document_ids: torch.Tensor) -> list[tuple[int, int]]:
     d = document_ids[0]
     cuts = ((d[1:] != d[:-1]).nonzero().flatten() + 1).tolist()
     bounds = [0, *cuts, d.numel()]
-    return list(zip(bounds[:-1], bounds[1:]))
+    return list(pairwise(bounds))
 
 
 def causal_mask(n: int, window: int | None, *, padding: bool, device) -> torch.Tensor:
