@@ -22,7 +22,7 @@ PYTEST_MARKS ?= not slow
 
 help:
 	@echo "make app   - install and open the workbench (http://localhost:$(PORT))"
-	@echo "make test  - install everything and run the test suite (all but the slow tests)"
+	@echo "make test  - install everything, lint (ruff) and run the test suite (all but the slow tests)"
 	@echo "make test-all - the same with the slow tests (about 30 min more)"
 
 $(VENV)/.installed: requirements.txt pyproject.toml
@@ -54,9 +54,11 @@ vllm-env: install
 	$(PY) -m engine serve --install-only
 
 test: test-deps vllm-env
+	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -m "$(PYTEST_MARKS)" $(PYTEST_ARGS)
 
 test-all: test-deps vllm-env
+	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -m "slow or not slow" $(PYTEST_ARGS)
 
 app: install

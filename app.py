@@ -8,8 +8,8 @@ from __future__ import annotations
 import streamlit as st
 
 from ui import sidebar, state
-from ui.resources import log_to_terminal
 from ui.errors import guard, show_pending
+from ui.resources import log_to_terminal
 from ui.start import url_path
 
 PAGES = {

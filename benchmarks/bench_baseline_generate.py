@@ -96,7 +96,7 @@ def measure(target: str | None, *, dtypes: list[str], prompts: int, new: int) ->
         engine = next(n for n in sides if n.startswith(f"engine baseline ({dtype}:"))
         hf = f"transformers generate ({dtype})"
         if hf in outputs:
-            same[dtype] = sum(a == b for a, b in zip(outputs[engine], outputs[hf]))
+            same[dtype] = sum(a == b for a, b in zip(outputs[engine], outputs[hf], strict=True))
     return {**result, "same_tokens_as_transformers": same, "prompts": len(rows), "max_new_tokens": new,
             "prompt_tokens": [len(r) for r in rows], "kernel_paths": kernels, "cpu": describe(),
             "threads": torch.get_num_threads(), "torch": torch.__version__}

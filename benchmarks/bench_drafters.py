@@ -90,7 +90,7 @@ def run_inprocess(methods: list[Method], prompts: list[dict], *, target: str | N
     tallies = {col: Tally(metrics=SpecMetrics()) for _, _, col in columns}
     encoded = [prompt_ids(first.tokenizer, p) for p in prompts]
     for ids in tqdm(encoded, desc="in-process"):
-        for d, m, col in columns:
+        for _, m, col in columns:
             t, run = tallies[col], SpecMetrics()
             out: list[int] = []
             for event in generate(runners[col], ids, params, proposers[col], m.k):

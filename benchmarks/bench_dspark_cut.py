@@ -51,13 +51,13 @@ def main() -> int:
 
     import torch
 
+    from benchmarks._results import command_line
+    from engine.data.prompts import load_prompts
     from engine.fsutil import atomic_write_json
     from engine.generate.api import draft_algorithm, prompt_ids
-    from engine.data.prompts import load_prompts
     from engine.generate.runner import TargetRunner
     from engine.generate.sampling import SamplingParams
     from engine.generate.speculative import generate_all
-    from benchmarks._results import command_line
     from engine.provenance import provenance
     from engine.targets import dtype_name, load_target
 

@@ -39,14 +39,13 @@ def main() -> int:
 
     import torch
 
-    from engine.data.prompts import load_prompts
-    from engine.generate.api import default_draft, draft_algorithm
-    from engine.generate.api import prompt_ids
-    from engine.generate.runner import TargetRunner
-    from engine.generate.speculative import generate_all
-    from engine.generate.sampling import SamplingParams
-    from engine.measure.evaluate import samples_from_prompts
     from benchmarks._results import command_line
+    from engine.data.prompts import load_prompts
+    from engine.generate.api import default_draft, draft_algorithm, prompt_ids
+    from engine.generate.runner import TargetRunner
+    from engine.generate.sampling import SamplingParams
+    from engine.generate.speculative import generate_all
+    from engine.measure.evaluate import samples_from_prompts
     from engine.provenance import provenance
     from engine.targets import dtype_name, load_target
 

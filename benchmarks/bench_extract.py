@@ -57,7 +57,7 @@ class RssPeak:
             self.peak = max(self.peak, self.proc.memory_info().rss)
             time.sleep(self.every_s)
 
-    def __enter__(self) -> "RssPeak":
+    def __enter__(self) -> RssPeak:
         self._thread.start()
         return self
 
@@ -215,7 +215,8 @@ def main() -> None:
               f"{s['rss_increase_mb']:.0f} MiB |")
     print(f"\nspeed-up ours/naive: {ratio:.2f}x interleaved wall-clock, {cpu_ratio:.2f}x per CPU-second; "
           f"{isolated_ratio:.2f}x isolated (per round: "
-          + ", ".join(f"{o['tokens_per_s'] / n['tokens_per_s']:.2f}x" for n, o in zip(runs["naive"], runs["ours"]))
+          + ", ".join(f"{o['tokens_per_s'] / n['tokens_per_s']:.2f}x"
+                      for n, o in zip(runs["naive"], runs["ours"], strict=True))
           + ")")
     if args.json:
         from benchmarks._results import command_line

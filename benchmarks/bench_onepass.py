@@ -31,7 +31,6 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks._results import command_line, print_and_save  # noqa: E402  (the repo root is on the path now)
 
-
 PARTS = {"regenerate": 0.0, "extract": 0.0}  # wall seconds of the two steps, apart
 
 

@@ -46,6 +46,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from itertools import pairwise
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -117,7 +118,7 @@ def build_speculators_data(folder: Path, out: Path, order: list[int] | None = No
         (hs / f"hs_{j}.safetensors").symlink_to(folder.resolve() / f"hs_{indices[p]}.safetensors")
     counts = load_file(str(folder / "token_freq.safetensors"))["counts"]
     nz = torch.nonzero(counts).flatten()
-    torch.save(dict(zip(nz.tolist(), counts[nz].tolist())), out / "token_freq.pt")
+    torch.save(dict(zip(nz.tolist(), counts[nz].tolist(), strict=True)), out / "token_freq.pt")
     return {"samples": len(ids), "tokens": sum(len(x) for x in ids), "aux_layer_ids": layers[:-1],
             "last_layer": n, "dtype": manifest["dtype"]}
 
@@ -174,9 +175,8 @@ def speculators_worker(steps_file: str, argv: list[str]) -> None:
     """Run speculators' trainer in this process with the two CPU shims, recording one JSON line per step."""
     import logging
 
-    import torch
-
     import speculators.train.trainer as spec_trainer
+    import torch
     from speculators.train.cli import main
     from speculators.train.config import TrainConfig
     from speculators.train.logger import setup_root_logger
@@ -263,7 +263,7 @@ def run_side(side: str, cmd: list[str], out: Path, steps: int, threads: int, tim
 
 def cpu_at(samples: list[tuple[float, float]], t: float) -> float:
     """Process CPU seconds at wall time t (linear interpolation between samples)."""
-    for (t0, c0), (t1, c1) in zip(samples, samples[1:]):
+    for (t0, c0), (t1, c1) in pairwise(samples):
         if t0 <= t <= t1:
             return c0 + (c1 - c0) * (t - t0) / max(t1 - t0, 1e-9)
     return samples[-1][1] if t > samples[-1][0] else samples[0][1]
@@ -326,9 +326,10 @@ def main() -> None:
     if args.warmup < 1:
         p.error("--warmup must be at least 1 (a step's time is measured from the previous step's record)")
 
+    from importlib.metadata import version
+
     import torch
     import transformers
-    from importlib.metadata import version
 
     from engine.targets import resolve_target
 
@@ -380,7 +381,7 @@ def main() -> None:
         rs = runs[side]
         return sum(x["tokens"] for x in rs) / sum(x[key] for x in rs)
 
-    ratios = {key: [o[key] / s[key] for o, s in zip(runs["ours"], runs["speculators"])]
+    ratios = {key: [o[key] / s[key] for o, s in zip(runs["ours"], runs["speculators"], strict=True)]
               for key in ("tokens_per_s", "tokens_per_cpu_s", "own_tokens_per_s")}
     summary = {side: {"tokens_per_s": pooled(side, "wall_s"), "tokens_per_cpu_s": pooled(side, "cpu_s"),
                       "tokens_per_step": statistics.mean(x["tokens_per_step"] for x in runs[side]),

@@ -66,9 +66,16 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench_train import (TARGET, VAL_FRACTION, build_speculators_data, cpu_at, planned_batches,  # noqa: E402
-                         proc_cpu_seconds, read_extraction, thread_env)
-
+from bench_train import (  # noqa: E402
+    TARGET,
+    VAL_FRACTION,
+    build_speculators_data,
+    cpu_at,
+    planned_batches,
+    proc_cpu_seconds,
+    read_extraction,
+    thread_env,
+)
 from benchmarks._results import command_line  # noqa: E402
 from engine.targets import cpu_name  # noqa: E402
 
@@ -164,7 +171,8 @@ def speculators_command(a, algo: str, data: Path, info: dict, verifier: str, out
             str(out / "steps.jsonl"), "--",
             "--verifier-name-or-path", verifier, "--speculator-type", algo, "--num-layers", "1",
             "--target-layer-ids", *map(str, info["aux_layer_ids"]), "--draft-vocab-size", str(a.draft_vocab_size),
-            *SHARED_FLAGS[algo], *SPECULATORS_FLAGS[algo], "--draft-attn-impl", "sdpa", "--loss-implementation", "eager",
+            *SHARED_FLAGS[algo], *SPECULATORS_FLAGS[algo], "--draft-attn-impl", "sdpa",
+            "--loss-implementation", "eager",
             "--hidden-states-dtype",
             "float32",
             "--data-path", str(data), "--total-seq-len", str(a.tokens_per_step),
@@ -280,8 +288,9 @@ def fmt(tau: float | None) -> str:
 
 
 def table(results: dict) -> str:
-    rows = ["| algorithm | trainer | τ k=1 | τ k=3 | best τ (k) | τ k=3, every draft verified | tokens per CPU-second | "
-            "τ k=3 / speculators' | every draft verified / speculators' | tokens per CPU-s / speculators' |",
+    rows = ["| algorithm | trainer | τ k=1 | τ k=3 | best τ (k) | τ k=3, every draft verified | "
+            "tokens per CPU-second | τ k=3 / speculators' | every draft verified / speculators' | "
+            "tokens per CPU-s / speculators' |",
             "|---|---|---|---|---|---|---|---|---|---|"]
     names = {"ours": "ours (fp32)", "speculators": "speculators 0.9.0 (fp32)", OURS_BF16: "ours (bf16 autocast)"}
     for algo, r in results.items():
@@ -325,9 +334,10 @@ def main() -> None:
     if unknown:
         p.error(f"unknown algorithm(s) {unknown}: choose from {list(ALGOS)}")
 
+    from importlib.metadata import version
+
     import torch
     import transformers
-    from importlib.metadata import version
 
     from engine.algos import ALGOS as REGISTERED
     from engine.targets import resolve_target

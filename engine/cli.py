@@ -11,7 +11,8 @@ import sys
 import traceback
 import types
 import typing
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from engine.errors import translate
 from engine.jobs import reporter
@@ -30,7 +31,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("bench", "benchmark speculative methods against the baseline on the same prompts"),
     "evaluate": ("evaluate", "decoding-exact acceptance per k on held-out target outputs, without decoding"),
     "repair": ("repair", "store the verifier's embedding in a draft that lacks it (speculators 0.9.0 needs it)"),
-    "convert": ("convert", "convert a research checkpoint (the known layouts: see --detect) into the speculators format"),
+    "convert": ("convert",
+                "convert a research checkpoint (the known layouts: see --detect) into the speculators format"),
     "recipe": ("recipe", "run a whole named recipe (data, extraction, training, evaluation)"),
     "serve": ("serve", "serve a draft with real vLLM (its own virtual environment)"),
     "jobs": ("jobs", "list, inspect or stop background jobs under runs/"),
@@ -92,7 +94,7 @@ def _run(handler, args, rep) -> int:
     try:
         rc = int(handler(args) or 0)
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        print("interrupted", file=sys.stderr)  # noqa: T201 - the CLI's own output
         rep.finish("stopped", rep.status.message or "stopped")
         return 130
     except Exception as exc:
@@ -101,11 +103,11 @@ def _run(handler, args, rep) -> int:
             traceback.print_exc()
         if err is None:
             message = f"{type(exc).__name__}: {exc}"
-            print(f"error: unexpected {message}\nFix: this looks like a bug in the workbench; run the command again "
-                  "with --debug for the traceback and report it", file=sys.stderr)
+            print(f"error: unexpected {message}\nFix: this looks like a bug in the workbench; "  # noqa: T201
+                  "run the command again with --debug for the traceback and report it", file=sys.stderr)
             rep.finish("failed", message)
             return 1
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {err}", file=sys.stderr)  # noqa: T201
         rep.finish("failed", str(err))
         return 2
     if rep.status.state == "running":

@@ -132,7 +132,8 @@ def translate(exc: BaseException) -> WorkbenchError | None:
                               hint="the weights were saved for another architecture or another config.json; "
                               "use the config they were trained with (`python -m engine validate` names mismatches)")
     if isinstance(exc, RuntimeError) and "PytorchStreamReader" in str(exc):
-        return WorkbenchError(f"a PyTorch weights file is corrupt ({_first_line(exc)})", where=_where_from_traceback(exc),
+        return WorkbenchError(f"a PyTorch weights file is corrupt ({_first_line(exc)})",
+                              where=_where_from_traceback(exc),
                               hint="re-download or re-save the file (safetensors preferred)")
     if isinstance(exc, OSError):
         what, hint = _OS_ERRORS.get(exc.errno, (exc.strerror or _first_line(exc) or cls.__name__,

@@ -18,9 +18,10 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from engine.errors import WorkbenchError
 from engine.fsutil import atomic_write_json, atomic_write_text, read_json
@@ -379,7 +380,7 @@ class DirLock:
         self.what = what
         self._fd: int | None = None
 
-    def __enter__(self) -> "DirLock":
+    def __enter__(self) -> DirLock:
         self.folder.mkdir(parents=True, exist_ok=True)
         path = self.folder / ".workbench.lock"
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)

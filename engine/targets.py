@@ -7,9 +7,9 @@ import importlib.util
 import logging
 import os
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
 
 import torch
 from torch import nn
@@ -408,7 +408,7 @@ class LayerCapture:
                 raise _StopForward
         return hook
 
-    def __enter__(self) -> "LayerCapture":
+    def __enter__(self) -> LayerCapture:
         self._thread = threading.get_ident()
         for i in self.layer_ids:
             module = self.decoder.layers[i] if i < self.num_layers else self.decoder.norm
@@ -593,13 +593,16 @@ class TargetIdentity:
     vocab_size: int | None = None
     weights: str | None = None  # weights_fingerprint, where recorded
 
-    def differences(self, other: "TargetIdentity") -> list[str]:
+    def differences(self, other: TargetIdentity) -> list[str]:
         """'width 64 vs 576'-style lines for every recorded quantity the two disagree on."""
         out = []
-        for label, a, b in (("layers", self.num_layers, other.num_layers), ("width", self.hidden_size, other.hidden_size),
-                            ("vocabulary", self.vocab_size, other.vocab_size), ("weights", self.weights, other.weights)):
+        for label, a, b in (("layers", self.num_layers, other.num_layers),
+                            ("width", self.hidden_size, other.hidden_size),
+                            ("vocabulary", self.vocab_size, other.vocab_size),
+                            ("weights", self.weights, other.weights)):
             if a is not None and b is not None and a != b:
-                out.append(f"{label} {a} vs {b}" if label != "weights" else "weights differ (fingerprints of the files)")
+                out.append(f"{label} {a} vs {b}" if label != "weights"
+                           else "weights differ (fingerprints of the files)")
         return out
 
 

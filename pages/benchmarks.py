@@ -102,7 +102,7 @@ with results_tab:
             names = list(figs)
             for i in range(0, len(names), 2):
                 cols = st.columns(2)
-                for col, name in zip(cols, names[i:i + 2]):
+                for col, name in zip(cols, names[i:i + 2], strict=False):  # the last row may hold one
                     with col:
                         charts.show(figs[name], key=f"bench_fig_{name}", filename=f"bench-{name}")
             st.caption("Charts: hover for values; the camera button at the top right of a chart saves it as PNG.")
@@ -160,11 +160,11 @@ with results_tab:
             if rec.sweep:
                 figs = charts.k_sweep(rec.sweep, source=source)
                 c1, c2 = st.columns(2)
-                for col, (name, fig) in zip((c1, c2), figs.items()):
+                for col, (name, fig) in zip((c1, c2), figs.items(), strict=True):
                     charts.show(fig, key=f"bench_recipe_{name}", filename=name.replace("_", "-"), container=col)
             t1, t2 = st.columns(2)
             for col, (title, rows, name) in zip((t1, t2), (("Checkpoints", recipes.curve_rows(rec), "curve"),
-                                                           ("k sweep", recipes.sweep_rows(rec), "sweep"))):
+                                                           ("k sweep", recipes.sweep_rows(rec), "sweep")), strict=True):
                 if rows:
                     col.markdown(f"**{title}**")
                     col.dataframe(rows, hide_index=True, width="stretch", column_config=RECIPE_COLUMNS)
@@ -175,8 +175,9 @@ with results_tab:
     with guard("Reading evaluation results"):
         evaluations = evaluate_ui.all_results()  # yours, then the shipped records in benchmarks/results
         if not evaluations:
-            st.caption("No offline evaluation yet: the Models page evaluates the active draft (`python -m engine evaluate`): what "
-                       "greedy decoding will measure for k = 1…5 in seconds, with the forecast speedup.")
+            st.caption("No offline evaluation yet: the Models page evaluates the active draft "
+                       "(`python -m engine evaluate`): what greedy decoding will measure for k = 1…5 in seconds, "
+                       "with the forecast speedup.")
         for ev in evaluations[:6]:
             _evaluation(ev)
         if len(evaluations) > 6:  # every record stays reachable; the freshest for this machine come first

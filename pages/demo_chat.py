@@ -1,12 +1,23 @@
-"""Demo chat: one prompt answered by the baseline and each chosen proposer side by side, and why each is fast or slow."""
+"""Demo chat: one prompt answered by the baseline and each chosen proposer side by side, and why each is fast or
+slow."""
 
 import time
 
 import streamlit as st
 
 from ui import bench, catalog, charts, resources, state
-from ui.chat import (BLOCK_LEGEND, SHORT_TOKENS, explain, explain_table, identical_badge, kernel_exact, kernel_rows,
-                     kernel_source, kernel_untried, race_progress)
+from ui.chat import (
+    BLOCK_LEGEND,
+    SHORT_TOKENS,
+    explain,
+    explain_table,
+    identical_badge,
+    kernel_exact,
+    kernel_rows,
+    kernel_source,
+    kernel_untried,
+    race_progress,
+)
 from ui.cli import command, show_cli
 from ui.errors import guard
 from ui.tokens import legend_html, plain_html, spec_html, waiting_html
@@ -81,7 +92,7 @@ with st.container(border=True):
 st.html(legend_html())
 st.caption("Examples:")
 ex_cols = st.columns(len(EXAMPLES))
-for i, (col, text) in enumerate(zip(ex_cols, EXAMPLES)):
+for i, (col, text) in enumerate(zip(ex_cols, EXAMPLES, strict=True)):
     if col.button(text, key=f"chat_example_{i}", width="stretch"):
         ss["chat_pending"] = text
 
@@ -123,7 +134,7 @@ def _why(turn: dict, index: int) -> None:
         return
     with st.container(border=True):
         st.markdown("**Why this speed**")
-        for name, row in rows.items():
+        for row in rows.values():
             won = row.get("speedup") is not None and row["speedup"] >= 1.0
             st.markdown(f"{':material/trending_up:' if won else ':material/trending_down:'} {row['sentence']}")
         if any(r["short"] for r in rows.values()):
@@ -169,7 +180,7 @@ def _show_turn(turn: dict, index: int) -> None:
             st.badge(text, icon=":material/check_circle:" if identical else ":material/difference:", color=color,
                      help=why)
         cols = st.columns(len(turn["sides"]))
-        for col, (name, side) in zip(cols, turn["sides"].items()):
+        for col, (name, side) in zip(cols, turn["sides"].items(), strict=True):
             with col:
                 st.markdown(f"**{side['title']}**")
                 st.html(side["html"])
@@ -213,7 +224,7 @@ if prompt:
         titles = {"baseline": "Baseline (target alone)"} | {n: f"{PROPOSERS[n]}, k={k}" for n in chosen}
         cols = st.columns(len(proposers))
         holders = {}
-        for col, name in zip(cols, proposers):
+        for col, name in zip(cols, proposers, strict=True):
             col.markdown(f"**{titles[name]}**")
             holders[name] = col.empty()
         progress = st.empty()

@@ -42,7 +42,7 @@ def facts_table(facts: dict) -> None:
 
 def weight_metrics(folder: str) -> None:
     cols = st.columns(3)
-    for col, (name, value, exact) in zip(cols, catalog.weights_summary(folder).metrics()):
+    for col, (name, value, exact) in zip(cols, catalog.weights_summary(folder).metrics(), strict=True):
         col.metric(name, value, help=exact)
 
 
@@ -109,8 +109,9 @@ with right:
     choice = state.draft_choice()
     shipped_all = catalog.shipped_for(state.active_target())
     ss.setdefault("models_draft_source", "None" if choice == state.NONE else "Shipped"
-                  if choice == state.AUTO or choice in shipped_all else "Converted" if "/converted/" in choice else "Trained runs"
-                  if any(d.path == choice for d in by_origin[("trained", "checkpoint")]) else "Local folder")
+                  if choice == state.AUTO or choice in shipped_all else "Converted" if "/converted/" in choice
+                  else "Trained runs" if any(d.path == choice for d in by_origin[("trained", "checkpoint")])
+                  else "Local folder")
     ss.setdefault("models_draft_folder", "" if choice in (state.AUTO, state.NONE) else choice)
     dsource = st.radio("Draft source", DRAFT_SOURCES, key="models_draft_source", horizontal=True)
     draft_candidate: str | None = None

@@ -40,7 +40,7 @@ if steps:
 
     st.subheader("The workflow", anchor=False)
     cols = st.columns(len(steps))
-    for col, step in zip(cols, steps):
+    for col, step in zip(cols, steps, strict=True):
         with col, st.container(border=True, height="stretch"):
             st.markdown(f"{step.mark} **{step.title}**")
             st.caption(step.what)

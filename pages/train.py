@@ -50,7 +50,8 @@ def _form_config():
             del errors[""]
     for name, messages in arg_errors.items():
         errors.setdefault(name, []).extend(messages)
-    target_problem = training.data_target_problem(cfg.data, cfg.target, cfg.accept_target_change) if cfg is not None else None
+    target_problem = (training.data_target_problem(cfg.data, cfg.target, cfg.accept_target_change)
+                      if cfg is not None else None)
     if target_problem:  # training would refuse it: say so at the field, before launching
         errors.setdefault("target", []).append(target_problem)
     return (cfg if not errors else None), errors
@@ -230,7 +231,7 @@ with tab_compare:
                                                reference=shipped.curve if show_shipped else None)
                 figs = {name: fig for name, fig in figs.items() if fig.data}  # the shipped curve alone: one chart
                 cols = st.columns(3)
-                for col, (name, fig) in zip(cols, figs.items()):
+                for col, (name, fig) in zip(cols, figs.items(), strict=False):  # empty charts were dropped
                     with col:
                         charts.show(fig, key=f"train_compare_{name}", filename=f"compare-{name}")
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-# the tiny targets' dimensions (tests/tiny.py): a converted draft pairs with them
-H, NH, NKV, HD, I, V, N = 64, 4, 2, 16, 128, 384, 4
+# the tiny targets' dimensions (tests/tiny.py): a converted draft pairs with them; FF: the MLP (intermediate) width
+H, NH, NKV, HD, FF, V, N = 64, 4, 2, 16, 128, 384, 4
 VD = 96  # reduced draft vocabulary
 
 
@@ -27,8 +27,9 @@ def layer_tensors(prefix: str, in_dim: int, *, qk_norm: bool = False, first: boo
            f"{prefix}self_attn.k_proj.weight": torch.randn(NKV * HD, in_dim) * 0.1,
            f"{prefix}self_attn.v_proj.weight": torch.randn(NKV * HD, in_dim) * 0.1,
            f"{prefix}self_attn.o_proj.weight": torch.randn(H, NH * HD) * 0.1,
-           f"{prefix}mlp.gate_proj.weight": torch.randn(I, H) * 0.1, f"{prefix}mlp.up_proj.weight": torch.randn(I, H) * 0.1,
-           f"{prefix}mlp.down_proj.weight": torch.randn(H, I) * 0.1,
+           f"{prefix}mlp.gate_proj.weight": torch.randn(FF, H) * 0.1,
+           f"{prefix}mlp.up_proj.weight": torch.randn(FF, H) * 0.1,
+           f"{prefix}mlp.down_proj.weight": torch.randn(H, FF) * 0.1,
            f"{prefix}input_layernorm.weight": 1 + 0.1 * torch.randn(H),
            f"{prefix}post_attention_layernorm.weight": 1 + 0.1 * torch.randn(H)}
     if first:
@@ -42,7 +43,7 @@ def layer_tensors(prefix: str, in_dim: int, *, qk_norm: bool = False, first: boo
 def llama_config(**extra) -> dict:
     # the fields SafeAILab's / SpecForge's EAGLE-3 configs carry (LlamaConfig + draft_vocab_size)
     return {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": H,
-            "intermediate_size": I, "num_attention_heads": NH, "num_key_value_heads": NKV, "head_dim": HD,
+            "intermediate_size": FF, "num_attention_heads": NH, "num_key_value_heads": NKV, "head_dim": HD,
             "num_hidden_layers": 1, "hidden_act": "silu", "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
             "rope_scaling": None, "max_position_embeddings": 1024, "vocab_size": V, "draft_vocab_size": VD,
             "tie_word_embeddings": False, "torch_dtype": "float32", **extra}
@@ -105,12 +106,13 @@ def qwen3_layers(folder: Path) -> Path:
 def dflash_zlab(folder: Path, layers: int = 2) -> Path:
     """z-lab DFlash (dflash_config.target_layer_ids in output numbering, fused qkv, g_proj gates)."""
     torch.manual_seed(4)
-    cfg = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "hidden_size": H, "intermediate_size": I,
+    cfg = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "hidden_size": H, "intermediate_size": FF,
            "num_attention_heads": NH, "num_key_value_heads": NKV, "head_dim": HD, "num_hidden_layers": layers,
            "rms_norm_eps": 1e-6, "vocab_size": V, "block_size": 4, "num_target_layers": N,
            "dflash_config": {"mask_token_id": 5, "target_layer_ids": [0, 1, 2]}, "max_position_embeddings": 1024,
            "rope_theta": 1000000, "tie_word_embeddings": False}
-    state = {"fc.weight": torch.randn(H, 3 * H) * 0.1, "hidden_norm.weight": torch.ones(H), "norm.weight": torch.ones(H)}
+    state = {"fc.weight": torch.randn(H, 3 * H) * 0.1, "hidden_norm.weight": torch.ones(H),
+             "norm.weight": torch.ones(H)}
     for i in range(layers):
         layer = layer_tensors(f"layers.{i}.", H, qk_norm=True, first=False)
         q, k, v = (layer.pop(f"layers.{i}.self_attn.{p}_proj.weight") for p in "qkv")
@@ -162,7 +164,7 @@ def dspark_deepspec(folder: Path, layers: int = 2, shared: tuple[torch.Tensor, t
     verifier's embedding and head (`shared`, else random), target_layer_ids in output numbering."""
     torch.manual_seed(7)
     embed, head = shared if shared is not None else (torch.randn(V, H) * 0.3, torch.randn(V, H) * 0.3)
-    cfg = {"architectures": ["Qwen3DSparkModel"], "model_type": "qwen3", "hidden_size": H, "intermediate_size": I,
+    cfg = {"architectures": ["Qwen3DSparkModel"], "model_type": "qwen3", "hidden_size": H, "intermediate_size": FF,
            "num_attention_heads": NH, "num_key_value_heads": NKV, "head_dim": HD, "num_hidden_layers": layers,
            "hidden_act": "silu", "rms_norm_eps": 1e-6, "vocab_size": V, "max_position_embeddings": 1024,
            "rope_theta": 1000000, "tie_word_embeddings": False, "attention_bias": False,

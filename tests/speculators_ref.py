@@ -23,7 +23,8 @@ def load_reference(folder: Path, *, verifier_path: str | None = None):
 
 
 def logit_gaps(ref, ours, vocab_size: int, *, tokens: int, steps: int) -> list[float]:
-    """Max |their logits - ours| per training-time-test step, on random aux states and token ids ([1, T, 3H], [1, T])."""
+    """Max |their logits - ours| per training-time-test step, on random aux states and token ids
+    ([1, T, 3H], [1, T])."""
     torch.manual_seed(1)
     aux = torch.randn(1, tokens, ours.fc.in_features)
     ids = torch.randint(3, vocab_size, (1, tokens))

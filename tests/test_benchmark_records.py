@@ -13,8 +13,9 @@ from __future__ import annotations
 import json
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
@@ -93,7 +94,8 @@ def _table(section: str) -> list[dict[str, str]]:
             break
         lines.append(x)
     header = [c.strip() for c in lines[0].strip("|").split("|")]
-    return [dict(zip(header, (c.strip().replace("**", "") for c in line.strip("|").split("|")))) for line in lines[2:]]
+    return [dict(zip(header, (c.strip().replace("**", "") for c in line.strip("|").split("|")), strict=True))
+            for line in lines[2:]]
 
 
 def _record(path: str) -> dict[str, Any]:
@@ -275,7 +277,8 @@ def _check_reship(text: str, section: str, folder: str, new: dict, old: dict, da
     assert f"{manifest['loss_tokens']:,} of them in the loss" in section and f"{seen:,.0f} tokens seen" in section
     row = {r["draft"]: r for r in _table(_section(text, "### Acceptance against data"))}[data_row]
     assert row["decoding-exact τ at k = 3 (20 held-out prompts)"] == f"{new['by_k']['3']['mean_acceptance_length']:.3f}"
-    assert (row["conversations"], row["assistant tokens"]) == (f"{manifest['samples']:,}", f"{manifest['loss_tokens']:,}")
+    assert row["conversations"] == f"{manifest['samples']:,}"
+    assert row["assistant tokens"] == f"{manifest['loss_tokens']:,}"
     card_text = (ROOT / "assets" / "drafts" / card / "README.md").read_text()
     bench = _record(f"{folder}/bench.json")
     assert f"Mean acceptance length **{bench['methods']['draft']['mean_acceptance_length']:.2f}**" in card_text
@@ -419,7 +422,7 @@ def test_the_per_document_reruns_are_their_records(name, algos):
     assert f"benchmarks/results/train_quality/{name}.json" in text and "AMD EPYC" in record["cpu"]
     assert record["command"] in text and table(record["results"]) in text
     assert set(record["results"]) == algos
-    for algo, run in record["results"].items():
+    for run in record["results"].values():
         assert run["data"]["tokens"] == 153486 and run["data"]["steps"] == 75
         assert f"{run['cpu_ratio']:.2f}×" in text
     assert '{"ce": 0.1, "tv": 0.9}' in record["results"]["dspark"]["speculators"]["command"]

@@ -47,9 +47,9 @@ FAMILIES: dict[str, dict] = {
 # fewer KV heads than heads (transformers' cached multi-token step crashes), Qwen3-Next (Gated DeltaNet layers keep
 # recurrent state a crop cannot undo), Llama 4 text (whose get_decoder() returns the whole model).
 PROBE_FAMILIES: dict[str, dict] = {
-    "deepseek_v3": dict(head_dim=8, kv_lora_rank=16, q_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16,
-                        n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, first_k_dense_replace=1,
-                        n_group=1, topk_group=1),
+    "deepseek_v3": dict(head_dim=8, kv_lora_rank=16, q_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=8,
+                        v_head_dim=16, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                        first_k_dense_replace=1, n_group=1, topk_group=1),
     "qwen3_next": dict(linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=16,
                        linear_value_head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
                        shared_expert_intermediate_size=32, full_attention_interval=2),

@@ -10,6 +10,7 @@ import copy
 import json
 import re
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any, Literal
 
 import streamlit as st
@@ -101,7 +102,7 @@ def get_path(cfg: Any, path: str) -> Any:
 def set_path(cfg: dict, path: str, value: Any) -> None:
     parts = _parts(path)
     node: Any = cfg
-    for part, nxt in zip(parts, parts[1:]):
+    for part, nxt in pairwise(parts):
         empty: Any = [] if isinstance(nxt, int) else {}
         if isinstance(part, int):
             while len(node) <= part:
@@ -265,8 +266,8 @@ def widget(field: BuilderField, issues: list) -> None:
 
 def template(algorithm: str, target_path: str, verifier_name: str | None) -> dict[str, Any]:
     """A fresh config of `algorithm` for a target folder (the shapes and names the target implies)."""
-    from engine.format.checkpoint import read_config_dict
     from engine.data.layer_ids import default_layer_ids
+    from engine.format.checkpoint import read_config_dict
     from engine.format.config import build_draft_config
 
     verifier = read_config_dict(target_path)

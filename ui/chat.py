@@ -39,7 +39,7 @@ class Side:
         self.events.append(event)
         self.metrics.observe(event)
         rejected = [self.text.tokenizer.decode([t], skip_special_tokens=False) for t in event.rejected]
-        for i, (tok, src) in enumerate(zip(event.tokens, event.sources)):
+        for i, (tok, src) in enumerate(zip(event.tokens, event.sources, strict=True)):
             last = i == len(event.tokens) - 1
             self.marks.append(TokenMark(self.text.add(tok), src, event.step, rejected if last else []))
         if event.finished:
@@ -128,7 +128,7 @@ class Race:
             for side in self.sides.values():
                 side.done = True
 
-    def start(self) -> "Race":
+    def start(self) -> Race:
         self._thread = threading.Thread(target=self.run, name="demo-chat-race", daemon=True)
         self._thread.start()
         return self
@@ -156,7 +156,7 @@ BLOCK_LEGEND = ("block: one mark per drafted slot, ✓ accepted, ✗ the first r
                 "✂ drafted but cut by the confidence head before verification")
 
 
-def race_progress(race: "Race", titles: dict[str, str], max_new_tokens: int) -> tuple[float, str]:
+def race_progress(race: Race, titles: dict[str, str], max_new_tokens: int) -> tuple[float, str]:
     """A running turn's progress: (fraction of the tokens asked for, "Baseline 34/96 tokens, 5.1 tokens/s · ... ·
     about 25 s left"); an answer that stops early (end of text) counts as complete."""
     from engine.jobs import duration_text

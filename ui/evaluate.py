@@ -99,7 +99,8 @@ def table_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
                "all-positions average": _round(acc.get("all_positions_acceptance_length"))}
         if fc:
             f = fc.get(key) or {}
-            row |= {"step cost (target steps)": _round(f.get("step_cost")), "forecast speedup": _round(f.get("speedup"))}
+            row |= {"step cost (target steps)": _round(f.get("step_cost")),
+                    "forecast speedup": _round(f.get("speedup"))}
         rows.append(row)
     return rows
 

@@ -68,9 +68,8 @@ def running(kind: str) -> list[engine_jobs.Job]:
 def steps(target: str, draft: str | None, target_problem: str | None, target_path: str | None = None) -> list[Step]:
     """The five steps of the workflow for this target and draft, each with its state and the page that does it."""
     from engine.algos import ALGOS, algorithm_names
-    from ui import bench
+    from ui import bench, serving
     from ui import evaluate as evaluate_ui
-    from ui import serving
 
     out = []
     out.append(Step("1. Target", "The large model whose answers the draft must predict (the verifier).",

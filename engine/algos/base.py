@@ -25,9 +25,10 @@ import importlib.util
 import inspect
 import os
 import sys
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, ClassVar, Iterable, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -84,7 +85,7 @@ class DraftArgs(AlgoArgs):
 class Objective(Protocol):
     """The training loss of one algorithm, bound to a draft and its verifier."""
 
-    def __call__(self, model: "nn.Module", batch: dict[str, "torch.Tensor"]) -> tuple["torch.Tensor", dict[str, float]]:
+    def __call__(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
         """(loss, metric sums) for one collated batch; sums are `*_sum`/`*_total` pairs (all-reduced across ranks).
 
         `model` may be wrapped (DDP), so it is called rather than its methods."""
@@ -151,8 +152,8 @@ class DraftAlgorithm:
             raise NotImplementedError(f"{type(self).__name__} has no {module}.{name}")
         return found
 
-    def build(self, target, args: AlgoArgs, *, aux_layer_ids: Sequence[int], token_counts: "torch.Tensor | None",
-              seed: int, init_from: str | None = None) -> "nn.Module":
+    def build(self, target, args: AlgoArgs, *, aux_layer_ids: Sequence[int], token_counts: torch.Tensor | None,
+              seed: int, init_from: str | None = None) -> nn.Module:
         """A new draft for `target` (or the checkpoint `init_from`), ready to train; `.config` is its DraftConfig."""
         if init_from:
             draft = self.part("io", f"load_{self.name}")(init_from, target)
@@ -162,7 +163,7 @@ class DraftAlgorithm:
                           token_counts=token_counts, speculative_tokens=self.speculative_tokens(args), seed=seed)
         return self.prepare(draft, args)
 
-    def prepare(self, draft: "nn.Module", args: AlgoArgs) -> "nn.Module":
+    def prepare(self, draft: nn.Module, args: AlgoArgs) -> nn.Module:
         """Set what the arguments say about a built or loaded draft before training. Default: a `train_lm_head`
         argument decides whether the draft's lm_head trains."""
         if "train_lm_head" in type(args).model_fields:
@@ -170,7 +171,7 @@ class DraftAlgorithm:
         return draft
 
     def load(self, path: str | os.PathLike, target=None, *, allow_pickle: bool = False,
-             dtype: "torch.dtype | None" = None) -> "nn.Module":
+             dtype: torch.dtype | None = None) -> nn.Module:
         """A draft folder in the speculators layout, in eval mode, in `dtype`; by default in its target's dtype when
         that is bf16 on a CPU (each draft step then reads half the bytes, and the draft runs in the dtype vLLM serves
         it in), else fp32."""
@@ -182,7 +183,7 @@ class DraftAlgorithm:
             dtype = torch.bfloat16 if bf16_cpu else torch.float32
         return self.part("io", f"load_{self.name}")(path, target, allow_pickle=allow_pickle, dtype=dtype)
 
-    def save(self, draft: "nn.Module", path: str | os.PathLike, *, dtype: "torch.dtype | None" = None,
+    def save(self, draft: nn.Module, path: str | os.PathLike, *, dtype: torch.dtype | None = None,
              config_updates: dict[str, Any] | None = None) -> Path:
         """config.json + model.safetensors exactly as vLLM loads them (atomic); bf16 unless `dtype`."""
         import torch
@@ -190,12 +191,12 @@ class DraftAlgorithm:
         return self.part("io", f"save_{self.name}")(draft, path, dtype=dtype or torch.bfloat16,
                                                     config_updates=config_updates, **self.save_options(draft))
 
-    def save_options(self, draft: "nn.Module") -> dict[str, Any]:
+    def save_options(self, draft: nn.Module) -> dict[str, Any]:
         """Extra keyword arguments of this algorithm's `save_<name>` (default: none)."""
         return {}
 
-    def collate(self, samples: list[dict[str, "torch.Tensor"]], layout: "Layout", max_tokens: int,
-                args: AlgoArgs) -> dict[str, "torch.Tensor"]:
+    def collate(self, samples: list[dict[str, torch.Tensor]], layout: Layout, max_tokens: int,
+                args: AlgoArgs) -> dict[str, torch.Tensor]:
         """Samples (`hidden_states` [T,L,H], `token_ids` [T], `loss_mask` [T]) -> one training batch.
 
         The algorithm's own input/label shift and any sampling of positions happen here. The batch holds
@@ -204,23 +205,23 @@ class DraftAlgorithm:
         collate = self.part("train", "collate")
         return collate(samples, layout, max_tokens, **named_fields(collate, args), **self.collate_options(args, layout))
 
-    def collate_options(self, args: AlgoArgs, layout: "Layout") -> dict[str, Any]:
+    def collate_options(self, args: AlgoArgs, layout: Layout) -> dict[str, Any]:
         """Keyword arguments of `train.collate` that are not training arguments (default: none)."""
         return {}
 
-    def objective(self, draft: "nn.Module", verifier, args: AlgoArgs, device: str) -> Objective:
+    def objective(self, draft: nn.Module, verifier, args: AlgoArgs, device: str) -> Objective:
         """The training loss: `train.<Class>Objective(draft, verifier, **its named arguments, device=device)`."""
         objective = self.part("train", f"{type(self).__name__}Objective")
         return objective(draft, verifier, **named_fields(objective, args), device=device)
 
-    def calibrate(self, draft: "nn.Module", objective: Objective, batches: "Iterable[dict[str, torch.Tensor]]",
+    def calibrate(self, draft: nn.Module, objective: Objective, batches: Iterable[dict[str, torch.Tensor]],
                   args: AlgoArgs) -> dict[str, Any] | None:
         """Post-hoc calibration after training on held-out batches: updates the draft in place (what `save` writes)
         and returns a report of plain values for the run (`calibration.json`), or None when there is nothing to
         calibrate (the default)."""
         return None
 
-    def fsdp_units(self, draft: "nn.Module") -> "list[nn.Module]":
+    def fsdp_units(self, draft: nn.Module) -> list[nn.Module]:
         """Submodules FSDP2 shards as units of their own (each gathered just before it runs), before the draft
         itself is sharded as the last unit. Default: the items of `draft.layers` (the decoder layers)."""
         from torch import nn
@@ -228,34 +229,34 @@ class DraftAlgorithm:
         layers = getattr(draft, "layers", None)
         return list(layers) if isinstance(layers, nn.ModuleList) else []
 
-    def proposer(self, draft: "nn.Module", **options: Any) -> "Proposer":
+    def proposer(self, draft: nn.Module, **options: Any) -> Proposer:
         """A fresh proposer (its own caches) over loaded weights, for the decode engine."""
         return self.part("proposer", f"{type(self).__name__}Proposer")(draft, **options)
 
-    def aux_layer_ids(self, draft: "nn.Module") -> list[int]:
+    def aux_layer_ids(self, draft: nn.Module) -> list[int]:
         """The target layer ids whose hidden states the draft reads (ascending)."""
         return sorted(draft.config.aux_layer_ids or [])
 
-    def acceptance_counts(self, draft: "nn.Module", aux: "torch.Tensor", token_ids: "torch.Tensor",
-                          k: int) -> "torch.Tensor":
+    def acceptance_counts(self, draft: nn.Module, aux: torch.Tensor, token_ids: torch.Tensor,
+                          k: int) -> torch.Tensor:
         """Greedy decoding of a held-out target output, without decoding: aux [T, A*Ht] (the target's states at
         the draft's layers), token_ids [T] -> a [T] int64, a[q] = how many of the k drafts made when token q is
         the last committed one equal the data (tokens q+1..q+k). `engine.generate.acceptance` walks these counts."""
         return self.part("evaluate", "acceptance_counts")(draft, aux, token_ids, k)
 
-    def walk_counts(self, draft: "nn.Module", aux: "torch.Tensor", token_ids: "torch.Tensor",
-                    k: int) -> "tuple[torch.Tensor, torch.Tensor | None]":
+    def walk_counts(self, draft: nn.Module, aux: torch.Tensor, token_ids: torch.Tensor,
+                    k: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(a [T], cuts [T] or None): `acceptance_counts` and, for a proposer that may draft fewer than k tokens
         by its own rule (DSpark's confidence cut), how many it drafts at each state (a <= cuts). Default: no cut."""
         return self.acceptance_counts(draft, aux, token_ids, k), None
 
-    def acceptance_expectation(self, draft: "nn.Module", aux: "torch.Tensor", token_ids: "torch.Tensor",
-                               target_logits: "torch.Tensor", k: int, temperature: float) -> "torch.Tensor":
+    def acceptance_expectation(self, draft: nn.Module, aux: torch.Tensor, token_ids: torch.Tensor,
+                               target_logits: torch.Tensor, k: int, temperature: float) -> torch.Tensor:
         """Sampled decoding (T > 0): [T, k], entry (q, j) = the chance that drafts 1..j+1 made at state q are all
         accepted, prod_i sum_x min(p_i(x), q_i(x)) with both distributions at `temperature` (an expectation)."""
         return self.part("evaluate", "acceptance_expectation")(draft, aux, token_ids, target_logits, k, temperature)
 
-    def draft_vocabulary(self, draft: "nn.Module") -> "torch.Tensor | None":
+    def draft_vocabulary(self, draft: nn.Module) -> torch.Tensor | None:
         """bool [V]: target tokens the draft can propose (None: all of them). Default: the draft's `t2d` buffer
         (target -> draft vocabulary mask) when it has one."""
         t2d = getattr(draft, "t2d", None)
@@ -315,7 +316,8 @@ def load_plugins(spec: str | None = None) -> list[str]:
             name = f"workbench_plugin_{folder.name}"
             if name not in sys.modules:
                 init = folder / "__init__.py"
-                module_spec = importlib.util.spec_from_file_location(name, init, submodule_search_locations=[str(folder)])
+                module_spec = importlib.util.spec_from_file_location(name, init,
+                                                                     submodule_search_locations=[str(folder)])
                 if module_spec is None or not init.is_file():
                     raise WorkbenchError(f"{folder} is not a Python package", where="WORKBENCH_ALGO_PLUGINS",
                                          hint="give a folder with an __init__.py, or a module name")

@@ -27,11 +27,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                      help="extracted hidden states of held-out target outputs (`extract` of a regenerated val split); "
                           "the fast path: no target forward at all")
     src.add_argument("--dataset", default="sharegpt",
-                     help="a dataset whose held-out (val) prompts the target answers once, greedily (default: sharegpt)")
+                     help="a dataset whose held-out (val) prompts the target answers once, greedily "
+                          "(default: sharegpt)")
     p.add_argument("--num-prompts", type=int, default=20, help="held-out prompts or samples to use (default: 20)")
     p.add_argument("--max-new-tokens", type=int, default=128,
                    help="answer length, as `bench --max-new-tokens` (0 = the data's whole answers)")
-    p.add_argument("--k", type=_ks, default=None, help="k values, e.g. 1,2,3 or 1-5 (default: 1..max(5, the draft's k))")
+    p.add_argument("--k", type=_ks, default=None,
+                   help="k values, e.g. 1,2,3 or 1-5 (default: 1..max(5, the draft's k))")
     p.add_argument("--max-prompt-chars", type=int, default=1500, help="skip longer held-out prompts (as bench)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--temperature", type=float, default=0.0,

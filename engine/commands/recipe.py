@@ -15,7 +15,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--force", action="store_true",
                    help="re-run steps (and measure the curve, sweep and evaluate records again) even if they completed "
                         "with the same arguments")
-    p.add_argument("--dry-run", action="store_true", help="print the commands only (also with --remeasure); nothing is written")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the commands only (also with --remeasure); nothing is written")
     p.add_argument("--remeasure", action="store_true",
                    help="measure the recipe's shipped draft again (bench, vllm_bench, sweep, evaluate; --only picks) "
                         "and update those figures in its model card in place: for a changed engine or lost records")

@@ -28,7 +28,8 @@ class DSparkDeepSpec(Converter):
     algorithm = "dspark"
     options = ("mask_token_id", "aux_layer_ids", "speculative_tokens")
     key_map = (
-        KeyRule(rf"layers\.(\d+)\.({_LAYER_PARTS})", r"layers.\1.\2", "a Qwen3 block layer (context rows as extra K/V)"),
+        KeyRule(rf"layers\.(\d+)\.({_LAYER_PARTS})", r"layers.\1.\2",
+                "a Qwen3 block layer (context rows as extra K/V)"),
         KeyRule(r"fc\.weight", r"fc.weight", "fuses the verifier's aux states [H, A*H]"),
         KeyRule(r"(hidden_norm|norm)\.weight", r"\1.weight"),
         KeyRule(r"markov_head\.(markov_w1|markov_w2)\.weight", r"markov_head.\1.weight",

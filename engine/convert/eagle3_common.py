@@ -78,7 +78,8 @@ class Eagle3Source(Converter):
         layer_config = self._layer_config(config, state, verifier_config, family)
         h = int(layer_config["hidden_size"])
         ht, count = _fused_states(config, state, verifier_config, h)
-        aux = options.aux_layer_ids or self.recorded_aux_ids(config) or _default_ids(self.algorithm, verifier_config, count)
+        aux = (options.aux_layer_ids or self.recorded_aux_ids(config)
+               or _default_ids(self.algorithm, verifier_config, count))
         if aux and len(aux) != count:
             raise WorkbenchError(f"{len(aux)} aux layer ids {sorted(aux)} but fc.weight fuses {count} verifier "
                                  "states", hint="give as many --aux-layer-ids as fc.weight reads")
@@ -95,7 +96,8 @@ class Eagle3Source(Converter):
             fields["target_hidden_size"] = ht
         cfg = build_draft_config(self.algorithm, verifier_config=verifier_config or {"architectures": []},
                                  verifier_name=verifier, layer_config=layer_config,
-                                 speculative_tokens=options.speculative_tokens or self.default_speculative_tokens(config),
+                                 speculative_tokens=(options.speculative_tokens
+                                                     or self.default_speculative_tokens(config)),
                                  **fields)
         return cfg.to_dict()
 

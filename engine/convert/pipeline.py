@@ -6,9 +6,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import engine.algos  # noqa: F401  (registers the speculators types vLLM serves)
 from engine.convert.base import (

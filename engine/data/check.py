@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
 
 import torch
 
-from engine.errors import WorkbenchError
 from engine.data.store import SAMPLE_DIGEST, load_sample, read_manifest, sample_indices, sample_path
+from engine.errors import WorkbenchError
 from engine.fsutil import safetensors_header, tensors_digest
 
 FLOAT_DTYPES = {"F32": "fp32", "BF16": "bf16", "F16": "fp16"}
@@ -38,7 +38,7 @@ class Expected:
     dtype: str | None = None  # bf16 / fp16 / fp32
 
     @classmethod
-    def from_manifest(cls, manifest: dict) -> "Expected":
+    def from_manifest(cls, manifest: dict) -> Expected:
         ids = manifest.get("layer_ids")
         return cls(len(ids) if isinstance(ids, list) else None, manifest.get("hidden_size"),
                    manifest.get("vocab_size"), manifest.get("dtype"))
@@ -100,9 +100,10 @@ def value_problem(hidden_states: torch.Tensor) -> str | None:
     finite = torch.isfinite(hidden_states)
     if bool(finite.all()):
         return None
-    t, col, _ = (int(x) for x in (~finite).nonzero()[0])
-    return (f"hidden_states holds {int((~finite).sum())} non-finite values (the first, {float(hidden_states[t, col, 0])}"
-            f"-like, at position {t}, layer column {col})")
+    t, col, h = (int(x) for x in (~finite).nonzero()[0])
+    first = float(hidden_states[t, col, h])
+    return f"hidden_states holds {int((~finite).sum())} non-finite values (the first, {first}, at position {t}, " \
+           f"layer column {col})"
 
 
 def sample_problem(sample: dict[str, torch.Tensor], vocab_size: int | None) -> str | None:

@@ -16,8 +16,9 @@ import hashlib
 import logging
 import re
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 from engine.data.sources import BadRecord, SourceInfo, read_records
 from engine.errors import WorkbenchError
@@ -199,7 +200,7 @@ def normalise_record(record: Any, adjusted: Counter | None = None, *,
 
 def split_of(key: str, val_fraction: float = DEFAULT_VAL_FRACTION, seed: int = 0) -> str:
     """'val' or 'train' from a hash of (seed, row key): the same row always lands in the same split."""
-    digest = hashlib.blake2b(f"{seed}:{key}".encode("utf-8"), digest_size=8).digest()
+    digest = hashlib.blake2b(f"{seed}:{key}".encode(), digest_size=8).digest()
     return "val" if int.from_bytes(digest, "big") / 2**64 < val_fraction else "train"
 
 

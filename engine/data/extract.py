@@ -1,22 +1,30 @@
 """Extract target hidden states at chosen layer ids into vLLM-format sample files, resumably and in bounded memory.
 
 `extract_dataset` is the one driver: it renders the dataset, resolves the layer ids and writes the manifest
-header, then hands the rows to a backend. The transformers backend (default; CPU or CUDA) sorts samples by length, packs them into right-padded batches
-under a token budget, runs the decoder only (no lm_head) with hooks at the requested layers
-(`engine.targets.capture_hidden_states`) and writes one `hs_{i}.safetensors` per sample (`engine.data.store`).
-The vLLM backend (`engine.data.vllm_backend`) writes through the same `ExtractionRun` (engine.data.extraction_run).
+header, then hands the rows to a backend. The transformers backend (default; CPU or CUDA) sorts samples by length,
+packs them into right-padded batches under a token budget, runs the decoder only (no lm_head) with hooks at the
+requested layers (`engine.targets.capture_hidden_states`) and writes one `hs_{i}.safetensors` per sample
+(`engine.data.store`). The vLLM backend (`engine.data.vllm_backend`) writes through the same `ExtractionRun`
+(engine.data.extraction_run).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 import torch
 
 from engine.data.datasets import DEFAULT_VAL_FRACTION
-from engine.data.extraction_run import (ExtractionProgress, ExtractionRun, TargetInfo, build_header, dataset_name,
-                                    estimate_bytes, log_done)
+from engine.data.extraction_run import (
+    ExtractionProgress,
+    ExtractionRun,
+    TargetInfo,
+    build_header,
+    dataset_name,
+    estimate_bytes,
+    log_done,
+)
 from engine.data.layer_ids import resolve_layer_ids
 from engine.data.render import RenderedRow, render_dataset
 from engine.data.store import HiddenStatesDataset, load_sample
@@ -93,7 +101,7 @@ def extract_hidden_states(target, rows: Sequence[RenderedRow], out: str | Path, 
             for batch in batches:
                 indices = [todo[p] for p in batch]
                 states = capture_batch(target.model, [rows[i].input_ids for i in indices], layer_ids, target.device)
-                for i, hs in zip(indices, states):
+                for i, hs in zip(indices, states, strict=True):
                     run.write(i, hs)
                     bar.advance(rows[i].num_tokens)
                     if on_sample is not None:

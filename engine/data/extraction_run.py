@@ -9,17 +9,28 @@ from __future__ import annotations
 import logging
 import shutil
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 import torch
 
 from engine.data.render import RenderedRow
 from engine.data.sources import BUILTIN_DATASETS
-from engine.data.store import (FORMAT, MANIFEST, TOKEN_FREQ, FolderStats, incompatibilities, read_manifest,
-                               read_sample_stats, remove_stale_temp_files, sample_indices, sample_path, write_manifest,
-                               write_sample)
+from engine.data.store import (
+    FORMAT,
+    MANIFEST,
+    TOKEN_FREQ,
+    FolderStats,
+    incompatibilities,
+    read_manifest,
+    read_sample_stats,
+    remove_stale_temp_files,
+    sample_indices,
+    sample_path,
+    write_manifest,
+    write_sample,
+)
 from engine.errors import WorkbenchError
 from engine.fsutil import claim_names
 from engine.jobs import DirLock, left_text, reporter
@@ -42,11 +53,11 @@ class TargetInfo:
     vocab_size: int
 
     @classmethod
-    def from_target(cls, target) -> "TargetInfo":
+    def from_target(cls, target) -> TargetInfo:
         return cls(target.verifier_name, target.ref.path, target.num_layers, target.hidden_size, target.vocab_size)
 
     @classmethod
-    def from_config(cls, ref, config) -> "TargetInfo":
+    def from_config(cls, ref, config) -> TargetInfo:
         text = config.get_text_config() if hasattr(config, "get_text_config") else config
         return cls(ref.hub_id or ref.path, ref.path, int(text.num_hidden_layers), int(text.hidden_size),
                    int(text.vocab_size))
@@ -84,8 +95,8 @@ def check_disk(folder: Path, needed: int) -> None:
     required = needed * 1.05 + 64 * 2**20
     if required > free:
         raise WorkbenchError(
-            f"extraction needs {human_bytes(required)} free (about {human_bytes(needed)} of samples, plus 5% and 64 MiB to "
-            f"spare) but only {human_bytes(free)} is free under {folder}",
+            f"extraction needs {human_bytes(required)} free (about {human_bytes(needed)} of samples, plus 5% and "
+            f"64 MiB to spare) but only {human_bytes(free)} is free under {folder}",
             hint="use --max-samples or --max-length to extract less, fewer --layers, --dtype bf16, "
             "or an --out folder on a larger disk")
     log.info("estimated size %s (%s free)", human_bytes(needed), human_bytes(free))
@@ -124,7 +135,7 @@ class ExtractionRun:
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
-    def __enter__(self) -> "ExtractionRun":
+    def __enter__(self) -> ExtractionRun:
         self._claim()  # before the lock file: a refused run leaves the folder as it was
         self._lock.__enter__()
         try:
@@ -230,7 +241,7 @@ class ExtractionProgress:
             phase = f"extracting the hidden states of {run.header.get('target')}"
             self.rep.phase(phase, self.total, message=f"{phase}: 0/{len(run.rows)} samples")
 
-    def __enter__(self) -> "ExtractionProgress":
+    def __enter__(self) -> ExtractionProgress:
         return self
 
     def __exit__(self, *exc) -> None:

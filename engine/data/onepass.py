@@ -18,15 +18,22 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import torch
 
 from engine.data.datasets import DEFAULT_VAL_FRACTION
 from engine.data.extract import DEFAULT_BATCH_TOKENS, capture_batch, plan_padded_batches
-from engine.data.extraction_run import (ExtractionRun, TargetInfo, build_header, check_disk, dataset_name,
-                                        estimate_bytes, log_done)
+from engine.data.extraction_run import (
+    ExtractionRun,
+    TargetInfo,
+    build_header,
+    check_disk,
+    dataset_name,
+    estimate_bytes,
+    log_done,
+)
 from engine.data.regenerate import RegenerateSummary, regenerate, stop_token_ids
 from engine.data.render import RenderedRow, render_dataset, render_rows
 from engine.data.store import MANIFEST, TOKEN_FREQ, sample_indices, sample_path
@@ -76,9 +83,10 @@ def _join_caches(caches: list, config) -> tuple[object, list[int]]:
     pads = [width - c.get_seq_length() for c in caches]
     out = DynamicCache(config=config)
     for i in range(len(caches[0].layers)):
-        keys = torch.cat([torch.nn.functional.pad(c.layers[i].keys, (0, 0, pad, 0)) for c, pad in zip(caches, pads)])
+        keys = torch.cat([torch.nn.functional.pad(c.layers[i].keys, (0, 0, pad, 0))
+                          for c, pad in zip(caches, pads, strict=True)])
         values = torch.cat([torch.nn.functional.pad(c.layers[i].values, (0, 0, pad, 0))
-                            for c, pad in zip(caches, pads)])
+                            for c, pad in zip(caches, pads, strict=True)])
         out.update(keys, values, i)
     return out, pads
 
@@ -273,7 +281,7 @@ def _extract_missing(run: ExtractionRun, target, layer_ids: Sequence[int]) -> in
     for batch in plan_padded_batches([run.rows[i].num_tokens for i in todo], batch_tokens=DEFAULT_BATCH_TOKENS):
         indices = [todo[p] for p in batch]
         for i, hs in zip(indices, capture_batch(target.model, [run.rows[i].input_ids for i in indices], layer_ids,
-                                                target.device)):
+                                                target.device), strict=True):
             run.write(i, hs)
     return len(todo)
 

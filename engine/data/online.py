@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import random
 from collections import Counter
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import torch
 
@@ -76,8 +76,9 @@ class OnlineHiddenStates(torch.utils.data.Dataset):
         """Samples for `indices` (in that order) from token-budgeted batched forwards."""
         indices = list(indices)
         out: list[dict | None] = [None] * len(indices)
-        for batch in plan_padded_batches([self.rows[i].num_tokens for i in indices], self.batch_size, self.batch_tokens):
-            for p, sample in zip(batch, self._compute([indices[p] for p in batch])):
+        sizes = [self.rows[i].num_tokens for i in indices]
+        for batch in plan_padded_batches(sizes, self.batch_size, self.batch_tokens):
+            for p, sample in zip(batch, self._compute([indices[p] for p in batch]), strict=True):
                 out[p] = sample
         return out  # type: ignore[return-value]
 
@@ -88,7 +89,7 @@ class OnlineHiddenStates(torch.utils.data.Dataset):
         return [{"hidden_states": hs.to(self.dtype).clone(),
                  "token_ids": torch.tensor(self.rows[i].input_ids, dtype=torch.int64),
                  "loss_mask": torch.tensor(self.rows[i].loss_mask, dtype=torch.int64)}
-                for i, hs in zip(indices, states)]
+                for i, hs in zip(indices, states, strict=True)]
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch

@@ -15,9 +15,9 @@ import logging
 import os
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 import torch
 
@@ -230,7 +230,7 @@ def regenerate_batch(target, rows: Sequence[dict], *, max_new_tokens: int, tempe
             break
         answers = answer(target, [histories[b] for b in active], max_new_tokens=max_new_tokens,
                          temperature=temperature, top_p=top_p)
-        for b, (text, n_new, ended) in zip(active, answers):
+        for b, (text, n_new, ended) in zip(active, answers, strict=True):
             summary.new_tokens += n_new
             summary.cut_at_max_new_tokens += int(not ended)
             if not text:
@@ -241,7 +241,7 @@ def regenerate_batch(target, rows: Sequence[dict], *, max_new_tokens: int, tempe
             histories[b].append({"role": "assistant", "content": text})
             summary.answers += 1
     out = []
-    for row, history in zip(rows, histories):
+    for row, history in zip(rows, histories, strict=True):
         if any(m["role"] == "assistant" for m in history):
             out.append({"id": row["id"], "messages": history})
         else:

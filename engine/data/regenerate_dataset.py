@@ -41,7 +41,7 @@ def regenerate_dataset(*, out: str, dataset: str = "sharegpt", target: str | Non
         model = load_target(target, dtype="fp32" if device == "cpu" else "bf16", device=device)
     rows, summary = load_conversations(dataset, split=split, val_fraction=val_fraction, seed=seed,
                                        max_samples=max_samples, prompt_only=True)  # prompts are what it answers
-    print(summary.format())
+    log.info("%s", summary.format())
     kwargs = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, batch_size=batch_size,
                   max_length=max_length, max_turns=max_turns, seed=seed)
     if extract_to is not None:

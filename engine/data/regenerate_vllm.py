@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Sequence
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ class VllmAnswerer:
         self.pool.shutdown(wait=False, cancel_futures=True)
         self.server.stop()
 
-    def __enter__(self) -> "VllmAnswerer":
+    def __enter__(self) -> VllmAnswerer:
         return self
 
     def __exit__(self, *exc) -> None:

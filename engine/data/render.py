@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Sequence
 
 from engine.data.datasets import DEFAULT_VAL_FRACTION, DatasetSummary, iter_conversations
 from engine.errors import WorkbenchError

@@ -13,9 +13,9 @@ from __future__ import annotations
 import logging
 import re
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Sequence
 
 import torch
 

@@ -20,8 +20,9 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 import torch
 
@@ -317,7 +318,7 @@ def extract_rows_vllm(model: str, info: TargetInfo, rows: Sequence[RenderedRow],
                     ExtractionProgress(run, sum(rows[i].num_tokens for i in todo), progress) as bar:
                 for start in range(0, len(todo), chunk):
                     indices = todo[start: start + chunk]
-                    for i, path in zip(indices, files([list(rows[i].input_ids) for i in indices])):
+                    for i, path in zip(indices, files([list(rows[i].input_ids) for i in indices]), strict=True):
                         collect(run, i, path)
                         bar.advance(rows[i].num_tokens)
         finally:

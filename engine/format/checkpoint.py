@@ -4,15 +4,21 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Collection, Mapping
+from typing import Any
 
 import torch
 
 from engine.errors import WorkbenchError
-from engine.fsutil import (atomic_directory, atomic_save_safetensors, atomic_write_json, atomic_write_text,
-                           check_replaceable)
+from engine.fsutil import (
+    atomic_directory,
+    atomic_save_safetensors,
+    atomic_write_json,
+    atomic_write_text,
+    check_replaceable,
+)
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -96,7 +102,8 @@ def weight_files(folder: str | os.PathLike) -> list[Path]:
             hint="convert them to model.safetensors, or pass allow_pickle=True (--allow-pickle) if you trust the "
             "file (loaded with torch.load(weights_only=True))",
         )
-    raise WorkbenchError("no model.safetensors in the folder", where=str(folder), hint="save the weights as safetensors")
+    raise WorkbenchError("no model.safetensors in the folder", where=str(folder),
+                         hint="save the weights as safetensors")
 
 
 def weights_sha256(folder: str | os.PathLike) -> str:

@@ -44,7 +44,8 @@ class SpeculatorsInfo(BaseModel):
 
     model_config = ConfigDict(extra="allow")
     algorithm: str = Field(..., description="Algorithm name, same as `speculators_model_type`.")
-    proposal_methods: list[ProposalMethod] = Field(..., min_length=1, description="Proposal methods; vLLM uses the first.")
+    proposal_methods: list[ProposalMethod] = Field(..., min_length=1,
+                                                   description="Proposal methods; vLLM uses the first.")
     default_proposal_method: str = Field("greedy", description="Must name the proposal_type of one entry.")
     verifier: VerifierInfo
 
@@ -80,7 +81,8 @@ class DraftConfig(BaseModel):
     token_id_fields: ClassVar[dict[str, str]] = {}
 
     speculators_model_type: str = Field(..., description="Algorithm discriminator read by vLLM and speculators.")
-    architectures: list[str] = Field(default_factory=list, description="Class name; informative only (vLLM overrides it).")
+    architectures: list[str] = Field(default_factory=list,
+                                     description="Class name; informative only (vLLM overrides it).")
     auto_map: dict[str, str] = Field(default_factory=dict, description="speculators' config class map.")
     speculators_config: SpeculatorsInfo
     speculators_version: str = Field(SPECULATORS_VERSION, description="speculators version of the format.")
@@ -88,7 +90,8 @@ class DraftConfig(BaseModel):
         ..., description="The draft decoder's Hugging Face config (model_type selects Llama or Qwen3 layers)."
     )
     transformers_version: str | None = Field(None, description="transformers version that wrote the config.")
-    draft_vocab_size: int = Field(32000, ge=1, description="Rows of the draft lm_head (= verifier vocab means no reduction).")
+    draft_vocab_size: int = Field(32000, ge=1,
+                                  description="Rows of the draft lm_head (= verifier vocab means no reduction).")
     target_hidden_size: int | None = Field(None, description="Verifier hidden size when it differs from the draft's.")
 
     # -- convenience ---------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from engine.format.config import CONFIG_TYPES, config_types, number_problems
 from engine.format.repair import lacks_stored_embedding
 from engine.format.report import Issue, ValidationReport
 
+
 def _vllm(report: ValidationReport, err: vr.VllmError, message: str, *, severity: str = "error") -> None:
     cause = f" (caused by {err.cause})" if err.cause else ""
     report.add(Issue(err.field or "config", message + cause, err.vllm_message, "vllm", severity))
@@ -311,8 +312,9 @@ def _project_config_rules(cfg: dict[str, Any], typed, hf: dict[str, Any] | None,
     if isinstance(tlc, dict):
         for key in ("hidden_size", "num_attention_heads", "intermediate_size", "vocab_size", "model_type"):
             if key not in tlc:
-                report.add(Issue(f"transformer_layer_config.{key}", f"missing '{key}': vLLM needs it to build the draft "
-                                 "decoder; copy it from the verifier's config"))
+                report.add(Issue(f"transformer_layer_config.{key}",
+                                 f"missing '{key}': vLLM needs it to build the draft decoder; copy it from the "
+                                 "verifier's config"))
         for key in ("hidden_size", "num_attention_heads", "num_key_value_heads", "intermediate_size", "vocab_size",
                     "num_hidden_layers", "head_dim", "max_position_embeddings"):
             value = tlc.get(key)
@@ -483,9 +485,9 @@ def _verifier_rules(cfg: dict[str, Any], hf: dict[str, Any] | None, verifier: di
     va = verifier.get("architectures")
     spec_va = ((cfg.get("speculators_config") or {}).get("verifier") or {}).get("architectures")
     if va and spec_va and list(va) != list(spec_va):
-        report.add(Issue("speculators_config.verifier.architectures", f"{spec_va} differs from the verifier's {va}"
-                         + (": the draft was trained on another kind of model than the chosen target" if chosen else ""),
-                         severity="error" if chosen else "warning"))
+        why = ": the draft was trained on another kind of model than the chosen target" if chosen else ""
+        report.add(Issue("speculators_config.verifier.architectures",
+                         f"{spec_va} differs from the verifier's {va}{why}", severity="error" if chosen else "warning"))
 
 
 _LAYER_TOKEN_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")  # copied from the verifier; vLLM drafts without

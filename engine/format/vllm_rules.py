@@ -7,8 +7,8 @@ carrying the exception type and message vLLM would raise. Nothing here imports v
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from engine.format.config import CONFIG_TYPES, DraftConfig, config_type
@@ -274,7 +274,7 @@ class Dims:
     qwen: bool    # Qwen3 layers (q/k norms)
 
     @classmethod
-    def of(cls, hf: dict[str, Any]) -> "Dims":
+    def of(cls, hf: dict[str, Any]) -> Dims:
         h, nh = int(hf["hidden_size"]), int(hf["num_attention_heads"])
         vocab = int(hf["vocab_size"])
         return cls(h=h, nh=nh, nkv=int(hf.get("num_key_value_heads") or nh), hd=int(hf.get("head_dim") or h // nh),

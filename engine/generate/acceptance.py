@@ -10,8 +10,9 @@ token, per-position acceptance) for every k <= K at once, since a_k(q) = min(a_K
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import torch
 
@@ -76,7 +77,7 @@ class Acceptance:
 
     def add_expectation(self, w: Walk, states: list[int], chances: torch.Tensor) -> None:
         """chances [T, K]: P(drafts 1..j+1 accepted) at each state; summed over the walk's drafting steps."""
-        for q, d in zip(states, w.drafted):
+        for q, d in zip(states, w.drafted, strict=True):
             if d < 1:
                 continue
             row = chances[q, :d].tolist()
@@ -89,7 +90,7 @@ class Acceptance:
 
     def add(self, w: Walk, all_positions: list[int]) -> None:
         drafts = accepted = 0
-        for d, n in zip(w.drafted, w.accepted):
+        for d, n in zip(w.drafted, w.accepted, strict=True):
             if d < 1:
                 continue
             drafts += 1

@@ -275,7 +275,7 @@ class _Candidate:
     several: list[float] = field(default_factory=list)
 
     @classmethod
-    def load(cls, name_or_path: str | None, path: KernelPath, k: int, device: str | None) -> "_Candidate":
+    def load(cls, name_or_path: str | None, path: KernelPath, k: int, device: str | None) -> _Candidate:
         from engine.generate.runner import TargetRunner
 
         target = load_target(name_or_path, dtype=path.dtype, device=device, with_tokenizer=False)

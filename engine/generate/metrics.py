@@ -36,7 +36,7 @@ class SpecMetrics:
             for i in range(event.accepted):
                 self.accepted_per_pos[i] += 1
 
-    def merge(self, other: "SpecMetrics") -> None:
+    def merge(self, other: SpecMetrics) -> None:
         self.num_drafts += other.num_drafts
         self.num_draft_tokens += other.num_draft_tokens
         self.num_accepted_tokens += other.num_accepted_tokens

@@ -10,8 +10,8 @@ bonus from p. Deterministic drafts (n-gram, greedy drafts) have one-hot q.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 import torch
 
@@ -93,8 +93,9 @@ def _check_prompt(prompt_ids: list[int], params: SamplingParams, runner: TargetR
     if params.max_new_tokens < 1:
         raise WorkbenchError("max_new_tokens must be at least 1")
     if len(prompt_ids) + params.max_new_tokens + 1 > runner.max_length:
-        raise WorkbenchError(f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({params.max_new_tokens}) exceeds the "
-                             f"target's maximum length {runner.max_length}", hint="shorten the prompt or generate less")
+        raise WorkbenchError(f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({params.max_new_tokens}) exceeds "
+                             f"the target's maximum length {runner.max_length}",
+                             hint="shorten the prompt or generate less")
 
 
 def generate(
@@ -160,7 +161,7 @@ def _speculative_step(runner, proposer, last, params, k, generator, stopper, ste
     emitted = drafts[:n] + [verdict.next_token]
     sources = [ACCEPTED] * n + [BONUS if n == len(drafts) and drafts else CORRECTION if drafts else TARGET]
     out_tokens, out_sources = [], []
-    for tok, src in zip(emitted, sources):
+    for tok, src in zip(emitted, sources, strict=True):
         out_tokens.append(tok)
         out_sources.append(src)
         if stopper.push(tok):

@@ -15,9 +15,10 @@ import json
 import logging
 import os
 import re
+from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
@@ -235,9 +236,9 @@ def benchmark(*, target: str | None = None, draft: str | None = None, prompts: s
               backend: str = "transformers", dtype: str = "auto", threads: int | None = None,
               span: tuple[float, float] | None = None) -> dict:
     """`python -m engine bench` as a function: in-process (`transformers`) or real vLLM (`vllm`) on the same prompts."""
+    from engine.generate.kernel_choice import load_decode_target
     from engine.generate.sampling import SamplingParams
     from engine.jobs import reporter
-    from engine.generate.kernel_choice import load_decode_target
     from engine.targets import target_for_draft, vllm_dtype
 
     if threads:

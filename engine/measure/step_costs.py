@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 
 def measure_step_costs(target, algorithm, draft, ks: Sequence[int], *, context: Sequence[int],

@@ -130,7 +130,7 @@ def run_recipe(name_or_path: str, *, only: list[str] | None = None, force: bool 
         if not force and marker.is_file() and _still_done(read_json(marker), digest, inputs):
             log.info("step %s: already done (%s)", step, marker)
             continue
-        print(f"\n== {step}: python -m engine {' '.join(shown)}", flush=True)
+        log.info("== %s: python -m engine %s", step, " ".join(shown))
         if dry_run:
             continue
         rep.update(f"recipe step {step}", i / max(1, len(steps)))

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from engine.errors import WorkbenchError
 from engine.serve.metrics import scrape, spec_delta
@@ -79,7 +80,7 @@ def _generate_all(server, prompts: Sequence[dict[str, Any]], *, max_new_tokens: 
 def _first_divergence(a: list[int] | None, b: list[int] | None, text_a: str, text_b: str) -> int | None:
     """Index of the first differing token (or character, without ids); None when identical."""
     x, y = (a, b) if a is not None and b is not None else (text_a, text_b)
-    for i, (p, q) in enumerate(zip(x, y)):
+    for i, (p, q) in enumerate(zip(x, y, strict=False)):  # the outputs' lengths may differ
         if p != q:
             return i
     return None if len(x) == len(y) else min(len(x), len(y))
@@ -139,8 +140,9 @@ def _result(runs: dict[str, dict[str, Any]], **facts: Any) -> dict[str, Any]:
     for method, run in runs.items():
         m = run["metrics"]
         speculative = method != "baseline"
-        divergence = [_first_divergence(a, b, ta, tb) for a, b, ta, tb in
-                      zip(run["token_ids"], base["token_ids"], run["outputs"], base["outputs"])] if base else None
+        divergence = None if not base else [
+            _first_divergence(a, b, ta, tb)
+            for a, b, ta, tb in zip(run["token_ids"], base["token_ids"], run["outputs"], base["outputs"], strict=True)]
         out[method] = {
             "mean_acceptance_length": m["mean_acceptance_length"] if speculative else None,
             "per_position_acceptance": m["per_position_acceptance"] if speculative else [],

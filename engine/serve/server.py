@@ -23,9 +23,10 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from engine.errors import WorkbenchError
 from engine.fsutil import atomic_write_json, atomic_write_text
@@ -368,7 +369,7 @@ class VllmServer:
         return env
 
     # -- lifecycle -----------------------------------------------------------------------------
-    def start(self) -> "VllmServer":
+    def start(self) -> VllmServer:
         """Launch the server (returns at once; see wait_ready)."""
         if self.proc is not None and self.proc.poll() is None:
             return self
@@ -406,7 +407,7 @@ class VllmServer:
             return False
 
     def wait_ready(self, timeout: float = DEFAULT_START_TIMEOUT, poll: float = 1.0,
-                   progress: Callable[[str], None] | None = None) -> "VllmServer":
+                   progress: Callable[[str], None] | None = None) -> VllmServer:
         """Poll /health and /v1/models until both answer; a dead or slow server raises with vLLM's own words."""
         if self.proc is None:
             self.start()
@@ -466,7 +467,7 @@ class VllmServer:
 
         return VllmClient(self.url, **kwargs)
 
-    def __enter__(self) -> "VllmServer":
+    def __enter__(self) -> VllmServer:
         self.start().wait_ready()
         return self
 
@@ -579,7 +580,7 @@ class ServerPool:
             _, server = self.servers.popitem()
             server.stop()
 
-    def __enter__(self) -> "ServerPool":
+    def __enter__(self) -> ServerPool:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -17,9 +17,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from engine.errors import WorkbenchError
 from engine.format.vllm_rules import CPU_BUILD_VERSION

@@ -60,7 +60,8 @@ class TrainConfig(BaseModel):
     val_every: int = Field(100, ge=1, description="Validate every N optimizer steps.")
     val_max_batches: int = Field(20, ge=1, description="Validation batches per evaluation.")
     log_every: int = Field(1, ge=1, description="Write a metrics.jsonl row every N steps.")
-    checkpoint_every: int = Field(200, ge=1, description="Checkpoint every N optimizer steps (also at the end and on SIGTERM).")
+    checkpoint_every: int = Field(200, ge=1,
+                                  description="Checkpoint every N optimizer steps (also at the end and on SIGTERM).")
     keep_checkpoints: int = Field(2, ge=1, description="Step checkpoints to keep (the final one is always kept).")
     device: str = Field("auto", description="auto, cpu or cuda.")
 
@@ -123,7 +124,7 @@ class TrainConfig(BaseModel):
         return ALGOS.get(self.algo)
 
     @classmethod
-    def from_yaml(cls, path: str | Path, **overrides: Any) -> "TrainConfig":
+    def from_yaml(cls, path: str | Path, **overrides: Any) -> TrainConfig:
         """Load a recipe; a `train:` block is used if present; `overrides` win."""
         try:
             raw = yaml.safe_load(Path(path).read_text()) or {}

@@ -35,10 +35,11 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -99,13 +100,13 @@ def all_reduce_sum(values: dict[str, float], d: Dist) -> dict[str, float]:
     device = f"cuda:{torch.cuda.current_device()}" if dist.get_backend() == "nccl" else "cpu"
     t = torch.tensor([values.get(k, 0.0) for k in keys], dtype=torch.float64, device=device)
     dist.all_reduce(t)
-    return dict(zip(keys, t.tolist()))
+    return dict(zip(keys, t.tolist(), strict=True))
 
 
 # -- strategies ----------------------------------------------------------------------------------
 
 
-def make_strategy(cfg, d: Dist, device: str) -> "Strategy":
+def make_strategy(cfg, d: Dist, device: str) -> Strategy:
     """The strategy of `cfg.strategy` for this process group (one process: plain training either way)."""
     if cfg.strategy == "fsdp" and d.world > 1:
         return Sharded(cfg, d, device)

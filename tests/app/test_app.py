@@ -254,7 +254,8 @@ def test_demo_chat_compares_baseline_draft_and_ngram_in_one_run_and_says_why(run
     assert turn["cost_curve"][turn["k"] + 1] > 0  # the target's cost curve, measured once and cached
     table = at.table[0].value  # one column per proposer, one row per quantity: no column cut off
     assert list(table.columns) == ["", "Draft model", "n-gram (prompt lookup)"]
-    assert {"step cost (baseline steps)", "target verification", "drafting", "ceiling (free drafting)"} <= set(table[""])
+    quantities = {"step cost (baseline steps)", "target verification", "drafting", "ceiling (free drafting)"}
+    assert quantities <= set(table[""])
     if turn["kernel_rows"]:  # the kernel paths timed on this CPU: a table beside the explanation
         assert any("ms per token" in d.value.columns for d in at.dataframe)
     html = texts(at.html)
@@ -387,14 +388,14 @@ def test_train_form_is_generated_from_the_config(runs, tiny_target):
 
     at = open_app(tiny_target, page="train")
     widgets = {w.key: w for w in [*at.text_input, *at.number_input, *at.checkbox, *at.selectbox]}
-    from ui.forms import human_label
-    from ui.training import GROUPS, COMMON_SKIP, algo_groups, algo_prefix
-
     from engine.algos import ALGOS
+    from ui.forms import human_label
+    from ui.training import COMMON_SKIP, GROUPS, algo_groups, algo_prefix
 
     grouped = [name for names in GROUPS.values() for name in names]
     assert set(grouped) <= set(TrainConfig.model_fields), "the form groups name fields the config does not have"
-    for prefix, model in (("train_f_", TrainConfig), (algo_prefix("train_f_", "eagle3"), ALGOS.get("eagle3").args_class)):
+    for prefix, model in (("train_f_", TrainConfig),
+                          (algo_prefix("train_f_", "eagle3"), ALGOS.get("eagle3").args_class)):
         for name, info in model.model_fields.items():
             if name in COMMON_SKIP:
                 continue

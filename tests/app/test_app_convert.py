@@ -7,8 +7,9 @@ import json
 
 import pytest
 import torch
-from convert_layouts import dspark_deepspec, peagle_specforge, write_checkpoint
 from safetensors.torch import load_file
+
+from convert_layouts import dspark_deepspec, peagle_specforge, write_checkpoint
 
 
 @pytest.fixture

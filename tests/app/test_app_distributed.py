@@ -5,12 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-
-from engine import jobs
-
 # the helpers and fixtures of the main app test module
 from test_app import ok, only_job, open_app, runs, texts, tiny_dataset, tiny_target, wait_for  # noqa: F401
 
+from engine import jobs
 from ui import training
 
 

@@ -185,7 +185,7 @@ def test_tracked_writes_progress_and_time_left_into_the_jobs_status(tmp_path, mo
     monkeypatch.setenv(jobs.JOB_DIR_ENV, str(tmp_path))
     monkeypatch.setattr(jobs, "_REPORTER", None)
     seen = []
-    for i in jobs.tracked(range(4), desc="the target answers the held-out prompts", span=(0.0, 0.8), every_s=0.0):
+    for _ in jobs.tracked(range(4), desc="the target answers the held-out prompts", span=(0.0, 0.8), every_s=0.0):
         seen.append(json.loads((tmp_path / jobs.STATUS).read_text()))
     final = json.loads((tmp_path / jobs.STATUS).read_text())
     assert seen[0]["progress"] == 0.0 and "0/4" in seen[0]["message"]
@@ -194,7 +194,7 @@ def test_tracked_writes_progress_and_time_left_into_the_jobs_status(tmp_path, mo
 
 
 def test_a_running_evaluation_shows_a_progress_bar_with_time_left(runs, tiny_targets):
-    from ui import bench, catalog
+    from ui import catalog
 
     draft = catalog.shipped_draft(BUILTIN)
     _fake_job(runs, "evaluate", ["evaluate", "--draft", draft, "--json", str(runs / "e.json")],
@@ -302,7 +302,8 @@ def test_charts_keep_legends_off_axis_titles_scale_heat_maps_to_the_data_and_nam
 # -- values from a default are said, and can be changed before writing --------------------------------------------
 
 
-def test_convert_dry_run_says_the_aux_layer_ids_came_from_a_default(runs, tiny_target, tiny_draft, tmp_path):
+# tiny_target, tiny_draft: fixtures imported from test_app, which F811 takes for redefinitions
+def test_convert_dry_run_says_the_aux_layer_ids_came_from_a_default(runs, tiny_target, tiny_draft, tmp_path):  # noqa: F811
     src = _research_checkpoint(tiny_draft, tmp_path / "research")  # its config records no aux layer ids
     verifier = tmp_path / "deep-verifier"  # a 30-layer verifier's config: vLLM's default ids are [2, 15, 27]
     verifier.mkdir()
@@ -322,7 +323,8 @@ def test_convert_dry_run_says_the_aux_layer_ids_came_from_a_default(runs, tiny_t
     assert "from a default" not in texts(at.warning)
 
 
-def test_config_builder_says_what_is_wrong_in_words_under_the_field_that_is_wrong(runs, tiny_target, tiny_draft):
+# tiny_target, tiny_draft: fixtures imported from test_app, which F811 takes for redefinitions
+def test_config_builder_says_what_is_wrong_in_words_under_the_field_that_is_wrong(runs, tiny_target, tiny_draft):  # noqa: F811
     from engine.format.validate import validate_draft
 
     cfg = json.loads((Path(tiny_draft) / "config.json").read_text())
@@ -438,9 +440,8 @@ def test_records_of_the_trained_folder_are_the_shipped_drafts_when_the_bytes_are
     import torch
 
     from engine.format.checkpoint import save_checkpoint, weights_sha256
-    from ui import bench
+    from ui import bench, records
     from ui import evaluate as evaluate_ui
-    from ui import records
 
     trained = save_checkpoint(tmp_path / "runs" / "recipe" / "train" / "draft", {"v": 1}, {"w": torch.ones(3)})
     shipped_draft = save_checkpoint(tmp_path / "drafts" / "mine", {"v": 1}, {"w": torch.ones(3)})

@@ -380,14 +380,15 @@ def test_parallel_demo_chat_sessions_all_answer_and_share_one_model(browser, app
         idle(pg)
         tabs.append(pg)
     try:
-        for pg, prompt in zip(tabs, prompts):  # sent back to back: the three generations overlap
+        for pg, prompt in zip(tabs, prompts, strict=True):  # sent back to back: the three generations overlap
             pg.bring_to_front()
             box = pg.get_by_test_id("stChatInputTextArea")
             box.fill(prompt)
             box.press("Enter")
         for i, pg in enumerate(tabs):
             pg.bring_to_front()  # a background tab does not render (Chromium pauses its animation frames)
-            pg.get_by_text("Identical output").first.wait_for(timeout=float(os.environ.get("PARALLEL_WAIT_MS", 600_000)))
+            wait_ms = float(os.environ.get("PARALLEL_WAIT_MS", 600_000))
+            pg.get_by_text("Identical output").first.wait_for(timeout=wait_ms)
             idle(pg)
             no_traceback(pg)
             assert pg.locator(".baseline-answer").first.inner_text().strip()
@@ -503,7 +504,7 @@ def test_a_running_evaluation_shows_progress_and_time_left(page, app_url):
 
 def test_the_apps_log_holds_no_traceback_after_a_full_tour(page, app_url):
     _, runs = app_url
-    for link, title in PAGES:
+    for link, _ in PAGES:
         go(page, link)
         no_traceback(page)
         for tab in page.locator('[data-testid="stTab"]').all():  # every tab of the page

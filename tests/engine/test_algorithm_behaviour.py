@@ -20,13 +20,13 @@ import torch
 from test_generate import PROMPTS, chi_square_pvalue, second_token_distribution  # the decode engine's own checks
 
 from engine.algos import ALGOS, load_plugins
-from engine.measure.evaluate import evaluate_samples, samples_from_prompts  # the offline evaluator (walk over counts)
 from engine.generate import speculative
 from engine.generate.api import prompt_ids
 from engine.generate.proposers import Proposal, Proposer
 from engine.generate.runner import TargetRunner
 from engine.generate.sampling import SamplingParams
 from engine.generate.speculative import generate_all
+from engine.measure.evaluate import evaluate_samples, samples_from_prompts  # the offline evaluator (walk over counts)
 
 TOY_ALGO = Path(__file__).resolve().parents[1] / "toy_algo"  # registered like any plugin (WORKBENCH_ALGO_PLUGINS)
 TOY = "toy"
@@ -222,10 +222,10 @@ def test_evaluator_walk_equals_decoding(algo, target, fitted):
     params = SamplingParams(max_new_tokens=NEW_TOKENS, eos_token_ids=[target.tokenizer.eos_token_id])
     for k in ks(algo, fitted):
         walked_accepted = 0
-        for messages, walked in zip(MESSAGES, result["walks"][str(k)]):
+        for messages, walked in zip(MESSAGES, result["walks"][str(k)], strict=True):
             _, events = decode(target, algo.proposer(fitted), prompt_ids(target.tokenizer, messages), params, k)
-            assert [(e.drafted, e.accepted) for e in events if e.step > 0] == list(zip(walked["drafted"],
-                                                                                        walked["accepted"]))
+            assert [(e.drafted, e.accepted) for e in events if e.step > 0] == list(
+                zip(walked["drafted"], walked["accepted"], strict=True))
             walked_accepted += sum(walked["accepted"])
         assert walked_accepted > 0, k
 

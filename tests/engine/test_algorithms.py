@@ -35,7 +35,8 @@ def test_toy_algorithm_trains_saves_reloads_and_drafts_losslessly(toy_registered
     out = tmp_path / "run"
     proc = _engine("train", "--algo", "toy", "--target", target, "--online-dataset", "sharegpt",
                    "--online-max-samples", "12", "--max-steps", "4", "--tokens-per-batch", "256", "--max-length", "96",
-                   "--warmup-steps", "1", "--val-fraction", "0.25", "--val-every", "2", "--toy-init-std", "0.05", "--epochs", "20",
+                   "--warmup-steps", "1", "--val-fraction", "0.25", "--val-every", "2", "--toy-init-std", "0.05",
+                   "--epochs", "20",
                    "--out", str(out))
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]

@@ -9,8 +9,8 @@ import shutil
 import pytest
 import torch
 
-from engine.measure import evaluate as ev
 from engine.measure import answers
+from engine.measure import evaluate as ev
 
 
 @pytest.fixture
@@ -89,7 +89,7 @@ def test_the_recipe_curve_reads_the_answers_evaluate_kept(home, decodes, target_
     assert len(decodes) == 1
     fresh = ev.samples_from_prompts(target, load_prompts("sharegpt", 3), ids, max_new_tokens=12)
     assert [s.token_ids.tolist() for s in kept] == [s.token_ids.tolist() for s in fresh]
-    assert all(torch.equal(a.aux, b.aux) for a, b in zip(kept, fresh))
+    assert all(torch.equal(a.aux, b.aux) for a, b in zip(kept, fresh, strict=True))
 
 
 def _rows(n: int, width: int = 8) -> list[dict]:
@@ -103,7 +103,7 @@ def test_entries_round_trip_are_bounded_and_unreadable_ones_are_ignored(home, mo
     answers.save(key, rows)
     back = answers.load(key)
     assert [r["id"] for r in back] == ["0", "1", "2"]
-    for a, b in zip(rows, back):
+    for a, b in zip(rows, back, strict=True):
         assert torch.equal(a["token_ids"], b["token_ids"]) and torch.equal(a["aux"], b["aux"])
         assert (a["prompt_len"], a["end"]) == (b["prompt_len"], b["end"])
     assert answers.load({**key, "case": 2}) is None

@@ -13,7 +13,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import save_file
+
 from convert_layouts import (
+    FF,
     HD,
     LAYOUTS,
     MASK,
@@ -21,7 +24,6 @@ from convert_layouts import (
     NKV,
     VD,
     H,
-    I,
     R,
     V,
     dflash_zlab,
@@ -34,8 +36,6 @@ from convert_layouts import (
     specforge,
     write_checkpoint,
 )
-from safetensors.torch import save_file
-
 from engine.convert import ConvertOptions, convert, detect, mapping_table, plan, verify
 from engine.errors import WorkbenchError
 from engine.format.checkpoint import tensor_index
@@ -123,7 +123,9 @@ def safeailab_forward(w: dict[str, torch.Tensor], embed: torch.Tensor, aux: torc
     """SafeAILab's EAGLE-3 draft step (traineagle3/cnets.py Model + LlamaDecoderLayeremb), written from its
     definition: fc over the aux states; residual = fc output; cat(input_layernorm(emb), hidden_norm(h)); causal
     attention; MLP; final norm; lm_head. ids [T], aux [T, 3H] -> logits [T, VD]."""
-    m = lambda n: w["midlayer." + n]
+    def m(n: str) -> torch.Tensor:
+        return w["midlayer." + n]
+
     hidden = aux @ w["fc.weight"].T  # [T, H]
     x = torch.cat([_rms(embed[ids], m("input_layernorm.weight")), _rms(hidden, m("hidden_norm.weight"))], -1)
     t = ids.shape[0]
@@ -304,7 +306,8 @@ def test_converted_dspark_computes_the_published_forward(tmp_path, tiny_qwen3, t
     for k in range(block.shape[0]):
         e = w["markov_head.markov_w1.weight"][prev]
         want.append(base[k] + e @ w["markov_head.markov_w2.weight"].T)
-        want_conf.append(torch.cat([hn[k], e]) @ w["confidence_head.proj.weight"][0] + w["confidence_head.proj.bias"][0])
+        want_conf.append(torch.cat([hn[k], e]) @ w["confidence_head.proj.weight"][0]
+                         + w["confidence_head.proj.bias"][0])
         prev = int(want[-1].argmax())
     with torch.no_grad():
         x = _draft_block(draft, aux, block)
@@ -375,7 +378,7 @@ def _refusal_cases(fmt: str, state: dict[str, torch.Tensor]) -> dict[str, tuple[
     missing = "mask_hidden" if fmt.startswith("peagle-") else "markov_head.markov_w2.weight"
     return {"extra": ({**state, "fusion_bias": torch.ones(8)}, "fusion_bias [8]: no rule"),
             "missing": ({k: v for k, v in state.items() if k != missing}, missing),
-            "shape": ({**state, "layers.1.mlp.down_proj.weight": torch.randn(H, I + 1)},
+            "shape": ({**state, "layers.1.mlp.down_proj.weight": torch.randn(H, FF + 1)},
                       "layers.1.mlp.down_proj.weight")}
 
 
@@ -426,7 +429,8 @@ def test_specforge_peagle_records_the_plain_rope_its_model_applies(tmp_path):
     scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 256}
     (src / "config.json").write_text(json.dumps({**cfg, "rope_theta": 500000.0, "rope_scaling": scaling}))
-    rope = plan(src, options=ConvertOptions(aux_layer_ids=[1, 2, 3])).config["transformer_layer_config"]["rope_parameters"]
+    layer_config = plan(src, options=ConvertOptions(aux_layer_ids=[1, 2, 3])).config["transformer_layer_config"]
+    rope = layer_config["rope_parameters"]
     assert rope["rope_type"] == "default" and rope["rope_theta"] == 500000.0
 
 
@@ -435,7 +439,8 @@ def test_recorded_aux_ids_are_translated_to_vllm_numbering(tmp_path):
     DeepSpec's -1 (the embeddings) is vLLM's 0."""
     src = peagle_specforge(tmp_path / "sf")
     cfg = json.loads((src / "config.json").read_text())
-    (src / "config.json").write_text(json.dumps({**cfg, "eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, 1, 2]}}))
+    (src / "config.json").write_text(json.dumps({**cfg,
+                                                 "eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, 1, 2]}}))
     assert plan(src).config["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]
     src = peagle_aws(tmp_path / "aws")
     cfg = json.loads((src / "config.json").read_text())
@@ -454,7 +459,7 @@ def test_refuses_unmapped_missing_and_wrong_shape_tensors(tmp_path):
     state = load_file(str(src / "model.safetensors"))
     cases = {"extra": {**state, "fusion_bias": torch.ones(8)},
              "missing": {k: v for k, v in state.items() if k != "norm.weight"},
-             "shape": {**state, "midlayer.mlp.down_proj.weight": torch.randn(H, I + 1)}}
+             "shape": {**state, "midlayer.mlp.down_proj.weight": torch.randn(H, FF + 1)}}
     expected = {"extra": "fusion_bias [8]: no rule", "missing": "norm.weight [64]: missing",
                 "shape": "layers.0.mlp.down_proj.weight"}
     for case, bad in cases.items():
@@ -475,7 +480,7 @@ def test_dry_run_shows_mapping_and_config_and_writes_nothing(tmp_path, capsys):
     shown = json.loads(capsys.readouterr().out)
     assert shown["format"] == "eagle3-modelopt" and not shown["problems"] and not out.exists()
     row = next(r for r in shown["mapping"] if r["source"] == "midlayer.1.mlp.up_proj.weight")
-    assert row["target"] == "layers.1.mlp.up_proj.weight" and row["shape"] == [I, H] and row["dtype"] == "F32"
+    assert row["target"] == "layers.1.mlp.up_proj.weight" and row["shape"] == [FF, H] and row["dtype"] == "F32"
     assert shown["config"]["speculators_model_type"] == "eagle3"
     assert main(["convert", str(src), "--out", str(out), "--target", "org/verifier"]) == 0
     printed = capsys.readouterr().out
@@ -484,9 +489,10 @@ def test_dry_run_shows_mapping_and_config_and_writes_nothing(tmp_path, capsys):
 
 def test_convert_cli_errors_cleanly(tmp_path):
     """A source that cannot be converted ends as `error: ... Fix: ...`, exit code 2, no traceback."""
-    folder = write_checkpoint(tmp_path / "medusa", {"medusa_num_heads": 2}, {"medusa_head.0.0.linear.weight": torch.ones(2, 2)})
-    run = subprocess.run([sys.executable, "-m", "engine", "convert", str(folder), "--out", str(tmp_path / "o")], check=False,
-                         capture_output=True, text=True, cwd=ROOT)
+    folder = write_checkpoint(tmp_path / "medusa", {"medusa_num_heads": 2},
+                              {"medusa_head.0.0.linear.weight": torch.ones(2, 2)})
+    run = subprocess.run([sys.executable, "-m", "engine", "convert", str(folder), "--out", str(tmp_path / "o")],
+                         check=False, capture_output=True, text=True, cwd=ROOT)
     assert run.returncode == 2 and "Medusa" in run.stderr and "Fix:" in run.stderr and "Traceback" not in run.stderr
 
 
@@ -494,19 +500,23 @@ def _unconvertible(tmp_path: Path) -> dict[str, Path]:
     out = {}
     eagle2 = {"fc.weight": torch.randn(H, 2 * H), "fc.bias": torch.zeros(H), "embed_tokens.weight": torch.randn(V, H),
               **layer_tensors("layers.0.", H, first=False)}
-    out["eagle1-2"] = write_checkpoint(tmp_path / "eagle2", {"architectures": ["LlamaForCausalLM"], "hidden_size": H}, eagle2)
+    out["eagle1-2"] = write_checkpoint(tmp_path / "eagle2", {"architectures": ["LlamaForCausalLM"], "hidden_size": H},
+                                       eagle2)
     out["hass"] = write_checkpoint(tmp_path / "hass", {"architectures": ["LlamaForCausalLM"], "hidden_size": H},
                          {**eagle2, "hidden_layernorm.weight": torch.ones(H)})
     out["medusa"] = write_checkpoint(tmp_path / "medusa", {"medusa_num_heads": 2, "medusa_num_layers": 1},
-                           {"medusa_head.0.0.linear.weight": torch.randn(H, H), "medusa_head.0.1.weight": torch.randn(V, H)})
-    out["mtp-native"] = write_checkpoint(tmp_path / "mtp", {"architectures": ["Qwen3NextForCausalLM"], "mtp_num_hidden_layers": 1},
+                           {"medusa_head.0.0.linear.weight": torch.randn(H, H),
+                            "medusa_head.0.1.weight": torch.randn(V, H)})
+    out["mtp-native"] = write_checkpoint(tmp_path / "mtp",
+                                         {"architectures": ["Qwen3NextForCausalLM"], "mtp_num_hidden_layers": 1},
                                {"mtp.fc.weight": torch.randn(H, 2 * H), "mtp.norm.weight": torch.ones(H)})
     out["modelopt-parallel-draft"] = modelopt(tmp_path / "parallel")
     cfg = json.loads((out["modelopt-parallel-draft"] / "config.json").read_text())
     cfg["eagle_config"]["parallel_draft_step"] = 3
     (out["modelopt-parallel-draft"] / "config.json").write_text(json.dumps(cfg))
     for kind in ("mtp", "xpress", "eagle"):
-        out[f"speculators-{kind}"] = write_checkpoint(tmp_path / f"spec-{kind}", {"speculators_model_type": kind}, {"x": torch.ones(1)})
+        out[f"speculators-{kind}"] = write_checkpoint(tmp_path / f"spec-{kind}", {"speculators_model_type": kind},
+                                                      {"x": torch.ones(1)})
     return out
 
 

@@ -14,8 +14,16 @@ import pytest
 import torch
 
 from engine.cpu import native_bf16
-from engine.generate.cpu_kernels import (ATTENTION, ATTENTION_FORMS, LINEAR_FORMS, MAX_ROWS, decode_rows_attention,
-                                         decode_scope, few_row_linear, route_decode_kernels)
+from engine.generate.cpu_kernels import (
+    ATTENTION,
+    ATTENTION_FORMS,
+    LINEAR_FORMS,
+    MAX_ROWS,
+    decode_rows_attention,
+    decode_scope,
+    few_row_linear,
+    route_decode_kernels,
+)
 from engine.generate.runner import TargetRunner
 from engine.targets import LayerCapture, load_target
 
@@ -102,7 +110,7 @@ def test_routed_rows_are_bitwise_the_one_token_steps(tiny_targets, arch):
     steps = _layer_states(target, runner, prompt, [[t] for t in new])
     for rows in ROW_COUNTS:
         block = _layer_states(target, runner, prompt, [new[:rows]])
-        for i, (a, b) in enumerate(zip(steps, block)):
+        for i, (a, b) in enumerate(zip(steps, block, strict=True)):
             assert torch.equal(a, b), f"{arch}: row {i} of a {rows}-token forward differs from its one-token step"
     vocab = before[0].shape[0]
     for i, ref in enumerate(before):  # routed one-token steps compute what transformers' kernels do, to bf16

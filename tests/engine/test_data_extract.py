@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-
 import json
 from collections import namedtuple
 
@@ -11,8 +10,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from engine.data.extract import HiddenStatesDataset, extract_hidden_states, load_sample, plan_padded_batches
 from engine.algos.dflash.config import evenly_spaced_layer_ids
+from engine.data.extract import HiddenStatesDataset, extract_hidden_states, load_sample, plan_padded_batches
 from engine.data.layer_ids import resolve_layer_ids
 from engine.data.online import OnlineHiddenStates
 from engine.data.render import render_rows

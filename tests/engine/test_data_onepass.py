@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 from safetensors import safe_open
+from test_data_regenerate import CHATS as REGENERATE_CHATS  # noqa: E402  (the tests folder is on the path)
 
 import engine.data.onepass as op
 from engine.data.extract import extract_hidden_states
@@ -14,7 +15,6 @@ from engine.data.regenerate import regenerate
 from engine.data.render import render_dataset
 from engine.data.store import read_manifest, sample_indices
 from engine.errors import WorkbenchError
-from test_data_regenerate import CHATS as REGENERATE_CHATS  # noqa: E402  (the tests folder is on the path)
 
 CHATS = [*REGENERATE_CHATS,  # a multi-turn, a single-turn and a short conversation, as the regenerate tests use
          {"id": "fourth", "messages": [{"role": "user", "content": "def add(a, b): what does it return?"}]}]

@@ -6,8 +6,7 @@ import json
 
 import pytest
 
-from engine.data.render import (format_segments, mask_segments, preview, render_dataset, render_messages,
-                                render_rows)
+from engine.data.render import format_segments, mask_segments, preview, render_dataset, render_messages, render_rows
 from engine.errors import WorkbenchError
 
 MULTI = [

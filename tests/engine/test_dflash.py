@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_generate import PROMPTS  # the decode engine's own prompts
 
 from engine.algos import ALGOS
 from engine.algos.dflash.io import build_dflash, load_dflash
 from engine.generate.api import prompt_ids
 from engine.generate.runner import TargetRunner
 from engine.generate.sampling import SamplingParams
-
-from test_generate import PROMPTS  # the decode engine's own prompts
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +78,7 @@ def test_attention_document_by_document_equals_the_dense_row(tiny, window, block
     monkeypatch.setattr(dflash_model, "document_groups", lambda *args: None)
     dense, dense_grads = run()
     assert torch.allclose(grouped, dense, atol=1e-5)
-    for g, d in zip(grouped_grads, dense_grads):  # equal up to float rounding (sums in another order)
+    for g, d in zip(grouped_grads, dense_grads, strict=True):  # equal up to float rounding (sums in another order)
         assert float((g - d).abs().max()) <= 1e-6 * float(d.abs().max())
 
 

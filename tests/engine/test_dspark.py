@@ -1,7 +1,7 @@
 """DSpark's own behaviour (what every algorithm shares is in tests/engine/test_algorithm_behaviour.py): the confidence
 cut (its prefix rule, events, text kept, sampling without it), decoding = the training path's blocks, sequential
-temperature scaling, training with the three-term loss into a checkpoint vLLM 0.33's rules accept, the tensors speculators 0.9.0
-writes, and parity with speculators' DSparkDraftModel."""
+temperature scaling, training with the three-term loss into a checkpoint vLLM 0.33's rules accept, the tensors
+speculators 0.9.0 writes, and parity with speculators' DSparkDraftModel."""
 
 from __future__ import annotations
 
@@ -215,7 +215,7 @@ def test_sequential_temperature_scaling_lowers_the_calibration_error():
     temps = fit_temperatures(conf, accept, valid)
     before = cumulative_ece(conf, accept, valid, torch.ones(b))
     after = cumulative_ece(conf, accept, valid, temps)
-    assert all(a < 0.5 * x for a, x in zip(after, before)), (before, after)
+    assert all(a < 0.5 * x for a, x in zip(after, before, strict=True)), (before, after)
     assert 2.0 <= float(temps[0]) <= 4.5  # slot 0 alone: the fit undoes the factor 3
 
 

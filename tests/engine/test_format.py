@@ -10,10 +10,10 @@ import sys
 import pytest
 import torch
 
+from engine.format import vllm_rules as vr
 from engine.format.checkpoint import load_state_dict, save_checkpoint, tensor_index
 from engine.format.config import CONFIG_TYPES, build_draft_config, parse_draft_config
 from engine.format.validate import validate_draft
-from engine.format import vllm_rules as vr
 
 ALGOS = ["eagle3_llama31_8b", "eagle3_qwen3_8b", "peagle_qwen3_8b", "dflash_qwen3_8b", "dflash2_qwen3_8b",
          "dspark_qwen3_8b"]
@@ -204,7 +204,8 @@ def test_local_verifier_is_a_warning_and_only_explicit_command(good, tmp_path):
     assert len(report.serve_commands) == 1 and "--speculative-config" in report.serve_commands[0]
     report = validate_draft(good, check_weights=False)
     assert report.serve_commands[0].startswith("vllm serve ") and len(report.serve_commands) == 2
-    assert '"method": "eagle3"' in report.serve_commands[1] and '"num_speculative_tokens": 3' in report.serve_commands[1]
+    assert '"method": "eagle3"' in report.serve_commands[1]
+    assert '"num_speculative_tokens": 3' in report.serve_commands[1]
 
 
 # -- project rules --------------------------------------------------------------------------------

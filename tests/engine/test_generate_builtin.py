@@ -64,12 +64,12 @@ def test_greedy_identical_to_baseline_on_builtin(builtin_target, prompts, baseli
     proposer = make_proposer(method, builtin_target, draft=draft_dir)
     spec_runner = TargetRunner(builtin_target, proposer.aux_layer_ids)
     excused, drafted = [], 0
-    for prompt, (ids, base) in zip(prompts, runs):
+    for prompt, (ids, base) in zip(prompts, runs, strict=True):
         out, events = generate_all(spec_runner, ids, params, proposer, k=3)
         drafted += sum(e.drafted for e in events)
         if out == base:
             continue
-        i = next(j for j, (a, b) in enumerate(zip(out, base)) if a != b)
+        i = next(j for j, (a, b) in enumerate(zip(out, base, strict=False)) if a != b)  # lengths may differ
         gap = top2_gap(builtin_target, ids + base[:i])
         assert gap < 1e-4, f"{method}: output differs at token {i} with top-2 gap {gap:.2e} (not a near-tie)"
         excused.append((prompt[-1]["content"][:40], i, gap))

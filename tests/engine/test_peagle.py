@@ -158,7 +158,7 @@ def test_the_objective_runs_the_heads_on_the_loss_elements_only_and_loses_nothin
     assert torch.allclose(loss, full_loss, rtol=1e-5, atol=1e-6)
     assert stats.keys() == full_stats.keys()
     assert all(abs(stats[k] - full_stats[k]) <= 1e-4 * max(1.0, abs(full_stats[k])) for k in stats), stats
-    for mine, full in zip(grads(loss), grads(full_loss)):
+    for mine, full in zip(grads(loss), grads(full_loss), strict=True):
         assert torch.allclose(mine, full, rtol=1e-4, atol=1e-6)
 
 

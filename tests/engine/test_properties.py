@@ -159,7 +159,8 @@ def test_the_dataset_readers_give_rows_or_skips_for_any_records(records, prompt_
     from engine.data.datasets import load_conversations
 
     with tempfile.TemporaryDirectory() as tmp:
-        for name, text in (("d.jsonl", "".join(json.dumps(r) + "\n" for r in records)), ("d.json", json.dumps(records))):
+        for name, text in (("d.jsonl", "".join(json.dumps(r) + "\n" for r in records)),
+                           ("d.json", json.dumps(records))):
             path = Path(tmp) / name
             path.write_text(text)
             loaded = _only_our_errors(load_conversations, str(path), split="all", prompt_only=prompt_only)

@@ -396,9 +396,8 @@ def test_a_zip_bomb_is_refused_before_anything_is_written(uploads):
 
 
 def test_a_zip_over_the_size_limit_is_refused(uploads, monkeypatch, tmp_path):
-    from ui import convert as conv
-
     from engine.convert import inputs
+    from ui import convert as conv
 
     monkeypatch.setattr(inputs, "MAX_UNZIPPED_BYTES", 2**20)
     big = _zip({"config.json": b"{}", "model.safetensors": os.urandom(2 * 2**20)})
@@ -1011,8 +1010,8 @@ def test_cleanups_never_delete_a_users_folders(tmp_path, monkeypatch):
     import time
 
     from engine.fsutil import atomic_directory, remove_ours
-    from engine.train.resume import clean_temp_checkpoints
     from engine.train.checkpoints import prune_checkpoints
+    from engine.train.resume import clean_temp_checkpoints
     from ui import convert as conv
 
     ckpts = tmp_path / "run" / "checkpoints"

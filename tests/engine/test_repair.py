@@ -37,8 +37,9 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_the_warning_names_the_repair_command_and_the_command_clears_it(tiny_targets, tiny_llama, tmp_path):
-    from engine.format.checkpoint import tensor_index
     from safetensors.torch import load_file
+
+    from engine.format.checkpoint import tensor_index
 
     folder = _slim_draft(tiny_llama, tmp_path / "slim")
     before = load_file(str(folder / "model.safetensors"))
@@ -129,11 +130,10 @@ def test_speculators_loads_the_shipped_draft_with_its_stored_embedding_and_accep
     acceptance its logits give on held-out prompts is ours. The same weights without the embedding draft worse
     there: why the shipped files store it."""
     pytest.importorskip("speculators")
-    from speculators_ref import ReferenceEagle3, load_reference, logit_gaps
-
     from engine.algos import ALGOS
     from engine.format.checkpoint import load_state_dict
     from engine.measure.evaluate import evaluate_samples
+    from speculators_ref import ReferenceEagle3, load_reference, logit_gaps
 
     # the hub id's files are not on this offline machine: speculators reads the verifier's lm_head/norm from the
     # built-in target's local folder instead

@@ -7,8 +7,7 @@ import json
 import pytest
 import torch
 
-from engine.targets import (BUILTIN_TARGETS, LayerCapture, capture_hidden_states, load_target,
-                            resolve_target)
+from engine.targets import BUILTIN_TARGETS, LayerCapture, capture_hidden_states, load_target, resolve_target
 
 
 def _reference(model, ids):

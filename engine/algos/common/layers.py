@@ -5,8 +5,10 @@ Notation: B batch, T tokens, S keys, H hidden, nh/nkv heads, hd head dim.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from itertools import pairwise
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -32,7 +34,7 @@ class LayerDims:
     mlp_bias: bool
 
     @classmethod
-    def from_config(cls, tlc: dict[str, Any]) -> "LayerDims":
+    def from_config(cls, tlc: dict[str, Any]) -> LayerDims:
         h = int(tlc["hidden_size"])
         nh = int(tlc["num_attention_heads"])
         return cls(hidden=h, heads=nh, kv_heads=int(tlc.get("num_key_value_heads") or nh),
@@ -229,7 +231,7 @@ def document_spans(document_ids: torch.Tensor) -> list[tuple[int, int]]:
     d = document_ids[0]
     cuts = ((d[1:] != d[:-1]).nonzero().flatten() + 1).tolist()
     bounds = [0, *cuts, d.numel()]
-    return list(zip(bounds[:-1], bounds[1:]))
+    return list(pairwise(bounds))
 
 
 def causal_mask(n: int, window: int | None, *, padding: bool, device) -> torch.Tensor:

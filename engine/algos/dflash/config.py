@@ -32,8 +32,10 @@ class DFlashConfig(DraftConfig):
     block_size: int = Field(8, ge=2, description="Tokens per draft block (anchor + mask slots).")
     aux_hidden_state_layer_ids: list[int] | None = Field(None, description="Verifier layer ids fused by fc.")
     mask_token_id: int | None = Field(None, description="Token id placed in the mask slots of a block.")
-    sliding_window_non_causal: bool = Field(False, description="Sliding-window layers are bidirectional inside a block.")
-    sample_from_anchor: bool = Field(False, description="All block slots predict (True) or slot 0 is the anchor (False).")
+    sliding_window_non_causal: bool = Field(False,
+                                            description="Sliding-window layers are bidirectional inside a block.")
+    sample_from_anchor: bool = Field(False,
+                                     description="All block slots predict (True) or slot 0 is the anchor (False).")
 
     @classmethod
     def default_aux_layer_ids(cls, num_layers: int) -> list[int]:

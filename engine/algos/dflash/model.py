@@ -14,12 +14,21 @@ Notation: T context positions, N blocks, B block size, H hidden, Ht target hidde
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.algos.common.layers import (DecoderLayer, LayerDims, RMSNorm, document_spans, layer_windows, repeat_kv,
-                                        rotary_embedding)
+from engine.algos.common.layers import (
+    DecoderLayer,
+    LayerDims,
+    RMSNorm,
+    document_spans,
+    layer_windows,
+    repeat_kv,
+    rotary_embedding,
+)
 from engine.algos.dflash.config import DFlashConfig
 
 
@@ -33,8 +42,8 @@ def document_groups(document_ids: torch.Tensor, anchors: torch.Tensor,
     spans = document_spans(document_ids)
     bounds = torch.tensor([s for s, _ in spans] + [spans[-1][1]], device=anchors.device)
     first = torch.searchsorted(anchors.contiguous(), bounds).tolist()  # first anchor at or after each boundary
-    return [(lo * block_size, hi * block_size, s, e) for (s, e), lo, hi in zip(spans, first[:-1], first[1:])
-            if hi > lo]
+    return [(lo * block_size, hi * block_size, s, e)
+            for (s, e), lo, hi in zip(spans, first[:-1], first[1:], strict=True) if hi > lo]
 
 
 class DFlashDraft(nn.Module):
@@ -122,15 +131,16 @@ class DFlashDraft(nn.Module):
         # split (not index) the rows and slots into the groups' pieces: the backward of a split writes each piece's
         # gradient into one buffer, where every slice would allocate and add a full-size zero gradient
         row_cuts = sorted({0, ctx_mask.shape[1]} | {c for g in groups for c in g[2:]})
-        row_sizes = [hi - lo for lo, hi in zip(row_cuts[:-1], row_cuts[1:])]
+        row_sizes = [hi - lo for lo, hi in pairwise(row_cuts)]
         row_piece = [row_cuts.index(c0) for _, _, c0, _ in groups]
         slot_sizes = [s1 - s0 for s0, s1, _, _ in groups]  # the groups cover the slots in order
 
         def attend(i, q, k, v):
             k_ctx, v_ctx = (t.split(row_sizes, dim=2) for t in ctx_kv[i])
             outs = []
-            for g, (q_g, k_g, v_g, mask) in enumerate(zip(q.split(slot_sizes, dim=2), k.split(slot_sizes, dim=2),
-                                                          v.split(slot_sizes, dim=2), masks[self.block_causal[i]])):
+            pieces = zip(q.split(slot_sizes, dim=2), k.split(slot_sizes, dim=2), v.split(slot_sizes, dim=2),
+                         masks[self.block_causal[i]], strict=True)
+            for g, (q_g, k_g, v_g, mask) in enumerate(pieces):
                 keys = repeat_kv(torch.cat([k_ctx[row_piece[g]], k_g], dim=2), self.kv_groups)
                 values = repeat_kv(torch.cat([v_ctx[row_piece[g]], v_g], dim=2), self.kv_groups)
                 outs.append(F.scaled_dot_product_attention(q_g, keys, values, attn_mask=mask))

@@ -35,7 +35,7 @@ class DFlashProposer(Proposer):
         positions = (start + torch.arange(c.shape[1], device=device)).view(1, -1)
         new = self.draft.context_kv(c, positions)
         self.ctx = new if self.ctx is None else [(torch.cat([k0, k1], 2), torch.cat([v0, v1], 2))
-                                                  for (k0, v0), (k1, v1) in zip(self.ctx, new)]
+                                                  for (k0, v0), (k1, v1) in zip(self.ctx, new, strict=True)]
 
     def start(self, prompt_ids, prompt_aux, first_token):
         self.ctx = None

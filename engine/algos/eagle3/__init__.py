@@ -27,7 +27,8 @@ class Eagle3(DraftAlgorithm):
 
     def card_model_lines(self, config, args: Eagle3Args) -> list[str]:
         tl = config.get("transformer_layer_config") or {}
-        return [f"- {args.num_layers} {args.draft_arch.capitalize()} decoder layer{'s' if args.num_layers != 1 else ''} "
+        plural = "s" if args.num_layers != 1 else ""
+        return [f"- {args.num_layers} {args.draft_arch.capitalize()} decoder layer{plural} "
                 "over the target's layers "
                 f"{config.get('eagle_aux_hidden_state_layer_ids', '?')} (fused by `fc`), hidden "
                 f"{tl.get('hidden_size', '?')}; draft vocabulary {config.get('draft_vocab_size', '?')} of "

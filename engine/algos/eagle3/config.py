@@ -33,9 +33,11 @@ class Eagle3Config(DraftConfig):
         None, description="Verifier layer ids whose residual stream feeds the draft (id k = input of layer k)."
     )
     norm_before_residual: bool = Field(False, description="First layer takes its residual after hidden_norm.")
-    norm_before_fc: bool = Field(False, description="One RMSNorm (input_norm) over the concatenated aux states before fc.")
+    norm_before_fc: bool = Field(False,
+                                 description="One RMSNorm (input_norm) over the concatenated aux states before fc.")
     fc_norm: bool = Field(False, description="One RMSNorm per aux state (fc_norm.i) before fc.")
-    norm_output: bool = Field(False, description="Feed the post-norm hidden state to the next draft step ('Eagle 3.1').")
+    norm_output: bool = Field(False,
+                              description="Feed the post-norm hidden state to the next draft step ('Eagle 3.1').")
     embed_requires_grad: bool = Field(False, description="Train the token embedding (training-only flag).")
 
     @model_validator(mode="after")
@@ -93,7 +95,8 @@ class Eagle3Config(DraftConfig):
 def num_aux(hf: dict[str, Any]) -> int:
     """How many aux states vLLM's EAGLE-3 class assumes (llama_eagle3.py l.209-221, qwen3_eagle3.py l.201-214)."""
     eagle_cfg = hf.get("eagle_config") or {}
-    if "Eagle3Qwen3ForCausalLM" in hf.get("architectures", []) or "PeagleQwen3ForCausalLM" in hf.get("architectures", []):
+    architectures = hf.get("architectures", [])
+    if "Eagle3Qwen3ForCausalLM" in architectures or "PeagleQwen3ForCausalLM" in architectures:
         for key in ("num_aux_layers", "num_aux_hidden_states"):
             if hf.get(key):
                 return int(hf[key])

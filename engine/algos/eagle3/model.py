@@ -16,9 +16,21 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.algos.common.layers import (Attend, DecoderLayer, DraftCache, LayerDims, RMSNorm, cached_attend,
-                                        causal_mask, document_spans, layer_windows, repeat_kv, rotary_embedding)
+from engine.algos.common.layers import (
+    Attend,
+    DecoderLayer,
+    DraftCache,
+    LayerDims,
+    RMSNorm,
+    cached_attend,
+    causal_mask,
+    document_spans,
+    layer_windows,
+    repeat_kv,
+    rotary_embedding,
+)
 from engine.algos.eagle3.config import Eagle3Config
+
 
 class Eagle3Layer(DecoderLayer):
     """A Llama/Qwen3 decoder layer; the first EAGLE-3 layer takes [embedding; hidden] (2H) instead of H."""
@@ -103,7 +115,7 @@ class Eagle3Draft(nn.Module):
         if self.input_norm is not None:
             aux = self.input_norm(aux)
         if self.fc_norm is not None:
-            aux = torch.cat([n(c) for n, c in zip(self.fc_norm, aux.chunk(self.num_aux, dim=-1))], dim=-1)
+            aux = torch.cat([n(c) for n, c in zip(self.fc_norm, aux.chunk(self.num_aux, dim=-1), strict=True)], dim=-1)
         return self.fc(aux)
 
     def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
@@ -160,7 +172,7 @@ class Eagle3Draft(nn.Module):
             """Attention document by document (the masked-out cross-document blocks are never computed)."""
             outs = [masked_attention(q[:, :, s:e], k[:, :, s:e], v[:, :, s:e], m,
                                      [(kj[:, :, s:e], vj[:, :, s:e]) for kj, vj in diag_kv])
-                    for (s, e), m in zip(spans, masks[window])]
+                    for (s, e), m in zip(spans, masks[window], strict=True)]
             return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
 
         hidden = self.fuse(aux)

@@ -139,8 +139,8 @@ class RolloutAttention:
         k, v = repeat_kv(k, self.kv_groups), repeat_kv(v, self.kv_groups)
         w = self.windows[i]
         outs = [F.scaled_dot_product_attention(q[:, :, s:e], k[:, :, s:e], v[:, :, s:e], attn_mask=mask)
-                for (s, e), mask in zip(self.spans, self.causal[w])]
-        for rollout, parts in zip(self.rollout, self.context[w]):
+                for (s, e), mask in zip(self.spans, self.causal[w], strict=True)]
+        for rollout, parts in zip(self.rollout, self.context[w], strict=True):
             for lo, i0, i1, s, e, mask in parts:
                 diag = [(k[:, :, rows[i0:i1]], v[:, :, rows[i0:i1]]) for rows in rollout]  # (a, 1..d) per query
                 outs.append(masked_attention(q[:, :, lo + i0: lo + i1], k[:, :, s:e], v[:, :, s:e], mask, diag))
