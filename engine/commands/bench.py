@@ -42,9 +42,11 @@ def run(args: argparse.Namespace) -> int:
     from engine.measure.bench import benchmark, markdown_table
     from engine.provenance import command_of
 
-    options = {k: v for k, v in vars(args).items() if k not in ("command", "_module", "verbose", "debug", "json_out")}
+    skip = ("command", "_module", "verbose", "debug", "json_out", "accept_target_change")  # the last: read by cli
+    options = {k: v for k, v in vars(args).items() if k not in skip}
     result = benchmark(**options, span=(0.0, 1.0))  # the job's progress: prompts done, time left
-    result["command"] = command_of("bench", options)
+    flags = {**options, "accept_target_change": args.accept_target_change}
+    result["command"] = command_of("bench", flags)
     print(markdown_table(result))
     if args.json_out:
         atomic_write_json(args.json_out, result)
