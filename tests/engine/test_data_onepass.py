@@ -15,6 +15,7 @@ from engine.data.regenerate import regenerate
 from engine.data.render import render_dataset
 from engine.data.store import read_manifest, sample_indices
 from engine.errors import WorkbenchError
+from engine.fsutil import tensors_digest_of
 
 CHATS = [*REGENERATE_CHATS,  # a multi-turn, a single-turn and a short conversation, as the regenerate tests use
          {"id": "fourth", "messages": [{"role": "user", "content": "def add(a, b): what does it return?"}]}]
@@ -48,7 +49,10 @@ def assert_same_folders(a, b, *, rtol, atol) -> float:
     worst = 0.0
     for i in sample_indices(a):
         (x, mx), (y, my) = read_file(a / f"hs_{i}.safetensors"), read_file(b / f"hs_{i}.safetensors")
-        assert sorted(x) == sorted(y) == ["hidden_states", "loss_mask", "token_ids"] and mx == my
+        assert sorted(x) == sorted(y) == ["hidden_states", "loss_mask", "token_ids"]
+        # same metadata; each file's digest is of its own tensors (the states are close, not bitwise)
+        assert {k: v for k, v in mx.items() if k != "sha256"} == {k: v for k, v in my.items() if k != "sha256"}
+        assert mx["sha256"] == tensors_digest_of(x) and my["sha256"] == tensors_digest_of(y)
         assert {k: (v.dtype, v.shape) for k, v in x.items()} == {k: (v.dtype, v.shape) for k, v in y.items()}
         assert torch.equal(x["token_ids"], y["token_ids"]) and torch.equal(x["loss_mask"], y["loss_mask"])
         torch.testing.assert_close(x["hidden_states"].float(), y["hidden_states"].float(), rtol=rtol, atol=atol)
