@@ -22,6 +22,7 @@ from test_generate import PROMPTS, chi_square_pvalue, second_token_distribution 
 from engine.algos import ALGOS, load_plugins
 from engine.generate import speculative
 from engine.generate.api import prompt_ids
+from engine.generate.events import ACCEPTED
 from engine.generate.proposers import Proposal, Proposer
 from engine.generate.runner import TargetRunner
 from engine.generate.sampling import SamplingParams
@@ -207,12 +208,25 @@ def test_a_lenient_acceptance_rule_is_caught(algo, target, baselines, fitted, mo
 
 
 def test_draft_proposing_eos_inside_a_block_stops_like_baseline(algo, target, baselines, fitted):
-    ids, base = baselines[0]
+    """A baseline token the draft proposes and the target accepts (the first such token not seen before) is made the
+    EOS: decoding stops right after it, inside its block (the rest of the block, at least its bonus or correction
+    token, is dropped), where the baseline stops."""
+    k = ks(algo, fitted)[-1]
+    for ids, base in baselines:
+        _, events = decode(target, algo.proposer(fitted), ids, greedy(), k)
+        sources = [src for e in events for src in e.sources]
+        at = next((i for i, src in enumerate(sources) if src == ACCEPTED and base[i] not in base[:i]), None)
+        if at is not None:
+            break
+    assert at is not None, "no draft token was accepted"
     params = greedy()
-    params.eos_token_ids = [base[5]]  # the 6th baseline token as EOS: generation stops right after it
+    params.eos_token_ids = [base[at]]  # generation stops right after it
     expected, _ = decode(target, None, ids, params, 1)
-    out, _ = decode(target, algo.proposer(fitted), ids, params, ks(algo, fitted)[-1])
-    assert out == expected and out[-1] == base[5]
+    out, events = decode(target, algo.proposer(fitted), ids, params, k)
+    assert out == expected == base[:at + 1]
+    last = events[-1]
+    assert last.finished == "eos" and last.sources[-1] == ACCEPTED  # the EOS was a drafted token, accepted
+    assert len(last.tokens) <= last.accepted  # the tokens the block would have added after it were not emitted
 
 
 def test_evaluator_walk_equals_decoding(algo, target, fitted):

@@ -153,12 +153,24 @@ def test_bf16_greedy_speculation_is_exactly_the_baseline_on_builtin(builtin_bf16
     assert accepted > 0  # multi-token verification really happened
 
 
-def test_gemv_check_is_a_cached_verdict_per_shape():
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_gemv_check_is_the_measured_verdict_cached_per_shape(dtype):
+    """The verdict is what the definition measures on other weights and inputs of the same shape (one-row `F.linear`
+    equals every row of `F.linear` over 2..MAX_ROWS rows, bit for bit), and it is cached per shape. On the AMD EPYC
+    with AVX2 only both verdicts occur: bf16 matches, fp32 does not."""
+    import torch.nn.functional as F
+
     from engine.generate import cpu_kernels
 
-    weight = torch.randn(24, 40, dtype=torch.bfloat16)
-    verdict = cpu_kernels.gemv_matches_gemm(weight)
-    assert isinstance(verdict, bool)
-    key = (24, 40, torch.bfloat16, torch.get_num_threads())
+    shape = (24, 40)
+    verdict = cpu_kernels.gemv_matches_gemm(torch.randn(*shape, dtype=dtype))
+    generator = torch.Generator().manual_seed(1)
+    weight = torch.randn(*shape, generator=generator).to(dtype)
+    x = torch.randn(MAX_ROWS, shape[1], generator=generator).to(dtype)
+    with torch.no_grad():
+        one = torch.cat([F.linear(x[i:i + 1], weight) for i in range(MAX_ROWS)])  # [R, out], a GEMV each
+        measured = all(torch.equal(F.linear(x[:rows], weight), one[:rows]) for rows in range(2, MAX_ROWS + 1))
+    assert verdict is measured, (shape, dtype, verdict)
+    key = (*shape, dtype, torch.get_num_threads())
     assert cpu_kernels._GEMV_MATCHES_GEMM[key] is verdict
-    assert cpu_kernels.gemv_matches_gemm(torch.randn(24, 40, dtype=torch.bfloat16)) is verdict  # by shape, not values
+    assert cpu_kernels.gemv_matches_gemm(weight) is verdict  # by shape, not values

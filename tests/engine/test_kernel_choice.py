@@ -163,7 +163,15 @@ def builtin_chosen(tmp_path_factory):
     mp.undo()
 
 
+# How far apart the target's two best logits may be where greedy speculation on a path that is not row-exact
+# leaves the baseline: several rows in one forward round differently from one-token steps, by fp32 (bf16) rounding
+NEAR_TIE = {torch.float32: 1e-3, torch.bfloat16: 0.25}
+
+
 def test_the_chosen_path_on_the_builtin_target_is_greedy_exact(builtin_chosen):
+    """On a row-exact path greedy speculation is the baseline token for token; on a path that is not (the AMD EPYC
+    with AVX2 only: none is), it is the baseline up to a near-tie: where they first differ, the baseline's own
+    one-token step scores both tokens within rounding."""
     from engine.data.datasets import heldout_prompts
     from engine.generate.api import make_proposer, prompt_ids
     from engine.generate.runner import TargetRunner
@@ -174,8 +182,7 @@ def test_the_chosen_path_on_the_builtin_target_is_greedy_exact(builtin_chosen):
     decided = target.extra["kernel"]
     assert decided["source"] == "measured"
     exact = [n for n, c in decided["candidates"].items() if c.get("row_exact")]
-    # the chosen path passed the bitwise row check, or none did (the AMD EPYC with AVX2 only: the fastest, labelled
-    # lossless in distribution; its greedy output may then differ at near-ties)
+    # the chosen path passed the bitwise row check, or none did (then the fastest, labelled lossless in distribution)
     assert decided["path"] in exact if exact else decided["candidates"][decided["path"]]["row_exact"] is False
     if not cpu.native_bf16():
         assert kc.PATHS[decided["path"]].dtype == torch.float32  # emulated bf16 is never chosen
@@ -188,9 +195,29 @@ def test_the_chosen_path_on_the_builtin_target_is_greedy_exact(builtin_chosen):
         ids = prompt_ids(target.tokenizer, prompt)
         base = generate_all(base_runner, ids, params)[0]
         out, events = generate_all(spec_runner, ids, params, proposer, k=3)
-        assert out == base, f"{decided['path']}: speculative output differs from the baseline"
+        if exact:
+            assert out == base, f"{decided['path']}: speculative output differs from the baseline"
+        else:
+            assert_equal_up_to_a_near_tie(base_runner, ids, base, out, NEAR_TIE[kc.PATHS[decided["path"]].dtype])
         accepted += sum(e.accepted for e in events)
     assert accepted > 0
+
+
+def assert_equal_up_to_a_near_tie(runner, ids, base, out, tie) -> None:
+    """`out` is `base`, or first differs from it where the baseline's one-token step puts both tokens within `tie`
+    (and the baseline's token is that step's argmax)."""
+    i = next((j for j, (a, b) in enumerate(zip(base, out, strict=False)) if a != b), None)  # lengths: below
+    if i is None:
+        assert len(out) == len(base), (len(out), len(base))
+        return
+    runner.reset()
+    logits, _ = runner.forward(ids, all_logits=False)  # the baseline's own steps: prefill, then one token each
+    for token in base[:i]:
+        logits, _ = runner.forward([token])
+    step = logits[-1].float()
+    assert int(step.argmax()) == base[i]
+    margin = float(step[base[i]] - step[out[i]])
+    assert margin <= tie, f"speculative output leaves the baseline at token {i} with a logit margin of {margin}"
 
 
 @pytest.mark.parametrize("path_name", list(kc.PATHS))
