@@ -111,13 +111,17 @@ def test_decoding_refuses_a_target_the_draft_was_not_made_for(made, command, oth
     assert str(Path(made["targets"]["a"]).resolve()) in err and what in err
 
 
-def test_decoding_follows_the_drafts_verifier(made):
-    from engine.targets import DEFAULT_TARGET, target_for_draft
+def test_decoding_follows_the_drafts_verifier(made, monkeypatch):
+    from engine.errors import WorkbenchError
+    from engine.targets import ACCEPT_CHANGE_ENV, DEFAULT_TARGET, target_for_draft
 
     a = made["targets"]["a"]
     assert Path(target_for_draft(made["draft"], None)).resolve() == Path(a).resolve()
     assert target_for_draft(made["draft"], a) == a
-    # a target of the verifier's shape is accepted (drafts record no weight fingerprint)
+    # a target of the verifier's shape with other weights: the draft records its verifier's tensors' digest
+    with pytest.raises(WorkbenchError, match="are not those the draft was made from"):
+        target_for_draft(made["draft"], made["targets"]["reseeded"])
+    monkeypatch.setenv(ACCEPT_CHANGE_ENV, "1")  # what --accept-target-change sets
     assert target_for_draft(made["draft"], made["targets"]["reseeded"]) == made["targets"]["reseeded"]
     assert target_for_draft(None, None) is None and target_for_draft(None, DEFAULT_TARGET) == DEFAULT_TARGET
 
@@ -129,8 +133,10 @@ def test_serve_refuses_a_target_the_draft_was_not_made_for(made):
     with pytest.raises(WorkbenchError, match="is not the target the draft was made for") as info:
         plan_server(made["draft"], target=made["targets"]["narrow"], form="explicit")
     assert "width 64 vs 32" in str(info.value)
-    plan = plan_server(made["draft"], target=made["targets"]["reseeded"], form="explicit")
-    assert plan.target == str(Path(made["targets"]["reseeded"]).resolve())
+    with pytest.raises(WorkbenchError, match="are not those the draft was made from"):
+        plan_server(made["draft"], target=made["targets"]["reseeded"], form="explicit")
+    plan = plan_server(made["draft"], target=made["targets"]["a"], form="explicit")
+    assert plan.target == str(Path(made["targets"]["a"]).resolve())
 
 
 def test_a_draft_whose_verifier_is_elsewhere_is_checked_against_its_own_config(made, tmp_path):
