@@ -101,15 +101,15 @@ def plan_server(draft: str | os.PathLike | None = None, *, target: str | os.Path
     verifier = cfg["speculators_config"]["verifier"]["name_or_path"]
     derived = _derived_speculative_config(cfg, report)
     same_target = target is None or _same_target(target, verifier)
+    if form is None:
+        form = "auto" if same_target else "explicit"
+    if form == "auto" and not same_target:
+        raise WorkbenchError(f"the auto-detection form serves the draft's verifier '{verifier}', not '{target}'",
+                             hint="use --form explicit to pair the draft with another target, or drop --target")
     if target is not None or resolves_locally(verifier):
         # refuses a target of another shape than the draft's verifier, or other weights than those it was trained on
         target_for_draft(draft_dir, str(target) if target is not None else None)
-    if form is None:
-        form = "auto" if same_target else "explicit"
     if form == "auto":
-        if not same_target:
-            raise WorkbenchError(f"the auto-detection form serves the draft's verifier '{verifier}', not '{target}'",
-                                 hint="use --form explicit to pair the draft with another target, or drop --target")
         overrides = dict(speculative_config or {})
         if k is not None:
             overrides["num_speculative_tokens"] = int(k)
