@@ -45,6 +45,18 @@ def settings_path() -> Path:
     return Path(os.environ.get(SETTINGS_ENV) or workbench_home() / "app-settings.json")
 
 
+def settings_file_is_ours(path: Path) -> bool:
+    """True when `path` is absent or holds only what `save_state` writes (a JSON object of our settings' keys): a
+    file of the user's named by $WORKBENCH_SETTINGS is never replaced or removed."""
+    try:
+        raw = read_json(path)
+    except FileNotFoundError:
+        return True
+    except (OSError, ValueError):
+        return False
+    return isinstance(raw, dict) and set(raw) <= set(DEFAULTS)
+
+
 def _gone(folder: str) -> bool:
     return Path(folder).is_absolute() and not Path(folder).exists()
 
@@ -93,6 +105,9 @@ def save_state() -> None:
     changed = {k: ss[k] for k in DEFAULTS if k in ss and ss[k] != saved.get(k)}
     if not changed:
         return
+    if not settings_file_is_ours(settings_path()):
+        log.warning("not saving the app settings: %s holds other data", settings_path())
+        return
     try:
         on_disk = load_settings() if settings_path().exists() else dict(DEFAULTS)
         merged = Settings.model_validate(on_disk | changed).model_dump()
@@ -106,7 +121,8 @@ def save_state() -> None:
 def reset_settings() -> None:
     """Forget the saved settings: the defaults, in this session and the next ones (a button's on_click)."""
     try:
-        settings_path().unlink(missing_ok=True)
+        if settings_file_is_ours(settings_path()):
+            settings_path().unlink(missing_ok=True)
     except OSError as exc:
         log.warning("could not remove %s: %s", settings_path(), exc)
     ss = st.session_state

@@ -150,3 +150,22 @@ def test_models_page_says_the_family_and_what_runs_need(runs, made):
     ok(at)
     table = next(d.value for d in at.dataframe if "layer ids (extract)" in d.value.columns)
     assert all("does NOT fit" in row for row in table["extraction disk"])
+
+
+def test_a_settings_file_of_the_users_is_never_replaced_or_removed(app_settings):
+    """$WORKBENCH_SETTINGS naming a file that holds other data: saving and the reset leave it byte for byte."""
+    import streamlit as st
+
+    from ui import state
+
+    app_settings.write_text('{"my": "own notes"}\n')
+    before = app_settings.read_bytes()
+    st.session_state.clear()
+    st.session_state[state.SAVED] = dict(state.DEFAULTS)
+    st.session_state[state.TARGET] = "somewhere/else"
+    state.save_state()
+    state.reset_settings()
+    assert app_settings.read_bytes() == before
+    assert not state.settings_file_is_ours(app_settings)
+    app_settings.unlink()
+    assert state.settings_file_is_ours(app_settings)  # absent: ours to write

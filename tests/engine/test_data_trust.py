@@ -51,6 +51,16 @@ def _copy(src: Path, dest: Path) -> Path:
     return dest
 
 
+def _own_copies(made, tmp_path: Path) -> tuple[Path, Path, dict]:
+    """A copy of the target and of its data whose manifest points at that copy (to be changed in place)."""
+    target = _copy(made["target"], tmp_path / "target")
+    data = _copy(made["data"], tmp_path / "hs")
+    manifest = json.loads((data / "manifest.json").read_text())
+    manifest["target_path"] = str(target.resolve())
+    (data / "manifest.json").write_text(json.dumps(manifest))
+    return target, data, manifest
+
+
 def _rewrite_sample(path: Path, change) -> None:
     """Rewrite one hs_i file with `change` applied to its tensors (the recorded digest is kept as it was)."""
     from safetensors import safe_open
@@ -83,11 +93,7 @@ def test_the_manifest_records_the_digest_of_the_targets_tensors(made, tmp_path):
 def test_train_refuses_data_whose_target_changed_in_place_and_a_flag_accepts_it(made, tmp_path, capsys):
     from engine.targets import target_digest
 
-    target = _copy(made["target"], tmp_path / "target")
-    data = _copy(made["data"], tmp_path / "hs")
-    manifest = json.loads((data / "manifest.json").read_text())
-    manifest["target_path"] = str(target.resolve())
-    (data / "manifest.json").write_text(json.dumps(manifest))
+    target, data, manifest = _own_copies(made, tmp_path)
     state = load_file(str(target / "model.safetensors"))
     name = next(k for k in sorted(state) if "layers.1.mlp.down_proj" in k)
     state[name] = state[name] * 0.5  # same shapes, other values, in place
@@ -110,11 +116,7 @@ def test_a_draft_records_its_targets_digest_and_decoding_beside_changed_weights_
     from engine.serve.server import plan_server
     from engine.targets import target_digest
 
-    target = _copy(made["target"], tmp_path / "target")
-    data = _copy(made["data"], tmp_path / "hs")
-    manifest = json.loads((data / "manifest.json").read_text())
-    manifest["target_path"] = str(target.resolve())
-    (data / "manifest.json").write_text(json.dumps(manifest))
+    target, data, manifest = _own_copies(made, tmp_path)
     rc, _, err = _engine(capsys, "train", "--data", str(data), *TRAIN, "--out", str(tmp_path / "run"))
     assert rc == 0, err
     draft = tmp_path / "run" / "draft"
