@@ -20,7 +20,7 @@ torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
 @pytest.fixture(autouse=True)
 def app_settings(tmp_path_factory, monkeypatch) -> Path:
-    """The app's saved choices (ui.state) go to a file of each test's own, never the user's; no accepted target change."""
+    """The app's saved choices (ui.state) go to a file of each test's own; no target change accepted."""
     path = tmp_path_factory.mktemp("settings") / "app-settings.json"
     monkeypatch.setenv("WORKBENCH_SETTINGS", str(path))
     # `--accept-target-change` run in-process sets this for its process: undone after each test, so it never leaks on
