@@ -368,8 +368,8 @@ def decoder_of(model: nn.Module) -> nn.Module:
             return candidate
     raise WorkbenchError(f"cannot find the decoder layers of this target ({type(model).__name__}): the workbench reads "
                          "hidden states before `layers[i]` and the final `norm` of its decoder, and this model has no "
-                         "such stack", hint="this family is not supported yet; use a family of the README's families "
-                         "table")
+                         "such stack", hint="this family is not supported yet; use a family of the families table "
+                         "in docs/families.md")
 
 
 class LayerCapture:

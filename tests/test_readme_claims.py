@@ -1,6 +1,9 @@
-"""Sentences of the README pinned: `bench --dtype` takes both spellings, and the Demo chat shows where a cut fell."""
+"""Sentences of the README pinned (`bench --dtype` spellings, the Demo chat's cut marks), and the README's shape."""
 
 from __future__ import annotations
+
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -35,3 +38,27 @@ def test_the_demo_chat_marks_the_withheld_slots_and_the_cut_in_the_survival_esti
                       confidence=[0.93, 0.71, 0.14, 0.05])
     assert block_marks(event) == "✓✗✂✂" and BLOCK_MARKS["withheld"] == "✂"
     assert survival_text(event) == "0.93 0.71 | 0.14 0.05"
+
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def _links(text: str) -> list[str]:
+    """Targets of the markdown links `[text](target)` in `text`, code spans left out."""
+    return re.findall(r"\]\(([^)\s]+)\)", re.sub(r"`[^`\n]*`", "", text))
+
+
+def test_the_readme_reads_in_five_minutes_and_every_doc_link_leads_somewhere():
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.split()) <= 2000, len(readme.split())
+    cells = [c.strip() for line in readme.splitlines() if line.lstrip().startswith("|")
+             for c in re.split(r"(?<!\\)\|", line.strip().strip("|"))]
+    assert cells and not [c for c in cells if len(c.split()) > 40]
+    for doc in DOCS:
+        text = doc.read_text()
+        assert not re.findall(r"\bissues? #?\d+", text, re.IGNORECASE), doc.name  # the reader has no issue tracker
+        for link in _links(text):
+            if re.match(r"[a-z]+:", link) or link.startswith("#"):  # a web address or an anchor on the same page
+                continue
+            assert (doc.parent / link.split("#")[0]).exists(), (doc.name, link)

@@ -112,8 +112,8 @@ def generate(
         raise WorkbenchError("k (draft tokens per step) must be at least 1")
     if proposer is not None and (problem := rollback_problem(runner.target)):
         raise WorkbenchError(f"speculative decoding would not be lossless here: {problem}",
-                             hint="decode without a draft (baseline) on this target; the README's families table "
-                                  "lists the families verified lossless")
+                             hint="decode without a draft (baseline) on this target; docs/families.md lists "
+                                  "the families verified lossless")
     generator = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
     stopper = _Stopper(params, tokenizer)
     runner.reset()

@@ -196,8 +196,8 @@ def test_validate_warns_about_a_verifier_without_aux_states(tmp_path):
 
 
 def test_readme_families_table_says_what_vllm_does_with_each_family():
-    """The README's vLLM column: a row per family, 'refused' exactly for the families vLLM cannot verify with."""
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    """docs/families.md's vLLM column: a row per family, 'refused' exactly for the families vLLM cannot verify."""
+    readme = (Path(__file__).resolve().parents[2] / "docs" / "families.md").read_text()
     rows = {}
     for line in readme.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
