@@ -1,7 +1,9 @@
-"""Sentences of the README pinned (`bench --dtype` spellings, the Demo chat's cut marks), and the README's shape."""
+"""Sentences of the README pinned (`bench --dtype` spellings, the Demo chat's cut marks), the README's shape, and
+docstrings short enough to read."""
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -62,3 +64,17 @@ def test_the_readme_reads_in_five_minutes_and_every_doc_link_leads_somewhere():
             if re.match(r"[a-z]+:", link) or link.startswith("#"):  # a web address or an anchor on the same page
                 continue
             assert (doc.parent / link.split("#")[0]).exists(), (doc.name, link)
+
+
+def test_no_docstring_runs_over_80_words():
+    """Detail belongs in comments or docs/: a docstring says what a module, class or function is for."""
+    long = []
+    for path in [ROOT / "app.py", *(p for d in ("engine", "ui", "pages", "tests", "benchmarks")
+                                    for p in sorted((ROOT / d).rglob("*.py")))]:
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                words = len((ast.get_docstring(node) or "").split())
+                if words > 80:
+                    long.append(f"{path.relative_to(ROOT)}:{getattr(node, 'lineno', 1)} ({words} words)")
+    assert not long, long

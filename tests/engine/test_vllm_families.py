@@ -2,13 +2,12 @@
 (and a P-EAGLE and a DFlash one beside one more family) is served losslessly, with vLLM's acceptance counters equal
 to our engine's on the same prompts (greedy, fp32).
 Families whose vLLM model class gives no aux hidden states are refused by vLLM with its own message, and `validate`
-warns about them before anything starts.
+warns about them before anything starts."""
 
-The targets are 128 wide with 4 heads (head size 32: the CPU build's attention has no kernel for the 16 of the
-in-process family tests). Each cell starts two vLLM servers (about 40 s each on 2 cores), so one family runs by
-default and the others with `-m slow`. The drafts accept little (random targets are hard to predict),
-so this checks that both engines count the same, not a draft's quality.
-"""
+# The targets are 128 wide with 4 heads (head size 32: the CPU build's attention has no kernel for the 16 of the
+# in-process family tests). Each cell starts two vLLM servers (about 40 s each on 2 cores), so one family runs by
+# default and the others with `-m slow`. The drafts accept little (random targets are hard to predict),
+# so this checks that both engines count the same, not a draft's quality.
 
 from __future__ import annotations
 
