@@ -1,14 +1,13 @@
-"""Benchmark re-evaluation through the answer store: the same draft and prompts evaluated twice, side by side.
+"""Benchmark re-evaluation through the answer store: the same draft and prompts evaluated twice, side by side."""
 
-The first `evaluate_draft` call has the target answer every held-out prompt (greedy decoding plus the draft's
-layers) and keeps the answers in `engine.measure.answers`; the second call reads them and only runs the draft pass.
-A private, empty store (a temporary $WORKBENCH_HOME with the built-in target's cache linked in) makes the first
-call a real first evaluation; the kernel path is decided (measured or read) before either call is timed. Records
-wall-clock seconds of both, their ratio, and whether every figure is equal.
-
-    .venv/bin/python benchmarks/bench_answer_store.py --prompts 12 --max-new-tokens 64 \
-        --json benchmarks/results/answer_store/amd-epyc-avx2.json
-"""
+# The first `evaluate_draft` call has the target answer every held-out prompt (greedy decoding plus the draft's
+# layers) and keeps the answers in `engine.measure.answers`; the second call reads them and only runs the draft pass.
+# A private, empty store (a temporary $WORKBENCH_HOME with the built-in target's cache linked in) makes the first
+# call a real first evaluation; the kernel path is decided (measured or read) before either call is timed. Records
+# wall-clock seconds of both, their ratio, and whether every figure is equal.
+#
+#     .venv/bin/python benchmarks/bench_answer_store.py --prompts 12 --max-new-tokens 64 \
+#         --json benchmarks/results/answer_store/amd-epyc-avx2.json
 
 from __future__ import annotations
 

@@ -1,14 +1,13 @@
 """The engine's plain greedy decoding (the baseline every speedup is measured against) vs transformers' own
-`generate`, in each dtype, on the same held-out prompts, interleaved prompt by prompt.
+`generate`, in each dtype, on the same held-out prompts, interleaved prompt by prompt."""
 
-Each side decodes the same chat-templated prompt greedily to the same number of new tokens (EOS ignored, so both
-produce exactly `--max-new-tokens`); tokens/s is new tokens over the whole call (prefill included), summed over the
-prompts. The engine runs on the kernel path `--dtype` forces (fp32, or bf16 routed through
-engine.generate.cpu_kernels) and, as `auto`, on the one measured on this CPU (engine.generate.kernel_choice);
-transformers runs an unrouted copy of the same weights. Whether the two produce the same tokens is recorded too.
-
-    .venv/bin/python benchmarks/bench_baseline_generate.py --json benchmarks/results/baseline_generate/builtin.json
-"""
+# Each side decodes the same chat-templated prompt greedily to the same number of new tokens (EOS ignored, so both
+# produce exactly `--max-new-tokens`); tokens/s is new tokens over the whole call (prefill included), summed over the
+# prompts. The engine runs on the kernel path `--dtype` forces (fp32, or bf16 routed through
+# engine.generate.cpu_kernels) and, as `auto`, on the one measured on this CPU (engine.generate.kernel_choice);
+# transformers runs an unrouted copy of the same weights. Whether the two produce the same tokens is recorded too.
+#
+#     .venv/bin/python benchmarks/bench_baseline_generate.py --json benchmarks/results/baseline_generate/builtin.json
 
 from __future__ import annotations
 

@@ -1,25 +1,24 @@
-"""Benchmark the data work per conversation on this CPU: the recipes' way against the vLLM-only way, same conversations.
+"""Benchmark the data work per conversation on this CPU: the recipes' way against the vLLM-only way, same data."""
 
-The same ShareGPT train-split conversations (first user turn, as the recipes answer it), greedy, up to
---max-new-tokens new tokens within --max-length, then the hidden states of EAGLE-3's layers [2, 15, 27] + 30
-in bf16, built-in target:
-
-* recipe way:  `regenerate --backend vllm --batch-size 32` (a managed vLLM server, 32 requests in flight, as
-               configs/smollm2-*.yaml run it), then `extract` with the transformers backend (fp32 target in this
-               process, the second forward);
-* vLLM way:    `regenerate --backend vllm --batch-size --wide` (more requests in flight: vLLM batches them),
-               then `extract --backend vllm` (vLLM's `extract_hidden_states` in its own environment; on a CPU
-               build through the workbench's CPU connector: prefill only, one generated token per row).
-
-Each part is timed apart, and so is its fixed start (the vLLM server or worker starting, the target loading), so
-that a per-conversation cost is the steady one a long data budget pays; the starts are listed beside it. The
-parts run one after the other (never two at a time), each way's order alternating over --rounds rounds of
---conversations fresh conversations each. Afterwards (not timed) the two ways' samples are compared: the JSONL
-rows, token ids and loss masks, and how far the bf16 states are apart (the server and worker run the target in
-bf16, transformers in fp32, so the regenerated answers may differ where two tokens were nearly tied).
-
-    python benchmarks/bench_data_cost.py --conversations 96 --rounds 2 --json benchmarks/results/data_cost/<cpu>.json
-"""
+# The same ShareGPT train-split conversations (first user turn, as the recipes answer it), greedy, up to
+# --max-new-tokens new tokens within --max-length, then the hidden states of EAGLE-3's layers [2, 15, 27] + 30
+# in bf16, built-in target:
+#
+# * recipe way:  `regenerate --backend vllm --batch-size 32` (a managed vLLM server, 32 requests in flight, as
+#                configs/smollm2-*.yaml run it), then `extract` with the transformers backend (fp32 target in this
+#                process, the second forward);
+# * vLLM way:    `regenerate --backend vllm --batch-size --wide` (more requests in flight: vLLM batches them),
+#                then `extract --backend vllm` (vLLM's `extract_hidden_states` in its own environment; on a CPU
+#                build through the workbench's CPU connector: prefill only, one generated token per row).
+#
+# Each part is timed apart, and so is its fixed start (the vLLM server or worker starting, the target loading), so
+# that a per-conversation cost is the steady one a long data budget pays; the starts are listed beside it. The
+# parts run one after the other (never two at a time), each way's order alternating over --rounds rounds of
+# --conversations fresh conversations each. Afterwards (not timed) the two ways' samples are compared: the JSONL
+# rows, token ids and loss masks, and how far the bf16 states are apart (the server and worker run the target in
+# bf16, transformers in fp32, so the regenerated answers may differ where two tokens were nearly tied).
+#
+#     python benchmarks/bench_data_cost.py --conversations 96 --rounds 2 --json benchmarks/results/data_cost/<cpu>.json
 
 from __future__ import annotations
 

@@ -1,16 +1,15 @@
-"""Every draft algorithm side by side on the same held-out prompts, in-process and in real vLLM, in one run.
+"""Every draft algorithm side by side on the same held-out prompts, in-process and in real vLLM, in one run."""
 
-Each method is `NAME=DRAFT_FOLDER@K` (a draft), `ngram@K` (prompt lookup) or `baseline`. In-process, one target is
-loaded and the methods run round-robin prompt by prompt (so they see the same machine load); the table has mean
-acceptance length, per-position acceptance, the draft's cost per step (ms, and as a fraction of one baseline target
-step), tokens/s, speedup and whether the output is identical to the baseline. With `--vllm`, the same prompts go
-through the managed vLLM server (one server per method, one after the other), with vLLM's own counters.
-
-    .venv/bin/python benchmarks/bench_drafters.py \\
-        --method eagle3=assets/drafts/smollm2-135m-instruct-eagle3@3 \\
-        --method dflash=assets/drafts/smollm2-135m-instruct-dflash@3 --method ngram@3 \\
-        --num-prompts 20 --max-new-tokens 128 --vllm --json benchmarks/results/drafters/builtin.json
-"""
+# Each method is `NAME=DRAFT_FOLDER@K` (a draft), `ngram@K` (prompt lookup) or `baseline`. In-process, one target is
+# loaded and the methods run round-robin prompt by prompt (so they see the same machine load); the table has mean
+# acceptance length, per-position acceptance, the draft's cost per step (ms, and as a fraction of one baseline target
+# step), tokens/s, speedup and whether the output is identical to the baseline. With `--vllm`, the same prompts go
+# through the managed vLLM server (one server per method, one after the other), with vLLM's own counters.
+#
+#     .venv/bin/python benchmarks/bench_drafters.py \
+#         --method eagle3=assets/drafts/smollm2-135m-instruct-eagle3@3 \
+#         --method dflash=assets/drafts/smollm2-135m-instruct-dflash@3 --method ngram@3 \
+#         --num-prompts 20 --max-new-tokens 128 --vllm --json benchmarks/results/drafters/builtin.json
 
 from __future__ import annotations
 

@@ -1,14 +1,13 @@
-"""Benchmark DSpark's static confidence cut: verified tokens per step and wall-clock, with and without the cut.
+"""Benchmark DSpark's static confidence cut: verified tokens per step and wall-clock, with and without the cut."""
 
-A DSpark draft is trained briefly (the tiny random Llama target of the tests by default, online ShareGPT data, a
-few epochs; the TV term teaches it the target's own distribution) and calibrated on its validation split; then the
-same prompts are decoded greedily (fp32, CPU) once per confidence threshold, interleaved prompt by prompt so every
-setting sees the same machine load. Greedy output is identical for every threshold (checked), so the settings
-differ only in how many drafted tokens the target verifies per step and in how many it accepts.
-
-    .venv/bin/python benchmarks/bench_dspark_cut.py --prompts 20 --thresholds 0,0.1,0.2,0.3,0.5 \
-        --json benchmarks/results/cut/dspark_tiny.json
-"""
+# A DSpark draft is trained briefly (the tiny random Llama target of the tests by default, online ShareGPT data, a
+# few epochs; the TV term teaches it the target's own distribution) and calibrated on its validation split; then the
+# same prompts are decoded greedily (fp32, CPU) once per confidence threshold, interleaved prompt by prompt so every
+# setting sees the same machine load. Greedy output is identical for every threshold (checked), so the settings
+# differ only in how many drafted tokens the target verifies per step and in how many it accepts.
+#
+#     .venv/bin/python benchmarks/bench_dspark_cut.py --prompts 20 --thresholds 0,0.1,0.2,0.3,0.5 \
+#         --json benchmarks/results/cut/dspark_tiny.json
 
 from __future__ import annotations
 

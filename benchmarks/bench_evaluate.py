@@ -1,19 +1,18 @@
-"""Benchmark the offline evaluator against real decoding: the same held-out samples, the shipped draft.
+"""Benchmark the offline evaluator against real decoding: the same held-out samples, the shipped draft."""
 
-Three things are timed in one process on the built-in SmolLM2-135M-Instruct (CPU, fp32, greedy):
-
-* data:     the target answers each held-out prompt once (its greedy answer plus one forward for the draft's
-            layers): what `extract` of a regenerated val split stores once for every later evaluation;
-* evaluate: `engine.measure.evaluate.evaluate_samples` on those samples for k = 1..5 (one draft pass per sample);
-* bench:    what `bench --methods baseline,draft` does to measure the same thing for one k: the baseline and
-            speculative decoding of every prompt (models loaded once, as in `bench`).
-
-The machine is shared and noisy, so the three are interleaved prompt by prompt (each sees the same load), and
-both wall-clock and process CPU time are summed per method. It also checks that evaluate's mean acceptance
-length at k equals bench's on the same prompts.
-
-    .venv/bin/python benchmarks/bench_evaluate.py --samples 200 --max-new-tokens 32 --k 3 --threads 1 --json out.json
-"""
+# Three things are timed in one process on the built-in SmolLM2-135M-Instruct (CPU, fp32, greedy):
+#
+# * data:     the target answers each held-out prompt once (its greedy answer plus one forward for the draft's
+#             layers): what `extract` of a regenerated val split stores once for every later evaluation;
+# * evaluate: `engine.measure.evaluate.evaluate_samples` on those samples for k = 1..5 (one draft pass per sample);
+# * bench:    what `bench --methods baseline,draft` does to measure the same thing for one k: the baseline and
+#             speculative decoding of every prompt (models loaded once, as in `bench`).
+#
+# The machine is shared and noisy, so the three are interleaved prompt by prompt (each sees the same load), and
+# both wall-clock and process CPU time are summed per method. It also checks that evaluate's mean acceptance
+# length at k equals bench's on the same prompts.
+#
+#     .venv/bin/python benchmarks/bench_evaluate.py --samples 200 --max-new-tokens 32 --k 3 --threads 1 --json out.json
 
 from __future__ import annotations
 

@@ -1,23 +1,22 @@
-"""Benchmark hidden-state extraction: our extractor against the naive loop a newcomer would write.
+"""Benchmark hidden-state extraction: our extractor against the naive loop a newcomer would write."""
 
-Both extract the same ShareGPT samples (train split, rendered with the built-in target's chat template and
-truncated to --max-length tokens) from the built-in SmolLM2-135M-Instruct on the CPU:
-
-* ours:  `engine.data.extract.extract_hidden_states`, layers [2, 15, 27, 30], bf16 files, default batching
-         (length-sorted, right-padded batches under a token budget; hooks stop before the final norm/lm_head).
-* naive: one sample at a time, `model(ids, output_hidden_states=True)`, every layer saved with `torch.save`
-         as fp32 [31, T, H] (the full forward, lm_head included).
-
-The machine is shared and noisy, so speed is measured twice:
-* interleaved (the ratio to trust): one process runs both methods on the same chunks of --chunk samples,
-  alternating which goes first, so both see the same load; tokens/s = all tokens / summed time per method,
-  and tokens per CPU-second (process CPU time, all threads; with --threads 1 it barely depends on the load).
-* isolated: each method in its own fresh subprocess (--rounds times, medians), which also gives bytes per
-  token on disk and peak memory (the process's max RSS, and the peak RSS increase over the loaded model,
-  sampled every 5 ms).
-
-    .venv/bin/python benchmarks/bench_extract.py --samples 100 --max-length 256 --rounds 1 --threads 2
-"""
+# Both extract the same ShareGPT samples (train split, rendered with the built-in target's chat template and
+# truncated to --max-length tokens) from the built-in SmolLM2-135M-Instruct on the CPU:
+#
+# * ours:  `engine.data.extract.extract_hidden_states`, layers [2, 15, 27, 30], bf16 files, default batching
+#          (length-sorted, right-padded batches under a token budget; hooks stop before the final norm/lm_head).
+# * naive: one sample at a time, `model(ids, output_hidden_states=True)`, every layer saved with `torch.save`
+#          as fp32 [31, T, H] (the full forward, lm_head included).
+#
+# The machine is shared and noisy, so speed is measured twice:
+# * interleaved (the ratio to trust): one process runs both methods on the same chunks of --chunk samples,
+#   alternating which goes first, so both see the same load; tokens/s = all tokens / summed time per method,
+#   and tokens per CPU-second (process CPU time, all threads; with --threads 1 it barely depends on the load).
+# * isolated: each method in its own fresh subprocess (--rounds times, medians), which also gives bytes per
+#   token on disk and peak memory (the process's max RSS, and the peak RSS increase over the loaded model,
+#   sampled every 5 ms).
+#
+#     .venv/bin/python benchmarks/bench_extract.py --samples 100 --max-length 256 --rounds 1 --threads 2
 
 from __future__ import annotations
 

@@ -1,27 +1,26 @@
-"""Offline data loader vs trainer: can reading hidden states from disk keep the trainer fed?
+"""Offline data loader vs trainer: can reading hidden states from disk keep the trainer fed?"""
 
-One run, the same data, the same batch plan, side by side:
-
-* open     `OfflineData(folder)`: the index the trainer builds at start (file list, lengths from the
-           safetensors headers, token counts); per sample, so it scales to a folder of any size.
-* loader   the trainer's own path for one micro-batch: read each sample file of the batch (safetensors),
-           the algorithm's `collate`, move to the device. Nothing is cached between batches.
-* trainer  the trainer's compute on the same batches already in memory: forward, backward, clip, AdamW step.
-
-The loader keeps up when its samples/s exceed the trainer's (ratio > 1): the trainer loads synchronously, so
-a loader at ratio r costs about 1/(1+r) of the step time. RSS is sampled before and after the loader pass,
-which drops each batch before reading the next, as the trainer does (streaming: RSS must not grow with the
-number of samples read).
-
-By default the script writes its own data: a tiny random target (tests/tiny.py, hidden size --hidden-size) and
---samples synthetic samples of --tokens tokens with the algorithm's default layers (bf16 hidden states, the
-extractor's format), so the result does not depend on a download. With --data/--target it reads an existing
-extraction instead. The page cache is warm (files just written or read), i.e. the loader's best case on
-this disk; a cold read is bounded by the disk's bandwidth (bytes/s are printed).
-
-    .venv/bin/python benchmarks/bench_loader.py --samples 256 --tokens 512 --hidden-size 512 --batches 24 \\
-        --threads 1 --json /tmp/bench_loader.json
-"""
+# One run, the same data, the same batch plan, side by side:
+#
+# * open     `OfflineData(folder)`: the index the trainer builds at start (file list, lengths from the
+#            safetensors headers, token counts); per sample, so it scales to a folder of any size.
+# * loader   the trainer's own path for one micro-batch: read each sample file of the batch (safetensors),
+#            the algorithm's `collate`, move to the device. Nothing is cached between batches.
+# * trainer  the trainer's compute on the same batches already in memory: forward, backward, clip, AdamW step.
+#
+# The loader keeps up when its samples/s exceed the trainer's (ratio > 1): the trainer loads synchronously, so
+# a loader at ratio r costs about 1/(1+r) of the step time. RSS is sampled before and after the loader pass,
+# which drops each batch before reading the next, as the trainer does (streaming: RSS must not grow with the
+# number of samples read).
+#
+# By default the script writes its own data: a tiny random target (tests/tiny.py, hidden size --hidden-size) and
+# --samples synthetic samples of --tokens tokens with the algorithm's default layers (bf16 hidden states, the
+# extractor's format), so the result does not depend on a download. With --data/--target it reads an existing
+# extraction instead. The page cache is warm (files just written or read), i.e. the loader's best case on
+# this disk; a cold read is bounded by the disk's bandwidth (bytes/s are printed).
+#
+#     .venv/bin/python benchmarks/bench_loader.py --samples 256 --tokens 512 --hidden-size 512 --batches 24 \
+#         --threads 1 --json /tmp/bench_loader.json
 
 from __future__ import annotations
 

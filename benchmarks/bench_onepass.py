@@ -1,21 +1,20 @@
-"""Benchmark the data work per conversation: regenerate then extract (today's two steps) vs the one pass.
+"""Benchmark the data work per conversation: regenerate then extract (today's two steps) vs the one pass."""
 
-The same ShareGPT conversations (train split, prompts only, first user turn answered as the recipes do:
---max-turns 1) on the built-in target (fp32 on the CPU), greedy, both in this process with the target loaded once:
-
-* two steps: `engine.data.regenerate.regenerate` (transformers `generate`, batches of --batch-size) into a JSONL,
-  then `render_dataset(JSONL, split=all)` and `extract_hidden_states` (a second forward over every token);
-* one pass:  `engine.data.onepass.regenerate_and_extract` (`regenerate --extract-to`): hidden states kept while
-  generating, only the tokens after each answer run again.
-
-Chunks of --batch-size conversations alternate which way goes first, so both see the same load on a shared
-machine; wall-clock and process CPU seconds are summed per way. Afterwards (not timed) the outputs are compared:
-equal JSONL rows, equal token ids and loss masks, and the largest difference of the saved hidden states. The
-vLLM regeneration path is not timed here (it needs its own server and environment; see the record's note).
-
-    python benchmarks/bench_onepass.py --conversations 24 --max-new-tokens 256 --threads 1 \
-        --json benchmarks/results/data_cost/intel-xeon-amx.json
-"""
+# The same ShareGPT conversations (train split, prompts only, first user turn answered as the recipes do:
+# --max-turns 1) on the built-in target (fp32 on the CPU), greedy, both in this process with the target loaded once:
+#
+# * two steps: `engine.data.regenerate.regenerate` (transformers `generate`, batches of --batch-size) into a JSONL,
+#   then `render_dataset(JSONL, split=all)` and `extract_hidden_states` (a second forward over every token);
+# * one pass:  `engine.data.onepass.regenerate_and_extract` (`regenerate --extract-to`): hidden states kept while
+#   generating, only the tokens after each answer run again.
+#
+# Chunks of --batch-size conversations alternate which way goes first, so both see the same load on a shared
+# machine; wall-clock and process CPU seconds are summed per way. Afterwards (not timed) the outputs are compared:
+# equal JSONL rows, equal token ids and loss masks, and the largest difference of the saved hidden states. The
+# vLLM regeneration path is not timed here (it needs its own server and environment; see the record's note).
+#
+#     python benchmarks/bench_onepass.py --conversations 24 --max-new-tokens 256 --threads 1 \
+#         --json benchmarks/results/data_cost/intel-xeon-amx.json
 
 from __future__ import annotations
 

@@ -1,14 +1,13 @@
 """What one target forward over n new tokens costs in-process on each kernel path of
 engine.generate.kernel_choice (fp32, bf16 with transformers' own kernels, bf16 routed in each form), interleaved in one
-run, and whether each path's multi-row forwards equal its one-token steps bit for bit.
+run, and whether each path's multi-row forwards equal its one-token steps bit for bit."""
 
-A speculative step with k drafts verifies k + 1 tokens in one forward; the speedup is bounded by the acceptance
-length over that forward's cost in units of a one-token step. Each path is timed after the same prompt (a KV cache of
-`--context` tokens), repeats interleaved round-robin so all paths see the same machine load. Paths that need native
-bf16 are skipped on a CPU that emulates it.
-
-    .venv/bin/python benchmarks/bench_step_cost.py --json benchmarks/results/step_cost/builtin.json
-"""
+# A speculative step with k drafts verifies k + 1 tokens in one forward; the speedup is bounded by the acceptance
+# length over that forward's cost in units of a one-token step. Each path is timed after the same prompt (a KV cache of
+# `--context` tokens), repeats interleaved round-robin so all paths see the same machine load. Paths that need native
+# bf16 are skipped on a CPU that emulates it.
+#
+#     .venv/bin/python benchmarks/bench_step_cost.py --json benchmarks/results/step_cost/builtin.json
 
 from __future__ import annotations
 

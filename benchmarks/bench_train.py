@@ -1,39 +1,38 @@
-"""Benchmark training throughput: our EAGLE-3 trainer against speculators 0.9.0's, on the same data and CPU.
+"""Benchmark training throughput: our EAGLE-3 trainer against speculators 0.9.0's, on the same data and CPU."""
 
-Both train the same draft on the same extracted hidden states of the built-in SmolLM2-135M-Instruct
-(ShareGPT samples <= --max-length tokens, layers [2, 15, 27] + the last one): EAGLE-3, 1 Llama decoder
-layer, draft vocab --draft-vocab-size (top loss-token frequencies), 3 TTT steps, forward-KL loss, AdamW
-(lr 1e-3, no weight decay), grad clip 1.0, fp32 compute, one packed row of at most --tokens-per-step
-tokens per optimizer step, 90/10 train/val split, seed 0, no data-loader workers, one epoch at most.
-
-* ours:        `python -m engine train --data <extract> ...` (reads our files directly).
-* speculators: `speculators.train` (the module `python -m speculators.train` runs) with `--draft-attn-impl sdpa
-               --loss-implementation eager --optimizer adamw --num-workers 0`, on an adapter built here from the same
-               files: its Arrow dataset (`input_ids`, `loss_mask`, `seq_len`, saved with `save_to_disk`),
-               `hidden_states/hs_{j}.safetensors` (links to our files: same keys, last layer last, which its
-               loader splits off as the verifier's last hidden state) and `token_freq.pt` (our loss-token counts).
-               Its trainer assumes an accelerator, so the worker below applies two CPU shims and nothing else:
-               the device index 0 it moves model and batches to becomes "cpu", and `torch.accelerator.synchronize`
-               (called by its step timer; it raises without an accelerator) becomes a no-op. Its
-               `autocast("cuda", bf16)` is inactive on a CPU, so it computes in fp32 like ours.
-
-Tokens counted are the same kind on both sides: real (non-padding) positions of the shifted packed row, i.e.
-one per (input token, next-token target) pair fed to the draft. speculators always pads the row to
---tokens-per-step and computes on the padding too; ours computes on the packed tokens only. Steady state:
-the first --warmup steps of each run are dropped. Per step, wall time is the interval between two consecutive
-step records of a run's own log (our metrics.jsonl, speculators' metric records), so it includes data loading
-and everything else a step costs; CPU time is sampled from /proc for the process over the same interval
-(robust to a loaded machine: with one thread it is the work done, not the share of the CPU obtained). A run
-is stopped once its last step is logged (final validation and checkpoint are not part of the measurement).
-
-The machine is shared and noisy, so the two trainers run alternately (ABBA over --rounds), each in a fresh
-subprocess with the same thread count (OMP/MKL_NUM_THREADS), and the ratios per round are reported.
-
-    .venv/bin/python -m engine extract --dataset sharegpt --algo eagle3 --max-samples 150 --max-length 512 \\
-        --out /tmp/bench-train-data/extract      # or leave out --data below: the script extracts into --work
-    .venv/bin/python benchmarks/bench_train.py --data /tmp/bench-train-data/extract --rounds 4 --steps 12 \\
-        --warmup 2 --threads 1 --json /tmp/bench_train.json
-"""
+# Both train the same draft on the same extracted hidden states of the built-in SmolLM2-135M-Instruct
+# (ShareGPT samples <= --max-length tokens, layers [2, 15, 27] + the last one): EAGLE-3, 1 Llama decoder
+# layer, draft vocab --draft-vocab-size (top loss-token frequencies), 3 TTT steps, forward-KL loss, AdamW
+# (lr 1e-3, no weight decay), grad clip 1.0, fp32 compute, one packed row of at most --tokens-per-step
+# tokens per optimizer step, 90/10 train/val split, seed 0, no data-loader workers, one epoch at most.
+#
+# * ours:        `python -m engine train --data <extract> ...` (reads our files directly).
+# * speculators: `speculators.train` (the module `python -m speculators.train` runs) with `--draft-attn-impl sdpa
+#                --loss-implementation eager --optimizer adamw --num-workers 0`, on an adapter built here from the same
+#                files: its Arrow dataset (`input_ids`, `loss_mask`, `seq_len`, saved with `save_to_disk`),
+#                `hidden_states/hs_{j}.safetensors` (links to our files: same keys, last layer last, which its
+#                loader splits off as the verifier's last hidden state) and `token_freq.pt` (our loss-token counts).
+#                Its trainer assumes an accelerator, so the worker below applies two CPU shims and nothing else:
+#                the device index 0 it moves model and batches to becomes "cpu", and `torch.accelerator.synchronize`
+#                (called by its step timer; it raises without an accelerator) becomes a no-op. Its
+#                `autocast("cuda", bf16)` is inactive on a CPU, so it computes in fp32 like ours.
+#
+# Tokens counted are the same kind on both sides: real (non-padding) positions of the shifted packed row, i.e.
+# one per (input token, next-token target) pair fed to the draft. speculators always pads the row to
+# --tokens-per-step and computes on the padding too; ours computes on the packed tokens only. Steady state:
+# the first --warmup steps of each run are dropped. Per step, wall time is the interval between two consecutive
+# step records of a run's own log (our metrics.jsonl, speculators' metric records), so it includes data loading
+# and everything else a step costs; CPU time is sampled from /proc for the process over the same interval
+# (robust to a loaded machine: with one thread it is the work done, not the share of the CPU obtained). A run
+# is stopped once its last step is logged (final validation and checkpoint are not part of the measurement).
+#
+# The machine is shared and noisy, so the two trainers run alternately (ABBA over --rounds), each in a fresh
+# subprocess with the same thread count (OMP/MKL_NUM_THREADS), and the ratios per round are reported.
+#
+#     .venv/bin/python -m engine extract --dataset sharegpt --algo eagle3 --max-samples 150 --max-length 512 \
+#         --out /tmp/bench-train-data/extract      # or leave out --data below: the script extracts into --work
+#     .venv/bin/python benchmarks/bench_train.py --data /tmp/bench-train-data/extract --rounds 4 --steps 12 \
+#         --warmup 2 --threads 1 --json /tmp/bench_train.json
 
 from __future__ import annotations
 

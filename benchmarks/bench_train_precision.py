@@ -1,21 +1,20 @@
-"""Benchmark training precision on a CPU: our EAGLE-3 trainer in fp32 against bf16 autocast, same data, same CPU.
+"""Benchmark training precision on a CPU: our EAGLE-3 trainer in fp32 against bf16 autocast, same data, same CPU."""
 
-Both runs train the same draft of the built-in SmolLM2-135M-Instruct on the same extracted ShareGPT hidden states
-(`engine train --precision fp32|bf16`, every other setting equal: EAGLE-3, 1 layer, seed 0, the registry's
-defaults), one after the other in fresh subprocesses with the same thread count. Per run the record keeps the
-trainer's own per-step tokens/s (its metrics.jsonl; the first --warmup steps dropped), the wall time of the whole
-run, its final validation loss and estimated acceptance, and the draft's decoding-exact acceptance per k from
-`engine evaluate` on held-out ShareGPT prompts (fp32 target, the same prompts for both drafts). bf16 autocast
-keeps weights and optimizer state in fp32; on a CPU without native bf16 it is emulated (the record names the CPU
-and whether it has AVX-512 BF16 or AMX).
-
-Throughput is also compared in --rounds short interleaved runs (ABBA: fp32, bf16, bf16, fp32, ...) of
---round-steps steps each, since the machine is shared and one long run per side can meet a busy minute.
-
-    .venv/bin/python benchmarks/bench_train_precision.py --samples 200 --max-length 512 --max-steps 40 \\
-        --tokens-per-batch 1024 --rounds 1 --round-steps 6 --eval-prompts 8 --eval-tokens 64 \\
-        --json benchmarks/results/train_precision/amd-epyc-zen4.json
-"""
+# Both runs train the same draft of the built-in SmolLM2-135M-Instruct on the same extracted ShareGPT hidden states
+# (`engine train --precision fp32|bf16`, every other setting equal: EAGLE-3, 1 layer, seed 0, the registry's
+# defaults), one after the other in fresh subprocesses with the same thread count. Per run the record keeps the
+# trainer's own per-step tokens/s (its metrics.jsonl; the first --warmup steps dropped), the wall time of the whole
+# run, its final validation loss and estimated acceptance, and the draft's decoding-exact acceptance per k from
+# `engine evaluate` on held-out ShareGPT prompts (fp32 target, the same prompts for both drafts). bf16 autocast
+# keeps weights and optimizer state in fp32; on a CPU without native bf16 it is emulated (the record names the CPU
+# and whether it has AVX-512 BF16 or AMX).
+#
+# Throughput is also compared in --rounds short interleaved runs (ABBA: fp32, bf16, bf16, fp32, ...) of
+# --round-steps steps each, since the machine is shared and one long run per side can meet a busy minute.
+#
+#     .venv/bin/python benchmarks/bench_train_precision.py --samples 200 --max-length 512 --max-steps 40 \
+#         --tokens-per-batch 1024 --rounds 1 --round-steps 6 --eval-prompts 8 --eval-tokens 64 \
+#         --json benchmarks/results/train_precision/amd-epyc-zen4.json
 
 from __future__ import annotations
 

@@ -1,54 +1,53 @@
-"""Benchmark training outcome: the acceptance our trainer's drafts reach against speculators 0.9.0's, same samples.
+"""Benchmark training outcome: the acceptance our trainer's drafts reach against speculators 0.9.0's, same samples."""
 
-For each algorithm both libraries train (EAGLE-3, DFlash, P-EAGLE, DSpark) the script trains one draft with
-`python -m engine train` and one with speculators 0.9.0's `speculators.train` on the same extracted samples of
-the built-in SmolLM2-135M-Instruct (its own regenerated answers), the same training rows in the same split, the
-same steps, learning rate, schedule, optimizer, batch tokens and draft shapes, then scores both drafts with the
-same evaluator (`python -m engine evaluate --data`: decoding-exact mean acceptance length per k on held-out
-answers the target regenerated, no target forward). It records tau per k, tokens per CPU-second and both
-loss curves.
-
-Settings each side is given explicitly (everything else is each library's default, which ours mirrors by name):
-  shapes      1 draft layer, draft vocabulary --draft-vocab-size (top loss-token counts), block size 8 and 128
-              anchors per row (DFlash, DSpark), 4 depths and 128 anchors (P-EAGLE), Markov rank 64 (DSpark)
-  optimizer   AdamW, lr --lr, betas (0.9, 0.999) (speculators' default), no weight decay, clip 1.0
-  schedule    linear warm-up over --warmup steps, then linear decay to 0, over --steps steps (default: one
-              epoch of the trainer whose packing plan has fewer batches, so that neither starts a second epoch)
-  batches     one packed row of at most --tokens-per-step tokens per step, fp32 compute, seed 0
-  DFlash      position weights exp(-(i-1)/gamma) (speculators' default for DFlash is D-PACE, which ours lacks:
-              speculators is given `--per-position-loss-weight fixed-exp-decay`)
-  DFlash,     slots attend to each other both ways inside a block, as DFlash drafts do (ours' default;
-  DSpark      speculators' is causal inside the block: it is given `--sliding-window-non-causal`)
-  DSpark      the same objective, 0.1 x CE on the data tokens + 0.9 x TV to the target (ours' default; speculators'
-              is kl_div: it is given `--loss-fn '{"ce": 0.1, "tv": 0.9}'`)
-  DSpark      no post-training confidence calibration on our side (speculators has none); the evaluator applies
-              the proposer's static cut (survival >= 0.2), so a draft that is never confident proposes nothing
-              ("no drafts": every step yields one token); such an algorithm is also scored with every drafted
-              token verified (`evaluate --all-drafts`), which compares the drafts themselves
-
-The same training rows: ours holds out a seeded random 10% of the samples; speculators holds out the last rows
-of its Arrow dataset, so the adapter writes our train rows first and our val rows last.
-
-speculators runs with `--draft-attn-impl sdpa --loss-implementation eager` (its fused losses and flex attention
-need Triton). CPU shims for speculators' trainer are those of `bench_train.py` (device 0 -> "cpu", accelerator sync a
-no-op; its cuda autocast is inactive on a CPU, so it computes in fp32 as ours does). Without autocast its DFlash
-feeds the bf16 states to an fp32 layer and stops, so it reads them as fp32 (`--hidden-states-dtype float32`, its
-own option; the values are the files' bf16 values, as ours reads them). The runs go one at a time
-(two torch jobs on 2 cores slow each other 5-50x), alternating which trainer goes first per algorithm. Every
-stage writes into --work and is skipped when its output is there, so an interrupted run resumes. A --work folder
-that holds files and no `.bench-train-quality` marker (one this script did not make) is refused.
-
-    .venv/bin/python -m engine regenerate --dataset sharegpt --split train --max-samples 600 --max-turns 1 \\
-        --max-new-tokens 256 --max-length 768 --backend vllm --batch-size 32 --out /tmp/q/regen.jsonl
-    .venv/bin/python -m engine regenerate --dataset sharegpt --split val --max-samples 40 --max-turns 1 \\
-        --max-new-tokens 256 --max-length 768 --backend vllm --batch-size 32 --out /tmp/q/regen-val.jsonl
-    .venv/bin/python benchmarks/bench_train_quality.py --train-jsonl /tmp/q/regen.jsonl \\
-        --val-jsonl /tmp/q/regen-val.jsonl --work /tmp/q/work --ours-bf16 \\
-        --json benchmarks/results/train_quality/<cpu>.json
-
-`--ours-bf16` adds a third run per algorithm: ours under bf16 autocast (`--precision bf16`), the CPU lever ours has
-and speculators lacks (its autocast is CUDA-only); it pays only on a CPU with native bf16 (AVX-512 BF16 or AMX).
-"""
+# For each algorithm both libraries train (EAGLE-3, DFlash, P-EAGLE, DSpark) the script trains one draft with
+# `python -m engine train` and one with speculators 0.9.0's `speculators.train` on the same extracted samples of
+# the built-in SmolLM2-135M-Instruct (its own regenerated answers), the same training rows in the same split, the
+# same steps, learning rate, schedule, optimizer, batch tokens and draft shapes, then scores both drafts with the
+# same evaluator (`python -m engine evaluate --data`: decoding-exact mean acceptance length per k on held-out
+# answers the target regenerated, no target forward). It records tau per k, tokens per CPU-second and both
+# loss curves.
+#
+# Settings each side is given explicitly (everything else is each library's default, which ours mirrors by name):
+#   shapes      1 draft layer, draft vocabulary --draft-vocab-size (top loss-token counts), block size 8 and 128
+#               anchors per row (DFlash, DSpark), 4 depths and 128 anchors (P-EAGLE), Markov rank 64 (DSpark)
+#   optimizer   AdamW, lr --lr, betas (0.9, 0.999) (speculators' default), no weight decay, clip 1.0
+#   schedule    linear warm-up over --warmup steps, then linear decay to 0, over --steps steps (default: one
+#               epoch of the trainer whose packing plan has fewer batches, so that neither starts a second epoch)
+#   batches     one packed row of at most --tokens-per-step tokens per step, fp32 compute, seed 0
+#   DFlash      position weights exp(-(i-1)/gamma) (speculators' default for DFlash is D-PACE, which ours lacks:
+#               speculators is given `--per-position-loss-weight fixed-exp-decay`)
+#   DFlash,     slots attend to each other both ways inside a block, as DFlash drafts do (ours' default;
+#   DSpark      speculators' is causal inside the block: it is given `--sliding-window-non-causal`)
+#   DSpark      the same objective, 0.1 x CE on the data tokens + 0.9 x TV to the target (ours' default; speculators'
+#               is kl_div: it is given `--loss-fn '{"ce": 0.1, "tv": 0.9}'`)
+#   DSpark      no post-training confidence calibration on our side (speculators has none); the evaluator applies
+#               the proposer's static cut (survival >= 0.2), so a draft that is never confident proposes nothing
+#               ("no drafts": every step yields one token); such an algorithm is also scored with every drafted
+#               token verified (`evaluate --all-drafts`), which compares the drafts themselves
+#
+# The same training rows: ours holds out a seeded random 10% of the samples; speculators holds out the last rows
+# of its Arrow dataset, so the adapter writes our train rows first and our val rows last.
+#
+# speculators runs with `--draft-attn-impl sdpa --loss-implementation eager` (its fused losses and flex attention
+# need Triton). CPU shims for speculators' trainer are those of `bench_train.py` (device 0 -> "cpu", accelerator sync a
+# no-op; its cuda autocast is inactive on a CPU, so it computes in fp32 as ours does). Without autocast its DFlash
+# feeds the bf16 states to an fp32 layer and stops, so it reads them as fp32 (`--hidden-states-dtype float32`, its
+# own option; the values are the files' bf16 values, as ours reads them). The runs go one at a time
+# (two torch jobs on 2 cores slow each other 5-50x), alternating which trainer goes first per algorithm. Every
+# stage writes into --work and is skipped when its output is there, so an interrupted run resumes. A --work folder
+# that holds files and no `.bench-train-quality` marker (one this script did not make) is refused.
+#
+#     .venv/bin/python -m engine regenerate --dataset sharegpt --split train --max-samples 600 --max-turns 1 \
+#         --max-new-tokens 256 --max-length 768 --backend vllm --batch-size 32 --out /tmp/q/regen.jsonl
+#     .venv/bin/python -m engine regenerate --dataset sharegpt --split val --max-samples 40 --max-turns 1 \
+#         --max-new-tokens 256 --max-length 768 --backend vllm --batch-size 32 --out /tmp/q/regen-val.jsonl
+#     .venv/bin/python benchmarks/bench_train_quality.py --train-jsonl /tmp/q/regen.jsonl \
+#         --val-jsonl /tmp/q/regen-val.jsonl --work /tmp/q/work --ours-bf16 \
+#         --json benchmarks/results/train_quality/<cpu>.json
+#
+# `--ours-bf16` adds a third run per algorithm: ours under bf16 autocast (`--precision bf16`), the CPU lever ours has
+# and speculators lacks (its autocast is CUDA-only); it pays only on a CPU with native bf16 (AVX-512 BF16 or AMX).
 
 from __future__ import annotations
 

@@ -1,22 +1,21 @@
-"""What the CPU test suite cannot exercise, in one short run on a GPU machine: one line per check.
+"""What the CPU test suite cannot exercise, in one short run on a GPU machine: one line per check."""
 
-    PASS|SKIP|FAIL  <check>  <seconds>  <detail>
-
-Checks (each on a tiny random Llama target this script writes itself, tests/tiny.py):
-  cuda-extract-transformers  hidden-state extraction on CUDA with the transformers backend (bf16 target)
-  cuda-train-bf16            3 training steps on CUDA with bf16 autocast; loss finite, weights moved,
-                             the final draft validates
-  vllm-extract               extraction with the vLLM backend (only when vllm is importable), in a subprocess
-  nccl-ddp-2gpu              2 processes x 2 steps over NCCL, strategy ddp (only with >= 2 visible GPUs)
-  nccl-fsdp-2gpu             the same with strategy fsdp (FSDP2 bf16 mixed precision, DCP checkpoint)
-
-Without CUDA every check prints SKIP with the reason and the script exits 0; any FAIL makes it exit 1.
-It is meant to take a few minutes on one GPU (most of it process start-up and, for vLLM, engine start-up).
-
-    python benchmarks/gpu_check.py [--work DIR] [--keep]
-
-Status: written and run on CPU only (all SKIP); not yet run on a GPU.
-"""
+#     PASS|SKIP|FAIL  <check>  <seconds>  <detail>
+#
+# Checks (each on a tiny random Llama target this script writes itself, tests/tiny.py):
+#   cuda-extract-transformers  hidden-state extraction on CUDA with the transformers backend (bf16 target)
+#   cuda-train-bf16            3 training steps on CUDA with bf16 autocast; loss finite, weights moved,
+#                              the final draft validates
+#   vllm-extract               extraction with the vLLM backend (only when vllm is importable), in a subprocess
+#   nccl-ddp-2gpu              2 processes x 2 steps over NCCL, strategy ddp (only with >= 2 visible GPUs)
+#   nccl-fsdp-2gpu             the same with strategy fsdp (FSDP2 bf16 mixed precision, DCP checkpoint)
+#
+# Without CUDA every check prints SKIP with the reason and the script exits 0; any FAIL makes it exit 1.
+# It is meant to take a few minutes on one GPU (most of it process start-up and, for vLLM, engine start-up).
+#
+#     python benchmarks/gpu_check.py [--work DIR] [--keep]
+#
+# Status: written and run on CPU only (all SKIP); not yet run on a GPU.
 
 from __future__ import annotations
 

@@ -148,7 +148,7 @@ def translate(exc: BaseException) -> WorkbenchError | None:
                               f"{_first_line(exc, 300)})",
                               hint=f"the target's config.json may hold values this transformers version's {family} "
                                    "code does not support (e.g. a head_dim that disagrees with the attention's own "
-                                   "dimensions); the families the workbench verifies are listed in the README")
+                                   "dimensions); the families the workbench verifies are listed in docs/families.md")
     if isinstance(exc, MemoryError):
         return WorkbenchError("out of memory", hint="use a smaller model, fewer tokens or a smaller batch")
     if isinstance(exc, json.JSONDecodeError):

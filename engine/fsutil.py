@@ -194,12 +194,10 @@ def check_replaceable(final: str | Path, *, overwrite: bool = False, what: str =
 def claim_names(folder: str | Path, names: Iterable[str], *, kind: str, what: str = "output folder",
                 flag: str = "--out", overwrite: bool = False, overwrite_flag: str | None = None) -> Path:
     """Before a command writes `names` (files or folders, relative) into `folder` in place, refuse if one of them
-    exists and the folder's owner marker does not record it as written by the workbench; else record them.
-
-    The record is made before anything is written, so a file the command leaves (also after a crash) is ours on
-    the next run, and a file a user put there keeps blocking the write. `overwrite` (the user's explicit consent,
-    given with `overwrite_flag`) replaces them anyway. Nothing is changed when refused.
-    """
+    exists and the folder's owner marker does not record it as written by the workbench; else record them."""
+    # The record is made before anything is written, so a file the command leaves (also after a crash) is ours on
+    # the next run, and a file a user put there keeps blocking the write. `overwrite` (the user's explicit consent,
+    # given with `overwrite_flag`) replaces them anyway. Nothing is changed when refused.
     folder = Path(folder)
     if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
         raise WorkbenchError(f"the {what} exists and is not a folder", where=str(folder),
@@ -234,13 +232,11 @@ def release_names(folder: str | Path, names: Iterable[str]) -> None:
 @contextlib.contextmanager
 def atomic_directory(final: str | Path, *, owner: str | None = None, overwrite: bool = False,
                      also_ours=None) -> Iterator[Path]:
-    """Yield a fresh temp folder next to `final`; on success it replaces `final` in one rename.
-
-    If the body raises, the temp folder is removed and `final` (if it existed) is untouched. With `owner`
-    (what the folder is, e.g. "draft") the folder gets an ownership marker, and an existing `final` is only
-    replaced when it is empty or was written by us (see `check_replaceable`), or with `overwrite`.
-    Files created inside get the umask's modes (some writers, e.g. safetensors, create them private).
-    """
+    """Yield a fresh temp folder next to `final`; on success it replaces `final` in one rename."""
+    # If the body raises, the temp folder is removed and `final` (if it existed) is untouched. With `owner`
+    # (what the folder is, e.g. "draft") the folder gets an ownership marker, and an existing `final` is only
+    # replaced when it is empty or was written by us (see `check_replaceable`), or with `overwrite`.
+    # Files created inside get the umask's modes (some writers, e.g. safetensors, create them private).
     final = Path(final)
     if owner is not None:
         check_replaceable(final, overwrite=overwrite, also_ours=also_ours)

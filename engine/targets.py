@@ -368,19 +368,17 @@ def decoder_of(model: nn.Module) -> nn.Module:
             return candidate
     raise WorkbenchError(f"cannot find the decoder layers of this target ({type(model).__name__}): the workbench reads "
                          "hidden states before `layers[i]` and the final `norm` of its decoder, and this model has no "
-                         "such stack", hint="this family is not supported yet; use a family of the README's families "
-                         "table")
+                         "such stack", hint="this family is not supported yet; use a family of the families table "
+                         "in docs/families.md")
 
 
 class LayerCapture:
-    """Capture the residual stream at layer ids with hooks (no `output_hidden_states` tuple).
-
-    Layer id k < N is the input of decoder layer k (= HF `hidden_states[k]`, id 0 = embeddings);
-    id N is the last layer's output BEFORE the final norm (HF's `hidden_states[-1]` is after it).
-    Captured tensors are cloned: transformers may modify the hooked tensor in place afterwards.
-    Hooks sit on the (shared) model but capture only forwards run by the thread that entered the capture: the app
-    serves several browser sessions from one cached target, each generating in its own thread.
-    """
+    """Capture the residual stream at layer ids with hooks (no `output_hidden_states` tuple)."""
+    # Layer id k < N is the input of decoder layer k (= HF `hidden_states[k]`, id 0 = embeddings);
+    # id N is the last layer's output BEFORE the final norm (HF's `hidden_states[-1]` is after it).
+    # Captured tensors are cloned: transformers may modify the hooked tensor in place afterwards.
+    # Hooks sit on the (shared) model but capture only forwards run by the thread that entered the capture: the app
+    # serves several browser sessions from one cached target, each generating in its own thread.
 
     def __init__(self, model: nn.Module, layer_ids: Iterable[int], *, stop_early: bool = False):
         self.decoder = decoder_of(model)

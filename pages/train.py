@@ -115,7 +115,7 @@ with tab_new:
     st.number_input("Processes (torchrun --nproc-per-node)", min_value=1, max_value=64, step=1, key="train_nproc",
                     help="More than 1 launches `torchrun --standalone --nproc-per-node N -m engine train ...` on this "
                          "machine (one process per GPU; on a CPU, gloo). Pick the strategy in 'Several processes'. "
-                         "Across machines, see the README's multi-node commands.")
+                         "Across machines, see the multi-node commands in docs/serving.md.")
     nproc = int(ss["train_nproc"])
     if cfg is not None and nproc == 1 and cfg.strategy == "fsdp":
         st.caption("fsdp shards over several processes; with 1 process the draft trains whole in that process.")

@@ -1,12 +1,11 @@
 """Every figure of a checked table in BENCHMARKS.md equals the committed record beside it, as displayed; every
-record under benchmarks/results names its provenance.
+record under benchmarks/results names its provenance."""
 
-Each checked table names its record (`benchmarks/results/<bench>/...`); the record names the command that made
-it, the CPU and the dtype, and the table's section names the same CPU and dtype. A figure edited by hand, or a
-record re-measured without regenerating the table, fails here. Every record (the whole tree) names its command,
-CPU model and kind (AMX, AVX-512 BF16, AVX2: the kind agrees with the machine its path names), dtype, date and
-torch.
-"""
+# Each checked table names its record (`benchmarks/results/<bench>/...`); the record names the command that made
+# it, the CPU and the dtype, and the table's section names the same CPU and dtype. A figure edited by hand, or a
+# record re-measured without regenerating the table, fails here. Every record (the whole tree) names its command,
+# CPU model and kind (AMX, AVX-512 BF16, AVX2: the kind agrees with the machine its path names), dtype, date and
+# torch.
 
 from __future__ import annotations
 

@@ -1,6 +1,11 @@
-"""Sentences of the README pinned: `bench --dtype` takes both spellings, and the Demo chat shows where a cut fell."""
+"""Sentences of the README pinned (`bench --dtype` spellings, the Demo chat's cut marks), the README's shape, and
+docstrings short enough to read."""
 
 from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -35,3 +40,42 @@ def test_the_demo_chat_marks_the_withheld_slots_and_the_cut_in_the_survival_esti
                       confidence=[0.93, 0.71, 0.14, 0.05])
     assert block_marks(event) == "✓✗✂✂" and BLOCK_MARKS["withheld"] == "✂"
     assert survival_text(event) == "0.93 0.71 | 0.14 0.05"
+
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def _links(text: str) -> list[str]:
+    """Targets of the markdown links `[text](target)` in `text`, code spans left out."""
+    return re.findall(r"\]\(([^)\s]+)\)", re.sub(r"`[^`\n]*`", "", text))
+
+
+def test_the_readme_reads_in_five_minutes_and_every_doc_link_leads_somewhere():
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.split()) <= 2000, len(readme.split())
+    for doc in DOCS:
+        text = doc.read_text()
+        cells = [c.strip() for line in text.splitlines() if line.lstrip().startswith("|")
+                 for c in re.split(r"(?<!\\)\|", line.strip().strip("|"))]
+        assert not [c for c in cells if len(c.split()) > 40], doc.name  # a table cell is one line
+        assert cells or doc.name != "README.md"  # the README's tables were found
+        assert not re.findall(r"\bissues? #?\d+", text, re.IGNORECASE), doc.name  # the reader has no issue tracker
+        for link in _links(text):
+            if re.match(r"[a-z]+:", link) or link.startswith("#"):  # a web address or an anchor on the same page
+                continue
+            assert (doc.parent / link.split("#")[0]).exists(), (doc.name, link)
+
+
+def test_no_docstring_runs_over_80_words():
+    """Detail belongs in comments or docs/: a docstring says what a module, class or function is for."""
+    long = []
+    for path in [ROOT / "app.py", *(p for d in ("engine", "ui", "pages", "tests", "benchmarks")
+                                    for p in sorted((ROOT / d).rglob("*.py")))]:
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                words = len((ast.get_docstring(node) or "").split())
+                if words > 80:
+                    long.append(f"{path.relative_to(ROOT)}:{getattr(node, 'lineno', 1)} ({words} words)")
+    assert not long, long

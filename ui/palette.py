@@ -1,12 +1,11 @@
-"""One meaning per colour, on every page: token sources, the trained span, methods in charts, time split.
+"""One meaning per colour, on every page: token sources, the trained span, methods in charts, time split."""
 
-Green means an accepted draft token (Demo chat, acceptance charts); the trained (loss-masked) span of a data
-row is a yellow highlighter, never green; methods keep one colour in every chart; status badges use
-Streamlit's named colours (green = passes/done, orange = warning/differs, red = fails). Training charts: one
-colour per run (the first run in slate blue), the split as the line style (training solid, validation dotted),
-draft positions as a ramp of the run's colour, the decoding walk (what decoding will accept) in the accepted
-green and the shipped draft's own curve in the draft's purple.
-"""
+# Green means an accepted draft token (Demo chat, acceptance charts); the trained (loss-masked) span of a data
+# row is a yellow highlighter, never green; methods keep one colour in every chart; status badges use
+# Streamlit's named colours (green = passes/done, orange = warning/differs, red = fails). Training charts: one
+# colour per run (the first run in slate blue), the split as the line style (training solid, validation dotted),
+# draft positions as a ramp of the run's colour, the decoding walk (what decoding will accept) in the accepted
+# green and the shipped draft's own curve in the draft's purple.
 
 from __future__ import annotations
 

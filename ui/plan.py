@@ -43,8 +43,8 @@ def vllm_fact(plan: TargetPlan) -> str:
         return (f"no: vLLM's {plan.vllm_without_aux_states} class gives no aux hidden states, so vLLM stops at load "
                 "with any draft the workbench trains; in-process decoding runs them")
     if plan.tested_family:  # tests/engine/test_vllm_families.py serves a draft beside each of these families
-        return ("yes: vLLM serves a draft the workbench trained beside this family, tested (families table in the "
-                "README)")
+        return ("yes: vLLM serves a draft the workbench trained beside this family, tested (families table in "
+                "docs/families.md)")
     if plan.vllm_aux_states:
         return (f"yes by vLLM's registry ({CPU_BUILD_LABEL}): its {arch} class gives a draft its aux hidden states; "
                 "not tried here")

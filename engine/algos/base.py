@@ -1,21 +1,20 @@
-"""The draft-algorithm interface that training, generation, the CLI, the app and the data defaults all consult.
+"""The draft-algorithm interface that training, generation, the CLI, the app and the data defaults all consult."""
 
-An algorithm is one folder `engine/algos/<name>/` whose `__init__.py` registers a `DraftAlgorithm` in
-`ALGOS` and imports nothing heavy: listing algorithms and their typed training arguments (the CLI's
-`--help`, the Train page's form) must not import torch. The torch side is found by convention in the
-algorithm's own package, imported on first use (`module`):
-
-    io.py        build_<name>(target, **fields), load_<name>(path, target, allow_pickle=, dtype=), save_<name>(...)
-    train.py     collate(samples, layout, max_tokens, **fields), <Class>Objective(draft, verifier, **fields, device=)
-    proposer.py  <Class>Proposer(draft, **options)
-    evaluate.py  acceptance_counts(draft, aux, token_ids, k), acceptance_expectation(..., target_logits, k, T)
-
-where `<Class>` is the algorithm class's name and `fields` are the training arguments the callee's signature
-names (so `build`, `collate` and `objective` copy no argument by hand).
-
-Third-party algorithms can be registered without editing the tree: `WORKBENCH_ALGO_PLUGINS` holds
-comma-separated module names or package folders that are imported after the built-in ones.
-"""
+# An algorithm is one folder `engine/algos/<name>/` whose `__init__.py` registers a `DraftAlgorithm` in
+# `ALGOS` and imports nothing heavy: listing algorithms and their typed training arguments (the CLI's
+# `--help`, the Train page's form) must not import torch. The torch side is found by convention in the
+# algorithm's own package, imported on first use (`module`):
+#
+#     io.py        build_<name>(target, **fields), load_<name>(path, target, allow_pickle=, dtype=), save_<name>(...)
+#     train.py     collate(samples, layout, max_tokens, **fields), <Class>Objective(draft, verifier, **fields, device=)
+#     proposer.py  <Class>Proposer(draft, **options)
+#     evaluate.py  acceptance_counts(draft, aux, token_ids, k), acceptance_expectation(..., target_logits, k, T)
+#
+# where `<Class>` is the algorithm class's name and `fields` are the training arguments the callee's signature
+# names (so `build`, `collate` and `objective` copy no argument by hand).
+#
+# Third-party algorithms can be registered without editing the tree: `WORKBENCH_ALGO_PLUGINS` holds
+# comma-separated module names or package folders that are imported after the built-in ones.
 
 from __future__ import annotations
 

@@ -1,14 +1,13 @@
-"""Turn raw records of any supported shape into normalised chat rows with a deterministic train/val split.
+"""Turn raw records of any supported shape into normalised chat rows with a deterministic train/val split."""
 
-Shapes (detected per record): `tokenised` (`input_ids` + `loss_mask`), `messages` (OpenAI `role`/`content`),
-`conversations` (ShareGPT `from`/`value`), `prompt_completion` and `prompt` (prompt-only: kept only for
-`regenerate`, which writes the answers). A record that fits none, or is broken, is
-skipped and counted by reason in the summary; nothing here is fatal for one bad row.
-
-Contract for other parts of the workbench:
-    rows, summary = load_conversations("sharegpt", split="train")   # rows: [{"id", "messages": [...]}, ...]
-    prompts = heldout_prompts("sharegpt", n=50)                      # first user turns of val conversations
-"""
+# Shapes (detected per record): `tokenised` (`input_ids` + `loss_mask`), `messages` (OpenAI `role`/`content`),
+# `conversations` (ShareGPT `from`/`value`), `prompt_completion` and `prompt` (prompt-only: kept only for
+# `regenerate`, which writes the answers). A record that fits none, or is broken, is
+# skipped and counted by reason in the summary; nothing here is fatal for one bad row.
+#
+# Contract for other parts of the workbench:
+#     rows, summary = load_conversations("sharegpt", split="train")   # rows: [{"id", "messages": [...]}, ...]
+#     prompts = heldout_prompts("sharegpt", n=50)                      # first user turns of val conversations
 
 from __future__ import annotations
 

@@ -1,12 +1,11 @@
-"""Extract target hidden states at chosen layer ids into vLLM-format sample files, resumably and in bounded memory.
+"""Extract target hidden states at chosen layer ids into vLLM-format sample files, resumably and in bounded memory."""
 
-`extract_dataset` is the one driver: it renders the dataset, resolves the layer ids and writes the manifest
-header, then hands the rows to a backend. The transformers backend (default; CPU or CUDA) sorts samples by length,
-packs them into right-padded batches under a token budget, runs the decoder only (no lm_head) with hooks at the
-requested layers (`engine.targets.capture_hidden_states`) and writes one `hs_{i}.safetensors` per sample
-(`engine.data.store`). The vLLM backend (`engine.data.vllm_backend`) writes through the same `ExtractionRun`
-(engine.data.extraction_run).
-"""
+# `extract_dataset` is the one driver: it renders the dataset, resolves the layer ids and writes the manifest
+# header, then hands the rows to a backend. The transformers backend (default; CPU or CUDA) sorts samples by length,
+# packs them into right-padded batches under a token budget, runs the decoder only (no lm_head) with hooks at the
+# requested layers (`engine.targets.capture_hidden_states`) and writes one `hs_{i}.safetensors` per sample
+# (`engine.data.store`). The vLLM backend (`engine.data.vllm_backend`) writes through the same `ExtractionRun`
+# (engine.data.extraction_run).
 
 from __future__ import annotations
 

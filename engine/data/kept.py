@@ -1,13 +1,12 @@
-"""Regenerated conversations kept in the repository (gzip + provenance), so data grown on several machines is paid once.
+"""Regenerated conversations kept in the repository (gzip + provenance): data grown on several machines is paid once."""
 
-    assets/regenerated/<name>.jsonl.gz         the rows `regenerate` wrote (gzip, no timestamp: same rows, same bytes)
-    assets/regenerated/<name>.provenance.json  target and the settings that make the answers what they are, rows, sha256
-
-`keep` writes both from a work JSONL (only files the workbench wrote there are replaced), after the rows already kept
-with the same settings; `seed` appends to a work JSONL the kept rows of the run's selection it lacks, when the
-provenance's settings are the run's, so `regenerate` then skips them and only new rows cost generation. Kept rows
-from other settings are never mixed in: `seed` says why and adds nothing.
-"""
+#   assets/regenerated/<name>.jsonl.gz         the rows `regenerate` wrote (gzip, no timestamp: same rows, same bytes)
+#   assets/regenerated/<name>.provenance.json  target, the settings that make the answers what they are, rows, sha256
+#
+# `keep` writes both from a work JSONL (only files the workbench wrote there are replaced), after the rows already kept
+# with the same settings; `seed` appends to a work JSONL the kept rows of the run's selection it lacks, when the
+# provenance's settings are the run's, so `regenerate` then skips them and only new rows cost generation. Kept rows
+# from other settings are never mixed in: `seed` says why and adds nothing.
 
 from __future__ import annotations
 

@@ -1,18 +1,17 @@
-"""Regenerate answers and extract their hidden states in one pass: the layers are kept while the target generates.
+"""Regenerate answers and extract their hidden states in one pass: the layers are kept while the target generates."""
 
-`regenerate_and_extract` writes what `regenerate` followed by `extract --split all` on its JSONL writes (the
-same JSONL rows; an extraction folder of `hs_{i}.safetensors`, manifest.json and token_freq.safetensors), but
-runs no second forward over the conversations. Greedy generation (`CapturingAnswerer`) runs each prompt alone,
-then decodes the batch's answers together on the joined, left-padded KV caches (attention mask, position ids;
-an answer that ends leaves the batch), and keeps the hidden states of the requested layers for every token it
-feeds the target. A conversation's rendered tokens (what `extract` would read from the JSONL) are then the
-fed tokens up to where they differ (the end-of-turn marker after the answer, or an answer whose text
-re-tokenises differently), and only the rest, usually 1-2 tokens, is run through the target on that row's
-KV cache. A multi-turn conversation's later prompts (its earlier answers and the next user turn) are prefilled
-in the next turn's generation, as `regenerate` does; the last turn's states cover the whole conversation.
-Resumable and owned like both steps: a conversation in the JSONL without its sample file (a crash between the
-two writes) is extracted the ordinary way on the next run.
-"""
+# `regenerate_and_extract` writes what `regenerate` followed by `extract --split all` on its JSONL writes (the
+# same JSONL rows; an extraction folder of `hs_{i}.safetensors`, manifest.json and token_freq.safetensors), but
+# runs no second forward over the conversations. Greedy generation (`CapturingAnswerer`) runs each prompt alone,
+# then decodes the batch's answers together on the joined, left-padded KV caches (attention mask, position ids;
+# an answer that ends leaves the batch), and keeps the hidden states of the requested layers for every token it
+# feeds the target. A conversation's rendered tokens (what `extract` would read from the JSONL) are then the
+# fed tokens up to where they differ (the end-of-turn marker after the answer, or an answer whose text
+# re-tokenises differently), and only the rest, usually 1-2 tokens, is run through the target on that row's
+# KV cache. A multi-turn conversation's later prompts (its earlier answers and the next user turn) are prefilled
+# in the next turn's generation, as `regenerate` does; the last turn's states cover the whole conversation.
+# Resumable and owned like both steps: a conversation in the JSONL without its sample file (a crash between the
+# two writes) is extracted the ordinary way on the next run.
 
 from __future__ import annotations
 

@@ -27,14 +27,12 @@ def as_rendered(rows: Sequence, tokenizer, max_length: int | None, skipped: Coun
 
 
 class OnlineHiddenStates(torch.utils.data.Dataset):
-    """{"hidden_states" [T, L, H], "token_ids" [T] int64, "loss_mask" [T] int64} computed by `target` on demand.
-
-    The same items as `HiddenStatesDataset` (hidden states stay on the target's device). Rows are rendered
-    once up front (bad rows are counted in `.skipped`). Access by index (`ds[i]`, one forward), by a list of
-    indices (`get_many`, one batched forward: use it for whole training batches), or iterate: each pass visits
-    every row once, in order or shuffled per epoch (`set_epoch`) when `shuffle`, computing windows of
-    `batch_size * 4` rows at a time in token-budgeted batches of similar length.
-    """
+    """{"hidden_states" [T, L, H], "token_ids" [T] int64, "loss_mask" [T] int64} computed by `target` on demand."""
+    # The same items as `HiddenStatesDataset` (hidden states stay on the target's device). Rows are rendered
+    # once up front (bad rows are counted in `.skipped`). Access by index (`ds[i]`, one forward), by a list of
+    # indices (`get_many`, one batched forward: use it for whole training batches), or iterate: each pass visits
+    # every row once, in order or shuffled per epoch (`set_epoch`) when `shuffle`, computing windows of
+    # `batch_size * 4` rows at a time in token-budgeted batches of similar length.
 
     def __init__(self, target, rows: Sequence, layer_ids: Sequence[int] | None = None, *, algo: str | None = None,
                  max_length: int | None = None, dtype: str | torch.dtype = "bf16",

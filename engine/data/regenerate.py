@@ -1,11 +1,10 @@
-"""Re-answer every user turn with the target (on-policy data): a JSONL of `messages` rows, resumable per batch.
+"""Re-answer every user turn with the target (on-policy data): a JSONL of `messages` rows, resumable per batch."""
 
-For a multi-turn conversation the target answers user turn 1, then sees its own answer as history when it
-answers user turn 2, and so on; the original assistant turns are dropped. Conversations are generated in
-batches (left-padded, KV-cached `model.generate`); each finished batch is appended in one write and fsynced,
-and a re-run skips the ids already in the file (a line cut by a crash is removed first). A file that
-regenerate did not write is refused, never truncated.
-"""
+# For a multi-turn conversation the target answers user turn 1, then sees its own answer as history when it
+# answers user turn 2, and so on; the original assistant turns are dropped. Conversations are generated in
+# batches (left-padded, KV-cached `model.generate`); each finished batch is appended in one write and fsynced,
+# and a re-run skips the ids already in the file (a line cut by a crash is removed first). A file that
+# regenerate did not write is refused, never truncated.
 
 from __future__ import annotations
 

@@ -1,11 +1,10 @@
-"""Render chat rows with the target's chat template into token ids with an assistant-only loss mask.
+"""Render chat rows with the target's chat template into token ids with an assistant-only loss mask."""
 
-Assistant spans are found by rendering, for each assistant turn j, the prefix `messages[:j]` with
-`add_generation_prompt=True` and the conversation `messages[:j+1]`: the characters between the two are the
-turn (its content and end-of-turn marker). The full conversation is tokenised once with character offsets and
-every token that starts inside a span is a loss token. This holds for templates that add a default system turn
-(SmolLM2's ChatML) and for every assistant turn of a multi-turn chat.
-"""
+# Assistant spans are found by rendering, for each assistant turn j, the prefix `messages[:j]` with
+# `add_generation_prompt=True` and the conversation `messages[:j+1]`: the characters between the two are the
+# turn (its content and end-of-turn marker). The full conversation is tokenised once with character offsets and
+# every token that starts inside a span is a loss token. This holds for templates that add a default system turn
+# (SmolLM2's ChatML) and for every assistant turn of a multi-turn chat.
 
 from __future__ import annotations
 

@@ -1,12 +1,11 @@
-"""The on-disk hidden-states format (vLLM's `hs_{i}.safetensors` plus `loss_mask`), its manifest and its reader.
+"""The on-disk hidden-states format (vLLM's `hs_{i}.safetensors` plus `loss_mask`), its manifest and its reader."""
 
-A folder holds, directly:
-    hs_{i}.safetensors      hidden_states [T, L, H] (ids ascending; bf16/fp16/fp32), token_ids [T] int64,
-                            loss_mask [T] int64; i = row index in the rendered dataset
-    manifest.json           what the files are (target, layer ids, sizes, dtype, counts, data provenance)
-    token_freq.safetensors  counts [vocab_size] int64: how often each token id is a loss token
-The first two keys are exactly what vLLM's ExampleHiddenStatesConnector writes, so readers of that format work.
-"""
+# A folder holds, directly:
+#     hs_{i}.safetensors      hidden_states [T, L, H] (ids ascending; bf16/fp16/fp32), token_ids [T] int64,
+#                             loss_mask [T] int64; i = row index in the rendered dataset
+#     manifest.json           what the files are (target, layer ids, sizes, dtype, counts, data provenance)
+#     token_freq.safetensors  counts [vocab_size] int64: how often each token id is a loss token
+# The first two keys are exactly what vLLM's ExampleHiddenStatesConnector writes, so readers of that format work.
 
 from __future__ import annotations
 

@@ -1,13 +1,12 @@
-"""Extraction through vLLM's `extract_hidden_states` speculative method and a hidden-states connector.
+"""Extraction through vLLM's `extract_hidden_states` speculative method and a hidden-states connector."""
 
-This is the path for large targets and many GPUs (vLLM shards the target with tensor parallelism): each row is
-a 1-token generation request; the connector saves the prompt's hidden states at the requested layer ids as
-`{req_id}.safetensors` (hidden_states [T, L, H], token_ids [T]) in a staging folder, and we verify each file,
-add the loss mask and store it as `hs_{i}.safetensors` through the same `ExtractionRun` as the transformers
-backend. vLLM runs in this process when it imports here with a CUDA GPU; otherwise in its own environment
-(`engine.serve.venv`, the CPU build on a CPU machine) as a worker process (`vllm_side/workbench_hs_worker.py`),
-where a CPU build writes through that file's `CpuHiddenStatesConnector` (vLLM's own connector needs CUDA streams).
-"""
+# This is the path for large targets and many GPUs (vLLM shards the target with tensor parallelism): each row is
+# a 1-token generation request; the connector saves the prompt's hidden states at the requested layer ids as
+# `{req_id}.safetensors` (hidden_states [T, L, H], token_ids [T]) in a staging folder, and we verify each file,
+# add the loss mask and store it as `hs_{i}.safetensors` through the same `ExtractionRun` as the transformers
+# backend. vLLM runs in this process when it imports here with a CUDA GPU; otherwise in its own environment
+# (`engine.serve.venv`, the CPU build on a CPU machine) as a worker process (`vllm_side/workbench_hs_worker.py`),
+# where a CPU build writes through that file's `CpuHiddenStatesConnector` (vLLM's own connector needs CUDA streams).
 
 from __future__ import annotations
 

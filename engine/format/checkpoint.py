@@ -179,15 +179,13 @@ def save_checkpoint(
     own_shards: Collection[str] = (),
     overwrite: bool = False,
 ) -> Path:
-    """Write config.json + model.safetensors (or shards with an index) atomically.
-
-    Floating tensors are cast to `dtype` when given; integer/bool tensors (d2t, t2d) keep theirs. Each tensor
-    named in `own_shards` gets a shard of its own: a tensor that never changes (the verifier's embedding) is then
-    the same file, byte for byte, in every draft saved so, and git stores it once.
-    The folder appears complete or not at all. An existing folder is replaced only when it is empty or a
-    draft the workbench wrote (its ownership marker lists every file in it), or with `overwrite`;
-    otherwise a WorkbenchError says so and nothing is touched.
-    """
+    """Write config.json + model.safetensors (or shards with an index) atomically."""
+    # Floating tensors are cast to `dtype` when given; integer/bool tensors (d2t, t2d) keep theirs. Each tensor
+    # named in `own_shards` gets a shard of its own: a tensor that never changes (the verifier's embedding) is then
+    # the same file, byte for byte, in every draft saved so, and git stores it once.
+    # The folder appears complete or not at all. An existing folder is replaced only when it is empty or a
+    # draft the workbench wrote (its ownership marker lists every file in it), or with `overwrite`;
+    # otherwise a WorkbenchError says so and nothing is touched.
     check_replaceable(folder, overwrite=overwrite, also_ours=legacy_job_draft)  # before any work
     cfg = config.to_dict() if hasattr(config, "to_dict") else dict(config)
     if dtype is not None:

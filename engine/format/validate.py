@@ -34,15 +34,13 @@ def validate_draft(
     tensor_shapes: dict[str, tuple[int, ...]] | None = None,
     target: str | os.PathLike | None = None,
 ) -> ValidationReport:
-    """Validate a draft folder, a lone config.json, or a config dict.
-
-    `verifier_config` (the target's config.json as a dict) enables the checks against the verifier;
-    without it we look the verifier up locally (built-in, local folder, HF cache) and skip if absent.
-    `deep` also loads every tensor and checks its values are finite. `tensor_shapes` checks a
-    listing of tensor names and shapes instead of files (e.g. a checkpoint seen only as a table).
-    `target` (a built-in name, local folder or hub id) is the target the draft is meant to run with: a draft
-    whose verifier is another model is an error, and the target's config (when local) is checked against.
-    """
+    """Validate a draft folder, a lone config.json, or a config dict."""
+    # `verifier_config` (the target's config.json as a dict) enables the checks against the verifier;
+    # without it we look the verifier up locally (built-in, local folder, HF cache) and skip if absent.
+    # `deep` also loads every tensor and checks its values are finite. `tensor_shapes` checks a
+    # listing of tensor names and shapes instead of files (e.g. a checkpoint seen only as a table).
+    # `target` (a built-in name, local folder or hub id) is the target the draft is meant to run with: a draft
+    # whose verifier is another model is an error, and the target's config (when local) is checked against.
     folder: Path | None = None
     if isinstance(path_or_config, dict):
         report = ValidationReport(path="<config>")

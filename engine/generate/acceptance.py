@@ -1,12 +1,11 @@
-"""The decoding walk: the steps greedy speculative decoding takes over a draft's per-state acceptance counts.
+"""The decoding walk: the steps greedy speculative decoding takes over a draft's per-state acceptance counts."""
 
-For greedy decoding of a held-out sequence that is the target's own greedy answer, speculative decoding
-reproduces it token by token. The draft's algorithm computes a(q) for every state "token q is the last
-committed one" (`DraftAlgorithm.acceptance_counts`); the walk q0 = prompt end, q_{i+1} = q_i + a(q_i) + 1
-gives the exact steps decoding takes, and from them vLLM's metrics (mean acceptance length with the bonus
-token, per-position acceptance) for every k <= K at once, since a_k(q) = min(a_K(q), k). Evaluation
-(`engine.measure.evaluate`) and training's validation (`walk_sums`) both walk with this module.
-"""
+# For greedy decoding of a held-out sequence that is the target's own greedy answer, speculative decoding
+# reproduces it token by token. The draft's algorithm computes a(q) for every state "token q is the last
+# committed one" (`DraftAlgorithm.acceptance_counts`); the walk q0 = prompt end, q_{i+1} = q_i + a(q_i) + 1
+# gives the exact steps decoding takes, and from them vLLM's metrics (mean acceptance length with the bonus
+# token, per-position acceptance) for every k <= K at once, since a_k(q) = min(a_K(q), k). Evaluation
+# (`engine.measure.evaluate`) and training's validation (`walk_sums`) both walk with this module.
 
 from __future__ import annotations
 

@@ -1,23 +1,22 @@
-"""Fast, row-invariant decode kernels for a bf16 target on CPU: a k-token verification costs about one step.
+"""Fast, row-invariant decode kernels for a bf16 target on CPU: a k-token verification costs about one step."""
 
-Two routings, both exact where the kernel choice measured them so:
-- linears over 1..MAX_ROWS rows run in one of four forms (LINEAR_FORMS): `weight @ x^T` with one row
-  padded to two (on the Intel Xeon with AMX the blocked bf16 GEMM, while `F.linear` runs one bf16 row as
-  a slow GEMV); the same with one row left to `F.linear`'s GEMV; `F.linear` with one row padded to two
-  (on the AMD EPYC Zen 4 its bf16 GEMM is row-invariant and faster than `weight @ x^T`, while its GEMV
-  rounds differently from it for some shapes); or `F.linear` with one row padded only for those shapes
-  (checked per shape, `gemv_matches_gemm`: the GEMV is the cheaper one-row kernel). Which is exact and
-  fastest is measured per CPU, never assumed; tests assert only bf16 closeness to `F.linear`.
-- attention over 1..MAX_ROWS new query rows sees, for each row, exactly the keys that row may see: one
-  row at a time through SDPA, or all rows at once as eager products with each row's unseen keys masked
-  (ATTENTION_FORMS). The fused SDPA kernel over several query rows rounds differently from one row in
-  bf16, so a verification forward would not reproduce the decode steps it replaces and greedy
-  speculative decoding would drift from the baseline at near-ties; these forms reproduce them bit for
-  bit where measured so. Only inside `decode_scope()` (TargetRunner's forwards): training, extraction
-  and transformers' own `generate` on the same model keep plain SDPA.
-tests/engine/test_cpu_kernels.py checks both; engine.generate.kernel_choice measures on each CPU whether this
-path is exact and the fastest; BENCHMARKS.md has the timings.
-"""
+# Two routings, both exact where the kernel choice measured them so:
+# - linears over 1..MAX_ROWS rows run in one of four forms (LINEAR_FORMS): `weight @ x^T` with one row
+#   padded to two (on the Intel Xeon with AMX the blocked bf16 GEMM, while `F.linear` runs one bf16 row as
+#   a slow GEMV); the same with one row left to `F.linear`'s GEMV; `F.linear` with one row padded to two
+#   (on the AMD EPYC Zen 4 its bf16 GEMM is row-invariant and faster than `weight @ x^T`, while its GEMV
+#   rounds differently from it for some shapes); or `F.linear` with one row padded only for those shapes
+#   (checked per shape, `gemv_matches_gemm`: the GEMV is the cheaper one-row kernel). Which is exact and
+#   fastest is measured per CPU, never assumed; tests assert only bf16 closeness to `F.linear`.
+# - attention over 1..MAX_ROWS new query rows sees, for each row, exactly the keys that row may see: one
+#   row at a time through SDPA, or all rows at once as eager products with each row's unseen keys masked
+#   (ATTENTION_FORMS). The fused SDPA kernel over several query rows rounds differently from one row in
+#   bf16, so a verification forward would not reproduce the decode steps it replaces and greedy
+#   speculative decoding would drift from the baseline at near-ties; these forms reproduce them bit for
+#   bit where measured so. Only inside `decode_scope()` (TargetRunner's forwards): training, extraction
+#   and transformers' own `generate` on the same model keep plain SDPA.
+# tests/engine/test_cpu_kernels.py checks both; engine.generate.kernel_choice measures on each CPU whether this
+# path is exact and the fastest; BENCHMARKS.md has the timings.
 
 from __future__ import annotations
 
@@ -121,15 +120,13 @@ ATTENTION_FORM = "_workbench_attention_form"
 
 
 def decode_rows_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
-    """query [1, Hq, q, d] (the last q of kv positions), key/value [1, Hkv, kv, d] -> ([1, q, Hq, d], None).
-
-    Row i attends to keys [0, kv - q + i]. "sdpa-rows": one SDPA call per row, exactly the call a
-    one-token step makes. "eager-masked" (the model's ATTENTION_FORM): all rows at once as eager products,
-    q k^T, an fp32 softmax with each row's unseen keys masked, and p v, the query heads grouped by their
-    shared key head (no SDPA setup or key copies): bit for bit the one-token steps only where this CPU's
-    products ignore the row count and the masked zeros, which the kernel choice measures, never assumes.
-    Other shapes fall through to SDPA unchanged.
-    """
+    """query [1, Hq, q, d] (the last q of kv positions), key/value [1, Hkv, kv, d] -> ([1, q, Hq, d], None)."""
+    # Row i attends to keys [0, kv - q + i]. "sdpa-rows": one SDPA call per row, exactly the call a
+    # one-token step makes. "eager-masked" (the model's ATTENTION_FORM): all rows at once as eager products,
+    # q k^T, an fp32 softmax with each row's unseen keys masked, and p v, the query heads grouped by their
+    # shared key head (no SDPA setup or key copies): bit for bit the one-token steps only where this CPU's
+    # products ignore the row count and the masked zeros, which the kernel choice measures, never assumes.
+    # Other shapes fall through to SDPA unchanged.
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     if not _rowwise_ok(module, query, attention_mask, dropout):

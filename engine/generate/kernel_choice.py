@@ -1,17 +1,16 @@
-"""Which exact kernel path decodes a target fastest on this CPU: measured at its first load, cached per CPU and torch.
+"""Which exact kernel path decodes a target fastest on this CPU: measured at first load, cached per CPU and torch."""
 
-A path is a target dtype plus how its decode forwards run (engine.generate.cpu_kernels). At the first load of a
-target on a machine every candidate is timed for one and for k + 1 new tokens after the same prompt, and checked to
-give, for several new rows in one forward, the same logits bit for bit as the one-token steps it replaces (what keeps
-greedy speculation exactly the baseline). `auto` takes the fastest exact path (a one-token step plus a (k + 1)-token
-verification); where no path is exact it takes the fastest one, and so does `fastest` everywhere: such a path is
-lossless in distribution, as vLLM is (a verification over several rows may round differently from the one-token
-steps at near-ties, so greedy output can differ from the baseline's), and every summary says which of the two the
-chosen path is. bf16 paths are candidates only on a CPU with native bf16 (engine.cpu.native_bf16), emulated bf16 is
-never chosen. The decision is cached as a small JSON under the workbench home, keyed by CPU model, flags, torch
-version and target identity, so a changed machine, torch or target measures again. `--dtype fp32|bf16` forces a
-path without measuring.
-"""
+# A path is a target dtype plus how its decode forwards run (engine.generate.cpu_kernels). At the first load of a
+# target on a machine every candidate is timed for one and for k + 1 new tokens after the same prompt, and checked to
+# give, for several new rows in one forward, the same logits bit for bit as the one-token steps it replaces (what keeps
+# greedy speculation exactly the baseline). `auto` takes the fastest exact path (a one-token step plus a (k + 1)-token
+# verification); where no path is exact it takes the fastest one, and so does `fastest` everywhere: such a path is
+# lossless in distribution, as vLLM is (a verification over several rows may round differently from the one-token
+# steps at near-ties, so greedy output can differ from the baseline's), and every summary says which of the two the
+# chosen path is. bf16 paths are candidates only on a CPU with native bf16 (engine.cpu.native_bf16), emulated bf16 is
+# never chosen. The decision is cached as a small JSON under the workbench home, keyed by CPU model, flags, torch
+# version and target identity, so a changed machine, torch or target measures again. `--dtype fp32|bf16` forces a
+# path without measuring.
 
 from __future__ import annotations
 
@@ -220,14 +219,12 @@ def _prompt(vocab: int) -> list[int]:
 
 def measure(name_or_path: str | None, k: int, paths: list[str], *, device: str | None = None,
             repeats: int = REPEATS) -> dict[str, dict[str, Any]]:
-    """For each path: median ms of a 1-token and a (k + 1)-token forward, and whether several rows equal steps.
-
-    Where every candidate's copy of the target fits in INTERLEAVE_MEMORY_SHARE of the free memory, all are loaded and
-    their repeats interleaved round-robin: separate loads of the same weights ran a step at clearly different speeds
-    on a shared VM (the AMD EPYC; not kept as a record), which would decide between paths a few percent apart by
-    chance. Otherwise
-    one path's model at a time (a large target is never held twice). Each is warmed up before it is timed.
-    """
+    """For each path: median ms of a 1-token and a (k + 1)-token forward, and whether several rows equal steps."""
+    # Where every candidate's copy of the target fits in INTERLEAVE_MEMORY_SHARE of the free memory, all are loaded and
+    # their repeats interleaved round-robin: separate loads of the same weights ran a step at clearly different speeds
+    # on a shared VM (the AMD EPYC; not kept as a record), which would decide between paths a few percent apart by
+    # chance. Otherwise one path's model at a time (a large target is never held twice). Each is warmed up before it
+    # is timed.
     loaded: dict[str, _Candidate] = {}
     results: dict[str, dict[str, Any]] = {}
     interleave = None

@@ -1,11 +1,10 @@
-"""Baseline and speculative generation as one loop: draft, verify, accept; every step yields a StepEvent.
+"""Baseline and speculative generation as one loop: draft, verify, accept; every step yields a StepEvent."""
 
-Convention: p = target distribution, q = draft distribution. Greedy verification accepts the longest
-prefix equal to the target's argmax and appends the target's token at the first mismatch (the bonus
-token when all match). Sampled verification is lossless rejection sampling (Leviathan et al. 2023,
-arXiv 2211.17192): accept x with min(1, p(x)/q(x)); on rejection resample from norm(max(0, p - q));
-bonus from p. Deterministic drafts (n-gram, greedy drafts) have one-hot q.
-"""
+# Convention: p = target distribution, q = draft distribution. Greedy verification accepts the longest
+# prefix equal to the target's argmax and appends the target's token at the first mismatch (the bonus
+# token when all match). Sampled verification is lossless rejection sampling (Leviathan et al. 2023,
+# arXiv 2211.17192): accept x with min(1, p(x)/q(x)); on rejection resample from norm(max(0, p - q));
+# bonus from p. Deterministic drafts (n-gram, greedy drafts) have one-hot q.
 
 from __future__ import annotations
 
@@ -112,8 +111,8 @@ def generate(
         raise WorkbenchError("k (draft tokens per step) must be at least 1")
     if proposer is not None and (problem := rollback_problem(runner.target)):
         raise WorkbenchError(f"speculative decoding would not be lossless here: {problem}",
-                             hint="decode without a draft (baseline) on this target; the README's families table "
-                                  "lists the families verified lossless")
+                             hint="decode without a draft (baseline) on this target; docs/families.md lists "
+                                  "the families verified lossless")
     generator = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
     stopper = _Stopper(params, tokenizer)
     runner.reset()

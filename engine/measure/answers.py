@@ -1,12 +1,11 @@
-"""The target's held-out greedy answers and the hidden states a draft reads, kept so a later evaluation reads them.
+"""The target's held-out greedy answers and the hidden states a draft reads, kept so a later evaluation reads them."""
 
-An entry is one safetensors file under `<workbench home>/answers/`, named by the hash of everything that determines
-its content: the target (folder and a hash of its weight files), its dtype and kernel path, the CPU and torch that
-ran it (kernels round differently elsewhere), the prompts, the token budget, the EOS ids and the layers read. The
-file repeats that key in its metadata and is read only when it matches, so a changed target, dtype or kernel path
-never gets stale answers. Files are written atomically under a file lock (concurrent jobs), and the oldest are
-removed past a size bound ($WORKBENCH_ANSWERS_MAX_MB, default 2048).
-"""
+# An entry is one safetensors file under `<workbench home>/answers/`, named by the hash of everything that determines
+# its content: the target (folder and a hash of its weight files), its dtype and kernel path, the CPU and torch that
+# ran it (kernels round differently elsewhere), the prompts, the token budget, the EOS ids and the layers read. The
+# file repeats that key in its metadata and is read only when it matches, so a changed target, dtype or kernel path
+# never gets stale answers. Files are written atomically under a file lock (concurrent jobs), and the oldest are
+# removed past a size bound ($WORKBENCH_ANSWERS_MAX_MB, default 2048).
 
 from __future__ import annotations
 

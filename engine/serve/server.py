@@ -1,14 +1,13 @@
-"""Start, health-check and stop a real vLLM OpenAI server for a target, with or without a speculators draft.
+"""Start, health-check and stop a real vLLM OpenAI server for a target, with or without a speculators draft."""
 
-`plan_server` decides what vLLM is told (the draft folder as the model, or the target plus an explicit
-`--speculative-config`), `VllmServer` runs it in its own process group with a log and a PID file, and
-`ServerPool` keeps at most one server alive and reuses it for equal plans (tests and benchmarks).
-
-Offline auto-detection: `vllm serve <draft>` replaces the model and the tokenizer with the verifier named
-in the draft's config (a hub id). For a built-in target that hub id is not downloadable here, so the
-server gets a private Hugging Face hub cache (HF_HUB_CACHE) in which the hub id's snapshot is a symlink to
-the workbench's local copy of the target, and HF_HUB_OFFLINE=1 makes every lookup resolve from it.
-"""
+# `plan_server` decides what vLLM is told (the draft folder as the model, or the target plus an explicit
+# `--speculative-config`), `VllmServer` runs it in its own process group with a log and a PID file, and
+# `ServerPool` keeps at most one server alive and reuses it for equal plans (tests and benchmarks).
+#
+# Offline auto-detection: `vllm serve <draft>` replaces the model and the tokenizer with the verifier named
+# in the draft's config (a hub id). For a built-in target that hub id is not downloadable here, so the
+# server gets a private Hugging Face hub cache (HF_HUB_CACHE) in which the hub id's snapshot is a symlink to
+# the workbench's local copy of the target, and HF_HUB_OFFLINE=1 makes every lookup resolve from it.
 
 from __future__ import annotations
 

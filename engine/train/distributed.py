@@ -1,31 +1,6 @@
 """Training over several processes: the `strategy` (DDP replicas or FSDP2 shards), its checkpoints, per-rank progress.
 
-`ddp`  every rank holds the whole draft and its optimizer state; gradients are all-reduced. Rank 0 writes
-       checkpoints in the speculators layout plus `trainer_state/optimizer.safetensors` (engine.train.trainer) into
-       the run's checkpoint folder (engine.train.checkpoints).
-`fsdp` FSDP2 (`torch.distributed.fsdp.fully_shard`): each unit the algorithm names (`fsdp_units`, by default
-       the draft's decoder layers) and then the draft itself are sharded over the ranks, so parameters,
-       gradients and AdamW state are split N ways. Frozen parameters shared with the verifier (the target's
-       token embedding) stay plain, replicated tensors outside FSDP: no gradient, no optimizer state, and the
-       verifier's own module is never swapped for shards. Frozen parameters the draft owns (e.g. a frozen
-       lm_head) are sharded like the rest but get no optimizer state either (the optimizer only holds
-       trainable parameters). On GPUs a bf16 mixed-precision policy (bf16 compute, fp32 gradient reduction,
-       fp32 master weights) is used; on CPU everything stays fp32.
-
-FSDP checkpoints (`checkpoints/step_N/`):
-    dcp/                      model + optimizer shards written by every rank (torch.distributed.checkpoint)
-    config.json, model.safetensors   the draft consolidated on rank 0 (what `validate`/vLLM load; fp32)
-    trainer_state/state.json  step, epoch, per-rank cursor, world, strategy, config
-    trainer_state/rng/rank{r}.safetensors   each rank's torch RNG state
-Every rank must see the same `--out` (one machine, or a shared filesystem across nodes). Saving is a
-collective: SIGTERM/Ctrl-C during an FSDP run does not attempt a last checkpoint (the ranks are at
-different points of a step and a collective save could hang); the run resumes exactly from the last
-periodic checkpoint. The final draft folder (`draft/`) is consolidated on rank 0 through the algorithm's
-own `save`, exactly as a one-process run writes it.
-
-Data: the batch plan (engine.train.data.plan_packed_batches) depends only on the seed and the epoch; rank r
-takes micro-batches r, r+N, r+2N, ... so a given (seed, world) always gives every rank the same samples, and
-the per-rank cursor in a checkpoint resumes mid-epoch. Resume needs the same number of processes.
+How each strategy shards, checkpoints and splits the data: docs/serving.md, "Inside a multi-process run".
 """
 
 from __future__ import annotations

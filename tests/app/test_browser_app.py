@@ -1,11 +1,10 @@
-"""The app end to end in a real browser: Debian's Chromium driven by Python Playwright (no browser download).
+"""The app end to end in a real browser: Debian's Chromium driven by Python Playwright (no browser download)."""
 
-Starts `streamlit run app.py` on a free localhost port with a private runs folder, visits every page (screenshots
-under test-artifacts/browser/), runs the demo chat on the built-in target with the shipped draft (or the n-gram
-proposer while no draft is shipped), and watches a tiny training job's chart update; the start page (and typed page
-URLs), the shipped draft's speed alike on every page that shows it, a running evaluation's progress, and no traceback
-in the app's log after a tour of every page and tab.
-"""
+# Starts `streamlit run app.py` on a free localhost port with a private runs folder, visits every page (screenshots
+# under test-artifacts/browser/), runs the demo chat on the built-in target with the shipped draft (or the n-gram
+# proposer while no draft is shipped), and watches a tiny training job's chart update; the start page (and typed page
+# URLs), the shipped draft's speed alike on every page that shows it, a running evaluation's progress, and no traceback
+# in the app's log after a tour of every page and tab.
 
 from __future__ import annotations
 

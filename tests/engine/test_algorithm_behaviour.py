@@ -1,13 +1,12 @@
-"""One behaviour suite for every registered draft algorithm (and the toy plugin), through the public interface only.
+"""One behaviour suite for every registered draft algorithm (and the toy plugin), through the public interface only."""
 
-Each algorithm builds a small draft and fits it for a few hundred steps to the tiny target's own greedy answers
-(its `collate` and `objective`, saved and loaded back with `save`/`load`), so drafts ARE accepted: the accept, the
-partial-accept (rollback) and the reject paths of its proposer all run. On that draft: greedy speculative output is
-the baseline's, with drafts accepted and with every draft made wrong; EOS inside an accepted block stops where the
-baseline stops; a lenient acceptance rule is caught by the same check; the offline evaluator's walk equals decoding
-step by step; sampling at temperature 1 keeps the target's distribution. On the built-in target a random draft
-gives the baseline's text.
-"""
+# Each algorithm builds a small draft and fits it for a few hundred steps to the tiny target's own greedy answers
+# (its `collate` and `objective`, saved and loaded back with `save`/`load`), so drafts ARE accepted: the accept, the
+# partial-accept (rollback) and the reject paths of its proposer all run. On that draft: greedy speculative output is
+# the baseline's, with drafts accepted and with every draft made wrong; EOS inside an accepted block stops where the
+# baseline stops; a lenient acceptance rule is caught by the same check; the offline evaluator's walk equals decoding
+# step by step; sampling at temperature 1 keeps the target's distribution. On the built-in target a random draft
+# gives the baseline's text.
 
 from __future__ import annotations
 

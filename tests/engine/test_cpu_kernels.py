@@ -1,12 +1,11 @@
 """The bf16 decode kernels (engine.generate.cpu_kernels): every row of a several-row forward is bitwise the
 one-token step it replaces, for each row count the routing covers (2..32), and greedy speculative output is exactly
-the baseline's on the built-in target in bf16 (no near-tie excuses).
+the baseline's on the built-in target in bf16 (no near-tie excuses)."""
 
-Routed one-token steps against transformers' own bf16 kernels are asserted only to bf16 tolerance (rtol 0.02): they
-were the same bits on the Intel Xeon (AMX) where the routing was written (BENCHMARKS.md, "In-process step cost"),
-but another CPU's GEMV may round differently (benchmarks/bench_step_cost.py records it per CPU), so no test here
-requires equal bits.
-"""
+# Routed one-token steps against transformers' own bf16 kernels are asserted only to bf16 tolerance (rtol 0.02): they
+# were the same bits on the Intel Xeon (AMX) where the routing was written (BENCHMARKS.md, "In-process step cost"),
+# but another CPU's GEMV may round differently (benchmarks/bench_step_cost.py records it per CPU), so no test here
+# requires equal bits.
 
 from __future__ import annotations
 

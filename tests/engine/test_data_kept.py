@@ -115,9 +115,10 @@ def test_a_recipe_kept_as_another_recipes_name_starts_from_that_recipes_rows(tin
 
 
 def test_the_eagle3_recipes_kept_rows_are_four_times_the_shipped_drafts_conversations():
-    """The README's claim: the committed EAGLE-3 rows match their sha256, were answered with the settings the recipe's
-    regenerate step runs with, have distinct ids and number at least 4 x the 2,689 conversations the first draft
-    was trained on, all inside the first 12,000 train samples, which the recipe asks for (`max_samples: 12000`)."""
+    """docs/data-files.md's claim: the committed EAGLE-3 rows match their sha256, were answered with the settings the
+    recipe's regenerate step runs with, have distinct ids and number at least 4 x the 2,689 conversations the first
+    draft was trained on, all inside the first 12,000 train samples, which the recipe asks for
+    (`max_samples: 12000`)."""
     from engine.recipes.spec import load_recipe, step_options
 
     regenerate = dict(step_options(load_recipe("smollm2-eagle3")))["regenerate"]

@@ -2,13 +2,12 @@
 (and a P-EAGLE and a DFlash one beside one more family) is served losslessly, with vLLM's acceptance counters equal
 to our engine's on the same prompts (greedy, fp32).
 Families whose vLLM model class gives no aux hidden states are refused by vLLM with its own message, and `validate`
-warns about them before anything starts.
+warns about them before anything starts."""
 
-The targets are 128 wide with 4 heads (head size 32: the CPU build's attention has no kernel for the 16 of the
-in-process family tests). Each cell starts two vLLM servers (about 40 s each on 2 cores), so one family runs by
-default and the others with `-m slow`. The drafts accept little (random targets are hard to predict),
-so this checks that both engines count the same, not a draft's quality.
-"""
+# The targets are 128 wide with 4 heads (head size 32: the CPU build's attention has no kernel for the 16 of the
+# in-process family tests). Each cell starts two vLLM servers (about 40 s each on 2 cores), so one family runs by
+# default and the others with `-m slow`. The drafts accept little (random targets are hard to predict),
+# so this checks that both engines count the same, not a draft's quality.
 
 from __future__ import annotations
 
@@ -196,8 +195,8 @@ def test_validate_warns_about_a_verifier_without_aux_states(tmp_path):
 
 
 def test_readme_families_table_says_what_vllm_does_with_each_family():
-    """The README's vLLM column: a row per family, 'refused' exactly for the families vLLM cannot verify with."""
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    """docs/families.md's vLLM column: a row per family, 'refused' exactly for the families vLLM cannot verify."""
+    readme = (Path(__file__).resolve().parents[2] / "docs" / "families.md").read_text()
     rows = {}
     for line in readme.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]

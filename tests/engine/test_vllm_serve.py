@@ -1,14 +1,13 @@
-"""Real vLLM (the CPU build in .venv-vllm) serves the workbench's drafts: both forms, greedy identity, counters, errors.
+"""Real vLLM (the CPU build in .venv-vllm) serves our drafts: both forms, greedy identity, counters, errors."""
 
-The `vllm`-marked tests start real servers (about 35-45 s each on 2 cores) and share them through a
-module-scoped `ServerPool` that keeps one alive at a time. They compare in float32: in bf16, greedy
-outputs with a draft can drift from the baseline after a few dozen tokens because a verification step
-runs several positions at once and rounds differently; float32 is exact (measured on SmolLM2).
-
-To add checks for another draft, call the `vllm_bench` fixture with it (as the shipped-draft tests do):
-`vllm_bench(draft_dir, methods=("baseline", "draft"))` returns `run_vllm_bench`'s dict (cached per
-arguments), with per-method `mean_acceptance_length`, `per_position_acceptance`, outputs and speeds.
-"""
+# The `vllm`-marked tests start real servers (about 35-45 s each on 2 cores) and share them through a
+# module-scoped `ServerPool` that keeps one alive at a time. They compare in float32: in bf16, greedy
+# outputs with a draft can drift from the baseline after a few dozen tokens because a verification step
+# runs several positions at once and rounds differently; float32 is exact (measured on SmolLM2).
+#
+# To add checks for another draft, call the `vllm_bench` fixture with it (as the shipped-draft tests do):
+# `vllm_bench(draft_dir, methods=("baseline", "draft"))` returns `run_vllm_bench`'s dict (cached per
+# arguments), with per-method `mean_acceptance_length`, `per_position_acceptance`, outputs and speeds.
 
 from __future__ import annotations
 

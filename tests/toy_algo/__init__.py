@@ -1,11 +1,10 @@
-"""A toy draft algorithm in one folder: a linear head over the fused target states that drafts one token.
+"""A toy draft algorithm in one folder: a linear head over the fused target states that drafts one token."""
 
-It exists to prove the algorithm interface: registered from outside the tree (WORKBENCH_ALGO_PLUGINS), it brings
-its own speculators type `toy` (config.py: fields, default k, its vLLM stance, its own check), is trained by
-`python -m engine train --algo toy`, validated by `python -m engine validate`, listed in `--help` and on every
-page, saved, reloaded and used by `generate` without any other file of the workbench changing. Its torch side is
-found by the base class's conventions: io.py, train.py, proposer.py, evaluate.py.
-"""
+# It exists to prove the algorithm interface: registered from outside the tree (WORKBENCH_ALGO_PLUGINS), it brings
+# its own speculators type `toy` (config.py: fields, default k, its vLLM stance, its own check), is trained by
+# `python -m engine train --algo toy`, validated by `python -m engine validate`, listed in `--help` and on every
+# page, saved, reloaded and used by `generate` without any other file of the workbench changing. Its torch side is
+# found by the base class's conventions: io.py, train.py, proposer.py, evaluate.py.
 
 from __future__ import annotations
 

@@ -1,16 +1,15 @@
-"""The DFlash draft: a block [anchor, MASK x (B-1)] denoised in one forward, target features as extra keys/values.
+"""The DFlash draft: a block [anchor, MASK x (B-1)] denoised in one forward, target features as extra keys/values."""
 
-Tensor names match speculators 0.9.0 and vLLM 0.33's DFlash loader (`fc`, `hidden_norm`, `layers.{i}.*` Qwen3
-layers with q/k norms, `norm`, and `lm_head` + `d2t`/`t2d` only for a reduced draft vocabulary). The target's
-embedding (and its lm_head for the full vocabulary) are shared and frozen, never saved.
-
-Context c = hidden_norm(fc(g)) over the target features g of the committed positions, computed once and
-projected into every layer's keys and values by that layer's own k/v projections; queries come from the block
-only. A block's slots see the context strictly before the anchor (same document, within the window) and their
-own block (bidirectionally, or causally when the layer is causal in the block).
-
-Notation: T context positions, N blocks, B block size, H hidden, Ht target hidden, A aux layers.
-"""
+# Tensor names match speculators 0.9.0 and vLLM 0.33's DFlash loader (`fc`, `hidden_norm`, `layers.{i}.*` Qwen3
+# layers with q/k norms, `norm`, and `lm_head` + `d2t`/`t2d` only for a reduced draft vocabulary). The target's
+# embedding (and its lm_head for the full vocabulary) are shared and frozen, never saved.
+#
+# Context c = hidden_norm(fc(g)) over the target features g of the committed positions, computed once and
+# projected into every layer's keys and values by that layer's own k/v projections; queries come from the block
+# only. A block's slots see the context strictly before the anchor (same document, within the window) and their
+# own block (bidirectionally, or causally when the layer is causal in the block).
+#
+# Notation: T context positions, N blocks, B block size, H hidden, Ht target hidden, A aux layers.
 
 from __future__ import annotations
 
@@ -107,11 +106,10 @@ class DFlashDraft(nn.Module):
                       ctx_kv: list[tuple[torch.Tensor, torch.Tensor]], ctx_mask: torch.Tensor,
                       groups: list[tuple[int, int, int, int]] | None = None) -> torch.Tensor:
         """Blocks in one forward. block_ids/positions [1, N*B]; ctx_kv from `context_kv`; ctx_mask [N*B, T] (bool,
-        which context rows each slot sees; its own block is added here) -> decoder output [1, N*B, H].
-
-        `groups` (from `document_groups`): (first slot, end slot, first row, end row) of slots that see only those
-        context rows and each other's blocks, e.g. one document of a packed row. Attention then runs group by
-        group and never computes the masked-out pairs between documents; the result is the same."""
+        which context rows each slot sees; its own block is added here) -> decoder output [1, N*B, H]."""
+        # `groups` (from `document_groups`): (first slot, end slot, first row, end row) of slots that see only those
+        # context rows and each other's blocks, e.g. one document of a packed row. Attention then runs group by
+        # group and never computes the masked-out pairs between documents; the result is the same.
         n_slots = block_ids.shape[1]
         b = self.block_size
         with torch.no_grad():

@@ -1,21 +1,20 @@
 """The DSpark draft: DFlash's block backbone with the anchor as the first prediction slot, a sequential (Markov)
-correction head over the backbone's logits and a confidence head that estimates each slot's survival.
+correction head over the backbone's logits and a confidence head that estimates each slot's survival."""
 
-Tensor names match speculators 0.9.0 and vLLM 0.33's Qwen3 DSpark loader: the DFlash backbone's names, plus
-`markov_head.markov_w1.weight` [V, r] (indexed by the previous token in the target vocabulary),
-`markov_head.markov_w2.weight` [Vd, r], `markov_head.gate_proj.*` (gated) or `markov_head.joint_proj.*` (rnn),
-and `confidence_head.proj.{weight [1, H (+r)], bias [1]}`.
-
-Slot k of the block [anchor, MASK x (B-1)] drafts the token at anchor + k + 1 (k = 0..B-1), so a block drafts
-B tokens. With h_k the normed backbone output and U_k = head(h_k) its base logits:
-  logits_k = U_k + B(x_{k-1}, .)          x_{-1} = the anchor, x_{k-1} = the token drafted at slot k-1
-  vanilla: B = W2(W1[x])   gated: B = W2(sigmoid(G[h_k; W1[x]]) * W1[x])
-  rnn:     [g, c, o] = J[s; W1[x]; h_k], s <- sigmoid(g) s + (1 - sigmoid(g)) tanh(c), B = W2(tanh(o)), s_0 = 0
-  c_k = sigmoid(w . [h_k; W1[x_{k-1}]] / T_k)   (T_k: post-hoc per-slot temperatures, 1 until calibrated)
-Training feeds the data's tokens as x (teacher forcing); drafting feeds its own choices, left to right.
-
-Notation: N blocks, B block size, H hidden, r Markov rank, V target vocabulary, Vd draft vocabulary.
-"""
+# Tensor names match speculators 0.9.0 and vLLM 0.33's Qwen3 DSpark loader: the DFlash backbone's names, plus
+# `markov_head.markov_w1.weight` [V, r] (indexed by the previous token in the target vocabulary),
+# `markov_head.markov_w2.weight` [Vd, r], `markov_head.gate_proj.*` (gated) or `markov_head.joint_proj.*` (rnn),
+# and `confidence_head.proj.{weight [1, H (+r)], bias [1]}`.
+#
+# Slot k of the block [anchor, MASK x (B-1)] drafts the token at anchor + k + 1 (k = 0..B-1), so a block drafts
+# B tokens. With h_k the normed backbone output and U_k = head(h_k) its base logits:
+#   logits_k = U_k + B(x_{k-1}, .)          x_{-1} = the anchor, x_{k-1} = the token drafted at slot k-1
+#   vanilla: B = W2(W1[x])   gated: B = W2(sigmoid(G[h_k; W1[x]]) * W1[x])
+#   rnn:     [g, c, o] = J[s; W1[x]; h_k], s <- sigmoid(g) s + (1 - sigmoid(g)) tanh(c), B = W2(tanh(o)), s_0 = 0
+#   c_k = sigmoid(w . [h_k; W1[x_{k-1}]] / T_k)   (T_k: post-hoc per-slot temperatures, 1 until calibrated)
+# Training feeds the data's tokens as x (teacher forcing); drafting feeds its own choices, left to right.
+#
+# Notation: N blocks, B block size, H hidden, r Markov rank, V target vocabulary, Vd draft vocabulary.
 
 from __future__ import annotations
 

@@ -1,13 +1,12 @@
 """DSpark drafting: one backbone forward for the block, then left-to-right token choices through the Markov head,
-and the static confidence cut, losslessly.
+and the static confidence cut, losslessly."""
 
-The block [last committed token, MASK x (B-1)] sits at positions q..q+B-1 over the committed context K/V (as
-DFlash's proposer keeps it); slot k drafts the token at q + k + 1. Each slot's token is chosen (argmax, or sampled
-from the corrected distribution q_k, which is returned for rejection sampling), and its confidence c_k read. The
-cut keeps the longest prefix whose survival prod_{i<=k} c_i stays >= the threshold. The decision uses only the
-draft's own quantities, known before the target sees the block: it only chooses how many tokens to propose, which
-speculative decoding's losslessness allows for any rule that does not look at the verification.
-"""
+# The block [last committed token, MASK x (B-1)] sits at positions q..q+B-1 over the committed context K/V (as
+# DFlash's proposer keeps it); slot k drafts the token at q + k + 1. Each slot's token is chosen (argmax, or sampled
+# from the corrected distribution q_k, which is returned for rejection sampling), and its confidence c_k read. The
+# cut keeps the longest prefix whose survival prod_{i<=k} c_i stays >= the threshold. The decision uses only the
+# draft's own quantities, known before the target sees the block: it only chooses how many tokens to propose, which
+# speculative decoding's losslessness allows for any rule that does not look at the verification.
 
 from __future__ import annotations
 

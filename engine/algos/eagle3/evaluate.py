@@ -1,10 +1,9 @@
-"""EAGLE-3's accepted-draft counts a(q) for every position of a held-out sequence, from one unrolled forward.
+"""EAGLE-3's accepted-draft counts a(q) for every position of a held-out sequence, from one unrolled forward."""
 
-When the committed text is the target's own greedy output, a chain draft's training-time-test unroll with the
-data's tokens as inputs computes what cached decoding computes for as long as its earlier drafts were right,
-which is the only case in which later drafts count. So one `ttt_forward` over the sequence gives, for every
-state "last committed token at index q", the number of leading drafts that equal the data.
-"""
+# When the committed text is the target's own greedy output, a chain draft's training-time-test unroll with the
+# data's tokens as inputs computes what cached decoding computes for as long as its earlier drafts were right,
+# which is the only case in which later drafts count. So one `ttt_forward` over the sequence gives, for every
+# state "last committed token at index q", the number of leading drafts that equal the data.
 
 from __future__ import annotations
 

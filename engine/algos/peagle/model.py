@@ -1,20 +1,19 @@
-"""The P-EAGLE draft: EAGLE-3's front end drafting a whole block in one forward (real slot + K-1 mask slots).
+"""The P-EAGLE draft: EAGLE-3's front end drafting a whole block in one forward (real slot + K-1 mask slots)."""
 
-It is an EAGLE-3 draft (`Eagle3Draft`: fused target features, the 2H-input first layer, `norm -> lm_head` over a
-draft vocabulary with d2t/t2d) plus two learned inputs of the parallel slots:
-- `mask_hidden` [1,1,A*Ht]: the "target feature" of every mask slot, inserted before `fc` (so it is fused like a
-  real one), as speculators 0.9.0 and vLLM 0.33 (`parallel_drafting`) name and read it;
-- the mask token's embedding row (`mask_embedding` [H] here, trainable; the rest of the table is the target's,
-  frozen). The checkpoint carries the whole table as `embed_tokens.weight` with that row in place, which vLLM
-  keeps as the draft's own (it only shares a table identical to the target's).
-
-Slot 1 of a block is EAGLE-3's step 0: emb(last token) + the target feature of the previous position. Slots 2..K
-are emb(MASK) + fc(mask_hidden) at the next positions. Attention is causal by depth: element (anchor a, depth d)
-sees the real rows r <= a of its document (within the window) and its own rollout (a, 1..d).
-
-Notation: T real rows of a packed sequence, M mask-slot elements, H hidden, Ht target hidden, A aux layers,
-Vd draft vocab, nh heads, hd head dim.
-"""
+# It is an EAGLE-3 draft (`Eagle3Draft`: fused target features, the 2H-input first layer, `norm -> lm_head` over a
+# draft vocabulary with d2t/t2d) plus two learned inputs of the parallel slots:
+# - `mask_hidden` [1,1,A*Ht]: the "target feature" of every mask slot, inserted before `fc` (so it is fused like a
+#   real one), as speculators 0.9.0 and vLLM 0.33 (`parallel_drafting`) name and read it;
+# - the mask token's embedding row (`mask_embedding` [H] here, trainable; the rest of the table is the target's,
+#   frozen). The checkpoint carries the whole table as `embed_tokens.weight` with that row in place, which vLLM
+#   keeps as the draft's own (it only shares a table identical to the target's).
+#
+# Slot 1 of a block is EAGLE-3's step 0: emb(last token) + the target feature of the previous position. Slots 2..K
+# are emb(MASK) + fc(mask_hidden) at the next positions. Attention is causal by depth: element (anchor a, depth d)
+# sees the real rows r <= a of its document (within the window) and its own rollout (a, 1..d).
+#
+# Notation: T real rows of a packed sequence, M mask-slot elements, H hidden, Ht target hidden, A aux layers,
+# Vd draft vocab, nh heads, hd head dim.
 
 from __future__ import annotations
 
@@ -64,11 +63,10 @@ class PEagleDraft(Eagle3Draft):
                          rows: torch.Tensor | None = None) -> torch.Tensor:
         """aux [1,T,A*Ht] features g_r, input_ids [1,T] tokens x_{r+1} (EAGLE-3's shift), position_ids and
         document_ids [1,T]; anchors/depths [M]: the mask-slot elements (depth >= 1), grouped by ascending depth,
-        anchors ascending within a depth, each depth's anchors among the previous depth's (COD sampling).
-
-        Returns logits [1, T+M, Vd]: row r < T is depth 0 at anchor r (drafts x_{r+2}); row T+i is element i,
-        (anchor a, depth d), which drafts x_{a+d+2} (the target's prediction at row a+d). `rows` [K] (indices into
-        the T+M) limits the head to those rows: logits [1, K, Vd] (training needs only the elements in the loss)."""
+        anchors ascending within a depth, each depth's anchors among the previous depth's (COD sampling)."""
+        # Returns logits [1, T+M, Vd]: row r < T is depth 0 at anchor r (drafts x_{r+2}); row T+i is element i,
+        # (anchor a, depth d), which drafts x_{a+d+2} (the target's prediction at row a+d). `rows` [K] (indices into
+        # the T+M) limits the head to those rows: logits [1, K, Vd] (training needs only the elements in the loss).
         t, m = input_ids.shape[1], int(anchors.numel())
         ids = torch.cat([input_ids, input_ids.new_full((1, m), self.mask_token_id)], dim=1)       # [1, T+M]
         hidden = self.slot_features(aux[0], m)                                                     # [1, T+M, H]

@@ -13,13 +13,12 @@ from engine.train.data import Layout
 def cod_sample(loss_mask: torch.Tensor, document_ids: torch.Tensor, *, num_depths: int, ratio: float,
                ratio_min: float, max_anchors: int | None) -> tuple[torch.Tensor, torch.Tensor]:
     """Conditional drop-token sampling (PARD, P-EAGLE) over one packed row: loss_mask/document_ids [T] ->
-    (anchors [M], depths [M]) of the mask-slot elements, grouped by depth, anchors ascending.
-
-    Depth 0 keeps every row (it is not returned). The n candidate anchors a are rows whose depth-1 element (row
-    a+1) is in the loss and in a's document, at most `max_anchors` of them drawn at random. Depth d keeps
-    n * max(ratio^d, ratio_min) anchors drawn among those whose depth d-1 element was kept and whose row a+d is in
-    the loss and the document, so every kept element has its whole rollout. Random draws use the torch RNG (the
-    trainer seeds and checkpoints it)."""
+    (anchors [M], depths [M]) of the mask-slot elements, grouped by depth, anchors ascending."""
+    # Depth 0 keeps every row (it is not returned). The n candidate anchors a are rows whose depth-1 element (row
+    # a+1) is in the loss and in a's document, at most `max_anchors` of them drawn at random. Depth d keeps
+    # n * max(ratio^d, ratio_min) anchors drawn among those whose depth d-1 element was kept and whose row a+d is in
+    # the loss and the document, so every kept element has its whole rollout. Random draws use the torch RNG (the
+    # trainer seeds and checkpoints it).
     t = loss_mask.numel()
     valid = loss_mask.bool()
     doc = document_ids

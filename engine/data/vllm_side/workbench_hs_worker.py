@@ -1,17 +1,16 @@
-"""Runs inside vLLM's own environment: extracts hidden states with vLLM's `extract_hidden_states` method on a CPU.
+"""Runs inside vLLM's own environment: extracts hidden states with vLLM's `extract_hidden_states` method on a CPU."""
 
-vLLM's ExampleHiddenStatesConnector copies each request's states off the GPU on a CUDA stream into pinned memory,
-which a CPU build cannot do. `CpuHiddenStatesConnector` below keeps everything else of it (scheduling, slots,
-lock files, file layout) and writes each finished request's states synchronously from the CPU KV cache; vLLM loads
-it through `kv_connector_module_path`, vLLM's supported way in for a connector it does not ship.
-
-This file imports only vLLM, torch, safetensors and the standard library: the workbench runs it with the vLLM
-environment's python (`python workbench_hs_worker.py JOB.json`); on a CUDA build the job names vLLM's own connector.
-Protocol: the job file holds the `vllm.LLM` keyword arguments ("llm") and the `SamplingParams` ones ("sampling");
-`{"ready": true}` comes once the model is loaded; then each stdin line is a JSON list of token-id lists (one chunk
-of prompts), answered by `{"paths": [...]}` (each prompt's safetensors file, in order); an empty line ends the
-worker. Replies are stdout lines starting with REPLY_PREFIX; vLLM's own output is everything else.
-"""
+# vLLM's ExampleHiddenStatesConnector copies each request's states off the GPU on a CUDA stream into pinned memory,
+# which a CPU build cannot do. `CpuHiddenStatesConnector` below keeps everything else of it (scheduling, slots,
+# lock files, file layout) and writes each finished request's states synchronously from the CPU KV cache; vLLM loads
+# it through `kv_connector_module_path`, vLLM's supported way in for a connector it does not ship.
+#
+# This file imports only vLLM, torch, safetensors and the standard library: the workbench runs it with the vLLM
+# environment's python (`python workbench_hs_worker.py JOB.json`); on a CUDA build the job names vLLM's own connector.
+# Protocol: the job file holds the `vllm.LLM` keyword arguments ("llm") and the `SamplingParams` ones ("sampling");
+# `{"ready": true}` comes once the model is loaded; then each stdin line is a JSON list of token-id lists (one chunk
+# of prompts), answered by `{"paths": [...]}` (each prompt's safetensors file, in order); an empty line ends the
+# worker. Replies are stdout lines starting with REPLY_PREFIX; vLLM's own output is everything else.
 
 from __future__ import annotations
 
