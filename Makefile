@@ -17,6 +17,10 @@ PYTEST_ARGS ?=
 # the slow ones another 24 (19 and 9 on an Intel Xeon with AMX): with the install, too close to CI's 90.
 # `make test-all` runs them too (the last -m given wins over pyproject's addopts).
 PYTEST_MARKS ?= not slow
+# Two pytest-xdist workers: tests that wait (servers starting, subprocesses) overlap with tests that compute. A file's
+# tests stay on one worker, and the vLLM and browser tests each on one (tests/conftest.py). PYTEST_WORKERS=0: serial.
+PYTEST_WORKERS ?= 2
+XDIST := $(if $(filter-out 0,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS) --dist loadgroup)
 
 .PHONY: app test test-all install test-deps vllm-env browser clean-venv help
 
@@ -55,11 +59,11 @@ vllm-env: install
 
 test: test-deps vllm-env
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -m "$(PYTEST_MARKS)" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "$(PYTEST_MARKS)" $(XDIST) $(PYTEST_ARGS)
 
 test-all: test-deps vllm-env
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -m "slow or not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "slow or not slow" $(XDIST) $(PYTEST_ARGS)
 
 app: install
 	$(PY) -m engine targets >/dev/null

@@ -15,7 +15,25 @@ FIXTURES = ROOT / "tests" / "fixtures" / "speculators-0.9.0"
 # A draft algorithm in one folder outside engine/ (tests/engine/test_algorithms.py), loaded as a plugin.
 TOY_ALGO = ROOT / "tests" / "toy_algo"
 
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+# Under pytest-xdist (`make test` runs two workers) the cores are shared out between the workers.
+WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+torch.set_num_threads(max(1, min(2, (os.cpu_count() or 1) // WORKERS)))
+# Tests that start servers: each kind on one worker, one after another (two vLLM servers at once on two cores
+# would each take twice as long to start), and first, as they are the longest units.
+SERIAL_GROUPS = ("vllm", "browser")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """For `--dist loadgroup`: a file's tests stay on one worker (its module fixtures are built once), and the tests
+    of each of SERIAL_GROUPS share one worker; the groups come first."""
+    def group(item) -> str:
+        return next((g for g in SERIAL_GROUPS if item.get_closest_marker(g)), item.nodeid.split("::")[0])
+
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(group(item)))
+    items.sort(key=lambda item: SERIAL_GROUPS.index(group(item)) if group(item) in SERIAL_GROUPS else len(
+        SERIAL_GROUPS))  # stable: files keep their order
 
 
 @pytest.fixture(autouse=True)

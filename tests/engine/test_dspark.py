@@ -171,11 +171,14 @@ def test_sampled_drafting_matches_the_target_distribution(tiny, tiny_dspark, thr
     counts = torch.zeros(tiny.vocab_size)
     prop = proposer(tiny_dspark, threshold)
     runner = TargetRunner(tiny, prop.aux_layer_ids)
+    accepted = 0
     for seed in range(500):
         params.seed = seed
         out, events = generate_all(runner, prompt, params, prop, k=2)
         assert events[1].drafted == 2  # no cut: the second token is the first of a verified block
         counts[out[1]] += 1
+        accepted += events[1].accepted
+    assert accepted > 0  # drafts were accepted: the accept branch of the rejection sampler ran, not only its residual
     assert chi_square_pvalue(counts, exact) > 1e-3
 
 

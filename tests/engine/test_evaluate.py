@@ -69,8 +69,9 @@ def _decode(target, runner_cls, proposer, ids, params, k):
 
 
 def test_evaluated_acceptance_equals_real_decoding_on_the_builtin_target(builtin_target):
-    """Held-out prompts, the shipped draft, k = 1..5: the walk's mean acceptance length is within 0.03 of greedy
-    speculative decoding (fp32), and >= 95% of the steps have the same (drafted, accepted) pair."""
+    """Held-out prompts, the shipped draft, k = 1, 3 (its default) and 5: the walk's mean acceptance length is within
+    0.03 of greedy speculative decoding (fp32), and >= 95% of the steps have the same (drafted, accepted) pair (the
+    behaviour suite checks every k of every algorithm exactly, on the tiny target)."""
     from engine.data.prompts import load_prompts
     from engine.generate.api import default_draft, draft_algorithm, prompt_ids
     from engine.generate.metrics import SpecMetrics
@@ -83,10 +84,11 @@ def test_evaluated_acceptance_equals_real_decoding_on_the_builtin_target(builtin
     prompts = load_prompts("sharegpt", 4, 0, 600)
     max_new = 40
     samples = samples_from_prompts(builtin_target, prompts, algorithm.aux_layer_ids(draft), max_new_tokens=max_new)
-    result = evaluate_samples(algorithm, draft, samples, [1, 2, 3, 4, 5], max_new_tokens=max_new, keep_walks=True)
+    ks = (1, 3, 5)
+    result = evaluate_samples(algorithm, draft, samples, list(ks), max_new_tokens=max_new, keep_walks=True)
     params = SamplingParams(max_new_tokens=max_new, eos_token_ids=[builtin_target.tokenizer.eos_token_id])
     same = total = 0
-    for k in (1, 2, 3, 4, 5):
+    for k in ks:
         metrics = SpecMetrics()
         for prompt, sample, walked in zip(prompts, samples, result["walks"][str(k)], strict=True):
             ids = prompt_ids(builtin_target.tokenizer, prompt)

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from engine.format import vllm_rules as vr
+from testkit.vllm import assert_accepts_as_ours
 from tiny import FAMILIES, algo_flags, save_tiny_target, tiny_config
 
 WIDTH = 128  # head size 32
@@ -117,8 +118,7 @@ def test_vllm_serves_the_familys_draft_with_our_acceptance(family, algo, vllm_po
     print(f"\n{family} {algo}: acceptance length vLLM {served['mean_acceptance_length']:.4f}, ours "
           f"{ours['mean_acceptance_length']:.4f}; per position vLLM {served['per_position_acceptance']}, ours "
           f"{ours['per_position_acceptance']}")
-    assert ours["mean_acceptance_length"] > 1.0  # the draft is accepted sometimes: the comparison means something
-    assert served["mean_acceptance_length"] == pytest.approx(ours["mean_acceptance_length"], rel=0.03)
+    assert_accepts_as_ours(served, ours, f"{family} {algo}")  # the draft is accepted sometimes, as often in both
     for theirs, mine in zip(served["per_position_acceptance"], ours["per_position_acceptance"], strict=True):
         assert theirs == pytest.approx(mine, abs=0.03)
 

@@ -1,0 +1,1 @@
+"""Helpers shared by the test modules (fixtures live in conftest.py); no test module imports another."""
