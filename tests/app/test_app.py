@@ -12,93 +12,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-import torch
-from streamlit.testing.v1 import AppTest
 
 from engine import jobs
-
-ROOT = Path(__file__).resolve().parents[2]
-PAGES = ["start", "models", "data", "train", "convert", "config_builder", "demo_chat", "benchmarks", "serve", "jobs"]
-TITLES = {"start": "Speculators Workbench", "models": "Models", "data": "Data", "train": "Train", "convert": "Convert",
-          "config_builder": "Config builder", "demo_chat": "Demo chat", "benchmarks": "Benchmarks", "serve": "Serve",
-          "jobs": "Jobs"}
-
-
-# -- fixtures -------------------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def runs(tmp_path, monkeypatch):
-    """A private runs/ folder; jobs still running afterwards are stopped."""
-    root = tmp_path / "runs"
-    monkeypatch.setenv("WORKBENCH_RUNS", str(root))
-    yield root
-    for job in jobs.list_jobs(root):
-        if job.running and jobs.stop(job):
-            jobs.wait(job, timeout=30)
-
-
-@pytest.fixture(scope="module")
-def tiny_target(tiny_targets) -> str:
-    return str(tiny_targets["llama"])
-
-
-@pytest.fixture(scope="module")
-def tiny_draft(tiny_target, tmp_path_factory) -> str:
-    from engine.algos.eagle3.io import build_eagle3, save_eagle3
-    from engine.targets import load_target
-
-    target = load_target(tiny_target)
-    counts = torch.arange(target.vocab_size).flip(0)
-    draft = build_eagle3(target, draft_vocab_size=160, token_counts=counts, aux_layer_ids=[1, 2, 3])
-    return str(save_eagle3(draft, tmp_path_factory.mktemp("app-drafts") / "tiny-eagle3"))
-
-
-@pytest.fixture(scope="module")
-def tiny_dataset(tmp_path_factory) -> str:
-    rows = [{"messages": [{"role": "user", "content": f"Count to {i}."},
-                          {"role": "assistant", "content": " ".join(str(j) for j in range(1, i + 2))}]}
-            for i in range(3, 19)]
-    path = tmp_path_factory.mktemp("app-data") / "tiny.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return str(path)
-
-
-def open_app(target: str, draft: str = "none", page: str | None = None) -> AppTest:
-    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=180)
-    at.session_state["app_target"] = target
-    at.session_state["app_draft"] = draft
-    at.run()
-    ok(at)
-    if page:
-        at.switch_page(f"pages/{page}.py").run()
-        ok(at)
-    return at
-
-
-def ok(at: AppTest) -> None:
-    assert not at.exception, [e.value for e in at.exception]
-
-
-def texts(elements) -> str:
-    return "\n".join(str(e.value) for e in elements)
-
-
-def wait_for(predicate, timeout: float = 120.0, poll: float = 0.5):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(poll)
-    raise AssertionError("timed out waiting")
-
-
-def only_job(root: Path, kind: str) -> jobs.Job:
-    found = [j for j in jobs.list_jobs(root) if j.kind == kind]
-    assert len(found) == 1, found
-    return found[0]
-
+from testkit.app import PAGES, ROOT, TITLES, ok, only_job, open_app, research_checkpoint, texts, wait_for
 
 # -- frame ----------------------------------------------------------------------------------------------
 
@@ -529,21 +445,8 @@ def test_train_smoke_preset_time_is_measured(runs, tiny_target):
 # -- convert ------------------------------------------------------------------------------------------------
 
 
-def _research_checkpoint(tiny_draft: str, folder: Path) -> Path:
-    from safetensors.torch import load_file, save_file
-
-    folder.mkdir(parents=True)
-    state = load_file(str(Path(tiny_draft) / "model.safetensors"))
-    state = {("midlayer." + k[len("layers.0."):] if k.startswith("layers.0.") else k): v for k, v in state.items()}
-    save_file(state, str(folder / "model.safetensors"))
-    cfg = json.loads((Path(tiny_draft) / "config.json").read_text())["transformer_layer_config"]
-    (folder / "config.json").write_text(json.dumps({**cfg, "architectures": ["LlamaForCausalLMEagle3"],
-                                                    "draft_vocab_size": 160}))
-    return folder
-
-
 def test_convert_detects_research_checkpoint_and_does_not_fake_a_conversion(runs, tiny_target, tiny_draft, tmp_path):
-    src = _research_checkpoint(tiny_draft, tmp_path / "research")
+    src = research_checkpoint(tiny_draft, tmp_path / "research")
     at = open_app(tiny_target, page="convert")
     at.text_input(key="convert_path").set_value(str(src)).run()
     ok(at)
@@ -571,7 +474,7 @@ def _failed_convert_job(runs: Path, src: str, name: str) -> None:
 
 
 def test_convert_shows_only_this_checkpoints_jobs_and_failures_readably(runs, tiny_target, tiny_draft, tmp_path):
-    src = _research_checkpoint(tiny_draft, tmp_path / "research")
+    src = research_checkpoint(tiny_draft, tmp_path / "research")
     _failed_convert_job(runs, str(tmp_path / "another-checkpoint"), "other")
     at = open_app(tiny_target, tiny_draft, page="convert")
     at.text_input(key="convert_path").set_value(str(tiny_draft)).run()  # already in the speculators format

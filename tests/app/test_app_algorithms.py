@@ -4,7 +4,7 @@ from __future__ import annotations
 
 
 def test_toy_arguments_appear_in_the_train_form(toy_registered, tiny_targets, tmp_path, monkeypatch):
-    from test_app import ok, open_app
+    from testkit.app import ok, open_app
 
     monkeypatch.setenv("WORKBENCH_RUNS", str(tmp_path / "runs"))
     at = open_app(str(tiny_targets["llama"]), page="train")
@@ -19,9 +19,8 @@ def test_toy_arguments_appear_in_the_train_form(toy_registered, tiny_targets, tm
 
 def test_train_form_offers_every_registered_algorithm_with_its_arguments(tiny_targets, tmp_path, monkeypatch):
     """The algorithm selector lists the registry (P-EAGLE included); choosing one shows its own arguments."""
-    from test_app import ok, open_app
-
     from engine.algos import ALGOS
+    from testkit.app import ok, open_app
     from ui.training import algorithm_title
 
     monkeypatch.setenv("WORKBENCH_RUNS", str(tmp_path / "runs"))

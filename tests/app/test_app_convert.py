@@ -20,7 +20,7 @@ def runs(tmp_path, monkeypatch):
 
 
 def _open(tiny_targets, path: str):
-    from test_app import ok, open_app
+    from testkit.app import ok, open_app
 
     at = open_app(str(tiny_targets["llama"]), page="convert")
     at.text_input(key="convert_path").set_value(path).run()
@@ -29,15 +29,14 @@ def _open(tiny_targets, path: str):
 
 
 def _all_text(at) -> str:
-    from test_app import texts
+    from testkit.app import texts
 
     return "\n".join(texts(getattr(at, kind)) for kind in ("markdown", "error", "info", "success", "caption", "code"))
 
 
 def test_detected_layout_mapping_and_the_registry_as_format_choice(runs, tiny_targets, tmp_path):
-    from test_app import ok, texts
-
     from engine.convert import CONVERTERS
+    from testkit.app import ok, texts
     from ui.convert import format_title
 
     src = peagle_specforge(tmp_path / "peagle")
@@ -63,7 +62,7 @@ def test_detected_layout_mapping_and_the_registry_as_format_choice(runs, tiny_ta
 
 
 def test_dry_run_writes_nothing_and_a_missing_mask_token_is_asked_for(runs, tiny_targets, tmp_path):
-    from test_app import ok, texts
+    from testkit.app import ok, texts
 
     src = peagle_specforge(tmp_path / "peagle")
     (src / "peagle_config.json").unlink()  # the mask token is then recorded nowhere
@@ -89,7 +88,7 @@ def test_dry_run_writes_nothing_and_a_missing_mask_token_is_asked_for(runs, tiny
 
 
 def test_a_refusal_is_a_clear_message_not_a_traceback(runs, tiny_targets, tmp_path):
-    from test_app import ok, texts
+    from testkit.app import ok, texts
 
     good = dspark_deepspec(tmp_path / "good")
     state = load_file(str(good / "model.safetensors"))

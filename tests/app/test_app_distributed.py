@@ -5,14 +5,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-# the helpers and fixtures of the main app test module
-from test_app import ok, only_job, open_app, runs, texts, tiny_dataset, tiny_target, wait_for  # noqa: F401
-
 from engine import jobs
+
+# the helpers and fixtures of the main app test module
+from testkit.app import ok, only_job, open_app, texts
 from ui import training
 
 
-def test_train_page_launches_torchrun_and_shows_each_rank(runs, tiny_target, tiny_dataset):  # noqa: F811
+def test_train_page_launches_torchrun_and_shows_each_rank(runs, tiny_target, tiny_dataset):
     at = open_app(tiny_target, page="train")
     at.button(key="train_smoke").click().run()
     at.text_input(key="train_f_online_dataset").set_value(tiny_dataset).run()

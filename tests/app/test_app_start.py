@@ -8,9 +8,9 @@ import time
 from pathlib import Path
 
 import pytest
-from test_app import _research_checkpoint, ok, open_app, texts, tiny_draft, tiny_target  # noqa: F401
 
 from engine import jobs
+from testkit.app import ok, open_app, research_checkpoint, texts
 
 BUILTIN = "smollm2-135m-instruct"
 
@@ -302,9 +302,8 @@ def test_charts_keep_legends_off_axis_titles_scale_heat_maps_to_the_data_and_nam
 # -- values from a default are said, and can be changed before writing --------------------------------------------
 
 
-# tiny_target, tiny_draft: fixtures imported from test_app, which F811 takes for redefinitions
-def test_convert_dry_run_says_the_aux_layer_ids_came_from_a_default(runs, tiny_target, tiny_draft, tmp_path):  # noqa: F811
-    src = _research_checkpoint(tiny_draft, tmp_path / "research")  # its config records no aux layer ids
+def test_convert_dry_run_says_the_aux_layer_ids_came_from_a_default(runs, tiny_target, tiny_draft, tmp_path):
+    src = research_checkpoint(tiny_draft, tmp_path / "research")  # its config records no aux layer ids
     verifier = tmp_path / "deep-verifier"  # a 30-layer verifier's config: vLLM's default ids are [2, 15, 27]
     verifier.mkdir()
     cfg = json.loads((Path(tiny_target) / "config.json").read_text())
@@ -323,8 +322,7 @@ def test_convert_dry_run_says_the_aux_layer_ids_came_from_a_default(runs, tiny_t
     assert "from a default" not in texts(at.warning)
 
 
-# tiny_target, tiny_draft: fixtures imported from test_app, which F811 takes for redefinitions
-def test_config_builder_says_what_is_wrong_in_words_under_the_field_that_is_wrong(runs, tiny_target, tiny_draft):  # noqa: F811
+def test_config_builder_says_what_is_wrong_in_words_under_the_field_that_is_wrong(runs, tiny_target, tiny_draft):
     from engine.format.validate import validate_draft
 
     cfg = json.loads((Path(tiny_draft) / "config.json").read_text())

@@ -9,13 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 from streamlit.testing.v1 import AppTest
-from test_app import (  # noqa: F401 - the app fixtures' helpers
-    ROOT,  # noqa: F401
-    ok,
-    open_app,
-    texts,
-)
 
+from testkit.app import ROOT, ok, open_app, texts
 from tiny import save_tiny_target
 
 

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_generate import PROMPTS, chi_square_pvalue, second_token_distribution  # the decode engine's own checks
 
 from engine.algos import ALGOS, load_plugins
 from engine.generate import speculative
@@ -27,6 +26,7 @@ from engine.generate.runner import TargetRunner
 from engine.generate.sampling import SamplingParams
 from engine.generate.speculative import generate_all
 from engine.measure.evaluate import evaluate_samples, samples_from_prompts  # the offline evaluator (walk over counts)
+from testkit.decoding import PROMPTS, chi_square_pvalue, second_token_distribution  # the decode engine's own checks
 
 TOY_ALGO = Path(__file__).resolve().parents[1] / "toy_algo"  # registered like any plugin (WORKBENCH_ALGO_PLUGINS)
 TOY = "toy"

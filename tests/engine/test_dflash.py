@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_generate import PROMPTS  # the decode engine's own prompts
 
 from engine.algos import ALGOS
 from engine.algos.dflash.io import build_dflash, load_dflash
 from engine.generate.api import prompt_ids
 from engine.generate.runner import TargetRunner
 from engine.generate.sampling import SamplingParams
+from testkit.decoding import PROMPTS  # the decode engine's own prompts
 
 
 @pytest.fixture(scope="module")

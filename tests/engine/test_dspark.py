@@ -11,7 +11,6 @@ import json
 
 import pytest
 import torch
-from test_generate import PROMPTS  # the decode engine's own prompts
 
 from engine.algos import ALGOS
 from engine.algos.dspark.io import build_dspark, load_dspark, save_dspark
@@ -19,6 +18,7 @@ from engine.generate.api import prompt_ids
 from engine.generate.runner import TargetRunner
 from engine.generate.sampling import SamplingParams
 from engine.generate.speculative import generate_all
+from testkit.decoding import PROMPTS  # the decode engine's own prompts
 
 BLOCK = 4
 
@@ -163,7 +163,7 @@ def test_markov_head_changes_the_drafts(tiny, tiny_dspark):
 def test_sampled_drafting_matches_the_target_distribution(tiny, tiny_dspark, threshold):
     """Sampled drafts from the Markov-corrected q, verified by rejection sampling, without the cut (the behaviour
     suite samples with the default cut): the second token's distribution is the target's."""
-    from test_generate import chi_square_pvalue, second_token_distribution  # the engine's own checks
+    from testkit.decoding import chi_square_pvalue, second_token_distribution  # the engine's own checks
 
     params = SamplingParams(max_new_tokens=4, temperature=1.0, top_k=40)  # step 1 drafts min(k, 4 - 2)
     prompt = prompt_ids(tiny.tokenizer, "hello")

@@ -225,13 +225,12 @@ def test_sampling_on_every_kernel_path_keeps_the_target_distribution(tiny_target
     """The lossless-in-distribution claim for paths that are not row-exact (and for the exact ones): at temperature 1
     the second token, verified from a draft, follows the target's distribution on that path (chi-square), as vLLM's
     rejection-sampler tests check it."""
-    from test_generate import OracleProposer, chi_square_pvalue, second_token_distribution
-
     from engine.generate.api import prompt_ids
     from engine.generate.runner import TargetRunner
     from engine.generate.sampling import SamplingParams
     from engine.generate.speculative import generate_all
     from engine.targets import load_target
+    from testkit.decoding import OracleProposer, chi_square_pvalue, second_token_distribution
 
     path = kc.PATHS[path_name]
     if path.native_bf16_only and not cpu.native_bf16():

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_generate import PROMPTS  # the decode engine's own prompts
 
 from engine.algos import ALGOS
 from engine.algos.peagle.io import build_peagle, load_peagle, save_peagle
@@ -18,6 +17,8 @@ from engine.generate.api import prompt_ids
 from engine.generate.runner import TargetRunner
 from engine.generate.sampling import SamplingParams
 from engine.generate.speculative import generate_all
+from testkit.decoding import PROMPTS  # the decode engine's own prompts
+from testkit.drafts import peagle_from_eagle3
 
 K = 4  # depths of the tiny draft
 
@@ -73,7 +74,7 @@ def test_proposer_block_equals_the_training_forward(tiny, tiny_peagle):
 def test_sampled_drafts_come_from_the_distributions_they_report(tiny, tiny_peagle):
     """At temperature 1 each of the k drafts is drawn from the distribution the proposer hands to verification
     (the engine's rejection sampling is lossless given that: tests/engine/test_generate.py)."""
-    from test_generate import chi_square_pvalue
+    from testkit.decoding import chi_square_pvalue
 
     ids = prompt_ids(tiny.tokenizer, PROMPTS[1])
     prop = proposer(tiny_peagle)
@@ -211,27 +212,6 @@ def test_checkpoint_round_trip_keeps_the_drafts(tiny, tiny_peagle, tmp_path):
 
 
 SHIPPED_EAGLE3 = Path(__file__).resolve().parents[2] / "assets" / "drafts" / "smollm2-135m-instruct-eagle3"
-
-
-def peagle_from_eagle3(eagle3_dir: Path, target, speculative_tokens: int):
-    """A P-EAGLE draft whose slot 1 is the shipped EAGLE-3 draft's step 0 (its layer, fc, norms, head and draft
-    vocabulary; P-EAGLE's first slot is EAGLE-3's step 0): accepted like it at position 1, with untrained mask
-    slots after it. Drafts that get accepted exercise the accept and rollback paths."""
-    from engine.algos.common.vocab import choose_mask_token
-    from engine.algos.peagle.model import PEagleDraft
-    from engine.format.config import parse_draft_config
-
-    eagle3 = ALGOS.get("eagle3").load(eagle3_dir, target)
-    cfg = eagle3.config.to_dict()
-    cfg.update(speculators_model_type="peagle", architectures=["PEagleSpeculator"], embed_requires_grad=True,
-               auto_map={"": "config.PEagleSpeculatorConfig"}, mask_token_id=choose_mask_token(target))
-    cfg["speculators_config"]["algorithm"] = "peagle"
-    cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"] = speculative_tokens
-    torch.manual_seed(0)
-    draft = PEagleDraft(parse_draft_config(cfg), embed_tokens=target.embed_tokens())
-    state = {k: v for k, v in eagle3.state_dict().items() if not k.startswith(("embed_tokens.", "rotary_emb."))}
-    assert not [k for k in draft.load_state_dict(state, strict=False).unexpected_keys]
-    return draft.eval()
 
 
 def _builtin_identity(builtin_target, num_prompts):

@@ -180,9 +180,8 @@ def test_the_list_of_verifiers_without_aux_states_is_the_installed_vllms():
 
 
 def test_validate_warns_about_a_verifier_without_aux_states(tmp_path):
-    from test_vllm_serve import random_eagle3_draft
-
     from engine.format.validate import validate_draft
+    from testkit.drafts import random_eagle3_draft
 
     draft = random_eagle3_draft(tmp_path / "draft")
     verifier = json.loads(json.dumps(tiny_config("gemma2", hidden_size=576, vocab_size=49152).to_dict()))

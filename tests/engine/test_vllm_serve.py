@@ -23,6 +23,7 @@ import torch
 
 from engine.errors import WorkbenchError
 from engine.serve.metrics import parse_prometheus, parse_spec_metrics, spec_delta
+from testkit.drafts import peagle_from_eagle3, random_eagle3_draft
 from testkit.vllm import assert_accepts_as_ours
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -82,34 +83,6 @@ RuntimeError: Engine core initialization failed. See root cause above. Failed co
 
 
 # -- drafts ----------------------------------------------------------------------------------------
-
-
-def random_eagle3_draft(folder: Path, *, mutate=None, seed: int = 0) -> Path:
-    """A random-weight EAGLE-3 draft for the built-in target with exactly vLLM's tensor names (bf16)."""
-    import engine.algos  # noqa: F401  (registers the speculators config types)
-    from engine.format import vllm_rules as vr
-    from engine.format.checkpoint import read_config_dict, save_checkpoint
-    from engine.format.config import build_draft_config
-    from engine.targets import resolve_target
-
-    verifier = read_config_dict(resolve_target("smollm2-135m-instruct").path)
-    cfg = build_draft_config("eagle3", verifier_config=verifier, verifier_name=VERIFIER, draft_vocab_size=8192,
-                             eagle_aux_hidden_state_layer_ids=[2, 15, 27], norm_before_fc=True,
-                             norm_before_residual=True, norm_output=True)
-    hf = vr.extract_transformers_pre_trained_config(cfg.to_dict())
-    expected, optional = vr.expected_parameters(cfg.to_dict(), hf)
-    gen = torch.Generator().manual_seed(seed)
-    state = {name: (torch.ones(shape) if name.endswith("norm.weight") else torch.randn(shape, generator=gen) * 0.02)
-             for name, shape in expected.items() if name not in optional or name == "lm_head.weight"}
-    vocab, dvocab = int(hf["vocab_size"]), int(hf["draft_vocab_size"])
-    selected = torch.sort(torch.randperm(vocab, generator=gen)[:dvocab]).values
-    state["d2t"] = selected - torch.arange(dvocab)
-    t2d = torch.zeros(vocab, dtype=torch.bool)
-    t2d[selected] = True
-    state["t2d"] = t2d
-    if mutate:
-        mutate(state)
-    return save_checkpoint(folder, cfg, state, dtype=torch.bfloat16)
 
 
 def _wrong_fc(state):
@@ -428,8 +401,6 @@ def test_shipped_dflash_draft_is_lossless_in_vllm_and_accepts_as_ours(vllm_bench
 @pytest.fixture(scope="module")
 def peagle_draft(tmp_path_factory, builtin_target) -> Path:
     """A P-EAGLE draft whose first slot is the shipped EAGLE-3 draft's step 0 (untrained mask slots after it)."""
-    from test_peagle import peagle_from_eagle3
-
     from engine.algos.peagle.io import save_peagle
 
     draft = peagle_from_eagle3(SHIPPED, builtin_target, K)
