@@ -28,6 +28,8 @@ def _evaluation(ev: evaluate_ui.Evaluation) -> None:
                 f"samples × {ev.result.get('max_new_tokens')} tokens · {ev.where}" + (f" · {advice}" if advice else ""))
     st.dataframe(evaluate_ui.table_rows(ev.result), hide_index=True, width="stretch",
                  column_config=evaluate_ui.columns())
+    if (fig := charts.acceptance_by_position(ev.result)) is not None:
+        charts.show(fig, key=f"bench_eval_positions_{ev.where}")
 
 
 results_tab, run_tab = st.tabs(["Results", "Run a benchmark"])  # opens on the results

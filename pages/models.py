@@ -5,7 +5,7 @@ from pathlib import Path
 import streamlit as st
 
 from ui import bench as bench_ui
-from ui import catalog, report, resources, state
+from ui import catalog, charts, report, resources, state
 from ui import evaluate as evaluate_ui
 from ui.cli import show_cli
 from ui.errors import guard
@@ -239,6 +239,8 @@ with tab_d:
                 ev = done[0]
                 st.dataframe(evaluate_ui.table_rows(ev.result), hide_index=True, width="stretch",
                              column_config=evaluate_ui.columns())
+                if (fig := charts.acceptance_by_position(ev.result)) is not None:
+                    charts.show(fig, key="models_eval_positions")
                 advice = evaluate_ui.recommendation(ev.result, ev.here)
                 st.caption(f"{ev.result.get('num_samples')} held-out samples, {ev.result.get('max_new_tokens')} new "
                            f"tokens; from {ev.where}." + (f" **{advice[:1].upper() + advice[1:]}.**" if advice else ""))

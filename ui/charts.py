@@ -50,6 +50,28 @@ def acceptance_bars(lengths: Sequence[int], k: int, proposer: str | None = None)
     return fig
 
 
+def acceptance_by_position(result: Mapping[str, Any]) -> go.Figure | None:
+    """An evaluation's mean acceptance length by the answer position drafts start at (its best k), with the
+    first-position gap in the title; None for a result without the buckets."""
+    acc = result.get("by_k", {}).get(str(result.get("best_k")), {})
+    buckets = [b for b in acc.get("by_answer_position", []) if b.get("num_drafts")]
+    if not buckets:
+        return None
+    names = [f"{b['start']}–{'' if b['end'] is None else b['end'] - 1}" for b in buckets]
+    taus = [b["mean_acceptance_length"] for b in buckets]
+    fig = go.Figure(go.Bar(x=names, y=taus, marker_color=palette.ACCEPTED_BAR, text=[f"{t:.2f}" for t in taus],
+                           textposition="outside", customdata=[b["num_drafts"] for b in buckets],
+                           hovertemplate="answer positions %{x}: %{y:.3f} (%{customdata} drafts)<extra></extra>"))
+    starts, anywhere = (acc.get("first_token_acceptance_at_draft_starts"),
+                        acc.get("first_token_acceptance_all_positions"))
+    gap = f" · first token {starts:.2f} at draft starts, {anywhere:.2f} anywhere" if None not in (starts,
+                                                                                                   anywhere) else ""
+    fig.update_layout(title=f"Acceptance by answer position (k = {result.get('best_k')}){gap}",
+                      xaxis_title="answer position a draft starts at", yaxis_title="mean acceptance length",
+                      xaxis_type="category", yaxis_rangemode="tozero", **{**_LAYOUT, "height": 280})
+    return fig
+
+
 # -- training -------------------------------------------------------------------------------------
 
 

@@ -58,6 +58,15 @@ def walk(a: Sequence[int], sample: HeldOutSample, k: int, max_new_tokens: int | 
     return out
 
 
+# Buckets of the answer position where a draft starts (0 = the first token after the prefill's), open at the end.
+POSITION_BUCKETS = (0, 1, 4, 16, 64, 256)
+
+
+def bucket_of(offset: int) -> int:
+    """The index of the POSITION_BUCKETS bucket an answer position falls in."""
+    return sum(1 for start in POSITION_BUCKETS[1:] if offset >= start)
+
+
 @dataclass
 class Acceptance:
     """vLLM's definitions over walks: a draft = a step that verified at least one draft token."""
@@ -73,6 +82,11 @@ class Acceptance:
     expected_steps: int = 0            # sampled decoding: drafting steps of the walk and their expectations
     expected_accepted: float = 0.0
     expected_per_pos: list[float] = field(default_factory=list)
+    # per POSITION_BUCKETS bucket: drafts started there and their accepted tokens
+    bucket_drafts: list[int] = field(default_factory=lambda: [0] * len(POSITION_BUCKETS))
+    bucket_accepted: list[int] = field(default_factory=lambda: [0] * len(POSITION_BUCKETS))
+    first_at_starts: int = 0           # drafting steps whose first draft token was accepted
+    first_anywhere: int = 0            # answer positions where it would have been (teacher-forced, k >= 1)
 
     def add_expectation(self, w: Walk, states: list[int], chances: torch.Tensor) -> None:
         """chances [T, K]: P(drafts 1..j+1 accepted) at each state; summed over the walk's drafting steps."""
@@ -88,12 +102,17 @@ class Acceptance:
                 self.expected_per_pos[i] += c
 
     def add(self, w: Walk, all_positions: list[int]) -> None:
-        drafts = accepted = 0
+        """One walk; `all_positions[i]`: the accepted count had a draft started at answer position i."""
+        drafts = accepted = offset = 0
         for d, n in zip(w.drafted, w.accepted, strict=True):
+            start, offset = offset, offset + n + 1  # the answer position this step starts from
             if d < 1:
                 continue
             drafts += 1
             accepted += n
+            self.bucket_drafts[bucket_of(start)] += 1
+            self.bucket_accepted[bucket_of(start)] += n
+            self.first_at_starts += n > 0
             self.num_draft_tokens += d
             while len(self.accepted_per_pos) < d:
                 self.accepted_per_pos.append(0)
@@ -104,6 +123,14 @@ class Acceptance:
         self.per_sample.append(1.0 + accepted / drafts if drafts else None)
         self.positions += len(all_positions)
         self.positions_accepted += sum(all_positions)
+        self.first_anywhere += sum(1 for x in all_positions if x > 0)
+
+    def by_answer_position(self) -> list[dict[str, Any]]:
+        """Per bucket of the answer position a draft starts at: start, end (None: open), drafts, mean acceptance
+        length."""
+        ends = (*POSITION_BUCKETS[1:], None)
+        return [{"start": s, "end": e, "num_drafts": d, "mean_acceptance_length": 1.0 + a / d if d else None}
+                for s, e, d, a in zip(POSITION_BUCKETS, ends, self.bucket_drafts, self.bucket_accepted, strict=True)]
 
     def to_dict(self) -> dict[str, Any]:
         d = self.num_drafts
@@ -115,6 +142,11 @@ class Acceptance:
             "all_positions_acceptance_length": 1.0 + self.positions_accepted / self.positions
             if self.positions else None,
             "per_sample_acceptance_length": self.per_sample,
+            "by_answer_position": self.by_answer_position(),
+            # the first-position gap: the first draft token's acceptance where decoding starts drafts, against
+            # every answer position (what a teacher-forced step-0 accuracy measures)
+            "first_token_acceptance_at_draft_starts": self.first_at_starts / d if d else None,
+            "first_token_acceptance_all_positions": self.first_anywhere / self.positions if self.positions else None,
             **({"expected_mean_acceptance_length": 1.0 + self.expected_accepted / self.expected_steps,
                 "expected_per_position_acceptance": [c / self.expected_steps for c in self.expected_per_pos]}
                if self.expected_steps else {}),
@@ -173,7 +205,9 @@ def walk_sums(algorithm, draft, samples: Iterable[dict[str, torch.Tensor]], aux_
                 acc.add(walk(a, sample, k, cuts=cuts), [min(a[q], k, sample.end - q) for q in range(sample.prompt_len,
                                                                                           sample.end)])
                 for name, value in (("drafts", acc.num_drafts), ("accepted", acc.num_accepted),
-                                    ("positions", acc.positions), ("positions_accepted", acc.positions_accepted)):
+                                    ("positions", acc.positions), ("positions_accepted", acc.positions_accepted),
+                                    ("first_at_starts", acc.first_at_starts),
+                                    ("first_anywhere", acc.first_anywhere)):
                     sums[f"walk_{name}_{k}"] = sums.get(f"walk_{name}_{k}", 0.0) + value
     except NotImplementedError:
         return {}
@@ -183,7 +217,8 @@ def walk_sums(algorithm, draft, samples: Iterable[dict[str, torch.Tensor]], aux_
 
 
 def summarize_walk_sums(sums: dict[str, float], ks: Sequence[int], draft_k: int) -> dict[str, float]:
-    """`walk_acceptance_length` at the draft's k, the best k and its value, and the all-positions average."""
+    """`walk_acceptance_length` at the draft's k, the best k and its value, the all-positions average, and the
+    first draft token's acceptance where drafts start against every answer position (the first-position gap)."""
     out: dict[str, float] = {}
     taus = {}
     for k in ks:
@@ -200,4 +235,7 @@ def summarize_walk_sums(sums: dict[str, float], ks: Sequence[int], draft_k: int)
     positions = sums.get(f"walk_positions_{k0}", 0.0)
     if positions:
         out["all_positions_acceptance_length"] = 1.0 + sums.get(f"walk_positions_accepted_{k0}", 0.0) / positions
+        out["walk_first_token_acceptance_all_positions"] = sums.get(f"walk_first_anywhere_{k0}", 0.0) / positions
+    out["walk_first_token_acceptance_at_draft_starts"] = sums.get(f"walk_first_at_starts_{k0}", 0.0) / \
+        sums[f"walk_drafts_{k0}"]
     return out

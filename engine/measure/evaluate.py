@@ -174,7 +174,24 @@ def format_table(result: dict[str, Any], fc: dict[str, Any] | None = None) -> st
             f = fc["by_k"][key]
             row += (f" {f['step_cost']:.2f} | {f['speedup']:.2f}× |" if f["speedup"] is not None else " – | – |")
         lines.append(row)
-    return "\n".join(lines)
+    return "\n".join(lines + position_lines(result))
+
+
+def position_lines(result: dict[str, Any]) -> list[str]:
+    """At the best k: acceptance by the answer position drafts start at, and the first-position gap."""
+    acc = result["by_k"].get(str(result.get("best_k")), {})
+    buckets = [b for b in acc.get("by_answer_position", []) if b["num_drafts"]]
+    if not buckets:
+        return []
+    lines = ["", f"By answer position (k = {result['best_k']}):", "", "| answer positions | drafts | mean acceptance "
+             "length |", "|---|---|---|"]
+    lines += [f"| {b['start']}–{'' if b['end'] is None else b['end'] - 1} | {b['num_drafts']} | "
+              f"{b['mean_acceptance_length']:.3f} |" for b in buckets]
+    starts, anywhere = acc["first_token_acceptance_at_draft_starts"], acc["first_token_acceptance_all_positions"]
+    if starts is not None and anywhere is not None:
+        lines += ["", f"First draft token accepted: {starts:.3f} where drafts start, {anywhere:.3f} over every "
+                      "answer position (teacher-forced)."]
+    return lines
 
 
 def evaluate_draft(*, draft: str | None = None, target: str | None = None, data: str | None = None,

@@ -483,3 +483,21 @@ def test_this_machine_is_matched_on_the_cpu_kind_not_the_brand(tmp_path, monkeyp
             assert speed["here"] is on_zen4
     finally:
         records.this_cpu.cache_clear()
+
+
+def test_the_acceptance_by_answer_position_chart_shows_the_buckets_with_drafts_and_the_first_position_gap():
+    import torch
+
+    from engine.generate.acceptance import Acceptance, HeldOutSample, walk
+    from ui import charts
+
+    sample = HeldOutSample(torch.arange(30), torch.zeros(30, 4), 3, 29)
+    acc = Acceptance(2)
+    a = [2, 0, 0] * 10
+    acc.add(walk(a, sample, 2), [min(a[q], 2, sample.end - q) for q in range(3, 29)])
+    fig = charts.acceptance_by_position({"best_k": 2, "by_k": {"2": acc.to_dict()}})
+    bars = fig.data[0]
+    assert list(bars.x) == ["0–0", "1–3", "4–15", "16–63"]  # empty buckets left out
+    assert list(bars.customdata) == [b["num_drafts"] for b in acc.to_dict()["by_answer_position"] if b["num_drafts"]]
+    assert "first token 1.00 at draft starts" in fig.layout.title.text
+    assert charts.acceptance_by_position({"best_k": 2, "by_k": {"2": {"mean_acceptance_length": 1.5}}}) is None

@@ -30,6 +30,29 @@ def test_walk_follows_the_engine_rules():
     assert w.accepted[:3] == [2, 1, 0]  # q = 5 -> 8 -> 10 -> 11
 
 
+def test_acceptance_by_answer_position_and_the_first_position_gap():
+    """Drafts are bucketed by the answer position they start at, and the first draft token's acceptance where drafts
+    start is told apart from its acceptance over every position (a teacher-forced step-0 accuracy)."""
+    from engine.generate.acceptance import POSITION_BUCKETS, Acceptance
+
+    s = _sample(40, 5)  # 34 generated tokens after the first: answer positions 0..33
+    a = [0] * 40
+    for q in (5, 8, 11, 14):  # the walk lands on 5, 8, 11, 14 (3 accepted, 2 at k = 2: then one a step)
+        a[q] = 2
+    a[6] = a[7] = 2  # right at positions decoding never starts a draft from
+    acc = Acceptance(2)
+    acc.add(walk(a, s, 2), [min(a[q], 2, s.end - q) for q in range(s.prompt_len, s.end)])
+    d = acc.to_dict()
+    buckets = d["by_answer_position"]
+    assert [b["start"] for b in buckets] == list(POSITION_BUCKETS) and buckets[-1]["end"] is None
+    assert buckets[0] == {"start": 0, "end": 1, "num_drafts": 1, "mean_acceptance_length": 3.0}
+    assert buckets[1]["num_drafts"] == 1 and buckets[1]["mean_acceptance_length"] == 3.0  # the step from 3
+    assert buckets[2]["mean_acceptance_length"] == pytest.approx(1 + 4 / 6)  # from 6 and 9, then 12..15 one a step
+    assert sum(b["num_drafts"] for b in buckets) == d["num_drafts"]
+    assert d["first_token_acceptance_at_draft_starts"] == pytest.approx(4 / d["num_drafts"])
+    assert d["first_token_acceptance_all_positions"] == pytest.approx(6 / 34)
+
+
 class _CuttingAlgorithm:
     """An algorithm whose drafts would all be right (2 of 2) but whose proposer's cut verifies none of them."""
 
@@ -129,6 +152,8 @@ def test_evaluate_cli_prints_the_table_and_writes_json(tmp_path):
     for acc in result["by_k"].values():
         tau, r = acc["mean_acceptance_length"], acc["per_position_acceptance"]
         assert tau == pytest.approx(1 + sum(r))  # vLLM's identity for a fixed k
+        assert sum(b["num_drafts"] for b in acc["by_answer_position"]) == acc["num_drafts"]
+    assert "By answer position (k = " in proc.stdout and "where drafts start" in proc.stdout
 
 
 def test_forecast_and_card_section(tmp_path):

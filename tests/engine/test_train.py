@@ -54,6 +54,9 @@ def test_training_lowers_val_loss_and_writes_a_valid_checkpoint(tiny_targets, ti
     # the decoding walk on the validation split (engine.generate.acceptance), beside the per-token estimate
     assert all(1.0 <= r["walk_acceptance_length"] <= 1.0 + 3 for r in val)
     assert {"walk_best_k", "all_positions_acceptance_length"} <= set(val[-1])
+    for r in val:  # the first-position gap: where drafts start against every position, both probabilities
+        assert 0.0 <= r["walk_first_token_acceptance_at_draft_starts"] <= 1.0
+        assert 0.0 <= r["walk_first_token_acceptance_all_positions"] <= 1.0
     train = [r for r in read_metrics(tmp_path / "run") if r["split"] == "train"]
     assert {"loss", "full_acc_0", "cond_acc_2", "est_acceptance_length", "tokens_per_s", "lr"} <= set(train[-1])
     report = validate_draft(final)
