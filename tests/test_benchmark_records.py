@@ -453,3 +453,15 @@ def test_the_training_outcome_benchmark_refuses_a_work_folder_it_did_not_make(tm
     assert proc.returncode != 0 and "did not write" in proc.stderr and "Traceback" not in proc.stderr
     assert (work / "eagle3" / "ours" / "notes.txt").read_text() == "the user's"
     assert not (work / ".bench-train-quality").exists()
+
+
+def test_the_first_position_gap_and_the_position_table_are_their_record():
+    """The acceptance-by-position section: its table and both first-token figures are the record's (k = 3)."""
+    text = _section(DOC.read_text(), "### Acceptance by answer position, and the first-position gap")
+    acc = _record("evaluate/amd-epyc-avx2/first_position_eagle3.json")["by_k"]["3"]
+    rows = [b for b in acc["by_answer_position"] if b["num_drafts"]]
+    assert [(r["drafts"], r["mean acceptance length"]) for r in _table(text)] == [
+        (str(b["num_drafts"]), f"{b['mean_acceptance_length']:.2f}") for b in rows]
+    for key in ("first_token_acceptance_at_draft_starts", "first_token_acceptance_all_positions"):
+        assert f"**{acc[key]:.3f}**" in text, key
+    assert f"{acc['mean_acceptance_length']:.3f}" in text and "AVX2" in text

@@ -45,9 +45,27 @@ def read_metrics(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
+def _validation_walk_is_evaluates(trainer: Trainer) -> None:
+    """The trainer's validation walk on its held-out split equals `evaluate`'s on the same samples (one protocol)."""
+    from engine.generate.acceptance import held_out_sample
+    from engine.measure.evaluate import evaluate_samples
+
+    val = trainer.validate()
+    cols = list(trainer.layout.aux_columns)
+    samples = [held_out_sample(s["token_ids"], s["hidden_states"][:, cols].flatten(1), s["loss_mask"], None, str(i))
+               for i in trainer.val_idx if (s := trainer.data[i]) is not None]
+    k = trainer.draft.config.speculative_tokens
+    evaluated = evaluate_samples(trainer.algo, trainer.draft, [x for x in samples if x], [k])["by_k"][str(k)]
+    assert val["walk_acceptance_length"] == pytest.approx(evaluated["mean_acceptance_length"], abs=1e-9)
+    assert val["walk_first_token_acceptance_at_draft_starts"] == pytest.approx(
+        evaluated["first_token_acceptance_at_draft_starts"], abs=1e-9)
+    assert val["all_positions_acceptance_length"] == pytest.approx(evaluated["all_positions_acceptance_length"])
+
+
 def test_training_lowers_val_loss_and_writes_a_valid_checkpoint(tiny_targets, tiny_data, tmp_path):
     cfg = config(tiny_targets["llama"], tiny_data, tmp_path / "run", epochs=6, val_every=10)
-    final = Trainer(cfg).run()
+    trainer = Trainer(cfg)
+    final = trainer.run()
     val = [r for r in read_metrics(tmp_path / "run") if r["split"] == "val"]
     assert val[0]["step"] == 0 and val[-1]["loss"] < val[0]["loss"]
     assert val[-1]["full_acc_0"] > val[0]["full_acc_0"]
@@ -57,6 +75,7 @@ def test_training_lowers_val_loss_and_writes_a_valid_checkpoint(tiny_targets, ti
     for r in val:  # the first-position gap: where drafts start against every position, both probabilities
         assert 0.0 <= r["walk_first_token_acceptance_at_draft_starts"] <= 1.0
         assert 0.0 <= r["walk_first_token_acceptance_all_positions"] <= 1.0
+    _validation_walk_is_evaluates(trainer)
     train = [r for r in read_metrics(tmp_path / "run") if r["split"] == "train"]
     assert {"loss", "full_acc_0", "cond_acc_2", "est_acceptance_length", "tokens_per_s", "lr"} <= set(train[-1])
     report = validate_draft(final)
