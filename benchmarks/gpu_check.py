@@ -9,6 +9,10 @@
 #   vllm-extract               extraction with the vLLM backend (only when vllm is importable), in a subprocess
 #   nccl-ddp-2gpu              2 processes x 2 steps over NCCL, strategy ddp (only with >= 2 visible GPUs)
 #   nccl-fsdp-2gpu             the same with strategy fsdp (FSDP2 bf16 mixed precision, DCP checkpoint)
+#   vllm-serve-dflash2         a DFlash2 draft trained on CUDA for the built-in target, served by real vLLM (its V2
+#                              runner; the CPU build refuses DFlash2) in fp32: greedy output identical to vLLM
+#                              alone, accepted tokens per draft within 3% of our engine's (only with a CUDA
+#                              vLLM environment, .venv-vllm of flavor cuda)
 #
 # Without CUDA every check prints SKIP with the reason and the script exits 0; any FAIL makes it exit 1.
 # It is meant to take a few minutes on one GPU (most of it process start-up and, for vLLM, engine start-up).
@@ -198,6 +202,56 @@ def nccl_two_gpus(strategy: str, target: Path | None, data: Path | None, work: P
     return f"losses {[round(x, 3) for x in losses]}"
 
 
+DFLASH2_PROMPTS = [
+    {"prompt": "The capital of France is"},
+    {"prompt": "def fibonacci(n):"},
+    {"messages": [{"role": "user", "content": "Write a Python function that adds two numbers."}]},
+    {"messages": [{"role": "user", "content": "List three colours of the rainbow."}]},
+]
+
+
+def serve_dflash2(work: Path) -> str:
+    """Train a small DFlash2 draft for the built-in target on CUDA, then serve it in real vLLM beside the target
+    alone: lossless (fp32) and accepting what our engine accepts on the same prompts."""
+    need_cuda()
+    from engine.serve.venv import read_stamp
+
+    venv = read_stamp()
+    if venv is None or venv.flavor != "cuda":
+        raise Skip("no CUDA vLLM environment: create it once with WORKBENCH_VLLM_FLAVOR=cuda (engine.serve.venv."
+                   "ensure_vllm_env, needs the network), then run again")
+    os.environ["WORKBENCH_VLLM_FLAVOR"] = "cuda"
+    import torch
+
+    from engine.generate.sampling import SamplingParams
+    from engine.measure.bench import run_bench
+    from engine.serve.bench import run_vllm_bench
+    from engine.targets import load_target
+    from engine.train.config import TrainConfig
+    from engine.train.trainer import Trainer
+    from testkit.vllm import assert_accepts_as_ours
+
+    k, tokens = 3, 48
+    cfg = TrainConfig(algo="dflash2", target="smollm2-135m-instruct", online_dataset="sharegpt",
+                      online_max_samples=256, out=str(work / "dflash2"), device="cuda", max_steps=300,
+                      tokens_per_batch=2048, max_length=512, warmup_steps=10, lr=3e-3, val_fraction=0.05,
+                      checkpoint_every=300, algo_args={"num_layers": 1, "block_size": k + 1, "selector_rank": 64,
+                                                       "max_anchors": 256})
+    draft = Trainer(cfg).run()
+    served = run_vllm_bench(DFLASH2_PROMPTS, draft=draft, methods=("baseline", "draft"), k=k,
+                            max_new_tokens=tokens, temperature=0.0, dtype="float32", tokenize=True)["methods"]["draft"]
+    if not served["identical_to_baseline"]:
+        raise RuntimeError(f"vLLM's DFlash2 output differs from vLLM alone: {served['first_divergence']}")
+    if not served["num_drafts"]:
+        raise RuntimeError("vLLM made no DFlash2 drafts")
+    target = load_target("smollm2-135m-instruct", device="cuda", dtype=torch.float32)
+    ours = run_bench(target, DFLASH2_PROMPTS, methods=("draft",), draft=str(draft), k=k,
+                     params=SamplingParams(max_new_tokens=tokens), measure_cost=False, progress=False)
+    assert_accepts_as_ours(served, ours["methods"]["draft"], "DFlash2 draft in vLLM")
+    return (f"identical; vLLM {served['num_accepted_tokens']} accepted in {served['num_drafts']} drafts, ours "
+            f"{ours['methods']['draft']['num_accepted_tokens']} in {ours['methods']['draft']['num_drafts']}")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--work", help="scratch folder (default: a temp folder, removed at the end)")
@@ -220,6 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     check("vllm-extract", extract_vllm, target, work)
     check("nccl-ddp-2gpu", nccl_two_gpus, "ddp", target, data, work)
     check("nccl-fsdp-2gpu", nccl_two_gpus, "fsdp", target, data, work)
+    check("vllm-serve-dflash2", serve_dflash2, work)
     counts = {s: sum(1 for r in RESULTS if r[0] == s) for s in ("PASS", "SKIP", "FAIL")}
     print(f"gpu_check: {counts['PASS']} pass, {counts['SKIP']} skip, {counts['FAIL']} fail in "
           f"{time.perf_counter() - t0:.0f}s", flush=True)

@@ -7,6 +7,7 @@ config type (`engine.format.config.CONFIG_TYPES`). Importing this package import
 from engine.algos.base import (
     ALGOS,
     AlgoArgs,
+    DecoderArgs,
     DraftAlgorithm,
     DraftArgs,
     Objective,
@@ -23,10 +24,10 @@ from engine.algos import eagle3  # noqa: E402,F401  (registration)
 from engine.algos import dflash  # noqa: E402,F401  (registration)
 from engine.algos import peagle  # noqa: E402,F401  (registration)
 from engine.algos import dspark  # noqa: E402,F401  (registration)
-from engine.algos import dflash2  # noqa: E402,F401  (registration: a config type only, validated and served)
+from engine.algos import dflash2  # noqa: E402,F401  (registration)
 # isort: on
 
 load_plugins()  # WORKBENCH_ALGO_PLUGINS: algorithms kept outside the tree
 
-__all__ = ["ALGOS", "AlgoArgs", "DraftAlgorithm", "DraftArgs", "Objective", "algorithm_for_config",
+__all__ = ["ALGOS", "AlgoArgs", "DecoderArgs", "DraftAlgorithm", "DraftArgs", "Objective", "algorithm_for_config",
            "algorithm_names", "default_algo", "load_plugins", "register_algorithm"]

@@ -70,15 +70,21 @@ class AlgoArgs(BaseModel):
             cls.model_rebuild(force=True)
 
 
-class DraftArgs(AlgoArgs):
+class DecoderArgs(AlgoArgs):
     """The arguments every draft decoder has, declared once; an algorithm sets its defaults in `field_defaults`."""
 
     num_layers: int = Field(1, ge=1, description="Draft decoder layers.")
-    draft_vocab_size: int | None = Field(
-        None, ge=1, description="Draft vocabulary: the most frequent loss-masked target tokens (None = full vocab).")
     sliding_window: int | None = Field(None, description="Sliding window of the draft layers (None = full attention).")
     speculative_tokens: int | None = Field(None, ge=1, description="k written into the config (default: the most "
                                                                    "tokens one draft step is trained for).")
+
+
+class DraftArgs(DecoderArgs):
+    """A draft decoder's arguments plus its own draft vocabulary (every type but DFlash2, which drafts over the
+    target's full vocabulary)."""
+
+    draft_vocab_size: int | None = Field(
+        None, ge=1, description="Draft vocabulary: the most frequent loss-masked target tokens (None = full vocab).")
 
 
 class Objective(Protocol):

@@ -32,8 +32,8 @@ TOY_ALGO = Path(__file__).resolve().parents[1] / "toy_algo"  # registered like a
 TOY = "toy"
 ALGORITHMS = list(dict.fromkeys([*ALGOS.names(), TOY]))
 # Small drafts: fields an algorithm's arguments have are set to these (the rest keep their defaults).
-SMALL = {"num_layers": 1, "block_size": 4, "num_depths": 4, "ttt_steps": 3, "markov_rank": 16, "max_anchors": 64,
-         "draft_vocab_size": 160, "sliding_window": None}
+SMALL = {"num_layers": 1, "block_size": 4, "num_depths": 4, "ttt_steps": 3, "markov_rank": 16, "selector_rank": 16,
+         "max_anchors": 64, "draft_vocab_size": 160, "sliding_window": None}
 NEW_TOKENS = 24
 FIT_TOKENS = NEW_TOKENS // 2  # answer tokens the draft is fitted to
 FIT_STEPS = 120

@@ -162,12 +162,25 @@ def test_flat_and_nested_algorithm_arguments_are_the_same_config():
 
 
 def test_format_types_we_only_validate_get_a_clear_error(tmp_path):
+    """A speculators type registered without an algorithm (validated, not drafted; every built-in type now has one)
+    is refused by name when a draft of it is to be run."""
+    from typing import ClassVar, Literal
+
     from engine.errors import WorkbenchError
+    from engine.format.config import CONFIG_TYPES, DraftConfig, register_config_type
     from engine.generate.api import draft_algorithm
 
-    (tmp_path / "config.json").write_text(json.dumps({"speculators_model_type": "dflash2"}))
-    with pytest.raises(WorkbenchError, match="cannot train or draft 'dflash2'"):
-        draft_algorithm(tmp_path)
+    @register_config_type
+    class OnlyValidated(DraftConfig):
+        algorithm: ClassVar[str] = "only_validated"
+        speculators_model_type: Literal["only_validated"] = "only_validated"
+
+    try:
+        (tmp_path / "config.json").write_text(json.dumps({"speculators_model_type": "only_validated"}))
+        with pytest.raises(WorkbenchError, match="cannot train or draft 'only_validated'"):
+            draft_algorithm(tmp_path)
+    finally:
+        CONFIG_TYPES.unregister("only_validated")
 
 
 def test_a_flag_several_algorithms_share_shows_each_ones_default():

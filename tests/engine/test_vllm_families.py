@@ -33,8 +33,9 @@ PROMPTS = [{"prompt": "The quick brown fox"},
            {"messages": [{"role": "user", "content": "Tell me about speculative decoding."}]}]
 
 
-# Beside EAGLE-3 (every family), the other algorithms vLLM's CPU build serves run with one more family. DSpark is not
-# among them: vLLM runs it only in its V2 model runner, which needs Triton (README, "DSpark drafts").
+# Beside EAGLE-3 (every family), the other algorithms vLLM's CPU build serves run with one more family. DSpark and
+# DFlash2 are not among them: vLLM runs them only in its V2 model runner, which needs Triton (README, "DSpark drafts";
+# tests/engine/test_vllm_dflash2.py shows the CPU build's refusal of DFlash2).
 OTHER_ALGOS = ("peagle", "dflash")
 OTHER_ALGOS_FAMILY = "qwen3"
 

@@ -6,25 +6,19 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
-from engine.algos.base import DraftArgs
+from engine.algos.base import DecoderArgs, DraftArgs
 from engine.algos.dflash.config import DFLASH_DEFAULT_LAYERS
 
 
-class DFlashArgs(DraftArgs):
-    """How a DFlash block drafter is shaped and trained (random anchors, one block per anchor)."""
+class DFlashBlockArgs(DecoderArgs):
+    """What the DFlash family's block drafters share: the block, its mask token, random anchors, the slot decay and
+    the unary loss (DFlash and DFlash2 subclass it)."""
 
     field_defaults: ClassVar[dict[str, Any]] = {"num_layers": DFLASH_DEFAULT_LAYERS, "sliding_window": None}
     field_help: ClassVar[dict[str, str]] = {
         "num_layers": "Draft decoder layers (Qwen3 layers, as vLLM's DFlash loader builds).",
-        "draft_vocab_size": "Draft vocabulary: the most frequent loss-masked target tokens with its own lm_head "
-                            "(None = the target's frozen lm_head over the full vocabulary).",
         "sliding_window": "Sliding window of every draft layer over the committed context (None = full attention).",
         "speculative_tokens": "k written into the config (default: block_size - 1).",
-    }
-    groups: ClassVar[dict[str, list[str]]] = {
-        "Draft architecture": ["num_layers", "block_size", "draft_vocab_size", "sliding_window", "block_causal",
-                               "mask_token_id"],
-        "Objective": ["max_anchors", "loss_fn", "dflash_decay_gamma", "speculative_tokens"],
     }
 
     block_size: int = Field(16, ge=2, description="Tokens per block: the anchor plus block_size - 1 mask slots, so "
@@ -37,3 +31,18 @@ class DFlashArgs(DraftArgs):
     loss_fn: Literal["ce", "kl"] = Field("ce", description="Hard-label cross-entropy on the data tokens, or forward "
                                                            "KL to the target's distribution.")
     dflash_decay_gamma: float = Field(4.0, gt=0, description="Slot i of a block is weighted exp(-(i-1)/gamma).")
+
+
+class DFlashArgs(DFlashBlockArgs, DraftArgs):
+    """How a DFlash block drafter is shaped and trained (random anchors, one block per anchor)."""
+
+    field_help: ClassVar[dict[str, str]] = {
+        **DFlashBlockArgs.field_help,
+        "draft_vocab_size": "Draft vocabulary: the most frequent loss-masked target tokens with its own lm_head "
+                            "(None = the target's frozen lm_head over the full vocabulary).",
+    }
+    groups: ClassVar[dict[str, list[str]]] = {
+        "Draft architecture": ["num_layers", "block_size", "draft_vocab_size", "sliding_window", "block_causal",
+                               "mask_token_id"],
+        "Objective": ["max_anchors", "loss_fn", "dflash_decay_gamma", "speculative_tokens"],
+    }

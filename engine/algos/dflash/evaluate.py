@@ -29,8 +29,8 @@ def acceptance_counts(draft: DFlashDraft, aux: torch.Tensor, token_ids: torch.Te
     ctx_kv = draft.context_kv(draft.context(g), positions)  # once per sequence, shared by every chunk of anchors
     for start in range(1, t - 1, chunk):  # anchors 1..T-2 (q = 0 has no context; q = T-1 nothing to draft)
         anchors = torch.arange(start, min(start + chunk, t - 1), device=device)
-        logits = draft.anchored_blocks(g, ids, positions, documents, anchors, ctx_kv)[:, 1: k + 1]  # [n, k, Vd]
-        pred = draft.draft_to_target(logits.argmax(-1)).cpu()                              # [n, k]
+        x = draft.anchored_hidden(g, ids, positions, documents, anchors, ctx_kv)[:, 1: k + 1]  # [n, k, H]
+        pred = draft.greedy_drafts(x, ids[0, anchors]).cpu()                                 # [n, k]
         pos = anchors.cpu()[:, None] + torch.arange(1, k + 1)[None, :]
         truth = torch.where(pos < t, tokens[pos.clamp(max=t - 1)], torch.full_like(pos, -1))
         out[anchors.cpu()] = torch.cumprod((pred == truth).long(), dim=1).sum(1)

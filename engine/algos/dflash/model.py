@@ -57,7 +57,7 @@ class DFlashDraft(nn.Module):
         ht = cfg.target_hidden_size or h
         self.fc = nn.Linear(self.num_aux * ht, h, bias=False)
         self.hidden_norm = RMSNorm(h, dims.eps)
-        self.layers = nn.ModuleList([DecoderLayer(dims, i) for i in range(cfg.num_layers)])
+        self.layers = nn.ModuleList([self.make_layer(dims, i) for i in range(cfg.num_layers)])
         self.norm = RMSNorm(h, dims.eps)
         if cfg.reduced_vocab:
             self.lm_head = nn.Linear(h, cfg.draft_vocab_size, bias=False)
@@ -78,6 +78,11 @@ class DFlashDraft(nn.Module):
         self.kv_groups = dims.heads // dims.kv_heads
         self.mask_token_id = int(cfg.mask_token_id if cfg.mask_token_id is not None else 0)
 
+    def make_layer(self, dims: LayerDims, index: int) -> DecoderLayer:
+        """Decoder layer `index` (a family member's own layer, e.g. DFlash2's with convolutions; `self.config` is
+        set when this runs)."""
+        return DecoderLayer(dims, index)
+
     @property
     def block_size(self) -> int:
         return self.config.block_size
@@ -92,6 +97,12 @@ class DFlashDraft(nn.Module):
     def project(self, hn: torch.Tensor) -> torch.Tensor:
         """Normed decoder output [.., H] -> draft-vocabulary logits [.., Vd] (own head, or the target's)."""
         return self.lm_head(hn) if self.lm_head is not None else F.linear(hn, self.target_head.to(hn.dtype))
+
+    def greedy_drafts(self, x: torch.Tensor, anchor_ids: torch.Tensor) -> torch.Tensor:
+        """Decoder output of the drafting slots of n blocks [n, s, H] and their anchor tokens [n] -> the greedy
+        drafts [n, s] (target ids). The proposer and the evaluator both draft through this (DFlash2 overrides it
+        with its candidate selector's walk)."""
+        return self.draft_to_target(self.logits(x).argmax(-1))
 
     def context(self, aux: torch.Tensor) -> torch.Tensor:
         """Target features [.., T, A*Ht] (ascending layer order) -> c [.., T, H]."""

@@ -61,11 +61,21 @@ class DFlashProposer(Proposer):
         k = min(k, self.draft.block_size - 1)
         if k < 1:
             return Proposal([])
-        device = self.draft.fc.weight.device
-        x = self.block_hidden()
-        logits = self.draft.logits(x[0, 1: k + 1]).float()   # [k, Vd]: slot i drafts the token at anchor + i
+        x = self.block_hidden()[0, 1: k + 1]                 # [k, H]: slot i drafts the token at anchor + i
         if params.greedy or not self.sample_drafts:
-            return Proposal(self.draft.draft_to_target(logits.argmax(-1)).tolist())
+            return Proposal(self.greedy_tokens(x))
+        return self.sampled_proposal(x, params, generator)
+
+    def greedy_tokens(self, x: torch.Tensor) -> list[int]:
+        """Decoder output of the drafting slots [k, H] -> the k greedy drafts (target ids)."""
+        anchor = torch.tensor([self.anchor], device=x.device)
+        return self.draft.greedy_drafts(x[None], anchor)[0].tolist()
+
+    def sampled_proposal(self, x: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
+                         ) -> Proposal:
+        """Decoder output of the drafting slots [k, H] -> drafts sampled at the temperature and their q [k, V]."""
+        k, device = x.shape[0], x.device
+        logits = self.draft.logits(x).float()                # [k, Vd]
         q_draft = logits_to_probs(logits, SamplingParams(temperature=params.temperature))  # [k, Vd]
         choice = torch.multinomial(q_draft, 1, generator=generator).flatten()
         q = torch.zeros(k, self.vocab_size)

@@ -93,36 +93,52 @@ class DFlashObjective:
             self.head_rows = (head[draft.t2d.cpu()] if draft.t2d is not None else head).to(device)
 
     def __call__(self, model, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
+        labels, valid = self.labels(batch)                                   # [N, B]
         logits = model(batch["aux"], batch["input_ids"], batch["position_ids"], batch["document_ids"],
                        batch["anchors"])                                     # [N, B, Vd]
-        labels, valid = block_labels(batch, self.block_size)                 # [N, B]
+        loss = self.unary_loss(logits, labels, valid, batch)
+        with torch.no_grad():
+            stats = self.slot_stats((logits.argmax(-1) == labels) & valid, valid)
+        return loss, stats
+
+    def labels(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(labels [N, B] in the draft vocabulary, valid [N, B]): a label outside the draft vocabulary is dropped."""
+        labels, valid = block_labels(batch, self.block_size)
         if self.draft_ids_of_target is not None:
             labels = self.draft_ids_of_target[labels]
-            valid = valid & (labels >= 0)                                    # outside the draft vocab: dropped
-        labels = labels.clamp(min=0)
+            valid = valid & (labels >= 0)
+        return labels.clamp(min=0), valid
+
+    def target_probs(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """[N, B, Vd]: the target's distribution of the token slot i drafts (its output at anchor + i - 1)."""
+        pos = (batch["anchors"][:, None] + torch.arange(self.block_size, device=batch["anchors"].device)[None, :] - 1)
+        pos = pos.clamp(min=0, max=batch["input_ids"].shape[1] - 1)
+        with torch.no_grad():
+            return F.softmax(self.finish(self.norm(batch["verifier_last"][0, pos].float())
+                                         @ self.head_rows.float().T), -1)
+
+    def unary_loss(self, logits: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor,
+                   batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The slot-weighted CE on the labels (or forward KL to the target) of the logits [N, B, Vd]."""
         w = self.weights[None, :] * valid
         if self.loss_fn == "kl":
-            pos = (batch["anchors"][:, None] + torch.arange(self.block_size, device=labels.device)[None, :] - 1)
-            pos = pos.clamp(min=0, max=batch["input_ids"].shape[1] - 1)
-            with torch.no_grad():
-                target = F.softmax(self.finish(self.norm(batch["verifier_last"][0, pos].float())
-                                               @ self.head_rows.float().T), -1)
-            per_slot = F.kl_div(F.log_softmax(logits.float(), -1), target, reduction="none").sum(-1)
+            per_slot = F.kl_div(F.log_softmax(logits.float(), -1), self.target_probs(batch), reduction="none").sum(-1)
         else:
             per_slot = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), reduction="none"
                                        ).view_as(labels)
-        loss = (per_slot * w).sum() / w.sum().clamp(min=1e-6)
-        with torch.no_grad():
-            correct = (logits.argmax(-1) == labels) & valid
-            run = torch.cumprod(correct[:, 1:].long(), dim=1)               # leading correct slots per block
-            blocks = valid[:, 1]
-            stats = {"blocks": float(blocks.sum()), "accepted_sum": float((run.sum(1) * blocks).sum())}
-            for i in range(1, self.block_size):
-                # full_acc: slots 1..i all correct (EAGLE-3's meaning); pos_acc: slot i alone
-                stats[f"full_acc_{i}_sum"] = float((run[:, i - 1] * valid[:, i]).sum())
-                stats[f"pos_acc_{i}_sum"] = float(correct[:, i].sum())
-                stats[f"slot_{i}_total"] = float(valid[:, i].sum())
-        return loss, stats
+        return (per_slot * w).sum() / w.sum().clamp(min=1e-6)
+
+    def slot_stats(self, correct: torch.Tensor, valid: torch.Tensor) -> dict[str, float]:
+        """Sums of the per-slot accuracies and of the leading run of correct slots, from correct/valid [N, B]."""
+        run = torch.cumprod(correct[:, 1:].long(), dim=1)                   # leading correct slots per block
+        blocks = valid[:, 1]
+        stats = {"blocks": float(blocks.sum()), "accepted_sum": float((run.sum(1) * blocks).sum())}
+        for i in range(1, self.block_size):
+            # full_acc: slots 1..i all correct (EAGLE-3's meaning); pos_acc: slot i alone
+            stats[f"full_acc_{i}_sum"] = float((run[:, i - 1] * valid[:, i]).sum())
+            stats[f"pos_acc_{i}_sum"] = float(correct[:, i].sum())
+            stats[f"slot_{i}_total"] = float(valid[:, i].sum())
+        return stats
 
     def summarize(self, stats: dict[str, float]) -> dict[str, float]:
         out = {}

@@ -11,6 +11,11 @@ from engine.format import vllm_rules as vr
 from engine.format.config import register_config_type
 from engine.format.report import Issue, ValidationReport
 
+# vLLM 0.33 (config/vllm.py, `_get_v1_model_runner_unsupported_features`): a DFlash2 draft's candidate selector runs
+# only in the V2 model runner's DFlash2 speculator, which needs Triton; the CPU build has no Triton, runs V1 and
+# refuses the draft when the server starts (V1's DFlash proposer would silently drop the selector).
+VLLM_V1_REFUSAL = "Model Runner V1 does not support: DFlash candidate-head drafts"
+
 
 @register_config_type
 class DFlash2Config(DFlashConfig):
@@ -54,7 +59,7 @@ class DFlash2Config(DFlashConfig):
 
     @classmethod
     def validation_rules(cls) -> list:
-        return [*super().validation_rules(), constraints]
+        return [*super().validation_rules(), constraints, served_on_gpus_only]
 
 
 def constraints(cfg, typed, hf, report: ValidationReport) -> None:
@@ -67,3 +72,11 @@ def constraints(cfg, typed, hf, report: ValidationReport) -> None:
         report.add(Issue("draft_vocab_size", "dflash2 requires the full verifier vocabulary"))
     if typed.sample_from_anchor:
         report.add(Issue("sample_from_anchor", "dflash2 requires sample_from_anchor=false"))
+
+
+def served_on_gpus_only(cfg, typed, hf, report: ValidationReport) -> None:
+    report.add(Issue("speculators_model_type", f"vLLM serves dflash2 on GPUs only: its CPU build "
+                     f"({vr.CPU_BUILD_LABEL}) runs the V1 model runner and refuses the draft at start "
+                     f"('{VLLM_V1_REFUSAL}'); on a CUDA machine vLLM's V2 runner serves it "
+                     "(WORKBENCH_VLLM_FLAVOR=cuda python -m engine serve), and the workbench's in-process decoding "
+                     "(`generate`, `bench`, `evaluate`) runs it anywhere", severity="warning"))
