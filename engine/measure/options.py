@@ -47,6 +47,13 @@ class BenchOptions(Options):
     def _methods_as_text(cls, value):
         return ",".join(value) if isinstance(value, (list, tuple)) else value
 
+    def sampling(self):
+        """The sampling parameters of every method (engine.generate.sampling)."""
+        from engine.generate.sampling import SamplingParams
+
+        return SamplingParams(max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_p=self.top_p,
+                              top_k=self.top_k, seed=self.seed)
+
     def method_names(self) -> tuple[str, ...]:
         names = tuple(m.strip() for m in self.methods.split(",") if m.strip())
         bad = [m for m in names if m not in ALL_METHODS]

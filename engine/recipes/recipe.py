@@ -37,10 +37,10 @@ from engine.format.validate import validate_draft
 from engine.fsutil import atomic_write_json, claim_names, read_json, release_names
 from engine.generate.api import draft_algorithm
 from engine.generate.kernel_choice import load_decode_target
-from engine.generate.sampling import SamplingParams
 from engine.jobs import read_jsonl, reporter
 from engine.measure.bench import benchmark, run_bench
 from engine.measure.evaluate import evaluate_draft, evaluate_samples, held_out_answers
+from engine.measure.options import BenchOptions
 from engine.provenance import engine_command, provenance, rows_of
 from engine.recipes.model_card import data_rows, refresh_measurements, write_evaluation_section, write_model_card
 from engine.recipes.spec import STEP_COMMANDS, STEPS, cli_flags, data_recipe, load_recipe, step_options
@@ -67,7 +67,7 @@ def _run_bench(opts: dict[str, Any], **record: Any) -> None:
     """`bench` with the recipe's options; `record` fields (e.g. the weights it measured) go into its JSON too."""
     opts = dict(opts)
     out = opts.pop("json")
-    result = benchmark(**opts)
+    result = benchmark(BenchOptions(**opts))
     result["command"] = engine_command(["bench", *cli_flags(opts)])
     atomic_write_json(out, {**result, **record})
 
@@ -251,17 +251,16 @@ def k_sweep(recipe: dict[str, Any], *, draft: Path | None = None, out_file: Path
             if row.get("weights") == _stamp(draft)}
     target = load_decode_target(recipe["target"], opts["dtype"])
     prompts = load_prompts(opts["prompts"], opts["num_prompts"])
-    params = SamplingParams(max_new_tokens=opts["max_new_tokens"])
     for k in opts["ks"]:
         if k in done:
             continue
-        result = run_bench(target, prompts, methods=("baseline", "draft"), draft=str(draft), k=k,
-                           params=params, measure_cost=False, progress=False)
+        options = BenchOptions(methods="baseline,draft", draft=str(draft), k=k, max_new_tokens=opts["max_new_tokens"])
+        result = run_bench(target, prompts, options, measure_cost=False, progress=False)
         row = result["methods"]["draft"]
         done[k] = {"k": k, "weights": _stamp(draft), "mean_acceptance_length": row["mean_acceptance_length"],
                    "per_position_acceptance": row["per_position_acceptance"], "speedup": row["speedup"],
                    "identical_to_baseline": row["identical_to_baseline"],
-                   "num_prompts": len(prompts), "max_new_tokens": params.max_new_tokens}
+                   "num_prompts": len(prompts), "max_new_tokens": options.max_new_tokens}
         log.info("sweep: k=%d -> acceptance length %.2f, speedup %.2fx", k, row["mean_acceptance_length"] or 0,
                  row["speedup"] or 0)
         _write_rows(out_file, [done[x] for x in sorted(done)], command or recipe_command(recipe, "sweep"),
