@@ -40,7 +40,7 @@ from engine.generate.kernel_choice import load_decode_target
 from engine.jobs import read_jsonl, reporter
 from engine.measure.bench import benchmark, run_bench
 from engine.measure.evaluate import evaluate_draft, evaluate_samples, held_out_answers
-from engine.measure.options import BenchOptions
+from engine.measure.options import BenchOptions, EvaluateOptions
 from engine.provenance import engine_command, provenance, rows_of
 from engine.recipes.model_card import data_rows, refresh_measurements, write_evaluation_section, write_model_card
 from engine.recipes.spec import STEP_COMMANDS, STEPS, cli_flags, data_recipe, load_recipe, step_options
@@ -278,9 +278,10 @@ def evaluate_step(recipe: dict[str, Any], *, draft: Path | None = None, out_file
     out_file = out_file or work / "evaluate.json"
     if not force and out_file.is_file() and read_json(out_file).get("weights") == _stamp(draft):
         return read_json(out_file)
-    result = evaluate_draft(draft=str(draft), target=recipe["target"], dataset=opts["prompts"],
-                            num_prompts=opts["num_prompts"], max_new_tokens=opts["max_new_tokens"], ks=opts["ks"],
-                            measure_speed=opts["forecast"], progress=False, dtype=opts["dtype"])
+    options = EvaluateOptions(draft=str(draft), target=recipe["target"], dataset=opts["prompts"],
+                              num_prompts=opts["num_prompts"], max_new_tokens=opts["max_new_tokens"], k=opts["ks"],
+                              forecast=opts["forecast"], dtype=opts["dtype"])
+    result = evaluate_draft(options, progress=False)
     result["weights"] = _stamp(draft)
     result["command"] = command or recipe_command(recipe, "evaluate")
     atomic_write_json(out_file, result)
