@@ -35,9 +35,10 @@ def _private_home(real_home: Path) -> Path:
 
 def _timed_evaluation(options: dict) -> tuple[float, dict]:
     from engine.measure.evaluate import evaluate_draft
+    from engine.measure.options import EvaluateOptions
 
     start = time.perf_counter()
-    result = evaluate_draft(**options)
+    result = evaluate_draft(EvaluateOptions(**options), progress=False)
     return time.perf_counter() - start, result
 
 
@@ -58,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     real_home = workbench_home()
     os.environ["WORKBENCH_HOME"] = str(_private_home(real_home))
     options = dict(dataset="sharegpt", num_prompts=args.prompts, max_new_tokens=args.max_new_tokens,
-                   ks=[1, 2, 3, 4, 5], dtype=args.dtype, progress=False)
+                   k=[1, 2, 3, 4, 5], dtype=args.dtype)
     from engine.generate.kernel_choice import load_decode_target
 
     load_decode_target(None, args.dtype)  # the kernel decision, cached before anything is timed

@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks._results import command_line, print_and_save  # noqa: E402  (the repo root is on the path now)
+from engine.data.options import RegenerateOptions  # noqa: E402
 
 TARGET = "smollm2-135m-instruct"
 WAYS = ("recipe", "vllm")
@@ -48,8 +49,9 @@ def regenerate_part(chats, out: Path, concurrency: int, args) -> dict:
     start = time.perf_counter()
     with VllmAnswerer(TARGET, concurrency=concurrency) as answer:
         started = time.perf_counter() - start
-        summary = regenerate(model, chats, out, answer=answer, max_new_tokens=args.max_new_tokens,
-                             batch_size=concurrency, max_length=args.max_length, max_turns=1, progress=False)
+        summary = regenerate(model, chats,
+                             RegenerateOptions(out=out, max_new_tokens=args.max_new_tokens, batch_size=concurrency,
+                                               max_length=args.max_length, max_turns=1), answer=answer, progress=False)
     return {"start_s": started, "s": summary.seconds, "new_tokens": summary.new_tokens,
             "conversations": summary.written}
 

@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks._results import command_line, print_and_save  # noqa: E402  (the repo root is on the path now)
+from engine.data.options import RegenerateOptions  # noqa: E402
 
 PARTS = {"regenerate": 0.0, "extract": 0.0}  # wall seconds of the two steps, apart
 
@@ -39,8 +40,9 @@ def two_steps(target, chats, tmp: Path, layer_ids, args) -> None:
     from engine.data.render import render_dataset
 
     start = time.perf_counter()
-    regenerate(target, chats, tmp / "two.jsonl", max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
-               max_length=args.max_length, max_turns=1, progress=False)
+    regenerate(target, chats,
+               RegenerateOptions(out=tmp / "two.jsonl", max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
+                                 max_length=args.max_length, max_turns=1), progress=False)
     PARTS["regenerate"] += time.perf_counter() - start
     start = time.perf_counter()
     rows, _, _ = render_dataset(str(tmp / "two.jsonl"), target.tokenizer, split="all", max_length=args.max_length)
@@ -51,9 +53,12 @@ def two_steps(target, chats, tmp: Path, layer_ids, args) -> None:
 def one_pass(target, chats, tmp: Path, layer_ids, args) -> None:
     from engine.data.onepass import regenerate_and_extract
 
-    regenerate_and_extract(target, chats, tmp / "one.jsonl", tmp / "one", layer_ids,
-                           max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, max_length=args.max_length,
-                           max_turns=1, extract_max_length=args.max_length, dtype=args.dtype, progress=False)
+    regenerate_and_extract(target, chats,
+                           RegenerateOptions(out=tmp / "one.jsonl", extract_to=tmp / "one",
+                                             max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
+                                             max_length=args.max_length, max_turns=1,
+                                             extract_max_length=args.max_length, dtype=args.dtype), layer_ids,
+                           progress=False)
 
 
 def compare(tmp: Path) -> dict:

@@ -35,6 +35,8 @@ import time
 import traceback
 from pathlib import Path
 
+from engine.data.options import ExtractOptions
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
@@ -106,8 +108,9 @@ def extract_transformers(target: Path | None, work: Path) -> dict:
     from engine.data.extract import extract_dataset
 
     out = work / "hs-cuda"
-    manifest = extract_dataset(str(target), "sharegpt", out, algo="eagle3", max_samples=16, max_length=160,
-                               dtype="bf16", device="cuda", progress=False)
+    manifest = extract_dataset(ExtractOptions(target=str(target), dataset="sharegpt", out=out, algo="eagle3",
+                                              max_samples=16, max_length=160, dtype="bf16", device="cuda"),
+                               progress=False)
     if manifest.get("samples") != 16:
         raise RuntimeError(f"{manifest.get('samples')} samples written, expected 16")
     from engine.data.store import HiddenStatesDataset

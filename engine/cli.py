@@ -9,10 +9,7 @@ import os
 import signal
 import sys
 import traceback
-import types
-import typing
 from collections.abc import Sequence
-from typing import Any
 
 from engine.errors import translate
 from engine.jobs import reporter
@@ -127,55 +124,3 @@ def _quiet_transformers() -> None:
         transformers.utils.logging.disable_progress_bar()
     except Exception:  # noqa: BLE001 - logging tweaks are best effort
         pass
-
-
-# -- typed config <-> argparse -------------------------------------------------------------------
-
-
-def _unwrap(annotation: Any) -> tuple[Any, bool]:
-    """(inner type, optional) for `X | None` / Optional[X]."""
-    origin = typing.get_origin(annotation)
-    if origin in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(annotation) if a is not type(None)]
-        return (args[0] if len(args) == 1 else str), True
-    return annotation, False
-
-
-def add_model_fields(parser: argparse.ArgumentParser, model_cls, *, skip: Sequence[str] = (),
-                     title: str | None = None, defaults: dict[str, str] | None = None) -> None:
-    """One flag per pydantic field (`--field-name`), help text from the field's description.
-
-    Defaults are left as None so that a YAML file can fill what the command line does not. `defaults` replaces
-    the default shown in a field's help (e.g. one per algorithm for a flag several algorithms share).
-    """
-    group = parser.add_argument_group(title or model_cls.__name__, (model_cls.__doc__ or "").strip() or None)
-    for name, field in model_cls.model_fields.items():
-        if name in skip:
-            continue
-        flag = "--" + name.replace("_", "-")
-        kind, _ = _unwrap(field.annotation)
-        origin = typing.get_origin(kind)
-        default = field.default if field.default is not None else "none"
-        default = (defaults or {}).get(name, default)
-        help_text = f"{field.description or ''} (default: {default})".strip()
-        if kind is bool:
-            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
-        elif origin is tuple:
-            items = typing.get_args(kind) or (str,)
-            group.add_argument(flag, type=lambda s, t=items[0]: tuple(t(x) for x in s.split(",") if x.strip()),
-                               default=None, help=help_text + " Comma-separated.")
-        elif origin is list or kind is list:
-            item = (typing.get_args(kind) or (str,))[0]
-            group.add_argument(flag, type=lambda s, t=item: [t(x) for x in s.split(",") if x.strip()],
-                               default=None, help=help_text + " Comma-separated.")
-        elif origin is typing.Literal:
-            group.add_argument(flag, choices=list(typing.get_args(kind)), default=None, help=help_text)
-        elif kind in (int, float, str):
-            group.add_argument(flag, type=kind, default=None, help=help_text)
-        else:
-            group.add_argument(flag, type=str, default=None, help=help_text)
-
-
-def model_overrides(args: argparse.Namespace, model_cls) -> dict[str, Any]:
-    """Fields given on the command line (not None)."""
-    return {n: getattr(args, n) for n in model_cls.model_fields if getattr(args, n, None) is not None}

@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # (a prefix covers a module and everything inside it; "engine" alone is the package's own __init__).
 FLOORS = (
     ("base", ("engine", "engine.errors", "engine.fsutil", "engine.registry", "engine.jobs", "engine.cpu",
-              "engine.provenance")),
+              "engine.provenance", "engine.options")),
     ("core", ("engine.targets", "engine.format", "engine.data", "engine.algos", "engine.generate", "engine.train",
               "engine.convert", "engine.serve")),
     ("measure", ("engine.measure",)),

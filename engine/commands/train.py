@@ -8,7 +8,7 @@ from typing import Any
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from engine.algos import ALGOS, default_algo
-    from engine.cli import add_model_fields
+    from engine.commands.flags import add_model_fields
     from engine.train.config import TrainConfig
 
     p.add_argument("--config", help="YAML recipe (a `train:` block or top-level fields); flags override it")
@@ -39,7 +39,7 @@ def shared_defaults() -> dict[str, str]:
 def train_overrides(args: argparse.Namespace) -> dict[str, Any]:
     """Every training field given on the command line (algorithm arguments flat; TrainConfig nests them)."""
     from engine.algos import ALGOS
-    from engine.cli import model_overrides
+    from engine.commands.flags import model_overrides
     from engine.train.config import TrainConfig
 
     out = model_overrides(args, TrainConfig)

@@ -19,13 +19,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.data.options import DEFAULT_VAL_FRACTION
 from engine.data.sources import BadRecord, SourceInfo, read_records
 from engine.errors import WorkbenchError
 
 log = logging.getLogger(__name__)
 
 SPLITS = ("train", "val", "all")
-DEFAULT_VAL_FRACTION = 0.02
 ROLE_MAP = {
     "assistant": "assistant", "gpt": "assistant", "chatgpt": "assistant", "bing": "assistant", "bard": "assistant",
     "model": "assistant",

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import torch
 
-from engine.data.datasets import DEFAULT_VAL_FRACTION
 from engine.data.extraction_run import (
     ExtractionProgress,
     ExtractionRun,
@@ -25,6 +24,7 @@ from engine.data.extraction_run import (
     log_done,
 )
 from engine.data.layer_ids import resolve_layer_ids
+from engine.data.options import BACKENDS, DEFAULT_BATCH_SIZE, DEFAULT_BATCH_TOKENS, ExtractOptions
 from engine.data.render import RenderedRow, render_dataset
 from engine.data.store import HiddenStatesDataset, load_sample
 from engine.errors import WorkbenchError
@@ -34,9 +34,6 @@ from engine.targets import capture_hidden_states
 __all__ = ["HiddenStatesDataset", "load_sample", "extract_dataset", "extract_hidden_states", "ExtractionRun",
            "TargetInfo", "plan_padded_batches", "estimate_bytes", "capture_batch"]
 
-BACKENDS = ("transformers", "vllm")
-DEFAULT_BATCH_SIZE = 16
-DEFAULT_BATCH_TOKENS = 4096  # padded tokens per forward: bounds activation and capture memory
 
 
 # -- transformers backend ----------------------------------------------------------------------------
@@ -112,14 +109,11 @@ def extract_hidden_states(target, rows: Sequence[RenderedRow], out: str | Path, 
 # -- the whole pipeline, as the CLI and the UI call it --------------------------------------------------
 
 
-def extract_dataset(target: str | None, dataset: str, out: str | Path, *, layers: str | Sequence[int] | None = None,
-                    algo: str | None = None, split: str = "train", max_samples: int | None = None,
-                    max_length: int | None = 2048, dtype: str = "bf16", backend: str = "transformers",
-                    batch_size: int = DEFAULT_BATCH_SIZE, batch_tokens: int = DEFAULT_BATCH_TOKENS,
-                    device: str | None = None, target_dtype: str | None = None,
-                    val_fraction: float = DEFAULT_VAL_FRACTION, seed: int = 0, overwrite: bool = False,
-                    tensor_parallel_size: int = 1, progress: bool = True) -> dict:
-    """Render `dataset` with `target`'s template and extract its hidden states into `out`; return the manifest."""
+def extract_dataset(options: ExtractOptions, *, progress: bool = True) -> dict:
+    """Render `options.dataset` with its target's template and extract its hidden states into `options.out`;
+    return the manifest."""
+    o = options
+    target, backend, device = o.target, o.backend, o.device
     if backend not in BACKENDS:
         raise WorkbenchError(f"unknown backend '{backend}'", hint=f"use one of {', '.join(BACKENDS)}")
     if backend == "vllm":
@@ -139,23 +133,20 @@ def extract_dataset(target: str | None, dataset: str, out: str | Path, *, layers
 
         device = pick_device(device)
         reporter().phase("loading target")
-        tgt = load_target(target, dtype=target_dtype or ("fp32" if device == "cpu" else "bf16"), device=device)
+        tgt = load_target(target, dtype=o.target_dtype or ("fp32" if device == "cpu" else "bf16"), device=device)
         info, tokenizer = TargetInfo.from_target(tgt), tgt.tokenizer
-    layer_ids = resolve_layer_ids(info.num_layers, layers, algo)
+    layer_ids = resolve_layer_ids(info.num_layers, o.layers, o.algo)
     reporter().phase("rendering dataset")
-    rows, summary, _ = render_dataset(dataset, tokenizer, split=split, max_samples=max_samples,
-                                      max_length=max_length, val_fraction=val_fraction, seed=seed)
+    rows, summary, _ = render_dataset(o.dataset, tokenizer, split=o.split, max_samples=o.max_samples,
+                                      max_length=o.max_length, val_fraction=o.val_fraction, seed=o.seed)
     if not rows:
-        raise WorkbenchError(f"no usable rows in {dataset} (split {split})", hint=summary.format())
-    from engine.algos import default_algo
-
-    extra = {"dataset": dataset_name(dataset), "split": split, "max_length": max_length, "seed": seed,
-             "val_fraction": val_fraction, "algo": (algo or default_algo()) if layers in (None, "") else None}
+        raise WorkbenchError(f"no usable rows in {o.dataset} (split {o.split})", hint=summary.format())
+    extra = {"dataset": dataset_name(o.dataset), "split": o.split, "max_length": o.max_length, "seed": o.seed,
+             "val_fraction": o.val_fraction, "algo": o.header_algo()}
     if backend == "vllm":
         from engine.data.vllm_backend import extract_rows_vllm
 
-        return extract_rows_vllm(ref.path, info, rows, out, layer_ids, dtype=dtype, header_extra=extra,
-                                 overwrite=overwrite, tensor_parallel_size=tensor_parallel_size, progress=progress,
-                                 llm_extra={"max_model_len": max(r.num_tokens for r in rows) + 1})
-    return extract_hidden_states(tgt, rows, out, layer_ids, dtype=dtype, batch_size=batch_size,
-                                 batch_tokens=batch_tokens, header_extra=extra, overwrite=overwrite, progress=progress)
+        return extract_rows_vllm(info, rows, o, layer_ids, header_extra=extra, progress=progress)
+    return extract_hidden_states(tgt, rows, o.out, layer_ids, dtype=o.dtype, batch_size=o.batch_size,
+                                 batch_tokens=o.batch_tokens, header_extra=extra, overwrite=o.overwrite,
+                                 progress=progress)

@@ -33,6 +33,7 @@ from engine.data.extraction_run import (
     estimate_bytes,
     log_done,
 )
+from engine.data.options import RegenerateOptions
 from engine.data.regenerate import RegenerateSummary, regenerate, stop_token_ids
 from engine.data.render import RenderedRow, render_dataset, render_rows
 from engine.data.store import MANIFEST, TOKEN_FREQ, sample_indices, sample_path
@@ -285,23 +286,25 @@ def _extract_missing(run: ExtractionRun, target, layer_ids: Sequence[int]) -> in
     return len(todo)
 
 
-def regenerate_and_extract(target, rows: Sequence[dict], out: str | Path, extract_to: str | Path,
-                           layer_ids: Sequence[int], *, max_new_tokens: int = 256, batch_size: int = 8,
-                           max_length: int | None = None, max_turns: int | None = None, seed: int = 0,
-                           extract_max_length: int | None = 2048, dtype: str = "bf16", algo: str | None = None,
+def regenerate_and_extract(target, rows: Sequence[dict], options: RegenerateOptions, layer_ids: Sequence[int], *,
                            overwrite: bool = False, progress: bool = True) -> RegenerateSummary:
-    """`regenerate` into the JSONL `out` and, in the same pass, `extract --split all` of it into `extract_to`.
+    """`regenerate` into the JSONL `options.out` and, in the same pass, `extract --split all` of it into
+    `options.extract_to`.
 
     Greedy only. `max_length` bounds prompt + answer while generating (as `regenerate`); `extract_max_length`
     truncates the rendered conversations (as `extract --max-length`). The summary's `extracted` is the
     number of samples in the folder."""
     from engine.targets import parse_dtype
 
-    out, folder = Path(out), Path(extract_to)
+    if options.extract_to is None:
+        raise WorkbenchError("one pass needs a folder for the hidden states", hint="pass --extract-to DIR")
+    options = options.model_copy(update={"temperature": 0.0})  # greedy: the states are those of the kept answer
+    out, folder = Path(options.out), Path(options.extract_to)
+    extract_max_length, dtype = options.extract_max_length, options.dtype
     layer_ids = sorted(set(int(i) for i in layer_ids))
     header = build_header(TargetInfo.from_target(target), layer_ids, dtype, backend="transformers",
                           dataset=dataset_name(str(out)), split="all", max_length=extract_max_length, seed=0,
-                          val_fraction=DEFAULT_VAL_FRACTION, algo=algo)
+                          val_fraction=DEFAULT_VAL_FRACTION, algo=options.header_algo())
     done: list[RenderedRow] = []
     if out.is_file():  # resume: the rows `extract` would render from what is already regenerated
         done, _, _ = render_dataset(str(out), target.tokenizer, split="all", max_length=extract_max_length)
@@ -310,7 +313,7 @@ def regenerate_and_extract(target, rows: Sequence[dict], out: str | Path, extrac
         if run.pending:
             log.info("extracting %d regenerated conversations whose samples are missing", len(run.pending))
             _extract_missing(run, target, layer_ids)
-        check_disk(folder, estimate_bytes(len(rows) * max_new_tokens, len(rows), len(layer_ids),
+        check_disk(folder, estimate_bytes(len(rows) * options.max_new_tokens, len(rows), len(layer_ids),
                                           target.hidden_size, dtype))  # answers alone: a lower bound
 
         def write(written: list[dict]) -> None:  # after each batch's rows are in the JSONL
@@ -326,9 +329,7 @@ def regenerate_and_extract(target, rows: Sequence[dict], out: str | Path, extrac
                     run.add(RenderedRow(str(r["id"]), row.input_ids, row.loss_mask, row.truncated), hs)
             answerer.states.clear()
 
-        summary = regenerate(target, rows, out, max_new_tokens=max_new_tokens, temperature=0.0, batch_size=batch_size,
-                             max_length=max_length, max_turns=max_turns, seed=seed, progress=progress,
-                             answer=answerer, on_rows=write)
+        summary = regenerate(target, rows, options, progress=progress, answer=answerer, on_rows=write)
         run.finished = True
     log_done(run)
     summary.extracted = run.manifest["samples"]

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from engine.data.options import RegenerateOptions
 from engine.errors import WorkbenchError
 from engine.jobs import reporter
 
@@ -201,13 +202,13 @@ def user_groups(messages: list[dict]) -> list[list[dict]]:
     return groups
 
 
-def regenerate_batch(target, rows: Sequence[dict], *, max_new_tokens: int, temperature: float, top_p: float,
-                     max_length: int | None, max_turns: int | None, summary: RegenerateSummary,
+def regenerate_batch(target, rows: Sequence[dict], options: RegenerateOptions, summary: RegenerateSummary,
                      answer=None) -> list[dict]:
     """Answer every user turn of a batch of conversations, turn by turn, with the target's own history.
 
     `answer` replaces `generate_answers` (e.g. a `VllmAnswerer`)."""
     answer = answer or generate_answers
+    max_new_tokens, max_length, max_turns = options.max_new_tokens, options.max_length, options.max_turns
     tok = target.tokenizer
     plans = [user_groups(r["messages"]) for r in rows]
     histories: list[list[dict]] = [[] for _ in rows]
@@ -228,7 +229,7 @@ def regenerate_batch(target, rows: Sequence[dict], *, max_new_tokens: int, tempe
         if not active:
             break
         answers = answer(target, [histories[b] for b in active], max_new_tokens=max_new_tokens,
-                         temperature=temperature, top_p=top_p)
+                         temperature=options.temperature, top_p=options.top_p)
         for b, (text, n_new, ended) in zip(active, answers, strict=True):
             summary.new_tokens += n_new
             summary.cut_at_max_new_tokens += int(not ended)
@@ -270,10 +271,9 @@ def tokenizer_only(name_or_path: str | None) -> TokenizerOnly:
     return TokenizerOnly(AutoTokenizer.from_pretrained(ref.path), ref.hub_id or ref.path)
 
 
-def regenerate(target, rows: Sequence[dict], out: str | Path, *, max_new_tokens: int = 256, temperature: float = 0.0,
-               top_p: float = 1.0, batch_size: int = 8, max_length: int | None = None, max_turns: int | None = None,
-               seed: int = 0, progress: bool = True, answer=None, on_rows=None) -> RegenerateSummary:
-    """Write `out` (JSONL of {"id", "messages", "regenerated"}) with the target's own answers; resumable.
+def regenerate(target, rows: Sequence[dict], options: RegenerateOptions, *, progress: bool = True, answer=None,
+               on_rows=None) -> RegenerateSummary:
+    """Write `options.out` (JSONL of {"id", "messages", "regenerated"}) with the target's own answers; resumable.
 
     `on_rows(rows)` is called with each batch's rows once they are in the file."""
     from tqdm import tqdm
@@ -283,13 +283,13 @@ def regenerate(target, rows: Sequence[dict], out: str | Path, *, max_new_tokens:
                              hint="give a dataset of conversations (messages, conversations or prompt/completion)")
     from engine.generate.sampling import SamplingParams
 
-    SamplingParams(temperature=temperature, top_p=top_p)  # a clear error for top_p <= 0, temperature < 0, ...
-    out = Path(out)
+    SamplingParams(temperature=options.temperature, top_p=options.top_p)  # a clear error for bad sampling values
+    out, batch_size, seed = Path(options.out), options.batch_size, options.seed
     summary = RegenerateSummary(out=str(out))
     f, done = open_output(out)
     meta = {"target": target.verifier_name,
             "backend": "transformers" if answer is None else getattr(answer, "backend", "vllm"),
-            "temperature": temperature, "max_new_tokens": max_new_tokens, "seed": seed}
+            "temperature": options.temperature, "max_new_tokens": options.max_new_tokens, "seed": seed}
     rep = reporter()
     try:
         todo = [r for r in rows if str(r["id"]) not in done]
@@ -301,9 +301,7 @@ def regenerate(target, rows: Sequence[dict], out: str | Path, *, max_new_tokens:
             for k in range(0, len(todo), batch_size):
                 torch.manual_seed(seed * 1_000_003 + k)  # a batch samples the same way when re-run
                 batch = todo[k: k + batch_size]
-                written = regenerate_batch(target, batch, max_new_tokens=max_new_tokens, temperature=temperature,
-                                           top_p=top_p, max_length=max_length, max_turns=max_turns, summary=summary,
-                                           answer=answer)
+                written = regenerate_batch(target, batch, options, summary, answer)
                 append_rows(f, [dict(r, regenerated=meta) for r in written])
                 if on_rows is not None:
                     on_rows(written)

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from engine.data.extraction_run import ExtractionProgress, ExtractionRun, TargetInfo, build_header, log_done
+from engine.data.options import ExtractOptions
 from engine.data.render import RenderedRow
 from engine.errors import WorkbenchError
 
@@ -294,26 +295,27 @@ def vllm_files(model: str, layer_ids: Sequence[int], storage: Path, *, dtype: st
                                                             use_tqdm=False)]
 
 
-def extract_rows_vllm(model: str, info: TargetInfo, rows: Sequence[RenderedRow], out: str | Path,
-                      layer_ids: Sequence[int], *, dtype: str = "bf16", header_extra: dict | None = None,
-                      overwrite: bool = False, tensor_parallel_size: int = 1, chunk: int = DEFAULT_CHUNK,
-                      progress: bool = True, llm: Any = None, llm_extra: dict | None = None) -> dict:
-    """Extract rendered rows with vLLM into `out` (same files and manifest as the transformers backend).
+def extract_rows_vllm(info: TargetInfo, rows: Sequence[RenderedRow], options: ExtractOptions,
+                      layer_ids: Sequence[int], *, header_extra: dict | None = None, chunk: int = DEFAULT_CHUNK,
+                      progress: bool = True, llm: Any = None) -> dict:
+    """Extract rendered rows of the target at `info.path` with vLLM into `options.out` (same files and manifest
+    as the transformers backend; `options.dtype`, `overwrite`, `tensor_parallel_size` as there).
 
     `llm` may be given (an object with vLLM's `generate(prompts, sampling_params, use_tqdm=...)`), else vLLM runs
-    here or in its own environment (`vllm_files`).
+    here or in its own environment (`vllm_files`), its context as long as the longest row.
     """
-    out = Path(out)
+    out, dtype, model = Path(options.out), options.dtype, info.path
+    llm_extra = {"max_model_len": max((r.num_tokens for r in rows), default=1) + 1}
     layer_ids = sorted(set(int(i) for i in layer_ids))
     header = build_header(info, layer_ids, dtype, backend="vllm", **(header_extra or {}))
-    with ExtractionRun(out, header, rows, overwrite=overwrite) as run:
+    with ExtractionRun(out, header, rows, overwrite=options.overwrite) as run:
         todo = run.pending
         if not todo:
             return run.manifest
         storage = staging_dir(out)
         try:
             with vllm_files(model, layer_ids, storage, dtype=header["dtype"], llm=llm, llm_extra=llm_extra,
-                            tensor_parallel_size=tensor_parallel_size) as files, \
+                            tensor_parallel_size=options.tensor_parallel_size) as files, \
                     ExtractionProgress(run, sum(rows[i].num_tokens for i in todo), progress) as bar:
                 for start in range(0, len(todo), chunk):
                     indices = todo[start: start + chunk]

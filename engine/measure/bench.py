@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,17 +16,16 @@ from typing import Any
 import torch
 
 from engine.data.prompts import load_prompts
-from engine.errors import WorkbenchError
 from engine.generate.api import make_proposer, prompt_ids
 from engine.generate.metrics import SpecMetrics, measure_cost_curve, speedup_ceiling
 from engine.generate.runner import TargetRunner
 from engine.generate.sampling import SamplingParams
 from engine.generate.speculative import generate
+from engine.measure.options import BenchOptions
 from engine.provenance import provenance
 from engine.targets import dtype_name
 
 log = logging.getLogger(__name__)
-ALL_METHODS = ("baseline", "draft", "ngram", "hf_prompt_lookup", "hf_assisted")
 
 
 @dataclass
@@ -74,24 +72,15 @@ class _HFMethods:
         return out[0, len(ids):].tolist(), time.perf_counter() - t
 
 
-def run_bench(
-    target,
-    prompts: list[dict[str, Any]],
-    *,
-    methods: tuple[str, ...] = ("baseline", "draft", "ngram", "hf_prompt_lookup"),
-    draft: str | None = None,
-    assistant: str | None = None,
-    k: int = 3,
-    params: SamplingParams | None = None,
-    measure_cost: bool = True,
-    progress: bool = True,
-    span: tuple[float, float] | None = None,
-) -> dict[str, Any]:
-    """Run every method on every prompt (round-robin per prompt) and summarise like vLLM; with `span`, the job's
-    progress (prompts done, time left) goes into its status.json within that part of the job."""
+def run_bench(target, prompts: list[dict[str, Any]], options: BenchOptions, *, measure_cost: bool = True,
+              progress: bool = True, span: tuple[float, float] | None = None) -> dict[str, Any]:
+    """Run every method of `options` on every prompt (round-robin per prompt) with a loaded `target` and summarise
+    like vLLM; with `span`, the job's progress (prompts done, time left) goes into its status.json within that part
+    of the job."""
     from engine.jobs import tracked
 
-    params = params or SamplingParams()
+    methods, draft, k = options.method_names(), options.draft, options.k
+    params = options.sampling()
     if not params.eos_token_ids and target.tokenizer is not None and target.tokenizer.eos_token_id is not None:
         params.eos_token_ids = [target.tokenizer.eos_token_id]
     runs = {m: MethodRun(m) for m in methods}
@@ -99,7 +88,7 @@ def run_bench(
     for m in methods:
         if m in ("draft", "ngram"):
             proposers[m] = make_proposer(m, target, draft=draft)
-    hf = _HFMethods(target, k, assistant) if {"hf_prompt_lookup", "hf_assisted"} & set(methods) else None
+    hf = _HFMethods(target, k, options.assistant) if {"hf_prompt_lookup", "hf_assisted"} & set(methods) else None
     if "hf_assisted" in methods and (hf is None or hf.assistant is None):
         runs["hf_assisted"].skipped = "no assistant model fits this target (pass --assistant DIR: a small causal LM " \
                                       "with the same tokenizer)"
@@ -229,43 +218,32 @@ def markdown_table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def benchmark(*, target: str | None = None, draft: str | None = None, prompts: str = "sharegpt",
-              num_prompts: int = 20, max_prompt_chars: int = 1500, max_new_tokens: int = 128, k: int = 3,
-              temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int = 0,
-              methods: str | Sequence[str] = ALL_METHODS, assistant: str | None = None,
-              backend: str = "transformers", dtype: str = "auto", threads: int | None = None,
-              span: tuple[float, float] | None = None) -> dict:
+def benchmark(options: BenchOptions, *, span: tuple[float, float] | None = None) -> dict:
     """`python -m engine bench` as a function: in-process (`transformers`) or real vLLM (`vllm`) on the same prompts."""
     from engine.generate.kernel_choice import load_decode_target
-    from engine.generate.sampling import SamplingParams
     from engine.jobs import reporter
     from engine.targets import target_for_draft, vllm_dtype
 
-    if threads:
-        torch.set_num_threads(threads)
-    if isinstance(methods, str):
-        methods = tuple(m.strip() for m in methods.split(",") if m.strip())
+    o = options
+    if o.threads:
+        torch.set_num_threads(o.threads)
+    methods, target, draft = o.method_names(), o.target, o.draft
     if draft is not None and "draft" in methods:
         target = target_for_draft(draft, target)  # the draft's verifier, or a target of its shape
-    bad = [m for m in methods if m not in ALL_METHODS]
-    if bad:
-        raise WorkbenchError(f"unknown methods {bad}", hint=f"choose from {list(ALL_METHODS)}")
-    prompt_rows = load_prompts(prompts, num_prompts, seed, max_prompt_chars)
-    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-                            seed=seed)
+    prompt_rows = load_prompts(o.prompts, o.num_prompts, o.seed, o.max_prompt_chars)
     reporter().update(f"benchmarking {len(prompt_rows)} prompts", 0.0)
-    if backend == "vllm":
+    if o.backend == "vllm":
         from engine.generate.api import default_draft
         from engine.serve.bench import run_vllm_bench
 
         draft = draft or default_draft(target)
-        result = run_vllm_bench(prompt_rows, target=target, draft=draft, k=k, max_new_tokens=max_new_tokens,
-                                temperature=temperature, seed=seed,
+        result = run_vllm_bench(prompt_rows, target=target, draft=draft, k=o.k, max_new_tokens=o.max_new_tokens,
+                                temperature=o.temperature, seed=o.seed,
                                 methods=tuple(m for m in methods if m in ("baseline", "draft", "ngram")),
-                                dtype=vllm_dtype(dtype), tokenize=True)
+                                dtype=vllm_dtype(o.dtype), tokenize=True)
     else:
-        result = run_bench(load_decode_target(target, dtype), prompt_rows, methods=methods, draft=draft,
-                           assistant=assistant, k=k, params=params, span=span)
+        options = o.model_copy(update={"target": target})
+        result = run_bench(load_decode_target(target, o.dtype), prompt_rows, options, span=span)
     return {**result, **_weights_of(draft if "draft" in methods else None)}
 
 

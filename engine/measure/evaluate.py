@@ -20,6 +20,7 @@ from engine.errors import WorkbenchError
 from engine.format.checkpoint import weights_sha256
 from engine.generate.acceptance import Acceptance, HeldOutSample, held_out_sample, walk, walk_states
 from engine.jobs import reporter, tracked
+from engine.measure.options import EvaluateOptions
 from engine.measure.step_costs import forecast, measure_step_costs
 
 log = logging.getLogger(__name__)
@@ -194,19 +195,18 @@ def position_lines(result: dict[str, Any]) -> list[str]:
     return lines
 
 
-def evaluate_draft(*, draft: str | None = None, target: str | None = None, data: str | None = None,
-                   dataset: str | None = "sharegpt", num_prompts: int = 20, max_new_tokens: int | None = 128,
-                   ks: Sequence[int] | None = None, max_prompt_chars: int = 1500, seed: int = 0,
-                   measure_speed: bool = False, keep_walks: bool = False, temperature: float = 0.0,
-                   progress: bool = True, dtype: str = "auto", all_drafts: bool = False) -> dict[str, Any]:
+def evaluate_draft(options: EvaluateOptions, *, progress: bool = True) -> dict[str, Any]:
     """`python -m engine evaluate` as a function: offline from extracted held-out files (`data`), or online from
-    held-out prompts of `dataset` (the target answers each once); optionally with the speedup forecast."""
+    held-out prompts of `dataset` (the target answers each once); with `forecast`, the speedup forecast."""
     from engine.generate.api import default_draft, draft_algorithm
     from engine.generate.kernel_choice import load_decode_target
     from engine.provenance import provenance
     from engine.targets import dtype_name, target_for_draft
 
-    draft_path = draft or default_draft(target)
+    o = options
+    target, data, temperature, dtype, ks = o.target, o.data, o.temperature, o.dtype, o.k
+    max_new_tokens = o.max_new_tokens or None  # 0: the data's whole answers
+    draft_path = o.draft or default_draft(target)
     if draft_path is None:
         raise WorkbenchError("no draft given and no shipped draft for this target", hint="pass --draft DIR")
     target = target_for_draft(draft_path, target)  # the draft's verifier, or a target of its shape
@@ -222,24 +222,24 @@ def evaluate_draft(*, draft: str | None = None, target: str | None = None, data:
         raise WorkbenchError("--temperature needs the target's logits: evaluate online (--dataset)",
                              hint="drop --data, or evaluate greedy decoding (temperature 0)")
     if data:
-        samples: Iterable[HeldOutSample] = list(samples_from_extracted(data, aux_ids, max_samples=num_prompts,
+        samples: Iterable[HeldOutSample] = list(samples_from_extracted(data, aux_ids, max_samples=o.num_prompts,
                                                                        max_new_tokens=max_new_tokens))
         source = {"data": str(data)}
     else:
         from engine.data.prompts import load_prompts
 
-        prompts = load_prompts(dataset or "sharegpt", num_prompts, seed, max_prompt_chars)
+        prompts = load_prompts(o.dataset, o.num_prompts, o.seed, o.max_prompt_chars)
         samples = held_out_answers(tgt, prompts, aux_ids, max_new_tokens or 128, temperature > 0, progress,
                                    span=ANSWERS_SPAN)
-        source = {"dataset": dataset, "held_out_prompts": len(prompts)}
-    result = evaluate_samples(algorithm, model, samples, ks, max_new_tokens=max_new_tokens, keep_walks=keep_walks,
-                              temperature=temperature, progress=progress, all_drafts=all_drafts,
-                              span=(ANSWERS_SPAN[1] if not data else 0.0, WALK_END if measure_speed else 1.0))
+        source = {"dataset": o.dataset, "held_out_prompts": len(prompts)}
+    result = evaluate_samples(algorithm, model, samples, ks, max_new_tokens=max_new_tokens, keep_walks=o.walks,
+                              temperature=temperature, progress=progress, all_drafts=o.all_drafts,
+                              span=(ANSWERS_SPAN[1] if not data else 0.0, WALK_END if o.forecast else 1.0))
     result.update(source, draft=str(draft_path), algorithm=algorithm.name, max_new_tokens=max_new_tokens,
                   draft_k=model.config.speculative_tokens, target_dtype=dtype_name(tgt.dtype),
                   kernel=tgt.extra.get("kernel_summary"), draft_sha256=weights_sha256(draft_path),
                   **provenance(dtype_name(tgt.dtype), on_cpu=tgt.device.type == "cpu"))
-    if measure_speed:
+    if o.forecast:
         context = list(samples[0].token_ids[: samples[0].prompt_len].tolist()) if isinstance(samples, list) \
             and samples else [1] * 64
         reporter().phase("measuring the step costs on this machine", progress=WALK_END)

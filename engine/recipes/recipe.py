@@ -11,46 +11,63 @@ import hashlib
 import json
 import logging
 import os
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from engine.algos import ALGOS, default_algo
+from engine.data import kept as kept_rows
+from engine.data.extract import extract_dataset
+from engine.data.options import ExtractOptions, RegenerateOptions
+from engine.data.prompts import load_prompts
+from engine.data.regenerate_dataset import regenerate_dataset
+from engine.data.store import read_manifest
 from engine.errors import WorkbenchError
+from engine.format.checkpoint import (
+    INDEX_NAME,
+    load_state_dict,
+    read_config_dict,
+    save_checkpoint,
+    tensor_index,
+    weight_files,
+)
+from engine.format.repair import EMBED
+from engine.format.validate import validate_draft
 from engine.fsutil import atomic_write_json, claim_names, read_json, release_names
-from engine.jobs import reporter
+from engine.generate.api import draft_algorithm
+from engine.generate.kernel_choice import load_decode_target
+from engine.jobs import read_jsonl, reporter
+from engine.measure.bench import benchmark, run_bench
+from engine.measure.evaluate import evaluate_draft, evaluate_samples, held_out_answers
+from engine.measure.options import BenchOptions, EvaluateOptions
 from engine.provenance import engine_command, provenance, rows_of
+from engine.recipes.model_card import data_rows, refresh_measurements, write_evaluation_section, write_model_card
 from engine.recipes.spec import STEP_COMMANDS, STEPS, cli_flags, data_recipe, load_recipe, step_options
+from engine.targets import dtype_name
+from engine.train import trainer
+from engine.train.config import TrainConfig
 
 log = logging.getLogger(__name__)
 
 
 def _run_regenerate(opts: dict[str, Any]) -> None:
-    from engine.data.regenerate_dataset import regenerate_dataset
-
-    regenerate_dataset(**opts)
+    regenerate_dataset(RegenerateOptions(**opts))
 
 
 def _run_extract(opts: dict[str, Any]) -> None:
-    from engine.data.extract import extract_dataset
-
-    opts = dict(opts)
-    extract_dataset(opts.pop("target"), opts.pop("dataset"), opts.pop("out"), **opts)
+    extract_dataset(ExtractOptions(**opts))
 
 
 def _run_train(opts: dict[str, Any]) -> None:
-    from engine.train.config import TrainConfig
-    from engine.train.trainer import train
-
-    train(TrainConfig.model_validate(opts))
+    trainer.train(TrainConfig.model_validate(opts))
 
 
 def _run_bench(opts: dict[str, Any], **record: Any) -> None:
     """`bench` with the recipe's options; `record` fields (e.g. the weights it measured) go into its JSON too."""
-    from engine.measure.bench import benchmark
-
     opts = dict(opts)
     out = opts.pop("json")
-    result = benchmark(**opts)
+    result = benchmark(BenchOptions(**opts))
     result["command"] = engine_command(["bench", *cli_flags(opts)])
     atomic_write_json(out, {**result, **record})
 
@@ -66,8 +83,6 @@ def _digest(argv: list[str]) -> str:
 def _inputs(step: str, opts: dict[str, Any]) -> dict[str, int]:
     """How much data a step read that an earlier step wrote (rows of the regenerated JSONL, samples of the hidden
     states): when a recipe's data grows, the steps that read it run again (and resume on what they already did)."""
-    from engine.data.store import read_manifest
-
     if step == "extract" and opts.get("dataset") and Path(opts["dataset"]).is_file():
         with open(opts["dataset"], "rb") as f:
             return {"dataset_rows": sum(1 for line in f if line.strip())}
@@ -90,10 +105,8 @@ WORK_FILES = ("steps", "regenerated.jsonl", "hidden", "train", "bench.json", "vl
 
 def _kept_folder(recipe: dict[str, Any]) -> Path | None:
     """Where the recipe keeps its regenerated rows in the repository (`keep_regenerated: true` or a folder)."""
-    from engine.data.kept import KEPT_DIR
-
     value = recipe.get("keep_regenerated")
-    return None if not value else KEPT_DIR if value is True else Path(value)
+    return None if not value else kept_rows.KEPT_DIR if value is True else Path(value)
 
 
 def _kept_name(recipe: dict[str, Any]) -> str:
@@ -138,16 +151,14 @@ def run_recipe(name_or_path: str, *, only: list[str] | None = None, force: bool 
         kept_name = _kept_name(source or recipe)
         seeded = 0
         if kept is not None:  # rows regenerated on other machines with these settings are not paid again
-            from engine.data.kept import seed, selection_ids
 
-            seeded = seed(kept_name, opts["out"], opts, kept, ids=selection_ids(opts))
+            seeded = kept_rows.seed(kept_name, opts["out"], opts, kept, ids=kept_rows.selection_ids(opts))
         t = time.time()
         STEP_FUNCTIONS[step](opts)
         timings[step] = time.time() - t
         if kept is not None:
-            from engine.data.kept import keep
 
-            keep(kept_name, opts["out"], opts, kept)
+            kept_rows.keep(kept_name, opts["out"], opts, kept)
         marker.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_json(marker, {"digest": digest, "argv": argv, "inputs": inputs, "seconds": timings[step],
                                    "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
@@ -187,13 +198,6 @@ def acceptance_curve(recipe: dict[str, Any], *, force: bool = False) -> list[dic
     training tokens it had seen: the target answers the held-out prompts once (engine.measure.answers keeps them for
     the next curve or evaluation), then each checkpoint costs one draft pass.
     (The recipe's `bench` step decodes for real with the final draft: the cross-check.)"""
-    from engine.data.prompts import load_prompts
-    from engine.generate.api import draft_algorithm
-    from engine.generate.kernel_choice import load_decode_target
-    from engine.jobs import read_jsonl
-    from engine.measure.evaluate import evaluate_samples, held_out_answers
-    from engine.targets import dtype_name
-
     work = Path(recipe["work"])
     opts = recipe["curve"]
     out_file = work / "curve.json"
@@ -208,9 +212,9 @@ def acceptance_curve(recipe: dict[str, Any], *, force: bool = False) -> list[dic
         tokens_at[r["step"]] = seen
     todo = [s for s in checkpoints if s not in done]
     if todo:
-        target = load_decode_target(recipe.get("target", "smollm2-135m-instruct"), opts.get("dtype", "auto"))
-        prompts = load_prompts(opts.get("prompts", "sharegpt"), opts.get("num_prompts", 10))
-        max_new, k = opts.get("max_new_tokens", 64), opts.get("k", 3)
+        target = load_decode_target(recipe["target"], opts["dtype"])
+        prompts = load_prompts(opts["prompts"], opts["num_prompts"])
+        max_new, k = opts["max_new_tokens"], opts["k"]
         algorithm = draft_algorithm(checkpoints[todo[0]])
         first = algorithm.load(checkpoints[todo[0]], target)
         samples = held_out_answers(target, prompts, algorithm.aux_layer_ids(first), max_new)  # kept answers
@@ -232,8 +236,6 @@ def acceptance_curve(recipe: dict[str, Any], *, force: bool = False) -> list[dic
 
 def _stamp(folder: Path) -> str:
     """Identifies the weights in a draft or checkpoint folder (size and modification time of its safetensors)."""
-    from engine.format.checkpoint import weight_files
-
     return "+".join(f"{st.st_size}-{st.st_mtime_ns}" for st in (f.stat() for f in weight_files(folder)))
 
 
@@ -241,31 +243,24 @@ def k_sweep(recipe: dict[str, Any], *, draft: Path | None = None, out_file: Path
             force: bool = False, command: str | None = None) -> list[dict[str, Any]]:
     """Acceptance length and wall-clock speedup of the trained draft (or `draft`) for each k, baseline
     interleaved per k; the record names `command` (default: the recipe's sweep step)."""
-    from engine.data.prompts import load_prompts
-    from engine.generate.kernel_choice import load_decode_target
-    from engine.generate.sampling import SamplingParams
-    from engine.measure.bench import run_bench
-    from engine.targets import dtype_name
-
     work = Path(recipe["work"])
     opts = recipe["sweep"]
     out_file = out_file or work / "sweep.json"
     draft = draft or work / "train" / "draft"
     done = {row["k"]: row for row in (rows_of(read_json(out_file)) if out_file.is_file() and not force else [])
             if row.get("weights") == _stamp(draft)}
-    target = load_decode_target(recipe.get("target", "smollm2-135m-instruct"), opts.get("dtype", "auto"))
-    prompts = load_prompts(opts.get("prompts", "sharegpt"), opts.get("num_prompts", 10))
-    params = SamplingParams(max_new_tokens=opts.get("max_new_tokens", 128))
-    for k in opts.get("ks", [1, 2, 3, 4, 5]):
+    target = load_decode_target(recipe["target"], opts["dtype"])
+    prompts = load_prompts(opts["prompts"], opts["num_prompts"])
+    for k in opts["ks"]:
         if k in done:
             continue
-        result = run_bench(target, prompts, methods=("baseline", "draft"), draft=str(draft), k=k,
-                           params=params, measure_cost=False, progress=False)
+        options = BenchOptions(methods="baseline,draft", draft=str(draft), k=k, max_new_tokens=opts["max_new_tokens"])
+        result = run_bench(target, prompts, options, measure_cost=False, progress=False)
         row = result["methods"]["draft"]
         done[k] = {"k": k, "weights": _stamp(draft), "mean_acceptance_length": row["mean_acceptance_length"],
                    "per_position_acceptance": row["per_position_acceptance"], "speedup": row["speedup"],
                    "identical_to_baseline": row["identical_to_baseline"],
-                   "num_prompts": len(prompts), "max_new_tokens": params.max_new_tokens}
+                   "num_prompts": len(prompts), "max_new_tokens": options.max_new_tokens}
         log.info("sweep: k=%d -> acceptance length %.2f, speedup %.2fx", k, row["mean_acceptance_length"] or 0,
                  row["speedup"] or 0)
         _write_rows(out_file, [done[x] for x in sorted(done)], command or recipe_command(recipe, "sweep"),
@@ -277,19 +272,16 @@ def evaluate_step(recipe: dict[str, Any], *, draft: Path | None = None, out_file
                   force: bool = False, command: str | None = None) -> dict[str, Any]:
     """Decoding-exact acceptance of the trained draft (or `draft`) for every k, with the speedup forecast; the
     record names `command` (default: the recipe's evaluate step)."""
-    from engine.measure.evaluate import evaluate_draft
-
     work = Path(recipe["work"])
-    opts = recipe["evaluate"] or {}
+    opts = recipe["evaluate"]
     draft = draft or work / "train" / "draft"
     out_file = out_file or work / "evaluate.json"
     if not force and out_file.is_file() and read_json(out_file).get("weights") == _stamp(draft):
         return read_json(out_file)
-    result = evaluate_draft(draft=str(draft), target=recipe.get("target", "smollm2-135m-instruct"),
-                            dataset=opts.get("prompts", "sharegpt"), num_prompts=opts.get("num_prompts", 20),
-                            max_new_tokens=opts.get("max_new_tokens", 128), ks=opts.get("ks"),
-                            measure_speed=opts.get("forecast", True), progress=False,
-                            dtype=opts.get("dtype", "auto"))
+    options = EvaluateOptions(draft=str(draft), target=recipe["target"], dataset=opts["prompts"],
+                              num_prompts=opts["num_prompts"], max_new_tokens=opts["max_new_tokens"], k=opts["ks"],
+                              forecast=opts["forecast"], dtype=opts["dtype"])
+    result = evaluate_draft(options, progress=False)
     result["weights"] = _stamp(draft)
     result["command"] = command or recipe_command(recipe, "evaluate")
     atomic_write_json(out_file, result)
@@ -307,8 +299,6 @@ def remeasure(recipe: dict[str, Any], *, only: list[str] | None = None, force: b
     For when the engine changed (a faster step, a new dtype) or the training records are gone: the draft and the
     card's training sections stay; a record measured on the same weights is reused unless `force`.
     `dry_run` only says what would be measured (into `commands`) and writes nothing."""
-    from engine.recipes.model_card import data_rows, refresh_measurements, write_evaluation_section
-
     shipped = Path(recipe.get("ship", {}).get("to", ""))
     if not (shipped / "config.json").is_file():
         raise WorkbenchError(f"recipe '{recipe['name']}' has no shipped draft to re-measure at '{shipped}'",
@@ -318,7 +308,7 @@ def remeasure(recipe: dict[str, Any], *, only: list[str] | None = None, force: b
     if bad:
         raise WorkbenchError(f"cannot re-measure {bad}", hint=f"choose from {list(REMEASURE_STEPS)}")
     out = Path(recipe["work"]) / "remeasure"
-    stamp, target = _stamp(shipped), recipe.get("target", "smollm2-135m-instruct")
+    stamp, target = _stamp(shipped), recipe["target"]
     if dry_run:
         return {"draft": str(shipped), "dry_run": True,
                 "commands": [_remeasure_command(recipe, step, shipped, out, target) for step in steps]}
@@ -355,9 +345,6 @@ def remeasure(recipe: dict[str, Any], *, only: list[str] | None = None, force: b
 def _shipped_model_lines(recipe: dict[str, Any], shipped: Path) -> list[str]:
     """The card's model bullets for the shipped files as they are now (a draft repaired after training stores its
     embedding: the card says so), from the recipe's training arguments and the checkpoint's tensors."""
-    from engine.algos import ALGOS, default_algo
-    from engine.format.checkpoint import read_config_dict, tensor_index
-
     train = recipe.get("train") or {}
     algo = ALGOS.get(train.get("algo") or default_algo())
     fields = {**train, **(train.get("algo_args") or {})}
@@ -381,20 +368,12 @@ def _remeasure_command(recipe: dict[str, Any], step: str, shipped: Path, out: Pa
 
 def _weight_names(folder: Path) -> set[str]:
     """The names of the weight files in a draft folder (shard index and safetensors files)."""
-    from engine.format.checkpoint import INDEX_NAME
-
     return {p.name for p in folder.glob("*.safetensors")} | ({INDEX_NAME} if (folder / INDEX_NAME).exists() else set())
 
 
 def ship(recipe: dict[str, Any]) -> Path:
     """Write the trained draft (bf16 config + safetensors) into the shipped location, the verifier's embedding (when
     the draft stores it) in a shard of its own: the same bytes in every re-ship, so git keeps one copy of it."""
-    import tempfile
-
-    from engine.format.checkpoint import load_state_dict, read_config_dict, save_checkpoint
-    from engine.format.repair import EMBED
-    from engine.format.validate import validate_draft
-
     src = Path(recipe["work"]) / "train" / "draft"
     dest = Path(recipe["ship"]["to"])
 
@@ -417,7 +396,6 @@ def ship(recipe: dict[str, Any]) -> Path:
     for name in stale:
         (dest / name).unlink()
     release_names(dest, stale)
-    from engine.recipes.model_card import write_model_card
 
     write_model_card(recipe, dest)
     log.info("shipped %s -> %s", src, dest)

@@ -10,6 +10,7 @@ import pytest
 import torch
 from streamlit.testing.v1 import AppTest
 
+from engine.data.options import ExtractOptions
 from testkit.app import ROOT, ok, open_app, texts
 from tiny import save_tiny_target
 
@@ -32,7 +33,8 @@ def made(tmp_path_factory):
     narrow = save_tiny_target(root / "narrow", "llama", hidden_size=32)
     gemma = save_tiny_target(root / "gemma", "gemma2")
     data = root / "hs"
-    extract_dataset(str(a), "sharegpt", data, max_samples=4, max_length=48, dtype="fp32", device="cpu")
+    extract_dataset(ExtractOptions(target=str(a), dataset="sharegpt", out=data, max_samples=4, max_length=48,
+                                   dtype="fp32", device="cpu"))
     algorithm = ALGOS.get(default_algo())
     target = load_target(str(a))
     draft = algorithm.build(target, algorithm.args_class(num_layers=1), aux_layer_ids=[1, 2, 3],

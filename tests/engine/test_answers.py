@@ -11,6 +11,7 @@ import torch
 
 from engine.measure import answers
 from engine.measure import evaluate as ev
+from engine.measure.options import EvaluateOptions
 
 
 @pytest.fixture
@@ -48,8 +49,9 @@ def target_and_draft(tiny_targets, tmp_path):
 
 
 def _evaluate(folder, draft, dtype="fp32"):
-    return ev.evaluate_draft(draft=str(draft), target=str(folder), num_prompts=3, max_new_tokens=12, ks=[1, 2, 3],
-                             progress=False, dtype=dtype)
+    options = EvaluateOptions(draft=str(draft), target=str(folder), num_prompts=3, max_new_tokens=12, k=[1, 2, 3],
+                              dtype=dtype)
+    return ev.evaluate_draft(options, progress=False)
 
 
 def test_a_second_evaluation_reads_the_answers_and_a_changed_target_or_dtype_does_not(home, decodes,

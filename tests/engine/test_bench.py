@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from engine.data.prompts import load_prompts
-from engine.generate.sampling import SamplingParams
 from engine.measure.bench import markdown_table, run_bench
+from engine.measure.options import BenchOptions
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -30,9 +30,10 @@ def tiny_draft_dir(tiny_llama, tmp_path_factory):
 def test_all_methods_on_the_same_prompts(tiny_llama, tiny_targets, tiny_draft_dir, tmp_path):
     prompts = [{"prompt": "1 2 3 4 5 6 7 8 9 10, the numbers go on and on"},
                {"messages": [{"role": "user", "content": "hello there, how are you"}]}]
-    result = run_bench(tiny_llama, prompts, methods=("baseline", "draft", "ngram", "hf_prompt_lookup", "hf_assisted"),
-                       draft=str(tiny_draft_dir), assistant=str(tiny_targets["qwen3"]), k=3,
-                       params=SamplingParams(max_new_tokens=24), progress=False)
+    result = run_bench(tiny_llama, prompts,
+                       BenchOptions(methods=("baseline", "draft", "ngram", "hf_prompt_lookup", "hf_assisted"),
+                                    draft=str(tiny_draft_dir), assistant=str(tiny_targets["qwen3"]), k=3,
+                                    max_new_tokens=24), progress=False)
     methods = result["methods"]
     assert set(methods) == {"baseline", "draft", "ngram", "hf_prompt_lookup", "hf_assisted"}
     for name, row in methods.items():
@@ -101,8 +102,8 @@ def test_a_bench_job_reports_prompts_done_and_time_left(tiny_llama, tmp_path, mo
 
     monkeypatch.setattr(jobs.Reporter, "update", spy)
     prompts = [{"prompt": f"Count to {i}."} for i in range(3)]
-    run_bench(tiny_llama, prompts, methods=("baseline", "ngram"), params=SamplingParams(max_new_tokens=4),
-              measure_cost=False, span=(0.0, 1.0))
+    run_bench(tiny_llama, prompts, BenchOptions(methods=("baseline", "ngram"), max_new_tokens=4), measure_cost=False,
+              span=(0.0, 1.0))
     assert [p for _, p in seen] == sorted(p for _, p in seen)  # progress only grows
     assert seen[-1] == ("prompts benchmarked (every method): 3/3 " + seen[-1][0].split("3/3 ")[1], 1.0)
     assert seen[0] == ("prompts benchmarked (every method): 0/3", 0.0)  # at most every second in between

@@ -239,14 +239,16 @@ def test_layer_id_choices():
         resolve_layer_ids(30, "2,x")
 
 
-def test_cli_constants_match_the_engine():
+def test_cli_flags_come_from_the_options_model():
     from engine.commands import data as cmd
-    from engine.data import extract, layer_ids
+    from engine.data import layer_ids
+    from engine.data.options import ExtractOptions
 
-    assert cmd.BACKENDS == extract.BACKENDS
     parser = argparse.ArgumentParser()
     cmd.add_extract_arguments(parser)
-    algo_action = next(a for a in parser._actions if a.dest == "algo")
-    assert list(algo_action.choices) == layer_ids.layer_algorithms()  # derived from the registry, not copied
-    assert (cmd.DEFAULT_BATCH_SIZE, cmd.DEFAULT_BATCH_TOKENS) == (extract.DEFAULT_BATCH_SIZE,
-                                                                  extract.DEFAULT_BATCH_TOKENS)
+    actions = {a.dest: a for a in parser._actions}
+    assert list(actions["algo"].choices) == layer_ids.layer_algorithms()  # derived from the registry, not copied
+    assert list(actions["backend"].choices) == ["transformers", "vllm"]
+    for name, field in ExtractOptions.model_fields.items():  # every field a flag, its default the model's
+        assert name in actions and (field.is_required() or actions[name].default == field.default), name
+        assert field.description in actions[name].help

@@ -9,6 +9,7 @@ import pytest
 
 import engine.data.regenerate as rg
 from engine.data import kept
+from engine.data.options import RegenerateOptions
 from engine.errors import WorkbenchError
 
 CHATS = [{"id": f"c{i}", "messages": [{"role": "user", "content": f"question {i}?"}]} for i in range(4)]
@@ -30,7 +31,7 @@ def answered(monkeypatch):
 
 def test_kept_rows_seed_another_machine_which_pays_only_the_new_rows(tiny_llama, tmp_path, answered,
                                                                       monkeypatch):
-    rg.regenerate(tiny_llama, CHATS[:2], tmp_path / "m1.jsonl", progress=False)
+    rg.regenerate(tiny_llama, CHATS[:2], RegenerateOptions(out=tmp_path / "m1.jsonl"), progress=False)
     prov = kept.keep("r", tmp_path / "m1.jsonl", OPTIONS, tmp_path / "kept")
     first = (tmp_path / "kept" / "r.jsonl.gz").read_bytes()
     assert prov["rows"] == 2 and prov["settings"]["max_new_tokens"] == 8
@@ -41,7 +42,7 @@ def test_kept_rows_seed_another_machine_which_pays_only_the_new_rows(tiny_llama,
     assert (tmp_path / "kept" / "r.provenance.json").read_bytes() == provenance  # nothing new: not rewritten
     answered.clear()
     assert kept.seed("r", tmp_path / "m2.jsonl", OPTIONS, tmp_path / "kept") == 2  # the other machine
-    summary = rg.regenerate(tiny_llama, CHATS, tmp_path / "m2.jsonl", progress=False)
+    summary = rg.regenerate(tiny_llama, CHATS, RegenerateOptions(out=tmp_path / "m2.jsonl"), progress=False)
     assert answered == ["question 2?", "question 3?"] and summary.already_done == 2
     rows = [json.loads(x) for x in (tmp_path / "m2.jsonl").read_text().splitlines()]
     assert [r["id"] for r in rows] == ["c0", "c1", "c2", "c3"]
@@ -49,7 +50,7 @@ def test_kept_rows_seed_another_machine_which_pays_only_the_new_rows(tiny_llama,
 
 
 def test_other_settings_are_not_mixed_in_and_a_changed_file_is_refused(tiny_llama, tmp_path, answered):
-    rg.regenerate(tiny_llama, CHATS[:2], tmp_path / "m1.jsonl", progress=False)
+    rg.regenerate(tiny_llama, CHATS[:2], RegenerateOptions(out=tmp_path / "m1.jsonl"), progress=False)
     kept.keep("r", tmp_path / "m1.jsonl", OPTIONS, tmp_path / "kept")
     assert kept.seed("r", tmp_path / "m2.jsonl", {**OPTIONS, "max_new_tokens": 16}, tmp_path / "kept") == 0
     assert not (tmp_path / "m2.jsonl").exists()
@@ -60,7 +61,7 @@ def test_other_settings_are_not_mixed_in_and_a_changed_file_is_refused(tiny_llam
 
 
 def test_a_users_file_under_the_kept_name_is_refused_untouched(tiny_llama, tmp_path, answered):
-    rg.regenerate(tiny_llama, CHATS[:1], tmp_path / "m1.jsonl", progress=False)
+    rg.regenerate(tiny_llama, CHATS[:1], RegenerateOptions(out=tmp_path / "m1.jsonl"), progress=False)
     (tmp_path / "kept").mkdir()
     (tmp_path / "kept" / "r.jsonl.gz").write_bytes(b"mine")
     with pytest.raises(WorkbenchError, match="did not write"):

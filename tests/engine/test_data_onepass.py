@@ -11,6 +11,7 @@ from test_data_regenerate import CHATS as REGENERATE_CHATS  # noqa: E402  (the t
 
 import engine.data.onepass as op
 from engine.data.extract import extract_hidden_states
+from engine.data.options import RegenerateOptions
 from engine.data.regenerate import regenerate
 from engine.data.render import render_dataset
 from engine.data.store import read_manifest, sample_indices
@@ -26,7 +27,8 @@ BF16_TOLERANCE = 2 ** -7  # relative to the value's magnitude (one bf16 step); c
 def two_steps(target, chats, tmp, layer_ids, *, max_new_tokens, batch_size, max_length, dtype="bf16"):
     """What users run today: regenerate, then extract --split all of its JSONL."""
     out = tmp / "two.jsonl"
-    regenerate(target, chats, out, max_new_tokens=max_new_tokens, batch_size=batch_size, progress=False)
+    regenerate(target, chats, RegenerateOptions(out=out, max_new_tokens=max_new_tokens, batch_size=batch_size),
+               progress=False)
     rows, _, _ = render_dataset(str(out), target.tokenizer, split="all", max_length=max_length)
     extract_hidden_states(target, rows, tmp / "two", layer_ids, dtype=dtype, progress=False,
                           header_extra={"dataset": str(out), "split": "all", "max_length": max_length, "seed": 0,
@@ -72,8 +74,10 @@ def test_same_jsonl_and_folder_as_regenerate_then_extract_tiny(tiny_llama, tmp_p
     out2, folder2 = two_steps(tiny_llama, CHATS, tmp_path, layer_ids, max_new_tokens=12, batch_size=batch_size,
                               max_length=200, dtype="fp32")
     out1 = tmp_path / "one.jsonl"
-    summary = op.regenerate_and_extract(tiny_llama, CHATS, out1, tmp_path / "one", layer_ids, max_new_tokens=12,
-                                        batch_size=batch_size, extract_max_length=200, dtype="fp32", progress=False)
+    summary = op.regenerate_and_extract(tiny_llama, CHATS,
+                                        RegenerateOptions(out=out1, extract_to=tmp_path / "one", max_new_tokens=12,
+                                                          batch_size=batch_size, extract_max_length=200, dtype="fp32"),
+                                        layer_ids, progress=False)
     assert read_rows(out1) == read_rows(out2)  # greedy answers equal, so the JSONL is the same
     assert summary.extracted == len(sample_indices(folder2))
     # fp32 files: the states of KV-cached decoding and of one full forward differ only in the last bits
@@ -86,15 +90,18 @@ def test_rendered_tokens_differing_from_the_fed_ones_are_run_on_the_cache(tiny_l
     tail = op.CapturingAnswerer._tail
     monkeypatch.setattr(op.CapturingAnswerer, "_tail", lambda self, ids, b, pad, p, cache: calls.append(
         (len(ids), p)) or tail(self, ids, b, pad, p, cache))
-    op.regenerate_and_extract(tiny_llama, CHATS[1:3], tmp_path / "o.jsonl", tmp_path / "o", [1], max_new_tokens=6,
-                              extract_max_length=200, progress=False)
+    op.regenerate_and_extract(tiny_llama, CHATS[1:3],
+                              RegenerateOptions(out=tmp_path / "o.jsonl", extract_to=tmp_path / "o", max_new_tokens=6,
+                                                extract_max_length=200), [1], progress=False)
     assert calls and all(0 < p < n for n, p in calls)  # a prefix came from generation, the rest from the cache
 
 
 def test_resume_after_interruption_gives_the_uninterrupted_result(tiny_llama, tmp_path, monkeypatch):
     layer_ids = [1, tiny_llama.num_layers]
-    kw = dict(max_new_tokens=8, batch_size=1, extract_max_length=200, progress=False)
-    op.regenerate_and_extract(tiny_llama, CHATS, tmp_path / "full.jsonl", tmp_path / "full", layer_ids, **kw)
+    kw = dict(max_new_tokens=8, batch_size=1, extract_max_length=200)
+    op.regenerate_and_extract(tiny_llama, CHATS,
+                              RegenerateOptions(out=tmp_path / "full.jsonl", extract_to=tmp_path / "full", **kw),
+                              layer_ids, progress=False)
     real_add = op.GrowingExtractionRun.add
     added = []
 
@@ -106,12 +113,15 @@ def test_resume_after_interruption_gives_the_uninterrupted_result(tiny_llama, tm
 
     monkeypatch.setattr(op.GrowingExtractionRun, "add", crash_after_two)
     with pytest.raises(KeyboardInterrupt):
-        op.regenerate_and_extract(tiny_llama, CHATS, tmp_path / "part.jsonl", tmp_path / "part", layer_ids, **kw)
+        op.regenerate_and_extract(tiny_llama, CHATS,
+                                  RegenerateOptions(out=tmp_path / "part.jsonl", extract_to=tmp_path / "part", **kw),
+                                  layer_ids, progress=False)
     assert len(read_rows(tmp_path / "part.jsonl")) == 2 and sample_indices(tmp_path / "part") == [0]
     assert read_manifest(tmp_path / "part")["complete"] is False
     monkeypatch.setattr(op.GrowingExtractionRun, "add", real_add)
-    summary = op.regenerate_and_extract(tiny_llama, CHATS, tmp_path / "part.jsonl", tmp_path / "part", layer_ids,
-                                        **kw)
+    summary = op.regenerate_and_extract(tiny_llama, CHATS,
+                                        RegenerateOptions(out=tmp_path / "part.jsonl", extract_to=tmp_path / "part",
+                                                          **kw), layer_ids, progress=False)
     assert summary.already_done == 2 and summary.written == 2
     assert read_rows(tmp_path / "part.jsonl") == read_rows(tmp_path / "full.jsonl")
     assert_same_folders(tmp_path / "part", tmp_path / "full", rtol=2 ** -7, atol=1e-5)
@@ -123,7 +133,8 @@ def test_a_users_file_in_the_folder_is_refused_untouched(tiny_llama, tmp_path):
     folder.mkdir()
     (folder / "hs_1.safetensors").write_bytes(b"mine")
     with pytest.raises(WorkbenchError, match="did not write"):
-        op.regenerate_and_extract(tiny_llama, CHATS, tmp_path / "o.jsonl", folder, [1], max_new_tokens=4,
+        op.regenerate_and_extract(tiny_llama, CHATS,
+                                  RegenerateOptions(out=tmp_path / "o.jsonl", extract_to=folder, max_new_tokens=4), [1],
                                   progress=False)
     assert (folder / "hs_1.safetensors").read_bytes() == b"mine" and not (tmp_path / "o.jsonl").exists()
 
@@ -133,7 +144,7 @@ def test_sampling_and_vllm_are_refused_with_a_hint(tmp_path):
 
     for kw in ({"temperature": 0.7}, {"backend": "vllm"}):
         with pytest.raises(WorkbenchError, match="greedily") as e:
-            regenerate_dataset(out=str(tmp_path / "o.jsonl"), extract_to=str(tmp_path / "hs"), **kw)
+            regenerate_dataset(RegenerateOptions(out=str(tmp_path / "o.jsonl"), extract_to=str(tmp_path / "hs"), **kw))
         assert "extract" in e.value.hint
 
 
@@ -154,8 +165,10 @@ def test_builtin_target_short_conversations(builtin_target, tmp_path):
     layer_ids = resolve_layer_ids(builtin_target.num_layers, None, None)
     _, folder2 = two_steps(builtin_target, chats, tmp_path, layer_ids, max_new_tokens=24, batch_size=3,
                            max_length=512)
-    op.regenerate_and_extract(builtin_target, chats, tmp_path / "one.jsonl", tmp_path / "one", layer_ids,
-                              max_new_tokens=24, batch_size=3, extract_max_length=512, progress=False)
+    op.regenerate_and_extract(builtin_target, chats,
+                              RegenerateOptions(out=tmp_path / "one.jsonl", extract_to=tmp_path / "one",
+                                                max_new_tokens=24, batch_size=3, extract_max_length=512), layer_ids,
+                              progress=False)
     assert read_rows(tmp_path / "one.jsonl") == read_rows(tmp_path / "two.jsonl")
     worst = assert_same_folders(tmp_path / "one", folder2, rtol=2 ** -6, atol=2e-2)
     print(f"built-in target, bf16 files: max |one pass - two steps| = {worst:.3g}")
@@ -222,10 +235,14 @@ def test_cli_one_pass_then_extract_of_the_same_file_equals_it(tiny_targets, tmp_
 def test_a_conversation_whose_states_were_not_kept_is_extracted_in_its_place(tiny_llama, tmp_path, monkeypatch):
     """Sample indices must stay those of `extract`: a row without kept states is extracted, not skipped."""
     layer_ids = [1, tiny_llama.num_layers]
-    kw = dict(max_new_tokens=8, batch_size=2, extract_max_length=200, dtype="fp32", progress=False)
-    op.regenerate_and_extract(tiny_llama, CHATS, tmp_path / "a.jsonl", tmp_path / "a", layer_ids, **kw)
+    kw = dict(max_new_tokens=8, batch_size=2, extract_max_length=200, dtype="fp32")
+    op.regenerate_and_extract(tiny_llama, CHATS,
+                              RegenerateOptions(out=tmp_path / "a.jsonl", extract_to=tmp_path / "a", **kw), layer_ids,
+                              progress=False)
     keep = op.CapturingAnswerer._keep
     monkeypatch.setattr(op.CapturingAnswerer, "_keep", lambda self, messages, *a: None if "Be brief." in json.dumps(
         messages) else keep(self, messages, *a))
-    op.regenerate_and_extract(tiny_llama, CHATS, tmp_path / "b.jsonl", tmp_path / "b", layer_ids, **kw)
+    op.regenerate_and_extract(tiny_llama, CHATS,
+                              RegenerateOptions(out=tmp_path / "b.jsonl", extract_to=tmp_path / "b", **kw), layer_ids,
+                              progress=False)
     assert assert_same_folders(tmp_path / "b", tmp_path / "a", rtol=1e-4, atol=1e-5) < 1e-4

@@ -8,6 +8,7 @@ import pytest
 
 import engine.data.regenerate as rg
 from engine.data.datasets import load_conversations
+from engine.data.options import RegenerateOptions
 from engine.errors import WorkbenchError
 
 CHATS = [
@@ -37,7 +38,7 @@ def spy(monkeypatch):
 
 def test_multi_turn_history_uses_the_targets_own_answers(tiny_llama, tmp_path, spy):
     out = tmp_path / "r.jsonl"
-    summary = rg.regenerate(tiny_llama, CHATS, out, batch_size=8, progress=False)
+    summary = rg.regenerate(tiny_llama, CHATS, RegenerateOptions(out=out, batch_size=8), progress=False)
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["id"] for r in rows] == ["multi", "single", "third"]
     multi = rows[0]["messages"]
@@ -50,10 +51,10 @@ def test_multi_turn_history_uses_the_targets_own_answers(tiny_llama, tmp_path, s
 
 def test_resume_skips_written_rows_and_drops_a_partial_line(tiny_llama, tmp_path, spy):
     out = tmp_path / "r.jsonl"
-    rg.regenerate(tiny_llama, CHATS[:1], out, progress=False)
+    rg.regenerate(tiny_llama, CHATS[:1], RegenerateOptions(out=out), progress=False)
     with open(out, "a") as f:
         f.write('{"id": "single", "messages": [{"role": "us')  # a crash in the middle of a write
-    summary = rg.regenerate(tiny_llama, CHATS, out, batch_size=1, progress=False)
+    summary = rg.regenerate(tiny_llama, CHATS, RegenerateOptions(out=out, batch_size=1), progress=False)
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["id"] for r in rows] == ["multi", "single", "third"]
     assert summary.already_done == 1 and summary.written == 2
@@ -63,17 +64,19 @@ def test_resume_skips_written_rows_and_drops_a_partial_line(tiny_llama, tmp_path
 
 def test_max_turns_and_prompts_too_long(tiny_llama, tmp_path, spy):
     out = tmp_path / "r.jsonl"
-    rg.regenerate(tiny_llama, CHATS, out, max_turns=1, progress=False)
+    rg.regenerate(tiny_llama, CHATS, RegenerateOptions(out=out, max_turns=1), progress=False)
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [m["role"] for m in rows[0]["messages"]] == ["system", "user", "assistant"]
-    summary = rg.regenerate(tiny_llama, CHATS, tmp_path / "short.jsonl", max_length=20, max_new_tokens=8,
+    summary = rg.regenerate(tiny_llama, CHATS,
+                            RegenerateOptions(out=tmp_path / "short.jsonl", max_length=20, max_new_tokens=8),
                             progress=False)
     assert summary.written == 0 and summary.skipped["no answer (prompt too long or empty answer)"] == 3
 
 
 def test_real_generation_with_the_tiny_target(tiny_llama, tmp_path):
     out = tmp_path / "r.jsonl"
-    summary = rg.regenerate(tiny_llama, CHATS, out, max_new_tokens=4, batch_size=2, progress=False)
+    summary = rg.regenerate(tiny_llama, CHATS, RegenerateOptions(out=out, max_new_tokens=4, batch_size=2),
+                            progress=False)
     assert summary.new_tokens > 0 and summary.answers + sum(summary.skipped.values()) >= 3
     for row in (json.loads(line) for line in out.read_text().splitlines()):
         assert row["messages"][-1]["role"] == "assistant" and row["messages"][-1]["content"]
@@ -88,7 +91,8 @@ def test_greedy_batched_answers_match_one_by_one(tiny_llama):
 
 def test_tokenised_rows_cannot_be_regenerated(tiny_llama, tmp_path):
     with pytest.raises(WorkbenchError, match="needs chat rows"):
-        rg.regenerate(tiny_llama, [{"id": "t", "input_ids": [1], "loss_mask": [1]}], tmp_path / "x.jsonl")
+        rg.regenerate(tiny_llama, [{"id": "t", "input_ids": [1], "loss_mask": [1]}],
+                      RegenerateOptions(out=tmp_path / "x.jsonl"))
 
 
 def test_a_file_being_written_is_refused(tmp_path):
@@ -109,7 +113,8 @@ def test_an_answer_hook_needs_only_the_tokenizer(tiny_targets, tmp_path):
         seen.append(len(histories))
         return [("served answer", 2, True) for _ in histories]
 
-    summary = rg.regenerate(target, CHATS, tmp_path / "r.jsonl", batch_size=3, answer=answer, progress=False)
+    summary = rg.regenerate(target, CHATS, RegenerateOptions(out=tmp_path / "r.jsonl", batch_size=3), answer=answer,
+                            progress=False)
     rows = [json.loads(line) for line in (tmp_path / "r.jsonl").read_text().splitlines()]
     assert seen == [3, 1] and summary.answers == 4 and rows[0]["regenerated"]["backend"] == "vllm"
     assert rows[1]["messages"][-1] == {"role": "assistant", "content": "served answer"}

@@ -12,6 +12,7 @@ from safetensors.torch import save_file
 
 from engine.data import vllm_backend as vb
 from engine.data.extract import TargetInfo, extract_hidden_states, load_sample
+from engine.data.options import ExtractOptions
 from engine.data.render import render_rows
 from engine.errors import WorkbenchError
 from engine.targets import capture_hidden_states
@@ -68,7 +69,7 @@ def test_unavailable_vllm_is_a_clear_error(monkeypatch, tmp_path):
     from engine.data.extract import extract_dataset
 
     with pytest.raises(WorkbenchError, match="cannot run"):
-        extract_dataset("anything", "sharegpt", tmp_path / "unused", backend="vllm")
+        extract_dataset(ExtractOptions(target="anything", dataset="sharegpt", out=tmp_path / "unused", backend="vllm"))
     assert not (tmp_path / "unused").exists()
 
 
@@ -117,7 +118,8 @@ def test_vllm_flow_writes_the_same_files_as_transformers(tiny_llama, tmp_path, f
     monkeypatch.setattr(vb, "staging_dir", lambda out: Path(out) / ".staging")
     (tmp_path / "v" / ".staging").mkdir(parents=True)
     llm = make(tmp_path / "v" / ".staging")
-    manifest = vb.extract_rows_vllm(info.path, info, rows, tmp_path / "v", ids, llm=llm, chunk=2, progress=False)
+    manifest = vb.extract_rows_vllm(info, rows, ExtractOptions(out=tmp_path / "v"), ids, llm=llm, chunk=2,
+                                    progress=False)
     assert manifest["backend"] == "vllm" and manifest["samples"] == len(rows) and manifest["complete"]
     assert not (tmp_path / "v" / ".staging").exists()  # staging files collected and removed
     extract_hidden_states(tiny_llama, rows, tmp_path / "t", ids, progress=False)
@@ -128,7 +130,7 @@ def test_vllm_flow_writes_the_same_files_as_transformers(tiny_llama, tmp_path, f
     # resume: nothing left to do, no request sent
     (tmp_path / "v" / ".staging").mkdir()
     again = make(tmp_path / "v" / ".staging")
-    vb.extract_rows_vllm(info.path, info, rows, tmp_path / "v", ids, llm=again, progress=False)
+    vb.extract_rows_vllm(info, rows, ExtractOptions(out=tmp_path / "v"), ids, llm=again, progress=False)
     assert again.calls == 0
 
 
@@ -142,7 +144,7 @@ def test_vllm_token_mismatch_is_refused(tiny_llama, tmp_path, fake_vllm, monkeyp
     llm.generate = lambda prompts, params, use_tqdm=True: real(
         [{"prompt_token_ids": p["prompt_token_ids"][:-1]} for p in prompts], params)
     with pytest.raises(WorkbenchError, match="other token ids"):
-        vb.extract_rows_vllm(info.path, info, rows, tmp_path, [1, 4], llm=llm, progress=False)
+        vb.extract_rows_vllm(info, rows, ExtractOptions(out=tmp_path), [1, 4], llm=llm, progress=False)
     assert not list(tmp_path.glob("hs_*"))
 
 
@@ -171,11 +173,13 @@ def test_vllms_cpu_build_extracts_what_transformers_extracts(tmp_path):
     env = ensure_vllm_env()
     assert env.flavor == "cpu" or torch.cuda.is_available()
     target = save_tiny_target(tmp_path / "target", "qwen3", hidden_size=128)
-    common = dict(max_samples=6, max_length=96, dtype="fp32", algo="eagle3", progress=False)
+    common = dict(max_samples=6, max_length=96, dtype="fp32", algo="eagle3")
     from engine.data.extract import extract_dataset
 
-    theirs = extract_dataset(str(target), "sharegpt", tmp_path / "vllm", backend="vllm", **common)
-    ours = extract_dataset(str(target), "sharegpt", tmp_path / "hf", backend="transformers", **common)
+    theirs = extract_dataset(ExtractOptions(target=str(target), dataset="sharegpt", out=tmp_path / "vllm",
+                                            backend="vllm", **common), progress=False)
+    ours = extract_dataset(ExtractOptions(target=str(target), dataset="sharegpt", out=tmp_path / "hf",
+                                          backend="transformers", **common), progress=False)
     assert theirs["backend"] == "vllm" and theirs["complete"] and theirs["samples"] == ours["samples"] == 6
     assert theirs["layer_ids"] == ours["layer_ids"] and theirs["dtype"] == "fp32"
     for i in range(ours["samples"]):

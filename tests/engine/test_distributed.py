@@ -16,6 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from engine.data.options import ExtractOptions
 from engine.format.validate import validate_draft
 from engine.train.config import TrainConfig
 from engine.train.trainer import Trainer
@@ -80,8 +81,8 @@ def dist_data(tiny_targets, tmp_path_factory) -> Path:
     from engine.data.extract import extract_dataset
 
     out = tmp_path_factory.mktemp("hs") / "llama"
-    extract_dataset(str(tiny_targets["llama"]), "sharegpt", out, algo="eagle3", max_samples=24, max_length=160,
-                    dtype="fp32", progress=False)
+    extract_dataset(ExtractOptions(target=str(tiny_targets["llama"]), dataset="sharegpt", out=out, algo="eagle3",
+                                   max_samples=24, max_length=160, dtype="fp32"), progress=False)
     return out
 
 

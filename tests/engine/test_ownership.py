@@ -14,6 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from engine.data.options import ExtractOptions
 from engine.errors import WorkbenchError
 from engine.fsutil import OWNER_MARKER, claim_names
 
@@ -122,8 +123,8 @@ def test_train_refuses_an_out_folder_holding_the_users_metrics(tiny_targets, tmp
     from engine.train.trainer import Trainer
 
     data = tmp_path / "hs"
-    extract_dataset(str(tiny_targets["llama"]), "sharegpt", data, algo="eagle3", max_samples=6, max_length=96,
-                    dtype="fp32", progress=False)
+    extract_dataset(ExtractOptions(target=str(tiny_targets["llama"]), dataset="sharegpt", out=data, algo="eagle3",
+                                   max_samples=6, max_length=96, dtype="fp32"), progress=False)
     out = tmp_path / "run"
     out.mkdir()
     (out / "metrics.jsonl").write_text("my own log\n")

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from engine.data.options import ExtractOptions, RegenerateOptions
 from engine.errors import WorkbenchError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -331,7 +332,7 @@ def test_regenerate_refuses_a_file_it_did_not_write(tmp_path, fake_answers, cont
     out = tmp_path / "precious.jsonl"
     out.write_bytes(content)
     with pytest.raises(WorkbenchError, match="did not write") as info:
-        rg.regenerate(_Target(), _CHATS, out, progress=False)
+        rg.regenerate(_Target(), _CHATS, RegenerateOptions(out=out), progress=False)
     assert info.value.where == str(out) and "new file" in info.value.hint
     assert out.read_bytes() == content
     with pytest.raises(WorkbenchError, match="did not write"):
@@ -345,11 +346,11 @@ def test_regenerate_still_repairs_and_resumes_its_own_file(tmp_path, fake_answer
     import engine.data.regenerate as rg
 
     out = tmp_path / "r.jsonl"
-    rg.regenerate(_Target(), _CHATS[:1], out, progress=False)
+    rg.regenerate(_Target(), _CHATS[:1], RegenerateOptions(out=out), progress=False)
     rg.check_output(out)
     with open(out, "ab") as f:
         f.write(b'{"id": "b", "messages": [{"role": "us')  # a crash in the middle of a write
-    summary = rg.regenerate(_Target(), _CHATS, out, progress=False)
+    summary = rg.regenerate(_Target(), _CHATS, RegenerateOptions(out=out), progress=False)
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["id"] for r in rows] == ["a", "b"] and summary.already_done == 1 and summary.written == 1
 
@@ -849,8 +850,9 @@ def test_regenerate_keeps_prompt_only_rows(tiny_targets, tmp_path, monkeypatch):
     kept, summary = load_conversations(str(tmp_path / "prompts.jsonl"), split="all")
     assert [r["id"] for r in kept] == ["c4"] and summary.skipped["no assistant turn"] == 3  # training: dropped
     monkeypatch.setattr(rg, "generate_answers", lambda target, histories, **kw: [("sure", 1, True)] * len(histories))
-    result = regenerate_dataset(out=str(tmp_path / "out.jsonl"), dataset=str(tmp_path / "prompts.jsonl"),
-                                target=str(tiny_targets["llama"]), split="all", max_new_tokens=2)
+    result = regenerate_dataset(RegenerateOptions(out=str(tmp_path / "out.jsonl"),
+                                                  dataset=str(tmp_path / "prompts.jsonl"),
+                                                  target=str(tiny_targets["llama"]), split="all", max_new_tokens=2))
     written = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
     assert result.written == 4 and [r["id"] for r in written] == ["p1", "p2", "p3", "c4"]
     assert written[1]["messages"] == [{"role": "user", "content": "tell me a joke"},
@@ -865,8 +867,8 @@ def tiny_hs(tiny_targets, tmp_path_factory) -> Path:
     from engine.data.extract import extract_dataset
 
     out = tmp_path_factory.mktemp("hs") / "llama"
-    extract_dataset(str(tiny_targets["llama"]), "sharegpt", out, algo="eagle3", max_samples=12, max_length=96,
-                    dtype="fp32", progress=False)
+    extract_dataset(ExtractOptions(target=str(tiny_targets["llama"]), dataset="sharegpt", out=out, algo="eagle3",
+                                   max_samples=12, max_length=96, dtype="fp32"), progress=False)
     return out
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from engine.data.options import ExtractOptions
 from engine.format.checkpoint import tensor_index
 from engine.format.validate import validate_draft
 from engine.train.config import TrainConfig
@@ -23,8 +24,8 @@ ROOT = Path(__file__).resolve().parents[2]
 def extract(target_dir: Path, out: Path, n: int = 24, max_length: int = 160) -> Path:
     from engine.data.extract import extract_dataset
 
-    extract_dataset(str(target_dir), "sharegpt", out, algo="eagle3", max_samples=n, max_length=max_length,
-                    dtype="fp32", progress=False)
+    extract_dataset(ExtractOptions(target=str(target_dir), dataset="sharegpt", out=out, algo="eagle3", max_samples=n,
+                                   max_length=max_length, dtype="fp32"), progress=False)
     return out
 
 
@@ -227,10 +228,11 @@ def test_tiny_recipe_runs_every_step_and_writes_the_model_card(tiny_targets, tmp
     assert json.loads((tmp_path / "work" / "sweep.json").read_text())["rows"] == sweep  # measurements kept too
 
     from engine.recipes.recipe import k_sweep
+    from engine.recipes.spec import load_recipe
 
     weights = tmp_path / "work" / "train" / "draft" / "model.safetensors"
     os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))  # "trained again"
-    again = k_sweep(yaml.safe_load(path.read_text()))
+    again = k_sweep(load_recipe(str(path)))  # a validated recipe: its defaults filled
     assert [r["k"] for r in again] == [1, 2]
     assert all(r["weights"] != s["weights"] for r, s in zip(again, sweep, strict=True))
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from engine.format import vllm_rules as vr
+from engine.measure.options import BenchOptions
 from testkit.vllm import assert_accepts_as_ours
 from tiny import FAMILIES, algo_flags, save_tiny_target, tiny_config
 
@@ -94,7 +95,6 @@ def vllm_pool(tmp_path_factory):
 @pytest.mark.parametrize("family,algo", _cells())
 def test_vllm_serves_the_familys_draft_with_our_acceptance(family, algo, vllm_pool, tmp_path, capsys):
     from engine.errors import WorkbenchError
-    from engine.generate.sampling import SamplingParams
     from engine.measure.bench import run_bench
     from engine.serve.bench import run_vllm_bench
     from engine.targets import load_target
@@ -113,8 +113,9 @@ def test_vllm_serves_the_familys_draft_with_our_acceptance(family, algo, vllm_po
     served = run_vllm_bench(PROMPTS, methods=("baseline", "draft"), **bench)["methods"]["draft"]
     assert served["identical_to_baseline"], served["first_divergence"]
     assert served["num_drafts"] > 0 and served["num_draft_tokens"] == K * served["num_drafts"]
-    ours = run_bench(load_target(str(target), dtype="fp32"), PROMPTS, methods=("draft",), draft=str(draft), k=K,
-                     params=SamplingParams(max_new_tokens=MAX_TOKENS), measure_cost=False, progress=False)
+    ours = run_bench(load_target(str(target), dtype="fp32"), PROMPTS,
+                     BenchOptions(methods=("draft",), draft=str(draft), k=K, max_new_tokens=MAX_TOKENS),
+                     measure_cost=False, progress=False)
     ours = ours["methods"]["draft"]
     print(f"\n{family} {algo}: acceptance length vLLM {served['mean_acceptance_length']:.4f}, ours "
           f"{ours['mean_acceptance_length']:.4f}; per position vLLM {served['per_position_acceptance']}, ours "

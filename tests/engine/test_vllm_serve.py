@@ -22,6 +22,7 @@ import pytest
 import torch
 
 from engine.errors import WorkbenchError
+from engine.measure.options import BenchOptions
 from engine.serve.metrics import parse_prometheus, parse_spec_metrics, spec_delta
 from testkit.drafts import peagle_from_eagle3, random_eagle3_draft
 from testkit.vllm import assert_accepts_as_ours
@@ -328,14 +329,14 @@ def test_shipped_draft_explicit_form_lossless_and_acceptance_matches_ours(vllm_b
     Both run in float32 here; served in bf16 (the default) vLLM's verification rounds differently from its
     one-token steps, so a near-tie can flip and the continuation (and its acceptance) then differs slightly.
     """
-    from engine.generate.sampling import SamplingParams
     from engine.measure.bench import run_bench
 
     result = vllm_bench(SHIPPED, methods=("baseline", "draft"), tokenize=True)
     draft = result["methods"]["draft"]
     assert draft["identical_to_baseline"], draft["first_divergence"]
-    ours = run_bench(builtin_target, PROMPTS, methods=("draft",), draft=str(SHIPPED), k=K,
-                     params=SamplingParams(max_new_tokens=MAX_TOKENS), measure_cost=False, progress=False)
+    ours = run_bench(builtin_target, PROMPTS,
+                     BenchOptions(methods=("draft",), draft=str(SHIPPED), k=K, max_new_tokens=MAX_TOKENS),
+                     measure_cost=False, progress=False)
     assert_accepts_as_ours(draft, ours["methods"]["draft"], "shipped EAGLE-3 draft")
     assert draft["mean_acceptance_length"] > 1.2  # a trained draft (a random one stays at about 1.0)
 
@@ -386,14 +387,14 @@ def test_shipped_dflash_draft_is_lossless_in_vllm_and_accepts_as_ours(vllm_bench
     """Our DFlash checkpoint, the shipped trained one, in real vLLM (explicit form, fp32): loads (tensor names,
     shapes, dflash_config), greedy output identical to vLLM alone, one draft of K tokens per step, and vLLM's
     accepted tokens per draft equal to ours on the same prompts, well above an untrained draft's."""
-    from engine.generate.sampling import SamplingParams
     from engine.measure.bench import run_bench
 
     draft = vllm_bench(SHIPPED_DFLASH, methods=("baseline", "draft"), tokenize=True)["methods"]["draft"]
     assert draft["identical_to_baseline"], draft["first_divergence"]
     assert draft["num_drafts"] > 0 and draft["num_draft_tokens"] == K * draft["num_drafts"]
-    ours = run_bench(builtin_target, PROMPTS, methods=("draft",), draft=str(SHIPPED_DFLASH), k=K,
-                     params=SamplingParams(max_new_tokens=MAX_TOKENS), measure_cost=False, progress=False)
+    ours = run_bench(builtin_target, PROMPTS,
+                     BenchOptions(methods=("draft",), draft=str(SHIPPED_DFLASH), k=K, max_new_tokens=MAX_TOKENS),
+                     measure_cost=False, progress=False)
     assert_accepts_as_ours(draft, ours["methods"]["draft"], "shipped DFlash draft")
     assert draft["mean_acceptance_length"] > 1.15  # trained (an untrained draft stays at about 1.0)
 
@@ -415,15 +416,15 @@ def test_peagle_draft_is_served_by_vllm_losslessly_with_our_per_position_accepta
     """Our P-EAGLE checkpoint in real vLLM (eagle3 + parallel_drafting, fp32): loads (mask_hidden, embed_tokens with
     the mask row, pard_token), greedy output identical to vLLM alone, K drafts per step from one forward, and vLLM's
     per-position acceptance within 10% of ours on the same prompts (position 1 is accepted: EAGLE-3's trained step)."""
-    from engine.generate.sampling import SamplingParams
     from engine.measure.bench import run_bench
 
     result = vllm_bench(peagle_draft, methods=("baseline", "draft"), tokenize=True)
     draft = result["methods"]["draft"]
     assert draft["identical_to_baseline"], draft["first_divergence"]
     assert draft["num_drafts"] > 0 and draft["num_draft_tokens"] == K * draft["num_drafts"]
-    ours = run_bench(builtin_target, PROMPTS, methods=("draft",), draft=str(peagle_draft), k=K,
-                     params=SamplingParams(max_new_tokens=MAX_TOKENS), measure_cost=False, progress=False)
+    ours = run_bench(builtin_target, PROMPTS,
+                     BenchOptions(methods=("draft",), draft=str(peagle_draft), k=K, max_new_tokens=MAX_TOKENS),
+                     measure_cost=False, progress=False)
     assert_accepts_as_ours(draft, ours["methods"]["draft"], "P-EAGLE draft")
     mine, theirs = ours["methods"]["draft"]["per_position_acceptance"], draft["per_position_acceptance"]
     print(f"\nP-EAGLE per-position acceptance: vLLM {theirs}, ours {mine}")

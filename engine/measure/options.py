@@ -1,0 +1,112 @@
+"""The typed options of `bench` and `evaluate`: field descriptions are their CLI and form help."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from engine.errors import WorkbenchError
+from engine.options import Options
+from engine.targets import DECODE_DTYPE_HELP, DECODE_DTYPES
+
+ALL_METHODS = ("baseline", "draft", "ngram", "hf_prompt_lookup", "hf_assisted")
+TARGET_HELP = ("target: built-in name, folder or hub id (default: the draft's verifier when it is available here, "
+               "else the built-in); one of another shape than the draft's verifier is refused")
+DRAFT_HELP = "draft folder (default: the shipped draft of a built-in target)"
+
+
+class BenchOptions(Options):
+    """`bench`: baseline and speculative methods on the same prompts."""
+
+    target: str | None = Field(None, description=TARGET_HELP)
+    draft: str | None = Field(None, description=DRAFT_HELP)
+    prompts: str = Field("sharegpt", description="JSONL file ({'prompt': str} or {'messages': [...]} per line) or a "
+                         "built-in dataset name (its held-out prompts)")
+    num_prompts: int = Field(20, ge=1, description="prompts to use")
+    max_prompt_chars: int = Field(1500, ge=1, description="skip built-in held-out prompts longer than this (keeps "
+                                  "CPU runs short)")
+    max_new_tokens: int = Field(128, ge=1, description="tokens generated per prompt")
+    k: int = Field(3, ge=1, description="draft tokens per step")
+    temperature: float = Field(0.0, ge=0, description="0 = greedy")
+    top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling when temperature > 0")
+    top_k: int = Field(0, ge=0, description="top-k sampling when temperature > 0 (0 = off)")
+    seed: int = Field(0, description="seed of the prompt choice and of sampling")
+    methods: str = Field(",".join(ALL_METHODS), description=f"comma-separated subset of {','.join(ALL_METHODS)}")
+    assistant: str | None = Field(None, description="assistant model folder for hf_assisted")
+    backend: Literal["transformers", "vllm"] = Field(
+        "transformers", description="in-process engine, or real vLLM through its OpenAI API and /metrics")
+    dtype: Literal[DECODE_DTYPES] = Field(
+        "auto", description="target dtype. vLLM backend: serving dtype, auto = bfloat16 (bf16 verification can flip "
+        "near-ties; float32 is exact). In-process: " + DECODE_DTYPE_HELP.split(": ", 1)[1])
+    threads: int | None = Field(None, ge=1, description="torch CPU threads")
+
+    @field_validator("methods", mode="before")
+    @classmethod
+    def _methods_as_text(cls, value):
+        return ",".join(value) if isinstance(value, (list, tuple)) else value
+
+    def sampling(self):
+        """The sampling parameters of every method (engine.generate.sampling)."""
+        from engine.generate.sampling import SamplingParams
+
+        return SamplingParams(max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_p=self.top_p,
+                              top_k=self.top_k, seed=self.seed)
+
+    def method_names(self) -> tuple[str, ...]:
+        names = tuple(m.strip() for m in self.methods.split(",") if m.strip())
+        bad = [m for m in names if m not in ALL_METHODS]
+        if bad:
+            raise WorkbenchError(f"unknown methods {bad}", hint=f"choose from {list(ALL_METHODS)}")
+        return names
+
+
+def parse_ks(text: str) -> list[int]:
+    """k values as a user writes them: 1,2,3 or a range 1-5 (also 1..5)."""
+    try:
+        if "-" in text or ".." in text:
+            lo, hi = text.replace("..", "-").split("-")
+            return list(range(int(lo), int(hi) + 1))
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a list of k values (e.g. 1,2,3 or 1-5)") from None
+
+
+class EvaluateOptions(Options):
+    """`evaluate`: decoding-exact acceptance per k on held-out target outputs, without decoding."""
+
+    draft: str | None = Field(None, description=DRAFT_HELP)
+    target: str | None = Field(None, description=TARGET_HELP)
+    data: str | None = Field(None, description="extracted hidden states of held-out target outputs (`extract` of a "
+                             "regenerated val split); the fast path: no target forward at all; not with --dataset")
+    dataset: str = Field("sharegpt", description="a dataset whose held-out (val) prompts the target answers once, "
+                         "greedily")
+    num_prompts: int = Field(20, ge=1, description="held-out prompts or samples to use")
+    max_new_tokens: int = Field(128, ge=0, description="answer length, as `bench --max-new-tokens` (0 = the data's "
+                                "whole answers)")
+    k: list[int] | None = Field(None, description="k values, e.g. 1,2,3 or 1-5",
+                                json_schema_extra={"parse": parse_ks, "shown_default": "1..max(5, the draft's k)"})
+    max_prompt_chars: int = Field(1500, ge=1, description="skip longer held-out prompts (as bench)")
+    seed: int = Field(0, description="seed of the prompt choice")
+    temperature: float = Field(
+        0.0, ge=0, description="also the expected acceptance of sampled decoding at this temperature (sum of "
+        "min(p, q) per position along the greedy walk: an expectation, not a walk; online only)")
+    forecast: bool = Field(False, description="measure the target's verify cost and the draft's cost per step here "
+                           "and forecast the speedup")
+    dtype: Literal[DECODE_DTYPES] = Field("auto", description=DECODE_DTYPE_HELP)
+    all_drafts: bool = Field(
+        False, description="verify every drafted token: a proposer's own cut (fewer drafts when it is not "
+        "confident) is not applied, so the table scores the draft's tokens alone, not what decoding would verify")
+    walks: bool = Field(False, description="keep each sample's accepted-count sequence in the JSON")
+
+    @field_validator("k", mode="before")
+    @classmethod
+    def _k_text(cls, value):
+        return parse_ks(value) if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _one_source(self):
+        if self.data and "dataset" in self.model_fields_set:
+            raise WorkbenchError("--data and --dataset both name the held-out samples", hint="give one of the two")
+        return self
