@@ -182,6 +182,37 @@ def dspark_deepspec(folder: Path, layers: int = 2, shared: tuple[torch.Tensor, t
     return write_checkpoint(folder, cfg, state)
 
 
+RANK, TAPS, GROUP = 8, 2, 16  # DFlash2's selector rank, convolution taps and channels per kernel
+
+
+def dflash2_zlab(folder: Path, layers: int = 2, *, multiplier: float = 1.0, codebook_suffix: str = "",
+                 extra: dict | None = None) -> Path:
+    """z-lab DFlash2 (DFlash2DraftModel): z-lab DFlash's config with the DFlash2 settings, output scaling and the
+    mask token inside dflash_config (target_layer_ids in output numbering), per-layer attention_conv/mlp_conv and
+    the candidate selector (`codebook_suffix` ".weight": codebooks saved as Embeddings)."""
+    torch.manual_seed(8)
+    dc = {"block_size": 4, "conv_group_size": GROUP, "conv_kernel_size": TAPS, "mask_token_id": MASK,
+          "selector_rank": RANK, "selector_top_k": 16, "target_layer_ids": [0, 1, 2], "output_multiplier": multiplier,
+          **(extra or {})}
+    cfg = {"architectures": ["DFlash2DraftModel"], "model_type": "qwen3", "hidden_size": H, "intermediate_size": FF,
+           "num_attention_heads": NH, "num_key_value_heads": NKV, "head_dim": HD, "num_hidden_layers": layers,
+           "hidden_act": "silu", "rms_norm_eps": 1e-6, "vocab_size": V, "max_position_embeddings": 1024,
+           "rope_theta": 1000000, "tie_word_embeddings": False, "attention_bias": False, "is_causal": False,
+           "layer_types": ["full_attention"] * layers, "num_target_layers": N, "use_cache": False, "dflash_config": dc}
+    state = {"fc.weight": torch.randn(H, 3 * H) * 0.1, "hidden_norm.weight": 1 + 0.1 * torch.randn(H),
+             "norm.weight": 1 + 0.1 * torch.randn(H),
+             f"candidate_selector.predecessor_codebook{codebook_suffix}": torch.randn(V, RANK) * 0.5,
+             f"candidate_selector.successor_codebook{codebook_suffix}": torch.randn(V, RANK) * 0.5,
+             "candidate_selector.hidden_projection.weight": torch.randn(RANK, H) * 0.5}
+    for i in range(layers):
+        state |= layer_tensors(f"layers.{i}.", H, qk_norm=True, first=False)
+        for conv in ("attention_conv", "mlp_conv"):
+            state[f"layers.{i}.{conv}.base_kernel"] = torch.randn(2, TAPS, H) * 0.5
+            state[f"layers.{i}.{conv}.kernel_projection.weight"] = torch.randn(2 * TAPS * (H // GROUP), H) * 0.1
+    return write_checkpoint(folder, cfg, state)
+
+
 LAYOUTS = {"eagle3-safeailab": safeailab, "eagle3-specforge": specforge, "eagle3-modelopt": modelopt,
            "eagle3-qwen3": qwen3_layers, "dflash-zlab": dflash_zlab, "peagle-specforge": peagle_specforge,
-           "peagle-aws": peagle_aws, "dspark-deepspec": dspark_deepspec}
+           "peagle-aws": peagle_aws, "dspark-deepspec": dspark_deepspec,
+           "dflash2-zlab": dflash2_zlab}

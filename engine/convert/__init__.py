@@ -4,6 +4,7 @@ explicit key-mapping table), registered by name, plus the layouts that cannot be
 from __future__ import annotations
 
 from engine.convert import (
+    dflash2_zlab,  # noqa: F401
     dflash_zlab,  # noqa: F401
     dspark_deepspec,  # noqa: F401
     eagle3_modelopt,  # noqa: F401  (registration; detection order: Converter.precedence)

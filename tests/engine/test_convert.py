@@ -22,10 +22,12 @@ from convert_layouts import (
     MASK,
     NH,
     NKV,
+    RANK,
     VD,
     H,
     R,
     V,
+    dflash2_zlab,
     dflash_zlab,
     dspark_deepspec,
     layer_tensors,
@@ -68,7 +70,8 @@ def test_a_converted_draft_whose_weights_hold_nan_is_reported_though_the_output_
 @pytest.mark.parametrize("fmt,arch", [("eagle3-safeailab", "llama"), ("eagle3-specforge", "llama"),
                                       ("eagle3-modelopt", "llama"), ("eagle3-qwen3", "qwen3"),
                                       ("dflash-zlab", "qwen3"), ("peagle-specforge", "llama"),
-                                      ("peagle-aws", "llama"), ("dspark-deepspec", "qwen3")])
+                                      ("peagle-aws", "llama"), ("dspark-deepspec", "qwen3"),
+                                      ("dflash2-zlab", "qwen3")])
 def test_each_layout_converts_validates_loads_and_drafts(tmp_path, tiny_targets, fmt, arch):
     src = LAYOUTS[fmt](tmp_path / "src")
     verifier = str(tiny_targets[arch])
@@ -104,6 +107,11 @@ def test_each_layout_converts_validates_loads_and_drafts(tmp_path, tiny_targets,
         assert cfg["mask_token_id"] == MASK and cfg["markov_rank"] == R and cfg["sample_from_anchor"]
         assert "markov_head.markov_w1.weight" in names and "confidence_head.proj.bias" in names
         assert "embed_tokens.weight" not in names and "lm_head.weight" not in names
+    if fmt == "dflash2-zlab":  # z-lab ids + 1; the DFlash2 settings from dflash_config; full vocabulary
+        assert cfg["speculators_model_type"] == "dflash2" and cfg["aux_hidden_state_layer_ids"] == [1, 2, 3]
+        assert cfg["selector_rank"] == RANK and cfg["conv_kernel_size"] == 2 and cfg["conv_group_size"] == 16
+        assert k == 3 and cfg["mask_token_id"] == MASK and cfg["sliding_window_non_causal"] is True
+        assert names["candidate_selector.successor_codebook"].shape == (V, RANK)
 
 
 def _rms(x, w, eps=1e-6):
@@ -317,6 +325,90 @@ def test_converted_dspark_computes_the_published_forward(tmp_path, tiny_qwen3, t
     assert tokens[0].tolist() == [int(u.argmax()) for u in want]
 
 
+def _conv(y: torch.Tensor, delta: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
+    """z-lab's grouped dynamic causal convolution over one block, from its definition: y [B, H], delta [B, taps, G],
+    base [taps, H] -> out_i = sum_t (base[t] + delta_i[t, group]) * y_{i-t} (taps before slot 0 read zero)."""
+    out = torch.zeros_like(y)
+    group = H // delta.shape[-1]
+    for i in range(y.shape[0]):
+        for t in range(min(base.shape[0], i + 1)):
+            out[i] += (base[t] + delta[i, t].repeat_interleave(group)) * y[i - t]
+    return out
+
+
+def dflash2_forward(w: dict[str, torch.Tensor], embed: torch.Tensor, head: torch.Tensor, aux: torch.Tensor,
+                    block_ids: torch.Tensor, multiplier: float) -> tuple[torch.Tensor, list[int]]:
+    """z-lab's DFlash2 block and greedy selector walk, written from its definition: DFlash's block layer with each
+    sublayer wrapped (kernels from the sublayer input: conv with base[0] + d[0] before, base[1] + d[1] after);
+    unary logits u = m · head(h), h the normed output; slot i picks argmax_c u_i[c] + <P[prev] * W h_i, S[c]> over
+    the top-16 of u_i, prev = the anchor, then the previous pick. -> (u [B, V], the picks of slots 1..B-1)."""
+    c = _rms(aux @ w["fc.weight"].T, w["hidden_norm.weight"])
+    x = embed[block_ids]
+    t, b = aux.shape[0], block_ids.shape[0]
+    pos_ctx, pos_blk = torch.arange(t), torch.arange(t, t + b)
+    for i in range(2):
+        p = f"layers.{i}."
+
+        def kernels(y: torch.Tensor, conv: str, p=p) -> torch.Tensor:
+            return (y @ w[p + conv + ".kernel_projection.weight"].T).view(b, 2, -1, H // 16)
+
+        xn = _rms(x, w[p + "input_layernorm.weight"])
+        d = kernels(xn, "attention_conv")
+        base = w[p + "attention_conv.base_kernel"]
+        a = _conv(xn, d[:, 0], base[0])
+        wq, wk, wv = (w[p + f"self_attn.{n}_proj.weight"] for n in "qkv")
+        q = _rope(_rms(_heads(a @ wq.T, NH), w[p + "self_attn.q_norm.weight"]), pos_blk, 1000000.0)
+        k = _rope(_rms(_heads(torch.cat([c @ wk.T, a @ wk.T]), NKV), w[p + "self_attn.k_norm.weight"]),
+                  torch.cat([pos_ctx, pos_blk]), 1000000.0)
+        v = _heads(torch.cat([c @ wv.T, a @ wv.T]), NKV)
+        o = _attend(q, k, v, torch.ones(b, t + b, dtype=torch.bool)) @ w[p + "self_attn.o_proj.weight"].T
+        x = x + _conv(o, d[:, 1], base[1])
+        mn = _rms(x, w[p + "post_attention_layernorm.weight"])
+        d, base = kernels(mn, "mlp_conv"), w[p + "mlp_conv.base_kernel"]
+        x = x + _conv(_mlp(_conv(mn, d[:, 0], base[0]), w, p), d[:, 1], base[1])
+    h = _rms(x, w["norm.weight"])
+    u = multiplier * (h @ head.T)
+    prev, picks = int(block_ids[0]), []
+    for i in range(1, b):
+        cand = u[i].topk(16).indices
+        ctx = w["candidate_selector.predecessor_codebook.weight"][prev] * (w["candidate_selector.hidden_projection."
+                                                                            "weight"] @ h[i])
+        scores = u[i, cand] + w["candidate_selector.successor_codebook.weight"][cand] @ ctx
+        prev = int(cand[scores.argmax()])
+        picks.append(prev)
+    return u, picks
+
+
+def test_converted_dflash2_computes_the_published_forward(tmp_path, tiny_qwen3, tiny_targets):
+    """z-lab's DFlash2 (Embedding-style codebook names, output_multiplier 0.5 folded into norm and the selector's
+    projection): the same logits and the same greedy drafts as the published forward."""
+    from safetensors.torch import load_file
+
+    from engine.generate.api import load_draft
+
+    src = dflash2_zlab(tmp_path / "src", multiplier=0.5, codebook_suffix=".weight")
+    draft = load_draft(convert(src, tmp_path / "out", verifier=str(tiny_targets["qwen3"])), tiny_qwen3)
+    w = load_file(str(src / "model.safetensors"))
+    torch.manual_seed(0)
+    aux, block = torch.randn(6, 3 * H), torch.tensor([17, MASK, MASK, MASK])
+    embed, head = tiny_qwen3.embed_tokens().weight.detach(), tiny_qwen3.lm_head().weight.detach()
+    want, picks = dflash2_forward(w, embed, head, aux, block, 0.5)
+    with torch.no_grad():
+        x = _draft_block(draft, aux, block)
+        got = draft.logits(x[0])
+        drafted = draft.greedy_drafts(x[:, 1:], torch.tensor([17]))[0].tolist()
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
+    assert drafted == picks
+
+
+@pytest.mark.parametrize("key,value", [("final_logit_softcapping", 20.0), ("input_embedding_scale", 2.0)])
+def test_dflash2_settings_the_speculators_format_cannot_carry_are_refused(tmp_path, key, value):
+    src = dflash2_zlab(tmp_path / "src", extra={key: value})
+    with pytest.raises(WorkbenchError, match=f"dflash_config.{key} is {value}") as info:
+        convert(src, tmp_path / "out")
+    assert "train --algo dflash2" in info.value.hint and not (tmp_path / "out").exists()
+
+
 def test_same_tensors_and_config_as_speculators_eagle3_converter(tmp_path, tiny_targets):
     from safetensors.torch import load_file
     from speculators.convert.eagle.eagle3_converter import Eagle3Converter
@@ -375,14 +467,15 @@ def test_same_tensors_and_config_as_speculators_dflash_converter(tmp_path, tiny_
 
 def _refusal_cases(fmt: str, state: dict[str, torch.Tensor]) -> dict[str, tuple[dict, str]]:
     """An extra, a missing and a wrong-shape tensor of a layout, with the line the refusal must show."""
-    missing = "mask_hidden" if fmt.startswith("peagle-") else "markov_head.markov_w2.weight"
+    missing = "mask_hidden" if fmt.startswith("peagle-") else "markov_head.markov_w2.weight" \
+        if fmt.startswith("dspark") else "layers.1.mlp_conv.base_kernel"
     return {"extra": ({**state, "fusion_bias": torch.ones(8)}, "fusion_bias [8]: no rule"),
             "missing": ({k: v for k, v in state.items() if k != missing}, missing),
             "shape": ({**state, "layers.1.mlp.down_proj.weight": torch.randn(H, FF + 1)},
                       "layers.1.mlp.down_proj.weight")}
 
 
-@pytest.mark.parametrize("fmt", ["peagle-specforge", "peagle-aws", "dspark-deepspec"])
+@pytest.mark.parametrize("fmt", ["peagle-specforge", "peagle-aws", "dspark-deepspec", "dflash2-zlab"])
 def test_new_layouts_refuse_unmapped_missing_and_wrong_shape_tensors(tmp_path, fmt):
     from safetensors.torch import load_file
 

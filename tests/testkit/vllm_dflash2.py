@@ -1,15 +1,15 @@
-"""Run by the vLLM interpreter (.venv-vllm), not imported by the tests: vLLM 0.33's own DFlash2 pieces
-(`models/qwen3_dflash2.py`: DFlashGroupedConv, `_score_edges`; the draft head's `LogitsProcessor.get_top_k_tokens`)
-on a DFlash2 checkpoint and inputs the test wrote; the outputs go back as safetensors.
+"""Run by vLLM's interpreter (.venv-vllm), never imported: vLLM's own DFlash2 pieces on a DFlash2 checkpoint and
+the inputs the test wrote, outputs back as safetensors.
 
-    python vllm_dflash2.py CHECKPOINT_DIR INPUTS.safetensors OUTPUTS.safetensors BLOCK TOP_K
+    python -P vllm_dflash2.py CHECKPOINT_DIR INPUTS.safetensors OUTPUTS.safetensors BLOCK TOP_K
+"""
 
-Inputs: `conv_in` [T, H] and `conv_mid` [T, H] (T whole blocks of BLOCK = 1 + k rows, as vLLM's runner lays them
-out), `hidden` [n, s, H] (the draft's normed outputs of the drafting slots), `anchors` [n], `head` [V, H] (the
-target's lm_head). Outputs per layer i and side (attention_conv, mlp_conv): `{i}.{side}.prepared` = prepare(conv_in)
-[0], `{i}.{side}.finished` = finish(conv_mid, the deltas prepare returned); and `candidates` [n, s, K], `unary` [n, s,
-K], `edges` [n, s, K, K] and `tokens` [n, s]: the greedy path of `_selector_walk_kernel` (step 0 reads row 0, then
-the row of the candidate chosen before)."""
+# Inputs: conv_in, conv_mid [T, H] (whole blocks of BLOCK = 1 + k rows, as vLLM's runner lays them out), hidden
+# [n, s, H] (normed outputs of the drafting slots), anchors [n], head [V, H] (the target's lm_head). Outputs: per
+# layer i and side (attention_conv, mlp_conv) `{i}.{side}.prepared` = DFlashGroupedConv.prepare(conv_in)[0] and
+# `{i}.{side}.finished` = finish(conv_mid, the deltas prepare returned); `candidates`, `unary` [n, s, K] (the draft
+# head's get_top_k_tokens), `edges` [n, s, K, K] (`_score_edges`) and `tokens` [n, s]: the greedy path of
+# `_selector_walk_kernel` (step 0 reads row 0, then the row of the candidate chosen before).
 
 import json
 import sys
