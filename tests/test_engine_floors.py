@@ -141,3 +141,14 @@ def test_no_module_imports_a_higher_floor():
                 bad.append(f"{mod} ({FLOORS[level][0]}) imports {target} ({above})")
     assert not bad, "imports going up a floor:\n" + "\n".join(bad)
 
+
+
+def test_batching_draft_loading_and_validation_sit_on_their_floors():
+    """Batching beside the algorithms that use it, draft loading beside the registry, validation registering
+    nothing (whoever needs the registry fills it: the CLI, the app, the tests' conftest)."""
+    graph = import_graph()
+    trains = [m for m in graph if m.startswith("engine.algos.") and m.endswith(".train")]
+    assert trains and all("engine.algos.common.batching" in graph[m] for m in trains), trains
+    assert not [m for m in trains if any(t.startswith("engine.train") for t in graph[m])]
+    assert not {t for t in graph["engine.generate.api"] if t.startswith("engine.algos")} - {"engine.algos.loading"}
+    assert not [t for t in graph["engine.format.validate"] if t.startswith("engine.algos")]

@@ -298,7 +298,8 @@ def _draft_a_few(out, target, max_new_tokens: int) -> str:
     engine."""
     import torch
 
-    from engine.generate.api import load_draft, prompt_ids, proposer_for
+    from engine.algos.loading import load_draft, proposer_for
+    from engine.generate.api import prompt_ids
     from engine.generate.runner import TargetRunner
     from engine.generate.sampling import SamplingParams
     from engine.generate.speculative import generate_all

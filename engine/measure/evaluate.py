@@ -97,9 +97,9 @@ def evaluate_samples(algorithm, draft, samples: Iterable[HeldOutSample], ks: Seq
 def samples_from_extracted(folder: str | Path, aux_layer_ids: Sequence[int], *, max_samples: int | None = None,
                            max_new_tokens: int | None = None) -> Iterable[HeldOutSample]:
     """Held-out samples from an `extract` folder (each one `held_out_sample` of a stored sample)."""
+    from engine.algos.common.batching import layout_for
     from engine.data.check import SampleProblem, refusal, sample_problem
     from engine.data.store import HiddenStatesDataset, sample_path
-    from engine.train.data import layout_for
 
     data = HiddenStatesDataset(str(folder))
     layout = layout_for(data.manifest["layer_ids"], int(data.manifest["num_layers"]), list(aux_layer_ids),
@@ -181,7 +181,8 @@ def format_table(result: dict[str, Any], fc: dict[str, Any] | None = None) -> st
 def evaluate_draft(options: EvaluateOptions, *, progress: bool = True) -> dict[str, Any]:
     """`python -m engine evaluate` as a function: offline from extracted held-out files (`data`), or online from
     held-out prompts of `dataset` (the target answers each once); with `forecast`, the speedup forecast."""
-    from engine.generate.api import default_draft, draft_algorithm
+    from engine.algos.loading import draft_algorithm
+    from engine.generate.api import default_draft
     from engine.generate.kernel_choice import load_decode_target
     from engine.provenance import provenance
     from engine.targets import dtype_name, target_for_draft

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.algos import ALGOS, default_algo
+from engine.algos.loading import draft_algorithm
 from engine.data import kept as kept_rows
 from engine.data.extract import extract_dataset
 from engine.data.options import ExtractOptions, RegenerateOptions
@@ -35,7 +36,6 @@ from engine.format.checkpoint import (
 from engine.format.repair import EMBED
 from engine.format.validate import validate_draft
 from engine.fsutil import atomic_write_json, claim_names, read_json, release_names
-from engine.generate.api import draft_algorithm
 from engine.generate.kernel_choice import load_decode_target
 from engine.jobs import read_jsonl, reporter
 from engine.measure.bench import benchmark, run_bench

@@ -94,9 +94,9 @@ def fitted(algo, target, baselines, tiny_targets, tmp_path_factory):
 
 def fit_draft(algo, target, baselines, target_folder, out, steps: int = FIT_STEPS):
     """The algorithm's small draft fitted to part of the target's greedy answers, saved (fp32) and loaded back."""
+    from engine.algos.common.batching import layout_for
     from engine.data.online import OnlineHiddenStates
     from engine.targets import load_verifier_parts
-    from engine.train.data import layout_for
 
     # the first half of every answer but the last prompt's: drafts are right there and wrong elsewhere, so decoding
     # meets whole blocks accepted, blocks accepted in part (rolled back) and blocks rejected

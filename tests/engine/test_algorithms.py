@@ -162,8 +162,8 @@ def test_flat_and_nested_algorithm_arguments_are_the_same_config():
 
 
 def test_format_types_we_only_validate_get_a_clear_error(tmp_path):
+    from engine.algos.loading import draft_algorithm
     from engine.errors import WorkbenchError
-    from engine.generate.api import draft_algorithm
 
     (tmp_path / "config.json").write_text(json.dumps({"speculators_model_type": "dflash2"}))
     with pytest.raises(WorkbenchError, match="cannot train or draft 'dflash2'"):

@@ -72,8 +72,9 @@ def test_evaluated_acceptance_equals_real_decoding_on_the_builtin_target(builtin
     """Held-out prompts, the shipped draft, k = 1, 3 (its default) and 5: the walk's mean acceptance length is within
     0.03 of greedy speculative decoding (fp32), and >= 95% of the steps have the same (drafted, accepted) pair (the
     behaviour suite checks every k of every algorithm exactly, on the tiny target)."""
+    from engine.algos.loading import draft_algorithm
     from engine.data.prompts import load_prompts
-    from engine.generate.api import default_draft, draft_algorithm, prompt_ids
+    from engine.generate.api import default_draft, prompt_ids
     from engine.generate.metrics import SpecMetrics
     from engine.generate.runner import TargetRunner
     from engine.generate.sampling import SamplingParams
