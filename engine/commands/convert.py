@@ -5,6 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 
+from engine.errors import WorkbenchError
+from engine.jobs import reporter
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from engine.convert import CONVERTERS, ConvertOptions
@@ -34,7 +37,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _options(args: argparse.Namespace):
     from engine.convert import ConvertOptions
-    from engine.errors import WorkbenchError
 
     try:
         aux = [int(x) for x in args.aux_layer_ids.split(",") if x.strip()] if args.aux_layer_ids else None
@@ -74,7 +76,6 @@ def _print_defaulted(defaulted: dict[str, str]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from engine.convert import convert, detect, plan, verify
-    from engine.errors import WorkbenchError
 
     options = _options(args)
     if args.dry_run or not args.out:
@@ -91,8 +92,6 @@ def run(args: argparse.Namespace) -> int:
         if not args.out and not args.dry_run:
             raise WorkbenchError("no --out given", hint="add --out DIR to convert, or --dry-run to only look")
         return 1 if p.problems else 0
-    from engine.jobs import reporter
-
     defaulted: dict[str, str] = {}
 
     def said(p) -> None:

@@ -13,6 +13,7 @@ import sys
 import time
 
 from engine.errors import WorkbenchError
+from engine.jobs import JOB_DIR_ENV, launch, load_job, reporter, stop
 
 READY_TIMEOUT = 900.0
 
@@ -39,7 +40,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.jobs import JOB_DIR_ENV, reporter
     from engine.serve.venv import ensure_vllm_env
 
     rep = reporter()
@@ -90,7 +90,6 @@ def _print_plan(plan) -> None:
 
 
 def _serve_here(args: argparse.Namespace, plan, env) -> int:
-    from engine.jobs import reporter
     from engine.serve.server import VllmServer
 
     rep = reporter()
@@ -117,8 +116,6 @@ def _serve_here(args: argparse.Namespace, plan, env) -> int:
 
 
 def _serve_as_job(args: argparse.Namespace, plan) -> int:
-    from engine.jobs import launch, stop
-
     port = _port(args)
     argv = _job_argv(args, port)
     job = launch(argv, kind="serve", name=str(port))
@@ -133,8 +130,6 @@ def _serve_as_job(args: argparse.Namespace, plan) -> int:
 
 
 def _wait_for_job(args: argparse.Namespace, job, deadline: float) -> int:
-    from engine.jobs import load_job, stop
-
     while True:
         current = load_job(job.dir) or job
         if current.status.result.get("ready"):

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from engine.cpu import describe
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prepare", default="smollm2-135m-instruct",
@@ -16,7 +18,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.cpu import describe
     from engine.generate.kernel_choice import choose, read_cached
     from engine.targets import BUILTIN_TARGETS, builtin_cache_dir, builtin_ready, pick_device, prepare_builtin
 

@@ -26,6 +26,7 @@ from engine.errors import WorkbenchError
 from engine.format import vllm_rules as vr
 from engine.format.checkpoint import TensorInfo
 from engine.format.config import refuse_bad_numbers
+from engine.fsutil import check_replaceable
 
 log = logging.getLogger(__name__)
 
@@ -202,7 +203,6 @@ def convert(src: str | os.PathLike, out: str | os.PathLike, *, fmt: str | None =
     `out` must be new, empty or a draft the workbench wrote (`engine.fsutil.is_ours`), unless `overwrite`.
     """
     from engine.format.checkpoint import save_checkpoint
-    from engine.fsutil import check_replaceable
 
     check_replaceable(out, overwrite=overwrite)  # refuse before reading anything; only the owner marker vouches
     options = options or ConvertOptions(**option_fields)

@@ -7,6 +7,7 @@ from typing import Any
 
 from engine.algos.loading import is_algorithm, load_draft_proposer
 from engine.errors import WorkbenchError
+from engine.fsutil import read_json
 from engine.generate.proposers import Proposer
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets" / "drafts"
@@ -16,7 +17,6 @@ METHODS = ("baseline", "draft", "ngram")
 
 def shipped_drafts(target_name: str | None) -> list[Path]:
     """Draft folders under assets/drafts/ whose verifier is this built-in target, the default first."""
-    from engine.fsutil import read_json
     from engine.targets import DEFAULT_TARGET, builtin_for
 
     builtin = builtin_for(target_name or DEFAULT_TARGET)

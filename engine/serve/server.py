@@ -29,7 +29,7 @@ from typing import Any
 
 from engine.errors import WorkbenchError
 from engine.fsutil import atomic_write_json, atomic_write_text
-from engine.jobs import tail
+from engine.jobs import JOB_DIR_ENV, tail
 from engine.serve.venv import VllmEnv, ensure_vllm_env
 
 log = logging.getLogger(__name__)
@@ -252,7 +252,6 @@ def free_port(preferred: int | None = None, host: str = "127.0.0.1") -> int:
 
 def default_workdir(port: int) -> Path:
     """Inside a job: its folder; otherwise <WORKBENCH_HOME>/vllm-servers/<time>_<port>."""
-    from engine.jobs import JOB_DIR_ENV
     from engine.targets import workbench_home
 
     job_dir = os.environ.get(JOB_DIR_ENV)

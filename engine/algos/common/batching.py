@@ -14,6 +14,8 @@ from typing import Protocol
 
 import torch
 
+from engine.errors import WorkbenchError
+
 
 class SampleSource(Protocol):
     def __len__(self) -> int: ...
@@ -33,16 +35,12 @@ def layout_for(layer_ids: Sequence[int], num_layers: int, aux_layer_ids: Sequenc
     """Columns of the aux layers (default: every extracted layer but N) and of the last layer N (-1 if absent)."""
     ids = list(layer_ids)
     if needs_last and num_layers not in ids:
-        from engine.errors import WorkbenchError
-
         raise WorkbenchError(f"the data has layers {ids} but not {num_layers} (the target's last layer, needed for "
                              "the training targets)", hint="re-extract without --layers (the algorithm's default "
                              "layers include the last one) or add it to --layers")
     aux = list(aux_layer_ids) if aux_layer_ids else [i for i in ids if i != num_layers]
     missing = [i for i in aux if i not in ids]
     if missing:
-        from engine.errors import WorkbenchError
-
         raise WorkbenchError(f"aux layers {missing} were not extracted (the data has {ids})",
                              hint="choose aux layers among the extracted ones or re-extract")
     return Layout([ids.index(i) for i in sorted(aux)], ids.index(num_layers) if num_layers in ids else -1)
