@@ -17,3 +17,20 @@ class Options(BaseModel):
     @classmethod
     def _paths_as_text(cls, value: Any) -> Any:
         return os.fspath(value) if isinstance(value, os.PathLike) else value
+
+    def argv(self, verb: str, *positional: str) -> list[str]:
+        """`python -m engine VERB` arguments for the fields given (not those left to their defaults), as the flags
+        generated from this model spell them (engine.commands.flags): the app builds its commands with it."""
+        out = [verb, *positional]
+        for name in self.model_fields:
+            value = getattr(self, name)
+            if name not in self.model_fields_set or value is None:
+                continue
+            flag = "--" + name.replace("_", "-")
+            if isinstance(value, bool):
+                out.append(flag if value else "--no-" + name.replace("_", "-"))
+            elif isinstance(value, (list, tuple)):
+                out += [flag, ",".join(str(v) for v in value)]
+            else:
+                out += [flag, str(value)]
+        return out
