@@ -22,11 +22,12 @@ class Options(BaseModel):
         """`python -m engine VERB` arguments for the fields given (not those left to their defaults), as the flags
         generated from this model spell them (engine.commands.flags): the app builds its commands with it."""
         out = [verb, *positional]
-        for name in self.model_fields:
+        for name in type(self).model_fields:
             value = getattr(self, name)
             if name not in self.model_fields_set or value is None:
                 continue
-            flag = "--" + name.replace("_", "-")
+            extra = type(self).model_fields[name].json_schema_extra
+            flag = (extra if isinstance(extra, dict) else {}).get("flags", ("--" + name.replace("_", "-"),))[0]
             if isinstance(value, bool):
                 out.append(flag if value else "--no-" + name.replace("_", "-"))
             elif isinstance(value, (list, tuple)):

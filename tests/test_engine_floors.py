@@ -171,7 +171,6 @@ OVER_THE_LIMIT: dict[str, int] = {
     "engine/algos/dspark/io.py::build_dspark": 11,
     "engine/algos/eagle3/io.py::build_eagle3": 13,
     "engine/algos/peagle/io.py::build_peagle": 14,
-    "engine/convert/pipeline.py::convert": 9,
     "engine/data/extract.py::extract_hidden_states": 11,
     "engine/data/extraction_run.py::build_header": 11,
     "engine/data/onepass.py::_decode": 9,
