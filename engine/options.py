@@ -28,7 +28,9 @@ class Options(BaseModel):
                 continue
             extra = type(self).model_fields[name].json_schema_extra
             flag = (extra if isinstance(extra, dict) else {}).get("flags", ("--" + name.replace("_", "-"),))[0]
-            if isinstance(value, bool):
+            if isinstance(value, bool) and (extra if isinstance(extra, dict) else {}).get("store_true"):
+                out += [flag] if value else []
+            elif isinstance(value, bool):
                 out.append(flag if value else "--no-" + name.replace("_", "-"))
             elif isinstance(value, (list, tuple)):
                 out += [flag, ",".join(str(v) for v in value)]

@@ -180,7 +180,6 @@ OVER_THE_LIMIT: dict[str, int] = {
     "engine/generate/speculative.py::_speculative_step": 10,
     "engine/measure/evaluate.py::evaluate_samples": 10,
     "engine/serve/bench.py::run_vllm_bench": 13,
-    "engine/serve/server.py::__init__": 10,
 }
 
 

@@ -55,6 +55,8 @@ def add_model_fields(parser: argparse.ArgumentParser, model_cls: type[BaseModel]
             group.add_argument(*flags, type=extra["parse"], **kw)
         elif callable(extra.get("choices")):  # choices known at run time (e.g. the registered algorithms)
             group.add_argument(*flags, choices=extra["choices"](), **kw)
+        elif kind is bool and extra.get("store_true"):  # a switch that is off unless given (--no-draft)
+            group.add_argument(*flags, action="store_true", **{**kw, "default": kw["default"] or None})
         elif kind is bool:
             group.add_argument(*flags, action=argparse.BooleanOptionalAction, **kw)
         elif origin in (tuple, list) or kind in (list, tuple):
