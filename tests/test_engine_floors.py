@@ -171,14 +171,11 @@ OVER_THE_LIMIT: dict[str, int] = {
     "engine/algos/dspark/io.py::build_dspark": 11,
     "engine/algos/eagle3/io.py::build_eagle3": 13,
     "engine/algos/peagle/io.py::build_peagle": 14,
-    "engine/data/extract.py::extract_hidden_states": 11,
-    "engine/data/extraction_run.py::build_header": 11,
     "engine/data/onepass.py::_decode": 9,
     "engine/data/online.py::__init__": 10,
     "engine/format/vllm_rules.py::attn_mlp": 9,
     "engine/generate/speculative.py::_event": 13,
     "engine/generate/speculative.py::_speculative_step": 10,
-    "engine/measure/evaluate.py::evaluate_samples": 10,
     "engine/serve/bench.py::run_vllm_bench": 13,
 }
 

@@ -220,7 +220,8 @@ def acceptance_curve(recipe: dict[str, Any], *, force: bool = False) -> list[dic
         samples = held_out_answers(target, prompts, algorithm.aux_layer_ids(first), max_new)  # kept answers
     for step in todo:
         ckpt = checkpoints[step]
-        result = evaluate_samples(algorithm, algorithm.load(ckpt, target), samples, [k], max_new_tokens=max_new)
+        result = evaluate_samples(algorithm, algorithm.load(ckpt, target), samples, [k],
+                                  EvaluateOptions(max_new_tokens=max_new))
         row = result["by_k"][str(k)]
         done[step] = {"step": step, "weights": _stamp(ckpt), "training_tokens": tokens_at.get(step, 0.0),
                       "mean_acceptance_length": row["mean_acceptance_length"],

@@ -26,6 +26,7 @@ from engine.generate.runner import TargetRunner
 from engine.generate.sampling import SamplingParams
 from engine.generate.speculative import generate_all
 from engine.measure.evaluate import evaluate_samples, samples_from_prompts  # the offline evaluator (walk over counts)
+from engine.measure.options import EvaluateOptions
 from testkit.decoding import PROMPTS, chi_square_pvalue, second_token_distribution  # the decode engine's own checks
 
 TOY_ALGO = Path(__file__).resolve().parents[1] / "toy_algo"  # registered like any plugin (WORKBENCH_ALGO_PLUGINS)
@@ -231,7 +232,8 @@ def test_draft_proposing_eos_inside_a_block_stops_like_baseline(algo, target, ba
 def test_evaluator_walk_equals_decoding(algo, target, fitted):
     """The offline evaluator's (drafted, accepted) steps are decoding's, for every k, with drafts accepted."""
     samples = samples_from_prompts(target, MESSAGES, algo.aux_layer_ids(fitted), max_new_tokens=NEW_TOKENS)
-    result = evaluate_samples(algo, fitted, samples, ks(algo, fitted), max_new_tokens=NEW_TOKENS, keep_walks=True)
+    result = evaluate_samples(algo, fitted, samples, ks(algo, fitted),
+                              EvaluateOptions(max_new_tokens=NEW_TOKENS, walks=True))
     params = SamplingParams(max_new_tokens=NEW_TOKENS, eos_token_ids=[target.tokenizer.eos_token_id])
     for k in ks(algo, fitted):
         walked_accepted = 0

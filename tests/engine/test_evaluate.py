@@ -12,6 +12,7 @@ import torch
 
 from engine.generate.acceptance import HeldOutSample, walk
 from engine.measure.evaluate import evaluate_samples, samples_from_prompts
+from engine.measure.options import EvaluateOptions
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -52,7 +53,8 @@ def test_all_drafts_scores_the_drafts_a_proposers_cut_would_not_verify():
 
     samples, draft = [_sample(20, 5)], SimpleNamespace(config=None)
     cut = evaluate_samples(_CuttingAlgorithm(), draft, samples, [2])
-    every = evaluate_samples(_CuttingAlgorithm(), draft, samples, [2], all_drafts=True)
+    every = evaluate_samples(_CuttingAlgorithm(), draft, samples, [2],
+                             EvaluateOptions(max_new_tokens=0, all_drafts=True))
     assert cut["by_k"]["2"]["num_drafts"] == 0 and not cut["all_drafts"]
     assert every["all_drafts"] and every["by_k"]["2"]["mean_acceptance_length"] == 3.0  # 14 tokens: 3+3+3+3+2
 
@@ -86,7 +88,7 @@ def test_evaluated_acceptance_equals_real_decoding_on_the_builtin_target(builtin
     max_new = 40
     samples = samples_from_prompts(builtin_target, prompts, algorithm.aux_layer_ids(draft), max_new_tokens=max_new)
     ks = (1, 3, 5)
-    result = evaluate_samples(algorithm, draft, samples, list(ks), max_new_tokens=max_new, keep_walks=True)
+    result = evaluate_samples(algorithm, draft, samples, list(ks), EvaluateOptions(max_new_tokens=max_new, walks=True))
     params = SamplingParams(max_new_tokens=max_new, eos_token_ids=[builtin_target.tokenizer.eos_token_id])
     same = total = 0
     for k in ks:
@@ -183,5 +185,5 @@ def test_sampled_expectation_is_a_probability_and_tends_to_the_greedy_walk(tiny_
         cold = algorithm.acceptance_expectation(draft, s.aux, s.token_ids, s.target_logits, 3, 1e-4)
         for q in range(s.prompt_len, s.end - 3):  # near T = 0 both sample the argmax: the greedy hits
             assert [round(float(c)) for c in cold[q]] == [int(int(a[q]) > j) for j in range(3)]
-    result = evaluate_samples(algorithm, draft, samples, [1, 3], temperature=1.0)
+    result = evaluate_samples(algorithm, draft, samples, [1, 3], EvaluateOptions(max_new_tokens=0, temperature=1.0))
     assert 1.0 <= result["by_k"]["3"]["expected_mean_acceptance_length"] <= 4.0
