@@ -6,10 +6,11 @@ import argparse
 import json
 
 from engine.cpu import describe
+from engine.targets import DEFAULT_TARGET
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--prepare", default="smollm2-135m-instruct",
+    p.add_argument("--prepare", default=DEFAULT_TARGET,
                    help="built-in target to dequantize and cache now ('none' to skip)")
     p.add_argument("--measure-kernels", action="store_true",
                    help="time the exact kernel paths of the prepared target on this CPU now (else the first "
