@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks._results import command_line, print_and_save  # noqa: E402  (the repo root is on the path now)
-from engine.data.options import RegenerateOptions  # noqa: E402
+from engine.data.options import ExtractOptions, RegenerateOptions  # noqa: E402
 
 TARGET = "smollm2-135m-instruct"
 WAYS = ("recipe", "vllm")
@@ -66,7 +66,7 @@ def transformers_extract_part(jsonl: Path, out: Path, layer_ids, args) -> dict:
     started = time.perf_counter() - start
     start = time.perf_counter()
     rows, _, _ = render_dataset(str(jsonl), target.tokenizer, split="all", max_length=args.max_length)
-    extract_hidden_states(target, rows, out, layer_ids, dtype="bf16", progress=False)
+    extract_hidden_states(target, rows, ExtractOptions(out=out, dtype="bf16"), layer_ids, progress=False)
     return {"start_s": started, "s": time.perf_counter() - start, "tokens": sum(r.num_tokens for r in rows)}
 
 

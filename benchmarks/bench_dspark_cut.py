@@ -51,9 +51,10 @@ def main() -> int:
     import torch
 
     from benchmarks._results import command_line
+    from engine.algos.loading import draft_algorithm
     from engine.data.prompts import load_prompts
     from engine.fsutil import atomic_write_json
-    from engine.generate.api import draft_algorithm, prompt_ids
+    from engine.generate.api import prompt_ids
     from engine.generate.runner import TargetRunner
     from engine.generate.sampling import SamplingParams
     from engine.generate.speculative import generate_all

@@ -39,8 +39,9 @@ def main() -> int:
     import torch
 
     from benchmarks._results import command_line
+    from engine.algos.loading import draft_algorithm
     from engine.data.prompts import load_prompts
-    from engine.generate.api import default_draft, draft_algorithm, prompt_ids
+    from engine.generate.api import default_draft, prompt_ids
     from engine.generate.runner import TargetRunner
     from engine.generate.sampling import SamplingParams
     from engine.generate.speculative import generate_all

@@ -84,10 +84,11 @@ def run_naive(target, rows, out: Path) -> None:
 
 def run_ours(target, rows, out: Path) -> None:
     from engine.data.extract import extract_hidden_states
+    from engine.data.options import ExtractOptions
     from engine.data.render import RenderedRow
 
     rendered = [RenderedRow(r["id"], r["input_ids"], r["loss_mask"]) for r in rows]
-    extract_hidden_states(target, rendered, out, LAYERS, dtype="bf16", progress=False)
+    extract_hidden_states(target, rendered, ExtractOptions(out=out, dtype="bf16"), LAYERS, progress=False)
 
 
 def _load(rows_file: Path, threads: int):

@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks._results import command_line, print_and_save  # noqa: E402  (the repo root is on the path now)
-from engine.data.options import RegenerateOptions  # noqa: E402
+from engine.data.options import ExtractOptions, RegenerateOptions  # noqa: E402
 
 PARTS = {"regenerate": 0.0, "extract": 0.0}  # wall seconds of the two steps, apart
 
@@ -46,7 +46,7 @@ def two_steps(target, chats, tmp: Path, layer_ids, args) -> None:
     PARTS["regenerate"] += time.perf_counter() - start
     start = time.perf_counter()
     rows, _, _ = render_dataset(str(tmp / "two.jsonl"), target.tokenizer, split="all", max_length=args.max_length)
-    extract_hidden_states(target, rows, tmp / "two", layer_ids, dtype=args.dtype, progress=False)
+    extract_hidden_states(target, rows, ExtractOptions(out=tmp / "two", dtype=args.dtype), layer_ids, progress=False)
     PARTS["extract"] += time.perf_counter() - start
 
 

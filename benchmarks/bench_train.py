@@ -126,7 +126,7 @@ def planned_batches(lengths: list[int], tokens_per_step: int, val_ratio: float) 
     """Epoch-0 packing plans of both trainers (their own planners): batches per epoch and real tokens per batch."""
     from speculators.train.distributed_batch_sampler import MultipackDistributedBatchSamplerV2
 
-    from engine.train.data import plan_packed_batches, split_indices
+    from engine.algos.common.batching import plan_packed_batches, split_indices
 
     train_idx, _ = split_indices(len(lengths), val_ratio, 0)
     ours = plan_packed_batches(train_idx, lengths, tokens_per_step, 0, 0)

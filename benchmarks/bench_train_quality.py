@@ -124,7 +124,7 @@ def extract(jsonl: Path, out: Path, selector: list[str], threads: int) -> Path:
 def speculators_view(folder: Path, out: Path) -> dict:
     """speculators' view of our files (`bench_train.build_speculators_data`), rows ordered so that its last-rows
     validation split is our val split; built once (kept in --work)."""
-    from engine.train.data import split_indices
+    from engine.algos.common.batching import split_indices
 
     manifest, _, ids, _ = read_extraction(folder)
     train, val = split_indices(len(ids), VAL_FRACTION, 0)

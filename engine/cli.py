@@ -11,6 +11,7 @@ import sys
 import traceback
 from collections.abc import Sequence
 
+import engine.algos  # noqa: F401  (fills the algorithm and config-type registries every command reads)
 from engine.errors import translate
 from engine.jobs import reporter
 

@@ -17,3 +17,23 @@ class Options(BaseModel):
     @classmethod
     def _paths_as_text(cls, value: Any) -> Any:
         return os.fspath(value) if isinstance(value, os.PathLike) else value
+
+    def argv(self, verb: str, *positional: str) -> list[str]:
+        """`python -m engine VERB` arguments for the fields given (not those left to their defaults), as the flags
+        generated from this model spell them (engine.commands.flags): the app builds its commands with it."""
+        out = [verb, *positional]
+        for name in type(self).model_fields:
+            value = getattr(self, name)
+            if name not in self.model_fields_set or value is None:
+                continue
+            extra = type(self).model_fields[name].json_schema_extra
+            flag = (extra if isinstance(extra, dict) else {}).get("flags", ("--" + name.replace("_", "-"),))[0]
+            if isinstance(value, bool) and (extra if isinstance(extra, dict) else {}).get("store_true"):
+                out += [flag] if value else []
+            elif isinstance(value, bool):
+                out.append(flag if value else "--no-" + name.replace("_", "-"))
+            elif isinstance(value, (list, tuple)):
+                out += [flag, ",".join(str(v) for v in value)]
+            else:
+                out += [flag, str(value)]
+        return out

@@ -7,6 +7,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from engine.cpu import cpu_identity
+
 # The fields each record under benchmarks/results (and each JSON a measuring command writes) carries.
 FIELDS = ("command", "cpu", "cpu_kind", "dtype", "date", "torch")
 
@@ -17,8 +19,6 @@ def provenance(dtype: str | Sequence[str], *, command: str | None = None, on_cpu
     several: then `dtypes`); `command` is left out where the caller adds it; `on_cpu=False` (measured on an
     accelerator) leaves the CPU out; `torch_version` is the torch that ran the measurement when it is not this
     process's (vLLM's own environment)."""
-    from engine.cpu import cpu_identity
-
     if torch_version is None:
         import torch
 

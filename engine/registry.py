@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
+from engine.errors import WorkbenchError
+
 T = TypeVar("T")
 
 
@@ -29,8 +31,6 @@ class Registry(Generic[T]):
         try:
             return self._items[name]
         except KeyError:
-            from engine.errors import WorkbenchError
-
             raise WorkbenchError(f"unknown {self.kind} '{name}'", hint=f"choose one of {self.names()}") from None
 
     def names(self) -> list[str]:

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from engine.cpu import cpu_model, native_bf16
 from engine.errors import WorkbenchError
 from engine.fsutil import atomic_directory, atomic_write_json, read_json, tensors_digest
 
@@ -334,8 +335,7 @@ def decode_dtype(choice: str | torch.dtype = "auto", device: str | None = None) 
         return parse_dtype(choice)
     if pick_device(device) != "cpu":
         return torch.float32
-    from engine.cpu import native_bf16  # the CPU's flags: oneDNN also "supports" bf16 where it only emulates it
-
+    # the CPU's flags: oneDNN also "supports" bf16 where it only emulates it
     return torch.bfloat16 if native_bf16() else torch.float32
 
 
@@ -568,8 +568,6 @@ def load_verifier_parts(name_or_path: str | os.PathLike | None = None, *,
 
 def cpu_name() -> str:
     """The CPU's model name (for records of what a figure was measured on): `engine.cpu.cpu_model`."""
-    from engine.cpu import cpu_model
-
     return cpu_model()
 
 

@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
+import engine.algos  # noqa: F401  (fills the registries, as the CLI and the app do at their entry)
+
 ROOT = Path(__file__).resolve().parents[1]
 # A copy of ../shared/fixtures/speculators-0.9.0 (configs and tensor listings speculators 0.9.0 emits).
 FIXTURES = ROOT / "tests" / "fixtures" / "speculators-0.9.0"

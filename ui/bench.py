@@ -8,19 +8,18 @@ from pathlib import Path
 from typing import Any
 
 from engine import jobs as engine_jobs
+from engine.measure.options import ALL_METHODS, BenchOptions
 from ui import records
 
-METHODS = ("baseline", "draft", "ngram", "hf_prompt_lookup", "hf_assisted")
+METHODS = ALL_METHODS
 
 
 def bench_argv(*, target: str, draft: str | None, prompts: str, num_prompts: int, max_new_tokens: int, k: int,
                temperature: float, methods: list[str], backend: str, json_out: str) -> list[str]:
-    argv = ["bench", "--target", target, "--prompts", prompts, "--num-prompts", str(num_prompts),
-            "--max-new-tokens", str(max_new_tokens), "--k", str(k), "--temperature", str(temperature),
-            "--methods", ",".join(methods), "--backend", backend, "--json", json_out]
-    if draft and "draft" in methods:
-        argv[3:3] = ["--draft", draft]
-    return argv
+    options = BenchOptions(target=target, draft=draft if draft and "draft" in methods else None, prompts=prompts,
+                           num_prompts=num_prompts, max_new_tokens=max_new_tokens, k=k, temperature=temperature,
+                           methods=methods, backend=backend)
+    return [*options.argv("bench"), "--json", json_out]
 
 
 def new_json_path() -> str:

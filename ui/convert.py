@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.convert import inputs
+from engine.convert.base import ConvertJob
 from engine.errors import WorkbenchError
 from engine.format import vllm_rules as vr
 from engine.jobs import runs_dir
@@ -179,18 +180,10 @@ def _row(source: str, shape, dtype: str, target: str, note: str) -> dict[str, An
 
 def convert_argv(src: str, out: str, verifier: str | None, aux_layer_ids: str | None,
                  overwrite: bool = False, *, fmt: str | None = None, mask_token_id: int | None = None) -> list[str]:
-    argv = ["convert", src, "--out", out]
-    if overwrite:
-        argv.append("--overwrite")
-    if fmt:
-        argv += ["--format", fmt]
-    if verifier:
-        argv += ["--target", verifier]
-    if aux_layer_ids:
-        argv += ["--aux-layer-ids", aux_layer_ids]
-    if mask_token_id is not None:
-        argv += ["--mask-token-id", str(mask_token_id)]
-    return argv
+    given = {"overwrite": overwrite or None, "format": fmt or None, "verifier": verifier or None,
+             "aux_layer_ids": aux_layer_ids or None, "mask_token_id": mask_token_id}
+    options = ConvertJob(**{k: v for k, v in given.items() if v is not None})
+    return options.argv("convert", src, "--out", out)
 
 
 def converts(job, src: str | Path) -> bool:

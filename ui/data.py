@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.algos import algorithm_names
+from engine.data.options import ExtractOptions, PrepareOptions, RegenerateOptions
 from engine.jobs import runs_dir
 
 __all__ = ["BUILTIN", "algorithm_names", "default_extract_out", "default_regen_out", "extract_argv",
@@ -44,28 +45,24 @@ def default_extract_out(dataset: str, target: str) -> str:
 
 def regenerate_argv(dataset: str, target: str, out: str, *, split: str, max_samples: int | None, max_new_tokens: int,
                     temperature: float, batch_size: int, max_turns: int | None) -> list[str]:
-    argv = ["regenerate", "--dataset", dataset, "--target", target, "--split", split, "--out", out,
-            "--max-new-tokens", str(max_new_tokens), "--temperature", str(temperature), "--batch-size", str(batch_size)]
-    if max_samples:
-        argv += ["--max-samples", str(max_samples)]
-    if max_turns:
-        argv += ["--max-turns", str(max_turns)]
-    return argv
+    options = RegenerateOptions(dataset=dataset, target=target, split=split, out=out, max_new_tokens=max_new_tokens,
+                                temperature=temperature, batch_size=batch_size, max_samples=max_samples or None,
+                                max_turns=max_turns or None)
+    return options.argv("regenerate")
 
 
 def extract_argv(dataset: str, target: str, out: str, *, split: str, max_samples: int | None, max_length: int,
                  layers: str, algo: str, dtype: str, batch_size: int) -> list[str]:
-    argv = ["extract", "--dataset", dataset, "--target", target, "--split", split, "--out", out,
-            "--max-length", str(max_length), "--dtype", dtype, "--batch-size", str(batch_size)]
-    argv += ["--layers", layers] if layers.strip() else ["--algo", algo]
-    if max_samples:
-        argv += ["--max-samples", str(max_samples)]
-    return argv
+    choice = {"layers": layers.strip()} if layers.strip() else {"algo": algo}
+    options = ExtractOptions(dataset=dataset, target=target, split=split, out=out, max_length=max_length, dtype=dtype,
+                             batch_size=batch_size, max_samples=max_samples or None, **choice)
+    return options.argv("extract")
 
 
 def prepare_argv(dataset: str, target: str, *, split: str, rows: int, max_length: int) -> list[str]:
-    return ["prepare", "--dataset", dataset, "--target", target, "--split", split, "--max-samples", str(rows),
-            "--preview", str(rows), "--max-length", str(max_length)]
+    options = PrepareOptions(dataset=dataset, target=target, split=split, max_samples=rows, preview=rows,
+                             max_length=max_length)
+    return options.argv("prepare")
 
 
 def manifest(out: str) -> dict[str, Any] | None:

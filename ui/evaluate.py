@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from engine import jobs as engine_jobs
+from engine.measure.options import EvaluateOptions
 from ui import records
 
 
@@ -18,9 +19,10 @@ def result_path(draft: str) -> str:
 
 def evaluate_argv(draft: str, target: str, *, num_prompts: int, max_new_tokens: int, out: str,
                   forecast: bool = True) -> list[str]:
-    argv = ["evaluate", "--draft", draft, "--target", target, "--num-prompts", str(num_prompts),
-            "--max-new-tokens", str(max_new_tokens), "--json", out]
-    return argv + (["--forecast"] if forecast else [])
+    options = EvaluateOptions(draft=draft, target=target, num_prompts=num_prompts, max_new_tokens=max_new_tokens)
+    if forecast:
+        options.forecast = True
+    return [*options.argv("evaluate"), "--json", out]
 
 
 def results(draft: str | None = None) -> list[tuple[engine_jobs.Job, dict[str, Any]]]:

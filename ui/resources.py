@@ -14,6 +14,8 @@ from typing import Any
 
 import streamlit as st
 
+import engine.algos  # noqa: F401  (fills the algorithm and config-type registries the pages read)
+
 log = logging.getLogger("workbench.ui.resources")
 
 
@@ -78,7 +80,7 @@ def tokenizer(name: str):
 
 @st.cache_resource(max_entries=4, show_spinner="Loading the draft model…")
 def _draft_model(path: str, target_name: str, stamp: float):
-    from engine.generate.api import load_draft
+    from engine.algos.loading import load_draft
 
     log.info("loading the draft model %s (once, shared by every browser session)", path)
     return load_draft(path, target(target_name))
@@ -97,7 +99,7 @@ def proposer(method: str, target_name: str, draft_path: str | None):
 
         raise WorkbenchError("no draft is selected and this target has no shipped draft",
                              hint="pick a draft on the Models page, or use the n-gram proposer")
-    from engine.generate.api import proposer_for
+    from engine.algos.loading import proposer_for
 
     return proposer_for(_draft_model(draft_path, target_name, _stamp(draft_path)))
 

@@ -5,22 +5,15 @@ from __future__ import annotations
 from typing import Any
 
 from engine import jobs as engine_jobs
+from engine.serve.options import ServeOptions
 
 
 def serve_argv(*, draft: str | None, target: str | None, k: int | None, form: str | None, port: int,
                max_model_len: int, dtype: str) -> list[str]:
-    argv = ["serve", "--port", str(port), "--max-model-len", str(max_model_len), "--dtype", dtype]
-    if draft:
-        argv += ["--draft", draft]
-    else:
-        argv += ["--no-draft"]
-    if target:
-        argv += ["--target", target]
-    if k and draft:
-        argv += ["--k", str(k)]
-    if form and draft:
-        argv += ["--form", form]
-    return argv
+    given = {"port": port, "max_model_len": max_model_len, "dtype": dtype, "draft": draft or None,
+             "no_draft": not draft or None, "target": target or None, "k": (k or None) if draft else None,
+             "form": (form or None) if draft else None}
+    return ServeOptions(**{name: v for name, v in given.items() if v is not None}).argv("serve")
 
 
 def vllm_env():

@@ -39,8 +39,8 @@ if TYPE_CHECKING:  # torch-side types, for annotations only
     import torch
     from torch import nn
 
+    from engine.algos.common.batching import Layout
     from engine.generate.proposers import Proposer
-    from engine.train.data import Layout
 
 
 class AlgoArgs(BaseModel):

@@ -6,6 +6,8 @@ import argparse
 import json
 from pathlib import Path
 
+from engine.errors import WorkbenchError
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("data", help="a folder of hs_{i}.safetensors files (the --out of `extract`)")
@@ -19,7 +21,6 @@ def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from engine.data.check import check_folder
-    from engine.errors import WorkbenchError
 
     report = check_folder(args.data, full=args.full,
                           progress=lambda xs: tqdm(xs, desc="check", unit="file", dynamic_ncols=True))

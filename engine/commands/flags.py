@@ -40,7 +40,7 @@ def add_model_fields(parser: argparse.ArgumentParser, model_cls: type[BaseModel]
         if name in skip:
             continue
         extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
-        flag = "--" + name.replace("_", "-")
+        flags = tuple(extra.get("flags", ("--" + name.replace("_", "-"),)))  # a field may have other spellings
         kind, _ = _unwrap(field.annotation)
         origin = typing.get_origin(kind)
         shown = "required" if field.is_required() else field.default if field.default is not None else "none"
@@ -48,25 +48,27 @@ def add_model_fields(parser: argparse.ArgumentParser, model_cls: type[BaseModel]
         more = extra["more_help"]() if callable(extra.get("more_help")) else ""
         help_text = f"{field.description or ''} " + (more or f"(default: {shown})")
         default = field.default if keep_defaults and not field.is_required() else None
-        kw: dict[str, Any] = {"default": default, "help": help_text}
+        kw: dict[str, Any] = {"default": default, "help": help_text, "dest": name}
         if field.is_required() and keep_defaults:
             kw["required"] = True
         if "parse" in extra:  # a field with its own spelling on the command line (e.g. k ranges "1-5")
-            group.add_argument(flag, type=extra["parse"], **kw)
+            group.add_argument(*flags, type=extra["parse"], **kw)
         elif callable(extra.get("choices")):  # choices known at run time (e.g. the registered algorithms)
-            group.add_argument(flag, choices=extra["choices"](), **kw)
+            group.add_argument(*flags, choices=extra["choices"](), **kw)
+        elif kind is bool and extra.get("store_true"):  # a switch that is off unless given (--no-draft)
+            group.add_argument(*flags, action="store_true", **{**kw, "default": kw["default"] or None})
         elif kind is bool:
-            group.add_argument(flag, action=argparse.BooleanOptionalAction, **kw)
+            group.add_argument(*flags, action=argparse.BooleanOptionalAction, **kw)
         elif origin in (tuple, list) or kind in (list, tuple):
             item = (typing.get_args(kind) or (str,))[0]
             kw["help"] += " Comma-separated."
-            group.add_argument(flag, type=_comma_list(item, origin is tuple), **kw)
+            group.add_argument(*flags, type=_comma_list(item, origin is tuple), **kw)
         elif origin is typing.Literal:
-            group.add_argument(flag, choices=list(typing.get_args(kind)), **kw)
+            group.add_argument(*flags, choices=list(typing.get_args(kind)), **kw)
         elif kind in (int, float, str):
-            group.add_argument(flag, type=kind, **kw)
+            group.add_argument(*flags, type=kind, **kw)
         else:
-            group.add_argument(flag, type=str, **kw)
+            group.add_argument(*flags, type=str, **kw)
 
 
 def model_overrides(args: argparse.Namespace, model_cls: type[BaseModel]) -> dict[str, Any]:

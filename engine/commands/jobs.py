@@ -7,6 +7,7 @@ import json
 import time
 
 from engine.errors import WorkbenchError
+from engine.jobs import list_jobs, stop
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -16,8 +17,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.jobs import list_jobs, stop
-
     jobs = list_jobs()
     if args.action == "list":
         if args.json:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from engine.errors import WorkbenchError
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("path", help="draft folder (config.json + safetensors)")
@@ -16,7 +18,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import engine.algos  # noqa: F401  (registers the config types)
-    from engine.errors import WorkbenchError
     from engine.format.repair import EMBED, add_embeddings, embedding_need
     from engine.format.validate import validate_draft
     from engine.targets import draft_verifier, load_verifier_parts

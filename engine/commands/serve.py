@@ -12,74 +12,58 @@ import os
 import sys
 import time
 
+from engine.commands.flags import add_model_fields, options_from_args
 from engine.errors import WorkbenchError
-
-READY_TIMEOUT = 900.0
+from engine.jobs import JOB_DIR_ENV, launch, load_job, reporter, stop
+from engine.serve.options import ServeOptions
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--draft", default=None, help="draft folder (speculators format) to serve with its target")
-    p.add_argument("--target", default=None,
-                   help="built-in name, local folder or hub id of the target (default: the draft's verifier)")
-    p.add_argument("--k", type=int, default=None, help="tokens drafted per step (default: the draft's own)")
-    p.add_argument("--port", type=int, default=None, help="port to listen on (default: 8000, or a free one)")
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
-    p.add_argument("--no-draft", action="store_true", help="serve the target alone (no speculative decoding)")
-    p.add_argument("--form", choices=["auto", "explicit"], default=None,
-                   help="auto: the draft folder is the model (vLLM reads its verifier); explicit: the target with "
-                   "--speculative-config (default: auto when the target is the draft's verifier)")
-    p.add_argument("--no-validate", action="store_true", help="do not refuse a draft our validator rejects")
-    p.add_argument("--dtype", default="bfloat16", help="weights/activations dtype on CPU (default: bfloat16)")
-    p.add_argument("--max-model-len", type=int, default=2048, help="context length (default: 2048)")
-    p.add_argument("--kv-cache-gib", type=float, default=None, help="CPU KV cache in GiB (default: 2)")
-    p.add_argument("--timeout", type=float, default=READY_TIMEOUT, help="seconds to wait for the server to be ready")
-    p.add_argument("--install-only", action="store_true", help="create the vLLM environment and exit")
-    p.add_argument("--foreground", action="store_true", help="serve in this process until Ctrl-C")
+    add_model_fields(p, ServeOptions, title="serve")
     p.add_argument("--json", action="store_true", help="print one JSON object when the server is ready")
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.jobs import JOB_DIR_ENV, reporter
     from engine.serve.venv import ensure_vllm_env
 
-    rep = reporter()
+    rep, o = reporter(), options_from_args(args, ServeOptions)
 
     def progress(message: str, fraction: float) -> None:
         print(f"[{fraction:4.0%}] {message}", file=sys.stderr, flush=True)
-        rep.update(message, progress=fraction * 0.5 if not args.install_only else fraction)
+        rep.update(message, progress=fraction * 0.5 if not o.install_only else fraction)
 
-    plan = None if args.install_only else _plan(args)  # refuse bad arguments and drafts before installing
+    plan = None if o.install_only else _plan(o)  # refuse bad arguments and drafts before installing
     env = ensure_vllm_env(progress=progress)
     if plan is None:
         print(f"vLLM {env.vllm_version} ({env.flavor}, torch {env.torch_version}) is installed in {env.path}")
         return 0
-    if args.foreground or os.environ.get(JOB_DIR_ENV):
-        return _serve_here(args, plan, env)
-    return _serve_as_job(args, plan)
+    if o.foreground or os.environ.get(JOB_DIR_ENV):
+        return _serve_here(o, plan, env, as_json=args.json)
+    return _serve_as_job(o, plan, as_json=args.json)
 
 
-def _plan(args: argparse.Namespace):
+def _plan(o: ServeOptions):
     from engine.serve.server import plan_server
 
-    if args.no_draft:
-        if args.draft and args.target is None:
+    if o.no_draft:
+        if o.draft and o.target is None:
             from engine.format.checkpoint import read_config_dict
 
-            args.target = read_config_dict(args.draft)["speculators_config"]["verifier"]["name_or_path"]
-        return plan_server(target=args.target)
-    if not args.draft:
+            o.target = read_config_dict(o.draft)["speculators_config"]["verifier"]["name_or_path"]
+        return plan_server(target=o.target)
+    if not o.draft:
         raise WorkbenchError("no draft given", hint="pass --draft DIR, or --no-draft to serve the target alone")
-    return plan_server(args.draft, target=args.target, k=args.k, form=args.form, validate=not args.no_validate)
+    return plan_server(o.draft, target=o.target, k=o.k, form=o.form, validate=not o.no_validate)
 
 
-def _port(args: argparse.Namespace) -> int:
+def _port(o: ServeOptions) -> int:
     from engine.serve.server import free_port
 
-    if args.port is None:
-        return free_port(8000, args.host)
-    if free_port(args.port, args.host) != args.port:
-        raise WorkbenchError(f"port {args.port} is already in use", hint="choose another --port, or omit it")
-    return args.port
+    if o.port is None:
+        return free_port(8000, o.host)
+    if free_port(o.port, o.host) != o.port:
+        raise WorkbenchError(f"port {o.port} is already in use", hint="choose another --port, or omit it")
+    return o.port
 
 
 def _print_plan(plan) -> None:
@@ -89,22 +73,20 @@ def _print_plan(plan) -> None:
         print(f"  elsewhere: {line}")
 
 
-def _serve_here(args: argparse.Namespace, plan, env) -> int:
-    from engine.jobs import reporter
+def _serve_here(o: ServeOptions, plan, env, *, as_json: bool) -> int:
     from engine.serve.server import VllmServer
 
     rep = reporter()
-    server = VllmServer(plan, port=_port(args), host=args.host, venv=env, max_model_len=args.max_model_len,
-                        kv_cache_gib=args.kv_cache_gib, dtype=args.dtype)
+    server = VllmServer(plan, o.settings(), port=_port(o), venv=env)
     _print_plan(plan)
     try:
         server.start()
         rep.update(f"starting vLLM on {server.url}", progress=0.5, **server.describe())
-        server.wait_ready(timeout=args.timeout, progress=lambda m: rep.update(m))
+        server.wait_ready(timeout=o.timeout, progress=lambda m: rep.update(m))
         info = {**server.describe(), "ready": True, "ready_after_s": round(server.ready_after_s or 0, 1),
                 "memory_bytes": server.memory_bytes()}
         rep.update(f"serving on {server.url}", progress=1.0, **info)
-        print(json.dumps(info) if args.json else f"vLLM is serving on {server.url} (log: {server.log_path}); "
+        print(json.dumps(info) if as_json else f"vLLM is serving on {server.url} (log: {server.log_path}); "
               "Ctrl-C stops it", flush=True)
         while server.running():
             time.sleep(1.0)
@@ -116,30 +98,26 @@ def _serve_here(args: argparse.Namespace, plan, env) -> int:
         server.stop()
 
 
-def _serve_as_job(args: argparse.Namespace, plan) -> int:
-    from engine.jobs import launch, stop
-
-    port = _port(args)
-    argv = _job_argv(args, port)
+def _serve_as_job(o: ServeOptions, plan, *, as_json: bool) -> int:
+    port = _port(o)
+    argv = _job_argv(o, port)
     job = launch(argv, kind="serve", name=str(port))
     _print_plan(plan)
-    print(f"started job {job.id} ({job.dir}); waiting for vLLM on http://{args.host}:{port} ...", file=sys.stderr)
-    deadline = time.time() + args.timeout + 60
+    print(f"started job {job.id} ({job.dir}); waiting for vLLM on http://{o.host}:{port} ...", file=sys.stderr)
+    deadline = time.time() + o.timeout + 60
     try:
-        return _wait_for_job(args, job, deadline)
+        return _wait_for_job(o, job, deadline, as_json=as_json)
     except KeyboardInterrupt:
         stop(job)  # Ctrl-C while waiting: do not leave a half-started server behind
         raise
 
 
-def _wait_for_job(args: argparse.Namespace, job, deadline: float) -> int:
-    from engine.jobs import load_job, stop
-
+def _wait_for_job(o: ServeOptions, job, deadline: float, *, as_json: bool) -> int:
     while True:
         current = load_job(job.dir) or job
         if current.status.result.get("ready"):
             info = {**current.status.result, "job": current.id}
-            print(json.dumps(info) if args.json else f"vLLM is serving on {info['url']} (job {current.id}); stop it "
+            print(json.dumps(info) if as_json else f"vLLM is serving on {info['url']} (job {current.id}); stop it "
                   f"with `python -m engine jobs stop {current.id}`")
             return 0
         if not current.running:
@@ -147,20 +125,20 @@ def _wait_for_job(args: argparse.Namespace, job, deadline: float) -> int:
                                  hint=f"see {current.dir / 'stdout.log'} and {current.dir / 'vllm.log'}")
         if time.time() > deadline:
             stop(current)
-            raise WorkbenchError(f"vLLM was not ready after {args.timeout:.0f} s (job {current.id} stopped)",
+            raise WorkbenchError(f"vLLM was not ready after {o.timeout:.0f} s (job {current.id} stopped)",
                                  hint=f"see {current.dir / 'vllm.log'}; raise --timeout on a slow machine")
         time.sleep(1.0)
 
 
-def _job_argv(args: argparse.Namespace, port: int) -> list[str]:
+def _job_argv(o: ServeOptions, port: int) -> list[str]:
     """The same command for the job, in the foreground, on the chosen port."""
-    argv = ["serve", "--foreground", "--port", str(port), "--host", args.host, "--dtype", args.dtype,
-            "--max-model-len", str(args.max_model_len), "--timeout", str(args.timeout)]
-    for flag, value in (("--draft", _abs(args.draft)), ("--target", _abs(args.target)), ("--k", args.k),
-                        ("--form", args.form), ("--kv-cache-gib", args.kv_cache_gib)):
+    argv = ["serve", "--foreground", "--port", str(port), "--host", o.host, "--dtype", o.dtype,
+            "--max-model-len", str(o.max_model_len), "--timeout", str(o.timeout)]
+    for flag, value in (("--draft", _abs(o.draft)), ("--target", _abs(o.target)), ("--k", o.k),
+                        ("--form", o.form), ("--kv-cache-gib", o.kv_cache_gib)):
         if value is not None:
             argv += [flag, str(value)]
-    argv += [flag for flag, on in (("--no-draft", args.no_draft), ("--no-validate", args.no_validate)) if on]
+    argv += [flag for flag, on in (("--no-draft", o.no_draft), ("--no-validate", o.no_validate)) if on]
     return argv
 
 

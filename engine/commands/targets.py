@@ -5,9 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 
+from engine.cpu import describe
+from engine.targets import DEFAULT_TARGET
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--prepare", default="smollm2-135m-instruct",
+    p.add_argument("--prepare", default=DEFAULT_TARGET,
                    help="built-in target to dequantize and cache now ('none' to skip)")
     p.add_argument("--measure-kernels", action="store_true",
                    help="time the exact kernel paths of the prepared target on this CPU now (else the first "
@@ -16,7 +19,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.cpu import describe
     from engine.generate.kernel_choice import choose, read_cached
     from engine.targets import BUILTIN_TARGETS, builtin_cache_dir, builtin_ready, pick_device, prepare_builtin
 

@@ -15,7 +15,15 @@ from engine.convert import (
     peagle_aws,  # noqa: F401
     peagle_specforge,  # noqa: F401
 )
-from engine.convert.base import CONVERTERS, NOT_CONVERTIBLE, Converter, ConvertOptions, KeyRule, MappingRow
+from engine.convert.base import (
+    CONVERTERS,
+    NOT_CONVERTIBLE,
+    Converter,
+    ConvertJob,
+    ConvertOptions,
+    KeyRule,
+    MappingRow,
+)
 from engine.convert.pipeline import (
     SPECULATORS,
     UNKNOWN,
@@ -31,6 +39,6 @@ from engine.convert.pipeline import (
     verify,
 )
 
-__all__ = ["CONVERTERS", "NOT_CONVERTIBLE", "SPECULATORS", "UNKNOWN", "ConvertOptions", "Converter", "Detection",
-           "KeyRule", "MappingRow", "Plan", "Verdict", "convert", "detect", "detect_source", "mapping_rows",
-           "mapping_table", "plan", "verify"]
+__all__ = ["CONVERTERS", "NOT_CONVERTIBLE", "SPECULATORS", "UNKNOWN", "ConvertJob", "ConvertOptions", "Converter",
+           "Detection", "KeyRule", "MappingRow", "Plan", "Verdict", "convert", "detect", "detect_source",
+           "mapping_rows", "mapping_table", "plan", "verify"]

@@ -8,9 +8,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from engine.format.checkpoint import TensorInfo
+from engine.options import Options
 from engine.registry import Registry
 
 
@@ -27,6 +28,35 @@ class ConvertOptions(BaseModel):
                                       "source does not record it.")
     speculative_tokens: int | None = Field(None, ge=1, description="Tokens drafted per step written into the "
                                            "config (vLLM's default k). Default: the source's algorithm default.")
+
+    @field_validator("aux_layer_ids", mode="before")
+    @classmethod
+    def _ids_as_text(cls, value):
+        if isinstance(value, str):
+            try:
+                return [int(x) for x in value.split(",") if x.strip()]
+            except ValueError:
+                raise ValueError(f"'{value}' is not a comma-separated list of integers (e.g. 2,15,27)") from None
+        return value
+
+
+def _converter_names() -> list[str]:
+    return CONVERTERS.names()
+
+
+class ConvertJob(ConvertOptions, Options):
+    """`convert`: how the source is read and where the draft goes, plus what the source does not record."""
+
+    format: str | None = Field(None, description="source layout",
+                               json_schema_extra={"choices": _converter_names, "shown_default": "detected"})
+    verifier: str | None = Field(
+        None, description="the verifier: a hub id (written into the config) or a local folder; its config.json, when "
+        "on this machine, supplies vocab size, hidden size and depth, and the draft is then test-drafted",
+        json_schema_extra={"flags": ("--target", "--verifier")})
+    allow_pickle: bool = Field(False, description="read .bin/.pt weights (torch.load(weights_only=True)); only for "
+                               "files you trust")
+    overwrite: bool = Field(False, description="replace --out even if it holds files the workbench did not write "
+                            "(they are deleted)")
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,8 @@ from engine.format.checkpoint import (
     tensor_index,
     weight_files,
 )
+from engine.fsutil import atomic_directory, remove_ours
+from engine.jobs import runs_dir
 
 # Limits on what a zip may expand to, checked from its directory before anything is written (checkpoint
 # weights hardly compress, so a high ratio is a zip bomb, not a checkpoint).
@@ -216,8 +218,6 @@ def extract_zip(source, folder: Path, *, name: str = "the zip", size: int | None
 
 
 def _default_staging() -> Path:
-    from engine.jobs import runs_dir
-
     return runs_dir() / "uploads"
 
 
@@ -230,8 +230,6 @@ def stage_zip(path: Path, root: Path) -> Path:
 
 def staged(root: Path, name: str, write: Callable[[Path], None]) -> Path:
     """root/<name>, written by `write(tmp)` once (atomically, owned by us); later calls only mark it as used."""
-    from engine.fsutil import atomic_directory
-
     folder = root / name
     if folder.is_dir():
         os.utime(folder)  # used now: not stale
@@ -255,6 +253,4 @@ def prune_staged(root: Path, keep: Path | None = None, now: float | None = None)
         if p != keep and (age > STAGED_TTL_S or (rank >= STAGED_KEEP and age > STAGED_RECENT_S)):
             removed.append(p)
     removed += [p for p in found if p.name.startswith(".") and now - p.stat().st_mtime > STAGED_TTL_S]
-    from engine.fsutil import remove_ours
-
     return [p for p in removed if remove_ours(p)]

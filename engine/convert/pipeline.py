@@ -17,6 +17,7 @@ from engine.convert.base import (
     NOT_CONVERTIBLE,
     UNMAPPED,
     Converter,
+    ConvertJob,
     ConvertOptions,
     MappingRow,
     converters_by_precedence,
@@ -26,6 +27,7 @@ from engine.errors import WorkbenchError
 from engine.format import vllm_rules as vr
 from engine.format.checkpoint import TensorInfo
 from engine.format.config import refuse_bad_numbers
+from engine.fsutil import check_replaceable
 
 log = logging.getLogger(__name__)
 
@@ -193,24 +195,22 @@ def refuse_problems(p: Plan) -> None:
                              "matches its weights, and the options (--aux-layer-ids); --dry-run shows the table")
 
 
-def convert(src: str | os.PathLike, out: str | os.PathLike, *, fmt: str | None = None, verifier: str | None = None,
-            allow_pickle: bool = False, dtype=None, overwrite: bool = False,
-            options: ConvertOptions | None = None, on_plan: Callable[[Plan], None] | None = None,
-            **option_fields: Any) -> Path:
+def convert(src: str | os.PathLike, out: str | os.PathLike, options: ConvertJob | None = None, *,
+            on_plan: Callable[[Plan], None] | None = None, **fields: Any) -> Path:
     """Convert `src` into a speculators draft at `out` (atomic) and return it; refuses when a tensor does not map.
 
-    `out` must be new, empty or a draft the workbench wrote (`engine.fsutil.is_ours`), unless `overwrite`.
+    `options` (or its `fields`) as `python -m engine convert` takes them. `out` must be new, empty or a draft the
+    workbench wrote (`engine.fsutil.is_ours`), unless `options.overwrite`.
     """
     from engine.format.checkpoint import save_checkpoint
-    from engine.fsutil import check_replaceable
 
-    check_replaceable(out, overwrite=overwrite)  # refuse before reading anything; only the owner marker vouches
-    options = options or ConvertOptions(**option_fields)
-    p = plan(src, fmt=fmt, verifier=verifier, options=options, allow_pickle=allow_pickle)
+    o = options or ConvertJob(**fields)
+    check_replaceable(out, overwrite=o.overwrite)  # refuse before reading anything; only the owner marker vouches
+    p = plan(src, fmt=o.format, verifier=o.verifier, options=o, allow_pickle=o.allow_pickle)
     if on_plan is not None:  # e.g. the CLI: say which values came from a default
         on_plan(p)
     refuse_problems(p)
-    return save_checkpoint(out, p.config, p.state, dtype=dtype, overwrite=overwrite)
+    return save_checkpoint(out, p.config, p.state, overwrite=o.overwrite)
 
 
 def verifier_config_for(verifier: str | None) -> dict[str, Any] | None:
@@ -298,7 +298,8 @@ def _draft_a_few(out, target, max_new_tokens: int) -> str:
     engine."""
     import torch
 
-    from engine.generate.api import load_draft, prompt_ids, proposer_for
+    from engine.algos.loading import load_draft, proposer_for
+    from engine.generate.api import prompt_ids
     from engine.generate.runner import TargetRunner
     from engine.generate.sampling import SamplingParams
     from engine.generate.speculative import generate_all

@@ -10,7 +10,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from pathlib import Path
 
 import torch
 
@@ -77,22 +76,21 @@ def capture_batch(model, sequences: Sequence[Sequence[int]], layer_ids: Sequence
     return [hs[b, :n] for b, n in enumerate(lengths)]
 
 
-def extract_hidden_states(target, rows: Sequence[RenderedRow], out: str | Path, layer_ids: Sequence[int], *,
-                          dtype: str | torch.dtype = "bf16", batch_size: int = DEFAULT_BATCH_SIZE,
-                          batch_tokens: int = DEFAULT_BATCH_TOKENS, header_extra: dict | None = None,
-                          overwrite: bool = False, progress: bool = True,
+def extract_hidden_states(target, rows: Sequence[RenderedRow], options: ExtractOptions, layer_ids: Sequence[int], *,
+                          header_extra: dict | None = None, progress: bool = True,
                           on_sample: Callable[[int], None] | None = None) -> dict:
-    """Extract `rows` with a loaded `target` (transformers) into `out`; return the final manifest.
+    """Extract `rows` with a loaded `target` (transformers) into `options.out` (its dtype, batch_size,
+    batch_tokens and overwrite); return the final manifest.
 
     `header_extra` adds provenance (dataset, split, max_length, seed, val_fraction, algo) to the manifest.
     `on_sample(index)` is called after each sample is on disk.
     """
     layer_ids = sorted(set(int(i) for i in layer_ids))
-    header = build_header(TargetInfo.from_target(target), layer_ids, dtype, backend="transformers",
-                          **(header_extra or {}))
-    with ExtractionRun(out, header, rows, overwrite=overwrite) as run:
+    header = build_header(TargetInfo.from_target(target), layer_ids, options.dtype, backend="transformers",
+                          source=header_extra)
+    with ExtractionRun(options.out, header, rows, overwrite=options.overwrite) as run:
         todo = run.pending
-        batches = plan_padded_batches([rows[i].num_tokens for i in todo], batch_size, batch_tokens)
+        batches = plan_padded_batches([rows[i].num_tokens for i in todo], options.batch_size, options.batch_tokens)
         with ExtractionProgress(run, sum(rows[i].num_tokens for i in todo), progress) as bar:
             for batch in batches:
                 indices = [todo[p] for p in batch]
@@ -147,6 +145,4 @@ def extract_dataset(options: ExtractOptions, *, progress: bool = True) -> dict:
         from engine.data.vllm_backend import extract_rows_vllm
 
         return extract_rows_vllm(info, rows, o, layer_ids, header_extra=extra, progress=progress)
-    return extract_hidden_states(tgt, rows, o.out, layer_ids, dtype=o.dtype, batch_size=o.batch_size,
-                                 batch_tokens=o.batch_tokens, header_extra=extra, overwrite=o.overwrite,
-                                 progress=progress)
+    return extract_hidden_states(tgt, rows, o, layer_ids, header_extra=extra, progress=progress)

@@ -12,6 +12,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -63,11 +64,17 @@ class TargetInfo:
                    int(text.vocab_size))
 
 
+SOURCE_FIELDS = ("dataset", "split", "max_length", "seed", "val_fraction", "algo")
+
+
 def build_header(info: TargetInfo, layer_ids: Sequence[int], dtype: str | torch.dtype, *, backend: str,
-                 dataset: str | None = None, split: str | None = None, max_length: int | None = None,
-                 seed: int | None = None, val_fraction: float | None = None, planned_samples: int | None = None,
-                 algo: str | None = None) -> dict:
-    """The manifest fields fixed for a run (counts are added by `write_manifest`)."""
+                 source: dict[str, Any] | None = None, planned_samples: int | None = None) -> dict:
+    """The manifest fields fixed for a run (counts are added by `write_manifest`); `source` names the data
+    (SOURCE_FIELDS: dataset, split, max_length, seed, val_fraction, algo)."""
+    unknown = set(source or {}) - set(SOURCE_FIELDS)
+    if unknown:
+        raise ValueError(f"unknown manifest source fields {sorted(unknown)}")
+    src = {name: (source or {}).get(name) for name in SOURCE_FIELDS}
     ids = sorted(set(int(i) for i in layer_ids))
     return {
         "format": FORMAT, "target": info.name, "target_path": info.path,
@@ -75,8 +82,9 @@ def build_header(info: TargetInfo, layer_ids: Sequence[int], dtype: str | torch.
         "includes_last_layer": info.num_layers in ids,
         "num_layers": info.num_layers, "hidden_size": info.hidden_size, "vocab_size": info.vocab_size,
         "dtype": dtype_name(parse_dtype(dtype)), "token_ids_dtype": "int64", "loss_mask_dtype": "int64",
-        "files": "hs_{i}.safetensors", "max_length": max_length, "dataset": dataset, "split": split,
-        "seed": seed, "val_fraction": val_fraction, "algo": algo, "backend": backend,
+        "files": "hs_{i}.safetensors", "max_length": src["max_length"], "dataset": src["dataset"],
+        "split": src["split"], "seed": src["seed"], "val_fraction": src["val_fraction"], "algo": src["algo"],
+        "backend": backend,
         "planned_samples": planned_samples,
         # the digest of the target's tensors: training, evaluation and serving refuse other weights of the same shape
         "target_digest": target_digest(info.path),

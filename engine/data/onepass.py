@@ -303,8 +303,8 @@ def regenerate_and_extract(target, rows: Sequence[dict], options: RegenerateOpti
     extract_max_length, dtype = options.extract_max_length, options.dtype
     layer_ids = sorted(set(int(i) for i in layer_ids))
     header = build_header(TargetInfo.from_target(target), layer_ids, dtype, backend="transformers",
-                          dataset=dataset_name(str(out)), split="all", max_length=extract_max_length, seed=0,
-                          val_fraction=DEFAULT_VAL_FRACTION, algo=options.header_algo())
+                          source={"dataset": dataset_name(str(out)), "split": "all", "max_length": extract_max_length,
+                                  "seed": 0, "val_fraction": DEFAULT_VAL_FRACTION, "algo": options.header_algo()})
     done: list[RenderedRow] = []
     if out.is_file():  # resume: the rows `extract` would render from what is already regenerated
         done, _, _ = render_dataset(str(out), target.tokenizer, split="all", max_length=extract_max_length)

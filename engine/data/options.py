@@ -8,6 +8,7 @@ from pydantic import Field, model_validator
 
 from engine.errors import WorkbenchError
 from engine.options import Options
+from engine.targets import DEFAULT_TARGET
 
 DEFAULT_MAX_LENGTH = 2048
 DEFAULT_VAL_FRACTION = 0.02
@@ -37,7 +38,7 @@ class DataSelection(Options):
     dataset: str = Field("sharegpt", description="built-in name (sharegpt) or a local .jsonl/.json/.parquet file or "
                          "`save_to_disk` folder")
     target: str | None = Field(None, description="built-in target name, local model folder or cached hub id",
-                               json_schema_extra={"shown_default": "smollm2-135m-instruct"})
+                               json_schema_extra={"shown_default": DEFAULT_TARGET})
     split: Literal["train", "val", "all"] = Field(
         "train", description="deterministic split by a hash of the row id (val is held out for benchmarks)")
     val_fraction: float = Field(DEFAULT_VAL_FRACTION, ge=0, lt=1, description="share of rows in the val split")

@@ -307,7 +307,7 @@ def extract_rows_vllm(info: TargetInfo, rows: Sequence[RenderedRow], options: Ex
     out, dtype, model = Path(options.out), options.dtype, info.path
     llm_extra = {"max_model_len": max((r.num_tokens for r in rows), default=1) + 1}
     layer_ids = sorted(set(int(i) for i in layer_ids))
-    header = build_header(info, layer_ids, dtype, backend="vllm", **(header_extra or {}))
+    header = build_header(info, layer_ids, dtype, backend="vllm", source=header_extra)
     with ExtractionRun(out, header, rows, overwrite=options.overwrite) as run:
         todo = run.pending
         if not todo:

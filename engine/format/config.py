@@ -196,6 +196,9 @@ def config_types() -> list[str]:
 
 def config_type(kind: Any) -> type[DraftConfig]:
     """The config class of a speculators type, or a clear error naming the known types."""
+    if not config_types():
+        raise WorkbenchError("no draft algorithm is registered, so no config type can be read",
+                             hint="import engine.algos first (the CLI, the app and the tests' conftest do)")
     if not isinstance(kind, str) or kind not in CONFIG_TYPES:
         raise UnknownConfigType(f"unknown speculators_model_type {json.dumps(kind)}",
                                 hint=f"the workbench reads {config_types()}; a draft of another type is not a "

@@ -11,7 +11,6 @@ from typing import Any
 
 from pydantic import ValidationError
 
-import engine.algos  # noqa: F401  (registers every algorithm's config type: the rules below look them up)
 from engine.errors import WorkbenchError
 from engine.format import vllm_rules as vr
 from engine.format.checkpoint import CONFIG_NAME, INDEX_NAME, read_config_dict, tensor_index

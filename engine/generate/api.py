@@ -5,8 +5,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+# draft_algorithm, load_draft and proposer_for live in engine.algos.loading; re-exported here for branches written
+# before the move (remove after the dflash2 merge)
+from engine.algos.loading import (  # noqa: F401
+    draft_algorithm,
+    is_algorithm,
+    load_draft,
+    load_draft_proposer,
+    proposer_for,
+)
 from engine.errors import WorkbenchError
-from engine.format.checkpoint import read_config_dict
+from engine.fsutil import read_json
 from engine.generate.proposers import Proposer
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets" / "drafts"
@@ -16,7 +25,6 @@ METHODS = ("baseline", "draft", "ngram")
 
 def shipped_drafts(target_name: str | None) -> list[Path]:
     """Draft folders under assets/drafts/ whose verifier is this built-in target, the default first."""
-    from engine.fsutil import read_json
     from engine.targets import DEFAULT_TARGET, builtin_for
 
     builtin = builtin_for(target_name or DEFAULT_TARGET)
@@ -43,30 +51,6 @@ def default_draft(target_name: str | None) -> Path | None:
     return drafts[0] if drafts else None
 
 
-def draft_algorithm(draft_path: str | Path):
-    """The registered algorithm of a draft folder (a clear error for types we validate but do not run)."""
-    from engine.algos import algorithm_for_config
-
-    return algorithm_for_config(read_config_dict(draft_path))
-
-
-def load_draft(draft_path: str | Path, target, **options: Any):
-    """The draft model of a folder (any registered algorithm), paired with `target`, in eval mode."""
-    return draft_algorithm(draft_path).load(draft_path, target, **options)
-
-
-def proposer_for(draft, **options: Any) -> Proposer:
-    """A fresh proposer over a loaded draft model (its algorithm read from the draft's own config)."""
-    from engine.algos import algorithm_for_config
-
-    return algorithm_for_config(draft.config).proposer(draft, **options)
-
-
-def load_draft_proposer(draft_path: str | Path, target, **options: Any) -> Proposer:
-    """A proposer for any supported draft folder, chosen by its `speculators_model_type`."""
-    return proposer_for(load_draft(draft_path, target), **options)
-
-
 def make_proposer(method: str, target, *, draft: str | Path | None = None, prompt_lookup_min: int = 2,
                   prompt_lookup_max: int = 5, **options: Any) -> Proposer | None:
     """`baseline` -> None, `ngram` -> n-gram lookup, `draft` -> the draft at `draft` (or the shipped default)."""
@@ -76,9 +60,7 @@ def make_proposer(method: str, target, *, draft: str | Path | None = None, promp
         from engine.generate.ngram import NgramProposer
 
         return NgramProposer(prompt_lookup_min, prompt_lookup_max)
-    from engine.algos import ALGOS
-
-    if method == "draft" or method in ALGOS:
+    if method == "draft" or is_algorithm(method):
         path = draft or default_draft(target.ref.name)
         if path is None:
             raise WorkbenchError("no draft given and no shipped draft for this target",

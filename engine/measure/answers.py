@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from engine.cpu import cpu_flags, cpu_model
 from engine.fsutil import atomic_save_safetensors, atomic_write_json, exclusive_lock, read_json
 from engine.targets import workbench_home
 
@@ -69,8 +70,6 @@ def weights_hash(folder: str | os.PathLike) -> str:
 def answers_key(target, prompts: Sequence[Any], aux_layer_ids: Sequence[int], *, max_new_tokens: int,
                 eos_token_ids: Sequence[int]) -> dict[str, Any]:
     """Everything the target's answers and states depend on (engine.targets.Target as loaded for decoding)."""
-    from engine.cpu import cpu_flags, cpu_model
-
     kernel = target.extra.get("kernel") or {}
     return {
         "format": STORE_FORMAT, "target": target.ref.name, "target_path": target.ref.path,

@@ -21,6 +21,7 @@ from engine.generate.metrics import SpecMetrics, measure_cost_curve, speedup_cei
 from engine.generate.runner import TargetRunner
 from engine.generate.sampling import SamplingParams
 from engine.generate.speculative import generate
+from engine.jobs import reporter, tracked
 from engine.measure.options import BenchOptions
 from engine.provenance import provenance
 from engine.targets import dtype_name
@@ -77,8 +78,6 @@ def run_bench(target, prompts: list[dict[str, Any]], options: BenchOptions, *, m
     """Run every method of `options` on every prompt (round-robin per prompt) with a loaded `target` and summarise
     like vLLM; with `span`, the job's progress (prompts done, time left) goes into its status.json within that part
     of the job."""
-    from engine.jobs import tracked
-
     methods, draft, k = options.method_names(), options.draft, options.k
     params = options.sampling()
     if not params.eos_token_ids and target.tokenizer is not None and target.tokenizer.eos_token_id is not None:
@@ -221,7 +220,6 @@ def markdown_table(result: dict[str, Any]) -> str:
 def benchmark(options: BenchOptions, *, span: tuple[float, float] | None = None) -> dict:
     """`python -m engine bench` as a function: in-process (`transformers`) or real vLLM (`vllm`) on the same prompts."""
     from engine.generate.kernel_choice import load_decode_target
-    from engine.jobs import reporter
     from engine.targets import target_for_draft, vllm_dtype
 
     o = options

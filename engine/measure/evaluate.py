@@ -28,16 +28,18 @@ log = logging.getLogger(__name__)
 ANSWERS_SPAN, WALK_END = (0.0, 0.85), 0.95
 
 
-def evaluate_samples(algorithm, draft, samples: Iterable[HeldOutSample], ks: Sequence[int], *,
-                     max_new_tokens: int | None = None, keep_walks: bool = False, temperature: float = 0.0,
-                     progress: bool = False, span: tuple[float, float] | None = None,
-                     all_drafts: bool = False) -> dict[str, Any]:
+def evaluate_samples(algorithm, draft, samples: Iterable[HeldOutSample], ks: Sequence[int],
+                     options: EvaluateOptions | None = None, *, progress: bool = False,
+                     span: tuple[float, float] | None = None) -> dict[str, Any]:
     """Decoding-exact acceptance of `draft` for each k in `ks` on held-out greedy target outputs (the job's
-    progress within `span`).
+    progress within `span`); `options` as `evaluate` takes them (default: the whole answers).
 
     With `temperature` > 0 (samples with `target_logits`), also the expected acceptance of sampled decoding
     (sum of min(p, q) per position, teacher-forced) at the greedy walk's states: labelled an expectation.
     `all_drafts` verifies every drafted token: a proposer's own cut (`walk_counts`) is not applied."""
+    o = options or EvaluateOptions(max_new_tokens=0)
+    max_new_tokens, keep_walks, temperature, all_drafts = o.max_new_tokens or None, o.walks, o.temperature, \
+        o.all_drafts
     ks = sorted(set(int(k) for k in ks))
     if not ks or ks[0] < 1:
         raise WorkbenchError(f"k must be at least 1, got {ks}", hint="e.g. --k 1,2,3,4,5")
@@ -97,9 +99,9 @@ def evaluate_samples(algorithm, draft, samples: Iterable[HeldOutSample], ks: Seq
 def samples_from_extracted(folder: str | Path, aux_layer_ids: Sequence[int], *, max_samples: int | None = None,
                            max_new_tokens: int | None = None) -> Iterable[HeldOutSample]:
     """Held-out samples from an `extract` folder (each one `held_out_sample` of a stored sample)."""
+    from engine.algos.common.batching import layout_for
     from engine.data.check import SampleProblem, refusal, sample_problem
     from engine.data.store import HiddenStatesDataset, sample_path
-    from engine.train.data import layout_for
 
     data = HiddenStatesDataset(str(folder))
     layout = layout_for(data.manifest["layer_ids"], int(data.manifest["num_layers"]), list(aux_layer_ids),
@@ -198,7 +200,8 @@ def position_lines(result: dict[str, Any]) -> list[str]:
 def evaluate_draft(options: EvaluateOptions, *, progress: bool = True) -> dict[str, Any]:
     """`python -m engine evaluate` as a function: offline from extracted held-out files (`data`), or online from
     held-out prompts of `dataset` (the target answers each once); with `forecast`, the speedup forecast."""
-    from engine.generate.api import default_draft, draft_algorithm
+    from engine.algos.loading import draft_algorithm
+    from engine.generate.api import default_draft
     from engine.generate.kernel_choice import load_decode_target
     from engine.provenance import provenance
     from engine.targets import dtype_name, target_for_draft
@@ -232,8 +235,7 @@ def evaluate_draft(options: EvaluateOptions, *, progress: bool = True) -> dict[s
         samples = held_out_answers(tgt, prompts, aux_ids, max_new_tokens or 128, temperature > 0, progress,
                                    span=ANSWERS_SPAN)
         source = {"dataset": o.dataset, "held_out_prompts": len(prompts)}
-    result = evaluate_samples(algorithm, model, samples, ks, max_new_tokens=max_new_tokens, keep_walks=o.walks,
-                              temperature=temperature, progress=progress, all_drafts=o.all_drafts,
+    result = evaluate_samples(algorithm, model, samples, ks, o, progress=progress,
                               span=(ANSWERS_SPAN[1] if not data else 0.0, WALK_END if o.forecast else 1.0))
     result.update(source, draft=str(draft_path), algorithm=algorithm.name, max_new_tokens=max_new_tokens,
                   draft_k=model.config.speculative_tokens, target_dtype=dtype_name(tgt.dtype),

@@ -14,6 +14,7 @@ from engine.fsutil import atomic_write_text, read_json
 from engine.jobs import read_jsonl
 from engine.provenance import rows_of
 from engine.recipes.spec import CONFIGS, data_work, load_recipe
+from engine.targets import DEFAULT_TARGET
 
 
 def _load(path: Path, default=None):
@@ -105,7 +106,7 @@ def data_rows(target: str) -> list[dict[str, Any]]:
     rows = []
     for path in sorted(CONFIGS.glob("*.yaml")):
         recipe = load_recipe(str(path))
-        if recipe.get("target", "smollm2-135m-instruct") == target and (row := data_point(recipe)):
+        if recipe["target"] == target and (row := data_point(recipe)):
             rows.append(row)
     return rows
 
@@ -656,7 +657,7 @@ def _vllm_cost_line(vb: dict[str, Any], goal: float | None) -> list[str]:
 def write_model_card(recipe: dict[str, Any], dest: str | Path) -> Path:
     path = Path(dest) / "README.md"
     facts = gather(recipe)
-    facts["data_rows"] = data_rows(recipe.get("target", "smollm2-135m-instruct"))
+    facts["data_rows"] = data_rows(recipe.get("target", DEFAULT_TARGET))
     lines = render(recipe, facts).splitlines()
     if path.is_file() and facts["data_rows"]:  # a re-ship keeps the rows measured on other machines
         _put_data_section(lines, facts["data_rows"], path.read_text(encoding="utf-8").splitlines())

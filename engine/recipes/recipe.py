@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.algos import ALGOS, default_algo
+from engine.algos.loading import draft_algorithm
 from engine.data import kept as kept_rows
 from engine.data.extract import extract_dataset
 from engine.data.options import ExtractOptions, RegenerateOptions
@@ -35,7 +36,6 @@ from engine.format.checkpoint import (
 from engine.format.repair import EMBED
 from engine.format.validate import validate_draft
 from engine.fsutil import atomic_write_json, claim_names, read_json, release_names
-from engine.generate.api import draft_algorithm
 from engine.generate.kernel_choice import load_decode_target
 from engine.jobs import read_jsonl, reporter
 from engine.measure.bench import benchmark, run_bench
@@ -220,7 +220,8 @@ def acceptance_curve(recipe: dict[str, Any], *, force: bool = False) -> list[dic
         samples = held_out_answers(target, prompts, algorithm.aux_layer_ids(first), max_new)  # kept answers
     for step in todo:
         ckpt = checkpoints[step]
-        result = evaluate_samples(algorithm, algorithm.load(ckpt, target), samples, [k], max_new_tokens=max_new)
+        result = evaluate_samples(algorithm, algorithm.load(ckpt, target), samples, [k],
+                                  EvaluateOptions(max_new_tokens=max_new))
         row = result["by_k"][str(k)]
         done[step] = {"step": step, "weights": _stamp(ckpt), "training_tokens": tokens_at.get(step, 0.0),
                       "mean_acceptance_length": row["mean_acceptance_length"],

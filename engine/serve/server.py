@@ -29,12 +29,12 @@ from typing import Any
 
 from engine.errors import WorkbenchError
 from engine.fsutil import atomic_write_json, atomic_write_text
-from engine.jobs import tail
+from engine.jobs import JOB_DIR_ENV, tail
+from engine.serve.options import ServerSettings
 from engine.serve.venv import VllmEnv, ensure_vllm_env
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MAX_MODEL_LEN = 2048
 DEFAULT_KV_CACHE_GIB = 2
 DEFAULT_START_TIMEOUT = 600.0
 LOG_NAME = "vllm.log"
@@ -252,7 +252,6 @@ def free_port(preferred: int | None = None, host: str = "127.0.0.1") -> int:
 
 def default_workdir(port: int) -> Path:
     """Inside a job: its folder; otherwise <WORKBENCH_HOME>/vllm-servers/<time>_<port>."""
-    from engine.jobs import JOB_DIR_ENV
     from engine.targets import workbench_home
 
     job_dir = os.environ.get(JOB_DIR_ENV)
@@ -307,18 +306,19 @@ def vllm_process_env(venv: VllmEnv, *, kv_cache_gib: float | None = None) -> dic
 class VllmServer:
     """One vLLM OpenAI server in its own process group, logging to `<workdir>/vllm.log`."""
 
-    def __init__(self, plan: ServePlan, *, port: int | None = None, host: str = "127.0.0.1",
-                 workdir: Path | None = None, venv: VllmEnv | None = None,
-                 max_model_len: int = DEFAULT_MAX_MODEL_LEN, kv_cache_gib: float | None = None, dtype: str = "bfloat16",
-                 extra_args: list[str] | None = None, extra_env: dict[str, str] | None = None):
+    def __init__(self, plan: ServePlan, settings: ServerSettings | None = None, *, port: int | None = None,
+                 workdir: Path | None = None, venv: VllmEnv | None = None, extra_args: list[str] | None = None,
+                 extra_env: dict[str, str] | None = None, **setting_fields: Any):
+        """`settings` (or its fields: host, dtype, max_model_len, kv_cache_gib) as `serve` takes them."""
+        settings = settings or ServerSettings(**setting_fields)
         self.plan = plan
-        self.host = host
-        self.port = port or free_port(8000, host)
+        self.host = settings.host
+        self.port = port or free_port(8000, self.host)
         self.workdir = Path(workdir) if workdir else default_workdir(self.port)
         self.venv = venv
-        self.max_model_len = max_model_len
-        self.dtype = dtype
-        self.kv_cache_gib = kv_cache_gib
+        self.max_model_len = settings.max_model_len
+        self.dtype = settings.dtype
+        self.kv_cache_gib = settings.kv_cache_gib
         self.extra_args = list(extra_args or [])
         self.extra_env = dict(extra_env or {})
         self.proc: subprocess.Popen | None = None

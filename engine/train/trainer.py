@@ -19,6 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from engine.algos.common.batching import layout_for, plan_packed_batches, split_indices
 from engine.errors import WorkbenchError
 from engine.fsutil import (
     atomic_directory,
@@ -33,7 +34,6 @@ from engine.jobs import DirLock, left_text, reporter
 from engine.targets import VERIFIER_DIGEST, load_verifier_parts, pick_device
 from engine.train.checkpoints import CheckpointFolder, is_legacy_checkpoint
 from engine.train.config import TrainConfig
-from engine.train.data import layout_for, plan_packed_batches, split_indices
 from engine.train.distributed import RankProgress, all_reduce_sum, init_distributed, make_strategy
 from engine.train.resume import clean_temp_checkpoints, record_resume, repair_metrics, resume_changes
 

@@ -26,6 +26,7 @@ from engine.generate.runner import TargetRunner
 from engine.generate.sampling import SamplingParams
 from engine.generate.speculative import generate_all
 from engine.measure.evaluate import evaluate_samples, samples_from_prompts  # the offline evaluator (walk over counts)
+from engine.measure.options import EvaluateOptions
 from testkit.decoding import PROMPTS, chi_square_pvalue, second_token_distribution  # the decode engine's own checks
 
 TOY_ALGO = Path(__file__).resolve().parents[1] / "toy_algo"  # registered like any plugin (WORKBENCH_ALGO_PLUGINS)
@@ -94,9 +95,9 @@ def fitted(algo, target, baselines, tiny_targets, tmp_path_factory):
 
 def fit_draft(algo, target, baselines, target_folder, out, steps: int = FIT_STEPS):
     """The algorithm's small draft fitted to part of the target's greedy answers, saved (fp32) and loaded back."""
+    from engine.algos.common.batching import layout_for
     from engine.data.online import OnlineHiddenStates
     from engine.targets import load_verifier_parts
-    from engine.train.data import layout_for
 
     # the first half of every answer but the last prompt's: drafts are right there and wrong elsewhere, so decoding
     # meets whole blocks accepted, blocks accepted in part (rolled back) and blocks rejected
@@ -231,7 +232,8 @@ def test_draft_proposing_eos_inside_a_block_stops_like_baseline(algo, target, ba
 def test_evaluator_walk_equals_decoding(algo, target, fitted):
     """The offline evaluator's (drafted, accepted) steps are decoding's, for every k, with drafts accepted."""
     samples = samples_from_prompts(target, MESSAGES, algo.aux_layer_ids(fitted), max_new_tokens=NEW_TOKENS)
-    result = evaluate_samples(algo, fitted, samples, ks(algo, fitted), max_new_tokens=NEW_TOKENS, keep_walks=True)
+    result = evaluate_samples(algo, fitted, samples, ks(algo, fitted),
+                              EvaluateOptions(max_new_tokens=NEW_TOKENS, walks=True))
     params = SamplingParams(max_new_tokens=NEW_TOKENS, eos_token_ids=[target.tokenizer.eos_token_id])
     for k in ks(algo, fitted):
         walked_accepted = 0

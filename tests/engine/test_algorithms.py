@@ -166,9 +166,9 @@ def test_format_types_we_only_validate_get_a_clear_error(tmp_path):
     is refused by name when a draft of it is to be run."""
     from typing import ClassVar, Literal
 
+    from engine.algos.loading import draft_algorithm
     from engine.errors import WorkbenchError
     from engine.format.config import CONFIG_TYPES, DraftConfig, register_config_type
-    from engine.generate.api import draft_algorithm
 
     @register_config_type
     class OnlyValidated(DraftConfig):

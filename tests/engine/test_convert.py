@@ -154,7 +154,7 @@ def safeailab_forward(w: dict[str, torch.Tensor], embed: torch.Tensor, aux: torc
 
 def test_converted_eagle3_computes_the_published_forward(tmp_path, tiny_llama, tiny_targets):
     from engine.algos.common.layers import DraftCache
-    from engine.generate.api import load_draft
+    from engine.algos.loading import load_draft
 
     src = safeailab(tmp_path / "src", pickled=False)
     out = convert(src, tmp_path / "out", verifier=str(tiny_targets["llama"]), aux_layer_ids=[1, 2, 3])
@@ -224,7 +224,7 @@ def test_converted_peagle_computes_the_published_forward(tmp_path, tiny_llama, t
     from safetensors.torch import load_file
 
     from engine.algos.common.layers import DraftCache
-    from engine.generate.api import load_draft
+    from engine.algos.loading import load_draft
 
     src = LAYOUTS[fmt](tmp_path / "src")
     out = convert(src, tmp_path / "out", verifier=str(tiny_targets["llama"]), aux_layer_ids=[1, 2, 3])
@@ -281,7 +281,7 @@ def _draft_block(draft, aux: torch.Tensor, block_ids: torch.Tensor) -> torch.Ten
 def test_converted_dflash_computes_the_published_forward(tmp_path, tiny_qwen3, tiny_targets):
     from safetensors.torch import load_file
 
-    from engine.generate.api import load_draft
+    from engine.algos.loading import load_draft
 
     src = dflash_zlab(tmp_path / "src")
     draft = load_draft(convert(src, tmp_path / "out", verifier=str(tiny_targets["qwen3"])), tiny_qwen3)
@@ -300,7 +300,7 @@ def test_converted_dspark_computes_the_published_forward(tmp_path, tiny_qwen3, t
     bias W2(W1[prev]) (prev: the anchor, then each slot's greedy draft) and the confidence proj([h_k; W1[prev]])."""
     from safetensors.torch import load_file
 
-    from engine.generate.api import load_draft
+    from engine.algos.loading import load_draft
 
     embed, head = tiny_qwen3.embed_tokens().weight.detach(), tiny_qwen3.lm_head().weight.detach()
     src = dspark_deepspec(tmp_path / "src", shared=(embed, head))

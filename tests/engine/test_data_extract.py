@@ -14,6 +14,7 @@ from engine.algos.dflash.config import evenly_spaced_layer_ids
 from engine.data.extract import HiddenStatesDataset, extract_hidden_states, load_sample, plan_padded_batches
 from engine.data.layer_ids import resolve_layer_ids
 from engine.data.online import OnlineHiddenStates
+from engine.data.options import ExtractOptions
 from engine.data.render import render_rows
 from engine.errors import WorkbenchError
 from engine.jobs import DirLock
@@ -46,8 +47,9 @@ def _reference(model, ids):
 def test_extracted_values_equal_the_targets(tiny_llama, rendered, tmp_path):
     n = tiny_llama.num_layers
     layer_ids = [0, 1, 3, n]
-    manifest = extract_hidden_states(tiny_llama, rendered, tmp_path, layer_ids, dtype="fp32", batch_size=4,
-                                     batch_tokens=400, progress=False)
+    manifest = extract_hidden_states(tiny_llama, rendered,
+                                     ExtractOptions(out=tmp_path, dtype="fp32", batch_size=4, batch_tokens=400),
+                                     layer_ids, progress=False)
     assert manifest["samples"] == len(rendered) and manifest["complete"]
     for i, row in enumerate(rendered):
         sample = load_sample(tmp_path / f"hs_{i}.safetensors")
@@ -69,7 +71,8 @@ def test_builtin_target_values_and_vllm_only_reader(builtin_target, tmp_path):
     rows = render_rows(builtin_target.tokenizer, chats)
     ids = resolve_layer_ids(builtin_target.num_layers, algo="eagle3")
     assert ids == [2, 15, 27, 30]
-    manifest = extract_hidden_states(builtin_target, rows, tmp_path, ids, dtype="fp32", progress=False)
+    manifest = extract_hidden_states(builtin_target, rows, ExtractOptions(out=tmp_path, dtype="fp32"), ids,
+                                     progress=False)
     assert manifest["target"] == "HuggingFaceTB/SmolLM2-135M-Instruct" and manifest["vocab_size"] == 49152
     for i, row in enumerate(rows):
         data = load_file(str(tmp_path / f"hs_{i}.safetensors"))  # what a vLLM-format reader does
@@ -82,7 +85,7 @@ def test_builtin_target_values_and_vllm_only_reader(builtin_target, tmp_path):
 
 
 def test_manifest_token_freq_and_dataset_reader(tiny_llama, rendered, tmp_path):
-    extract_hidden_states(tiny_llama, rendered, tmp_path, [2, 4], progress=False,
+    extract_hidden_states(tiny_llama, rendered, ExtractOptions(out=tmp_path), [2, 4], progress=False,
                           header_extra={"dataset": "d.jsonl", "split": "train", "max_length": 200})
     m = json.loads((tmp_path / "manifest.json").read_text())
     assert m["format"] == "vllm-hidden-states" and m["layer_ids"] == [2, 4] and m["num_layers"] == 4
@@ -109,7 +112,7 @@ class _Stop(Exception):
 @pytest.mark.parametrize("error", [_Stop, KeyboardInterrupt])
 def test_resume_after_interruption_gives_the_uninterrupted_result(tiny_llama, rendered, tmp_path, error):
     full = tmp_path / "full"
-    extract_hidden_states(tiny_llama, rendered, full, [1, 4], batch_size=2, progress=False)
+    extract_hidden_states(tiny_llama, rendered, ExtractOptions(out=full, batch_size=2), [1, 4], progress=False)
     part = tmp_path / "part"
     written = []
 
@@ -119,13 +122,15 @@ def test_resume_after_interruption_gives_the_uninterrupted_result(tiny_llama, re
             raise error
 
     with pytest.raises(error):
-        extract_hidden_states(tiny_llama, rendered, part, [1, 4], batch_size=2, progress=False, on_sample=boom)
+        extract_hidden_states(tiny_llama, rendered, ExtractOptions(out=part, batch_size=2), [1, 4], progress=False,
+                              on_sample=boom)
     files = sorted(p.name for p in part.iterdir())
     assert not [f for f in files if f.endswith(".tmp")]
     m = json.loads((part / "manifest.json").read_text())
     assert m["samples"] == 4 and not m["complete"] and len([f for f in files if f.startswith("hs_")]) == 4
     again = []
-    extract_hidden_states(tiny_llama, rendered, part, [1, 4], batch_size=2, progress=False, on_sample=again.append)
+    extract_hidden_states(tiny_llama, rendered, ExtractOptions(out=part, batch_size=2), [1, 4], progress=False,
+                          on_sample=again.append)
     assert sorted(again + written) == list(range(len(rendered)))  # nothing twice, nothing missing
     m = json.loads((part / "manifest.json").read_text())
     assert m["complete"] and m["samples"] == len(rendered)
@@ -138,31 +143,33 @@ def test_resume_after_interruption_gives_the_uninterrupted_result(tiny_llama, re
 
 
 def test_stale_temp_files_and_unreadable_samples_are_redone(tiny_llama, rendered, tmp_path):
-    extract_hidden_states(tiny_llama, rendered, tmp_path, [1, 4], progress=False)
+    extract_hidden_states(tiny_llama, rendered, ExtractOptions(out=tmp_path), [1, 4], progress=False)
     (tmp_path / ".hs_3.safetensors.1234abcd.tmp").write_bytes(b"half")
     (tmp_path / "hs_5.safetensors").write_bytes(b"garbage")
     done = []
-    extract_hidden_states(tiny_llama, rendered, tmp_path, [1, 4], progress=False, on_sample=done.append)
+    extract_hidden_states(tiny_llama, rendered, ExtractOptions(out=tmp_path), [1, 4], progress=False,
+                          on_sample=done.append)
     assert done == [5] and not list(tmp_path.glob("*.tmp"))
     assert load_sample(tmp_path / "hs_5.safetensors")["token_ids"].tolist() == rendered[5].input_ids
 
 
 def test_refuses_a_folder_with_other_settings_unless_overwrite(tiny_llama, rendered, tmp_path):
-    extract_hidden_states(tiny_llama, rendered[:3], tmp_path, [1, 4], progress=False)
+    extract_hidden_states(tiny_llama, rendered[:3], ExtractOptions(out=tmp_path), [1, 4], progress=False)
     with pytest.raises(WorkbenchError, match="other settings"):
-        extract_hidden_states(tiny_llama, rendered[:3], tmp_path, [2, 4], progress=False)
-    m = extract_hidden_states(tiny_llama, rendered[:3], tmp_path, [2, 4], progress=False, overwrite=True)
+        extract_hidden_states(tiny_llama, rendered[:3], ExtractOptions(out=tmp_path), [2, 4], progress=False)
+    m = extract_hidden_states(tiny_llama, rendered[:3], ExtractOptions(out=tmp_path, overwrite=True), [2, 4],
+                              progress=False)
     assert m["layer_ids"] == [2, 4] and m["samples"] == 3
     shifted = rendered[1:4]
     with pytest.raises(WorkbenchError, match="other tokens"):
-        extract_hidden_states(tiny_llama, shifted, tmp_path, [2, 4], progress=False)
+        extract_hidden_states(tiny_llama, shifted, ExtractOptions(out=tmp_path), [2, 4], progress=False)
 
 
 def test_foreign_samples_without_a_manifest_are_refused_not_deleted(tiny_llama, rendered, tmp_path):
-    extract_hidden_states(tiny_llama, rendered[:2], tmp_path, [1, 2, 4], progress=False)
+    extract_hidden_states(tiny_llama, rendered[:2], ExtractOptions(out=tmp_path), [1, 2, 4], progress=False)
     (tmp_path / "manifest.json").unlink()
     with pytest.raises(WorkbenchError, match="not \\[T, 2, 64\\]"):
-        extract_hidden_states(tiny_llama, rendered[:2], tmp_path, [1, 4], progress=False)
+        extract_hidden_states(tiny_llama, rendered[:2], ExtractOptions(out=tmp_path), [1, 4], progress=False)
     assert len(list(tmp_path.glob("hs_*.safetensors"))) == 2
 
 
@@ -172,14 +179,14 @@ def test_refuses_when_the_disk_is_too_small(tiny_llama, rendered, tmp_path, monk
     usage = namedtuple("usage", "total used free")
     monkeypatch.setattr(ex.shutil, "disk_usage", lambda p: usage(10**6, 10**6 - 1000, 1000))
     with pytest.raises(WorkbenchError, match="only 1000.0 B is free"):
-        extract_hidden_states(tiny_llama, rendered, tmp_path, [1, 4], progress=False)
+        extract_hidden_states(tiny_llama, rendered, ExtractOptions(out=tmp_path), [1, 4], progress=False)
     assert not list(tmp_path.glob("hs_*"))
 
 
 def test_a_locked_folder_is_refused(tiny_llama, rendered, tmp_path):
     with DirLock(tmp_path, "another job"):
         with pytest.raises(WorkbenchError, match="in use"):
-            extract_hidden_states(tiny_llama, rendered, tmp_path, [1, 4], progress=False)
+            extract_hidden_states(tiny_llama, rendered, ExtractOptions(out=tmp_path), [1, 4], progress=False)
 
 
 def test_non_finite_values_are_refused(tiny_llama, rendered, tmp_path, monkeypatch):
@@ -188,7 +195,7 @@ def test_non_finite_values_are_refused(tiny_llama, rendered, tmp_path, monkeypat
     real = ex.capture_batch
     monkeypatch.setattr(ex, "capture_batch", lambda *a, **k: [h * float("inf") for h in real(*a, **k)])
     with pytest.raises(WorkbenchError, match="non-finite"):
-        extract_hidden_states(tiny_llama, rendered, tmp_path, [1, 4], progress=False)
+        extract_hidden_states(tiny_llama, rendered, ExtractOptions(out=tmp_path), [1, 4], progress=False)
     assert not list(tmp_path.glob("hs_*")) and not list(tmp_path.glob("*.tmp"))
 
 
@@ -202,7 +209,7 @@ def test_plan_padded_batches_respects_budget_and_covers_everything():
 
 
 def test_online_dataset_yields_what_extraction_writes(tiny_llama, rendered, tmp_path):
-    extract_hidden_states(tiny_llama, rendered, tmp_path, [1, 4], dtype="fp32", progress=False)
+    extract_hidden_states(tiny_llama, rendered, ExtractOptions(out=tmp_path, dtype="fp32"), [1, 4], progress=False)
     offline = HiddenStatesDataset(tmp_path)
     online = OnlineHiddenStates(tiny_llama, _rows(), [1, 4], max_length=200, dtype="fp32", batch_size=3)
     assert len(online) == len(offline) and online.lengths() == offline.lengths()

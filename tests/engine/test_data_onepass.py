@@ -11,7 +11,7 @@ from test_data_regenerate import CHATS as REGENERATE_CHATS  # noqa: E402  (the t
 
 import engine.data.onepass as op
 from engine.data.extract import extract_hidden_states
-from engine.data.options import RegenerateOptions
+from engine.data.options import ExtractOptions, RegenerateOptions
 from engine.data.regenerate import regenerate
 from engine.data.render import render_dataset
 from engine.data.store import read_manifest, sample_indices
@@ -30,7 +30,7 @@ def two_steps(target, chats, tmp, layer_ids, *, max_new_tokens, batch_size, max_
     regenerate(target, chats, RegenerateOptions(out=out, max_new_tokens=max_new_tokens, batch_size=batch_size),
                progress=False)
     rows, _, _ = render_dataset(str(out), target.tokenizer, split="all", max_length=max_length)
-    extract_hidden_states(target, rows, tmp / "two", layer_ids, dtype=dtype, progress=False,
+    extract_hidden_states(target, rows, ExtractOptions(out=tmp / "two", dtype=dtype), layer_ids, progress=False,
                           header_extra={"dataset": str(out), "split": "all", "max_length": max_length, "seed": 0,
                                         "val_fraction": 0.02, "algo": None})
     return out, tmp / "two"

@@ -122,7 +122,7 @@ def test_vllm_flow_writes_the_same_files_as_transformers(tiny_llama, tmp_path, f
                                     progress=False)
     assert manifest["backend"] == "vllm" and manifest["samples"] == len(rows) and manifest["complete"]
     assert not (tmp_path / "v" / ".staging").exists()  # staging files collected and removed
-    extract_hidden_states(tiny_llama, rows, tmp_path / "t", ids, progress=False)
+    extract_hidden_states(tiny_llama, rows, ExtractOptions(out=tmp_path / "t"), ids, progress=False)
     for i in range(len(rows)):
         a, b = load_sample(tmp_path / "v" / f"hs_{i}.safetensors"), load_sample(tmp_path / "t" / f"hs_{i}.safetensors")
         assert torch.equal(a["token_ids"], b["token_ids"]) and torch.equal(a["loss_mask"], b["loss_mask"])

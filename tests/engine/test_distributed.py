@@ -190,8 +190,8 @@ def test_offline_data_streams_each_rank_reads_only_its_samples(dist_data, tmp_pa
     its own, disjoint from the other rank's, and the same every time (the resume cursor indexes into it)."""
     import shutil
 
+    from engine.algos.common.batching import plan_packed_batches, split_indices
     from engine.data import store
-    from engine.train.data import plan_packed_batches, split_indices
     from engine.train.trainer import OfflineData
 
     folder = tmp_path / "hs"

@@ -12,6 +12,7 @@ import torch
 
 from engine.generate.acceptance import HeldOutSample, walk
 from engine.measure.evaluate import evaluate_samples, samples_from_prompts
+from engine.measure.options import EvaluateOptions
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -75,7 +76,8 @@ def test_all_drafts_scores_the_drafts_a_proposers_cut_would_not_verify():
 
     samples, draft = [_sample(20, 5)], SimpleNamespace(config=None)
     cut = evaluate_samples(_CuttingAlgorithm(), draft, samples, [2])
-    every = evaluate_samples(_CuttingAlgorithm(), draft, samples, [2], all_drafts=True)
+    every = evaluate_samples(_CuttingAlgorithm(), draft, samples, [2],
+                             EvaluateOptions(max_new_tokens=0, all_drafts=True))
     assert cut["by_k"]["2"]["num_drafts"] == 0 and not cut["all_drafts"]
     assert every["all_drafts"] and every["by_k"]["2"]["mean_acceptance_length"] == 3.0  # 14 tokens: 3+3+3+3+2
 
@@ -95,8 +97,9 @@ def test_evaluated_acceptance_equals_real_decoding_on_the_builtin_target(builtin
     """Held-out prompts, the shipped draft, k = 1, 3 (its default) and 5: the walk's mean acceptance length is within
     0.03 of greedy speculative decoding (fp32), and >= 95% of the steps have the same (drafted, accepted) pair (the
     behaviour suite checks every k of every algorithm exactly, on the tiny target)."""
+    from engine.algos.loading import draft_algorithm
     from engine.data.prompts import load_prompts
-    from engine.generate.api import default_draft, draft_algorithm, prompt_ids
+    from engine.generate.api import default_draft, prompt_ids
     from engine.generate.metrics import SpecMetrics
     from engine.generate.runner import TargetRunner
     from engine.generate.sampling import SamplingParams
@@ -108,7 +111,7 @@ def test_evaluated_acceptance_equals_real_decoding_on_the_builtin_target(builtin
     max_new = 40
     samples = samples_from_prompts(builtin_target, prompts, algorithm.aux_layer_ids(draft), max_new_tokens=max_new)
     ks = (1, 3, 5)
-    result = evaluate_samples(algorithm, draft, samples, list(ks), max_new_tokens=max_new, keep_walks=True)
+    result = evaluate_samples(algorithm, draft, samples, list(ks), EvaluateOptions(max_new_tokens=max_new, walks=True))
     params = SamplingParams(max_new_tokens=max_new, eos_token_ids=[builtin_target.tokenizer.eos_token_id])
     same = total = 0
     for k in ks:
@@ -207,5 +210,5 @@ def test_sampled_expectation_is_a_probability_and_tends_to_the_greedy_walk(tiny_
         cold = algorithm.acceptance_expectation(draft, s.aux, s.token_ids, s.target_logits, 3, 1e-4)
         for q in range(s.prompt_len, s.end - 3):  # near T = 0 both sample the argmax: the greedy hits
             assert [round(float(c)) for c in cold[q]] == [int(int(a[q]) > j) for j in range(3)]
-    result = evaluate_samples(algorithm, draft, samples, [1, 3], temperature=1.0)
+    result = evaluate_samples(algorithm, draft, samples, [1, 3], EvaluateOptions(max_new_tokens=0, temperature=1.0))
     assert 1.0 <= result["by_k"]["3"]["expected_mean_acceptance_length"] <= 4.0

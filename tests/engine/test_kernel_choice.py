@@ -268,7 +268,8 @@ def test_candidates_are_timed_one_at_a_time_when_their_copies_do_not_fit_togethe
 
 
 def test_a_draft_loads_in_its_cpu_targets_bf16_and_in_fp32_otherwise(builtin_target):
-    from engine.generate.api import default_draft, load_draft
+    from engine.algos.loading import load_draft
+    from engine.generate.api import default_draft
     from engine.targets import load_target
 
     path = default_draft(builtin_target.ref.name)

@@ -89,7 +89,7 @@ def test_extract_refuses_a_folder_holding_the_users_own_manifest(tiny_llama, two
 
     (tmp_path / "manifest.json").write_text('{"mine": true}')
     with pytest.raises(WorkbenchError, match="manifest.json") as err:
-        extract_hidden_states(tiny_llama, two_rows, tmp_path, [1, 2], progress=False)
+        extract_hidden_states(tiny_llama, two_rows, ExtractOptions(out=tmp_path), [1, 2], progress=False)
     assert "move manifest.json out" in err.value.hint
     assert (tmp_path / "manifest.json").read_text() == '{"mine": true}'
     assert sorted(p.name for p in tmp_path.iterdir()) == ["manifest.json"]  # not even a lock file
@@ -107,10 +107,11 @@ def test_extract_never_changes_a_users_file(tiny_llama, two_rows, files):
         clashes = _clashes(files, writes)
         if clashes:
             with pytest.raises(WorkbenchError, match=clashes[0].replace(".", r"\.")):
-                extract_hidden_states(tiny_llama, two_rows, out, [1, 2], progress=False)
+                extract_hidden_states(tiny_llama, two_rows, ExtractOptions(out=out), [1, 2], progress=False)
         else:
-            assert extract_hidden_states(tiny_llama, two_rows, out, [1, 2], progress=False)["samples"] == 2
-            assert extract_hidden_states(tiny_llama, two_rows, out, [1, 2], progress=False)["complete"]  # resumes
+            options = ExtractOptions(out=out)
+            assert extract_hidden_states(tiny_llama, two_rows, options, [1, 2], progress=False)["samples"] == 2
+            assert extract_hidden_states(tiny_llama, two_rows, options, [1, 2], progress=False)["complete"]  # resumes
         assert _unchanged(out, files)
 
 

@@ -62,16 +62,22 @@ def test_the_kind_a_cpu_description_names(text, kind):
 def test_the_evaluate_command_a_record_names_parses_back_into_the_same_options():
     """`command` is a command line the CLI takes: parsed again it gives the options the run had."""
     from engine.cli import build_parser
-    from engine.commands.evaluate import _options
+    from engine.commands.evaluate import _flags
+    from engine.commands.flags import options_from_args
+    from engine.measure.options import EvaluateOptions
+
+    def options(args):
+        return options_from_args(args, EvaluateOptions)
 
     argv = ["evaluate", "--draft", "d", "--k", "1-3", "--forecast", "--num-prompts", "4", "--json", "out.json"]
     args = build_parser().parse_args(argv)
-    command = command_of("evaluate", _options(args))
+    command = command_of("evaluate", _flags(options(args), args))
     assert command.startswith("python -m engine evaluate ") and "--walks" not in command
     again = build_parser().parse_args(command.split()[3:])
-    assert vars(again) == vars(args)
+    assert options(again) == options(args) and options(args).k == [1, 2, 3]
+    assert (again.json_out, again.write_card, again.write_k) == (args.json_out, args.write_card, args.write_k)
     with_data = build_parser().parse_args(["evaluate", "--data", "x"])
-    assert "--dataset" not in command_of("evaluate", _options(with_data))  # the two are exclusive
+    assert "--dataset" not in command_of("evaluate", _flags(options(with_data), with_data))  # the two are exclusive
 
 
 def test_a_vllm_record_names_the_torch_of_vllms_environment_and_no_cpu_for_a_gpu(monkeypatch):

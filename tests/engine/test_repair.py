@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from engine.measure.options import EvaluateOptions
+
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ROOT / "assets" / "drafts" / "smollm2-135m-instruct-eagle3"
 EMBED = "embed_tokens.weight"
@@ -145,7 +147,8 @@ def test_speculators_loads_the_shipped_draft_with_its_stored_embedding_and_accep
     assert max(logit_gaps(ref, ours, builtin_target.vocab_size, tokens=31, steps=3)) <= 1e-3
 
     def tau(algo) -> float:
-        return evaluate_samples(algo, ours, held_out, [3], max_new_tokens=64)["by_k"]["3"]["mean_acceptance_length"]
+        result = evaluate_samples(algo, ours, held_out, [3], EvaluateOptions(max_new_tokens=64))
+        return result["by_k"]["3"]["mean_acceptance_length"]
 
     mine, theirs = tau(algorithm), tau(ReferenceEagle3(algorithm, ref))
     assert mine > 1.2 and abs(theirs - mine) <= 0.01, (mine, theirs)

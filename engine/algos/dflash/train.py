@@ -7,8 +7,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from engine.algos.common.batching import Layout
 from engine.algos.dflash.model import DFlashDraft
-from engine.train.data import Layout
 
 
 def collate(samples: list[dict[str, torch.Tensor]], layout: Layout, max_tokens: int, *, block_size: int,

@@ -7,11 +7,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from engine.algos.common.batching import Layout
 from engine.algos.dflash.train import DFlashObjective, block_labels
 from engine.algos.dflash.train import collate as dflash_collate
 from engine.algos.dflash2.model import DFlash2Draft
 from engine.errors import WorkbenchError
-from engine.train.data import Layout
 
 
 def collate(samples: list[dict[str, torch.Tensor]], layout: Layout, max_tokens: int, *, block_size: int,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from engine.algos.common.batching import Layout
 from engine.algos.eagle3.model import Eagle3Draft
-from engine.train.data import Layout
 
 
 def target_logits(verifier_last: torch.Tensor, norm, head_rows: torch.Tensor, finish=None) -> torch.Tensor:

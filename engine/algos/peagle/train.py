@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
+from engine.algos.common.batching import Layout
 from engine.algos.eagle3.train import collate as eagle3_collate
 from engine.algos.eagle3.train import forward_kl, target_logits
 from engine.algos.peagle.model import PEagleDraft
-from engine.train.data import Layout
 
 
 def cod_sample(loss_mask: torch.Tensor, document_ids: torch.Tensor, *, num_depths: int, ratio: float,

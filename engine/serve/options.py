@@ -1,0 +1,49 @@
+"""The typed options of `serve`: the server's settings and what it serves; field descriptions are the CLI help."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from engine.options import Options
+
+DEFAULT_MAX_MODEL_LEN = 2048
+READY_TIMEOUT = 900.0
+
+
+class ServerSettings(Options):
+    """How one vLLM server runs: address, context length, dtype, KV cache."""
+
+    host: str = Field("127.0.0.1", description="address to listen on")
+    dtype: str = Field("bfloat16", description="weights/activations dtype on CPU")
+    max_model_len: int = Field(DEFAULT_MAX_MODEL_LEN, ge=1, description="context length")
+    kv_cache_gib: float | None = Field(None, gt=0, description="CPU KV cache in GiB",
+                                       json_schema_extra={"shown_default": 2})
+
+
+class ServeOptions(ServerSettings):
+    """`serve`: a draft and its target in real vLLM (its own environment), as a job or in the foreground."""
+
+    draft: str | None = Field(None, description="draft folder (speculators format) to serve with its target")
+    target: str | None = Field(None, description="built-in name, local folder or hub id of the target",
+                               json_schema_extra={"shown_default": "the draft's verifier"})
+    k: int | None = Field(None, ge=1, description="tokens drafted per step",
+                          json_schema_extra={"shown_default": "the draft's own"})
+    port: int | None = Field(None, ge=1, le=65535, description="port to listen on",
+                             json_schema_extra={"shown_default": "8000, or a free one"})
+    no_draft: bool = Field(False, description="serve the target alone (no speculative decoding)",
+                           json_schema_extra={"store_true": True})
+    form: Literal["auto", "explicit"] | None = Field(
+        None, description="auto: the draft folder is the model (vLLM reads its verifier); explicit: the target with "
+        "--speculative-config", json_schema_extra={"shown_default": "auto when the target is the draft's verifier"})
+    no_validate: bool = Field(False, description="do not refuse a draft our validator rejects",
+                              json_schema_extra={"store_true": True})
+    timeout: float = Field(READY_TIMEOUT, gt=0, description="seconds to wait for the server to be ready")
+    install_only: bool = Field(False, description="create the vLLM environment and exit",
+                               json_schema_extra={"store_true": True})
+    foreground: bool = Field(False, description="serve in this process until Ctrl-C",
+                             json_schema_extra={"store_true": True})
+
+    def settings(self) -> ServerSettings:
+        return ServerSettings(**{k: getattr(self, k) for k in ServerSettings.model_fields})
