@@ -64,9 +64,10 @@ def acceptance_by_position(result: Mapping[str, Any]) -> go.Figure | None:
                            hovertemplate="answer positions %{x}: %{y:.3f} (%{customdata} drafts)<extra></extra>"))
     starts, anywhere = (acc.get("first_token_acceptance_at_draft_starts"),
                         acc.get("first_token_acceptance_all_positions"))
-    gap = f" · first token {starts:.2f} at draft starts, {anywhere:.2f} anywhere" if None not in (starts,
-                                                                                                   anywhere) else ""
-    fig.update_layout(title=f"Acceptance by answer position (k = {result.get('best_k')}){gap}",
+    gap = "" if None in (starts, anywhere) else f" · first token {starts:.2f} at draft starts, {anywhere:.2f} anywhere"
+    subtitle = f"{result.get('num_samples')} held-out prompts × up to {result.get('max_new_tokens')} tokens{gap}"
+    fig.update_layout(title=dict(text=f"Acceptance by answer position (k = {result.get('best_k')})",
+                                 subtitle=dict(text=subtitle)),
                       xaxis_title="answer position a draft starts at", yaxis_title="mean acceptance length",
                       xaxis_type="category", yaxis_rangemode="tozero", **{**_LAYOUT, "height": 280})
     return fig

@@ -720,7 +720,8 @@ def test_benchmarks_page_plots_a_result(runs, tiny_target):
     assert at.selectbox(key="bench_result").value == "bench-1.json"  # your run (made here) before shipped records
     at.selectbox(key="bench_result").set_value("bench-1.json").run()
     ok(at)
-    specs = [s for s in _chart_specs(at) if "model card" not in s["layout"]["title"]["subtitle"]["text"]]
+    specs = [s for s in _chart_specs(at) if "model card" not in s["layout"]["title"]["subtitle"]["text"]
+             and "by answer position" not in s["layout"]["title"]["text"]]  # the offline evaluations' charts
     assert len(specs) == 3  # the result's own charts (the recipe's follow them)
     speed = next(s for s in specs if "Speedup vs" in s["layout"]["title"]["text"])
     ceiling = next(t for t in speed["data"] if "ceiling" in t.get("name", ""))

@@ -499,5 +499,5 @@ def test_the_acceptance_by_answer_position_chart_shows_the_buckets_with_drafts_a
     bars = fig.data[0]
     assert list(bars.x) == ["0–0", "1–3", "4–15", "16–63"]  # empty buckets left out
     assert list(bars.customdata) == [b["num_drafts"] for b in acc.to_dict()["by_answer_position"] if b["num_drafts"]]
-    assert "first token 1.00 at draft starts" in fig.layout.title.text
+    assert "first token 1.00 at draft starts" in fig.layout.title.subtitle.text
     assert charts.acceptance_by_position({"best_k": 2, "by_k": {"2": {"mean_acceptance_length": 1.5}}}) is None
