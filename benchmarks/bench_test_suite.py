@@ -27,7 +27,9 @@ def run_suite(marks: str, workers: int, slowest: int) -> dict:
     lines = out.splitlines()
     summary = next((ln.strip("= ") for ln in reversed(lines) if re.search(r"\d+ (passed|failed)", ln)), "no summary")
     durations = [ln.strip() for ln in lines if re.match(r"\d+\.\d+s (call|setup|teardown) ", ln)]
-    return {"marks": marks, "workers": workers, "summary": summary, "seconds": seconds, "slowest": durations}
+    failed = [ln.split(" - ")[0] for ln in lines if ln.startswith(("FAILED ", "ERROR "))]
+    return {"marks": marks, "workers": workers, "summary": summary, "seconds": seconds, "failed": failed,
+            "slowest": durations}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -52,3 +52,17 @@ def test_nothing_outside_the_algorithms_imports_one_of_them():
                 parts = name.split(".")
                 assert not (parts[:2] == ["engine", "algos"] and len(parts) > 2
                             and parts[2] not in ("base", "loading", "common")), f"{rel} imports {name}"
+
+
+def test_no_test_module_imports_another():
+    """Shared test helpers live in tests/testkit/ (and fixtures in conftest.py): no test_*.py imports a test_ module."""
+    import ast
+    from pathlib import Path
+
+    offenders = []
+    for path in sorted(Path(__file__).parent.rglob("test_*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            offenders += [f"{path.name}:{node.lineno} {n}" for n in names if n.split(".")[-1].startswith("test_")]
+    assert not offenders, offenders

@@ -7,7 +7,6 @@ import json
 import pytest
 import torch
 from safetensors import safe_open
-from test_data_regenerate import CHATS as REGENERATE_CHATS  # noqa: E402  (the tests folder is on the path)
 
 import engine.data.onepass as op
 from engine.data.extract import extract_hidden_states
@@ -17,6 +16,7 @@ from engine.data.render import render_dataset
 from engine.data.store import read_manifest, sample_indices
 from engine.errors import WorkbenchError
 from engine.fsutil import tensors_digest_of
+from testkit.chats import CHATS as REGENERATE_CHATS
 
 CHATS = [*REGENERATE_CHATS,  # a multi-turn, a single-turn and a short conversation, as the regenerate tests use
          {"id": "fourth", "messages": [{"role": "user", "content": "def add(a, b): what does it return?"}]}]

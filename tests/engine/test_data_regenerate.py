@@ -10,17 +10,7 @@ import engine.data.regenerate as rg
 from engine.data.datasets import load_conversations
 from engine.data.options import RegenerateOptions
 from engine.errors import WorkbenchError
-
-CHATS = [
-    {"id": "multi", "messages": [{"role": "system", "content": "Be brief."},
-                                 {"role": "user", "content": "Hello, how are you today?"},
-                                 {"role": "assistant", "content": "ORIGINAL ANSWER ONE"},
-                                 {"role": "user", "content": "What can I help you with?"},
-                                 {"role": "assistant", "content": "ORIGINAL ANSWER TWO"}]},
-    {"id": "single", "messages": [{"role": "user", "content": "The quick brown fox?"},
-                                  {"role": "assistant", "content": "ORIGINAL"}]},
-    {"id": "third", "messages": [{"role": "user", "content": "1 2 3 4 5"}, {"role": "assistant", "content": "6"}]},
-]
+from testkit.chats import CHATS
 
 
 @pytest.fixture

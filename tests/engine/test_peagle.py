@@ -299,9 +299,9 @@ def test_offline_training_resumes_to_identical_weights(tiny_targets, tmp_path, m
     """Extracted hidden states, COD sampling drawn from the trainer's checkpointed RNG: a run interrupted mid-epoch
     and resumed ends with the same weights (mask row and mask_hidden included) as an uninterrupted one."""
     from safetensors.torch import load_file
-    from test_train import config, extract
 
     from engine.train.trainer import Trainer
+    from testkit.training import config, extract
 
     data = extract(tiny_targets["llama"], tmp_path / "hs", n=16, max_length=96)
     kw = {"algo": "peagle", "epochs": 2, "algo_args": {"num_layers": 1, "num_depths": 3, "max_anchors": 32}}
@@ -337,9 +337,8 @@ def test_ddp_two_processes_agree(tiny_targets, tmp_path):
     import subprocess
     import sys
 
-    from test_train import ROOT, extract
-
     from engine.format.validate import validate_draft
+    from testkit.training import ROOT, extract
 
     data = extract(tiny_targets["llama"], tmp_path / "hs", n=16, max_length=96)
     out = tmp_path / "ddp"

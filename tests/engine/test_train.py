@@ -12,38 +12,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.data.options import ExtractOptions
 from engine.format.checkpoint import tensor_index
 from engine.format.validate import validate_draft
 from engine.train.config import TrainConfig
 from engine.train.trainer import Trainer
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def extract(target_dir: Path, out: Path, n: int = 24, max_length: int = 160) -> Path:
-    from engine.data.extract import extract_dataset
-
-    extract_dataset(ExtractOptions(target=str(target_dir), dataset="sharegpt", out=out, algo="eagle3", max_samples=n,
-                                   max_length=max_length, dtype="fp32"), progress=False)
-    return out
+from testkit.training import ROOT, config, extract, read_metrics
 
 
 @pytest.fixture(scope="module")
 def tiny_data(tiny_targets, tmp_path_factory) -> Path:
     return extract(tiny_targets["llama"], tmp_path_factory.mktemp("hs") / "llama")
-
-
-def config(target, data, out, **kw) -> TrainConfig:
-    base = dict(target=str(target), data=str(data), out=str(out), tokens_per_batch=256, max_length=160,
-                draft_vocab_size=128, warmup_steps=2, lr=3e-3, val_every=1000, checkpoint_every=1000,
-                val_fraction=0.2, seed=0)
-    base.update(kw)
-    return TrainConfig(**base)
-
-
-def read_metrics(out: Path) -> list[dict]:
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
 def _validation_walk_is_evaluates(trainer: Trainer) -> None:
