@@ -5,15 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-# draft_algorithm, load_draft and proposer_for live in engine.algos.loading; re-exported here for branches written
-# before the move (remove after the dflash2 merge)
-from engine.algos.loading import (  # noqa: F401
-    draft_algorithm,
-    is_algorithm,
-    load_draft,
-    load_draft_proposer,
-    proposer_for,
-)
+from engine.algos.loading import is_algorithm, load_draft_proposer
 from engine.errors import WorkbenchError
 from engine.fsutil import read_json
 from engine.generate.proposers import Proposer

@@ -384,7 +384,7 @@ def test_converted_dflash2_computes_the_published_forward(tmp_path, tiny_qwen3, 
     projection): the same logits and the same greedy drafts as the published forward."""
     from safetensors.torch import load_file
 
-    from engine.generate.api import load_draft
+    from engine.algos.loading import load_draft
 
     src = dflash2_zlab(tmp_path / "src", multiplier=0.5, codebook_suffix=".weight")
     draft = load_draft(convert(src, tmp_path / "out", verifier=str(tiny_targets["qwen3"])), tiny_qwen3)
