@@ -13,8 +13,8 @@ PORT ?= 8501
 # (read "Network access" in the README first).
 ADDRESS ?= localhost
 PYTEST_ARGS ?=
-# `make test` (what CI runs) runs every test but the `slow` ones: on a 2-core AMD EPYC (AVX2) the rest took 42 min and
-# the slow ones another 24 (19 and 9 on an Intel Xeon with AMX): with the install, too close to CI's 90.
+# `make test` (what CI runs) runs every test but the `slow` ones: on a 2-core AMD EPYC (AVX2) the rest took 20.5 min with
+# two workers (docs/testing.md); the slow ones took another 24 serially: with the install, too close to CI's 90.
 # `make test-all` runs them too (the last -m given wins over pyproject's addopts).
 PYTEST_MARKS ?= not slow
 # Two pytest-xdist workers: tests that wait (servers starting, subprocesses) overlap with tests that compute. A file's
