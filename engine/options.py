@@ -8,6 +8,17 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, field_validator
 
 
+def flag_words(name: str, value: Any, flag: str | None = None, *, store_true: bool = False) -> list[str]:
+    """The command-line words of one option: `--name value`, a list comma-joined, a bool as `--name` / `--no-name`
+    (a store_true flag only when set)."""
+    flag = flag or "--" + name.replace("_", "-")
+    if isinstance(value, bool):
+        return [flag] if value else [] if store_true else ["--no-" + name.replace("_", "-")]
+    if isinstance(value, (list, tuple)):
+        return [flag, ",".join(str(v) for v in value)]
+    return [flag, str(value)]
+
+
 class Options(BaseModel):
     """Base of the verbs' options: unknown fields are refused, values are checked on assignment too."""
 
@@ -27,13 +38,6 @@ class Options(BaseModel):
             if name not in self.model_fields_set or value is None:
                 continue
             extra = type(self).model_fields[name].json_schema_extra
-            flag = (extra if isinstance(extra, dict) else {}).get("flags", ("--" + name.replace("_", "-"),))[0]
-            if isinstance(value, bool) and (extra if isinstance(extra, dict) else {}).get("store_true"):
-                out += [flag] if value else []
-            elif isinstance(value, bool):
-                out.append(flag if value else "--no-" + name.replace("_", "-"))
-            elif isinstance(value, (list, tuple)):
-                out += [flag, ",".join(str(v) for v in value)]
-            else:
-                out += [flag, str(value)]
+            extra = extra if isinstance(extra, dict) else {}
+            out += flag_words(name, value, extra.get("flags", (None,))[0], store_true=bool(extra.get("store_true")))
         return out

@@ -74,3 +74,18 @@ class ReferenceEagle3:
 
     def walk_counts(self, draft, aux: torch.Tensor, token_ids: torch.Tensor, k: int):
         return self.acceptance_counts(draft, aux, token_ids, k), None  # a chain draft has no cut
+
+
+def load_block_reference(folder: Path, config_class, target, *, lm_head: bool = False):
+    """speculators' model of a DFlash-family draft folder (eager attention), with the verifier-owned weights our
+    checkpoint does not carry copied from `target`: its embedding, and its lm_head when `lm_head`."""
+    from speculators import SpeculatorModel
+
+    cfg = config_class.from_pretrained(folder)
+    cfg.transformer_layer_config._attn_implementation = "eager"  # CPU: no flex attention
+    ref = SpeculatorModel.from_pretrained(folder, config=cfg).eval()
+    with torch.no_grad():
+        ref.embed_tokens.weight.copy_(target.embed_tokens().weight)
+        if lm_head:
+            ref.lm_head.weight.copy_(target.lm_head().weight)
+    return ref

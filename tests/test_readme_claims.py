@@ -79,3 +79,15 @@ def test_no_docstring_runs_over_80_words():
                 if words > 80:
                     long.append(f"{path.relative_to(ROOT)}:{getattr(node, 'lineno', 1)} ({words} words)")
     assert not long, long
+
+
+def test_the_number_of_slow_tests_the_readme_and_testing_doc_give_is_the_suites():
+    """README and docs/testing.md say how many tests `make test` leaves out as slow: the collected count."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "slow", "-p", "no:xdist",
+                          "-p", "no:cacheprovider"], cwd=ROOT, capture_output=True, text=True, timeout=600).stdout
+    slow = int(re.search(r"(\d+)/\d+ tests collected", out).group(1))
+    for doc in ("README.md", "docs/testing.md"):
+        assert f"every test except the {slow} marked `slow`" in (ROOT / doc).read_text(), (doc, slow)

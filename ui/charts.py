@@ -57,7 +57,9 @@ def acceptance_by_position(result: Mapping[str, Any]) -> go.Figure | None:
     buckets = [b for b in acc.get("by_answer_position", []) if b.get("num_drafts")]
     if not buckets:
         return None
-    names = [f"{b['start']}–{'' if b['end'] is None else b['end'] - 1}" for b in buckets]
+    from engine.generate.acceptance import bucket_label
+
+    names = [bucket_label(b) for b in buckets]
     taus = [b["mean_acceptance_length"] for b in buckets]
     fig = go.Figure(go.Bar(x=names, y=taus, marker_color=palette.ACCEPTED_BAR, text=[f"{t:.2f}" for t in taus],
                            textposition="outside", customdata=[b["num_drafts"] for b in buckets],

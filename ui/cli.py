@@ -8,6 +8,8 @@ from typing import Any
 
 import streamlit as st
 
+from engine.options import flag_words
+
 
 def command(argv: Sequence[str]) -> str:
     return "python -m engine " + shlex.join([str(a) for a in argv])
@@ -20,13 +22,7 @@ def flags(values: dict[str, Any], defaults: dict[str, Any] | None = None) -> lis
     for name, value in values.items():
         if value is None or (name in defaults and defaults[name] == value):
             continue
-        flag = "--" + name.replace("_", "-")
-        if isinstance(value, bool):
-            out.append(flag if value else "--no-" + name.replace("_", "-"))
-        elif isinstance(value, (list, tuple)):
-            out += [flag, ",".join(str(v) for v in value)]
-        else:
-            out += [flag, str(value)]
+        out += flag_words(name, value)
     return out
 
 

@@ -67,6 +67,11 @@ def bucket_of(offset: int) -> int:
     return sum(1 for start in POSITION_BUCKETS[1:] if offset >= start)
 
 
+def bucket_label(bucket: dict[str, Any]) -> str:
+    """"4–15" for a `by_answer_position` bucket (its last position inclusive), "256–" for the open one."""
+    return f"{bucket['start']}–{'' if bucket['end'] is None else bucket['end'] - 1}"
+
+
 @dataclass
 class Acceptance:
     """vLLM's definitions over walks: a draft = a step that verified at least one draft token."""
@@ -110,8 +115,9 @@ class Acceptance:
                 continue
             drafts += 1
             accepted += n
-            self.bucket_drafts[bucket_of(start)] += 1
-            self.bucket_accepted[bucket_of(start)] += n
+            b = bucket_of(start)
+            self.bucket_drafts[b] += 1
+            self.bucket_accepted[b] += n
             self.first_at_starts += n > 0
             self.num_draft_tokens += d
             while len(self.accepted_per_pos) < d:

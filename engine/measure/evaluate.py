@@ -18,7 +18,14 @@ import torch
 
 from engine.errors import WorkbenchError
 from engine.format.checkpoint import weights_sha256
-from engine.generate.acceptance import Acceptance, HeldOutSample, held_out_sample, walk, walk_states
+from engine.generate.acceptance import (
+    Acceptance,
+    HeldOutSample,
+    bucket_label,
+    held_out_sample,
+    walk,
+    walk_states,
+)
 from engine.jobs import reporter, tracked
 from engine.measure.options import EvaluateOptions
 from engine.measure.step_costs import forecast, measure_step_costs
@@ -188,8 +195,7 @@ def position_lines(result: dict[str, Any]) -> list[str]:
         return []
     lines = ["", f"By answer position (k = {result['best_k']}):", "", "| answer positions | drafts | mean acceptance "
              "length |", "|---|---|---|"]
-    lines += [f"| {b['start']}–{'' if b['end'] is None else b['end'] - 1} | {b['num_drafts']} | "
-              f"{b['mean_acceptance_length']:.3f} |" for b in buckets]
+    lines += [f"| {bucket_label(b)} | {b['num_drafts']} | {b['mean_acceptance_length']:.3f} |" for b in buckets]
     starts, anywhere = acc["first_token_acceptance_at_draft_starts"], acc["first_token_acceptance_all_positions"]
     if starts is not None and anywhere is not None:
         lines += ["", f"First draft token accepted: {starts:.3f} where drafts start, {anywhere:.3f} over every "

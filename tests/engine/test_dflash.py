@@ -87,16 +87,10 @@ def test_dflash_trains_and_writes_a_checkpoint_vllm_rules_accept(tiny_targets, t
 
     from engine.format.checkpoint import tensor_index
     from engine.format.validate import validate_draft
-    from engine.train.config import TrainConfig
-    from engine.train.trainer import Trainer
+    from testkit.training import train_online
 
-    cfg = TrainConfig(algo="dflash", target=str(tiny_targets["llama"]), online_dataset="sharegpt",
-                      online_max_samples=16, out=str(tmp_path / "run"), tokens_per_batch=384, max_length=128,
-                      epochs=8, warmup_steps=2, lr=3e-3, val_fraction=0.25, val_every=8, checkpoint_every=1000,
-                      algo_args={"num_layers": 1, "block_size": 4, "max_anchors": 64})
-    final = Trainer(cfg).run()
-    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    val = [r for r in rows if r["split"] == "val"]
+    final, val = train_online("dflash", tiny_targets["llama"], tmp_path / "run", epochs=8,
+                              num_layers=1, block_size=4, max_anchors=64)
     assert val[-1]["loss"] < val[0]["loss"]
     assert {"full_acc_0", "pos_acc_2", "est_acceptance_length", "walk_acceptance_length"} <= set(val[-1])
     report = validate_draft(final)
@@ -118,10 +112,10 @@ def test_dflash_trains_and_writes_a_checkpoint_vllm_rules_accept(tiny_targets, t
 def test_speculators_dflash_computes_our_block_logits(tiny, tmp_path, vocab):
     """Our checkpoint in speculators 0.9.0's DFlashDraftModel: the same logits for the same anchored blocks."""
     pytest.importorskip("speculators")
-    from speculators import SpeculatorModel
     from speculators.models.dflash import DFlashSpeculatorConfig
 
     from engine.algos.dflash.io import save_dflash
+    from speculators_ref import load_block_reference
 
     counts = torch.arange(tiny.vocab_size).flip(0)
     ours = build_dflash(tiny, aux_layer_ids=[1, 2, 3], num_layers=2, block_size=4, seed=3,
@@ -131,13 +125,7 @@ def test_speculators_dflash_computes_our_block_logits(tiny, tmp_path, vocab):
             if name.endswith("norm.weight"):
                 p.uniform_(0.5, 1.5)
     path = save_dflash(ours, tmp_path / "d", dtype=torch.float32)
-    cfg = DFlashSpeculatorConfig.from_pretrained(path)
-    cfg.transformer_layer_config._attn_implementation = "eager"  # CPU: no flex attention
-    ref = SpeculatorModel.from_pretrained(path, config=cfg).eval()
-    with torch.no_grad():  # verifier-owned weights our checkpoint does not carry
-        ref.embed_tokens.weight.copy_(tiny.embed_tokens().weight)
-        if vocab == "full":
-            ref.lm_head.weight.copy_(tiny.lm_head().weight)
+    ref = load_block_reference(path, DFlashSpeculatorConfig, tiny, lm_head=vocab == "full")
     t = 37
     torch.manual_seed(1)
     aux = torch.randn(1, t, ours.fc.in_features)

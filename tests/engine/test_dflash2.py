@@ -139,16 +139,10 @@ def test_dflash2_trains_and_writes_a_checkpoint_vllm_rules_accept(tiny_targets, 
     from engine.format.checkpoint import tensor_index
     from engine.format.validate import validate_draft
     from engine.targets import load_target
-    from engine.train.config import TrainConfig
-    from engine.train.trainer import Trainer
+    from testkit.training import train_online
 
-    cfg = TrainConfig(algo="dflash2", target=str(tiny_targets["llama"]), online_dataset="sharegpt",
-                      online_max_samples=16, out=str(tmp_path / "run"), tokens_per_batch=384, max_length=128,
-                      epochs=6, warmup_steps=2, lr=3e-3, val_fraction=0.25, val_every=6, checkpoint_every=1000,
-                      algo_args={"num_layers": 1, "block_size": BLOCK, "max_anchors": 64, "selector_rank": 16})
-    final = Trainer(cfg).run()
-    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    val = [r for r in rows if r["split"] == "val"]
+    final, val = train_online("dflash2", tiny_targets["llama"], tmp_path / "run", epochs=6,
+                              num_layers=1, block_size=BLOCK, max_anchors=64, selector_rank=16)
     assert val[-1]["loss"] < val[0]["loss"] and val[-1]["selector_loss"] < val[0]["selector_loss"]
     assert {"unary_loss", "candidate_recall", "est_acceptance_length", "walk_acceptance_length"} <= set(val[-1])
     report = validate_draft(final)
@@ -203,16 +197,12 @@ def test_speculators_dflash2_computes_our_logits_and_selector_scores(tiny, tiny_
     """Our checkpoint in speculators 0.9.0's DFlash2DraftModel: the same unary logits and the same candidate scores
     for the same anchored blocks (teacher-forced predecessors)."""
     pytest.importorskip("speculators")
-    from speculators import SpeculatorModel
     from speculators.models.dflash2 import DFlash2SpeculatorConfig
 
+    from speculators_ref import load_block_reference
+
     path = save_dflash2(tiny_dflash2, tmp_path / "d", dtype=torch.float32)
-    cfg = DFlash2SpeculatorConfig.from_pretrained(path)
-    cfg.transformer_layer_config._attn_implementation = "eager"  # CPU: no flex attention
-    ref = SpeculatorModel.from_pretrained(path, config=cfg).eval()
-    with torch.no_grad():  # verifier-owned weights our checkpoint does not carry
-        ref.embed_tokens.weight.copy_(tiny.embed_tokens().weight)
-        ref.lm_head.weight.copy_(tiny.lm_head().weight)
+    ref = load_block_reference(path, DFlash2SpeculatorConfig, tiny, lm_head=True)
     t = 37
     torch.manual_seed(1)
     aux = torch.randn(1, t, tiny_dflash2.fc.in_features)

@@ -227,16 +227,10 @@ def test_dspark_trains_calibrates_and_writes_a_checkpoint_vllm_rules_accept(tiny
     from engine.format.checkpoint import tensor_index
     from engine.format.validate import validate_draft
     from engine.targets import load_target
-    from engine.train.config import TrainConfig
-    from engine.train.trainer import Trainer
+    from testkit.training import train_online
 
-    cfg = TrainConfig(algo="dspark", target=str(tiny_targets["llama"]), online_dataset="sharegpt",
-                      online_max_samples=16, out=str(tmp_path / "run"), tokens_per_batch=384, max_length=128,
-                      epochs=6, warmup_steps=2, lr=3e-3, val_fraction=0.25, val_every=6, checkpoint_every=1000,
-                      algo_args={"num_layers": 1, "block_size": BLOCK, "max_anchors": 64, "markov_rank": 16})
-    final = Trainer(cfg).run()
-    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    val = [r for r in rows if r["split"] == "val"]
+    final, val = train_online("dspark", tiny_targets["llama"], tmp_path / "run", epochs=6,
+                              num_layers=1, block_size=BLOCK, max_anchors=64, markov_rank=16)
     assert val[-1]["loss"] < val[0]["loss"]
     assert val[-1]["tv"] < val[0]["tv"]  # the TV term is trained
     assert {"full_acc_0", "pos_acc_3", "ce", "conf_bce", "tau_probabilistic", "walk_acceptance_length"} <= set(val[-1])
@@ -318,8 +312,9 @@ def test_speculators_dspark_computes_our_logits_and_confidences(tiny, tmp_path, 
     """Our checkpoint in speculators 0.9.0's DSparkDraftModel: the same Markov-corrected logits and confidence
     logits for the same anchored blocks (teacher-forced previous tokens)."""
     pytest.importorskip("speculators")
-    from speculators import SpeculatorModel
     from speculators.models.dspark import DSparkSpeculatorConfig
+
+    from speculators_ref import load_block_reference
 
     counts = torch.arange(tiny.vocab_size).flip(0)
     ours = build_dspark(tiny, aux_layer_ids=[1, 2, 3], num_layers=2, block_size=BLOCK, seed=3, markov_rank=16,
@@ -331,11 +326,7 @@ def test_speculators_dspark_computes_our_logits_and_confidences(tiny, tmp_path, 
         ours.markov_head.markov_w1.weight.normal_(0.0, 1.0)
         ours.confidence_head.proj.bias.fill_(0.3)
     path = save_dspark(ours, tmp_path / "d", dtype=torch.float32)
-    cfg = DSparkSpeculatorConfig.from_pretrained(path)
-    cfg.transformer_layer_config._attn_implementation = "eager"  # CPU: no flex attention
-    ref = SpeculatorModel.from_pretrained(path, config=cfg).eval()
-    with torch.no_grad():  # the verifier-owned embedding our checkpoint does not carry
-        ref.embed_tokens.weight.copy_(tiny.embed_tokens().weight)
+    ref = load_block_reference(path, DSparkSpeculatorConfig, tiny)
     t = 37
     torch.manual_seed(1)
     aux = torch.randn(1, t, ours.fc.in_features)

@@ -169,16 +169,10 @@ def test_peagle_trains_and_writes_a_checkpoint_vllm_rules_accept(tiny_targets, t
     from engine.format.checkpoint import tensor_index
     from engine.format.validate import validate_draft
     from engine.targets import load_target
-    from engine.train.config import TrainConfig
-    from engine.train.trainer import Trainer
+    from testkit.training import train_online
 
-    cfg = TrainConfig(algo="peagle", target=str(tiny_targets["llama"]), online_dataset="sharegpt",
-                      online_max_samples=16, out=str(tmp_path / "run"), tokens_per_batch=384, max_length=128,
-                      epochs=8, warmup_steps=2, lr=3e-3, val_fraction=0.25, val_every=8, checkpoint_every=1000,
-                      algo_args={"num_layers": 2, "num_depths": 4, "max_anchors": 64})
-    final = Trainer(cfg).run()
-    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    val = [r for r in rows if r["split"] == "val"]
+    final, val = train_online("peagle", tiny_targets["llama"], tmp_path / "run", epochs=8,
+                              num_layers=2, num_depths=4, max_anchors=64)
     assert val[-1]["loss"] < val[0]["loss"]
     assert {"full_acc_0", "pos_acc_3", "est_acceptance_length", "walk_acceptance_length"} <= set(val[-1])
     report = validate_draft(final)

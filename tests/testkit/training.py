@@ -32,3 +32,15 @@ def config(target, data, out, **kw) -> TrainConfig:
 def read_metrics(out: Path) -> list[dict]:
     """The rows of a run's metrics.jsonl."""
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def train_online(algo: str, target_dir, out: Path, *, epochs: int, **algo_args) -> tuple[Path, list[dict]]:
+    """A tiny run of `algo` on 16 ShareGPT conversations extracted on the fly (a quarter held out, validated every
+    `epochs` steps): its final draft folder and its validation rows."""
+    from engine.train.trainer import Trainer
+
+    cfg = TrainConfig(algo=algo, target=str(target_dir), online_dataset="sharegpt", online_max_samples=16,
+                      out=str(out), tokens_per_batch=384, max_length=128, epochs=epochs, warmup_steps=2, lr=3e-3,
+                      val_fraction=0.25, val_every=epochs, checkpoint_every=1000, algo_args=algo_args)
+    final = Trainer(cfg).run()
+    return final, [r for r in read_metrics(out) if r["split"] == "val"]
