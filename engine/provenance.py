@@ -37,13 +37,12 @@ def engine_command(words: Sequence[Any]) -> str:
 def command_of(name: str, options: dict[str, Any]) -> str:
     """`python -m engine NAME --flag value ...` from the options a CLI command ran with: None and False left out,
     True a bare flag, a list comma-joined."""
+    from engine.options import flag_words
+
     words: list[Any] = [name]
     for key, value in options.items():
-        if value is None or value is False:
-            continue
-        words.append("--" + key.replace("_", "-"))
-        if value is not True:
-            words.append(",".join(map(str, value)) if isinstance(value, (list, tuple)) else value)
+        if value is not None:
+            words += flag_words(key, value, store_true=True)
     return engine_command(words)
 
 
