@@ -34,6 +34,11 @@ PAGES = [("Start", "Speculators Workbench"), ("Models", "Models"), ("Data", "Dat
          ("Benchmarks", "Benchmarks"), ("Serve", "Serve"), ("Jobs", "Jobs")]
 
 
+def settings_file(runs: Path) -> Path:
+    """The app's saved choices under test: its own file beside the runs folder."""
+    return runs.parent / "app-settings.json"
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -51,7 +56,7 @@ def app_url(tmp_path_factory):
     runs = tmp_path_factory.mktemp("browser") / "runs"
     port = _free_port()
     env = {**os.environ, "WORKBENCH_RUNS": str(runs), "PYTHONUNBUFFERED": "1",
-           "WORKBENCH_SETTINGS": str(runs.parent / "app-settings.json")}  # the app's saved choices: its own file
+           "WORKBENCH_SETTINGS": str(settings_file(runs))}
     log = open(runs.parent / "streamlit.log", "wb")  # the app's terminal (model loads are logged there)
     proc = subprocess.Popen(
         [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port), "--server.address",
@@ -325,32 +330,37 @@ def test_training_job_chart_updates(page, tmp_path):
     shot(page, "12-train-compare")
 
 
-def test_a_reload_keeps_the_chosen_target_until_the_reset(page, tmp_path):
+def test_a_reload_keeps_the_chosen_target_until_the_reset(page, app_url, tmp_path):
+    from playwright.sync_api import expect
     from tiny import save_tiny_target
 
+    _, runs = app_url
     tiny = save_tiny_target(tmp_path / "tiny-reload")
-    go(page, "Models")
-    page.get_by_text("Local folder", exact=True).first.click()
-    idle(page)
-    box = page.get_by_label("Local model folder")
-    box.fill(str(tiny))
-    box.press("Enter")
-    idle(page)
-    page.get_by_role("button", name="Use this target").click()
-    idle(page)
     sidebar = page.locator('[data-testid="stSidebarUserContent"]')
-    assert "tiny-reload" in sidebar.inner_text()
-    page.reload()  # a new browser session: the same target, from the saved choices
-    idle(page)
-    assert "tiny-reload" in sidebar.inner_text(), sidebar.inner_text()
-    no_traceback(page)
-    shot(page, "15-reload-keeps-the-target")
-    page.get_by_role("button", name="Reset saved choices").click()
-    idle(page)
-    page.reload()
-    idle(page)
-    text = sidebar.inner_text()
-    assert "smollm2-135m-instruct" in text and "tiny-reload" not in text, text
+    try:
+        go(page, "Models")
+        page.get_by_text("Local folder", exact=True).first.click()
+        idle(page)
+        box = page.get_by_label("Local model folder")
+        box.fill(str(tiny))
+        box.press("Enter")
+        idle(page)
+        page.get_by_role("button", name="Use this target").click()
+        expect(sidebar).to_contain_text("tiny-reload", timeout=120_000)  # the rerun may start late on a busy CPU
+        idle(page)
+        page.reload()  # a new browser session: the same target, from the saved choices
+        idle(page)
+        expect(sidebar).to_contain_text("tiny-reload", timeout=120_000)
+        no_traceback(page)
+        shot(page, "15-reload-keeps-the-target")
+        page.get_by_role("button", name="Reset saved choices").click()
+        idle(page)
+        page.reload()
+        idle(page)
+        expect(sidebar).to_contain_text("smollm2-135m-instruct", timeout=120_000)
+        assert "tiny-reload" not in sidebar.inner_text(), sidebar.inner_text()
+    finally:  # the later tests' pages must open on the built-in target whatever happened here
+        settings_file(runs).unlink(missing_ok=True)
 
 
 def test_jobs_page_lists_what_ran(page, app_url):
