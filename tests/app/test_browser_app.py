@@ -332,6 +332,7 @@ def test_training_job_chart_updates(page, tmp_path):
 
 def test_a_reload_keeps_the_chosen_target_until_the_reset(page, app_url, tmp_path):
     from playwright.sync_api import expect
+
     from tiny import save_tiny_target
 
     _, runs = app_url
