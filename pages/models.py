@@ -226,10 +226,25 @@ with tab_d:
                    "acceptance length greedy speculative decoding reaches on them (not a per-token estimate), and "
                    "the speedup that the costs measured on this machine imply.")
         e1, e2, e3 = st.columns([1, 1, 2])
-        n_eval = e1.number_input("Held-out prompts", 1, 500, 10, key="models_eval_prompts")
+        n_eval = e1.number_input("Held-out prompts", 1, 500, 10, key="models_eval_prompts",
+                                 help="per workload: the first row is the training data's held-out prompts")
         new_eval = e2.number_input("Max new tokens", 8, 1024, 64, key="models_eval_tokens")
+        w1, w2 = st.columns([1, 1])
+        workloads = evaluate_ui.WORKLOADS
+        picked = w1.multiselect("Workloads", [w for w in workloads if w != "sharegpt"], key="models_eval_workloads",
+                                format_func=lambda w: f"{w} ({workloads[w].kind})",
+                                help="also these prompt sets, a row each with its spread over prompts: "
+                                + "; ".join(f"{w.name}: {w.title}" for w in workloads.values()))
+        own = w2.text_input("Your prompts file (optional)", key="models_eval_prompts_file",
+                            placeholder="/path/to/prompts.jsonl",
+                            help='JSONL, one {"prompt": str} or {"messages": [...]} per line').strip()
+        if own and not Path(own).expanduser().is_file():
+            st.error(f"**No such prompts file:** `{own}`. Give a JSONL file with one prompt per line.",
+                     icon=":material/description:")
+            own = ""
         eval_argv = evaluate_ui.evaluate_argv(shown, state.active_target(), num_prompts=int(n_eval),
-                                              max_new_tokens=int(new_eval), out=evaluate_ui.result_path(shown))
+                                              max_new_tokens=int(new_eval), out=evaluate_ui.result_path(shown),
+                                              workloads=[*picked, *([str(Path(own).expanduser())] if own else [])])
         if e3.button("Evaluate this draft", key="models_eval_go", icon=":material/speed:"):
             launch(eval_argv, kind="evaluate", name=Path(shown).name)
         watch_jobs(["evaluate"], "Evaluation jobs", key="models_eval")
@@ -241,6 +256,12 @@ with tab_d:
                              column_config=evaluate_ui.columns())
                 if (fig := charts.acceptance_by_position(ev.result)) is not None:
                     charts.show(fig, key="models_eval_positions")
+                if rows := evaluate_ui.workload_rows(ev.result):
+                    st.markdown("##### Acceptance per workload")
+                    st.dataframe(rows, hide_index=True, width="stretch")
+                    charts.show(charts.acceptance_by_workload(ev.result), key="models_eval_workloads_chart")
+                    st.caption("Mean acceptance length per k on each prompt set, in brackets its 95% interval over "
+                               "prompts (bootstrap): a wide interval means too few prompts to tell workloads apart.")
                 advice = evaluate_ui.recommendation(ev.result, ev.here)
                 st.caption(f"{ev.result.get('num_samples')} held-out samples, {ev.result.get('max_new_tokens')} new "
                            f"tokens; from {ev.where}." + (f" **{advice[:1].upper() + advice[1:]}.**" if advice else ""))

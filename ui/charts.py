@@ -75,6 +75,31 @@ def acceptance_by_position(result: Mapping[str, Any]) -> go.Figure | None:
     return fig
 
 
+def acceptance_by_workload(result: Mapping[str, Any]) -> go.Figure | None:
+    """An evaluation's mean acceptance length per k on each workload (chat, code, the user's prompts), with the 95%
+    interval over prompts as error bars; None for a result without workloads."""
+    rows = result.get("by_workload") or []
+    if not rows:
+        return None
+    fig = go.Figure()
+    for row in rows:
+        keys = [k for k, s in row["by_k"].items() if s.get("mean_acceptance_length") is not None]
+        taus = [row["by_k"][k]["mean_acceptance_length"] for k in keys]
+        cis = [row["by_k"][k].get("ci95") or [t, t] for k, t in zip(keys, taus, strict=True)]
+        name = f"{row['workload'].rsplit('/', 1)[-1]} ({row['kind']}, {row['held_out_prompts']} prompts)"
+        fig.add_trace(go.Scatter(
+            x=[int(k) for k in keys], y=taus, name=name, mode="lines+markers",
+            error_y=dict(type="data", symmetric=False, array=[c[1] - t for c, t in zip(cis, taus, strict=True)],
+                         arrayminus=[t - c[0] for c, t in zip(cis, taus, strict=True)]),
+            hovertemplate="k = %{x}: %{y:.3f}<extra>" + name + "</extra>"))
+    fig.update_layout(title=dict(text="Acceptance per workload", subtitle=dict(
+                          text=f"up to {result.get('max_new_tokens')} tokens per answer · bars: 95% interval over "
+                               "prompts")),
+                      xaxis_title="k (draft tokens per step)", yaxis_title="mean acceptance length",
+                      xaxis_dtick=1, **{**_LAYOUT, "height": 300})
+    return fig
+
+
 # -- training -------------------------------------------------------------------------------------
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from engine import jobs as engine_jobs
+from engine.data.workloads import WORKLOADS
 from engine.measure.options import EvaluateOptions
 from ui import records
 
@@ -18,11 +19,25 @@ def result_path(draft: str) -> str:
 
 
 def evaluate_argv(draft: str, target: str, *, num_prompts: int, max_new_tokens: int, out: str,
-                  forecast: bool = True) -> list[str]:
+                  forecast: bool = True, workloads: list[str] | None = None) -> list[str]:
+    """The evaluate job's command; `workloads` (built-in names or prompts files) add a row each of acceptance per k
+    with its spread over prompts."""
     options = EvaluateOptions(draft=draft, target=target, num_prompts=num_prompts, max_new_tokens=max_new_tokens)
     if forecast:
         options.forecast = True
+    if workloads:
+        options.workloads = list(workloads)
     return [*options.argv("evaluate"), "--json", out]
+
+
+def workload_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per workload: its kind, prompts, and per k the mean acceptance length with its 95% interval."""
+    from engine.measure.evaluate import workload_cell
+
+    return [{"workload": Path(row["workload"]).name if row["kind"] == "your prompts" else row["workload"],
+             "kind": row["kind"], "prompts": row["held_out_prompts"],
+             **{f"k = {k}": workload_cell(spread) for k, spread in row["by_k"].items()}}
+            for row in result.get("by_workload") or []]
 
 
 def results(draft: str | None = None) -> list[tuple[engine_jobs.Job, dict[str, Any]]]:
@@ -119,5 +134,5 @@ def _round(x: float | None, digits: int = 3) -> float | None:
     return None if x is None else round(float(x), digits)
 
 
-__all__ = ["Evaluation", "all_results", "evaluate_argv", "recommendation", "result_path", "results", "shipped_results",
-           "table_rows"]
+__all__ = ["WORKLOADS", "Evaluation", "all_results", "evaluate_argv", "recommendation", "result_path", "results",
+           "shipped_results", "table_rows", "workload_rows"]

@@ -1,4 +1,4 @@
-"""Prompts for benchmarks and evaluation: a JSONL file of prompts, or a built-in dataset's held-out split."""
+"""Prompts for benchmarks and evaluation: a JSONL file, a built-in workload, or a dataset's held-out split."""
 
 from __future__ import annotations
 
@@ -6,12 +6,14 @@ import json
 from pathlib import Path
 from typing import Any
 
+from engine.data.workloads import WORKLOADS
 from engine.errors import WorkbenchError
 
 
 def load_prompts(spec: str, n: int | None = None, seed: int = 0, max_chars: int | None = 1500) -> list[dict[str, Any]]:
-    """`--prompts`: a JSONL file of {"prompt": str} / {"messages": [...]} rows, or a built-in dataset name
-    (its held-out split: prompts the shipped drafts never trained on, at most `max_chars` long)."""
+    """`--prompts`: a JSONL file of {"prompt": str} / {"messages": [...]} rows, a built-in workload (sharegpt: chat,
+    humaneval: code), or a dataset (its held-out split: prompts the drafts never trained on), at most `max_chars`
+    long."""
     path = Path(spec)
     if path.is_file():
         rows = []
@@ -26,6 +28,8 @@ def load_prompts(spec: str, n: int | None = None, seed: int = 0, max_chars: int 
                 raise WorkbenchError(f"line {i} needs a 'prompt' or 'messages' key", where=str(path))
             rows.append(row)
         return rows[:n] if n else rows
+    if spec in WORKLOADS:
+        return WORKLOADS[spec].read(n or 20, seed, max_chars)
     from engine.data.datasets import heldout_prompts
 
     return [{"messages": m} for m in heldout_prompts(spec, n=n or 20, seed=seed, max_chars=max_chars)]

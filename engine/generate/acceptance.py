@@ -84,6 +84,7 @@ class Acceptance:
     positions: int = 0                 # answer positions (all-positions average)
     positions_accepted: int = 0
     per_sample: list[float | None] = field(default_factory=list)
+    per_sample_drafts: list[int] = field(default_factory=list)  # drafting steps per sample (its weight in the mean)
     expected_steps: int = 0            # sampled decoding: drafting steps of the walk and their expectations
     expected_accepted: float = 0.0
     expected_per_pos: list[float] = field(default_factory=list)
@@ -127,6 +128,7 @@ class Acceptance:
         self.num_drafts += drafts
         self.num_accepted += accepted
         self.per_sample.append(1.0 + accepted / drafts if drafts else None)
+        self.per_sample_drafts.append(drafts)
         self.positions += len(all_positions)
         self.positions_accepted += sum(all_positions)
         self.first_anywhere += sum(1 for x in all_positions if x > 0)
@@ -148,6 +150,7 @@ class Acceptance:
             "all_positions_acceptance_length": 1.0 + self.positions_accepted / self.positions
             if self.positions else None,
             "per_sample_acceptance_length": self.per_sample,
+            "per_sample_num_drafts": self.per_sample_drafts,
             "by_answer_position": self.by_answer_position(),
             # the first-position gap: the first draft token's acceptance where decoding starts drafts, against
             # every answer position (what a teacher-forced step-0 accuracy measures)

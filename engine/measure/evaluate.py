@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from engine.data.prompts import load_prompts
+from engine.data.workloads import workload_kind
 from engine.errors import WorkbenchError
 from engine.format.checkpoint import weights_sha256
 from engine.generate.acceptance import (
@@ -28,6 +30,7 @@ from engine.generate.acceptance import (
 )
 from engine.jobs import reporter, tracked
 from engine.measure.options import EvaluateOptions
+from engine.measure.spread import acceptance_spread
 from engine.measure.step_costs import forecast, measure_step_costs
 
 log = logging.getLogger(__name__)
@@ -184,7 +187,7 @@ def format_table(result: dict[str, Any], fc: dict[str, Any] | None = None) -> st
             f = fc["by_k"][key]
             row += (f" {f['step_cost']:.2f} | {f['speedup']:.2f}× |" if f["speedup"] is not None else " – | – |")
         lines.append(row)
-    return "\n".join(lines + position_lines(result))
+    return "\n".join(lines + position_lines(result) + workload_lines(result))
 
 
 def position_lines(result: dict[str, Any]) -> list[str]:
@@ -200,6 +203,37 @@ def position_lines(result: dict[str, Any]) -> list[str]:
     if starts is not None and anywhere is not None:
         lines += ["", f"First draft token accepted: {starts:.3f} where drafts start, {anywhere:.3f} over every "
                       "answer position (teacher-forced)."]
+    return lines
+
+
+def workload_row(spec: str, prompts: int, result: dict[str, Any]) -> dict[str, Any]:
+    """One prompt set's acceptance per k, each with its spread over prompts (engine.measure.spread)."""
+    return {"workload": spec, "kind": workload_kind(spec), "held_out_prompts": prompts, "best_k": result["best_k"],
+            "by_k": {key: acceptance_spread(acc["per_sample_acceptance_length"], acc["per_sample_num_drafts"])
+                     for key, acc in result["by_k"].items()}}
+
+
+def workload_cell(spread: dict[str, Any]) -> str:
+    """`1.712 (1.62–1.80)`: the mean acceptance length and its 95% interval over prompts (one prompt: no interval)."""
+    tau, ci = spread.get("mean_acceptance_length"), spread.get("ci95")
+    if tau is None:
+        return "–"
+    return f"{tau:.3f} ({ci[0]:.2f}–{ci[1]:.2f})" if ci else f"{tau:.3f} (one prompt)"
+
+
+def workload_lines(result: dict[str, Any]) -> list[str]:
+    """Acceptance per k on each prompt set, with its 95% bootstrap interval over prompts."""
+    rows = result.get("by_workload") or []
+    if not rows:
+        return []
+    keys = list(rows[0]["by_k"])
+    lines = ["", "Per workload: mean acceptance length (95% interval over prompts):", "",
+             "| workload | kind | prompts | " + " | ".join(f"k = {k}" for k in keys) + " |",
+             "|---|---|---|" + "---|" * len(keys)]
+    for row in rows:
+        name = row["workload"] if row["kind"] != "your prompts" else Path(row["workload"]).name
+        lines.append(f"| {name} | {row['kind']} | {row['held_out_prompts']} | "
+                     + " | ".join(workload_cell(row["by_k"][k]) for k in keys) + " |")
     return lines
 
 
@@ -230,19 +264,27 @@ def evaluate_draft(options: EvaluateOptions, *, progress: bool = True) -> dict[s
     if data and temperature > 0:
         raise WorkbenchError("--temperature needs the target's logits: evaluate online (--dataset)",
                              hint="drop --data, or evaluate greedy decoding (temperature 0)")
+    end = WALK_END if o.forecast else 1.0
     if data:
         samples: Iterable[HeldOutSample] = list(samples_from_extracted(data, aux_ids, max_samples=o.num_prompts,
                                                                        max_new_tokens=max_new_tokens))
         source = {"data": str(data)}
+        result = evaluate_samples(algorithm, model, samples, ks, o, progress=progress, span=(0.0, end))
     else:
-        from engine.data.prompts import load_prompts
-
-        prompts = load_prompts(o.dataset, o.num_prompts, o.seed, o.max_prompt_chars)
-        samples = held_out_answers(tgt, prompts, aux_ids, max_new_tokens or 128, temperature > 0, progress,
-                                   span=ANSWERS_SPAN)
-        source = {"dataset": o.dataset, "held_out_prompts": len(prompts)}
-    result = evaluate_samples(algorithm, model, samples, ks, o, progress=progress,
-                              span=(ANSWERS_SPAN[1] if not data else 0.0, WALK_END if o.forecast else 1.0))
+        specs = [o.dataset, *dict.fromkeys(w for w in o.workloads or [] if w != o.dataset)]
+        rows = []
+        for i, spec in enumerate(specs):  # each prompt set its share of the progress: answers, then the walk
+            start, stop = end * i / len(specs), end * (i + 1) / len(specs)
+            middle = start + (stop - start) * ANSWERS_SPAN[1]
+            prompts = load_prompts(spec, o.num_prompts, o.seed, o.max_prompt_chars)
+            these = held_out_answers(tgt, prompts, aux_ids, max_new_tokens or 128, temperature > 0, progress,
+                                     span=(start, middle))
+            found = evaluate_samples(algorithm, model, these, ks, o, progress=progress, span=(middle, stop))
+            rows.append(workload_row(spec, len(prompts), found))
+            if i == 0:
+                samples, result, source = these, found, {"dataset": o.dataset, "held_out_prompts": len(prompts)}
+        if o.workloads:
+            result["by_workload"] = rows
     result.update(source, draft=str(draft_path), algorithm=algorithm.name, max_new_tokens=max_new_tokens,
                   draft_k=model.config.speculative_tokens, target_dtype=dtype_name(tgt.dtype),
                   kernel=tgt.extra.get("kernel_summary"), draft_sha256=weights_sha256(draft_path),

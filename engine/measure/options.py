@@ -99,6 +99,10 @@ class EvaluateOptions(Options):
         False, description="verify every drafted token: a proposer's own cut (fewer drafts when it is not "
         "confident) is not applied, so the table scores the draft's tokens alone, not what decoding would verify")
     walks: bool = Field(False, description="keep each sample's accepted-count sequence in the JSON")
+    workloads: list[str] | None = Field(
+        None, description="also these prompt sets, one row each of acceptance per k with its spread over prompts "
+        "(--dataset's prompts are the first row): built-in workloads (sharegpt: chat, humaneval: code) or prompts "
+        "files (JSONL, as bench --prompts); online only")
 
     @field_validator("k", mode="before")
     @classmethod
@@ -109,4 +113,7 @@ class EvaluateOptions(Options):
     def _one_source(self):
         if self.data and "dataset" in self.model_fields_set:
             raise WorkbenchError("--data and --dataset both name the held-out samples", hint="give one of the two")
+        if self.data and self.workloads:
+            raise WorkbenchError("--workloads are prompt sets the target answers: not with --data",
+                                 hint="drop --data (evaluate online), or drop --workloads")
         return self

