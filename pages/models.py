@@ -256,12 +256,14 @@ with tab_d:
                              column_config=evaluate_ui.columns())
                 if (fig := charts.acceptance_by_position(ev.result)) is not None:
                     charts.show(fig, key="models_eval_positions")
-                if rows := evaluate_ui.workload_rows(ev.result):
+                by_workload = next((e for e in done if e.result.get("by_workload")), None)  # the freshest one
+                if by_workload is not None:
                     st.markdown("##### Acceptance per workload")
-                    st.dataframe(rows, hide_index=True, width="stretch")
-                    charts.show(charts.acceptance_by_workload(ev.result), key="models_eval_workloads_chart")
+                    st.dataframe(evaluate_ui.workload_rows(by_workload.result), hide_index=True, width="stretch")
+                    charts.show(charts.acceptance_by_workload(by_workload.result), key="models_eval_workloads_chart")
                     st.caption("Mean acceptance length per k on each prompt set, in brackets its 95% interval over "
-                               "prompts (bootstrap): a wide interval means too few prompts to tell workloads apart.")
+                               "prompts (bootstrap): a wide interval means too few prompts to tell workloads apart. "
+                               f"From {by_workload.where}.")
                 advice = evaluate_ui.recommendation(ev.result, ev.here)
                 st.caption(f"{ev.result.get('num_samples')} held-out samples, {ev.result.get('max_new_tokens')} new "
                            f"tokens; from {ev.where}." + (f" **{advice[:1].upper() + advice[1:]}.**" if advice else ""))

@@ -465,3 +465,22 @@ def test_the_first_position_gap_and_the_position_table_are_their_record():
     for key in ("first_token_acceptance_at_draft_starts", "first_token_acceptance_all_positions"):
         assert f"**{acc[key]:.3f}**" in text, key
     assert f"{acc['mean_acceptance_length']:.3f}" in text and "AVX2" in text
+
+
+def test_acceptance_per_workload_is_its_record_in_the_doc_and_the_shipped_card():
+    """The per-workload table (chat, code; 95% intervals over prompts) in BENCHMARKS.md and in the shipped EAGLE-3
+    draft's card is the record's, row for row."""
+    from engine.measure.evaluate import workload_lines
+    from engine.recipes.model_card import workload_section
+
+    record = _record("evaluate/amd-epyc-avx2/workloads_eagle3.json")
+    rows = [line for line in workload_lines(record) if line.startswith("| ") and "---" not in line]
+    assert [r.split(" | ")[1] for r in rows[1:]] == ["chat", "code"]
+    text = _section(DOC.read_text(), "### Acceptance per workload")
+    assert all(row in text for row in rows) and "AVX2" in text
+    for w in record["by_workload"]:  # the prose's per-prompt spread at k = 3
+        k3 = w["by_k"]["3"]
+        assert f"{k3['per_prompt_std']:.2f}" in text
+        assert f"{k3['per_prompt_min']:.2f}–{k3['per_prompt_max']:.2f}" in text
+    card = (ROOT / "assets" / "drafts" / "smollm2-135m-instruct-eagle3" / "README.md").read_text()
+    assert "\n".join(workload_section(record)).strip() in card

@@ -22,8 +22,8 @@ class BenchOptions(Options):
 
     target: str | None = Field(None, description=TARGET_HELP)
     draft: str | None = Field(None, description=DRAFT_HELP)
-    prompts: str = Field("sharegpt", description="JSONL file ({'prompt': str} or {'messages': [...]} per line) or a "
-                         "built-in dataset name (its held-out prompts)")
+    prompts: str = Field("sharegpt", description="JSONL file ({'prompt': str} or {'messages': [...]} per line), a "
+                         "built-in workload (sharegpt: chat, humaneval: code) or a dataset (its held-out prompts)")
     num_prompts: int = Field(20, ge=1, description="prompts to use")
     max_prompt_chars: int = Field(1500, ge=1, description="skip built-in held-out prompts longer than this (keeps "
                                   "CPU runs short)")

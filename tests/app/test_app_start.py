@@ -124,6 +124,26 @@ def test_the_shipped_drafts_speed_agrees_on_models_card_and_benchmarks(runs):
     assert speed["where"] in texts(at.caption)
 
 
+def test_the_shipped_drafts_acceptance_per_workload_is_on_the_models_page_and_its_card(runs):
+    """The Models page shows the freshest evaluation with workloads (the shipped record here): a row per workload
+    with each k's interval, the chart, and where it was measured; the card tab holds the same table."""
+    from ui import catalog
+    from ui import evaluate as evaluate_ui
+
+    draft = catalog.shipped_draft(BUILTIN)
+    ev = next(e for e in evaluate_ui.all_results(draft) if e.result.get("by_workload"))
+    at = open_app(BUILTIN, "auto", page="models")
+    tables = [d.value for d in at.dataframe if "workload" in d.value.columns]
+    assert len(tables) == 1
+    shown = tables[0]
+    assert list(shown["kind"]) == [w["kind"] for w in ev.result["by_workload"]] == ["chat", "code"]
+    assert list(shown["k = 3"]) == [r["k = 3"] for r in evaluate_ui.workload_rows(ev.result)]
+    assert "(" in shown["k = 3"].iloc[0] and ev.where in texts(at.caption)
+    assert "Acceptance per workload" in texts(at.markdown)
+    card = texts(at.markdown) + texts(at.info)
+    assert "| humaneval | code | 20 |" in card  # the model card tab
+
+
 def test_shipped_offline_evaluations_are_listed_with_their_machine(runs, tiny_targets):
     from ui import evaluate as evaluate_ui
 

@@ -60,7 +60,7 @@ def test_workloads_are_refused_with_extracted_data():
 
 
 def test_the_card_and_the_app_show_each_workload_with_its_interval(tmp_path):
-    from engine.recipes.model_card import EVAL_BEGIN, write_evaluation_section
+    from engine.recipes.model_card import EVAL_BEGIN, WORKLOAD_BEGIN, write_evaluation_section
     from ui.charts import acceptance_by_workload
     from ui.evaluate import workload_rows
 
@@ -73,11 +73,12 @@ def test_the_card_and_the_app_show_each_workload_with_its_interval(tmp_path):
                                "by_k": spread}]}
     card = tmp_path / "README.md"
     write_evaluation_section(card, result, [])
+    write_evaluation_section(card, result, [])  # replaced in place, not appended twice
     text = card.read_text()
     lo, hi = spread["2"]["ci95"]
-    assert text.count(EVAL_BEGIN) == 1 and "### Acceptance per workload" in text
+    assert text.count(EVAL_BEGIN) == 1 and text.count(WORKLOAD_BEGIN) == 1 and "### Acceptance per workload" in text
     assert f"| sharegpt | chat | 3 | 1.300 ({spread['1']['ci95'][0]:.2f}–" in text
-    assert f"| mine.jsonl | your prompts | 3 | 1.300 " in text and f"1.467 ({lo:.2f}–{hi:.2f}) |" in text
+    assert "| mine.jsonl | your prompts | 3 | 1.300 " in text and f"1.467 ({lo:.2f}–{hi:.2f}) |" in text
     rows = workload_rows(result)
     assert [r["workload"] for r in rows] == ["sharegpt", "mine.jsonl"] and rows[0]["k = 2"].startswith("1.467 (")
     fig = acceptance_by_workload(result)
