@@ -1,6 +1,6 @@
 """Benchmark training outcome: the acceptance our trainer's drafts reach against speculators 0.9.0's, same samples."""
 
-# For each algorithm both libraries train (EAGLE-3, DFlash, P-EAGLE, DSpark) the script trains one draft with
+# For each algorithm both libraries train (EAGLE-3, DFlash, P-EAGLE, DSpark, DFlash2) the script trains one draft with
 # `python -m engine train` and one with speculators 0.9.0's `speculators.train` on the same extracted samples of
 # the built-in SmolLM2-135M-Instruct (its own regenerated answers), the same training rows in the same split, the
 # same steps, learning rate, schedule, optimizer, batch tokens and draft shapes, then scores both drafts with the
@@ -10,7 +10,9 @@
 #
 # Settings each side is given explicitly (everything else is each library's default, which ours mirrors by name):
 #   shapes      1 draft layer, draft vocabulary --draft-vocab-size (top loss-token counts), block size 8 and 128
-#               anchors per row (DFlash, DSpark), 4 depths and 128 anchors (P-EAGLE), Markov rank 64 (DSpark)
+#               anchors per row (DFlash, DSpark), 4 depths and 128 anchors (P-EAGLE), Markov rank 64 (DSpark);
+#               DFlash2 drafts over the full vocabulary (both libraries require it), block size 8, 128 anchors,
+#               convolution kernel 2 in groups of 16 channels, selector rank 64 and top-16, selector loss weight 1
 #   optimizer   AdamW, lr --lr, betas (0.9, 0.999) (speculators' default), no weight decay, clip 1.0
 #   schedule    linear warm-up over --warmup steps, then linear decay to 0, over --steps steps (default: one
 #               epoch of the trainer whose packing plan has fewer batches, so that neither starts a second epoch)
@@ -82,7 +84,8 @@ SIDES = ("ours", "speculators")
 MARKER = ".bench-train-quality"  # marks a --work folder as this script's (it removes run folders inside it)
 OURS_BF16 = "ours-bf16"  # with --ours-bf16: our trainer again under bf16 autocast (its CPU lever; speculators' autocast
                          # is CUDA-only, so it has none here)
-ALGOS = ("eagle3", "dflash", "peagle", "dspark")
+ALGOS = ("eagle3", "dflash", "peagle", "dspark", "dflash2")
+FULL_VOCAB = {"dflash2"}  # drafts over the target's whole vocabulary (both libraries refuse a reduced one)
 
 # Per algorithm: the shaping flags both trainers take under the same names, ours' extra flags, speculators'
 # extra flags, and the k values to score (up to what the draft proposes per step).
@@ -91,12 +94,16 @@ SHARED_FLAGS = {
     "dflash": ["--block-size", "8", "--max-anchors", "128", "--dflash-decay-gamma", "4.0"],
     "peagle": ["--num-depths", "4", "--max-anchors", "128", "--no-norm-before-residual"],
     "dspark": ["--block-size", "8", "--max-anchors", "128", "--markov-rank", "64"],
+    "dflash2": ["--block-size", "8", "--max-anchors", "128", "--dflash-decay-gamma", "4.0", "--conv-kernel-size", "2",
+                "--conv-group-size", "16", "--selector-rank", "64", "--selector-top-k", "16",
+                "--selector-loss-alpha", "1.0"],
 }
-OURS_FLAGS = {"eagle3": [], "dflash": [], "peagle": [], "dspark": ["--calibration-blocks", "0"]}
+OURS_FLAGS = {"eagle3": [], "dflash": [], "peagle": [], "dspark": ["--calibration-blocks", "0"], "dflash2": []}
 SPECULATORS_FLAGS = {"eagle3": [], "peagle": [],
                      "dflash": ["--per-position-loss-weight", "fixed-exp-decay", "--sliding-window-non-causal"],
-                     "dspark": ["--sliding-window-non-causal", "--loss-fn", '{"ce": 0.1, "tv": 0.9}']}
-EVAL_K = {"eagle3": "1-5", "dflash": "1-7", "peagle": "1-4", "dspark": "1-8"}
+                     "dspark": ["--sliding-window-non-causal", "--loss-fn", '{"ce": 0.1, "tv": 0.9}'],
+                     "dflash2": ["--per-position-loss-weight", "fixed-exp-decay", "--sliding-window-non-causal"]}
+EVAL_K = {"eagle3": "1-5", "dflash": "1-7", "peagle": "1-4", "dspark": "1-8", "dflash2": "1-7"}
 
 
 # -- data -----------------------------------------------------------------------------------------------------
@@ -153,9 +160,18 @@ def is_ours(side: str) -> bool:
     return side.startswith("ours")
 
 
+def draft_vocab(a, algo: str) -> int:
+    """--draft-vocab-size, or the target's whole vocabulary for an algorithm that drafts over all of it."""
+    if algo not in FULL_VOCAB:
+        return a.draft_vocab_size
+    from engine.targets import resolve_target
+
+    return json.loads((resolve_target(TARGET).path / "config.json").read_text())["vocab_size"]
+
+
 def ours_command(a, algo: str, data: Path, out: Path, steps: int, precision: str = "fp32") -> list[str]:
     return [sys.executable, "-m", "engine", "train", "--algo", algo, "--data", str(data), "--target", TARGET,
-            "--out", str(out), "--num-layers", "1", "--draft-vocab-size", str(a.draft_vocab_size),
+            "--out", str(out), "--num-layers", "1", "--draft-vocab-size", str(draft_vocab(a, algo)),
             *SHARED_FLAGS[algo], *OURS_FLAGS[algo],
             "--tokens-per-batch", str(a.tokens_per_step), "--max-length", "768", "--lr", str(a.lr),
             "--betas", "0.9,0.999", "--weight-decay", "0", "--clip-grad", "1.0", "--scheduler", "linear",
@@ -169,7 +185,7 @@ def speculators_command(a, algo: str, data: Path, info: dict, verifier: str, out
     return [sys.executable, str(ROOT / "benchmarks" / "bench_train.py"), "--speculators-worker",
             str(out / "steps.jsonl"), "--",
             "--verifier-name-or-path", verifier, "--speculator-type", algo, "--num-layers", "1",
-            "--target-layer-ids", *map(str, info["aux_layer_ids"]), "--draft-vocab-size", str(a.draft_vocab_size),
+            "--target-layer-ids", *map(str, info["aux_layer_ids"]), "--draft-vocab-size", str(draft_vocab(a, algo)),
             *SHARED_FLAGS[algo], *SPECULATORS_FLAGS[algo], "--draft-attn-impl", "sdpa",
             "--loss-implementation", "eager",
             "--hidden-states-dtype",

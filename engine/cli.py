@@ -28,6 +28,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "generate": ("generate", "generate with the target, with or without speculative decoding"),
     "bench": ("bench", "benchmark speculative methods against the baseline on the same prompts"),
     "evaluate": ("evaluate", "decoding-exact acceptance per k on held-out target outputs, without decoding"),
+    "parity": ("parity", "what a draft was trained on against how vLLM will serve it: each difference and its effect"),
     "repair": ("repair", "store the verifier's embedding in a draft that lacks it (speculators 0.9.0 needs it)"),
     "convert": ("convert",
                 "convert a research checkpoint (the known layouts: see --detect) into the speculators format"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import logging
 import os
 import threading
@@ -652,6 +653,24 @@ def target_digest(name_or_path: str | os.PathLike) -> str | None:
     except OSError:
         pass  # a read-only home only costs the next check a re-read
     return digest
+
+
+def chat_template_digest(folder: str | Path) -> str | None:
+    """sha256 (16 hex) of the chat template a model folder's tokenizer renders with (None: it has none)."""
+    folder = Path(folder) if Path(folder).is_dir() else cached_snapshot(str(folder))
+    if folder is None:
+        return None
+    parts = []
+    jinja = folder / "chat_template.jinja"
+    if jinja.is_file():
+        parts.append(jinja.read_text(encoding="utf-8"))
+    try:
+        template = read_json(folder / "tokenizer_config.json").get("chat_template")
+    except (OSError, ValueError):
+        template = None
+    if template:
+        parts.append(json.dumps(template, sort_keys=True))
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16] if parts else None
 
 
 VERIFIER_DIGEST = "tensors_digest"  # key under a draft's speculators_config.verifier: the data's target_digest

@@ -7,6 +7,7 @@ import streamlit as st
 from ui import bench as bench_ui
 from ui import catalog, charts, report, resources, state
 from ui import evaluate as evaluate_ui
+from ui import parity as parity_ui
 from ui.cli import show_cli
 from ui.errors import guard
 from ui.jobs import launch, runs_root, watch_jobs
@@ -220,6 +221,16 @@ with tab_d:
         with guard("Validating the draft"):
             report.full(report.validate(shown))
         show_cli(["validate", shown])
+
+        st.markdown("#### Training against serving")
+        st.caption("What the draft was trained on beside how vLLM will run it: target weights, layer ids, hidden-state "
+                   "dtype and backend, chat template, who wrote the answers, context length. Each difference lowers "
+                   "served acceptance below what training reported.")
+        with guard("Comparing training with serving"):
+            compared = parity_ui.check(shown, state.active_target())
+            st.dataframe(parity_ui.rows(compared), hide_index=True, width="stretch", key="models_parity")
+            st.caption(parity_ui.summary(compared))
+        show_cli(["parity", "--draft", shown, "--target", state.active_target()])
 
         st.markdown("#### Acceptance decoding will measure (offline evaluator)")
         st.caption("The target answers held-out prompts once; one draft pass then gives, for every k, the mean "

@@ -35,7 +35,7 @@ from engine.data.store import (
 from engine.errors import WorkbenchError
 from engine.fsutil import claim_names
 from engine.jobs import DirLock, left_text, reporter
-from engine.targets import dtype_name, parse_dtype, target_digest
+from engine.targets import chat_template_digest, dtype_name, parse_dtype, target_digest
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +88,8 @@ def build_header(info: TargetInfo, layer_ids: Sequence[int], dtype: str | torch.
         "planned_samples": planned_samples,
         # the digest of the target's tensors: training, evaluation and serving refuse other weights of the same shape
         "target_digest": target_digest(info.path),
+        # the template the conversations were rendered with: `parity` compares it with the served tokenizer's
+        "chat_template_sha256": chat_template_digest(info.path),
     }
 
 

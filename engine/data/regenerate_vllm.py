@@ -16,10 +16,12 @@ class VllmAnswerer:
     batch are sent concurrently so vLLM batches them. Use as a context manager: the server stops on exit.
     """
 
-    def __init__(self, target_name: str, *, concurrency: int = 32, dtype: str = "bfloat16", start_timeout: float = 600):
+    def __init__(self, target_name: str | None, *, concurrency: int = 32, dtype: str = "bfloat16",
+                 start_timeout: float = 600):
         from engine.serve.server import plan_server, start_server
+        from engine.targets import DEFAULT_TARGET
 
-        log.info("starting a vLLM server for %s (regeneration backend)", target_name)
+        log.info("starting a vLLM server for %s (regeneration backend)", target_name or DEFAULT_TARGET)
         self.server = start_server(plan_server(None, target=target_name), timeout=start_timeout, dtype=dtype)
         self.client = self.server.client()
         self._widen_connection_pool(max(1, concurrency))

@@ -117,3 +117,17 @@ class EvaluateOptions(Options):
             raise WorkbenchError("--workloads are prompt sets the target answers: not with --data",
                                  hint="drop --data (evaluate online), or drop --workloads")
         return self
+
+
+class ParityOptions(Options):
+    """`parity`: what a draft was trained on against how vLLM will serve it, each difference with its effect."""
+
+    draft: str = Field(description="draft folder (a training run's draft/, or any draft with --run)")
+    run: str | None = Field(None, description="the training run's --out folder (it holds config.yaml and draft/)",
+                            json_schema_extra={"shown_default": "the folder above the draft, when it is one"})
+    target: str | None = Field(None, description="the target vLLM will serve it beside",
+                               json_schema_extra={"shown_default": "the draft's verifier"})
+    dtype: Literal["bfloat16", "float16", "float32"] = Field("bfloat16", description="the dtype vLLM will run in "
+                                                            "(`serve --dtype`)")
+    max_model_len: int | None = Field(None, ge=1, description="vLLM's context length",
+                                      json_schema_extra={"shown_default": "`serve`'s"})

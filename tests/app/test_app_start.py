@@ -142,6 +142,9 @@ def test_the_shipped_drafts_acceptance_per_workload_is_on_the_models_page_and_it
     assert "Acceptance per workload" in texts(at.markdown)
     card = texts(at.markdown) + texts(at.info)
     assert "| humaneval | code | 20 |" in card  # the model card tab
+    parity = next(d.value for d in at.dataframe if "factor" in d.value.columns)  # training against serving
+    assert "aux layer ids (vLLM numbering)" in list(parity["factor"])
+    assert "No training run found beside this draft" in texts(at.caption)  # the shipped draft's run is not here
 
 
 def test_shipped_offline_evaluations_are_listed_with_their_machine(runs, tiny_targets):
