@@ -61,6 +61,28 @@ def forecast(result: dict[str, Any], costs: dict[str, Any]) -> dict[str, Any]:
             "target_step_ms": costs["target_step_ms"]}
 
 
+def measured_recommendation(sweep: list[dict[str, Any]], fc: dict[str, Any] | None = None, *,
+                            ngram: float | None = None, where: str = "on this machine") -> str:
+    """The recommended k is the best measured one of a k sweep (rows with k and speedup), with the forecast beside it
+    and its error; no draft (1×) and n-gram (`ngram`, its measured speedup) are candidates too. Without measured
+    rows: the forecast's advice (`recommendation`)."""
+    rows = [r for r in sweep if r.get("speedup")]
+    if not rows:
+        return recommendation(fc, where)
+    best = max(rows, key=lambda r: r["speedup"])
+    k, measured = best["k"], best["speedup"]
+    single = "; single runs, no spread recorded" if not any(r.get("spread") for r in rows) else ""
+    if ngram is not None and ngram > max(measured, 1.0):
+        return (f"the n-gram proposer measured faster {where} ({ngram:.2f}× against {measured:.2f}× for this "
+                f"draft's best k, {k}{single})")
+    if measured <= 1.0:
+        return (f"no speculation with this draft: every measured k is slower than the target alone {where} (best: "
+                f"k = {k} at {measured:.2f}×{single})")
+    f = ((fc or {}).get("by_k", {}).get(str(k)) or {}).get("speedup")
+    beside = f"; forecast {f:.2f}×, off by {f - measured:+.2f}" if f else ""
+    return f"recommended k {where}: {k} (measured {measured:.2f}×, the best of the k sweep{beside}{single})"
+
+
 def recommendation(fc: dict[str, Any] | None, where: str = "on this machine") -> str:
     """The forecast's advice in words: the k to use, or that speculating with this draft is slower (`where`: the
     machine whose costs the forecast used)."""

@@ -299,9 +299,10 @@ def _sentence(text: str) -> str:
     return text[:1].upper() + text[1:] + "." if text else ""
 
 
-def evaluation_section(result: dict[str, Any], sweep: list[dict[str, Any]] | None = None) -> list[str]:
+def evaluation_section(result: dict[str, Any], sweep: list[dict[str, Any]] | None = None,
+                       ngram: float | None = None) -> list[str]:
     """Decoding-exact acceptance per k beside the all-positions average, and forecast vs measured speedup."""
-    from engine.measure.step_costs import recommendation
+    from engine.measure.step_costs import measured_recommendation
 
     if not result.get("by_k"):
         return []
@@ -327,10 +328,11 @@ def evaluation_section(result: dict[str, Any], sweep: list[dict[str, Any]] | Non
              " No forecast: the measured speedups are the recipe's k sweep."), "",
              "| k | mean acceptance length | per-position acceptance | all-positions average | forecast speedup | "
              "measured speedup |", "|---|---|---|---|---|---|", *rows, ""]
-    if oov is not None:
-        lines.append(f"{100 * oov:.1f}% of the answers' tokens are outside the draft vocabulary. "
-                     + (_sentence(recommendation(result["forecast"]))
-                        if result.get("forecast") else ""))
+    advice = measured_recommendation(sweep or [], result.get("forecast"), ngram=ngram,
+                                     where="on the card's CPU")
+    if oov is not None or advice:
+        lines.append((f"{100 * oov:.1f}% of the answers' tokens are outside the draft vocabulary. "
+                      if oov is not None else "") + _sentence(advice))
         lines.append("")
     return lines + [EVAL_END, ""]
 
@@ -391,6 +393,15 @@ def _floats(cell: str) -> list[float]:
     return [float(x) for x in cell.split(",") if x.strip() not in ("", "–")]
 
 
+def ngram_from_card(text: str) -> float | None:
+    """The n-gram proposer's measured speedup in a generated card's first results table (in-process), if any."""
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 5 and cells[0] == "ngram" and cells[4].endswith("×"):
+            return float(cells[4].rstrip("×"))
+    return None
+
+
 def sweep_from_card(text: str) -> list[dict[str, Any]]:
     """The measured k sweep a generated card holds (its "Number of speculative tokens" table): k, acceptance
     length, per-position acceptance, speedup and whether the output was identical (values as the card rounds them)."""
@@ -414,7 +425,8 @@ def write_evaluation_section(card: str | Path, result: dict[str, Any], sweep: li
     path = Path(card)
     text = path.read_text(encoding="utf-8") if path.is_file() else ""
     sweep = sweep if sweep is not None else sweep_from_card(text)
-    text = _put_marked(text, "\n".join(evaluation_section(result, sweep)), EVAL_BEGIN, EVAL_END)
+    section = evaluation_section(result, sweep, ngram_from_card(text))
+    text = _put_marked(text, "\n".join(section), EVAL_BEGIN, EVAL_END)
     atomic_write_text(path, text)
     if result.get("by_workload"):
         write_workload_section(path, result)

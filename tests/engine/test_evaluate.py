@@ -200,12 +200,24 @@ def test_forecast_and_card_section(tmp_path):
                     "acceptance | speedup | identical |\n|---|---|---|---|---|\n| 1 | 1.35 | 0.35 | 0.77× | yes |\n\n"
                     "## Goals not reached, and why\ntext\n")
     write_evaluation_section(card, {**result, "forecast": fc}, [{"k": 2, "speedup": 1.25}])
+    first = card.read_text()
     write_evaluation_section(card, {**result, "forecast": fc})  # replaced in place, not appended twice
     text = card.read_text()
     assert text.count(EVAL_BEGIN) == 1 and text.index(EVAL_BEGIN) < text.index("## Goals not reached")
     assert "| 2 | 1.800 | 0.50, 0.30 | 1.900 | 1.29× | – |" in text
     assert "| 1 | 1.500 | 0.50 | 1.600 | 1.25× | 0.77× |" in text  # measured: the card's own k sweep
     assert "on the machine the evaluation ran on." in text  # a record without its CPU names none
+    # the recommended k is the best measured one (k = 2 at 1.25× beats k = 1 at 0.77×), the forecast beside it
+    assert "Recommended k on the card's CPU: 2 (measured 1.25×, the best of the k sweep; forecast 1.29×, off by " \
+        "+0.04; single runs, no spread recorded)" in first
+    assert "every measured k is slower than the target alone on the card's CPU (best: k = 1 at 0.77×" in text
+    from engine.measure.step_costs import measured_recommendation
+
+    sweep = [{"k": 1, "speedup": 1.2}, {"k": 3, "speedup": 1.1}]
+    assert measured_recommendation(sweep, fc).startswith("recommended k on this machine: 1 (measured 1.20×")
+    assert "n-gram proposer measured faster" in measured_recommendation(sweep, fc, ngram=1.3)
+    assert measured_recommendation([{"k": 2, "speedup": 0.9}], fc).startswith("no speculation")
+    assert measured_recommendation([], fc) == recommendation(fc)  # nothing measured: the forecast's advice
     write_evaluation_section(card, {**result, "forecast": fc, "cpu": "Some CPU X", "target_dtype": "bf16",
                                     "date": "2026-12-02"})
     assert "on the machine the evaluation ran on (Some CPU X, bf16 target, 2026-12-02)." in card.read_text()
