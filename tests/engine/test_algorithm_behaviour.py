@@ -263,6 +263,11 @@ def test_sampling_keeps_the_target_distribution(algo, target, baselines, fitted)
         accepted += first.accepted
     assert accepted > 0
     assert chi_square_pvalue(counts, exact) > 1e-3
+    # the check has power: SAMPLES draws from a skewed distribution (what verifying at temperature 0.7 would give)
+    # are told apart from the target's at the same threshold
+    skewed = second_token_distribution(target, ids, SamplingParams(max_new_tokens=k + 2, temperature=0.7, top_k=40))
+    draws = torch.multinomial(skewed, SAMPLES, replacement=True, generator=torch.Generator().manual_seed(0))
+    assert chi_square_pvalue(torch.bincount(draws, minlength=target.vocab_size).float(), exact) < 1e-3
 
 
 @pytest.fixture(scope="module", params=[2, pytest.param(50, marks=pytest.mark.slow)])
@@ -282,16 +287,26 @@ def builtin_params(target) -> SamplingParams:
 
 
 def test_greedy_identity_on_the_builtin_target(algo, builtin_target, builtin_baselines):
-    """A random small draft on the built-in target: the target's own text."""
+    """The built-in target's own text with the algorithm's shipped (trained) draft, whose drafts are accepted, so
+    the accepting path runs too; an algorithm that ships none uses a random small draft (rejections only)."""
+    from engine.algos.loading import draft_algorithm
+    from engine.generate.api import shipped_drafts
     from engine.targets import load_verifier_parts
 
-    verifier = load_verifier_parts(target=builtin_target)
-    draft = algo.build(verifier, small_args(algo, draft_vocab_size=None), token_counts=None, seed=0,
-                       aux_layer_ids=algo.default_layer_ids(builtin_target.num_layers)).eval()
-    drafted = 0
+    shipped = {draft_algorithm(path).name: path for path in shipped_drafts("smollm2-135m-instruct")}
+    if algo.name in shipped:
+        draft = algo.load(shipped[algo.name], builtin_target).eval()
+    else:
+        verifier = load_verifier_parts(target=builtin_target)
+        draft = algo.build(verifier, small_args(algo, draft_vocab_size=None), token_counts=None, seed=0,
+                           aux_layer_ids=algo.default_layer_ids(builtin_target.num_layers)).eval()
+    drafted = accepted = 0
     for ids, base in builtin_baselines:
         out, events = decode(builtin_target, algo.proposer(draft), ids, builtin_params(builtin_target),
                              ks(algo, draft)[-1])
         assert out == base
         drafted += sum(e.drafted for e in events)
+        accepted += sum(e.accepted for e in events)
     assert drafted > 0
+    if algo.name in shipped:
+        assert accepted > 0, f"the shipped {algo.name} draft accepted nothing on the built-in target"
