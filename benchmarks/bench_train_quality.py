@@ -166,12 +166,13 @@ def draft_vocab(a, algo: str) -> int:
         return a.draft_vocab_size
     from engine.targets import resolve_target
 
-    return json.loads((resolve_target(TARGET).path / "config.json").read_text())["vocab_size"]
+    return json.loads((Path(resolve_target(TARGET).path) / "config.json").read_text())["vocab_size"]
 
 
 def ours_command(a, algo: str, data: Path, out: Path, steps: int, precision: str = "fp32") -> list[str]:
     return [sys.executable, "-m", "engine", "train", "--algo", algo, "--data", str(data), "--target", TARGET,
-            "--out", str(out), "--num-layers", "1", "--draft-vocab-size", str(draft_vocab(a, algo)),
+            "--out", str(out), "--num-layers", "1",
+            *([] if algo in FULL_VOCAB else ["--draft-vocab-size", str(a.draft_vocab_size)]),  # ours: no flag then
             *SHARED_FLAGS[algo], *OURS_FLAGS[algo],
             "--tokens-per-batch", str(a.tokens_per_step), "--max-length", "768", "--lr", str(a.lr),
             "--betas", "0.9,0.999", "--weight-decay", "0", "--clip-grad", "1.0", "--scheduler", "linear",

@@ -484,3 +484,21 @@ def test_acceptance_per_workload_is_its_record_in_the_doc_and_the_shipped_card()
         assert f"{k3['per_prompt_min']:.2f}–{k3['per_prompt_max']:.2f}" in text
     card = (ROOT / "assets" / "drafts" / "smollm2-135m-instruct-eagle3" / "README.md").read_text()
     assert "\n".join(workload_section(record)).strip() in card
+
+
+def test_the_dflash2_quality_row_is_its_record():
+    """DFlash2 ours vs speculators 0.9.0's trainer (AVX2): the table, τ and speed figures, and the run before the
+    target's distribution was computed once per step, all the records'."""
+    from benchmarks.bench_train_quality import table
+
+    text = _section(DOC.read_text(), "### DFlash2 against speculators' DFlash2 trainer")
+    record = _record("train_quality/amd-epyc-avx2-dflash2.json")
+    before = _record("train_quality/amd-epyc-avx2-dflash2-before-fix.json")
+    assert record["cpu_kind"] == "AVX2" and set(record["results"]) == {"dflash2"}
+    assert table(record["results"]) in text
+    r = record["results"]["dflash2"]
+    ours, theirs = r["ours"]["speed"]["tokens_per_cpu_s"], r["speculators"]["speed"]["tokens_per_cpu_s"]
+    assert f"{r['ours']['eval']['tau']['3']:.3f} against {r['speculators']['eval']['tau']['3']:.3f}" in text
+    assert f"missed by {1.3 - ours / theirs:.2f}" in text and f"({ours / theirs:.2f}×;" in text
+    assert f"trained {before['results']['dflash2']['ours']['speed']['tokens_per_cpu_s']:.0f} tokens" in text
+    assert before["results"]["dflash2"]["ours"]["eval"]["tau"] == r["ours"]["eval"]["tau"]  # same draft quality

@@ -118,11 +118,13 @@ class DFlashObjective:
                                          @ self.head_rows.float().T), -1)
 
     def unary_loss(self, logits: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor,
-                   batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """The slot-weighted CE on the labels (or forward KL to the target) of the logits [N, B, Vd]."""
+                   batch: dict[str, torch.Tensor], probs: torch.Tensor | None = None) -> torch.Tensor:
+        """The slot-weighted CE on the labels (or forward KL to the target) of the logits [N, B, Vd]; `probs`: the
+        target's distribution when the caller already computed it (`target_probs`)."""
         w = self.weights[None, :] * valid
         if self.loss_fn == "kl":
-            per_slot = F.kl_div(F.log_softmax(logits.float(), -1), self.target_probs(batch), reduction="none").sum(-1)
+            probs = self.target_probs(batch) if probs is None else probs
+            per_slot = F.kl_div(F.log_softmax(logits.float(), -1), probs, reduction="none").sum(-1)
         else:
             per_slot = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), reduction="none"
                                        ).view_as(labels)

@@ -35,13 +35,11 @@ class DFlash2Objective(DFlashObjective):
 
     def __call__(self, model, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
         labels, valid = block_labels(batch, self.block_size)               # [N, B]: full vocabulary
-        if self.loss_fn == "kl":  # speculators' selector target: the target's argmax
-            hard = self.target_probs(batch).argmax(-1)
-        else:
-            hard = labels
+        probs = self.target_probs(batch) if self.loss_fn == "kl" else None  # [N, B, V], once for both terms
+        hard = probs.argmax(-1) if probs is not None else labels  # speculators' selector target: the target's argmax
         logits, candidates, scores, where, contains = model(
             batch["aux"], batch["input_ids"], batch["position_ids"], batch["document_ids"], batch["anchors"], hard)
-        unary = self.unary_loss(logits, labels, valid, batch)
+        unary = self.unary_loss(logits, labels, valid, batch, probs)
         w = self.weights[None, :] * valid
         ce = F.cross_entropy(scores.float().flatten(0, 1), where.flatten(), reduction="none").view_as(where)
         selector = (ce * w).sum() / w.sum().clamp(min=1e-6)
