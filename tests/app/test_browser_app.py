@@ -494,8 +494,8 @@ def test_a_running_evaluation_shows_progress_and_time_left(page, app_url):
     _, runs = app_url
     go(page, "Models")
     page.get_by_role("tab", name="Draft details and validation").click()
-    page.get_by_label("Held-out prompts").fill("7")  # an odd size: not in the answer store from other runs
-    page.get_by_label("Held-out prompts").press("Enter")
+    page.get_by_label("Held-out prompts", exact=True).fill("7")  # an odd size: not in the answer store from other runs
+    page.get_by_label("Held-out prompts", exact=True).press("Enter")
     idle(page)
     page.get_by_label("Max new tokens").fill("40")
     page.get_by_label("Max new tokens").press("Enter")
