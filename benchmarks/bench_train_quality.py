@@ -85,7 +85,6 @@ MARKER = ".bench-train-quality"  # marks a --work folder as this script's (it re
 OURS_BF16 = "ours-bf16"  # with --ours-bf16: our trainer again under bf16 autocast (its CPU lever; speculators' autocast
                          # is CUDA-only, so it has none here)
 ALGOS = ("eagle3", "dflash", "peagle", "dspark", "dflash2")
-FULL_VOCAB = {"dflash2"}  # drafts over the target's whole vocabulary (both libraries refuse a reduced one)
 
 # Per algorithm: the shaping flags both trainers take under the same names, ours' extra flags, speculators'
 # extra flags, and the k values to score (up to what the draft proposes per step).
@@ -160,9 +159,17 @@ def is_ours(side: str) -> bool:
     return side.startswith("ours")
 
 
+def full_vocabulary(algo: str) -> bool:
+    """The algorithm drafts over the target's whole vocabulary: its typed arguments have no draft_vocab_size (both
+    libraries refuse a reduced one for it)."""
+    from engine.algos import ALGOS
+
+    return "draft_vocab_size" not in ALGOS.get(algo).args_class.model_fields
+
+
 def draft_vocab(a, algo: str) -> int:
     """--draft-vocab-size, or the target's whole vocabulary for an algorithm that drafts over all of it."""
-    if algo not in FULL_VOCAB:
+    if not full_vocabulary(algo):
         return a.draft_vocab_size
     from engine.targets import resolve_target
 
@@ -172,7 +179,7 @@ def draft_vocab(a, algo: str) -> int:
 def ours_command(a, algo: str, data: Path, out: Path, steps: int, precision: str = "fp32") -> list[str]:
     return [sys.executable, "-m", "engine", "train", "--algo", algo, "--data", str(data), "--target", TARGET,
             "--out", str(out), "--num-layers", "1",
-            *([] if algo in FULL_VOCAB else ["--draft-vocab-size", str(a.draft_vocab_size)]),  # ours: no flag then
+            *([] if full_vocabulary(algo) else ["--draft-vocab-size", str(a.draft_vocab_size)]),  # ours: none then
             *SHARED_FLAGS[algo], *OURS_FLAGS[algo],
             "--tokens-per-batch", str(a.tokens_per_step), "--max-length", "768", "--lr", str(a.lr),
             "--betas", "0.9,0.999", "--weight-decay", "0", "--clip-grad", "1.0", "--scheduler", "linear",

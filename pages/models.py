@@ -218,8 +218,10 @@ with tab_d:
             with st.expander("config.json"):
                 st.json(catalog.config_json(shown))
         st.markdown("#### Validation")
+        validated = None
         with guard("Validating the draft"):
-            report.full(report.validate(shown))
+            validated = report.validate(shown)
+            report.full(validated)
         show_cli(["validate", shown])
 
         st.markdown("#### Training against serving")
@@ -227,7 +229,7 @@ with tab_d:
                    "dtype and backend, chat template, who wrote the answers, context length. Each difference lowers "
                    "served acceptance below what training reported.")
         with guard("Comparing training with serving"):
-            compared = parity_ui.check(shown, state.active_target())
+            compared = parity_ui.check(shown, state.active_target(), validated)
             st.dataframe(parity_ui.rows(compared), hide_index=True, width="stretch", key="models_parity")
             st.caption(parity_ui.summary(compared))
         show_cli(["parity", "--draft", shown, "--target", state.active_target()])

@@ -89,3 +89,21 @@ def load_block_reference(folder: Path, config_class, target, *, lm_head: bool = 
         if lm_head:
             ref.lm_head.weight.copy_(target.lm_head().weight)
     return ref
+
+
+def saved_and_built_shapes(folder: Path, draft_class) -> tuple[dict[str, list[int]], dict[str, list[int]]]:
+    """(the tensors speculators 0.9.0's fixture `folder` marks `saved` in state_dict.tsv, the checkpoint tensors of
+    our `draft_class` built from its config.json on the meta device), each {name: shape}."""
+    import csv
+    import json
+
+    from torch import nn
+
+    from engine.format.config import parse_draft_config
+
+    cfg = parse_draft_config(json.loads((folder / "config.json").read_text()))
+    with torch.device("meta"):
+        draft = draft_class(cfg, embed_tokens=nn.Embedding(cfg.vocab_size, cfg.hidden_size))
+    rows = list(csv.reader((folder / "state_dict.tsv").read_text().splitlines(), delimiter="\t"))
+    saved = {name: json.loads(shape) for name, shape, _, kept in rows if kept == "saved"}
+    return saved, {name: list(t.shape) for name, t in draft.checkpoint_state().items()}

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from engine.format.report import ValidationReport
 from engine.measure.parity import DIFFERS, UNKNOWN, parity
 
 
-def check(draft: str, target: str | None) -> dict[str, Any]:
-    """`python -m engine parity --draft DRAFT --target TARGET` as a dict (vLLM's defaults: bf16, its context)."""
-    return parity(draft, target=target)
+def check(draft: str, target: str | None, validated: ValidationReport | None = None) -> dict[str, Any]:
+    """`python -m engine parity --draft DRAFT --target TARGET` as a dict (vLLM's defaults: bf16, its context);
+    `validated`: the page's own `validate` report, so that the draft is not validated twice per rerun."""
+    return parity(draft, target=target, errors=validated.errors if validated is not None else None)
 
 
 def rows(result: dict[str, Any]) -> list[dict[str, str]]:

@@ -30,6 +30,9 @@ def load_prompts(spec: str, n: int | None = None, seed: int = 0, max_chars: int 
         return rows[:n] if n else rows
     if spec in WORKLOADS:
         return WORKLOADS[spec].read(n or 20, seed, max_chars)
+    if path.suffix == ".jsonl" and not path.exists():
+        raise WorkbenchError(f"prompts file {spec} does not exist", hint="give an existing JSONL file, or a built-in "
+                             f"workload: {', '.join(WORKLOADS)}")
     from engine.data.datasets import heldout_prompts
 
     return [{"messages": m} for m in heldout_prompts(spec, n=n or 20, seed=seed, max_chars=max_chars)]

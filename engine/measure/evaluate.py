@@ -272,11 +272,12 @@ def evaluate_draft(options: EvaluateOptions, *, progress: bool = True) -> dict[s
         result = evaluate_samples(algorithm, model, samples, ks, o, progress=progress, span=(0.0, end))
     else:
         specs = [o.dataset, *dict.fromkeys(w for w in o.workloads or [] if w != o.dataset)]
+        # every prompt set read before the target answers any: a bad one is refused before minutes of decoding
+        prompt_sets = [load_prompts(spec, o.num_prompts, o.seed, o.max_prompt_chars) for spec in specs]
         rows = []
-        for i, spec in enumerate(specs):  # each prompt set its share of the progress: answers, then the walk
+        for i, (spec, prompts) in enumerate(zip(specs, prompt_sets, strict=True)):  # answers, then the walk
             start, stop = end * i / len(specs), end * (i + 1) / len(specs)
             middle = start + (stop - start) * ANSWERS_SPAN[1]
-            prompts = load_prompts(spec, o.num_prompts, o.seed, o.max_prompt_chars)
             these = held_out_answers(tgt, prompts, aux_ids, max_new_tokens or 128, temperature > 0, progress,
                                      span=(start, middle))
             found = evaluate_samples(algorithm, model, these, ks, o, progress=progress, span=(middle, stop))

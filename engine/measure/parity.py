@@ -36,7 +36,9 @@ class TrainingRecord:
 def training_record(draft: str | Path, run: str | Path | None = None) -> TrainingRecord | None:
     """The training run of `draft` (`run`, else the folder the trainer wrote it into: RUN/draft beside
     RUN/config.yaml), with its data's manifest when the data is still there; None when there is no record."""
-    import yaml
+    from pydantic import ValidationError
+
+    from engine.train.config import TrainConfig
 
     folder = Path(run) if run else Path(draft).resolve().parent
     path = folder / "config.yaml"
@@ -46,13 +48,10 @@ def training_record(draft: str | Path, run: str | Path | None = None) -> Trainin
                                  hint="give the --out folder of `train` (it holds config.yaml and draft/)")
         return None
     try:
-        loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except yaml.YAMLError as exc:
-        raise WorkbenchError(f"config.yaml is not YAML ({exc})", where=str(path)) from exc
-    config = loaded.get("train", loaded) if isinstance(loaded, dict) else {}  # the trainer writes {train: {...}}
-    if not isinstance(config, dict):
-        raise WorkbenchError("config.yaml holds no training settings", where=str(path),
-                             hint="give the --out folder of `train`")
+        config = TrainConfig.from_yaml(path).model_dump()
+    except ValidationError as exc:
+        raise WorkbenchError(f"config.yaml is not a training run's settings ({exc.error_count()} problem(s))",
+                             where=str(path), hint="give the --out folder of `train`") from None
     manifest = None
     if config.get("data"):
         try:
@@ -98,10 +97,11 @@ def _finding(factor: str, trained: Any, served: Any, effect: str) -> Finding:
 
 
 def parity(draft: str | Path, *, run: str | Path | None = None, target: str | None = None,
-           dtype: str = "bfloat16", max_model_len: int | None = None) -> dict[str, Any]:
+           dtype: str = "bfloat16", max_model_len: int | None = None, errors: list | None = None) -> dict[str, Any]:
     """Compare the training record of `draft` with serving it by vLLM beside `target` (default: its verifier) at
     `dtype` and `max_model_len`: target weights, layer ids, hidden-state dtype, extraction backend, chat template,
-    who wrote the answers, context length, and how vLLM parses the config."""
+    who wrote the answers, context length, and how vLLM parses the config (`errors`: a `validate` the caller already
+    ran, else one here)."""
     from engine.algos.loading import draft_algorithm
     from engine.format.checkpoint import read_config_dict
     from engine.format.config import parse_draft_config
@@ -111,80 +111,90 @@ def parity(draft: str | Path, *, run: str | Path | None = None, target: str | No
         VERIFIER_DIGEST,
         chat_template_digest,
         draft_verifier,
+        dtype_name,
+        parse_dtype,
         resolve_target,
-        same_target,
         target_digest,
     )
 
     draft = Path(draft)
     draft_algorithm(draft)  # a registered type (refused clearly otherwise), so that its config parses
-    config = parse_draft_config(read_config_dict(draft))
+    raw = read_config_dict(draft)
+    config = parse_draft_config(raw)
     record = training_record(draft, run)
     served_target = target or draft_verifier(draft)
     ref = resolve_target(served_target)
-    manifest = record.manifest if record else None
+    manifest = (record.manifest if record else None) or {}
     cfg = record.config if record else {}
+    online = record is not None and not cfg.get("data")  # states computed in the trainer's process
     findings: list[Finding] = []
 
-    recorded = ((read_config_dict(draft).get("speculators_config") or {}).get("verifier") or {}).get(VERIFIER_DIGEST)
-    trained_digest = (manifest or {}).get("target_digest") or recorded
+    recorded = ((raw.get("speculators_config") or {}).get("verifier") or {}).get(VERIFIER_DIGEST)
     findings.append(_finding(
-        "target weights", _short(trained_digest), _short(target_digest(ref.path)),
+        "target weights", _short(manifest.get("target_digest") or recorded), _short(target_digest(ref.path)),
         "the draft learned another model's hidden states: its acceptance beside this target is unknown until "
         "measured (`evaluate --target`); retrain on data extracted from this target"))
 
-    trained_ids = (manifest or {}).get("aux_layer_ids") or cfg.get("aux_layer_ids")
+    trained_ids = manifest.get("aux_layer_ids") or cfg.get("aux_layer_ids")
     findings.append(_finding(
         "aux layer ids (vLLM numbering)", sorted(trained_ids) if trained_ids else None,
         sorted(config.aux_layer_ids or []),
         "vLLM feeds the draft other layers than it was trained on: acceptance falls toward none; restore the "
         "config's layer ids, or retrain"))
 
-    served_dtype = "bf16" if dtype in ("bfloat16", "bf16") else "fp16" if dtype in ("float16", "fp16") else "fp32"
+    served_dtype = dtype_name(parse_dtype(dtype))
     findings.append(_finding(
-        "hidden-state dtype", (manifest or {}).get("dtype") or (None if manifest is None and cfg.get("data")
-                                                                 else cfg.get("precision")), served_dtype,
+        "hidden-state dtype", manifest.get("dtype"), served_dtype,
         "the draft reads states rounded otherwise than in training: a small shift of acceptance (measure both "
         "with `evaluate --dtype`)"))
 
     findings.append(_finding(
-        "hidden states computed by", (manifest or {}).get("backend") or ("transformers (online)" if record and
-                                                                        not cfg.get("data") else None), "vllm",
+        "hidden states computed by", "transformers (online)" if online else manifest.get("backend"), "vllm",
         "the same layer numbering (tests/engine/test_data_vllm.py), values differ by kernel rounding only: expect "
         "little; extract with `--backend vllm` to train on exactly what serving computes"))
 
     findings.append(_finding(
-        "chat template", (manifest or {}).get("chat_template_sha256"), chat_template_digest(ref.path),
+        "chat template", manifest.get("chat_template_sha256"), chat_template_digest(ref.path),
         "the prompts are rendered otherwise than in training: the draft meets token patterns it never saw; "
         "regenerate and extract with the served tokenizer"))
 
-    answers, meta = _dataset_answers((manifest or {}).get("dataset") or cfg.get("online_dataset"))
-    own = meta is not None and not meta.get("temperature") and any(
-        same_target(str(meta.get("target")), name) for name in (ref.name, ref.hub_id, ref.path) if name)
-    findings.append(Finding(
-        "training answers", answers, f"greedy answers of {ref.hub_id or ref.name}",
-        SAME if own else UNKNOWN if not record else DIFFERS,
-        "" if own else "the draft learned to predict text the target does not write: acceptance at serving is "
-        "below what training reported; `regenerate` the data with the target (greedy) and extract again"))
+    findings.append(_answers_finding(manifest.get("dataset") or cfg.get("online_dataset"), ref, record is not None))
+    findings.append(_context_finding(cfg.get("max_length"), max_model_len or DEFAULT_MAX_MODEL_LEN))
 
-    trained_len = cfg.get("max_length")
-    served_len = max_model_len or DEFAULT_MAX_MODEL_LEN
-    findings.append(Finding(
-        "context length", f"up to {trained_len} tokens" if trained_len else "not recorded",
-        f"up to {served_len} tokens", UNKNOWN if not trained_len else SAME if served_len <= trained_len
-        else DIFFERS, "" if trained_len and served_len <= trained_len else
-        "positions past the trained length were never seen: acceptance there is not measured (see `evaluate`'s "
-        "acceptance by answer position), or serve with a smaller --max-model-len"))
-
-    errors = validate_draft(draft, target=served_target).errors
+    if errors is None:
+        errors = validate_draft(draft, target=served_target).errors
     findings.append(Finding(
         "config as vLLM parses it", "the config the trainer wrote", f"{len(errors)} error(s) by vLLM's rules",
         SAME if not errors else DIFFERS,
         "" if not errors else "; ".join(f"{i.field}: {i.message}" for i in errors[:3]) + " (`validate` says all)"))
     return {"draft": str(draft), "run": str(record.run) if record else None, "target": ref.hub_id or ref.name,
-            "dtype": served_dtype, "max_model_len": served_len, "findings": [asdict(f) for f in findings],
+            "dtype": served_dtype, "max_model_len": max_model_len or DEFAULT_MAX_MODEL_LEN,
+            "findings": [asdict(f) for f in findings],
             "differences": sum(f.verdict == DIFFERS for f in findings),
             "unknown": sum(f.verdict == UNKNOWN for f in findings)}
+
+
+def _answers_finding(dataset: str | None, ref, recorded: bool) -> Finding:
+    """Whether the training answers are this target's own greedy ones (what serving verifies against)."""
+    from engine.targets import same_target
+
+    answers, meta = _dataset_answers(dataset)
+    own = meta is not None and not meta.get("temperature") and any(
+        same_target(str(meta.get("target")), name) for name in (ref.name, ref.hub_id, ref.path) if name)
+    return Finding(
+        "training answers", answers, f"greedy answers of {ref.hub_id or ref.name}",
+        SAME if own else DIFFERS if recorded else UNKNOWN,
+        "" if own else "the draft learned to predict text the target does not write: acceptance at serving is "
+        "below what training reported; `regenerate` the data with the target (greedy) and extract again")
+
+
+def _context_finding(trained: int | None, served: int) -> Finding:
+    """Positions serving reaches that training never saw."""
+    verdict = UNKNOWN if not trained else SAME if served <= trained else DIFFERS
+    return Finding(
+        "context length", f"up to {trained} tokens" if trained else "not recorded", f"up to {served} tokens",
+        verdict, "" if verdict == SAME else "positions past the trained length were never seen: acceptance there "
+        "is not measured (see `evaluate`'s acceptance by answer position), or serve with a smaller --max-model-len")
 
 
 def parity_table(result: dict[str, Any]) -> str:

@@ -264,8 +264,8 @@ def test_sampling_keeps_the_target_distribution(algo, target, baselines, fitted)
     assert accepted > 0
     assert chi_square_pvalue(counts, exact) > 1e-3
     # the check has power: SAMPLES draws from a skewed distribution (what sampling at temperature 0.6 would give) are
-    # told apart from the target's at the same threshold. Its limit: a skew as small as temperature 0.7 is caught in
-    # only 40-50% of runs at 400 draws (simulated on the tiny target, 50 runs on two prompts; 800 draws: 60-80%).
+    # told apart from the target's at the same threshold. Its limit: a skew as small as temperature 0.7 is not caught
+    # reliably at this many draws (the session note of 2026-12-04 gives the simulated rates).
     skewed = second_token_distribution(target, ids, SamplingParams(max_new_tokens=k + 2, temperature=0.6, top_k=40))
     draws = torch.multinomial(skewed, SAMPLES, replacement=True, generator=torch.Generator().manual_seed(0))
     assert chi_square_pvalue(torch.bincount(draws, minlength=target.vocab_size).float(), exact) < 1e-3

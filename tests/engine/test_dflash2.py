@@ -5,7 +5,6 @@ tensors speculators 0.9.0 writes, clear refusals, and parity with speculators' D
 
 from __future__ import annotations
 
-import csv
 import json
 
 import pytest
@@ -165,18 +164,11 @@ def test_dflash2_trains_and_writes_a_checkpoint_vllm_rules_accept(tiny_targets, 
 def test_our_draft_has_the_tensors_speculators_writes(fixtures_dir):
     """A draft built from speculators 0.9.0's Qwen3-8B DFlash2 config (meta device) holds exactly the tensors its
     state_dict.tsv marks `saved`, with the same shapes."""
-    from torch import nn
-
     from engine.algos.dflash2.model import DFlash2Draft
-    from engine.format.config import parse_draft_config
+    from speculators_ref import saved_and_built_shapes
 
-    folder = fixtures_dir / "dflash2_qwen3_8b"
-    cfg = parse_draft_config(json.loads((folder / "config.json").read_text()))
-    with torch.device("meta"):
-        draft = DFlash2Draft(cfg, embed_tokens=nn.Embedding(cfg.vocab_size, cfg.hidden_size))
-    rows = list(csv.reader((folder / "state_dict.tsv").read_text().splitlines(), delimiter="\t"))
-    saved = {name: json.loads(shape) for name, shape, _, kept in rows if kept == "saved"}
-    assert {name: list(t.shape) for name, t in draft.checkpoint_state().items()} == saved
+    saved, ours = saved_and_built_shapes(fixtures_dir / "dflash2_qwen3_8b", DFlash2Draft)
+    assert ours == saved
 
 
 def test_a_saved_draft_loads_and_drafts_the_same(tiny, tiny_dflash2, tmp_path):

