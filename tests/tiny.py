@@ -40,20 +40,34 @@ FAMILIES: dict[str, dict] = {
     "olmo2": {},
     "granite": dict(embedding_multiplier=4.0, logits_scaling=2.0, residual_multiplier=0.5, attention_multiplier=0.25),
     "gpt_oss": dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=8),
+    # 2025-26 families: Gemma 4 (sliding and global layers, the global ones with their own head size), dense and MoE
+    "gemma4_text": dict(sliding_window=8, hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True,
+                        hidden_size_per_layer_input=0, global_head_dim=32),
+    "gemma4_text:moe": dict(sliding_window=8, hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True,
+                            hidden_size_per_layer_input=0, global_head_dim=32, enable_moe_block=True, num_experts=4,
+                            top_k_experts=2, moe_intermediate_size=32),
+    "glm4_moe": dict(n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, first_k_dense_replace=1,
+                     n_group=1, topk_group=1, n_shared_experts=1),
+    "seed_oss": {},
+    "llama4_text": dict(num_local_experts=4, num_experts_per_tok=1, intermediate_size_mlp=128),
+    # Gated DeltaNet (linear attention) layers between full attention ones: the runner rewinds their recurrent state
+    "qwen3_next": dict(linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=16,
+                       linear_value_head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                       shared_expert_intermediate_size=32, full_attention_interval=2),
+    "qwen3_5_text": dict(linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=16,
+                         linear_value_head_dim=16, full_attention_interval=2),
+    "qwen3_5_moe_text": dict(linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=16,
+                             linear_value_head_dim=16, num_experts=4, num_experts_per_tok=2,
+                             moe_intermediate_size=32, shared_expert_intermediate_size=32, full_attention_interval=2),
 }
 
 
 # Families outside the end-to-end matrix, for the rollback guard (tests/engine/test_families.py): DeepSeek-V3 with
-# fewer KV heads than heads (transformers' cached multi-token step crashes), Qwen3-Next (Gated DeltaNet layers keep
-# recurrent state a crop cannot undo), Llama 4 text (whose get_decoder() returns the whole model).
+# fewer KV heads than heads (transformers' cached multi-token step crashes).
 PROBE_FAMILIES: dict[str, dict] = {
     "deepseek_v3": dict(head_dim=8, kv_lora_rank=16, q_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=8,
                         v_head_dim=16, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
                         first_k_dense_replace=1, n_group=1, topk_group=1),
-    "qwen3_next": dict(linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=16,
-                       linear_value_head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
-                       shared_expert_intermediate_size=32, full_attention_interval=2),
-    "llama4_text": dict(num_local_experts=4, num_experts_per_tok=1, intermediate_size_mlp=128),
 }
 
 
@@ -125,9 +139,11 @@ def tiny_config(arch: str = "llama", *, num_layers: int = 4, hidden_size: int = 
         if arch == "gemma3_text":
             extra["layer_types"] = ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(num_layers)]
             extra.pop("sliding_window_pattern")
+        if arch.startswith("gemma4_text"):
+            extra["layer_types"] = ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(num_layers)]
         if arch == "gpt_oss":
             extra["layer_types"] = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(num_layers)]
-        config = AutoConfig.for_model(arch, **{**common, **extra})
+        config = AutoConfig.for_model(arch.split(":")[0], **{**common, **extra})  # "type:variant" keys
         config.architectures = [_ARCHITECTURES.get(arch, type(config).__name__.replace("Config", "ForCausalLM"))]
         return config
     raise ValueError(f"unknown tiny arch '{arch}', choose one of {sorted(FAMILIES)}")

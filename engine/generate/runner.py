@@ -57,8 +57,11 @@ class TargetRunner:
 
         self.cache = DynamicCache(config=self.model.config)
         # sliding-window layers (Mistral, Gemma, gpt-oss) keep the states past their window until the next crop, so
-        # rejected drafts can be rolled back once the context is longer than the window
+        # rejected drafts can be rolled back once the context is longer than the window; linear-attention layers keep
+        # their convolution inputs likewise
         self.cache.activate_past_recording()
+        self._fed: list[int] = []  # the ids the cache holds, in order (replayed when recurrent state is rewound)
+        self._anchor: tuple[int, list[torch.Tensor]] | None = None  # length, recurrent states before the last forward
 
     @property
     def length(self) -> int:
@@ -85,16 +88,53 @@ class TargetRunner:
         input_ids = torch.as_tensor(ids, dtype=torch.long, device=self.target.device).view(1, -1)
         if self.aux_layer_ids is None:
             with decode_scope():
-                return self._logits(input_ids, all_logits), None
+                return self._advance(input_ids, all_logits), None
         with LayerCapture(self.model, self.aux_layer_ids) as cap, decode_scope():
-            logits = self._logits(input_ids, all_logits)
+            logits = self._advance(input_ids, all_logits)
         aux = torch.cat([cap.captured[i][0] for i in cap.layer_ids], dim=-1)  # [T, A*H]
         return logits, aux
+
+    def _advance(self, input_ids: torch.Tensor, all_logits: bool) -> torch.Tensor:
+        """One forward over input_ids [1, T]; recurrent states are kept first, so a crop can rewind them."""
+        states = self._recurrent_states()
+        self._anchor = (self.length, [s.clone() for s in states]) if states else None
+        logits = self._logits(input_ids, all_logits)
+        self._fed.extend(input_ids[0].tolist())
+        return logits
+
+    def _recurrent_states(self) -> list[torch.Tensor]:
+        """The state tensors of linear-attention layers (Gated DeltaNet, Mamba): updated in place, never croppable."""
+        return [layer.recurrent_states[i] for layer in self.cache.layers
+                for i, on in getattr(layer, "is_recurrent_states_initialized", {}).items() if on]
 
     def crop(self, length: int) -> None:
         """Forget cached positions >= length (rejected draft tokens)."""
         drop = self.length - length
+        if drop > 0 and self._recurrent_states():
+            self._rewind(length)
+            return
         self.cache.crop(-drop if drop > 0 else 0)  # crop(0) trims sliding-window layers back to their window
+        del self._fed[max(length, 0):]
+
+    @torch.inference_mode()
+    def _rewind(self, length: int) -> None:
+        """Recurrent state has no positions to crop: restore it from before the last forward (the whole cache back
+        to that length) and run the kept tokens again; from the start when the anchor lies past `length`."""
+        keep = self._fed[:length]
+        anchor = self._anchor
+        if anchor is None or anchor[0] > length:
+            self.reset()
+            start = 0
+        else:
+            start, saved = anchor
+            self.cache.crop(-(self.length - start))  # attention KV and convolution inputs back to `start`
+            for state, old in zip(self._recurrent_states(), saved, strict=True):
+                state.copy_(old)
+            del self._fed[start:]
+        if len(keep) > start:
+            ids = torch.as_tensor(keep[start:], dtype=torch.long, device=self.target.device).view(1, -1)
+            with decode_scope():
+                self._advance(ids, all_logits=False)
 
 
 # -- the rollback guard: speculation is lossless only if verify-then-crop equals one-token steps ---------------------

@@ -12,23 +12,25 @@ PROMPTS = ["hello there, how are you", "1 2 3 4 5 6 7 8 9 10, the numbers go on"
 
 
 class OracleProposer(Proposer):
-    """Proposes the target's own greedy continuation (always accepted) — or garbage when `wrong`."""
+    """Proposes the target's own greedy continuation (always accepted) — or garbage when `wrong`; `cycle` makes
+    draft i wrong from position (step mod k+1) on, so every step accepts a different number (0..k) of them."""
 
     name = "oracle"
 
-    def __init__(self, target, wrong=False, propose_eos_at=None):
-        self.target, self.wrong, self.eos_at = target, wrong, propose_eos_at
-        self.tokens = []
+    def __init__(self, target, wrong=False, propose_eos_at=None, cycle=False):
+        self.target, self.wrong, self.eos_at, self.cycle = target, wrong, propose_eos_at, cycle
+        self.tokens, self.steps = [], 0
 
     def start(self, prompt, aux, first):
-        self.tokens = list(prompt) + [first]
+        self.tokens, self.steps = list(prompt) + [first], 0
 
     def propose(self, k, params, generator):
         seq, out = list(self.tokens), []
+        self.steps += 1
         with torch.inference_mode():
-            for _ in range(k):
+            for i in range(k):
                 nxt = int(self.target.model(torch.tensor([seq])).logits[0, -1].argmax())
-                if self.wrong:
+                if self.wrong or (self.cycle and i >= self.steps % (k + 1)):
                     nxt = (nxt + 1) % self.target.vocab_size
                 if self.eos_at is not None and len(out) == self.eos_at:
                     nxt = 2
