@@ -444,9 +444,10 @@ def capture_hidden_states(
 # ---------------------------------------------------------------------------------------------------
 
 
-# model types whose RMSNorm scales by (1 + w), as speculators' verifier_norm picks Gemma3RMSNorm for them
+# model types whose RMSNorm scales by (1 + w), as speculators' verifier_norm picks Gemma3RMSNorm for them, and the
+# Gated DeltaNet families speculators' list misses (their final norm is (1 + w) too; tests/engine/test_family_details)
 ONE_PLUS_W_NORM_TYPES = frozenset({"gemma", "gemma2", "gemma3", "gemma3_text", "qwen3_5", "qwen3_5_text",
-                                   "recurrent_gemma"})
+                                   "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next", "recurrent_gemma"})
 
 
 @dataclass

@@ -51,21 +51,26 @@ FAMILIES: dict[str, dict] = {
     "seed_oss": {},
     "llama4_text": dict(num_local_experts=4, num_experts_per_tok=1, intermediate_size_mlp=128),
     # Gated DeltaNet (linear attention) layers between full attention ones: the runner rewinds their recurrent state
-    "qwen3_next": dict(linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=16,
-                       linear_value_head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+    # (head sizes of 128, as the published models: the vLLM CPU build's kernel takes no other)
+    "qwen3_next": dict(linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=128,
+                       linear_value_head_dim=128, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
                        shared_expert_intermediate_size=32, full_attention_interval=2),
-    "qwen3_5_text": dict(linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=16,
-                         linear_value_head_dim=16, full_attention_interval=2),
-    "qwen3_5_moe_text": dict(linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=16,
-                             linear_value_head_dim=16, num_experts=4, num_experts_per_tok=2,
+    "qwen3_5_text": dict(linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=128,
+                         linear_value_head_dim=128, full_attention_interval=2),
+    # MLA attention with as many KV heads as heads, as DeepSeek-V3 ships
+    "deepseek_v3": dict(num_key_value_heads=4, head_dim=8, kv_lora_rank=16, q_lora_rank=32, qk_rope_head_dim=8,
+                        qk_nope_head_dim=8, v_head_dim=16, n_routed_experts=4, num_experts_per_tok=2,
+                        moe_intermediate_size=32, first_k_dense_replace=1, n_group=1, topk_group=1),
+    "qwen3_5_moe_text": dict(linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=128,
+                             linear_value_head_dim=128, num_experts=4, num_experts_per_tok=2,
                              moe_intermediate_size=32, shared_expert_intermediate_size=32, full_attention_interval=2),
 }
 
 
-# Families outside the end-to-end matrix, for the rollback guard (tests/engine/test_families.py): DeepSeek-V3 with
-# fewer KV heads than heads (transformers' cached multi-token step crashes).
+# Targets outside the end-to-end matrix, for the rollback guard (tests/engine/test_families.py): DeepSeek-V3 with
+# fewer KV heads than heads (transformers' cached multi-token step crashes; DeepSeek ships as many as heads).
 PROBE_FAMILIES: dict[str, dict] = {
-    "deepseek_v3": dict(head_dim=8, kv_lora_rank=16, q_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=8,
+    "deepseek_v3:gqa": dict(head_dim=8, kv_lora_rank=16, q_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=8,
                         v_head_dim=16, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
                         first_k_dense_replace=1, n_group=1, topk_group=1),
 }
@@ -131,7 +136,7 @@ def tiny_config(arch: str = "llama", *, num_layers: int = 4, hidden_size: int = 
             architectures=["Qwen3MoeForCausalLM"],
         )
     if arch in PROBE_FAMILIES:
-        return AutoConfig.for_model(arch, **{**common, **PROBE_FAMILIES[arch], **overrides})
+        return AutoConfig.for_model(arch.split(":")[0], **{**common, **PROBE_FAMILIES[arch], **overrides})
     if overrides:
         raise ValueError(f"config overrides {sorted(overrides)} are only taken for {sorted(PROBE_FAMILIES)}")
     if arch in FAMILIES:
@@ -149,7 +154,10 @@ def tiny_config(arch: str = "llama", *, num_layers: int = 4, hidden_size: int = 
     raise ValueError(f"unknown tiny arch '{arch}', choose one of {sorted(FAMILIES)}")
 
 
-_ARCHITECTURES = {"gemma3_text": "Gemma3ForCausalLM", "gpt_oss": "GptOssForCausalLM", "olmo2": "Olmo2ForCausalLM"}
+_ARCHITECTURES = {"gemma3_text": "Gemma3ForCausalLM", "gpt_oss": "GptOssForCausalLM", "olmo2": "Olmo2ForCausalLM",
+                  "gemma4_text": "Gemma4ForCausalLM", "gemma4_text:moe": "Gemma4ForCausalLM",
+                  "llama4_text": "Llama4ForCausalLM", "qwen3_5_text": "Qwen3_5ForCausalLM",
+                  "qwen3_5_moe_text": "Qwen3_5MoeForCausalLM"}  # the names published checkpoints carry
 
 
 def tiny_model(arch: str = "llama", *, seed: int = 0, **config_kw):

@@ -42,6 +42,9 @@ def vllm_fact(plan: TargetPlan) -> str:
     if plan.vllm_without_aux_states is not None:
         return (f"no: vLLM's {plan.vllm_without_aux_states} class gives no aux hidden states, so vLLM stops at load "
                 "with any draft the workbench trains; in-process decoding runs them")
+    if plan.recurrent_layers:
+        return (f"not on a CPU: {CPU_BUILD_LABEL} decodes beside its linear-attention layers unlike its baseline "
+                "(measured), so `serve` refuses a draft here; vLLM on a GPU runs it, and so does in-process decoding")
     if plan.tested_family:  # tests/engine/test_vllm_families.py serves a draft beside each of these families
         return ("yes: vLLM serves a draft the workbench trained beside this family, tested (families table in "
                 "docs/families.md)")

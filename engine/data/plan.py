@@ -31,6 +31,18 @@ FAMILIES: dict[str, tuple[str, str]] = {
     "granite": ("Granite", "embedding, residual and attention multipliers inside the target; logits divided by "
                            "logits_scaling (greedy argmax unchanged)"),
     "gpt_oss": ("gpt-oss", "MoE router and attention sinks inside the target; sliding-window layers (128)"),
+    "gemma4_text": ("Gemma 4 (dense or MoE)", "embedding scaled inside the target (the draft gets the plain one); "
+                                              "sliding and global layers, the global ones with their own head size"),
+    "glm4_moe": ("GLM-4 MoE", "MoE router inside the target only; vLLM's class gives no aux hidden states"),
+    "seed_oss": ("Seed-OSS", "plain RMSNorm and embedding; q/k/v biases"),
+    "llama4_text": ("Llama 4 (text)", "MoE router and chunked attention inside the target; the draft reads the "
+                                      "residual stream"),
+    "qwen3_next": ("Qwen3-Next", "Gated DeltaNet (linear-attention) layers: their recurrent state is rewound and the "
+                                 "kept tokens run again after a rejection (slower steps, same output)"),
+    "qwen3_5_text": ("Qwen3.5", "Gated DeltaNet layers between full attention ones (rewound as Qwen3-Next's)"),
+    "qwen3_5_moe_text": ("Qwen3.5 MoE", "Gated DeltaNet layers (rewound as Qwen3-Next's); MoE router"),
+    "deepseek_v3": ("DeepSeek-V3", "MLA attention (compressed KV); speculation refused where the KV heads are fewer "
+                                   "than the heads (transformers' cached multi-token step fails)"),
 }
 
 @dataclass
@@ -68,6 +80,7 @@ class TargetPlan:
     architecture: str | None = None  # config.json's first architecture
     # the vLLM CPU build's registry on that class: True gives a draft aux states, False none, None not in it
     vllm_aux_states: bool | None = None
+    recurrent_layers: bool = False  # linear-attention layers: the vLLM CPU build does not decode losslessly beside them
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -146,7 +159,12 @@ def plan_target(name_or_path: str, *, samples: int = 1000, tokens_per_sample: in
     from engine.algos import ALGOS
     from engine.data.extract import DEFAULT_BATCH_TOKENS
     from engine.data.extraction_run import estimate_bytes
-    from engine.format.vllm_rules import registry_gives_aux_states, verifier_architecture, verifier_without_aux_states
+    from engine.format.vllm_rules import (
+        has_recurrent_layers,
+        registry_gives_aux_states,
+        verifier_architecture,
+        verifier_without_aux_states,
+    )
     from engine.targets import cached_snapshot, parse_dtype, resolve_target
 
     ref = resolve_target(name_or_path)
@@ -194,7 +212,8 @@ def plan_target(name_or_path: str, *, samples: int = 1000, tokens_per_sample: in
                       ex_disk, Need(sum(ex_parts.values()), mem_total, ex_parts), tr_disk, tr_mem,
                       vllm_without_aux_states=verifier_without_aux_states(config.to_dict()),
                       architecture=verifier_architecture(config.to_dict()),
-                      vllm_aux_states=registry_gives_aux_states(config.to_dict()))
+                      vllm_aux_states=registry_gives_aux_states(config.to_dict()),
+                      recurrent_layers=has_recurrent_layers(config.to_dict()))
 
 
 def human_size(n: int | None) -> str:

@@ -211,6 +211,25 @@ AUX_STATE_ARCHITECTURES = frozenset({
 NO_AUX_STATES_MESSAGE = "aux_hidden_state_outputs was requested"
 
 
+def has_recurrent_layers(config: dict[str, Any] | None) -> bool:
+    """A target (or verifier) config with linear-attention or Mamba layers (Gated DeltaNet in Qwen3-Next and Qwen3.5):
+    vLLM keeps their state in its Mamba cache, whose prefix-caching mode runs Triton kernels only."""
+    text = (config or {}).get("text_config") or config or {}
+    types = text.get("layer_types") or []
+    return (any(t in ("linear_attention", "mamba") for t in types if isinstance(t, str))
+            or "linear_num_key_heads" in text or "mamba_d_state" in text or "ssm_state_size" in text)
+
+
+# Measured by benchmarks/bench_vllm_linear_attention.py (record under benchmarks/results/vllm_cpu_linear_attention/).
+CPU_RECURRENT_REFUSAL = (
+    f"vLLM's CPU build ({CPU_BUILD_LABEL}) does not decode speculatively beside linear-attention (Gated DeltaNet) "
+    "layers as its baseline does: with n-gram drafts beside a tiny Qwen3-Next its output left the baseline's from the "
+    "2nd or 3rd token on every prompt (bf16, prefix caching off), and with prefix caching on it stops at the first "
+    "request (a Triton kernel); so no server is started for a draft beside this target")
+CPU_RECURRENT_HINT = ("serve the target alone here, decode with the draft in-process (`generate`, `bench`), or serve "
+                      "on a GPU, where vLLM runs these layers with its Triton kernels")
+
+
 def verifier_without_aux_states(verifier_config: dict[str, Any] | None) -> str | None:
     """The verifier's architecture when vLLM cannot give a draft its aux hidden states (vLLM then stops at load with a
     RuntimeError ending in NO_AUX_STATES_MESSAGE), else None."""

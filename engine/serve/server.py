@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import WorkbenchError
+from engine.format import vllm_rules as vr
 from engine.fsutil import atomic_write_json, atomic_write_text
 from engine.jobs import JOB_DIR_ENV, tail
 from engine.serve.options import ServerSettings
@@ -308,8 +309,9 @@ class VllmServer:
 
     def __init__(self, plan: ServePlan, settings: ServerSettings | None = None, *, port: int | None = None,
                  workdir: Path | None = None, venv: VllmEnv | None = None, extra_args: list[str] | None = None,
-                 extra_env: dict[str, str] | None = None, **setting_fields: Any):
-        """`settings` (or its fields: host, dtype, max_model_len, kv_cache_gib) as `serve` takes them."""
+                 extra_env: dict[str, str] | None = None, lossless_only: bool = True, **setting_fields: Any):
+        """`settings` (or its fields: host, dtype, max_model_len, kv_cache_gib) as `serve` takes them;
+        `lossless_only=False` starts what the CPU build is known to decode unlike its baseline (a benchmark of it)."""
         settings = settings or ServerSettings(**setting_fields)
         self.plan = plan
         self.host = settings.host
@@ -321,6 +323,7 @@ class VllmServer:
         self.kv_cache_gib = settings.kv_cache_gib
         self.extra_args = list(extra_args or [])
         self.extra_env = dict(extra_env or {})
+        self.lossless_only = lossless_only
         self.proc: subprocess.Popen | None = None
         self.started_at: float | None = None
         self.ready_after_s: float | None = None
@@ -338,13 +341,18 @@ class VllmServer:
     def pid(self) -> int | None:
         return self.proc.pid if self.proc else None
 
-    def model_len(self) -> int:
-        """`max_model_len`, capped at the target's own max_position_embeddings (vLLM refuses a longer one)."""
+    def _target_config(self) -> dict[str, Any]:
+        """The served target's config.json ({} when it is not a readable local folder)."""
         config = Path(str(self.plan.target)) / "config.json"
         try:
             cfg = json.loads(config.read_text()) if config.is_file() else {}
         except (OSError, ValueError):
             cfg = {}
+        return cfg if isinstance(cfg, dict) else {}
+
+    def model_len(self) -> int:
+        """`max_model_len`, capped at the target's own max_position_embeddings (vLLM refuses a longer one)."""
+        cfg = self._target_config()
         limit = (cfg.get("text_config") or cfg).get("max_position_embeddings")
         return min(self.max_model_len, int(limit)) if isinstance(limit, int) and limit > 0 else self.max_model_len
 
@@ -359,6 +367,12 @@ class VllmServer:
                  "--dtype", self.dtype]
         if venv.flavor == "cpu":
             args += ["--enforce-eager"]
+            if (self.plan.speculative_config or self.plan.draft) and vr.has_recurrent_layers(self._target_config()):
+                if self.lossless_only:
+                    raise WorkbenchError(vr.CPU_RECURRENT_REFUSAL, hint=vr.CPU_RECURRENT_HINT)
+                # prefix caching puts vLLM's Mamba cache in its 'align' mode, whose copies between speculative
+                # steps are Triton kernels the CPU build cannot run (the server dies at its first request)
+                args += ["--no-enable-prefix-caching"]
         return args + self.extra_args
 
     def environment(self) -> dict[str, str]:

@@ -97,29 +97,34 @@ def test_choices_survive_a_restart_and_the_reset_forgets_them(runs, made, app_se
 
 
 def test_models_page_says_not_tried_for_a_family_nothing_here_covers(runs, tmp_path):
-    """A local Gemma 4 folder (config only): no test runs the family and vLLM's text-model registry does not list its
-    class, so the Models page asserts nothing about vLLM; the registry's own answer is given where it has one."""
+    """A local OLMo-3 folder (config only): no test runs the family and vLLM's text-model registry does not list its
+    class, so the Models page asserts nothing about vLLM; the registry's own answer is given where it has one, and a
+    linear-attention target (Qwen3-Next) is said not to be served beside a draft on a CPU."""
     import json
 
-    from transformers import Gemma4Config
+    from transformers import Olmo3Config, Qwen3NextConfig
 
     from engine.data.plan import plan_target
     from engine.format import vllm_rules as vr
     from ui.plan import vllm_fact
 
-    folder = tmp_path / "gemma-4"
+    folder = tmp_path / "olmo-3"
     folder.mkdir()
-    config = Gemma4Config().to_dict() | {"architectures": ["Gemma4ForConditionalGeneration"]}
+    config = Olmo3Config(num_hidden_layers=2).to_dict() | {"architectures": ["Olmo3ForCausalLM"]}
     (folder / "config.json").write_text(json.dumps(config))
     at = open_app(str(folder), page="models")
     facts = {row["fact"]: row["value"] for d in at.table if "fact" in d.value.columns
              for row in d.value.to_dict("records")}
     assert facts["tested end to end"].startswith("no")
-    assert facts["vLLM serves drafts beside it"].startswith("not tried: Gemma4ForConditionalGeneration is not in "
+    assert facts["vLLM serves drafts beside it"].startswith("not tried: Olmo3ForCausalLM is not in "
                                                           f"the model registry of {vr.CPU_BUILD_LABEL}")
-    (folder / "config.json").write_text(json.dumps(config | {"architectures": ["Gemma4ForCausalLM"]}))
+    (folder / "config.json").write_text(json.dumps(config | {"architectures": ["ApertusForCausalLM"]}))
     assert vllm_fact(plan_target(str(folder))).startswith(f"yes by vLLM's registry ({vr.CPU_BUILD_LABEL}): its "
-                                                          "Gemma4ForCausalLM class")  # the text-only class: listed
+                                                          "ApertusForCausalLM class")  # a class the registry lists
+    (folder / "config.json").write_text(json.dumps(Qwen3NextConfig(num_hidden_layers=4).to_dict()
+                                                   | {"architectures": ["Qwen3NextForCausalLM"]}))
+    assert vllm_fact(plan_target(str(folder))).startswith(f"not on a CPU: {vr.CPU_BUILD_LABEL} decodes beside its "
+                                                          "linear-attention layers unlike its baseline")
 
 
 def test_demo_chat_refuses_a_draft_of_another_shape(runs, made):

@@ -92,4 +92,4 @@ def test_the_kv_cache_rolls_back_past_a_sliding_window(family, family_targets):
 def test_the_models_page_family_table_lists_every_tested_family():
     from engine.data.plan import FAMILIES as DESCRIBED
 
-    assert set(DESCRIBED) == set(FAMILIES)
+    assert set(DESCRIBED) == {f.split(":")[0] for f in FAMILIES}  # "type:variant" keys share a type

@@ -491,3 +491,37 @@ def test_validate_says_what_vllms_cpu_build_does_with_a_head_size_it_has_no_kern
     flagged = [w for w in validate_draft(cfg, verifier_config=verifier, check_weights=False).warnings
                if "CPU build" in w.message]
     assert [w.field for w in flagged] == ["speculators_config.verifier"] and "head size is 48" in flagged[0].message
+
+
+def test_a_draft_beside_a_linear_attention_verifier_is_refused_by_the_cpu_build(fixtures_dir, tmp_path):
+    """The CPU build decodes beside Gated DeltaNet layers unlike its baseline (benchmarks/bench_vllm_linear_attention.py):
+    validate warns, and no server is started for a draft or n-gram beside such a target; the target alone, and a
+    plain target with a draft, start as before."""
+    from engine.errors import WorkbenchError
+    from engine.format.validate import validate_draft
+    from engine.serve.server import ServePlan, VllmServer
+    from engine.serve.venv import VllmEnv
+
+    cfg = json.loads((fixtures_dir / "eagle3_llama31_8b" / "config.json").read_text())
+    verifier = json.loads(json.dumps(cfg["transformer_layer_config"])) | {"num_hidden_layers": 4}
+    plain = [w for w in validate_draft(cfg, verifier_config=verifier, check_weights=False).warnings
+             if "linear-attention" in w.message]
+    hybrid = verifier | {"layer_types": ["linear_attention", "full_attention"] * 2}
+    flagged = [w for w in validate_draft(cfg, verifier_config={"text_config": hybrid}, check_weights=False).warnings
+               if "linear-attention" in w.message]
+    assert not plain and len(flagged) == 1 and "refuses this pair" in flagged[0].message
+
+    def argv(config: dict, spec: dict | None, **kw) -> list[str]:
+        target = tmp_path / str(len(list(tmp_path.iterdir())))
+        target.mkdir()
+        (target / "config.json").write_text(json.dumps(config))
+        plan = ServePlan(model=str(target), target=str(target), form="explicit" if spec else "none",
+                         speculative_config=spec)
+        return VllmServer(plan, venv=VllmEnv(tmp_path, "cpu", "0", "0"), **kw).argv()
+
+    spec = {"method": "ngram", "num_speculative_tokens": 3}
+    with pytest.raises(WorkbenchError, match="does not decode speculatively beside linear-attention"):
+        argv(hybrid, spec)
+    assert "--no-enable-prefix-caching" in argv(hybrid, spec, lossless_only=False)  # the benchmark's way
+    assert "--no-enable-prefix-caching" not in argv(hybrid, None)  # the target alone: vLLM's own defaults
+    assert "--no-enable-prefix-caching" not in argv(verifier, spec)
