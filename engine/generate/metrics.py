@@ -17,6 +17,9 @@ class SpecMetrics:
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
     accepted_per_pos: list[int] = field(default_factory=list)
+    # steps that drafted position i: fewer than num_drafts where a step drafted less than k (the draft never runs
+    # past max_new_tokens, vLLM's does)
+    drafted_per_pos: list[int] = field(default_factory=list)
     num_tokens: int = 0       # generated tokens (prefill token included)
     decode_seconds: float = 0.0  # time after the first token
     total_seconds: float = 0.0
@@ -33,8 +36,11 @@ class SpecMetrics:
             self.num_accepted_tokens += event.accepted
             while len(self.accepted_per_pos) < event.drafted:
                 self.accepted_per_pos.append(0)
+                self.drafted_per_pos.append(0)
             for i in range(event.accepted):
                 self.accepted_per_pos[i] += 1
+            for i in range(event.drafted):
+                self.drafted_per_pos[i] += 1
 
     def merge(self, other: SpecMetrics) -> None:
         self.num_drafts += other.num_drafts
@@ -42,8 +48,11 @@ class SpecMetrics:
         self.num_accepted_tokens += other.num_accepted_tokens
         while len(self.accepted_per_pos) < len(other.accepted_per_pos):
             self.accepted_per_pos.append(0)
+            self.drafted_per_pos.append(0)
         for i, n in enumerate(other.accepted_per_pos):
             self.accepted_per_pos[i] += n
+        for i, n in enumerate(other.drafted_per_pos):
+            self.drafted_per_pos[i] += n
         self.num_tokens += other.num_tokens
         self.decode_seconds += other.decode_seconds
         self.total_seconds += other.total_seconds
@@ -70,6 +79,7 @@ class SpecMetrics:
         return {
             "num_drafts": self.num_drafts, "num_draft_tokens": self.num_draft_tokens,
             "num_accepted_tokens": self.num_accepted_tokens, "accepted_per_pos": self.accepted_per_pos,
+            "drafted_per_pos": self.drafted_per_pos,
             "mean_acceptance_length": self.mean_acceptance_length,
             "per_position_acceptance": self.per_position_acceptance, "acceptance_rate": self.acceptance_rate,
             "num_tokens": self.num_tokens, "tokens_per_s": self.tokens_per_s, "seconds": self.total_seconds,

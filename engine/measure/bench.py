@@ -159,6 +159,7 @@ def summarize(runs: dict[str, MethodRun], *, k: int, params: SamplingParams, cos
             "acceptance_rate": m.acceptance_rate,
             "num_drafts": m.num_drafts, "num_draft_tokens": m.num_draft_tokens,
             "num_accepted_tokens": m.num_accepted_tokens,
+            "accepted_per_pos": m.accepted_per_pos, "drafted_per_pos": m.drafted_per_pos,
             "tokens": m.num_tokens, "seconds": run.seconds,
             "tokens_per_s": m.tokens_per_s,
             "speedup": m.tokens_per_s / base_tps if base_tps else None,

@@ -494,9 +494,9 @@ def test_validate_says_what_vllms_cpu_build_does_with_a_head_size_it_has_no_kern
 
 
 def test_a_draft_beside_a_linear_attention_verifier_is_refused_by_the_cpu_build(fixtures_dir, tmp_path):
-    """The CPU build decodes beside Gated DeltaNet layers unlike its baseline (benchmarks/bench_vllm_linear_attention.py):
-    validate warns, and no server is started for a draft or n-gram beside such a target; the target alone, and a
-    plain target with a draft, start as before."""
+    """The CPU build decodes beside Gated DeltaNet layers unlike its baseline (measured by
+    benchmarks/bench_vllm_linear_attention.py): validate warns, and no server is started for a draft or n-gram beside
+    such a target; the target alone, and a plain target with a draft, start as before."""
     from engine.errors import WorkbenchError
     from engine.format.validate import validate_draft
     from engine.serve.server import ServePlan, VllmServer

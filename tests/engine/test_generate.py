@@ -59,6 +59,13 @@ def test_event_sources_and_metrics(tiny):
         m.observe(e)
     assert m.num_tokens == 20 and m.mean_acceptance_length == pytest.approx(1 + m.num_accepted_tokens / m.num_drafts)
     assert m.per_position_acceptance[0] == 1.0
+    # 1 + 3 steps of 4 + a last step that may draft only 2 (never past 20 tokens): drafted per position counts it
+    assert m.drafted_per_pos[0] == m.num_drafts and sum(m.drafted_per_pos) == m.num_draft_tokens
+    assert m.drafted_per_pos[2] < m.num_drafts and m.accepted_per_pos == m.drafted_per_pos  # all accepted
+    twice = SpecMetrics()
+    twice.merge(m)
+    twice.merge(m)
+    assert twice.drafted_per_pos == [2 * d for d in m.drafted_per_pos]
     _, events = run(tiny, PROMPTS[0], params, OracleProposer(tiny, wrong=True), k=3)
     m = SpecMetrics()
     for e in events:
