@@ -58,7 +58,8 @@ FAMILIES: dict[str, dict] = {
     "qwen3_5_text": dict(linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=128,
                          linear_value_head_dim=128, full_attention_interval=2),
     # MLA attention with as many KV heads as heads and the bias-corrected router, as DeepSeek-V3 ships
-    "deepseek_v3": dict(num_key_value_heads=4, head_dim=32, kv_lora_rank=64, q_lora_rank=64, qk_rope_head_dim=32,
+    # (vLLM's MLA takes a latent of kv_lora_rank + qk_rope_head_dim = 576, DeepSeek's own)
+    "deepseek_v3": dict(num_key_value_heads=4, head_dim=64, kv_lora_rank=512, q_lora_rank=64, qk_rope_head_dim=64,
                         qk_nope_head_dim=32, v_head_dim=32, n_routed_experts=4, num_experts_per_tok=2,
                         moe_intermediate_size=32, first_k_dense_replace=1, n_group=1, topk_group=1,
                         topk_method="noaux_tc", scoring_func="sigmoid"),

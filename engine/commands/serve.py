@@ -68,6 +68,8 @@ def _port(o: ServeOptions) -> int:
 
 def _print_plan(plan) -> None:
     print(f"equivalent: {plan.vllm_serve_line()}")
+    if plan.lossy:
+        print(f"LOSSY: {plan.lossy}")
     report = plan.validation
     for line in getattr(report, "serve_commands", None) or []:
         print(f"  elsewhere: {line}")

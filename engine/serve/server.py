@@ -59,6 +59,7 @@ class ServePlan:
     env: dict[str, str] = field(default_factory=dict)
     served_model_name: str | None = None
     validation: Any = None  # the draft's ValidationReport, when validated
+    lossy: str | None = None  # why this speculative config's output is not the target's (vllm_rules.lossy_reason)
 
     def key(self) -> str:
         """Equal keys = the same server (used to reuse a running one)."""
@@ -78,6 +79,23 @@ class ServePlan:
 def plan_server(draft: str | os.PathLike | None = None, *, target: str | os.PathLike | None = None,
                 k: int | None = None, form: str | None = None, speculative_config: dict[str, Any] | None = None,
                 validate: bool = True, hub_cache: Path | None = None) -> ServePlan:
+    """The plan of `_plan_server`, its speculative config checked by vLLM's rules and labelled when lossy."""
+    plan = _plan_server(draft, target=target, k=k, form=form, speculative_config=speculative_config,
+                        validate=validate, hub_cache=hub_cache)
+    if plan.form == "explicit" and speculative_config:  # the user's fields (auto: vLLM merges them with the draft's)
+        spec = plan.speculative_config
+        try:
+            vr.check_speculative_config(spec)
+        except vr.VllmError as exc:
+            raise WorkbenchError(f"vLLM would refuse this speculative config: {exc.vllm_message}",
+                                 hint=f"fix '{exc.field}' ({vr.RULES_LABEL} rules)") from None
+        plan.lossy = vr.lossy_reason(spec)
+    return plan
+
+
+def _plan_server(draft: str | os.PathLike | None = None, *, target: str | os.PathLike | None = None,
+                 k: int | None = None, form: str | None = None, speculative_config: dict[str, Any] | None = None,
+                 validate: bool = True, hub_cache: Path | None = None) -> ServePlan:
     """Decide the vLLM arguments for a draft folder (or none) and a target (default: the draft's verifier).
 
     `form="auto"` serves the draft folder as the model (vLLM reads the verifier from its config);

@@ -58,10 +58,8 @@ def _cells() -> list:
     algo = default_algo()
     cells = [pytest.param(f, algo, id=f"{f}-{algo}", marks=() if f == FAST_FAMILY else pytest.mark.slow)
              for f in FAMILIES]
-    cells += [pytest.param(OTHER_ALGOS_FAMILY, a, id=f"{OTHER_ALGOS_FAMILY}-{a}", marks=pytest.mark.slow)
-              for a in OTHER_ALGOS]
-    # DFlash beside Gemma 4 (sliding and global layers; the published DSpark/DFlash examples pair with Gemma 4)
-    return cells + [pytest.param("gemma4_text", "dflash", id="gemma4_text-dflash", marks=pytest.mark.slow)]
+    return cells + [pytest.param(OTHER_ALGOS_FAMILY, a, id=f"{OTHER_ALGOS_FAMILY}-{a}", marks=pytest.mark.slow)
+                    for a in OTHER_ALGOS]
 
 
 def _engine(capsys, *argv: str) -> str:
