@@ -397,8 +397,24 @@ CPU_RECURRENT_REFUSAL = (
     "layers as its baseline does: with n-gram drafts beside a tiny Qwen3-Next its output left the baseline's from the "
     "2nd or 3rd token on every prompt (bf16, prefix caching off), and with prefix caching on it stops at the first "
     "request (a Triton kernel); so no server is started for a draft beside this target")
-CPU_RECURRENT_HINT = ("serve the target alone here, decode with the draft in-process (`generate`, `bench`), or serve "
-                      "on a GPU, where vLLM runs these layers with its Triton kernels")
+CPU_BUILD_HINT = ("serve the target alone here, decode with the draft in-process (`generate`, `bench`), or serve on a "
+                  "GPU, where vLLM has the kernels for these layers")
+
+
+CPU_MLA_REFUSAL = (
+    f"vLLM's CPU build ({CPU_BUILD_LABEL}) cannot pair an MLA target (DeepSeek's latent attention, KV blocks of 16) "
+    "with a draft's attention (blocks in multiples of 32): it stops at start with 'ValueError: No common block size "
+    "for 16 (CPU_MLA: [16]; CPU_ATTN: [MultipleOf(32)])'; the target alone starts")
+
+
+def cpu_build_refusal(target_config: dict[str, Any] | None) -> str | None:
+    """Why the CPU build cannot serve a draft (or n-gram) beside this target, measured here; None when it can."""
+    text = (target_config or {}).get("text_config") or target_config or {}
+    if has_recurrent_layers(target_config):
+        return CPU_RECURRENT_REFUSAL
+    if isinstance(text.get("kv_lora_rank"), int):
+        return CPU_MLA_REFUSAL
+    return None
 
 
 def verifier_without_aux_states(verifier_config: dict[str, Any] | None) -> str | None:

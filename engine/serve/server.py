@@ -384,14 +384,21 @@ class VllmServer:
         args += ["--host", self.host, "--port", str(self.port), "--max-model-len", str(self.model_len()),
                  "--dtype", self.dtype]
         if venv.flavor == "cpu":
-            args += ["--enforce-eager"]
-            if (self.plan.speculative_config or self.plan.draft) and vr.has_recurrent_layers(self._target_config()):
-                if self.lossless_only:
-                    raise WorkbenchError(vr.CPU_RECURRENT_REFUSAL, hint=vr.CPU_RECURRENT_HINT)
-                # prefix caching puts vLLM's Mamba cache in its 'align' mode, whose copies between speculative
-                # steps are Triton kernels the CPU build cannot run (the server dies at its first request)
-                args += ["--no-enable-prefix-caching"]
+            args += ["--enforce-eager", *self._cpu_speculation_args()]
         return args + self.extra_args
+
+    def _cpu_speculation_args(self) -> list[str]:
+        """The CPU build beside a draft: refused for targets it does not serve as its baseline (unless
+        `lossless_only` is off, to measure that), and prefix caching off beside recurrent layers."""
+        if not (self.plan.speculative_config or self.plan.draft):
+            return []
+        config = self._target_config()
+        refusal = vr.cpu_build_refusal(config)
+        if refusal and self.lossless_only:
+            raise WorkbenchError(refusal, hint=vr.CPU_BUILD_HINT)
+        # prefix caching puts vLLM's Mamba cache in its 'align' mode, whose copies between speculative steps are
+        # Triton kernels the CPU build cannot run (the server dies at its first request)
+        return ["--no-enable-prefix-caching"] if vr.has_recurrent_layers(config) else []
 
     def environment(self) -> dict[str, str]:
         env = vllm_process_env(self.venv or ensure_vllm_env(), kv_cache_gib=self.kv_cache_gib)

@@ -525,3 +525,7 @@ def test_a_draft_beside_a_linear_attention_verifier_is_refused_by_the_cpu_build(
     assert "--no-enable-prefix-caching" in argv(hybrid, spec, lossless_only=False)  # the benchmark's way
     assert "--no-enable-prefix-caching" not in argv(hybrid, None)  # the target alone: vLLM's own defaults
     assert "--no-enable-prefix-caching" not in argv(verifier, spec)
+    mla = verifier | {"kv_lora_rank": 512, "qk_rope_head_dim": 64}  # DeepSeek's latent attention
+    with pytest.raises(WorkbenchError, match="cannot pair an MLA target"):
+        argv(mla, spec)
+    assert "--dtype" in argv(mla, None)  # the target alone starts

@@ -47,8 +47,9 @@ def _served(family: str) -> bool:
 
 
 def _refused_by_cpu_build(family: str) -> bool:
-    """Linear-attention targets: the CPU build decodes beside them unlike its baseline, so no server starts."""
-    return vr.has_recurrent_layers(tiny_config(family).to_dict())
+    """Linear-attention targets (the CPU build decodes beside them unlike its baseline) and MLA ones (it cannot pair
+    their KV blocks with a draft's): no server starts for a draft beside them."""
+    return vr.cpu_build_refusal(tiny_config(family).to_dict()) is not None
 
 
 def _cells() -> list:
@@ -105,9 +106,9 @@ def test_vllm_serves_the_familys_draft_with_our_acceptance(family, algo, vllm_po
     from engine.serve.bench import run_vllm_bench
     from engine.targets import load_target
 
-    if _refused_by_cpu_build(family):  # benchmarks/bench_vllm_linear_attention.py measured why
+    if _refused_by_cpu_build(family):  # measured: benchmarks/bench_vllm_linear_attention.py, docs/families.md
         target = save_tiny_target(tmp_path / "target", family, hidden_size=WIDTH)
-        with pytest.raises(WorkbenchError, match="does not decode speculatively beside linear-attention"):
+        with pytest.raises(WorkbenchError, match="vLLM's CPU build .* (does not decode|cannot pair)"):
             run_vllm_bench(PROMPTS, target=str(target), methods=("ngram",), k=K, max_new_tokens=MAX_TOKENS,
                            temperature=0.0, seed=0, dtype="bfloat16", tokenize=True, pool=vllm_pool)
         return
