@@ -42,9 +42,8 @@ def vllm_fact(plan: TargetPlan) -> str:
     if plan.vllm_without_aux_states is not None:
         return (f"no: vLLM's {plan.vllm_without_aux_states} class gives no aux hidden states, so vLLM stops at load "
                 "with any draft the workbench trains; in-process decoding runs them")
-    if plan.recurrent_layers:
-        return (f"not on a CPU: {CPU_BUILD_LABEL} decodes beside its linear-attention layers unlike its baseline "
-                "(measured), so `serve` refuses a draft here; vLLM on a GPU runs it, and so does in-process decoding")
+    if plan.cpu_build_refusal is not None:
+        return f"not on a CPU: {plan.cpu_build_refusal}; vLLM on a GPU and in-process decoding run it"
     if plan.tested_family:  # tests/engine/test_vllm_families.py serves a draft beside each of these families
         return ("yes: vLLM serves a draft the workbench trained beside this family, tested (families table in "
                 "docs/families.md)")

@@ -80,7 +80,7 @@ class TargetPlan:
     architecture: str | None = None  # config.json's first architecture
     # the vLLM CPU build's registry on that class: True gives a draft aux states, False none, None not in it
     vllm_aux_states: bool | None = None
-    recurrent_layers: bool = False  # linear-attention layers: the vLLM CPU build does not decode losslessly beside them
+    cpu_build_refusal: str | None = None  # why the vLLM CPU build serves no draft beside it (linear attention, MLA)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -160,7 +160,7 @@ def plan_target(name_or_path: str, *, samples: int = 1000, tokens_per_sample: in
     from engine.data.extract import DEFAULT_BATCH_TOKENS
     from engine.data.extraction_run import estimate_bytes
     from engine.format.vllm_rules import (
-        has_recurrent_layers,
+        cpu_build_refusal,
         registry_gives_aux_states,
         verifier_architecture,
         verifier_without_aux_states,
@@ -213,7 +213,7 @@ def plan_target(name_or_path: str, *, samples: int = 1000, tokens_per_sample: in
                       vllm_without_aux_states=verifier_without_aux_states(config.to_dict()),
                       architecture=verifier_architecture(config.to_dict()),
                       vllm_aux_states=registry_gives_aux_states(config.to_dict()),
-                      recurrent_layers=has_recurrent_layers(config.to_dict()))
+                      cpu_build_refusal=cpu_build_refusal(config.to_dict()))
 
 
 def human_size(n: int | None) -> str:

@@ -417,7 +417,7 @@ def head_size(config: dict[str, Any]) -> int | None:
 
 def _cpu_build_rules(cfg: dict[str, Any], verifier: dict[str, Any] | None, report: ValidationReport) -> None:
     """What vLLM's CPU build does with this draft and its verifier: it refuses attention head sizes it has no kernel
-    for, and decodes beside linear-attention verifiers unlike its baseline (warnings: on a GPU vLLM runs them)."""
+    for, and serves no draft beside linear-attention or MLA verifiers (warnings: on a GPU vLLM runs them)."""
     tlc = cfg.get("transformer_layer_config") if isinstance(cfg.get("transformer_layer_config"), dict) else {}
     vcfg = (verifier or {}).get("text_config", verifier or {}) if "num_hidden_layers" not in (verifier or {}) \
         else verifier
@@ -430,11 +430,10 @@ def _cpu_build_rules(cfg: dict[str, Any], verifier: dict[str, Any] | None, repor
                              "start with it, so "
                              "`python -m engine serve` on a CPU cannot serve this pair; vLLM on a GPU runs it, and "
                              "the workbench's in-process decoding does too", severity="warning"))
-    if vr.has_recurrent_layers(vcfg):
-        report.add(Issue("speculators_config.verifier", f"the verifier has linear-attention (Gated DeltaNet) layers, "
-                         f"and vLLM's CPU build ({vr.CPU_BUILD_LABEL}) runs them in bfloat16 only and not losslessly "
-                         "beside a draft, so `python -m engine serve` on a CPU refuses this pair; vLLM on a GPU and "
-                         "the workbench's in-process decoding run it", severity="warning"))
+    refusal = vr.cpu_build_refusal(vcfg)
+    if refusal is not None:
+        report.add(Issue("speculators_config.verifier", f"{refusal}: `python -m engine serve` on a CPU refuses this "
+                         "pair; vLLM on a GPU and the workbench's in-process decoding run it", severity="warning"))
 
 
 def _aux_state_rules(verifier: dict[str, Any] | None, report: ValidationReport) -> None:

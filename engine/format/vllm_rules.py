@@ -396,7 +396,7 @@ CPU_RECURRENT_REFUSAL = (
     f"vLLM's CPU build ({CPU_BUILD_LABEL}) does not decode speculatively beside linear-attention (Gated DeltaNet) "
     "layers as its baseline does: with n-gram drafts beside a tiny Qwen3-Next its output left the baseline's from the "
     "2nd or 3rd token on every prompt (bf16, prefix caching off), and with prefix caching on it stops at the first "
-    "request (a Triton kernel); so no server is started for a draft beside this target")
+    "request (a Triton kernel)")
 CPU_BUILD_HINT = ("serve the target alone here, decode with the draft in-process (`generate`, `bench`), or serve on a "
                   "GPU, where vLLM has the kernels for these layers")
 

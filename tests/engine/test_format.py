@@ -510,6 +510,10 @@ def test_a_draft_beside_a_linear_attention_verifier_is_refused_by_the_cpu_build(
     flagged = [w for w in validate_draft(cfg, verifier_config={"text_config": hybrid}, check_weights=False).warnings
                if "linear-attention" in w.message]
     assert not plain and len(flagged) == 1 and "refuses this pair" in flagged[0].message
+    mla = verifier | {"kv_lora_rank": 512}
+    [warned] = [w for w in validate_draft(cfg, verifier_config=mla, check_weights=False).warnings
+                if "MLA target" in w.message]
+    assert "refuses this pair" in warned.message
 
     def argv(config: dict, spec: dict | None, **kw) -> list[str]:
         target = tmp_path / str(len(list(tmp_path.iterdir())))
