@@ -24,6 +24,11 @@ _CORPUS = [
     "user assistant system: answer the question with a short and helpful reply.",
 ]
 ARCHS = ("llama", "qwen3", "qwen3_moe")
+# Gated DeltaNet layers every other layer, head sizes of 128 as published (the vLLM CPU build's kernel takes no other)
+_GATED_DELTANET = dict(linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=128,
+                       linear_value_head_dim=128, full_attention_interval=2)
+_SHARED_EXPERT_MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                          shared_expert_intermediate_size=32)
 # model_type -> config fields beyond the common ones; every family a tiny random target is built of (tests/engine/
 # test_families.py runs each through extract -> train -> validate -> evaluate -> lossless generation)
 FAMILIES: dict[str, dict] = {
@@ -51,21 +56,15 @@ FAMILIES: dict[str, dict] = {
     "seed_oss": {},
     "llama4_text": dict(num_local_experts=4, num_experts_per_tok=1, intermediate_size_mlp=128),
     # Gated DeltaNet (linear attention) layers between full attention ones: the runner rewinds their recurrent state
-    # (head sizes of 128, as the published models: the vLLM CPU build's kernel takes no other)
-    "qwen3_next": dict(linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=128,
-                       linear_value_head_dim=128, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
-                       shared_expert_intermediate_size=32, full_attention_interval=2),
-    "qwen3_5_text": dict(linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=128,
-                         linear_value_head_dim=128, full_attention_interval=2),
+    "qwen3_next": dict(**_GATED_DELTANET, **_SHARED_EXPERT_MOE),
+    "qwen3_5_text": dict(**_GATED_DELTANET),
     # MLA attention with as many KV heads as heads and the bias-corrected router, as DeepSeek-V3 ships
     # (vLLM's MLA takes a latent of kv_lora_rank + qk_rope_head_dim = 576, DeepSeek's own)
     "deepseek_v3": dict(num_key_value_heads=4, head_dim=64, kv_lora_rank=512, q_lora_rank=64, qk_rope_head_dim=64,
                         qk_nope_head_dim=32, v_head_dim=32, n_routed_experts=4, num_experts_per_tok=2,
                         moe_intermediate_size=32, first_k_dense_replace=1, n_group=1, topk_group=1,
                         topk_method="noaux_tc", scoring_func="sigmoid"),
-    "qwen3_5_moe_text": dict(linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=128,
-                             linear_value_head_dim=128, num_experts=4, num_experts_per_tok=2,
-                             moe_intermediate_size=32, shared_expert_intermediate_size=32, full_attention_interval=2),
+    "qwen3_5_moe_text": dict(**_GATED_DELTANET, **_SHARED_EXPERT_MOE),
 }
 
 

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -359,8 +360,9 @@ class VllmServer:
     def pid(self) -> int | None:
         return self.proc.pid if self.proc else None
 
+    @functools.cached_property
     def _target_config(self) -> dict[str, Any]:
-        """The served target's config.json ({} when it is not a readable local folder)."""
+        """The served target's config.json, read once ({} when it is not a readable local folder)."""
         config = Path(str(self.plan.target)) / "config.json"
         try:
             cfg = json.loads(config.read_text()) if config.is_file() else {}
@@ -370,7 +372,7 @@ class VllmServer:
 
     def model_len(self) -> int:
         """`max_model_len`, capped at the target's own max_position_embeddings (vLLM refuses a longer one)."""
-        cfg = self._target_config()
+        cfg = self._target_config
         limit = (cfg.get("text_config") or cfg).get("max_position_embeddings")
         return min(self.max_model_len, int(limit)) if isinstance(limit, int) and limit > 0 else self.max_model_len
 
@@ -392,7 +394,7 @@ class VllmServer:
         `lossless_only` is off, to measure that), and prefix caching off beside recurrent layers."""
         if not (self.plan.speculative_config or self.plan.draft):
             return []
-        config = self._target_config()
+        config = self._target_config
         refusal = vr.cpu_build_refusal(config)
         if refusal and self.lossless_only:
             raise WorkbenchError(refusal, hint=vr.CPU_BUILD_HINT)
