@@ -127,7 +127,8 @@ def run_inprocess(methods: list[Method], prompts: list[dict], *, target: str | N
 
 def run_vllm(methods: list[Method], prompts: list[dict], *, target: str | None, max_new_tokens: int) -> dict:
     """One server per method through the managed vLLM; every speedup against the one baseline run."""
-    from engine.serve.bench import run_vllm_bench
+    from engine.measure.options import BenchOptions
+    from engine.measure.vllm_bench import run_vllm_bench
     from engine.serve.server import ServerPool
 
     pool = ServerPool()
@@ -136,8 +137,9 @@ def run_vllm(methods: list[Method], prompts: list[dict], *, target: str | None, 
     try:
         for m in methods:
             kind = {"baseline": "baseline", "ngram": "ngram"}.get(m.kind, "draft")
-            res = run_vllm_bench(prompts, target=target, draft=m.draft, k=m.k if kind != "baseline" else None,
-                                 max_new_tokens=max_new_tokens, methods=(kind,), tokenize=True, pool=pool)
+            options = BenchOptions(target=target, draft=m.draft, methods=kind, max_new_tokens=max_new_tokens,
+                                   **({"k": m.k} if m.k else {}))
+            res = run_vllm_bench(prompts, options, tokenize=True, pool=pool)
             row = res["methods"][kind]
             pool.close()  # one server at a time: they share the 2 cores and the memory
             if kind == "baseline":

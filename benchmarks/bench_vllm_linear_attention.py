@@ -27,15 +27,16 @@ PROMPTS = [{"prompt": "The quick brown fox"}, {"prompt": "1 2 3 4 5 6"},
 
 
 def measure(family: str, root: Path, pool, args) -> dict:
-    from engine.serve.bench import run_vllm_bench
+    from engine.measure.options import BenchOptions
+    from engine.measure.vllm_bench import run_vllm_bench
 
     sys.path.insert(0, str(ROOT / "tests"))
     from tiny import save_tiny_target
 
     target = save_tiny_target(root / family, family, hidden_size=128)
-    run = run_vllm_bench(PROMPTS, target=str(target), methods=("baseline", "ngram"), k=args.k,
-                         max_new_tokens=args.max_new_tokens, temperature=0.0, seed=0, dtype="bfloat16",
-                         tokenize=True, pool=pool)["methods"]["ngram"]
+    options = BenchOptions(target=str(target), methods="baseline,ngram", k=args.k, max_new_tokens=args.max_new_tokens,
+                           dtype="bfloat16")
+    run = run_vllm_bench(PROMPTS, options, tokenize=True, pool=pool)["methods"]["ngram"]
     return {"family": family, "identical_to_baseline": run["identical_to_baseline"],
             "first_divergence": run["first_divergence"], "num_drafts": run.get("num_drafts"),
             "num_accepted_tokens": run.get("num_accepted_tokens")}

@@ -228,7 +228,8 @@ def serve_dflash2(work: Path) -> str:
 
     from engine.generate.sampling import SamplingParams
     from engine.measure.bench import run_bench
-    from engine.serve.bench import run_vllm_bench
+    from engine.measure.options import BenchOptions
+    from engine.measure.vllm_bench import run_vllm_bench
     from engine.targets import load_target
     from engine.train.config import TrainConfig
     from engine.train.trainer import Trainer
@@ -241,8 +242,8 @@ def serve_dflash2(work: Path) -> str:
                       checkpoint_every=300, algo_args={"num_layers": 1, "block_size": k + 1, "selector_rank": 64,
                                                        "max_anchors": 256})
     draft = Trainer(cfg).run()
-    served = run_vllm_bench(DFLASH2_PROMPTS, draft=draft, methods=("baseline", "draft"), k=k,
-                            max_new_tokens=tokens, temperature=0.0, dtype="float32", tokenize=True)["methods"]["draft"]
+    options = BenchOptions(draft=str(draft), methods="baseline,draft", k=k, max_new_tokens=tokens, dtype="float32")
+    served = run_vllm_bench(DFLASH2_PROMPTS, options, tokenize=True)["methods"]["draft"]
     if not served["identical_to_baseline"]:
         raise RuntimeError(f"vLLM's DFlash2 output differs from vLLM alone: {served['first_divergence']}")
     if not served["num_drafts"]:

@@ -164,8 +164,7 @@ class DraftAlgorithm:
             draft = self.part("io", f"load_{self.name}")(init_from, target)
         else:
             build = self.part("io", f"build_{self.name}")
-            draft = build(target, **named_fields(build, args), aux_layer_ids=list(aux_layer_ids),
-                          token_counts=token_counts, speculative_tokens=self.speculative_tokens(args), seed=seed)
+            draft = build(target, args, aux_layer_ids=list(aux_layer_ids), token_counts=token_counts, seed=seed)
         return self.prepare(draft, args)
 
     def prepare(self, draft: nn.Module, args: AlgoArgs) -> nn.Module:

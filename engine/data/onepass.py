@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -91,6 +92,18 @@ def _join_caches(caches: list, config) -> tuple[object, list[int]]:
     return out, pads
 
 
+@dataclass
+class _Answering:
+    """One call's conversations as decoding grows them: prompts, new tokens and captured states per conversation."""
+
+    histories: Sequence[list[dict]]
+    prompts: list[list[int]]
+    stops: set[int]
+    max_new_tokens: int
+    new: list[list[int]]                # per conversation: answer tokens so far
+    states: list[list[torch.Tensor]]    # per conversation: [t, L, H] chunks, in order
+
+
 class CapturingAnswerer:
     """Drop-in for `regenerate.generate_answers` (greedy) that keeps the hidden states of `layer_ids`.
 
@@ -142,6 +155,7 @@ class CapturingAnswerer:
                 new[b].append(int(logits.argmax()))
                 self.fed_tokens += len(prompt)
                 caches.append(cache)
+        work = _Answering(histories, prompts, stops, max_new_tokens, new, states)
         rows = []
         for b in range(len(prompts)):  # an answer of one token ends here
             if new[b][-1] in stops or max_new_tokens == 1:
@@ -150,21 +164,21 @@ class CapturingAnswerer:
                 rows.append(b)
         if len(rows) == 1 or not all(_plain(caches[b]) for b in rows):  # cannot join: one conversation at a time
             for b in rows:
-                answers[b] = self._decode(histories, prompts, [b], new, states, caches[b], [0], stops,
-                                          max_new_tokens)[b]
+                answers[b] = self._decode(work, [b], caches[b], [0])[b]
         elif rows:
             cache, pads = _join_caches([caches[b] for b in rows], model.config)
             caches.clear()
-            answers_of = self._decode(histories, prompts, rows, new, states, cache, pads, stops, max_new_tokens)
+            answers_of = self._decode(work, rows, cache, pads)
             for b in rows:
                 answers[b] = answers_of[b]
         return answers
 
-    def _decode(self, histories, prompts, rows: list[int], new, states, cache, pads: list[int], stops: set[int],
-                max_new_tokens: int) -> dict[int, tuple[str, int, bool]]:
+    def _decode(self, work: _Answering, rows: list[int], cache, pads: list[int]) -> dict[int, tuple[str, int, bool]]:
         """Decode conversations `rows` (batch row j = rows[j], left padding pads[j]) from their first answer token
         on; returns {conversation: (text, new tokens, ended)}."""
         model, device = self.target.model, self.target.device
+        histories, prompts, new, states, stops = work.histories, work.prompts, work.new, work.states, work.stops
+        max_new_tokens = work.max_new_tokens
         width = cache.get_seq_length()
         mask = torch.zeros(len(rows), width + 1, dtype=torch.long, device=device)  # [b, S + 1]
         for j, pad in enumerate(pads):

@@ -31,24 +31,23 @@ class OnlineHiddenStates(torch.utils.data.Dataset):
     # The same items as `HiddenStatesDataset` (hidden states stay on the target's device). Rows are rendered
     # once up front (bad rows are counted in `.skipped`). Access by index (`ds[i]`, one forward), by a list of
     # indices (`get_many`, one batched forward: use it for whole training batches), or iterate: each pass visits
-    # every row once, in order or shuffled per epoch (`set_epoch`) when `shuffle`, computing windows of
+    # every row once, in order or shuffled per epoch (`set_epoch`) from `shuffle_seed`, computing windows of
     # `batch_size * 4` rows at a time in token-budgeted batches of similar length.
 
-    def __init__(self, target, rows: Sequence, layer_ids: Sequence[int] | None = None, *, algo: str | None = None,
+    def __init__(self, target, rows: Sequence, layer_ids: Sequence[int] | None = None, *,
                  max_length: int | None = None, dtype: str | torch.dtype = "bf16",
                  batch_size: int = DEFAULT_BATCH_SIZE, batch_tokens: int = DEFAULT_BATCH_TOKENS,
-                 shuffle: bool = False, seed: int = 0):
+                 shuffle_seed: int | None = None):
         self.target = target
         self.skipped: Counter = Counter()
         self.rows = as_rendered(rows, target.tokenizer, max_length, self.skipped)
         if not self.rows:
             raise WorkbenchError("no usable rows for online extraction", hint=f"skipped: {dict(self.skipped)}")
-        self.layer_ids = resolve_layer_ids(target.num_layers, layer_ids, algo)
+        self.layer_ids = resolve_layer_ids(target.num_layers, layer_ids)  # an algorithm's: resolve_layer_ids first
         self.dtype = parse_dtype(dtype)
         self.batch_size = batch_size
         self.batch_tokens = batch_tokens
-        self.shuffle = shuffle
-        self.seed = seed
+        self.shuffle_seed = shuffle_seed  # None: rows in order; else shuffled per epoch from this seed
         self.epoch = 0
 
     def __len__(self) -> int:
@@ -94,8 +93,8 @@ class OnlineHiddenStates(torch.utils.data.Dataset):
 
     def order(self) -> list[int]:
         order = list(range(len(self.rows)))
-        if self.shuffle:
-            random.Random(f"{self.seed}:{self.epoch}").shuffle(order)
+        if self.shuffle_seed is not None:
+            random.Random(f"{self.shuffle_seed}:{self.epoch}").shuffle(order)
         return order
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:

@@ -438,8 +438,9 @@ def registry_gives_aux_states(verifier_config: dict[str, Any] | None) -> bool | 
 # -- model_executor/models/*: the parameters each draft class creates ----------------------------
 
 
-def attn_mlp(prefix: str, h: int, in_dim: int, nh: int, nkv: int, hd: int, inter: int, *, qk_norm: bool,
-              bias: bool) -> dict[str, tuple[int, ...]]:
+def attn_mlp(prefix: str, d: Dims, in_dim: int, *, qk_norm: bool) -> dict[str, tuple[int, ...]]:
+    """One decoder layer's attention and MLP tensors (`in_dim`: the width q/k/v read)."""
+    h, nh, nkv, hd, inter = d.h, d.nh, d.nkv, d.hd, d.inter
     out = {
         f"{prefix}self_attn.q_proj.weight": (nh * hd, in_dim),
         f"{prefix}self_attn.k_proj.weight": (nkv * hd, in_dim),
@@ -454,7 +455,7 @@ def attn_mlp(prefix: str, h: int, in_dim: int, nh: int, nkv: int, hd: int, inter
     if qk_norm:
         out[f"{prefix}self_attn.q_norm.weight"] = (hd,)
         out[f"{prefix}self_attn.k_norm.weight"] = (hd,)
-    if bias:
+    if d.bias:
         out[f"{prefix}self_attn.q_proj.bias"] = (nh * hd,)
         out[f"{prefix}self_attn.k_proj.bias"] = (nkv * hd,)
         out[f"{prefix}self_attn.v_proj.bias"] = (nkv * hd,)

@@ -113,73 +113,80 @@ def generate(
         raise WorkbenchError(f"speculative decoding would not be lossless here: {problem}",
                              hint="decode without a draft (baseline) on this target; docs/families.md lists "
                                   "the families verified lossless")
-    generator = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
-    stopper = _Stopper(params, tokenizer)
     runner.reset()
-    t0 = time.perf_counter()
+    run = _Run(runner, proposer, params, k, tokenizer,
+               torch.Generator().manual_seed(params.seed) if params.seed is not None else None)
     logits, aux = runner.forward(prompt_ids, all_logits=False)  # prefill: [1, V] (last position), [P, A*H]
-    target_s = time.perf_counter() - t0
-    last = pick(logits[-1], params, generator)
+    target_s = time.perf_counter() - run.t0
+    last = pick(logits[-1], params, run.generator)
     if proposer is not None:
         proposer.start(list(prompt_ids), aux, last)
-    stopper.push(last)
-    yield _event(0, [last], [TARGET], [], 0, 0, t0, 0.0, time.perf_counter() - t0, target_s, stopper, tokenizer,
-                 step_start=t0)
+    run.stopper.push(last)
+    yield run.stamp(StepEvent(0, [last], [TARGET], verify_s=time.perf_counter() - run.t0, target_s=target_s), run.t0)
     step = 0
-    while stopper.reason is None:
+    while run.stopper.reason is None:
         step += 1
-        if proposer is None:
-            tv = time.perf_counter()
-            logits, _ = runner.forward([last])
-            target_s = time.perf_counter() - tv
-            last = pick(logits[-1], params, generator)
-            stopper.push(last)
-            yield _event(step, [last], [TARGET], [], 0, 0, t0, 0.0, time.perf_counter() - tv, target_s, stopper,
-                         tokenizer, step_start=tv)
-            continue
-        event, last = _speculative_step(runner, proposer, last, params, k, generator, stopper, step, t0, tokenizer)
+        event, last = run.baseline_step(step, last) if proposer is None else run.speculative_step(step, last)
         yield event
 
 
-def _speculative_step(runner, proposer, last, params, k, generator, stopper, step, t0, tokenizer):
-    td = time.perf_counter()
-    # never draft past max_new_tokens: the step emits drafts + 1 target token
-    proposal = proposer.propose(max(0, min(k, stopper.remaining() - 1)), params, generator)
-    drafts = proposal.tokens
-    tv = time.perf_counter()
-    start = runner.length
-    logits, aux = runner.forward([last] + drafts)  # [n+1, V]
-    target_s = time.perf_counter() - tv
-    verdict = (verify_greedy(drafts, logits) if params.greedy
-               else verify_sampled(proposal, logits, params, generator))
-    n = verdict.accepted
-    runner.crop(start + 1 + n)  # keep `last` and the accepted drafts; the next token is not in the cache yet
-    kept_aux = aux[: n + 1] if aux is not None else None
-    proposer.update(drafts[:n], verdict.next_token, kept_aux)
-    verify_s = time.perf_counter() - tv
-    emitted = drafts[:n] + [verdict.next_token]
-    sources = [ACCEPTED] * n + [BONUS if n == len(drafts) and drafts else CORRECTION if drafts else TARGET]
-    out_tokens, out_sources = [], []
-    for tok, src in zip(emitted, sources, strict=True):
-        out_tokens.append(tok)
-        out_sources.append(src)
-        if stopper.push(tok):
-            break
-    event = _event(step, out_tokens, out_sources, drafts[n:], len(drafts), n, t0, tv - td, verify_s, target_s,
-                   stopper, tokenizer, step_start=td)
-    event.withheld, event.confidence = proposal.withheld, list(proposal.confidence or [])
-    return event, verdict.next_token
+class _Run:
+    """One generation's fixed parts (target, proposer, sampling, stop rules), read by every step."""
 
+    def __init__(self, runner: TargetRunner, proposer: Proposer | None, params: SamplingParams, k: int, tokenizer,
+                 generator: torch.Generator | None):
+        self.runner, self.proposer, self.params, self.k = runner, proposer, params, k
+        self.tokenizer, self.generator = tokenizer, generator
+        self.stopper = _Stopper(params, tokenizer)
+        self.t0 = time.perf_counter()
 
-def _event(step, tokens, sources, rejected, drafted, accepted, t0, draft_s, verify_s, target_s, stopper, tokenizer,
-           *, step_start):
-    now = time.perf_counter()
-    return StepEvent(
-        step=step, tokens=tokens, sources=sources, rejected=list(rejected), drafted=drafted, accepted=accepted,
-        elapsed_s=now - t0, step_s=now - step_start, draft_s=draft_s, verify_s=verify_s, target_s=target_s,
-        text=tokenizer.decode(tokens, skip_special_tokens=False) if tokenizer is not None else "",
-        finished=stopper.reason,
-    )
+    def baseline_step(self, step: int, last: int) -> tuple[StepEvent, int]:
+        tv = time.perf_counter()
+        logits, _ = self.runner.forward([last])  # [1, V]
+        target_s = time.perf_counter() - tv
+        last = pick(logits[-1], self.params, self.generator)
+        self.stopper.push(last)
+        return self.stamp(StepEvent(step, [last], [TARGET], verify_s=time.perf_counter() - tv, target_s=target_s),
+                          tv), last
+
+    def speculative_step(self, step: int, last: int) -> tuple[StepEvent, int]:
+        runner, proposer, stopper = self.runner, self.proposer, self.stopper
+        td = time.perf_counter()
+        # never draft past max_new_tokens: the step emits drafts + 1 target token
+        proposal = proposer.propose(max(0, min(self.k, stopper.remaining() - 1)), self.params, self.generator)
+        drafts = proposal.tokens
+        tv = time.perf_counter()
+        start = runner.length
+        logits, aux = runner.forward([last] + drafts)  # [n+1, V]
+        target_s = time.perf_counter() - tv
+        verdict = (verify_greedy(drafts, logits) if self.params.greedy
+                   else verify_sampled(proposal, logits, self.params, self.generator))
+        n = verdict.accepted
+        runner.crop(start + 1 + n)  # keep `last` and the accepted drafts; the next token is not in the cache yet
+        kept_aux = aux[: n + 1] if aux is not None else None
+        proposer.update(drafts[:n], verdict.next_token, kept_aux)
+        verify_s = time.perf_counter() - tv
+        emitted = drafts[:n] + [verdict.next_token]
+        sources = [ACCEPTED] * n + [BONUS if n == len(drafts) and drafts else CORRECTION if drafts else TARGET]
+        out_tokens, out_sources = [], []
+        for tok, src in zip(emitted, sources, strict=True):
+            out_tokens.append(tok)
+            out_sources.append(src)
+            if stopper.push(tok):
+                break
+        event = StepEvent(step, out_tokens, out_sources, rejected=list(drafts[n:]), drafted=len(drafts), accepted=n,
+                          draft_s=tv - td, verify_s=verify_s, target_s=target_s, withheld=proposal.withheld,
+                          confidence=list(proposal.confidence or []))
+        return self.stamp(event, td), verdict.next_token
+
+    def stamp(self, event: StepEvent, step_start: float) -> StepEvent:
+        """Fill what is known once the step is done: times since the start and of the step, text, stop reason."""
+        now = time.perf_counter()
+        event.elapsed_s, event.step_s = now - self.t0, now - step_start
+        if self.tokenizer is not None:
+            event.text = self.tokenizer.decode(event.tokens, skip_special_tokens=False)
+        event.finished = self.stopper.reason
+        return event
 
 
 def generate_all(runner, prompt_ids, params, proposer=None, k=3, tokenizer=None) -> tuple[list[int], list[StepEvent]]:

@@ -221,7 +221,7 @@ def markdown_table(result: dict[str, Any]) -> str:
 def benchmark(options: BenchOptions, *, span: tuple[float, float] | None = None) -> dict:
     """`python -m engine bench` as a function: in-process (`transformers`) or real vLLM (`vllm`) on the same prompts."""
     from engine.generate.kernel_choice import load_decode_target
-    from engine.targets import target_for_draft, vllm_dtype
+    from engine.targets import target_for_draft
 
     o = options
     if o.threads:
@@ -233,13 +233,11 @@ def benchmark(options: BenchOptions, *, span: tuple[float, float] | None = None)
     reporter().update(f"benchmarking {len(prompt_rows)} prompts", 0.0)
     if o.backend == "vllm":
         from engine.generate.api import default_draft
-        from engine.serve.bench import run_vllm_bench
+        from engine.measure.vllm_bench import run_vllm_bench
 
         draft = draft or default_draft(target)
-        result = run_vllm_bench(prompt_rows, target=target, draft=draft, k=o.k, max_new_tokens=o.max_new_tokens,
-                                temperature=o.temperature, seed=o.seed,
-                                methods=tuple(m for m in methods if m in ("baseline", "draft", "ngram")),
-                                dtype=vllm_dtype(o.dtype), tokenize=True)
+        served = o.model_copy(update={"target": target, "draft": str(draft) if draft else None})
+        result = run_vllm_bench(prompt_rows, served, tokenize=True)
     else:
         options = o.model_copy(update={"target": target})
         result = run_bench(load_decode_target(target, o.dtype), prompt_rows, options, span=span)

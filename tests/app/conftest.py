@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from engine import jobs
+from engine.algos.eagle3.args import Eagle3Args
 
 
 @pytest.fixture
@@ -33,7 +34,7 @@ def tiny_draft(tiny_target, tmp_path_factory) -> str:
 
     target = load_target(tiny_target)
     counts = torch.arange(target.vocab_size).flip(0)
-    draft = build_eagle3(target, draft_vocab_size=160, token_counts=counts, aux_layer_ids=[1, 2, 3])
+    draft = build_eagle3(target, Eagle3Args(draft_vocab_size=160), token_counts=counts, aux_layer_ids=[1, 2, 3])
     return str(save_eagle3(draft, tmp_path_factory.mktemp("app-drafts") / "tiny-eagle3"))
 
 

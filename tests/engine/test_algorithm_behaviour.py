@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from engine.algos import ALGOS, load_plugins
+from engine.data.layer_ids import resolve_layer_ids
 from engine.generate import speculative
 from engine.generate.api import prompt_ids
 from engine.generate.events import ACCEPTED
@@ -103,7 +104,7 @@ def fit_draft(algo, target, baselines, target_folder, out, steps: int = FIT_STEP
     # meets whole blocks accepted, blocks accepted in part (rolled back) and blocks rejected
     rows = [{"input_ids": ids + answer[:FIT_TOKENS], "loss_mask": [0] * len(ids) + [1] * len(answer[:FIT_TOKENS])}
             for ids, answer in baselines[:-1]]
-    data = OnlineHiddenStates(target, rows, algo=algo.name, dtype="fp32")
+    data = OnlineHiddenStates(target, rows, resolve_layer_ids(target.num_layers, None, algo.name), dtype="fp32")
     layout = layout_for(data.layer_ids, target.num_layers, None, needs_last=algo.needs_last_layer)
     verifier = load_verifier_parts(target_folder)  # the trainer's view: its own copy of the target's parts
     args = small_args(algo)

@@ -9,6 +9,7 @@ import shutil
 import pytest
 import torch
 
+from engine.algos.eagle3.args import Eagle3Args
 from engine.measure import answers
 from engine.measure import evaluate as ev
 from engine.measure.options import EvaluateOptions
@@ -44,7 +45,7 @@ def target_and_draft(tiny_targets, tmp_path):
     target = load_target(str(folder))
     counts = torch.arange(target.vocab_size).flip(0)
     torch.manual_seed(0)
-    draft = build_eagle3(target, draft_vocab_size=160, token_counts=counts, aux_layer_ids=[1, 2, 3])
+    draft = build_eagle3(target, Eagle3Args(draft_vocab_size=160), token_counts=counts, aux_layer_ids=[1, 2, 3])
     return folder, save_eagle3(draft, tmp_path / "draft", dtype=torch.float32)
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from engine.algos.eagle3.args import Eagle3Args
 from engine.data.prompts import load_prompts
 from engine.measure.bench import markdown_table, run_bench
 from engine.measure.options import BenchOptions
@@ -22,7 +23,7 @@ def tiny_draft_dir(tiny_llama, tmp_path_factory):
 
     from engine.algos.eagle3.io import build_eagle3, save_eagle3
 
-    draft = build_eagle3(tiny_llama, draft_vocab_size=128, token_counts=torch.arange(tiny_llama.vocab_size),
+    draft = build_eagle3(tiny_llama, Eagle3Args(draft_vocab_size=128), token_counts=torch.arange(tiny_llama.vocab_size),
                          aux_layer_ids=[1, 2, 3])
     return save_eagle3(draft, tmp_path_factory.mktemp("d") / "draft", dtype=torch.float32)
 

@@ -225,7 +225,7 @@ def test_online_dataset_yields_what_extraction_writes(tiny_llama, rendered, tmp_
     many = online.get_many([4, 0, 2])
     assert [s["token_ids"].tolist() for s in many] == [rendered[i].input_ids for i in (4, 0, 2)]
     torch.testing.assert_close(online.token_freq(), offline.token_freq())
-    shuffled = OnlineHiddenStates(tiny_llama, rendered, [1, 4], shuffle=True, seed=1)
+    shuffled = OnlineHiddenStates(tiny_llama, rendered, [1, 4], shuffle_seed=1)
     order0 = shuffled.order()
     shuffled.set_epoch(1)
     assert sorted(order0) == list(range(len(rendered))) and shuffled.order() != order0

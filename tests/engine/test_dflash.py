@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from engine.algos import ALGOS
+from engine.algos.dflash.args import DFlashArgs
 from engine.algos.dflash.io import build_dflash, load_dflash
 from engine.generate.api import prompt_ids
 from engine.generate.runner import TargetRunner
@@ -25,8 +26,8 @@ def tiny(tiny_targets):
 @pytest.fixture(scope="module")
 def tiny_dflash(tiny):
     counts = torch.arange(tiny.vocab_size).flip(0)  # reduced vocabulary: exercises d2t
-    return build_dflash(tiny, aux_layer_ids=[1, 2, 3], num_layers=2, block_size=4, draft_vocab_size=160,
-                        token_counts=counts).eval()
+    return build_dflash(tiny, DFlashArgs(num_layers=2, block_size=4, draft_vocab_size=160),
+                        aux_layer_ids=[1, 2, 3], token_counts=counts).eval()
 
 
 def proposer(draft):
@@ -57,8 +58,9 @@ def test_attention_document_by_document_equals_the_dense_row(tiny, window, block
     import engine.algos.dflash.model as dflash_model
 
     counts = torch.arange(tiny.vocab_size).flip(0)
-    draft = build_dflash(tiny, aux_layer_ids=[1, 2, 3], num_layers=2, block_size=4, draft_vocab_size=160,
-                         token_counts=counts, sliding_window=window, block_causal=block_causal, seed=2).train()
+    draft = build_dflash(tiny, DFlashArgs(num_layers=2, block_size=4, draft_vocab_size=160, sliding_window=window,
+                                          block_causal=block_causal),
+                         aux_layer_ids=[1, 2, 3], token_counts=counts, seed=2).train()
     assert any(draft.block_causal) == block_causal
     lens = [9, 1, 14, 11]                                         # a one-token document holds no anchor
     doc = torch.cat([torch.full((n,), i) for i, n in enumerate(lens)])[None]
@@ -118,8 +120,9 @@ def test_speculators_dflash_computes_our_block_logits(tiny, tmp_path, vocab):
     from speculators_ref import load_block_reference
 
     counts = torch.arange(tiny.vocab_size).flip(0)
-    ours = build_dflash(tiny, aux_layer_ids=[1, 2, 3], num_layers=2, block_size=4, seed=3,
-                        draft_vocab_size=160 if vocab == "reduced" else None, token_counts=counts).eval()
+    ours = build_dflash(tiny, DFlashArgs(num_layers=2, block_size=4,
+                                         draft_vocab_size=160 if vocab == "reduced" else None),
+                        aux_layer_ids=[1, 2, 3], seed=3, token_counts=counts).eval()
     with torch.no_grad():  # non-trivial norms, so a swapped norm would show
         for name, p in ours.named_parameters():
             if name.endswith("norm.weight"):

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from engine.algos import ALGOS
+from engine.algos.dflash2.args import DFlash2Args
 from engine.algos.dflash2.io import build_dflash2, save_dflash2
 from engine.algos.dflash2.model import grouped_causal_conv
 from engine.errors import WorkbenchError
@@ -47,8 +48,9 @@ def scramble(draft, scale: float = 0.5):
 
 @pytest.fixture(scope="module")
 def tiny_dflash2(tiny):
-    return scramble(build_dflash2(tiny, aux_layer_ids=[1, 2, 3], num_layers=2, block_size=BLOCK, selector_rank=16,
-                                  conv_kernel_size=3, seed=3)).eval()
+    return scramble(build_dflash2(tiny, DFlash2Args(num_layers=2, block_size=BLOCK, selector_rank=16,
+                                                    conv_kernel_size=3),
+                                  aux_layer_ids=[1, 2, 3], seed=3)).eval()
 
 
 def test_the_convolution_is_causal_inside_each_block():
@@ -66,7 +68,7 @@ def test_the_convolution_is_causal_inside_each_block():
 
 def test_a_fresh_draft_has_identity_convolutions(tiny):
     """speculators' start: every convolution is the identity, so the layers compute DFlash's."""
-    draft = build_dflash2(tiny, aux_layer_ids=[1, 2, 3], num_layers=1, block_size=BLOCK, selector_rank=8)
+    draft = build_dflash2(tiny, DFlash2Args(num_layers=1, block_size=BLOCK, selector_rank=8), aux_layer_ids=[1, 2, 3])
     conv = draft.layers[0].attention_conv
     y = torch.randn(2 * BLOCK, tiny.hidden_size)
     prepared, delta = conv.prepare(y)
@@ -124,10 +126,10 @@ def test_sampled_drafts_come_with_their_candidate_distribution(tiny, tiny_dflash
 
 
 def test_refusals_name_the_field_and_the_fix(tiny):
-    with pytest.raises(WorkbenchError, match="full vocabulary"):
-        build_dflash2(tiny, aux_layer_ids=[1], num_layers=1, block_size=BLOCK, draft_vocab_size=160)
+    with pytest.raises(ValueError, match="draft_vocab_size"):  # it drafts over the target's full vocabulary
+        DFlash2Args(num_layers=1, block_size=BLOCK, draft_vocab_size=160)
     with pytest.raises(WorkbenchError, match="does not divide the target's hidden size 64"):
-        build_dflash2(tiny, aux_layer_ids=[1], num_layers=1, block_size=BLOCK, conv_group_size=24)
+        build_dflash2(tiny, DFlash2Args(num_layers=1, block_size=BLOCK, conv_group_size=24), aux_layer_ids=[1])
     with pytest.raises(ValueError, match="exceeds block_size"):
         ALGOS.get("dflash2").args_class(block_size=2, conv_kernel_size=3)
     assert "draft_vocab_size" not in ALGOS.get("dflash2").args_class.model_fields  # no flag to refuse later

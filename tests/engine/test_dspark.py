@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from engine.algos import ALGOS
+from engine.algos.dspark.args import DSparkArgs
 from engine.algos.dspark.io import build_dspark, load_dspark, save_dspark
 from engine.generate.api import prompt_ids
 from engine.generate.runner import TargetRunner
@@ -41,8 +42,8 @@ def _spread_confidence(draft):
 @pytest.fixture(scope="module")
 def tiny_dspark(tiny):
     counts = torch.arange(tiny.vocab_size).flip(0)  # reduced vocabulary: exercises d2t
-    draft = build_dspark(tiny, aux_layer_ids=[1, 2, 3], num_layers=2, block_size=BLOCK, draft_vocab_size=160,
-                         token_counts=counts, markov_rank=16)
+    draft = build_dspark(tiny, DSparkArgs(num_layers=2, block_size=BLOCK, draft_vocab_size=160, markov_rank=16),
+                         aux_layer_ids=[1, 2, 3], token_counts=counts)
     with torch.no_grad():  # a Markov bias ~ N(0, 1): it changes drafts, and q still overlaps the target's p
         draft.markov_head.markov_w1.weight.normal_(0.0, 0.5)
         draft.markov_head.markov_w2.weight.normal_(0.0, 0.5)
@@ -126,9 +127,9 @@ def test_proposer_block_equals_the_training_block(tiny, tiny_dspark):
 def test_teacher_forced_heads_equal_the_slot_by_slot_heads(tiny, head):
     """Training computes every slot of every block at once (the rnn head alone loops over slots); that equals the
     decoding path's one slot at a time with the same previous tokens, logits and confidences."""
-    draft = build_dspark(tiny, aux_layer_ids=[1, 2, 3], num_layers=1, block_size=BLOCK, seed=5, markov_rank=16,
-                         markov_head_type=head, draft_vocab_size=160,
-                         token_counts=torch.arange(tiny.vocab_size).flip(0)).eval()
+    draft = build_dspark(tiny, DSparkArgs(num_layers=1, block_size=BLOCK, markov_rank=16, markov_head_type=head,
+                                          draft_vocab_size=160),
+                         aux_layer_ids=[1, 2, 3], seed=5, token_counts=torch.arange(tiny.vocab_size).flip(0)).eval()
     with torch.no_grad():
         draft.markov_head.markov_w1.weight.normal_(0.0, 1.0)
         torch.manual_seed(2)
@@ -308,8 +309,9 @@ def test_speculators_dspark_computes_our_logits_and_confidences(tiny, tmp_path, 
     from speculators_ref import load_block_reference
 
     counts = torch.arange(tiny.vocab_size).flip(0)
-    ours = build_dspark(tiny, aux_layer_ids=[1, 2, 3], num_layers=2, block_size=BLOCK, seed=3, markov_rank=16,
-                        markov_head_type=head, draft_vocab_size=160, token_counts=counts).eval()
+    ours = build_dspark(tiny, DSparkArgs(num_layers=2, block_size=BLOCK, markov_rank=16, markov_head_type=head,
+                                         draft_vocab_size=160),
+                        aux_layer_ids=[1, 2, 3], seed=3, token_counts=counts).eval()
     with torch.no_grad():  # non-trivial norms and a visible Markov bias, so a swapped piece would show
         for name, p in ours.named_parameters():
             if name.endswith("norm.weight"):

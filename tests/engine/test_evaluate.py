@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from engine.algos.eagle3.args import Eagle3Args
 from engine.generate.acceptance import HeldOutSample, walk
 from engine.measure.evaluate import evaluate_samples, samples_from_prompts
 from engine.measure.options import EvaluateOptions
@@ -230,7 +231,7 @@ def test_sampled_expectation_is_a_probability_and_tends_to_the_greedy_walk(tiny_
 
     target = load_target(str(tiny_targets["llama"]))
     counts = torch.arange(target.vocab_size).flip(0)
-    draft = build_eagle3(target, draft_vocab_size=160, token_counts=counts, aux_layer_ids=[1, 2, 3]).eval()
+    draft = build_eagle3(target, Eagle3Args(draft_vocab_size=160), token_counts=counts, aux_layer_ids=[1, 2, 3]).eval()
     algorithm = ALGOS.get("eagle3")
     prompts = [[{"role": "user", "content": f"Count to {i}."}] for i in (3, 5)]
     samples = samples_from_prompts(target, prompts, [1, 2, 3], max_new_tokens=12, with_logits=True)

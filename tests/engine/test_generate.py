@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from engine.algos.eagle3.args import Eagle3Args
 from engine.algos.eagle3.io import build_eagle3
 from engine.algos.eagle3.proposer import Eagle3Proposer
 from engine.errors import WorkbenchError
@@ -29,7 +30,7 @@ def tiny(tiny_targets):
 @pytest.fixture(scope="module")
 def tiny_draft(tiny):
     counts = torch.arange(tiny.vocab_size).flip(0)  # reduced vocabulary: exercises d2t
-    return build_eagle3(tiny, draft_vocab_size=160, token_counts=counts, aux_layer_ids=[1, 2, 3])
+    return build_eagle3(tiny, Eagle3Args(draft_vocab_size=160), token_counts=counts, aux_layer_ids=[1, 2, 3])
 
 
 def run(target, prompt, params, proposer=None, k=3):

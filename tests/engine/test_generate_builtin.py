@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from engine.algos.eagle3.args import Eagle3Args
 from engine.generate.api import default_draft, make_proposer, prompt_ids
 from engine.generate.runner import TargetRunner
 from engine.generate.sampling import SamplingParams
@@ -34,7 +35,7 @@ def draft_dir(builtin_target, tmp_path_factory):
     from engine.algos.eagle3.io import build_eagle3, save_eagle3
 
     counts = torch.ones(builtin_target.vocab_size)
-    draft = build_eagle3(builtin_target, draft_vocab_size=4096, token_counts=counts)
+    draft = build_eagle3(builtin_target, Eagle3Args(draft_vocab_size=4096), token_counts=counts)
     return save_eagle3(draft, tmp_path_factory.mktemp("draft") / "random-eagle3", dtype=torch.float32)
 
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from engine.algos import ALGOS
+from engine.algos.peagle.args import PEagleArgs
 from engine.algos.peagle.io import build_peagle, load_peagle, save_peagle
 from engine.algos.peagle.train import cod_sample
 from engine.generate.api import prompt_ids
@@ -34,8 +35,9 @@ def tiny(tiny_targets):
 @pytest.fixture(scope="module")
 def tiny_peagle(tiny):
     counts = torch.arange(tiny.vocab_size).flip(0)  # reduced vocabulary: exercises d2t
-    draft = build_peagle(tiny, aux_layer_ids=[1, 2, 3], num_layers=2, draft_vocab_size=160, token_counts=counts,
-                         speculative_tokens=K, sliding_window=None, mask_token_id=300).eval()
+    draft = build_peagle(tiny, PEagleArgs(num_layers=2, draft_vocab_size=160, speculative_tokens=K,
+                                          sliding_window=None, mask_token_id=300),
+                         aux_layer_ids=[1, 2, 3], token_counts=counts).eval()
     with torch.no_grad():  # a mask row unlike the target's, as after training
         draft.mask_embedding.normal_(0.0, 0.2)
     return draft
@@ -245,9 +247,9 @@ def test_speculators_peagle_computes_our_logits(tiny, tmp_path, vocab):
     from speculators.models.peagle import PEagleSpeculatorConfig
 
     counts = torch.arange(tiny.vocab_size).flip(0)
-    ours = build_peagle(tiny, aux_layer_ids=[1, 2, 3], num_layers=2, seed=3, speculative_tokens=K,
-                        draft_vocab_size=160 if vocab == "reduced" else None, token_counts=counts,
-                        mask_token_id=300, norm_before_fc=True).eval()
+    ours = build_peagle(tiny, PEagleArgs(num_layers=2, speculative_tokens=K, mask_token_id=300, norm_before_fc=True,
+                                         draft_vocab_size=160 if vocab == "reduced" else None),
+                        aux_layer_ids=[1, 2, 3], seed=3, token_counts=counts).eval()
     with torch.no_grad():  # non-trivial norms and mask row, so a swapped norm or row would show
         for name, p in ours.named_parameters():
             if name.endswith("norm.weight"):

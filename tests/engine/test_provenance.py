@@ -81,15 +81,15 @@ def test_the_evaluate_command_a_record_names_parses_back_into_the_same_options()
 
 
 def test_a_vllm_record_names_the_torch_of_vllms_environment_and_no_cpu_for_a_gpu(monkeypatch):
-    from engine.serve import bench as serve_bench
+    from engine.measure import vllm_bench
     from engine.serve import venv
 
     monkeypatch.setattr(venv, "read_stamp", lambda: venv.VllmEnv(Path("/x"), "cpu", "0.32.0", "2.13.0+cpu"))
-    record = serve_bench._machine("bfloat16")
+    record = vllm_bench._machine("bfloat16")
     assert {k: record[k] for k in ("cpu", "cpu_kind", "dtype", "torch", "vllm_version")} == {
         **cpu.cpu_identity(), "dtype": "bfloat16", "torch": "2.13.0+cpu", "vllm_version": "0.32.0"}
     monkeypatch.setattr(venv, "read_stamp", lambda: venv.VllmEnv(Path("/x"), "cuda", "0.11.0", "2.9.0+cu128"))
-    record = serve_bench._machine("bfloat16")
+    record = vllm_bench._machine("bfloat16")
     assert record["cpu"] is None and record["cpu_kind"] is None and record["torch"] == "2.9.0+cu128"
 
 

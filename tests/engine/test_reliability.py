@@ -545,10 +545,11 @@ def broken_drafts(tiny_llama, tmp_path_factory):
 
     from safetensors.torch import load_file, save_file
 
+    from engine.algos.eagle3.args import Eagle3Args
     from engine.algos.eagle3.io import build_eagle3, save_eagle3
 
     root = tmp_path_factory.mktemp("broken")
-    draft = build_eagle3(tiny_llama, draft_vocab_size=128, token_counts=torch.arange(tiny_llama.vocab_size),
+    draft = build_eagle3(tiny_llama, Eagle3Args(draft_vocab_size=128), token_counts=torch.arange(tiny_llama.vocab_size),
                          aux_layer_ids=[1, 2, 3])
     good = save_eagle3(draft, root / "good", dtype=torch.float32)
     truncated, shape = root / "truncated", root / "shape"
@@ -686,9 +687,10 @@ def test_validate_warns_about_a_draft_without_embed_tokens_and_names_the_repair(
 
 @pytest.fixture(scope="module")
 def good_draft(tiny_llama, tmp_path_factory) -> Path:
+    from engine.algos.eagle3.args import Eagle3Args
     from engine.algos.eagle3.io import build_eagle3, save_eagle3
 
-    draft = build_eagle3(tiny_llama, draft_vocab_size=128, token_counts=torch.arange(tiny_llama.vocab_size),
+    draft = build_eagle3(tiny_llama, Eagle3Args(draft_vocab_size=128), token_counts=torch.arange(tiny_llama.vocab_size),
                          aux_layer_ids=[1, 2, 3])
     return save_eagle3(draft, tmp_path_factory.mktemp("vd") / "good", dtype=torch.float32)
 

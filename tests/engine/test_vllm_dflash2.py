@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from engine.algos import ALGOS
+from engine.algos.dflash2.args import DFlash2Args
 from engine.algos.dflash2.config import VLLM_V1_REFUSAL
 from engine.algos.dflash2.io import build_dflash2, save_dflash2
 
@@ -61,8 +62,8 @@ def test_stand_in_vllms_dflash2_pieces_compute_our_convolutions_scores_and_draft
     from engine.targets import load_target
 
     tiny = load_target(str(tiny_targets["llama"]))
-    draft = build_dflash2(tiny, aux_layer_ids=[1, 2, 3], num_layers=2, block_size=BLOCK, selector_rank=16,
-                          conv_kernel_size=3, seed=5).eval()
+    draft = build_dflash2(tiny, DFlash2Args(num_layers=2, block_size=BLOCK, selector_rank=16, conv_kernel_size=3),
+                          aux_layer_ids=[1, 2, 3], seed=5).eval()
     with torch.no_grad():  # random convolutions and a selector that moves choices (a fresh draft is near identity)
         for name, p in draft.named_parameters():
             if "conv" in name:

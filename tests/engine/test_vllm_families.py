@@ -103,27 +103,27 @@ def vllm_pool(tmp_path_factory):
 def test_vllm_serves_the_familys_draft_with_our_acceptance(family, algo, vllm_pool, tmp_path, capsys):
     from engine.errors import WorkbenchError
     from engine.measure.bench import run_bench
-    from engine.serve.bench import run_vllm_bench
+    from engine.measure.vllm_bench import run_vllm_bench
     from engine.targets import load_target
 
     if _refused_by_cpu_build(family):  # measured: benchmarks/bench_vllm_linear_attention.py, docs/families.md
         target = save_tiny_target(tmp_path / "target", family, hidden_size=WIDTH)
         with pytest.raises(WorkbenchError, match="vLLM's CPU build .* (does not decode|cannot pair)"):
-            run_vllm_bench(PROMPTS, target=str(target), methods=("ngram",), k=K, max_new_tokens=MAX_TOKENS,
-                           temperature=0.0, seed=0, dtype="bfloat16", tokenize=True, pool=vllm_pool)
+            run_vllm_bench(PROMPTS, BenchOptions(target=str(target), methods="ngram", k=K, max_new_tokens=MAX_TOKENS,
+                                                 dtype="bfloat16"), tokenize=True, pool=vllm_pool)
         return
     target, draft = _trained_draft(tmp_path, family, algo, capsys)
     report = _engine(capsys, "validate", str(draft))
-    bench = dict(draft=str(draft), k=K, max_new_tokens=MAX_TOKENS, temperature=0.0, seed=0, dtype="float32",
-                 tokenize=True, pool=vllm_pool)
+    def bench(methods):
+        return BenchOptions(draft=str(draft), methods=methods, k=K, max_new_tokens=MAX_TOKENS, dtype="float32")
     if not _served(family):
         assert vr.NO_AUX_STATES_MESSAGE in report  # validate warns first
         with pytest.raises(WorkbenchError) as refused:
-            run_vllm_bench(PROMPTS, methods=("draft",), **bench)
+            run_vllm_bench(PROMPTS, bench("draft"), tokenize=True, pool=vllm_pool)
         assert vr.NO_AUX_STATES_MESSAGE in str(refused.value)  # vLLM's own words
         return
     assert vr.NO_AUX_STATES_MESSAGE not in report
-    served = run_vllm_bench(PROMPTS, methods=("baseline", "draft"), **bench)["methods"]["draft"]
+    served = run_vllm_bench(PROMPTS, bench("baseline,draft"), tokenize=True, pool=vllm_pool)["methods"]["draft"]
     assert served["identical_to_baseline"], served["first_divergence"]
     assert served["num_drafts"] > 0 and served["num_draft_tokens"] == K * served["num_drafts"]
     ours = run_bench(load_target(str(target), dtype="fp32"), PROMPTS,

@@ -247,17 +247,17 @@ def vllm_pool(vllm_env, tmp_path_factory):
 @pytest.fixture(scope="module")
 def vllm_bench(vllm_pool):
     """`bench(draft, methods=..., **kwargs)` -> run_vllm_bench's result on PROMPTS in TEST_DTYPE, cached."""
-    from engine.serve.bench import run_vllm_bench
+    from engine.measure.vllm_bench import run_vllm_bench
 
     cache: dict[str, dict] = {}
 
-    def bench(draft, methods=("baseline", "draft"), **kwargs):
-        key = json.dumps([str(draft), list(methods), kwargs], sort_keys=True, default=str)
+    def bench(draft, methods=("baseline", "draft"), tokenize=False, **kwargs):
+        key = json.dumps([str(draft), list(methods), tokenize, kwargs], sort_keys=True, default=str)
         if key not in cache:
             args = dict(target="smollm2-135m-instruct", k=K, max_new_tokens=MAX_TOKENS, temperature=0.0, seed=0,
                         dtype=TEST_DTYPE)
-            args.update(kwargs)
-            cache[key] = run_vllm_bench(PROMPTS, draft=draft, methods=methods, pool=vllm_pool, **args)
+            options = BenchOptions(draft=str(draft), methods=methods, **{**args, **kwargs})
+            cache[key] = run_vllm_bench(PROMPTS, options, tokenize=tokenize, pool=vllm_pool)
         return cache[key]
 
     return bench

@@ -12,7 +12,8 @@ from .config import ToyConfig
 from .model import ToyHead
 
 
-def build_toy(target, *, aux_layer_ids: list[int], toy_init_std: float, seed: int, **_unused) -> ToyHead:
+def build_toy(target, args, *, aux_layer_ids: list[int], token_counts=None, seed: int = 0) -> ToyHead:
+    """A fresh toy head (`args`: its ToyArgs; the toy drafts the full vocabulary, so token_counts is unused)."""
     h, v = target.hidden_size, target.vocab_size
     cfg = ToyConfig(
         speculators_config=SpeculatorsInfo(algorithm="toy", proposal_methods=[ProposalMethod(speculative_tokens=1)],
@@ -22,7 +23,7 @@ def build_toy(target, *, aux_layer_ids: list[int], toy_init_std: float, seed: in
         aux_hidden_state_layer_ids=aux_layer_ids, target_hidden_size=h, draft_vocab_size=v)
     torch.manual_seed(seed)
     draft = ToyHead(cfg)
-    nn.init.normal_(draft.head.weight, std=toy_init_std)
+    nn.init.normal_(draft.head.weight, std=args.toy_init_std)
     nn.init.zeros_(draft.head.bias)
     return draft
 

@@ -77,7 +77,7 @@ class DFlashConfig(DraftConfig):
         a = len(ids) if ids else d.layers
         exp: dict[str, tuple] = {"fc.weight": (d.h, d.ht * a), "hidden_norm.weight": (d.h,), "norm.weight": (d.h,)}
         for i in range(d.layers):
-            exp.update(vr.attn_mlp(f"layers.{i}.", d.h, d.h, d.nh, d.nkv, d.hd, d.inter, qk_norm=True, bias=d.bias))
+            exp.update(vr.attn_mlp(f"layers.{i}.", d, d.h, qk_norm=True))
         return exp, set()
 
     @classmethod

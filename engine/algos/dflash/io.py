@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from engine.algos.base import DecoderArgs
 from engine.algos.common.layers import init_draft_weights, module_to_dtype_except
 from engine.algos.common.vocab import choose_mask_token, reduced_vocab, selected_from_d2t, vocab_maps
+from engine.algos.dflash.args import DFlashArgs
 from engine.algos.dflash.config import DFlashConfig
 from engine.algos.dflash.model import DFlashDraft
 from engine.errors import WorkbenchError
@@ -17,31 +20,40 @@ from engine.format.checkpoint import load_state_dict, read_config_dict, save_che
 from engine.format.config import build_draft_config, build_layer_config, parse_draft_config
 
 
-def build_dflash(target, *, aux_layer_ids: list[int] | None = None, num_layers: int = 5, block_size: int = 16,
-                 draft_vocab_size: int | None = None, token_counts: torch.Tensor | None = None,
-                 sliding_window: int | None = None, block_causal: bool = False, mask_token_id: int | None = None,
-                 speculative_tokens: int | None = None, seed: int = 0, algorithm: str = "dflash",
-                 draft_class: type[DFlashDraft] = DFlashDraft, config_fields: dict[str, Any] | None = None
+@dataclass(frozen=True)
+class FamilyMember:
+    """A draft type built on DFlash's backbone: its format name, its model class and its own config fields."""
+
+    algorithm: str = "dflash"
+    draft_class: type[DFlashDraft] = DFlashDraft
+    config_fields: dict[str, Any] = field(default_factory=dict)  # e.g. sample_from_anchor, DSpark's heads
+
+
+def build_dflash(target, args: DecoderArgs | None = None, *, aux_layer_ids: list[int] | None = None,
+                 token_counts: torch.Tensor | None = None, seed: int = 0, member: FamilyMember | None = None
                  ) -> DFlashDraft:
-    """A new DFlash-family draft for `target` (an engine.targets.Target or VerifierParts), initialised like
-    speculators. `algorithm`, `draft_class` and `config_fields` (e.g. sample_from_anchor) build a family member
-    on the same backbone."""
+    """A new DFlash-family draft for `target` (an engine.targets.Target or VerifierParts), shaped by `args` (a
+    family member's: block_size, block_causal, mask_token_id), initialised like speculators; `member` builds
+    another type of the family on the same backbone."""
+    a, member = args or DFlashArgs(), member or FamilyMember()
     vocab = target.vocab_size
-    draft_vocab_size = draft_vocab_size or vocab
-    fields = {"sample_from_anchor": False, **(config_fields or {})}
+    draft_vocab_size = getattr(a, "draft_vocab_size", None) or vocab  # DFlash2 drafts over the full vocabulary
+    fields = {"sample_from_anchor": False, **member.config_fields}
     aux = sorted(aux_layer_ids or DFlashConfig.default_aux_layer_ids(target.num_layers))
-    layer_config = build_layer_config(target.text_config, model_type="qwen3", num_layers=num_layers,
-                                      sliding_window=sliding_window)
+    layer_config = build_layer_config(target.text_config, model_type="qwen3", num_layers=a.num_layers,
+                                      sliding_window=a.sliding_window)
     cfg = build_draft_config(
-        algorithm, verifier_config=target.text_config, verifier_name=target.verifier_name, layer_config=layer_config,
-        speculative_tokens=speculative_tokens or block_size - (0 if fields["sample_from_anchor"] else 1),
-        draft_vocab_size=draft_vocab_size, block_size=block_size, aux_hidden_state_layer_ids=aux,
-        mask_token_id=choose_mask_token(target, mask_token_id), sliding_window_non_causal=not block_causal, **fields)
+        member.algorithm, verifier_config=target.text_config, verifier_name=target.verifier_name,
+        layer_config=layer_config, draft_vocab_size=draft_vocab_size, block_size=a.block_size,
+        speculative_tokens=a.speculative_tokens or DFlashConfig.default_speculative_tokens({**a.model_dump(),
+                                                                                           **fields}),
+        aux_hidden_state_layer_ids=aux, mask_token_id=choose_mask_token(target, a.mask_token_id),
+        sliding_window_non_causal=not a.block_causal, **fields)
     cfg.speculators_config.verifier.architectures = list(getattr(target.config, "architectures", None) or [])
     head = target.lm_head().weight.detach()  # [V, H]
     torch.manual_seed(seed)
-    draft = draft_class(cfg, embed_tokens=target.embed_tokens(), lm_head_weight=head if draft_vocab_size == vocab
-                        else None)
+    draft = member.draft_class(cfg, embed_tokens=target.embed_tokens(),
+                               lm_head_weight=head if draft_vocab_size == vocab else None)
     init_draft_weights(draft, std=float(target.text_config.to_dict().get("initializer_range", 0.02)))
     if draft_vocab_size != vocab:
         selected, d2t, t2d = reduced_vocab(token_counts, draft_vocab_size, vocab)

@@ -9,29 +9,23 @@ from typing import Any
 
 import torch
 
-from engine.algos.dflash.io import build_dflash, load_dflash, save_dflash
+from engine.algos.dflash.io import FamilyMember, build_dflash, load_dflash, save_dflash
+from engine.algos.dflash2.args import DFlash2Args
 from engine.algos.dflash2.model import DFlash2Draft
 from engine.errors import WorkbenchError
 
 
-def build_dflash2(target, *, conv_kernel_size: int = 2, conv_group_size: int = 16, selector_rank: int = 256,
-                  selector_top_k: int = 16, **backbone: Any) -> DFlash2Draft:
-    """A new DFlash2 draft: DFlash's backbone over the full vocabulary (`backbone`: build_dflash's fields, block_size
-    8 unless given), identity convolutions and a random selector."""
-    backbone.setdefault("block_size", 8)
-    if backbone.pop("draft_vocab_size", None) not in (None, target.vocab_size):
-        raise WorkbenchError("DFlash2 drafts over the target's full vocabulary (its selector's codebooks are "
-                             "[V, rank])", hint="drop --draft-vocab-size")
-    if target.hidden_size % conv_group_size:
-        raise WorkbenchError(f"conv_group_size {conv_group_size} does not divide the target's hidden size "
+def build_dflash2(target, args: DFlash2Args | None = None, **backbone: Any) -> DFlash2Draft:
+    """A new DFlash2 draft: DFlash's backbone over the full vocabulary (`backbone`: aux_layer_ids, token_counts,
+    seed), identity convolutions and a random selector, as `args` shape them."""
+    a = args or DFlash2Args()
+    if target.hidden_size % a.conv_group_size:
+        raise WorkbenchError(f"conv_group_size {a.conv_group_size} does not divide the target's hidden size "
                              f"{target.hidden_size}", hint="choose a divisor of the hidden size, e.g. 16")
-    if conv_kernel_size > backbone["block_size"]:
-        raise WorkbenchError(f"conv_kernel_size {conv_kernel_size} exceeds block_size {backbone['block_size']}",
-                             hint="use at most block_size taps")
-    fields = {"sample_from_anchor": False, "conv_kernel_size": conv_kernel_size, "conv_group_size": conv_group_size,
-              "selector_rank": selector_rank, "selector_top_k": selector_top_k}
-    draft = build_dflash(target, draft_vocab_size=None, algorithm="dflash2", draft_class=DFlash2Draft,
-                         config_fields=fields, **backbone)
+    fields = {"sample_from_anchor": False, "conv_kernel_size": a.conv_kernel_size,
+              "conv_group_size": a.conv_group_size, "selector_rank": a.selector_rank,
+              "selector_top_k": a.selector_top_k}
+    draft = build_dflash(target, a, member=FamilyMember("dflash2", DFlash2Draft, fields), **backbone)
     draft.reset_convolutions()  # the random matrices of speculators' initialisation, then identity convolutions
     return draft
 

@@ -9,27 +9,23 @@ from typing import Any
 
 import torch
 
-from engine.algos.dflash.io import build_dflash, load_dflash, save_dflash
+from engine.algos.dflash.io import FamilyMember, build_dflash, load_dflash, save_dflash
+from engine.algos.dspark.args import DSparkArgs
 from engine.algos.dspark.model import DSparkDraft
 from engine.errors import WorkbenchError
 
 
-def build_dspark(target, *, markov_rank: int = 256, markov_head_type: str = "vanilla",
-                 enable_confidence_head: bool = True, confidence_head_with_markov: bool = True,
-                 block_size: int = 8, num_layers: int = 5, draft_vocab_size: int | None = None,
-                 sliding_window: int | None = None, block_causal: bool = False, mask_token_id: int | None = None,
-                 **backbone: Any) -> DSparkDraft:
-    """A new DSpark draft: DFlash's backbone (the named fields and `backbone`: aux_layer_ids, token_counts,
-    speculative_tokens, seed) with every slot predicting, plus the Markov and confidence heads."""
-    if confidence_head_with_markov and enable_confidence_head and markov_rank <= 0:
+def build_dspark(target, args: DSparkArgs | None = None, **backbone: Any) -> DSparkDraft:
+    """A new DSpark draft: DFlash's backbone (`backbone`: aux_layer_ids, token_counts, seed) with every slot
+    predicting, plus the Markov and confidence heads `args` shape."""
+    a = args or DSparkArgs()
+    if a.confidence_head_with_markov and a.enable_confidence_head and a.markov_rank <= 0:
         raise WorkbenchError("confidence_head_with_markov needs a Markov head (markov_rank > 0)",
                              hint="set --markov-rank to a positive rank or --no-confidence-head-with-markov")
-    fields = {"sample_from_anchor": True, "markov_rank": markov_rank, "markov_head_type": markov_head_type,
-              "enable_confidence_head": enable_confidence_head,
-              "confidence_head_with_markov": confidence_head_with_markov}
-    draft = build_dflash(target, block_size=block_size, num_layers=num_layers, draft_vocab_size=draft_vocab_size,
-                         sliding_window=sliding_window, block_causal=block_causal, mask_token_id=mask_token_id,
-                         algorithm="dspark", draft_class=DSparkDraft, config_fields=fields, **backbone)
+    fields = {"sample_from_anchor": True, "markov_rank": a.markov_rank, "markov_head_type": a.markov_head_type,
+              "enable_confidence_head": a.enable_confidence_head,
+              "confidence_head_with_markov": a.confidence_head_with_markov}
+    draft = build_dflash(target, a, member=FamilyMember("dspark", DSparkDraft, fields), **backbone)
     if draft.markov_head is not None:  # speculators' start: a small previous-token embedding, a near-zero bias
         with torch.no_grad():
             draft.markov_head.markov_w1.weight.normal_(0.0, 0.01)

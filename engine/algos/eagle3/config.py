@@ -77,8 +77,7 @@ class Eagle3Config(DraftConfig):
         a = num_aux(hf)
         exp: dict[str, tuple] = {"fc.weight": (d.h, d.ht * a)}
         for i in range(d.layers):
-            exp.update(vr.attn_mlp(f"layers.{i}.", d.h, 2 * d.h if i == 0 else d.h, d.nh, d.nkv, d.hd, d.inter,
-                                   qk_norm=d.qwen, bias=d.bias))
+            exp.update(vr.attn_mlp(f"layers.{i}.", d, 2 * d.h if i == 0 else d.h, qk_norm=d.qwen))
         exp["layers.0.hidden_norm.weight"] = (d.h,)
         exp["norm.weight"] = (d.h,)
         if hf.get("norm_before_fc"):

@@ -10,6 +10,7 @@ import torch
 
 from engine.algos.common.layers import init_draft_weights, module_to_dtype_except
 from engine.algos.common.vocab import reduced_vocab, selected_from_d2t, vocab_maps
+from engine.algos.eagle3.args import Eagle3Args
 from engine.algos.eagle3.config import Eagle3Config
 from engine.algos.eagle3.model import Eagle3Draft
 from engine.errors import WorkbenchError
@@ -17,40 +18,28 @@ from engine.format.checkpoint import load_state_dict, read_config_dict, save_che
 from engine.format.config import build_draft_config, build_layer_config, parse_draft_config
 
 
-def build_eagle3(
-    target,
-    *,
-    aux_layer_ids: list[int] | None = None,
-    draft_vocab_size: int | None = None,
-    token_counts: torch.Tensor | None = None,
-    num_layers: int = 1,
-    draft_arch: str = "llama",
-    speculative_tokens: int = 3,
-    norm_before_residual: bool = True,
-    norm_before_fc: bool = True,
-    fc_norm: bool = False,
-    norm_output: bool = True,
-    sliding_window: int | None = 2048,
-    seed: int = 0,
-) -> Eagle3Draft:
-    """A new draft for `target` (an engine.targets.Target), initialised like speculators 0.9.0.
+def build_eagle3(target, args: Eagle3Args | None = None, *, aux_layer_ids: list[int] | None = None,
+                 token_counts: torch.Tensor | None = None, seed: int = 0) -> Eagle3Draft:
+    """A new draft for `target` (an engine.targets.Target), shaped by `args`, initialised like speculators 0.9.0.
 
     The draft vocabulary is the top `draft_vocab_size` tokens of `token_counts` (loss-masked token
     frequencies); `lm_head` starts as the verifier's rows for those tokens; the token embedding is
     the verifier's, shared and frozen.
     """
+    a = args or Eagle3Args()
     vocab = target.vocab_size
-    draft_vocab_size = draft_vocab_size or vocab
+    draft_vocab_size = a.draft_vocab_size or vocab
     aux = sorted(aux_layer_ids or Eagle3Config.default_aux_layer_ids(target.num_layers))
-    layer_config = build_layer_config(target.text_config, model_type=draft_arch, num_layers=num_layers,
-                                      sliding_window=sliding_window)
-    if draft_arch == "llama" and len(aux) != 3:
+    layer_config = build_layer_config(target.text_config, model_type=a.draft_arch, num_layers=a.num_layers,
+                                      sliding_window=a.sliding_window)
+    if a.draft_arch == "llama" and len(aux) != 3:
         layer_config["num_aux_hidden_states"] = len(aux)  # vLLM's Llama EAGLE-3 class ignores top-level ids
     cfg = build_draft_config(
         "eagle3", verifier_config=target.text_config, verifier_name=target.verifier_name,
-        layer_config=layer_config, speculative_tokens=speculative_tokens, draft_vocab_size=draft_vocab_size,
-        eagle_aux_hidden_state_layer_ids=aux, norm_before_residual=norm_before_residual,
-        norm_before_fc=norm_before_fc, fc_norm=fc_norm, norm_output=norm_output,
+        layer_config=layer_config, draft_vocab_size=draft_vocab_size, eagle_aux_hidden_state_layer_ids=aux,
+        speculative_tokens=a.speculative_tokens or Eagle3Config.default_speculative_tokens(a.model_dump()),
+        norm_before_residual=a.norm_before_residual, norm_before_fc=a.norm_before_fc, fc_norm=a.fc_norm,
+        norm_output=a.norm_output,
     )
     cfg.speculators_config.verifier.architectures = list(getattr(target.config, "architectures", None) or [])
     torch.manual_seed(seed)

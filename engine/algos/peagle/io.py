@@ -12,6 +12,7 @@ from torch import nn
 from engine.algos.common.layers import module_to_dtype_except
 from engine.algos.common.vocab import choose_mask_token, selected_from_d2t, vocab_maps
 from engine.algos.eagle3.io import init_from_target
+from engine.algos.peagle.args import PEagleArgs
 from engine.algos.peagle.config import PEagleConfig
 from engine.algos.peagle.model import PEagleDraft
 from engine.errors import WorkbenchError
@@ -23,28 +24,27 @@ from engine.format.config import build_draft_config, build_layer_config, parse_d
 _NOT_INITIALISED = ("embed_tokens", "mask_embedding", "mask_hidden")
 
 
-def build_peagle(target, *, aux_layer_ids: list[int] | None = None, draft_vocab_size: int | None = None,
-                 token_counts: torch.Tensor | None = None, num_layers: int = 4, draft_arch: str = "qwen3",
-                 speculative_tokens: int = 8, norm_before_residual: bool = False, norm_before_fc: bool = False,
-                 fc_norm: bool = False, norm_output: bool = False, sliding_window: int | None = 2048,
-                 mask_token_id: int | None = None, seed: int = 0) -> PEagleDraft:
-    """A new P-EAGLE draft for `target` (an engine.targets.Target or VerifierParts), initialised like speculators.
+def build_peagle(target, args: PEagleArgs | None = None, *, aux_layer_ids: list[int] | None = None,
+                 token_counts: torch.Tensor | None = None, seed: int = 0) -> PEagleDraft:
+    """A new P-EAGLE draft for `target` (an engine.targets.Target or VerifierParts), shaped by `args`, initialised
+    like speculators.
 
     As EAGLE-3: the draft vocabulary is the top `draft_vocab_size` tokens of `token_counts`, `lm_head` starts as
     the verifier's rows for them, and the token embedding is the verifier's (frozen, but for the mask token's row)."""
+    a = args or PEagleArgs()
     vocab = target.vocab_size
-    draft_vocab_size = draft_vocab_size or vocab
+    draft_vocab_size = a.draft_vocab_size or vocab
     aux = sorted(aux_layer_ids or PEagleConfig.default_aux_layer_ids(target.num_layers))
-    layer_config = build_layer_config(target.text_config, model_type=draft_arch, num_layers=num_layers,
-                                      sliding_window=sliding_window)
-    if draft_arch == "llama" and len(aux) != 3:
+    layer_config = build_layer_config(target.text_config, model_type=a.draft_arch, num_layers=a.num_layers,
+                                      sliding_window=a.sliding_window)
+    if a.draft_arch == "llama" and len(aux) != 3:
         layer_config["num_aux_hidden_states"] = len(aux)  # vLLM's Llama EAGLE-3 class ignores top-level ids
     cfg = build_draft_config(
         "peagle", verifier_config=target.text_config, verifier_name=target.verifier_name,
-        layer_config=layer_config, speculative_tokens=speculative_tokens, draft_vocab_size=draft_vocab_size,
-        eagle_aux_hidden_state_layer_ids=aux, norm_before_residual=norm_before_residual,
-        norm_before_fc=norm_before_fc, fc_norm=fc_norm, norm_output=norm_output,
-        mask_token_id=choose_mask_token(target, mask_token_id))
+        layer_config=layer_config, draft_vocab_size=draft_vocab_size, eagle_aux_hidden_state_layer_ids=aux,
+        speculative_tokens=a.speculative_tokens or PEagleConfig.default_speculative_tokens(a.model_dump()),
+        norm_before_residual=a.norm_before_residual, norm_before_fc=a.norm_before_fc, fc_norm=a.fc_norm,
+        norm_output=a.norm_output, mask_token_id=choose_mask_token(target, a.mask_token_id))
     cfg.speculators_config.verifier.architectures = list(getattr(target.config, "architectures", None) or [])
     torch.manual_seed(seed)
     draft = PEagleDraft(cfg, embed_tokens=target.embed_tokens())

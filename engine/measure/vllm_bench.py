@@ -14,8 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import WorkbenchError
+from engine.measure.options import BenchOptions
 from engine.serve.metrics import scrape, spec_delta
 from engine.serve.server import ServePlan, ServerPool, plan_server
+from engine.targets import target_for_draft, vllm_dtype
 
 log = logging.getLogger(__name__)
 
@@ -86,27 +88,29 @@ def _first_divergence(a: list[int] | None, b: list[int] | None, text_a: str, tex
     return None if len(x) == len(y) else min(len(x), len(y))
 
 
-def run_vllm_bench(prompts: Sequence[dict[str, Any]], *, target: str | None = None, draft: str | Path | None = None,
-                   k: int | None = None, max_new_tokens: int = 64, temperature: float = 0.0, seed: int | None = 0,
-                   methods: Sequence[str] = METHODS, dtype: str = "bfloat16", tokenize: bool = False,
+def run_vllm_bench(prompts: Sequence[dict[str, Any]], options: BenchOptions, *, tokenize: bool = False,
                    validate: bool = True, pool: ServerPool | None = None,
                    progress: Callable[[str, float], None] | None = None) -> dict[str, Any]:
-    """Run every method on a vLLM server (started here, or reused from `pool`) and compare them.
+    """`run_bench` on vLLM: each of the options' vLLM methods (baseline, draft, ngram) on its server (started here,
+    or taken from `pool`), compared.
 
-    `prompts` are {"prompt": str} (completions) or {"messages": [...]} (chat completions) items; with
-    `tokenize` they are tokenized here like the in-process engine does and sent as token ids. Returns
-    {"methods": {name: {"mean_acceptance_length", "per_position_acceptance", "tokens_per_s", "speedup",
-    "identical_to_baseline", "outputs", ...}}, "backend": "vllm", ...}. Greedy outputs in bf16 may drift
-    from the baseline after some tokens (batched verification rounds differently); fp32 is exact.
+    `prompts`: {"prompt": str} or {"messages": [...]} items, sent as token ids tokenized as in-process with
+    `tokenize`. Returns {"methods": {name: {"mean_acceptance_length", "per_position_acceptance", "tokens_per_s",
+    "speedup", "identical_to_baseline", "outputs", ...}}, "backend": "vllm", ...}. bf16 greedy outputs may drift
+    from the baseline (batched verification rounds differently); fp32 is exact.
     """
     if not prompts:
         raise WorkbenchError("no prompts to benchmark", hint="give at least one {'prompt': ...} item")
-    methods = [m for m in METHODS if m in methods] + [m for m in methods if m not in METHODS]
-    draft = draft if draft is not None else (_default_draft(target) if "draft" in methods else None)
+    o, asked = options, options.method_names()
+    methods = [m for m in METHODS if m in asked]
+    if not methods:
+        raise WorkbenchError(f"vLLM runs none of the methods {list(asked)}",
+                             hint=f"choose from {list(METHODS)} (the others run in-process only)")
+    target, dtype = o.target, vllm_dtype(o.dtype)
+    draft = o.draft if o.draft is not None else (_default_draft(target) if "draft" in methods else None)
     if draft is not None:  # every method runs on the draft's verifier (or a --target that agrees with it)
-        from engine.targets import target_for_draft
-
         target = target_for_draft(draft, target)
+    k = o.k if methods != ["baseline"] else None
     report = progress or (lambda message, fraction: None)
     own_pool = pool is None
     pool = pool or ServerPool()
@@ -121,16 +125,16 @@ def run_vllm_bench(prompts: Sequence[dict[str, Any]], *, target: str | None = No
             server = pool.get(plans[method], dtype=dtype)
             start_s = time.time() - t0
             report(f"vLLM bench: {method}, {len(items)} prompts", (n + 0.5) / len(methods))
-            runs[method] = {**_generate_all(server, items, max_new_tokens=max_new_tokens, temperature=temperature,
-                                            seed=seed), "server_start_s": round(start_s, 1),
+            runs[method] = {**_generate_all(server, items, max_new_tokens=o.max_new_tokens, temperature=o.temperature,
+                                            seed=o.seed), "server_start_s": round(start_s, 1),
                             "speculative_config": plans[method].speculative_config}
             log.info("vLLM bench %s: %.1f tokens/s", method, runs[method]["tokens_per_s"])
     finally:
         if own_pool:
             pool.close()
     report("vLLM bench done", 1.0)
-    return _result(runs, draft=draft, target=plans[methods[0]].target, k=k, max_new_tokens=max_new_tokens,
-                   temperature=temperature, seed=seed, dtype=dtype, prompts=len(items),
+    return _result(runs, draft=draft, target=plans[methods[0]].target, k=k, max_new_tokens=o.max_new_tokens,
+                   temperature=o.temperature, seed=o.seed, dtype=dtype, prompts=len(items),
                    seconds=time.time() - started)
 
 
