@@ -121,7 +121,8 @@ def test_cod_sampling_keeps_whole_rollouts_inside_documents_and_decays():
 def test_the_objective_runs_the_heads_on_the_loss_elements_only_and_loses_nothing(tiny, tiny_peagle, tiny_targets):
     """The objective gives the draft only the elements in the loss (`rows`): loss, metrics and gradients equal
     those of the head over every element, masked afterwards (how it was computed before)."""
-    from engine.algos.eagle3.train import forward_kl, target_logits
+    from engine.algos.common.losses import forward_kl
+    from engine.algos.eagle3.train import target_logits
     from engine.algos.peagle.train import PEagleObjective, depth_stats, element_rows
     from engine.targets import load_verifier_parts
 

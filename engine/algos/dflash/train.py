@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.algos.common.batching import Layout
+from engine.algos.common.losses import forward_kl
 from engine.algos.dflash.model import DFlashDraft
 
 
@@ -124,7 +125,7 @@ class DFlashObjective:
         w = self.weights[None, :] * valid
         if self.loss_fn == "kl":
             probs = self.target_probs(batch) if probs is None else probs
-            per_slot = F.kl_div(F.log_softmax(logits.float(), -1), probs, reduction="none").sum(-1)
+            per_slot = forward_kl(logits, probs)
         else:
             per_slot = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), reduction="none"
                                        ).view_as(labels)

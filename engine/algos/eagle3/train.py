@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.algos.common.batching import Layout
+from engine.algos.common.losses import forward_kl
 from engine.algos.eagle3.model import Eagle3Draft
 
 
@@ -17,12 +18,6 @@ def target_logits(verifier_last: torch.Tensor, norm, head_rows: torch.Tensor, fi
     with torch.no_grad():
         logits = norm(verifier_last.float()) @ head_rows.float().T
         return finish(logits) if finish is not None else logits
-
-
-def forward_kl(logits: torch.Tensor, target_probs: torch.Tensor) -> torch.Tensor:
-    """KL(p_target || q_draft) per position: logits [B,T,V], target probabilities [B,T,V] -> [B,T] (fp32)."""
-    logq = F.log_softmax(logits.float(), dim=-1)
-    return F.kl_div(logq, target_probs, reduction="none").sum(-1)
 
 
 def eagle3_loss(

@@ -5,8 +5,9 @@ from __future__ import annotations
 import torch
 
 from engine.algos.common.batching import Layout
+from engine.algos.common.losses import forward_kl
 from engine.algos.eagle3.train import collate as eagle3_collate
-from engine.algos.eagle3.train import forward_kl, target_logits
+from engine.algos.eagle3.train import target_logits
 from engine.algos.peagle.model import PEagleDraft
 
 
