@@ -50,10 +50,13 @@ def _plan(o: ServeOptions):
             from engine.format.checkpoint import read_config_dict
 
             o.target = read_config_dict(o.draft)["speculators_config"]["verifier"]["name_or_path"]
+        if o.speculative_fields:
+            raise WorkbenchError("--speculative-fields needs a draft", hint="drop --no-draft, or the fields")
         return plan_server(target=o.target)
     if not o.draft:
         raise WorkbenchError("no draft given", hint="pass --draft DIR, or --no-draft to serve the target alone")
-    return plan_server(o.draft, target=o.target, k=o.k, form=o.form, validate=not o.no_validate)
+    return plan_server(o.draft, target=o.target, k=o.k, form=o.form, speculative_config=o.speculative_config(),
+                       validate=not o.no_validate)
 
 
 def _port(o: ServeOptions) -> int:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Literal
+import json
+from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from engine.options import Options
 
@@ -37,6 +38,10 @@ class ServeOptions(ServerSettings):
     form: Literal["auto", "explicit"] | None = Field(
         None, description="auto: the draft folder is the model (vLLM reads its verifier); explicit: the target with "
         "--speculative-config", json_schema_extra={"shown_default": "auto when the target is the draft's verifier"})
+    speculative_fields: str | None = Field(
+        None, description="more vLLM speculative_config fields as a JSON object, e.g. "
+        "'{\"rejection_sample_method\": \"block\"}' (checked by vLLM's rules before the server starts; "
+        "a lossy one, synthetic, is labelled LOSSY)")
     no_validate: bool = Field(False, description="do not refuse a draft our validator rejects",
                               json_schema_extra={"store_true": True})
     timeout: float = Field(READY_TIMEOUT, gt=0, description="seconds to wait for the server to be ready")
@@ -45,5 +50,24 @@ class ServeOptions(ServerSettings):
     foreground: bool = Field(False, description="serve in this process until Ctrl-C",
                              json_schema_extra={"store_true": True})
 
+    @field_validator("speculative_fields")
+    @classmethod
+    def _a_json_object(cls, value: str | None) -> str | None:
+        if value is not None and not isinstance(_json_object(value), dict):
+            raise ValueError("speculative_fields must be a JSON object, e.g. '{\"rejection_sample_method\": "
+                             "\"block\"}'")
+        return value
+
+    def speculative_config(self) -> dict[str, Any] | None:
+        """The user's extra speculative_config fields (None without any)."""
+        return _json_object(self.speculative_fields) if self.speculative_fields else None
+
     def settings(self) -> ServerSettings:
         return ServerSettings(**{k: getattr(self, k) for k in ServerSettings.model_fields})
+
+
+def _json_object(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"speculative_fields is not JSON ({exc.msg} at character {exc.pos})") from None

@@ -83,8 +83,10 @@ def plan_server(draft: str | os.PathLike | None = None, *, target: str | os.Path
     """The plan of `_plan_server`, its speculative config checked by vLLM's rules and labelled when lossy."""
     plan = _plan_server(draft, target=target, k=k, form=form, speculative_config=speculative_config,
                         validate=validate, hub_cache=hub_cache)
-    if plan.form == "explicit" and speculative_config:  # the user's fields (auto: vLLM merges them with the draft's)
+    if speculative_config and plan.speculative_config:  # the user's fields (auto: vLLM merges them with the draft's)
         spec = plan.speculative_config
+        if plan.form == "auto":
+            spec = {**_derived_speculative_config(_checked_draft(Path(plan.draft), False)[0], plan.validation), **spec}
         try:
             vr.check_speculative_config(spec)
         except vr.VllmError as exc:

@@ -199,3 +199,29 @@ def test_serve_checks_a_users_speculative_config_and_labels_a_lossy_one(tmp_path
     assert "not the target's" in plan_server(target=str(target), speculative_config=synthetic).lossy
     with pytest.raises(WorkbenchError, match="vLLM would refuse this speculative config: .*rejection_sample_method"):
         plan_server(target=str(target), speculative_config=ngram | {"rejection_sample_method": "fly"})
+
+
+def test_serve_takes_more_speculative_fields_and_checks_them_in_either_form():
+    """`serve --speculative-fields JSON`: vLLM's rules see the fields merged with the draft's own (auto form) or in
+    the explicit config, before any server starts; a lossy method is labelled, a refused one names its field."""
+    from pathlib import Path
+
+    from engine.commands.serve import _plan
+    from engine.errors import WorkbenchError
+    from engine.serve.options import ServeOptions
+
+    draft = str(Path(__file__).resolve().parents[2] / "assets" / "drafts" / "smollm2-135m-instruct-eagle3")
+    synthetic = '{"rejection_sample_method": "synthetic", "synthetic_acceptance_length": 2.0}'
+    for form in ("auto", "explicit"):
+        plan = _plan(ServeOptions(draft=draft, form=form, speculative_fields=synthetic))
+        assert "not the target's" in plan.lossy and '"rejection_sample_method": "synthetic"' in plan.vllm_serve_line()
+        assert _plan(ServeOptions(draft=draft, form=form, speculative_fields='{"rejection_sample_method": "block"}'
+                                  )).lossy is None
+        with pytest.raises(WorkbenchError, match="vLLM would refuse .*synthetic_acceptance"):
+            _plan(ServeOptions(draft=draft, form=form, speculative_fields='{"synthetic_acceptance_length": 2.0}'))
+    with pytest.raises(ValueError, match="must be a JSON object"):
+        ServeOptions(draft=draft, speculative_fields="[1, 2]")
+    with pytest.raises(ValueError, match="is not JSON"):
+        ServeOptions(draft=draft, speculative_fields="{rejection_sample_method: block}")
+    with pytest.raises(WorkbenchError, match="needs a draft"):
+        _plan(ServeOptions(no_draft=True, target="smollm2-135m-instruct", speculative_fields=synthetic))
