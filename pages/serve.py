@@ -51,15 +51,25 @@ with start_tab:
         port = c4.number_input("Port", 1024, 65535, ss.get("serve_port_default") or 8000, key="serve_port")
         max_len = c5.number_input("Max model length", 128, 131072, 2048, key="serve_max_len")
         dtype = c6.selectbox("dtype", ["bfloat16", "float32", "float16"], key="serve_dtype")
+        fields = st.text_input("More speculative_config fields (JSON)", "", key="serve_spec_fields",
+                               placeholder='{"rejection_sample_method": "block"}', disabled=not with_draft,
+                               help="Checked by vLLM's rules before the server starts; a lossy one (synthetic) is "
+                               "labelled LOSSY in the job's log.")
         explicit_target = target if (form == "explicit" or not (with_draft and draft)) else None
-        argv = serving.serve_argv(draft=draft if with_draft else None, target=explicit_target, k=int(k) or None,
-                                  form=form, port=int(port), max_model_len=int(max_len), dtype=dtype)
+        try:
+            argv = serving.serve_argv(draft=draft if with_draft else None, target=explicit_target, k=int(k) or None,
+                                      form=form, port=int(port), max_model_len=int(max_len), dtype=dtype,
+                                      speculative_fields=fields)
+        except ValueError as exc:
+            argv = None
+            st.error(f"Cannot serve with these values: {exc}", icon=":material/error:")
         if st.form_submit_button("Start the server", type="primary", icon=":material/play_arrow:",
-                                 disabled=env is None):
+                                 disabled=env is None or argv is None):
             job = launch(argv, kind="serve", name=str(port))
             if job:
                 ss["serve_job"] = job.id
-    show_cli(argv)
+    if argv:
+        show_cli(argv)
     if draft and with_draft:
         with guard("Deriving the vLLM command"):
             from ui.report import validate

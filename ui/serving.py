@@ -4,16 +4,24 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import ValidationError
+
 from engine import jobs as engine_jobs
 from engine.serve.options import ServeOptions
 
 
 def serve_argv(*, draft: str | None, target: str | None, k: int | None, form: str | None, port: int,
-               max_model_len: int, dtype: str) -> list[str]:
+               max_model_len: int, dtype: str, speculative_fields: str | None = None) -> list[str]:
+    """The `serve` command line of the form's values; a value ServeOptions refuses raises ValueError with its reason."""
+    fields = (speculative_fields or "").strip() or None
     given = {"port": port, "max_model_len": max_model_len, "dtype": dtype, "draft": draft or None,
              "no_draft": not draft or None, "target": target or None, "k": (k or None) if draft else None,
-             "form": (form or None) if draft else None}
-    return ServeOptions(**{name: v for name, v in given.items() if v is not None}).argv("serve")
+             "form": (form or None) if draft else None, "speculative_fields": fields if draft else None}
+    try:
+        options = ServeOptions(**{name: v for name, v in given.items() if v is not None})
+    except ValidationError as exc:
+        raise ValueError("; ".join(e["msg"].removeprefix("Value error, ") for e in exc.errors())) from None
+    return options.argv("serve")
 
 
 def vllm_env():

@@ -850,6 +850,24 @@ def test_serve_page_without_vllm_offers_the_install(runs, tiny_target, monkeypat
     assert "python -m engine serve --install-only" in texts(at.code)
 
 
+def test_serve_page_takes_more_speculative_fields_and_says_what_is_wrong_with_them(runs, tiny_target, tiny_draft,
+                                                                                  monkeypatch):
+    import ui.serving
+    from engine.serve.venv import VllmEnv
+
+    monkeypatch.setattr(ui.serving, "vllm_env", lambda: VllmEnv(Path("/venv"), "cpu", "0.32.0", "2.13.0+cpu"))
+    at = open_app(tiny_target, tiny_draft, page="serve")
+    at.session_state["serve_spec_fields"] = '{"rejection_sample_method": "block"}'  # the form's value once sent
+    at.run()
+    ok(at)
+    assert """--speculative-fields '{"rejection_sample_method": "block"}'""" in texts(at.code)
+    at.session_state["serve_spec_fields"] = "{rejection_sample_method: block}"
+    at.run()
+    ok(at)
+    assert any("Cannot serve with these values: speculative_fields is not JSON" in e.value for e in at.error)
+    assert "--speculative-fields" not in texts(at.code)
+
+
 # -- jobs -------------------------------------------------------------------------------------------------------
 
 
