@@ -104,11 +104,19 @@ with guard("Validating"):
     st.subheader("Serving", anchor=False)
     draft_dir = st.text_input("Draft folder in the command lines", "<draft-dir>", key="builder_draft_dir",
                               help="Where this config.json will live next to its weights.")
+    more = st.text_input("More speculative_config fields (JSON)", "", key="builder_spec_fields",
+                         placeholder='{"rejection_sample_method": "block"}',
+                         help="Added to both command lines, checked by vLLM's rules with the derived fields.")
     commands = None
     if rep.vllm_speculative_config is not None:
         spec = {**rep.vllm_speculative_config, "model": draft_dir}
-        rep.vllm_speculative_config = spec
-        commands = report.serve_commands(cfg, draft_dir, spec)
+        fields, refused, lossy = builder.speculative_fields(more, spec)
+        if refused:
+            st.error(refused, icon=":material/error:")
+        elif lossy:
+            st.warning(f"LOSSY: {lossy}", icon=":material/warning:")
+        rep.vllm_speculative_config = {**spec, **(fields or {})}
+        commands = report.serve_commands(cfg, draft_dir, spec, fields)
     report.serving(rep, commands)
     st.download_button("Download config.json", builder.to_json_bytes(cfg), file_name="config.json",
                        mime="application/json", key="builder_download", icon=":material/download:", type="primary")

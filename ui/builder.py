@@ -16,8 +16,10 @@ from typing import Any, Literal
 import streamlit as st
 
 from engine.algos import algorithm_names
+from engine.format import vllm_rules as vr
 from engine.format.config import CONFIG_TYPES, DraftConfig, ProposalMethod, VerifierInfo, config_types
-from ui.forms import FieldKind, field_kind, from_widget, to_widget
+from engine.serve.options import ServeOptions
+from ui.forms import FieldKind, field_kind, from_widget, to_widget, validation_errors
 
 CFG, TEXT, JSON_ERROR, PREFIX = "builder_cfg", "builder_json", "builder_json_error", "builder_f_"
 MISSING = object()
@@ -334,6 +336,23 @@ def parse_upload(name: str, data: bytes) -> dict[str, Any]:
     if not isinstance(parsed, dict):
         raise WorkbenchError(f"{name} holds a JSON {type(parsed).__name__}, not an object", hint="upload a config.json")
     return parsed
+
+
+def speculative_fields(text: str, spec: dict[str, Any]) -> tuple[dict[str, Any] | None, str | None, str | None]:
+    """The user's extra speculative_config fields (JSON text) checked with the derived `spec` by vLLM's rules:
+    (fields or None, why vLLM would refuse them or None, why they make decoding lossy or None)."""
+    if not text.strip():
+        return None, None, None
+    options, errors = validation_errors(ServeOptions, {"speculative_fields": text})
+    if options is None:
+        return None, "; ".join(m for found in errors.values() for m in found), None
+    fields = options.speculative_config()
+    merged = {**spec, **fields}
+    try:
+        vr.check_speculative_config(merged)
+    except vr.VllmError as exc:
+        return fields, f"vLLM would refuse it: {exc.vllm_message} (field '{exc.field}')", None
+    return fields, None, vr.lossy_reason(merged)
 
 
 def to_json_bytes(cfg: dict[str, Any]) -> bytes:

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import ValidationError
-
 from engine import jobs as engine_jobs
 from engine.serve.options import ServeOptions
+from ui.forms import validation_errors
 
 
 def serve_argv(*, draft: str | None, target: str | None, k: int | None, form: str | None, port: int,
@@ -17,10 +16,9 @@ def serve_argv(*, draft: str | None, target: str | None, k: int | None, form: st
     given = {"port": port, "max_model_len": max_model_len, "dtype": dtype, "draft": draft or None,
              "no_draft": not draft or None, "target": target or None, "k": (k or None) if draft else None,
              "form": (form or None) if draft else None, "speculative_fields": fields if draft else None}
-    try:
-        options = ServeOptions(**{name: v for name, v in given.items() if v is not None})
-    except ValidationError as exc:
-        raise ValueError("; ".join(e["msg"].removeprefix("Value error, ") for e in exc.errors())) from None
+    options, errors = validation_errors(ServeOptions, {name: v for name, v in given.items() if v is not None})
+    if options is None:
+        raise ValueError("; ".join(m for found in errors.values() for m in found))
     return options.argv("serve")
 
 

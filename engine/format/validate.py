@@ -697,14 +697,18 @@ def _find_verifier_config(cfg: dict[str, Any]) -> dict[str, Any] | None:
 # -- serving commands ----------------------------------------------------------------------------
 
 
-def serve_commands(cfg: dict[str, Any], draft_path: str, spec: dict[str, Any]) -> list[str]:
-    """`vllm serve <draft>` (auto-detection; needs a hub-id verifier) and the explicit form."""
+def serve_commands(cfg: dict[str, Any], draft_path: str, spec: dict[str, Any],
+                   extra: dict[str, Any] | None = None) -> list[str]:
+    """`vllm serve <draft>` (auto-detection; needs a hub-id verifier) and the explicit form; `extra`: more
+    speculative_config fields, given to both."""
     verifier = cfg["speculators_config"]["verifier"]["name_or_path"]
     explicit = {k: spec[k] for k in ("model", "method", "num_speculative_tokens", "parallel_drafting") if k in spec}
+    explicit.update(extra or {})
     commands = []
     try:
         vr.check_verifier_is_remote(cfg)
-        commands.append(f"vllm serve {shlex.quote(draft_path)}")
+        more = f" --speculative-config {shlex.quote(json.dumps(extra, separators=(', ', ': ')))}" if extra else ""
+        commands.append(f"vllm serve {shlex.quote(draft_path)}{more}")
     except vr.VllmError:
         pass
     target = verifier if isinstance(verifier, str) and verifier else "<target-model>"

@@ -559,6 +559,25 @@ def test_config_builder_form_and_json_stay_in_sync_with_live_validation(runs, ti
     assert at.download_button(key="builder_download") is not None
 
 
+def test_config_builder_checks_more_speculative_fields_and_puts_them_in_the_commands(runs, tiny_target, tiny_draft):
+    at = open_app(tiny_target, tiny_draft, page="config_builder")
+    more = at.text_input(key="builder_spec_fields")
+    more.set_value('{"rejection_sample_method": "synthetic", "synthetic_acceptance_length": 2.0}').run()
+    ok(at)
+    assert any(w.value.startswith("LOSSY: rejection_sample_method='synthetic'") for w in at.warning)
+    lines = [c.value for c in at.code if c.value.startswith("vllm serve")]
+    assert lines and all('"rejection_sample_method": "synthetic"' in line for line in lines)
+    at.text_input(key="builder_spec_fields").set_value('{"synthetic_acceptance_length": 2.0}').run()
+    ok(at)
+    assert any("vLLM would refuse it" in e.value and "synthetic_acceptance_length" in e.value for e in at.error)
+    at.text_input(key="builder_spec_fields").set_value("[1]").run()
+    ok(at)
+    assert any("must be a JSON object" in e.value for e in at.error)
+    at.text_input(key="builder_spec_fields").set_value("").run()
+    ok(at)
+    assert not at.error and not any("LOSSY" in w.value for w in at.warning)
+
+
 def test_config_builder_hints_k_mask_token_and_writes_eps_as_written(runs, tiny_target, tiny_draft):
     from engine.algos import ALGOS, algorithm_names
 
