@@ -120,6 +120,7 @@ def run_bench(target, prompts: list[dict[str, Any]], options: BenchOptions, *, m
             run.outputs.append(out)
             tau = m_run.mean_acceptance_length
             run.per_prompt.append({"tokens": len(out), "seconds": round(m_run.total_seconds, 4),
+                                   "num_drafts": m_run.num_drafts, "num_accepted_tokens": m_run.num_accepted_tokens,
                                    "mean_acceptance_length": round(tau, 4) if tau is not None else None,
                                    "per_position_acceptance": [round(x, 4) for x in m_run.per_position_acceptance]})
     curve = measure_cost_curve(runners["baseline"] if "baseline" in runners else TargetRunner(target),

@@ -64,8 +64,8 @@ def _generate_all(server, prompts: Sequence[dict[str, Any]], *, max_new_tokens: 
                   seed: int | None) -> dict[str, Any]:
     client = server.client()
     client.complete("Hello", max_tokens=4)  # warm-up: first-request costs stay out of the timing
-    before = scrape(server.url)
-    outputs, token_ids, tokens, seconds = [], [], 0, 0.0
+    first = before = scrape(server.url)
+    outputs, token_ids, tokens, seconds, per_prompt = [], [], 0, 0.0, []
     for i, item in enumerate(prompts):
         result = client.generate(item, max_tokens=max_new_tokens, temperature=temperature,
                                  seed=None if seed is None else seed + i)
@@ -73,8 +73,16 @@ def _generate_all(server, prompts: Sequence[dict[str, Any]], *, max_new_tokens: 
         token_ids.append(result.token_ids)
         tokens += result.completion_tokens
         seconds += result.seconds
-    delta = spec_delta(before, scrape(server.url))
+        after = scrape(server.url)  # one request at a time: the counters' delta is this prompt's (outside the timing)
+        mine = spec_delta(before, after)
+        per_prompt.append({"tokens": result.completion_tokens, "seconds": round(result.seconds, 4),
+                           "num_drafts": mine["num_drafts"], "num_accepted_tokens": mine["num_accepted_tokens"],
+                           "mean_acceptance_length": mine["mean_acceptance_length"],
+                           "per_position_acceptance": mine["per_position_acceptance"]})
+        before = after
+    delta = spec_delta(first, before)
     return {"outputs": outputs, "token_ids": token_ids, "completion_tokens": tokens, "seconds": seconds,
+            "per_prompt": per_prompt,
             "tokens_per_s": tokens / seconds if seconds > 0 else 0.0, "metrics": delta,
             "memory_bytes": server.memory_bytes()}
 
@@ -154,6 +162,7 @@ def _result(runs: dict[str, dict[str, Any]], **facts: Any) -> dict[str, Any]:
             "speedup": run["tokens_per_s"] / base["tokens_per_s"] if base and base["tokens_per_s"] else None,
             "identical_to_baseline": all(d is None for d in divergence) if divergence is not None else None,
             "outputs": run["outputs"],
+            "per_prompt": run["per_prompt"],
             "first_divergence": divergence,
             "acceptance_rate": m["acceptance_rate"] if speculative else None,
             "num_drafts": m["num_drafts"],

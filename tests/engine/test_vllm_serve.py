@@ -339,6 +339,13 @@ def test_shipped_draft_explicit_form_lossless_and_acceptance_matches_ours(vllm_b
                      measure_cost=False, progress=False)
     assert_accepts_as_ours(draft, ours["methods"]["draft"], "shipped EAGLE-3 draft")
     assert draft["mean_acceptance_length"] > 1.2  # a trained draft (a random one stays at about 1.0)
+    # prompt by prompt (vLLM's counters read after each request): the same, each prompt within its own drafts
+    mine = ours["methods"]["draft"]["per_prompt"]
+    assert len(draft["per_prompt"]) == len(mine) == len(PROMPTS)
+    assert sum(p["num_drafts"] for p in draft["per_prompt"]) == draft["num_drafts"]
+    for i, (theirs, own) in enumerate(zip(draft["per_prompt"], mine, strict=True)):
+        if own["num_accepted_tokens"]:
+            assert_accepts_as_ours(theirs, own, f"shipped EAGLE-3 draft, prompt {i}")
 
 
 @pytest.mark.vllm
