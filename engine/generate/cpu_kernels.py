@@ -32,8 +32,29 @@ MAX_ROWS = 32  # above this F.linear's GEMM is as fast; the routing is for decod
 _MARK = "_workbench_few_row_routed"
 
 
-LINEAR_FORMS = ("gemm", "gemm-gemv1", "linear-pad2", "linear-checked")  # see the module docstring; "gemm" default
+LINEAR_FORMS = ("gemm", "gemm-gemv1", "linear-pad2", "linear-checked", "packed-pad2")  # module docstring
 LINEAR_FORM = "_workbench_linear_form"
+_PACKED = "_workbench_packed_weight"
+
+
+def packed_linear_available() -> bool:
+    """oneDNN's prepacked bf16 linear runs here (native bf16): the "packed-pad2" form may be measured."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def packed_weight(owner: nn.Module, weight: torch.Tensor) -> torch.Tensor:
+    """`weight` [out, in] in oneDNN's blocked layout, packed once and kept on `owner` (repacked if the weight
+    changes). F.linear repacks a bf16 weight on every call: for 2-row inputs that was 1.5-3.5x the product
+    itself (Zen 4). A second copy of the weight's bytes."""
+    key = (weight.data_ptr(), weight._version, tuple(weight.shape))
+    cached = owner.__dict__.get(_PACKED)
+    if cached is None or cached[0] != key:
+        cached = (key, torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 2))
+        owner.__dict__[_PACKED] = cached
+    return cached[1]
 _GEMV_MATCHES_GEMM: dict[tuple, bool] = {}  # (out, in, dtype, threads) -> one-row GEMV equals every GEMM row here
 
 
@@ -52,17 +73,20 @@ def gemv_matches_gemm(weight: torch.Tensor) -> bool:
 
 
 def few_row_linear(weight: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None = None, *,
-                   form: str = "gemm") -> torch.Tensor:
+                   form: str = "gemm", packed: torch.Tensor | None = None) -> torch.Tensor:
     """x [..., in] -> [..., out] in one of LINEAR_FORMS: `weight @ x^T` (one row padded to two, then cut; with
     "gemm-gemv1" one row is left to `F.linear`), or "linear-pad2": `F.linear` with one row padded to two;
-    "linear-checked": `F.linear`, one row padded to two only for the shapes whose GEMV rounds unlike the GEMM."""
+    "linear-checked": `F.linear`, one row padded to two only for the shapes whose GEMV rounds unlike the GEMM;
+    "packed-pad2": oneDNN's linear on the `packed` weight (`packed_weight`; without it as "linear-pad2")."""
     rows = x.numel() // x.shape[-1]
     if rows == 1 and (form == "gemm-gemv1" or form == "linear-checked" and gemv_matches_gemm(weight)):
         return F.linear(x, weight, bias)
     flat = x.reshape(rows, x.shape[-1])  # [R, in]
     if rows == 1:
         flat = flat.expand(2, -1)
-    if form in ("linear-pad2", "linear-checked"):
+    if form == "packed-pad2" and packed is not None:
+        y = torch.ops.mkldnn._linear_pointwise(flat, packed, bias, "none", [], "")[:rows]  # [R, out]
+    elif form in ("linear-pad2", "linear-checked", "packed-pad2"):
         y = F.linear(flat, weight, bias)[:rows]  # [R, out]
     else:
         y = (weight @ flat.t()).t()[:rows].contiguous()  # [R, out]
@@ -73,7 +97,9 @@ def few_row_linear(weight: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | N
 
 def _routed_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     if x.dtype in ROUTED_DTYPES and x.numel() // max(1, x.shape[-1]) <= MAX_ROWS and not torch.is_grad_enabled():
-        return few_row_linear(self.weight, x, self.bias, form=getattr(self, LINEAR_FORM, "gemm"))
+        form = getattr(self, LINEAR_FORM, "gemm")
+        packed = packed_weight(self, self.weight) if form == "packed-pad2" else None
+        return few_row_linear(self.weight, x, self.bias, form=form, packed=packed)
     return F.linear(x, self.weight, self.bias)
 
 

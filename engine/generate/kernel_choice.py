@@ -29,7 +29,13 @@ import torch
 from engine.cpu import cpu_flags, cpu_model, native_bf16
 from engine.errors import WorkbenchError
 from engine.fsutil import atomic_write_json, read_json
-from engine.generate.cpu_kernels import force_routing, route_decode_kernels, set_attention_form, set_linear_form
+from engine.generate.cpu_kernels import (
+    force_routing,
+    packed_linear_available,
+    route_decode_kernels,
+    set_attention_form,
+    set_linear_form,
+)
 from engine.targets import Target, load_target, pick_device, resolve_target, workbench_home
 
 log = logging.getLogger(__name__)
@@ -88,6 +94,10 @@ PATHS: dict[str, KernelPath] = {p.name: p for p in (
                "as bf16-routed-linear-masked, but one row through F.linear's GEMV for the weight shapes whose GEMV "
                "rounds as the GEMM's rows do here (checked per shape at load)",
                linear_form="linear-checked", attention_form="eager-masked"),
+    KernelPath("bf16-routed-packed-masked", torch.bfloat16, True, True,
+               "as bf16-routed-linear-masked, the weights packed once for oneDNN's linear (F.linear repacks them on "
+               "every call; a second copy of the linear weights in memory)",
+               linear_form="packed-pad2", attention_form="eager-masked"),
     KernelPath("bf16-plain", torch.bfloat16, False, True,
                "bf16 weights, transformers' kernels (fused multi-row attention, GEMV for one row)"),
 )}
@@ -322,6 +332,9 @@ def candidate_paths(native: bool) -> tuple[list[str], dict[str, dict[str, Any]]]
     for name, path in PATHS.items():
         if path.native_bf16_only and not native:
             skipped[name] = {"skipped": "no native bf16 (AVX-512 BF16 / AMX / Arm BF16): emulated, never chosen",
+                             "description": path.description}
+        elif path.linear_form == "packed-pad2" and not packed_linear_available():
+            skipped[name] = {"skipped": "oneDNN's bf16 linear is not available in this torch build",
                              "description": path.description}
         else:
             tried.append(name)

@@ -5,7 +5,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from engine.generate.cpu_kernels import decode_scope, few_row_linear, linear_form, route_decode_kernels
+from engine.generate.cpu_kernels import (
+    decode_scope,
+    few_row_linear,
+    linear_form,
+    packed_weight,
+    route_decode_kernels,
+)
 from engine.targets import LayerCapture, Target, decoder_of
 
 # Families whose logits are exactly lm_head(decoder output): the runner may compute the head itself.
@@ -13,7 +19,7 @@ _PLAIN_HEAD = {"llama", "qwen2", "qwen3", "qwen3_moe", "mistral"}
 
 
 def head_logits(weight: torch.Tensor, hidden: torch.Tensor, *, routed: bool = True,
-                form: str = "gemm") -> torch.Tensor:
+                form: str = "gemm", packed: torch.Tensor | None = None) -> torch.Tensor:
     """lm_head over hidden [T, H] -> logits [T, V].
 
     One row is a GEMV (what transformers does); several rows use weight @ hidden^T, which MKL runs
@@ -21,7 +27,7 @@ def head_logits(weight: torch.Tensor, hidden: torch.Tensor, *, routed: bool = Tr
     Routed, it takes the few-row linear of engine.generate.cpu_kernels in the model's form (one row included).
     """
     if routed and hidden.device.type == "cpu":
-        return few_row_linear(weight, hidden, form=form)
+        return few_row_linear(weight, hidden, form=form, packed=packed)
     if hidden.shape[0] == 1:
         return F.linear(hidden, weight)
     return (weight @ hidden.t()).t()
@@ -78,8 +84,10 @@ class TargetRunner:
             return out.logits[0].float()
         hidden = decoder_of(self.model)(input_ids=input_ids, past_key_values=self.cache, use_cache=True)
         h = hidden.last_hidden_state[0]  # [T, H]
-        return head_logits(self._head, h if all_logits else h[-1:], routed=self.routed,
-                           form=linear_form(self.model)).float()
+        form = linear_form(self.model)
+        packed = packed_weight(self.model, self._head) if form == "packed-pad2" and self.routed else None
+        return head_logits(self._head, h if all_logits else h[-1:], routed=self.routed, form=form,
+                           packed=packed).float()
 
     @torch.inference_mode()
     def forward(self, ids: list[int] | torch.Tensor, *, all_logits: bool = True

@@ -21,6 +21,8 @@ from engine.generate.cpu_kernels import (
     decode_rows_attention,
     decode_scope,
     few_row_linear,
+    packed_linear_available,
+    packed_weight,
     route_decode_kernels,
 )
 from engine.generate.runner import TargetRunner
@@ -45,6 +47,29 @@ def test_few_row_linear_is_linear(rows, form):
     got = few_row_linear(weight, x, bias, form=form)
     assert got.shape == (1, rows, 96) and got.is_contiguous()
     torch.testing.assert_close(got, torch.nn.functional.linear(x, weight, bias), rtol=1.6e-2, atol=1e-2)
+
+
+@pytest.mark.skipif(not packed_linear_available(), reason="oneDNN's bf16 linear is not in this torch build")
+def test_the_packed_form_is_linear_row_invariant_and_packs_once():
+    """"packed-pad2": oneDNN's linear on a weight packed once; each row of a many-row product equals that row alone
+    (padded to two), and a changed weight is packed again."""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(40, 96).bfloat16()
+    x = torch.randn(MAX_ROWS, 40, dtype=torch.bfloat16)
+    with torch.no_grad():
+        packed = packed_weight(lin, lin.weight)
+        assert packed_weight(lin, lin.weight) is packed  # cached on the module
+        alone = torch.cat([few_row_linear(lin.weight, x[i:i + 1], lin.bias, form="packed-pad2", packed=packed)
+                           for i in range(MAX_ROWS)])
+        for rows in (2, 5, MAX_ROWS):
+            assert torch.equal(few_row_linear(lin.weight, x[:rows], lin.bias, form="packed-pad2", packed=packed),
+                               alone[:rows])
+        torch.testing.assert_close(alone, torch.nn.functional.linear(x, lin.weight, lin.bias), rtol=1.6e-2, atol=1e-2)
+        lin.weight.mul_(2)
+        again = packed_weight(lin, lin.weight)
+        assert again is not packed
+        torch.testing.assert_close(few_row_linear(lin.weight, x[:3], None, form="packed-pad2", packed=again),
+                                   torch.nn.functional.linear(x[:3], lin.weight), rtol=1.6e-2, atol=1e-2)
 
 
 class _Attention(torch.nn.Module):
