@@ -260,7 +260,8 @@ INTERLEAVE_MEMORY_SHARE = 0.3  # of MemAvailable: the most all candidates' copie
 def _fits_together(model: torch.nn.Module, paths: list[KernelPath]) -> bool:
     """All candidates' copies of this model fit in INTERLEAVE_MEMORY_SHARE of the available memory."""
     numel = sum(p.numel() for p in model.parameters())
-    need = sum(numel * torch.empty(0, dtype=p.dtype).element_size() for p in paths)
+    copies = [2 if p.linear_form == "packed-pad2" else 1 for p in paths]  # a packed path keeps a second copy
+    need = sum(c * numel * torch.empty(0, dtype=p.dtype).element_size() for p, c in zip(paths, copies, strict=True))
     try:
         free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")  # free physical memory (page cache not)
     except (ValueError, OSError):
