@@ -18,8 +18,8 @@ FIXTURES = ROOT / "tests" / "fixtures" / "speculators-0.9.0"
 TOY_ALGO = ROOT / "tests" / "toy_algo"
 
 # Under pytest-xdist (`make test` runs two workers) the cores are shared out between the workers, and the processes
-# a test starts (CLI runs, the app, torchrun ranks) get the same share: beside a busy worker, a CLI run with two
-# threads measured its kernel choice in 44 s against 18 s with one (2-core AMD EPYC, Zen 4).
+# a test starts (CLI runs, the app, torchrun ranks) get the same share: more threads than cores spin against the
+# other worker (docs/testing.md: the suite before and after this on a 2-core Zen 4).
 WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 THREADS = max(1, min(2, (os.cpu_count() or 1) // WORKERS))
 torch.set_num_threads(THREADS)

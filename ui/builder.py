@@ -347,12 +347,10 @@ def speculative_fields(text: str, spec: dict[str, Any]) -> tuple[dict[str, Any] 
     if options is None:
         return None, "; ".join(m for found in errors.values() for m in found), None
     fields = options.speculative_config()
-    merged = {**spec, **fields}
-    try:
-        vr.check_speculative_config(merged)
-    except vr.VllmError as exc:
-        return fields, f"vLLM would refuse it: {exc.vllm_message} (field '{exc.field}')", None
-    return fields, None, vr.lossy_reason(merged)
+    refused, lossy = vr.speculative_config_verdict({**spec, **fields})
+    if refused:
+        return fields, f"vLLM would refuse it: {refused.vllm_message} (field '{refused.field}')", None
+    return fields, None, lossy
 
 
 def to_json_bytes(cfg: dict[str, Any]) -> bytes:

@@ -331,6 +331,15 @@ def check_dynamic_sd_schedule(schedule: list[tuple[int, int, int]]) -> None:
                         "defined schedule.", field=field)
 
 
+def speculative_config_verdict(spec: dict[str, Any]) -> tuple[VllmError | None, str | None]:
+    """(vLLM's refusal of this speculative config, or None; why its output is not the target's, or None)."""
+    try:
+        check_speculative_config(spec)
+    except VllmError as exc:
+        return exc, None
+    return None, lossy_reason(spec)
+
+
 def lossy_reason(spec: dict[str, Any]) -> str | None:
     """A one-line reason when this speculative config makes decoding lossy (its output not the target's), else None."""
     method = spec.get("rejection_sample_method")

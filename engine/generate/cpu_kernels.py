@@ -47,8 +47,8 @@ def packed_linear_available() -> bool:
 
 def packed_weight(owner: nn.Module, weight: torch.Tensor) -> torch.Tensor:
     """`weight` [out, in] in oneDNN's blocked layout, packed once and kept on `owner` (repacked if the weight
-    changes). F.linear repacks a bf16 weight on every call: for 2-row inputs that was 1.5-3.5x the product
-    itself (Zen 4). A second copy of the weight's bytes."""
+    changes): F.linear on a bf16 weight took 1.4-1.8x as long for 1-2 rows (BENCHMARKS.md). A second copy of the
+    weight's bytes."""
     key = (weight.data_ptr(), weight._version, tuple(weight.shape))
     cached = owner.__dict__.get(_PACKED)
     if cached is None or cached[0] != key:

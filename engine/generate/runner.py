@@ -50,6 +50,7 @@ class TargetRunner:
         model_type = getattr(target.text_config, "model_type", "")
         head = target.lm_head()
         self._head = head.weight if model_type in _PLAIN_HEAD and getattr(head, "bias", None) is None else None
+        self._head_module = head  # where a packed copy of the head's weight is kept (packed-pad2)
         # bf16 on CPU: fast few-row kernels, row-invariant (exact speculation). None = what the kernel choice
         # (engine.generate.kernel_choice, in target.extra) decided, routed when no choice was made; False keeps
         # transformers' own kernels: routing changes the shared model for every runner.
@@ -85,7 +86,7 @@ class TargetRunner:
         hidden = decoder_of(self.model)(input_ids=input_ids, past_key_values=self.cache, use_cache=True)
         h = hidden.last_hidden_state[0]  # [T, H]
         form = linear_form(self.model)
-        packed = packed_weight(self.model, self._head) if form == "packed-pad2" and self.routed else None
+        packed = packed_weight(self._head_module, self._head) if form == "packed-pad2" and self.routed else None
         return head_logits(self._head, h if all_logits else h[-1:], routed=self.routed, form=form,
                            packed=packed).float()
 

@@ -87,12 +87,10 @@ def plan_server(draft: str | os.PathLike | None = None, *, target: str | os.Path
         spec = plan.speculative_config
         if plan.form == "auto":
             spec = {**_derived_speculative_config(_checked_draft(Path(plan.draft), False)[0], plan.validation), **spec}
-        try:
-            vr.check_speculative_config(spec)
-        except vr.VllmError as exc:
-            raise WorkbenchError(f"vLLM would refuse this speculative config: {exc.vllm_message}",
-                                 hint=f"fix '{exc.field}' ({vr.RULES_LABEL} rules)") from None
-        plan.lossy = vr.lossy_reason(spec)
+        refused, plan.lossy = vr.speculative_config_verdict(spec)
+        if refused:
+            raise WorkbenchError(f"vLLM would refuse this speculative config: {refused.vllm_message}",
+                                 hint=f"fix '{refused.field}' ({vr.RULES_LABEL} rules)")
     return plan
 
 
