@@ -104,3 +104,54 @@ def describe() -> str:
     bf16 = "native bf16" if native_bf16(flags) else "bf16 emulated"
     parts = [f"{os.cpu_count()} cores"] + ([isa] if isa else []) + [bf16]
     return f"{cpu_model()} ({', '.join(parts)})"
+
+
+class OtherLoad:
+    """How busy the other processes kept this machine's CPUs while a measurement ran: started with the object,
+    read with `share()` (0: idle apart from this process; 1: every core busy with others). None where the kernel's
+    counters cannot be read (not Linux)."""
+
+    _STAT = Path("/proc/stat")
+
+    def __init__(self):
+        import os
+        import time
+
+        self._cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
+        self._busy0, self._own0, self._t0 = self._busy_s(), self._own_s(), time.perf_counter()
+
+    def _busy_s(self) -> float | None:
+        """Seconds the CPUs this process may run on spent busy since boot (every process's work; idle and I/O wait
+        left out). None where a CPU's line is missing: the counters are not this machine's."""
+        import os
+
+        try:
+            lines = self._STAT.read_text().splitlines()
+        except OSError:
+            return None
+        busy, seen = 0, set()
+        for line in lines:
+            name, *values = line.split()
+            if not name.startswith("cpu") or name == "cpu" or int(name[3:]) not in self._cpus:
+                continue
+            fields = [int(x) for x in values]
+            busy += sum(fields[:8]) - fields[3] - (fields[4] if len(fields) > 4 else 0)
+            seen.add(int(name[3:]))
+        return busy / os.sysconf("SC_CLK_TCK") if seen == set(self._cpus) else None
+
+    @staticmethod
+    def _own_s() -> float:
+        import os
+
+        t = os.times()
+        return t.user + t.system + t.children_user + t.children_system
+
+    def share(self) -> float | None:
+        import time
+
+        busy = self._busy_s()
+        if busy is None or self._busy0 is None:
+            return None
+        wall = time.perf_counter() - self._t0
+        others = (busy - self._busy0) - (self._own_s() - self._own0)
+        return max(0.0, others / (len(self._cpus) * wall)) if wall > 0 else None

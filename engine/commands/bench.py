@@ -18,12 +18,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from engine.measure.bench import benchmark, markdown_table
+    from engine.measure.speed import speed_lines
 
     options = options_from_args(args, BenchOptions)
     result = benchmark(options, span=(0.0, 1.0))  # the job's progress: prompts done, time left
     flags = {**options.model_dump(), "accept_target_change": args.accept_target_change}
     result["command"] = command_of("bench", flags)
-    print(markdown_table(result))
+    print("\n".join(speed_lines(result)) if options.ks else markdown_table(result))
     if args.json_out:
         atomic_write_json(args.json_out, result)
         print(f"\nwrote {args.json_out}")

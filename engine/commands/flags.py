@@ -47,6 +47,7 @@ def add_model_fields(parser: argparse.ArgumentParser, model_cls: type[BaseModel]
         shown = (defaults or {}).get(name, extra.get("shown_default", shown))
         more = extra["more_help"]() if callable(extra.get("more_help")) else ""
         help_text = f"{field.description or ''} " + (more or f"(default: {shown})")
+        help_text = help_text.replace("%", "%%")  # argparse %-formats help: a literal percent sign
         default = field.default if keep_defaults and not field.is_required() else None
         kw: dict[str, Any] = {"default": default, "help": help_text, "dest": name}
         if field.is_required() and keep_defaults:

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from engine.data.prompts import load_prompts
+from engine.errors import WorkbenchError
 from engine.generate.api import make_proposer, prompt_ids
 from engine.generate.metrics import SpecMetrics, measure_cost_curve, speedup_ceiling
 from engine.generate.runner import TargetRunner
@@ -195,7 +196,9 @@ def markdown_table(result: dict[str, Any]) -> str:
             continue
         tau = f"{row['mean_acceptance_length']:.2f}" if row["mean_acceptance_length"] is not None else "–"
         pos = ", ".join(f"{x:.2f}" for x in row["per_position_acceptance"]) or "–"
-        sp = f"{row['speedup']:.2f}×" if row.get("speedup") is not None else "–"
+        ci = (row.get("spread") or {}).get("ci95")
+        sp = (f"{row['speedup']:.2f}×" + (f" ({ci[0]:.2f}–{ci[1]:.2f})" if ci else "")
+              if row.get("speedup") is not None else "–")
         lines.append(f"| {name} | {tau} | {pos} | {row['tokens_per_s']:.1f} | {sp} | "
                      f"{'yes' if row['identical_to_baseline'] else 'no'} |")
     kernel = result.get("kernel") or {}
@@ -206,6 +209,9 @@ def markdown_table(result: dict[str, Any]) -> str:
             "row exactness not checked here" if exact is None else
             "bit-identical, so 'identical' must read yes for greedy decoding" if exact else
             "lossless in distribution, not bit-identical: 'identical' compares outputs, which may differ at near-ties"))
+    if result.get("rounds_kept"):
+        lines += ["", f"Speedup: mean of {result['rounds_kept']} interleaved rounds, in brackets its 95% interval "
+                  f"(stopped: {result.get('stopped')})." + (f" {result['label']}" if result.get("label") else "")]
     curve = result.get("cost_curve") or {}
     if curve:
         lines.append("")
@@ -232,6 +238,8 @@ def benchmark(options: BenchOptions, *, span: tuple[float, float] | None = None)
         target = target_for_draft(draft, target)  # the draft's verifier, or a target of its shape
     prompt_rows = load_prompts(o.prompts, o.num_prompts, o.seed, o.max_prompt_chars)
     reporter().update(f"benchmarking {len(prompt_rows)} prompts", 0.0)
+    if o.ks and o.backend == "vllm":
+        raise WorkbenchError("--ks measures in-process only", hint="drop --backend vllm, or measure one k with --k")
     if o.backend == "vllm":
         from engine.generate.api import default_draft
         from engine.measure.vllm_bench import run_vllm_bench
@@ -239,6 +247,10 @@ def benchmark(options: BenchOptions, *, span: tuple[float, float] | None = None)
         draft = draft or default_draft(target)
         served = o.model_copy(update={"target": target, "draft": str(draft) if draft else None})
         result = run_vllm_bench(prompt_rows, served, tokenize=True)
+    elif o.ks:
+        from engine.measure.speed import speed_per_k
+
+        result = speed_per_k(load_decode_target(target, o.dtype), prompt_rows, o.model_copy(update={"target": target}))
     else:
         options = o.model_copy(update={"target": target})
         result = run_bench(load_decode_target(target, o.dtype), prompt_rows, options, span=span)

@@ -41,6 +41,29 @@ class BenchOptions(Options):
         "auto", description="target dtype. vLLM backend: serving dtype, auto = bfloat16 (bf16 verification can flip "
         "near-ties; float32 is exact). In-process: " + DECODE_DTYPE_HELP.split(": ", 1)[1])
     threads: int | None = Field(None, ge=1, description="torch CPU threads")
+    ks: str | None = Field(None, description="one speed per k: the draft at each of these k (1,2,3 or 1-5), n-gram at "
+                           "--k and the baseline, interleaved prompt by prompt, in rounds repeated until every "
+                           "speedup's 95% interval is within ±--tolerance (in-process only)")
+    tolerance: float = Field(0.03, gt=0, description="with --ks: stop when every speedup's 95% interval is this "
+                             "narrow (half-width, in ×)")
+    budget_min: float = Field(20.0, gt=0, description="with --ks: stop before a round would pass this many minutes")
+    max_rounds: int = Field(8, ge=1, description="with --ks: at most this many rounds")
+
+    @field_validator("ks")
+    @classmethod
+    def _ks_readable(cls, value):
+        if value is not None:
+            try:
+                ks = parse_ks(value)
+            except argparse.ArgumentTypeError as exc:
+                raise ValueError(str(exc)) from None
+            if not ks or min(ks) < 1:
+                raise ValueError(f"'{value}': every k must be at least 1")
+        return value
+
+    def k_values(self) -> list[int]:
+        """The k of `ks`, sorted, each once."""
+        return sorted(set(parse_ks(self.ks))) if self.ks else [self.k]
 
     @field_validator("methods", mode="before")
     @classmethod

@@ -1,4 +1,5 @@
-"""The spread of a mean acceptance length over prompts: per-prompt deviation and a bootstrap interval of the mean."""
+"""The spread of a measured figure: a mean acceptance length over prompts (bootstrap) and a speedup over repeated
+rounds (Student's t)."""
 
 from __future__ import annotations
 
@@ -35,4 +36,24 @@ def acceptance_spread(per_sample: Sequence[float | None], drafts: Sequence[int],
     return out
 
 
-__all__ = ["BOOTSTRAP_DRAWS", "acceptance_spread"]
+# Student's t 97.5% quantiles for 1..30 degrees of freedom (two-sided 95%); beyond 30 the normal's 1.96 is close
+T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+        2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+
+
+def mean_interval(values: Sequence[float]) -> dict[str, Any]:
+    """Mean of repeated measurements (one per round) with its 95% t interval, and their min and max.
+    One value has no interval (`ci95` None): a single run says nothing about its spread."""
+    x = np.asarray(list(values), dtype=np.float64)
+    n = len(x)
+    if n == 0:
+        return {"n": 0, "mean": None, "ci95": None, "half_width": None, "min": None, "max": None}
+    mean = float(x.mean())
+    out = {"n": n, "mean": mean, "ci95": None, "half_width": None, "min": float(x.min()), "max": float(x.max())}
+    if n > 1:
+        half = (T975[n - 2] if n - 1 <= len(T975) else 1.96) * float(x.std(ddof=1)) / np.sqrt(n)
+        out.update(ci95=[mean - half, mean + half], half_width=half)
+    return out
+
+
+__all__ = ["BOOTSTRAP_DRAWS", "T975", "acceptance_spread", "mean_interval"]

@@ -58,7 +58,7 @@ def gather(recipe: dict[str, Any]) -> dict[str, Any]:
         "goals": recipe_goals(recipe),
         "draft_config": _load(work / "train" / "draft" / "config.json", {}),
         "curve": rows_of(_load(work / "curve.json", [])),
-        "sweep": rows_of(_load(work / "sweep.json", [])),
+        "sweep": sweep_record(_load(work / "sweep.json", {})),
         "evaluate": _load(work / "evaluate.json", {}),
         "calibration": _load(work / "train" / "calibration.json", {}),
         "train_config": (yaml.safe_load((work / "train" / "config.yaml").read_text()) or {}).get("train", {})
@@ -150,7 +150,8 @@ def _seeded(marker: dict[str, Any]) -> str:
 def render(recipe: dict[str, Any], facts: dict[str, Any]) -> str:
     from engine.algos import ALGOS, default_algo
 
-    m, bench = facts["manifest"], facts["bench"]
+    m, bench = facts["manifest"], with_sweep_speeds(facts["bench"], facts["sweep"])
+    facts = {**facts, "bench": bench}
     tc = {**facts["train_config"], **(facts["train_config"].get("algo_args") or {})}  # algorithm arguments flat
     algo_name = tc.get("algo") or default_algo()
     algo = ALGOS.get(algo_name)
@@ -225,7 +226,7 @@ def render(recipe: dict[str, Any], facts: dict[str, Any]) -> str:
         "",
         *data_section(facts.get("data_rows") or []),
         *_sweep_section(facts["sweep"]),
-        *evaluation_section(facts.get("evaluate") or {}, facts["sweep"]),
+        *evaluation_section(facts.get("evaluate") or {}, facts["sweep"]["rows"], _ngram_speedup(facts["sweep"])),
         _limits(bench),
         *_goals(facts, algo),
         "## Reproduce everything",
@@ -251,18 +252,63 @@ def _calibration_lines(cal: dict[str, Any]) -> list[str]:
             + f"; temperatures {', '.join(f'{t:g}' for t in cal['temperatures'])}."]
 
 
-def _sweep_section(sweep: list[dict[str, Any]]) -> list[str]:
-    if not sweep:
+def sweep_record(data: Any) -> dict[str, Any]:
+    """A k-sweep record as the card reads it: {"rows": [...], ...}; records written before the sweep measured in
+    rounds were a bare list of rows (one run each, no spread)."""
+    return {**(data if isinstance(data, dict) else {}), "rows": rows_of(data)}
+
+
+def _ngram_speedup(sweep: dict[str, Any]) -> float | None:
+    return ((sweep.get("methods") or {}).get("ngram") or {}).get("speedup")
+
+
+def _with_interval(value: float | None, row: dict[str, Any], digits: int = 2, unit: str = "×") -> str:
+    """"1.23× (1.20–1.26)": a measured figure with its 95% interval where the record has one."""
+    if value is None:
+        return "–"
+    ci = (row.get("spread") or {}).get("ci95")
+    return f"{value:.{digits}f}{unit}" + (f" ({ci[0]:.{digits}f}–{ci[1]:.{digits}f})" if ci else "")
+
+
+def with_sweep_speeds(bench: dict[str, Any], sweep: dict[str, Any]) -> dict[str, Any]:
+    """The in-process bench with its speeds taken from the k sweep where both decoded the same prompts (count,
+    answer length, k): one speed per k in the whole card, the sweep's, measured in repeated interleaved rounds.
+    The bench keeps what only it measured (costs, overhead and drafting shares, the speedup ceiling)."""
+    methods = sweep.get("methods") or {}
+    if not methods or not bench.get("methods") or any(
+            bench.get(key) != sweep.get(key) for key in ("num_prompts", "max_new_tokens", "k")):
+        return bench
+    merged = {name: {**bench["methods"].get(name, {}), **row} for name, row in methods.items()}
+    return {**bench, "methods": {**bench["methods"], **merged},
+            **{key: sweep.get(key) for key in ("rounds_kept", "stopped", "label")}}
+
+
+def _sweep_section(sweep: dict[str, Any]) -> list[str]:
+    rows = sweep.get("rows") or []
+    if not rows:
         return []
-    first = sweep[0]
-    rows = [f"| {r['k']} | {r['mean_acceptance_length']:.2f} | "
-            f"{', '.join(f'{x:.2f}' for x in r['per_position_acceptance'])} | {r['speedup']:.2f}× | "
-            f"{'yes' if r['identical_to_baseline'] else 'no'} |" for r in sweep]
+    first = sweep.get("rows")[0]
+    lines = [f"| {r['k']} | {r['mean_acceptance_length']:.2f} | "
+             f"{', '.join(f'{x:.2f}' for x in r['per_position_acceptance'])} | {_with_interval(r['speedup'], r)} | "
+             f"{'yes' if r['identical_to_baseline'] else 'no'} |" for r in rows]
+    ngram = (sweep.get("methods") or {}).get("ngram")
+    if ngram:
+        lines.append(f"| n-gram (k = {ngram['k']}) | {ngram['mean_acceptance_length']:.2f} | "
+                     f"{', '.join(f'{x:.2f}' for x in ngram['per_position_acceptance'])} | "
+                     f"{_with_interval(ngram['speedup'], ngram)} | "
+                     f"{'yes' if ngram['identical_to_baseline'] else 'no'} |")
+    if sweep.get("rounds_kept"):
+        how = (f"the baseline, n-gram and every k decoded prompt by prompt in one interleaved run, "
+               f"{sweep['rounds_kept']} timed rounds ({len(sweep.get('rounds') or [])} run; stopped: "
+               f"{sweep.get('stopped')}); speedup = mean over rounds, in brackets its 95% interval"
+               + (f" ({sweep['cpu']}, {sweep.get('target_dtype')} target, {sweep.get('date')})" if sweep.get("cpu")
+                  else "") + (f". {sweep['label']}" if sweep.get("label") else ""))
+    else:
+        how = "the baseline is re-run interleaved for each k (one run per k, no spread)"
     return ["### Number of speculative tokens (k)",
-            f"{first['num_prompts']} held-out prompts, greedy, {first['max_new_tokens']} new tokens; the baseline is "
-            "re-run interleaved for each k:", "",
+            f"{first['num_prompts']} held-out prompts, greedy, {first['max_new_tokens']} new tokens; {how}:", "",
             "| k | mean acceptance length | per-position acceptance | speedup | identical |", "|---|---|---|---|---|",
-            *rows, ""]
+            *lines, ""]
 
 
 EVAL_BEGIN, EVAL_END = "<!-- evaluate: generated by python -m engine evaluate -->", "<!-- /evaluate -->"
@@ -287,7 +333,8 @@ def results_section(recipe: dict[str, Any], bench: dict[str, Any]) -> list[str]:
         "",
         _bench_table(bench),
         "",
-        f"Mean acceptance length **{tau:.2f}**, wall-clock speedup **{speedup:.2f}×**, outputs identical to the "
+        f"Mean acceptance length **{tau:.2f}**, wall-clock speedup **{_with_interval(speedup, draft)}**, outputs "
+        "identical to the "
         f"baseline: **{'yes' if draft.get('identical_to_baseline') else 'no'}**." if tau and speedup else "",
         "",
         f"Reproduce: `{command}`",
@@ -306,14 +353,14 @@ def evaluation_section(result: dict[str, Any], sweep: list[dict[str, Any]] | Non
 
     if not result.get("by_k"):
         return []
-    measured = {str(r["k"]): r.get("speedup") for r in (sweep or [])}
+    measured = {str(r["k"]): r for r in (sweep or [])}
     fc = (result.get("forecast") or {}).get("by_k", {})
     rows = []
     for key, acc in result["by_k"].items():
         tau, allp = acc.get("mean_acceptance_length"), acc.get("all_positions_acceptance_length")
-        f, m = (fc.get(key) or {}).get("speedup"), measured.get(key)
+        f, m = (fc.get(key) or {}).get("speedup"), measured.get(key) or {}
         rows.append(f"| {key} | {tau:.3f} | {', '.join(f'{x:.2f}' for x in acc['per_position_acceptance'])} | "
-                    f"{allp:.3f} | {f'{f:.2f}×' if f else '–'} | {f'{m:.2f}×' if m else '–'} |")
+                    f"{allp:.3f} | {f'{f:.2f}×' if f else '–'} | {_with_interval(m.get('speedup'), m)} |")
     source = (f"{result.get('held_out_prompts', result.get('num_samples'))} held-out prompts"
               if result.get("dataset") else f"{result.get('num_samples')} held-out samples of `{result.get('data')}`")
     oov = result.get("out_of_draft_vocab_fraction")
@@ -393,21 +440,34 @@ def _floats(cell: str) -> list[float]:
     return [float(x) for x in cell.split(",") if x.strip() not in ("", "–")]
 
 
+def _lead(cell: str) -> float | None:
+    """The figure a card's cell starts with ("1.23× (1.20–1.26)" -> 1.23), None where it holds none."""
+    found = re.match(r"([0-9]+(?:\.[0-9]+)?)", cell)
+    return float(found.group(1)) if found else None
+
+
+def _interval(cell: str) -> list[float] | None:
+    found = re.search(r"\(([0-9.]+)–([0-9.]+)\)", cell)
+    return [float(found.group(1)), float(found.group(2))] if found else None
+
+
 def ngram_from_card(text: str) -> float | None:
     """The n-gram proposer's measured speedup in a generated card's first results table (in-process), if any."""
     for line in text.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) >= 5 and cells[0] == "ngram" and cells[4].endswith("×"):
-            return float(cells[4].rstrip("×"))
+        if len(cells) >= 5 and cells[0] == "ngram" and "×" in cells[4]:
+            return _lead(cells[4])
     return None
 
 
 def sweep_from_card(text: str) -> list[dict[str, Any]]:
     """The measured k sweep a generated card holds (its "Number of speculative tokens" table): k, acceptance
-    length, per-position acceptance, speedup and whether the output was identical (values as the card rounds them)."""
+    length, per-position acceptance, speedup with its interval where measured in rounds, and whether the output was
+    identical (values as the card rounds them)."""
     return [{"k": int(c[0]), "mean_acceptance_length": float(c[1]), "per_position_acceptance": _floats(c[2]),
-             "speedup": float(c[3].rstrip("×")), "identical_to_baseline": c[4] == "yes"}
-            for c in _table_rows(text, "Number of speculative tokens", 5) if c[3].endswith("×")]
+             "speedup": _lead(c[3]), "identical_to_baseline": c[4] == "yes",
+             **({"spread": {"ci95": _interval(c[3])}} if _interval(c[3]) else {})}
+            for c in _table_rows(text, "Number of speculative tokens", 5) if "×" in c[3]]
 
 
 def curve_from_card(text: str) -> list[dict[str, Any]]:
@@ -631,7 +691,7 @@ def _refresh_goals(lines: list[str], bench: dict[str, Any], vllm_bench: dict[str
 
 
 def refresh_measurements(card: str | Path, recipe: dict[str, Any], *, bench: dict[str, Any] | None = None,
-                         vllm_bench: dict[str, Any] | None = None, sweep: list[dict[str, Any]] | None = None,
+                         vllm_bench: dict[str, Any] | None = None, sweep: dict[str, Any] | None = None,
                          data: list[dict[str, Any]] | None = None, vllm_goals: dict[str, Any] | None = None,
                          model_lines: list[str] | None = None) -> Path:
     """Re-measured figures of a shipped draft into its existing card, in place: the in-process results, the
@@ -640,6 +700,8 @@ def refresh_measurements(card: str | Path, recipe: dict[str, Any], *, bench: dic
     path = Path(card)
     lines = path.read_text(encoding="utf-8").splitlines()
     goals = recipe_goals(recipe)
+    sweep = sweep_record(sweep or {})
+    bench = with_sweep_speeds(bench, sweep) if bench else bench
     if model_lines:  # the algorithm's bullets for the files as they are now; the target-weights bullet stays
         found = _block(lines, "## Model")
         if found is not None:
@@ -654,7 +716,7 @@ def refresh_measurements(card: str | Path, recipe: dict[str, Any], *, bench: dic
         _put(lines, "### In real vLLM", _vllm_section(vllm_bench, recipe), after="## Results")
     if data:
         _put_data_section(lines, data, lines)
-    if sweep:
+    if sweep["rows"]:
         _put(lines, "### Number of speculative tokens", _sweep_section(sweep), after=DATA_HEADING)
     if bench:
         _refresh_goals(lines, bench, vllm_bench or vllm_goals or {}, goals)

@@ -38,7 +38,7 @@ from engine.format.validate import validate_draft
 from engine.fsutil import atomic_write_json, claim_names, read_json, release_names
 from engine.generate.kernel_choice import load_decode_target
 from engine.jobs import read_jsonl, reporter
-from engine.measure.bench import benchmark, run_bench
+from engine.measure.bench import benchmark
 from engine.measure.evaluate import evaluate_draft, evaluate_samples, held_out_answers
 from engine.measure.options import BenchOptions, EvaluateOptions
 from engine.provenance import engine_command, provenance, rows_of
@@ -241,32 +241,34 @@ def _stamp(folder: Path) -> str:
 
 
 def k_sweep(recipe: dict[str, Any], *, draft: Path | None = None, out_file: Path | None = None,
-            force: bool = False, command: str | None = None) -> list[dict[str, Any]]:
-    """Acceptance length and wall-clock speedup of the trained draft (or `draft`) for each k, baseline
-    interleaved per k; the record names `command` (default: the recipe's sweep step)."""
+            force: bool = False, command: str | None = None) -> dict[str, Any]:
+    """One speed per k of the trained draft (or `draft`): every k, n-gram and the baseline decoded in one
+    interleaved run, rounds repeated until the intervals are narrow (engine.measure.speed); the record (rows per k,
+    and bench's `methods` at the recipe's k) names `command` (default: the recipe's sweep step). A record of the
+    same weights is kept unless `force`."""
+    from engine.measure.speed import speed_per_k
+
     work = Path(recipe["work"])
     opts = recipe["sweep"]
     out_file = out_file or work / "sweep.json"
     draft = draft or work / "train" / "draft"
-    done = {row["k"]: row for row in (rows_of(read_json(out_file)) if out_file.is_file() and not force else [])
-            if row.get("weights") == _stamp(draft)}
+    old = read_json(out_file) if out_file.is_file() and not force else {}
+    if isinstance(old, dict) and old.get("weights") == _stamp(draft) and old.get("rounds_kept"):
+        return old
     target = load_decode_target(recipe["target"], opts["dtype"])
     prompts = load_prompts(opts["prompts"], opts["num_prompts"])
-    for k in opts["ks"]:
-        if k in done:
-            continue
-        options = BenchOptions(methods="baseline,draft", draft=str(draft), k=k, max_new_tokens=opts["max_new_tokens"])
-        result = run_bench(target, prompts, options, measure_cost=False, progress=False)
-        row = result["methods"]["draft"]
-        done[k] = {"k": k, "weights": _stamp(draft), "mean_acceptance_length": row["mean_acceptance_length"],
-                   "per_position_acceptance": row["per_position_acceptance"], "speedup": row["speedup"],
-                   "identical_to_baseline": row["identical_to_baseline"],
-                   "num_prompts": len(prompts), "max_new_tokens": options.max_new_tokens}
-        log.info("sweep: k=%d -> acceptance length %.2f, speedup %.2fx", k, row["mean_acceptance_length"] or 0,
-                 row["speedup"] or 0)
-        _write_rows(out_file, [done[x] for x in sorted(done)], command or recipe_command(recipe, "sweep"),
-                    dtype_name(target.dtype))
-    return [done[x] for x in sorted(done)]
+    k = (recipe.get("bench") or {}).get("k", 3)
+    options = BenchOptions(methods="baseline,draft,ngram", draft=str(draft), k=k, ks=",".join(map(str, opts["ks"])),
+                           max_new_tokens=opts["max_new_tokens"], tolerance=opts["tolerance"],
+                           budget_min=opts["budget_min"], max_rounds=opts["max_rounds"])
+    result = speed_per_k(target, prompts, options)
+    for row in result["rows"]:
+        row.update(num_prompts=len(prompts), max_new_tokens=options.max_new_tokens)
+        log.info("sweep: k=%d -> acceptance length %.2f, speedup %.2fx (%s)", row["k"],
+                 row["mean_acceptance_length"] or 0, row["speedup"] or 0, row["spread"]["ci95"])
+    record = {**result, "command": command or recipe_command(recipe, "sweep"), "weights": _stamp(draft)}
+    atomic_write_json(out_file, record)
+    return record
 
 
 def evaluate_step(recipe: dict[str, Any], *, draft: Path | None = None, out_file: Path | None = None,
@@ -332,13 +334,17 @@ def remeasure(recipe: dict[str, Any], *, only: list[str] | None = None, force: b
             records[step] = evaluate_step(recipe, draft=shipped, out_file=file, force=force,
                                           command=recipe_command(recipe, step, remeasure=True))
     card = shipped / "README.md"
-    kept_vllm = out / "vllm_bench.json"  # not re-measured now: the card's vLLM table (and its goal) stay as measured
-    vllm_for_goals = records.get("vllm_bench") or (read_json(kept_vllm) if kept_vllm.is_file() else None)
-    refresh_measurements(card, recipe, bench=records.get("bench"), vllm_bench=records.get("vllm_bench"),
-                         vllm_goals=vllm_for_goals, model_lines=_shipped_model_lines(recipe, shipped),
-                         sweep=records.get("sweep"), data=data_rows(target) if "evaluate" in records else None)
+    # records not measured now, kept from an earlier re-measurement: the card's vLLM table (and its goal) stay as
+    # measured; the bench and the sweep are read together, so that the card quotes one speed per k
+    kept = {step: read_json(out / f"{step}.json") for step in ("bench", "vllm_bench", "sweep")
+            if step not in records and (out / f"{step}.json").is_file()}
+    bench = records.get("bench") or (kept.get("bench") if "sweep" in records else None)
+    refresh_measurements(card, recipe, bench=bench, vllm_bench=records.get("vllm_bench"),
+                         vllm_goals=records.get("vllm_bench") or kept.get("vllm_bench"),
+                         model_lines=_shipped_model_lines(recipe, shipped), sweep=records.get("sweep") or
+                         kept.get("sweep"), data=data_rows(target) if "evaluate" in records else None)
     if records.get("evaluate"):
-        write_evaluation_section(card, records["evaluate"], records.get("sweep"))
+        write_evaluation_section(card, records["evaluate"], rows_of(records["sweep"]) if "sweep" in records else None)
     log.info("re-measured %s: %s", shipped, ", ".join(records))
     return {"draft": str(shipped), "card": str(card), "records": {k: str(out / f"{k}.json") for k in records}}
 

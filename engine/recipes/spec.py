@@ -15,6 +15,8 @@ from engine.format.config import refuse_bad_numbers
 from engine.measure.options import BenchOptions
 from engine.targets import DEFAULT_TARGET
 
+_BENCH = BenchOptions.model_fields  # the sweep's stopping rule: bench --ks's fields, their defaults and help
+
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 STEPS = ("regenerate", "extract", "train", "bench", "vllm_bench", "curve", "sweep", "evaluate", "ship")
 
@@ -50,6 +52,9 @@ class SweepStep(BaseModel):
     max_new_tokens: int = Field(128, ge=1, description="tokens generated per prompt")
     ks: list[int] = Field([1, 2, 3, 4, 5], description="k values measured")
     dtype: str = Field("auto", description="target dtype, as `bench --dtype`")
+    tolerance: float = Field(_BENCH["tolerance"].default, gt=0, description=_BENCH["tolerance"].description)
+    budget_min: float = Field(_BENCH["budget_min"].default, gt=0, description=_BENCH["budget_min"].description)
+    max_rounds: int = Field(_BENCH["max_rounds"].default, ge=1, description=_BENCH["max_rounds"].description)
 
 
 class EvaluateStep(BaseModel):

@@ -151,6 +151,7 @@ def test_tiny_recipe_runs_every_step_and_writes_the_model_card(tiny_targets, tmp
     """extract -> train -> bench -> curve -> sweep -> ship on a tiny target; re-running skips finished steps."""
     import yaml
 
+    from engine.recipes.model_card import sweep_from_card
     from engine.recipes.recipe import run_recipe
 
     monkeypatch.chdir(tmp_path)
@@ -162,7 +163,7 @@ def test_tiny_recipe_runs_every_step_and_writes_the_model_card(tiny_targets, tmp
                   "val_fraction": 0.2, "val_every": 2},
         "bench": {"prompts": "sharegpt", "num_prompts": 2, "max_new_tokens": 8, "k": 2, "methods": "baseline,draft"},
         "curve": {"num_prompts": 2, "max_new_tokens": 8, "k": 2},
-        "sweep": {"num_prompts": 2, "max_new_tokens": 8, "ks": [1, 2]},
+        "sweep": {"num_prompts": 2, "max_new_tokens": 8, "ks": [1, 2], "max_rounds": 3},
         "evaluate": {"num_prompts": 2, "max_new_tokens": 8, "ks": [1, 2]},
         "ship": {"to": str(tmp_path / "shipped")},
     }
@@ -183,8 +184,11 @@ def test_tiny_recipe_runs_every_step_and_writes_the_model_card(tiny_targets, tmp
     assert validate_draft(shipped).ok
     curve = json.loads((tmp_path / "work" / "curve.json").read_text())["rows"]
     assert [r["step"] for r in curve] == [2, 4] and curve[1]["training_tokens"] > curve[0]["training_tokens"] > 0
-    sweep = json.loads((tmp_path / "work" / "sweep.json").read_text())["rows"]
+    swept = json.loads((tmp_path / "work" / "sweep.json").read_text())
+    sweep = swept["rows"]
     assert [r["k"] for r in sweep] == [1, 2] and all(r["identical_to_baseline"] for r in sweep)
+    assert 1 <= swept["rounds_kept"] <= len(swept["rounds"]) <= 3  # one speed per k, measured in rounds
+    assert all(r["spread"]["n"] == swept["rounds_kept"] for r in sweep) and swept["methods"]["ngram"]["k"] == 2
     from engine.cpu import cpu_identity
     from engine.provenance import FIELDS
 
@@ -200,6 +204,10 @@ def test_tiny_recipe_runs_every_step_and_writes_the_model_card(tiny_targets, tmp
     bench = json.loads((tmp_path / "work" / "bench.json").read_text())
     tau = bench["methods"]["draft"]["mean_acceptance_length"]
     assert f"Mean acceptance length **{tau:.2f}**" in card
+    # the headline speed at the bench's k is the sweep's (same prompts): one speed per k in the whole card
+    at_k = next(r for r in sweep if r["k"] == bench["k"])
+    assert f"wall-clock speedup **{at_k['speedup']:.2f}×" in card
+    assert [r["speedup"] for r in sweep_from_card(card)] == [round(r["speedup"], 2) for r in sweep]
     assert "| 4 |" in card and "### Number of speculative tokens (k)" in card
     assert "### Decoding-exact acceptance per k (offline evaluator)" in card and "forecast speedup" in card
     assert run_recipe(str(path))["timings"] == {}  # nothing changed: every step is skipped
@@ -211,8 +219,7 @@ def test_tiny_recipe_runs_every_step_and_writes_the_model_card(tiny_targets, tmp
     weights = tmp_path / "work" / "train" / "draft" / "model.safetensors"
     os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))  # "trained again"
     again = k_sweep(load_recipe(str(path)))  # a validated recipe: its defaults filled
-    assert [r["k"] for r in again] == [1, 2]
-    assert all(r["weights"] != s["weights"] for r, s in zip(again, sweep, strict=True))
+    assert [r["k"] for r in again["rows"]] == [1, 2] and again["weights"] != swept["weights"]
 
     from engine.errors import WorkbenchError
     from engine.recipes.recipe import remeasure  # the shipped draft measured again, its card updated in place

@@ -1,0 +1,109 @@
+"""One speed per k: interleaved rounds, their stopping rule, rounds under load left out, and the interval."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from engine.measure import speed
+from engine.measure.bench import markdown_table, run_bench
+from engine.measure.options import BenchOptions
+from engine.measure.spread import mean_interval
+
+PROMPTS = [{"prompt": "1 2 3 4 5 6 7 8 9 10, the numbers go on and on"},
+           {"messages": [{"role": "user", "content": "hello there, how are you"}]}]
+
+
+@pytest.fixture(scope="module")
+def tiny_draft(tiny_llama, tmp_path_factory):
+    import torch
+
+    from engine.algos.eagle3.args import Eagle3Args
+    from engine.algos.eagle3.io import build_eagle3, save_eagle3
+
+    draft = build_eagle3(tiny_llama, Eagle3Args(draft_vocab_size=128), token_counts=torch.arange(tiny_llama.vocab_size),
+                         aux_layer_ids=[1, 2, 3])
+    return str(save_eagle3(draft, tmp_path_factory.mktemp("d") / "draft", dtype=torch.float32))
+
+
+def test_mean_interval_is_students_t_over_rounds():
+    out = mean_interval([1.0, 2.0, 3.0])  # sd 1, n 3: half-width t(0.975, 2) / sqrt(3)
+    assert out["mean"] == 2.0 and out["half_width"] == pytest.approx(4.303 / 3 ** 0.5, rel=1e-4)
+    assert out["ci95"] == pytest.approx([2.0 - 2.4843, 2.0 + 2.4843], abs=1e-3)
+    assert mean_interval([1.2])["ci95"] is None and mean_interval([])["mean"] is None  # one run has no spread
+
+
+def test_every_k_in_one_run_with_the_acceptance_bench_measures(tiny_llama, tiny_draft, monkeypatch):
+    monkeypatch.setattr(speed.OtherLoad, "share", lambda self: 0.0)  # a quiet machine, whatever else runs
+    options = BenchOptions(methods="baseline,draft,ngram", draft=tiny_draft, k=2, ks="1-3", max_new_tokens=16,
+                           tolerance=100.0, max_rounds=6)
+    result = speed.speed_per_k(tiny_llama, PROMPTS, options)
+    assert [r["k"] for r in result["rows"]] == [1, 2, 3] and result["methods"]["ngram"]["k"] == 2
+    # any interval is narrow enough: stops at the fewest rounds that give one
+    assert len(result["rounds"]) == result["rounds_kept"] == speed.MIN_ROUNDS
+    assert result["stopped"].startswith("every interval within")
+    for row in [*result["rows"], result["methods"]["ngram"]]:
+        assert row["identical_to_baseline"] and row["spread"]["n"] == speed.MIN_ROUNDS
+        lo, hi = row["spread"]["ci95"]
+        assert lo <= row["speedup"] <= hi and row["step_cost"] > 0
+        key = f"{row['method']} k={row['k']}"  # the mean over rounds of the baseline's time over the method's
+        ratios = [r["seconds"]["baseline"] / r["seconds"][key] for r in result["rounds"]]
+        assert row["speedup"] == pytest.approx(sum(ratios) / len(ratios), rel=1e-3)
+    # the same acceptance as a one-k bench on the same prompts (greedy decoding is the same walk)
+    one = run_bench(tiny_llama, PROMPTS, options.model_copy(update={"ks": None, "k": 3}), measure_cost=False,
+                    progress=False)["methods"]["draft"]
+    at3 = result["rows"][2]
+    assert at3["mean_acceptance_length"] == pytest.approx(one["mean_acceptance_length"])
+    assert at3["per_position_acceptance"] == pytest.approx(one["per_position_acceptance"])
+    # bench's shape at --k: the pages that read a bench read this too, with the interval in the speedup cell
+    assert result["methods"]["draft"]["k"] == 2 and "(" in markdown_table(result).split("| draft |")[1]
+
+
+def test_rounds_under_load_are_repeated_and_left_out(tiny_llama, tiny_draft, monkeypatch):
+    loads = iter([0.5, 0.0, 0.5, 0.0, 0.0, 0.0])
+    monkeypatch.setattr(speed.OtherLoad, "share", lambda self: next(loads))
+    options = BenchOptions(methods="baseline,draft", draft=tiny_draft, ks="1", max_new_tokens=8, tolerance=100.0)
+    result = speed.speed_per_k(tiny_llama, PROMPTS[:1], options)
+    assert [r["clean"] for r in result["rounds"]] == [False, True, False, True, True]
+    assert result["rounds_kept"] == 3 and result["rows"][0]["spread"]["n"] == 3 and result["label"] is None
+    # a machine busy the whole time: measured anyway, and labelled
+    monkeypatch.setattr(speed.OtherLoad, "share", lambda self: 0.9)
+    busy = speed.speed_per_k(tiny_llama, PROMPTS[:1], options.model_copy(update={"max_rounds": 2}))
+    assert busy["rounds_kept"] == 2 and busy["label"].startswith("under load")
+
+
+def test_the_time_budget_ends_the_rounds(tiny_llama, tiny_draft, monkeypatch):
+    monkeypatch.setattr(speed.OtherLoad, "share", lambda self: 0.0)
+    options = BenchOptions(methods="baseline,draft", draft=tiny_draft, ks="1,2", max_new_tokens=8, tolerance=1e-9,
+                           budget_min=1e-6)
+    result = speed.speed_per_k(tiny_llama, PROMPTS[:1], options)
+    assert len(result["rounds"]) == 1 and result["stopped"] == "time budget"
+    assert result["rows"][0]["spread"]["ci95"] is None  # one round: no interval claimed
+    assert "one round" in "\n".join(speed.speed_lines(result))
+
+
+def test_a_step_cheaper_than_a_baseline_step_marks_the_round():
+    base = speed.Method("baseline", 0, seconds=[10.0, 10.0], steps=100)
+    fine = speed.Method("draft", 3, seconds=[8.0, 7.0], steps=70)   # 0.114 s per step against 0.1
+    odd = speed.Method("ngram", 3, seconds=[6.0, 6.0], steps=70)    # 0.086 s per step: cheaper than one token
+    assert speed._implausible([base, fine, odd], 0) == ["ngram k=3"]
+    assert speed._implausible([base, fine], 1) == []
+
+
+def test_other_load_sees_a_busy_process():
+    from engine.cpu import OtherLoad
+
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)
+        gauge = OtherLoad()
+        time.sleep(1.5)
+        share = gauge.share()
+    finally:
+        busy.kill()
+    if share is None:
+        pytest.skip("no /proc/stat counters for this process's CPUs on this OS")
+    assert share >= 0.6 / len(gauge._cpus)  # one process spinning: about one core of them
