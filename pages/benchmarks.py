@@ -23,7 +23,7 @@ target, draft = state.active_target(), state.active_draft()
 
 def _evaluation(ev: evaluate_ui.Evaluation) -> None:
     """One offline evaluation: which draft, on what, from where, the advice, and its table per k."""
-    advice = evaluate_ui.recommendation(ev.result, ev.here)
+    advice = evaluate_ui.recommendation(ev.result, ev.here, bench.draft_speed(ev.result.get("draft")))
     st.markdown(f"`{bench.short_name(ev.result.get('draft'))}` · {ev.result.get('num_samples')} held-out "
                 f"samples × {ev.result.get('max_new_tokens')} tokens · {ev.where}" + (f" · {advice}" if advice else ""))
     st.dataframe(evaluate_ui.table_rows(ev.result), hide_index=True, width="stretch",

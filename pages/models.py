@@ -277,7 +277,7 @@ with tab_d:
                     st.caption("Mean acceptance length per k on each prompt set, in brackets its 95% interval over "
                                "prompts (bootstrap): a wide interval means too few prompts to tell workloads apart. "
                                f"From {by_workload.where}.")
-                advice = evaluate_ui.recommendation(ev.result, ev.here)
+                advice = evaluate_ui.recommendation(ev.result, ev.here, bench_ui.draft_speed(shown))
                 st.caption(f"{ev.result.get('num_samples')} held-out samples, {ev.result.get('max_new_tokens')} new "
                            f"tokens; from {ev.where}." + (f" **{advice[:1].upper() + advice[1:]}.**" if advice else ""))
                 if not ev.here:

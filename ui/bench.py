@@ -307,6 +307,8 @@ def draft_speed(draft: str | None) -> dict[str, Any] | None:
     rec = _record(mine[key])
     row = rec["methods"]["draft"]
     return {"key": key, "path": str(mine[key]), "speedup": row["speedup"],
+            "ci95": (row.get("spread") or {}).get("ci95"), "rounds": rec.get("rounds_kept"),
+            "rows": rec.get("rows") if isinstance(rec.get("rows"), list) else None,  # every k, where a sweep
             "mean_acceptance_length": row.get("mean_acceptance_length"), "k": rec.get("k"),
             "prompts": num_prompts(rec), "max_new_tokens": rec.get("max_new_tokens"),
             "backend": rec.get("backend"), "here": records.on_this_machine(rec) or not key.startswith(SHIPPED_PREFIX),
@@ -320,7 +322,10 @@ def draft_speed_text(speed: dict[str, Any] | None) -> str:
         return ""
     tau = speed.get("mean_acceptance_length")
     ngram = speed.get("ngram_speedup")
+    ci = speed.get("ci95")
     return (f"Measured for this draft: **{speed['speedup']:.2f}×** the target alone"
+            + (f" (95% interval {ci[0]:.2f}–{ci[1]:.2f} over {speed['rounds']} interleaved rounds)" if ci else
+               " (one run, no spread)")
             + (f" (mean acceptance length {tau:.2f})" if tau else "")
             + (f", k = {speed['k']}" if speed.get("k") else "")
             + (f", {speed['prompts']} prompts × up to {speed['max_new_tokens']} new tokens" if speed.get("prompts")

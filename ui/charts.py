@@ -377,13 +377,18 @@ def k_sweep(sweep: Sequence[Mapping[str, Any]], *, source: str) -> dict[str, go.
                       xaxis_title="k (drafts per step)", xaxis_dtick=1, yaxis_title="tokens per step",
                       yaxis_range=[0, max(ks + [1]) + 1.5])
     speeds = [r.get("speedup") for r in rows]
-    speed = go.Figure(go.Bar(x=ks, y=speeds, marker_color=palette.method_colour("draft"),
+    spans = [(r.get("spread") or {}).get("ci95") for r in rows]  # 95% interval over interleaved rounds
+    bars = dict(error_y=dict(type="data", symmetric=False, array=[c[1] - v if c else 0 for c, v in zip(
+        spans, speeds, strict=True)], arrayminus=[v - c[0] if c else 0 for c, v in zip(spans, speeds, strict=True)],
+        color=palette.REFERENCE)) if any(spans) else {}
+    speed = go.Figure(go.Bar(x=ks, y=speeds, marker_color=palette.method_colour("draft"), **bars,
                              text=[f"{v:.2f}×" if v is not None else "" for v in speeds], textposition="outside",
                              cliponaxis=False, hovertemplate="k = %{x}: %{y:.2f}× the baseline<extra></extra>"))
     speed.add_hline(y=1.0, line_dash="dot", line_color=palette.REFERENCE, annotation_text="baseline",
                     annotation_position="right")
+    spread = " · bars: 95% interval over rounds" if bars else ""
     speed.update_layout(**_bench_layout("Speedup by k",
-                                        f"tokens/s ÷ the baseline's, interleaved per k · {over} · {source}",
+                                        f"tokens/s ÷ the baseline's, interleaved per k{spread} · {over} · {source}",
                                         margin=dict(l=10, r=70, t=70, b=10)),
                         xaxis_title="k (drafts per step)", xaxis_dtick=1, yaxis_title="speedup (× baseline)",
                         yaxis_range=[0, max([v for v in speeds if v is not None] + [1.0]) * 1.25], showlegend=False)

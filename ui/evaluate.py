@@ -97,11 +97,18 @@ def all_results(draft: str | None = None) -> list[Evaluation]:
     return mine + shipped
 
 
-def recommendation(result: dict[str, Any], here: bool = True) -> str:
-    """The forecast's advice in words (never a k whose forecast is below 1×), "" without a forecast."""
+def recommendation(result: dict[str, Any], here: bool = True, speed: dict[str, Any] | None = None) -> str:
+    """The advice in words: the best measured k of the draft's k sweep on this machine (`speed`, from
+    ui.bench.draft_speed, when it measured every k) with the forecast beside it and its error; else the forecast's
+    (never a k whose forecast is below 1×); "" with neither."""
+    from engine.measure.step_costs import measured_recommendation
     from engine.measure.step_costs import recommendation as words
 
-    return words(result.get("forecast"), "on this machine" if here else "on the machine it was measured on")
+    where = "on this machine" if here else "on the machine it was measured on"
+    if speed and speed.get("rows") and speed.get("here"):
+        return measured_recommendation(speed["rows"], result.get("forecast"), ngram=speed.get("ngram_speedup"),
+                                       where="on this machine")
+    return words(result.get("forecast"), where)
 
 
 def table_rows(result: dict[str, Any]) -> list[dict[str, Any]]:

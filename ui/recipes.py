@@ -88,6 +88,7 @@ def sweep_rows(results: RecipeResults) -> list[dict[str, Any]]:
     return [{"k": r.get("k"), "mean acceptance length": _round(r.get("mean_acceptance_length")),
              "per-position acceptance": ", ".join(f"{x:.2f}" for x in r.get("per_position_acceptance") or []),
              "speedup": _round(r.get("speedup")),
+             "95% interval": "–" if not (ci := (r.get("spread") or {}).get("ci95")) else f"{ci[0]:.2f}–{ci[1]:.2f}",
              "identical to baseline": "yes" if r.get("identical_to_baseline") else "no"} for r in results.sweep]
 
 

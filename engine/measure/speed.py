@@ -19,14 +19,13 @@ from engine.generate.speculative import generate
 from engine.jobs import reporter
 from engine.measure.options import BenchOptions
 from engine.measure.spread import acceptance_spread, mean_interval
+from engine.measure.step_costs import BUSY_SHARE, STEP_FLOOR
 from engine.provenance import provenance
 from engine.targets import dtype_name
 
 log = logging.getLogger(__name__)
 
 MIN_ROUNDS = 3          # the fewest rounds whose spread means something (a t interval over 2 is 12.7 sd wide)
-BUSY_SHARE = 0.10       # other processes used more than this share of the CPUs: the round is "under load"
-STEP_FLOOR = 0.97       # a step that verifies k+1 tokens cannot cost less than a one-token step (3% timer slack)
 
 
 @dataclass

@@ -7,12 +7,36 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+BUSY_SHARE = 0.10   # other processes used more than this share of the CPUs: a timing is "under load"
+STEP_FLOOR = 0.97   # a step that verifies k+1 tokens cannot cost less than a one-token step (3% timer slack)
+COST_ATTEMPTS = 3   # step costs measured again at most this often when under load or below the floor
+
 
 def measure_step_costs(target, algorithm, draft, ks: Sequence[int], *, context: Sequence[int],
                        repeats: int = 7) -> dict[str, Any]:
     """On this machine: the target's forward over k+1 tokens and the draft's proposal of k tokens, both in units
     of one single-token target forward (medians over `repeats`, every shape timed once per round so that load which
-    comes and goes weighs on all alike)."""
+    comes and goes weighs on all alike). Costs taken while other processes kept the CPUs busy, or with a
+    verification cheaper than one token's forward (impossible on a quiet machine), are measured again; where
+    every attempt was so, the costs carry a `label` and forecast nothing to recommend."""
+    from engine.cpu import OtherLoad
+
+    for attempt in range(1, COST_ATTEMPTS + 1):
+        load = OtherLoad()
+        costs = _step_costs(target, algorithm, draft, ks, context=context, repeats=repeats)
+        share = load.share()
+        below = [k for k, v in costs["verify_cost"].items() if v < STEP_FLOOR]
+        busy = share is not None and share > BUSY_SHARE
+        costs.update(attempts=attempt, other_load=round(share, 3) if share is not None else None)
+        if not below and not busy:
+            return costs
+    costs["label"] = (f"under load (other processes used {100 * share:.0f}% of the CPUs)" if busy else
+                      f"implausible: verifying k + 1 tokens measured cheaper than one token for k = {below}")
+    return costs
+
+
+def _step_costs(target, algorithm, draft, ks: Sequence[int], *, context: Sequence[int],
+                repeats: int) -> dict[str, Any]:
     from engine.generate.metrics import time_forwards_round_robin
     from engine.generate.runner import TargetRunner
     from engine.generate.sampling import SamplingParams
@@ -57,8 +81,9 @@ def forecast(result: dict[str, Any], costs: dict[str, Any]) -> dict[str, Any]:
     best = max(rows, key=lambda key: rows[key]["speedup"] or 0.0)
     pays = (rows[best]["speedup"] or 0.0) > 1.0
     # no k is recommended when even the fastest forecasts a slowdown: decoding without this draft is faster here
-    return {"by_k": rows, "fastest_k": int(best), "recommended_k": int(best) if pays else None,
-            "target_step_ms": costs["target_step_ms"]}
+    trusted = not costs.get("label")
+    return {"by_k": rows, "fastest_k": int(best), "recommended_k": int(best) if pays and trusted else None,
+            "target_step_ms": costs["target_step_ms"], **({"label": costs["label"]} if not trusted else {})}
 
 
 def measured_recommendation(sweep: list[dict[str, Any]], fc: dict[str, Any] | None = None, *,
@@ -94,6 +119,9 @@ def recommendation(fc: dict[str, Any] | None, where: str = "on this machine") ->
     machine whose costs the forecast used)."""
     if not fc or not fc.get("by_k"):
         return ""
+    if fc.get("label"):
+        return (f"no advice from this forecast: its step costs were measured {fc['label']}; evaluate again on a "
+                "quiet machine")
     fastest = str(fc.get("fastest_k") or max(fc["by_k"], key=lambda key: fc["by_k"][key].get("speedup") or 0.0))
     best = fc["by_k"].get(fastest, {}).get("speedup")
     if best is not None and best > 1.0:

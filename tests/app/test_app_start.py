@@ -199,6 +199,22 @@ def test_benchmarks_record_verdict_never_advises_the_slower_proposer():
     assert "n-gram is faster" in bench.draft_speed_text({**base, "speedup": 1.19, "ngram_speedup": 1.40})
     assert "slower than no speculation" in bench.draft_speed_text({**base, "speedup": 0.81, "ngram_speedup": 0.9})
     assert "faster" not in bench.draft_speed_text({**base, "speedup": 1.3, "ngram_speedup": 1.1}).split("—")[1]
+    assert "(one run, no spread)" in bench.draft_speed_text({**base, "speedup": 1.3})
+    assert "(95% interval 1.25–1.35 over 4 interleaved rounds)" in bench.draft_speed_text(
+        {**base, "speedup": 1.3, "ci95": [1.25, 1.35], "rounds": 4})
+
+
+def test_the_advice_is_the_best_measured_k_of_a_sweep_on_this_machine():
+    from ui import evaluate as evaluate_ui
+
+    result = _evaluation("d", [1.4, 1.1])  # the forecast says k = 1
+    rows = [{"k": 1, "speedup": 1.05, "spread": {"ci95": [1.0, 1.1]}},
+            {"k": 2, "speedup": 1.25, "spread": {"ci95": [1.2, 1.3]}}]
+    measured = evaluate_ui.recommendation(result, True, {"rows": rows, "here": True})
+    assert measured.startswith("recommended k on this machine: 2 (measured 1.25×") and "forecast 1.10×" in measured
+    # a sweep measured on another machine does not replace this machine's forecast
+    assert evaluate_ui.recommendation(result, True, {"rows": rows, "here": False}).startswith(
+        "recommended k on this machine: 1 (forecast 1.40×")
 
 
 # -- progress ----------------------------------------------------------------------------------------------

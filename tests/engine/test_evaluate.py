@@ -219,6 +219,16 @@ def test_forecast_and_card_section(tmp_path):
     assert "n-gram proposer measured faster" in measured_recommendation(sweep, fc, ngram=1.3)
     assert measured_recommendation([{"k": 2, "speedup": 0.9}], fc).startswith("no speculation")
     assert measured_recommendation([], fc) == recommendation(fc)  # nothing measured: the forecast's advice
+    # measured in rounds: the interval is quoted, and a k whose interval reaches the best one's is named
+    spread = [{"k": 1, "speedup": 1.20, "spread": {"ci95": [1.15, 1.25]}},
+              {"k": 2, "speedup": 1.18, "spread": {"ci95": [1.16, 1.20]}},
+              {"k": 3, "speedup": 1.05, "spread": {"ci95": [1.02, 1.08]}}]
+    said = measured_recommendation(spread, fc)
+    assert said.startswith("recommended k on this machine: 1 (measured 1.20× (95% interval 1.15–1.25)")
+    assert "k = 2 within its interval" in said and "3 within" not in said and "single runs" not in said
+    # a forecast from step costs measured under load (or below one step) advises nothing
+    assert recommendation({**fc, "label": "under load (other processes used 40% of the CPUs)"}).startswith(
+        "no advice from this forecast")
     write_evaluation_section(card, {**result, "forecast": fc, "cpu": "Some CPU X", "target_dtype": "bf16",
                                     "date": "2026-12-02"})
     assert "on the machine the evaluation ran on (Some CPU X, bf16 target, 2026-12-02)." in card.read_text()

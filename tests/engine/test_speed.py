@@ -38,6 +38,7 @@ def test_mean_interval_is_students_t_over_rounds():
 
 def test_every_k_in_one_run_with_the_acceptance_bench_measures(tiny_llama, tiny_draft, monkeypatch):
     monkeypatch.setattr(speed.OtherLoad, "share", lambda self: 0.0)  # a quiet machine, whatever else runs
+    monkeypatch.setattr(speed, "STEP_FLOOR", 0.0)  # a tiny target's steps are too short for the floor's slack
     options = BenchOptions(methods="baseline,draft,ngram", draft=tiny_draft, k=2, ks="1-3", max_new_tokens=16,
                            tolerance=100.0, max_rounds=6)
     result = speed.speed_per_k(tiny_llama, PROMPTS, options)
@@ -64,6 +65,7 @@ def test_every_k_in_one_run_with_the_acceptance_bench_measures(tiny_llama, tiny_
 
 def test_rounds_under_load_are_repeated_and_left_out(tiny_llama, tiny_draft, monkeypatch):
     loads = iter([0.5, 0.0, 0.5, 0.0, 0.0, 0.0])
+    monkeypatch.setattr(speed, "STEP_FLOOR", 0.0)
     monkeypatch.setattr(speed.OtherLoad, "share", lambda self: next(loads))
     options = BenchOptions(methods="baseline,draft", draft=tiny_draft, ks="1", max_new_tokens=8, tolerance=100.0)
     result = speed.speed_per_k(tiny_llama, PROMPTS[:1], options)
@@ -107,3 +109,28 @@ def test_other_load_sees_a_busy_process():
     if share is None:
         pytest.skip("no /proc/stat counters for this process's CPUs on this OS")
     assert share >= 0.6 / len(gauge._cpus)  # one process spinning: about one core of them
+
+
+def test_step_costs_under_load_or_below_one_step_are_measured_again_then_labelled(monkeypatch):
+    from engine.cpu import OtherLoad
+    from engine.measure import step_costs
+
+    seen = []
+
+    def fake(*args, **kwargs):
+        seen.append(1)
+        return {"verify_cost": {3: 0.54 if len(seen) < 2 else 1.2}, "draft_cost": {3: 0.1}, "target_step_ms": 5.0}
+
+    monkeypatch.setattr(step_costs, "_step_costs", fake)
+    monkeypatch.setattr(OtherLoad, "share", lambda self: 0.0)
+    costs = step_costs.measure_step_costs(None, None, None, [3], context=[1])
+    assert len(seen) == 2 and costs["attempts"] == 2 and "label" not in costs  # the second attempt was plausible
+    seen.clear()
+    monkeypatch.setattr(step_costs, "_step_costs", lambda *a, **kw: {**fake(), "verify_cost": {3: 0.54}})
+    costs = step_costs.measure_step_costs(None, None, None, [3], context=[1])
+    assert len(seen) == step_costs.COST_ATTEMPTS and costs["label"].startswith("implausible")
+    fc = step_costs.forecast({"by_k": {"3": {"mean_acceptance_length": 1.7}}}, costs)
+    assert fc["recommended_k"] is None and fc["label"] == costs["label"]  # 1.7 / 0.64 > 1, yet nothing advised
+    monkeypatch.setattr(step_costs, "_step_costs", lambda *a, **kw: {**fake(), "verify_cost": {3: 1.2}})
+    monkeypatch.setattr(OtherLoad, "share", lambda self: 0.4)
+    assert step_costs.measure_step_costs(None, None, None, [3], context=[1])["label"].startswith("under load")
