@@ -78,7 +78,7 @@ def _round(methods: list[Method], encoded: list[list[int]], params, first: bool)
     for m in methods:
         m.seconds.append(seconds[m.key])
     share = load.share()
-    return {"seconds": {key: round(s, 4) for key, s in seconds.items()},
+    return {"seconds": {key: round(s, 6) for key, s in seconds.items()},
             "other_load": round(share, 3) if share is not None else None}
 
 
