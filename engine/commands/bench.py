@@ -22,7 +22,8 @@ def run(args: argparse.Namespace) -> int:
 
     options = options_from_args(args, BenchOptions)
     result = benchmark(options, span=(0.0, 1.0))  # the job's progress: prompts done, time left
-    flags = {**options.model_dump(), "accept_target_change": args.accept_target_change}
+    flags = {**options.model_dump(), "methods": ",".join(options.method_names()),  # what ran, so the command reruns
+             "accept_target_change": args.accept_target_change}
     result["command"] = command_of("bench", flags)
     print("\n".join(speed_lines(result)) if options.ks else markdown_table(result))
     if args.json_out:

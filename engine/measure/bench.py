@@ -16,7 +16,6 @@ from typing import Any
 import torch
 
 from engine.data.prompts import load_prompts
-from engine.errors import WorkbenchError
 from engine.generate.api import make_proposer, prompt_ids
 from engine.generate.metrics import SpecMetrics, measure_cost_curve, speedup_ceiling
 from engine.generate.runner import TargetRunner
@@ -238,8 +237,6 @@ def benchmark(options: BenchOptions, *, span: tuple[float, float] | None = None)
         target = target_for_draft(draft, target)  # the draft's verifier, or a target of its shape
     prompt_rows = load_prompts(o.prompts, o.num_prompts, o.seed, o.max_prompt_chars)
     reporter().update(f"benchmarking {len(prompt_rows)} prompts", 0.0)
-    if o.ks and o.backend == "vllm":
-        raise WorkbenchError("--ks measures in-process only", hint="drop --backend vllm, or measure one k with --k")
     if o.backend == "vllm":
         from engine.generate.api import default_draft
         from engine.measure.vllm_bench import run_vllm_bench

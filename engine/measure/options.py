@@ -12,6 +12,7 @@ from engine.options import Options
 from engine.targets import DECODE_DTYPE_HELP, DECODE_DTYPES
 
 ALL_METHODS = ("baseline", "draft", "ngram", "hf_prompt_lookup", "hf_assisted")
+KS_METHODS = ("baseline", "draft", "ngram")  # what one speed per k (--ks) decodes
 TARGET_HELP = ("target: built-in name, folder or hub id (default: the draft's verifier when it is available here, "
                "else the built-in); one of another shape than the draft's verifier is refused")
 DRAFT_HELP = "draft folder (default: the shipped draft of a built-in target)"
@@ -61,6 +62,21 @@ class BenchOptions(Options):
                 raise ValueError(f"'{value}': every k must be at least 1")
         return value
 
+    @model_validator(mode="after")
+    def _ks_methods(self):
+        if not self.ks:
+            return self
+        if self.backend == "vllm":
+            raise WorkbenchError("--ks measures in-process only", hint="drop --backend vllm, or measure one k with --k")
+        names = self.method_names()
+        if "draft" not in names:
+            raise WorkbenchError("--ks measures the draft at each k, and --methods leaves it out",
+                                 hint="add draft to --methods")
+        if other := [m for m in names if m not in KS_METHODS]:
+            raise WorkbenchError(f"--ks measures {', '.join(KS_METHODS)} only, not {', '.join(other)}",
+                                 hint="drop them from --methods, or measure them in a bench without --ks")
+        return self
+
     def k_values(self) -> list[int]:
         """The k of `ks`, sorted, each once."""
         return sorted(set(parse_ks(self.ks))) if self.ks else [self.k]
@@ -78,6 +94,9 @@ class BenchOptions(Options):
                               top_k=self.top_k, seed=self.seed)
 
     def method_names(self) -> tuple[str, ...]:
+        """The methods measured: --methods, or with --ks and no --methods, KS_METHODS."""
+        if self.ks and "methods" not in self.model_fields_set:
+            return KS_METHODS
         names = tuple(m.strip() for m in self.methods.split(",") if m.strip())
         bad = [m for m in names if m not in ALL_METHODS]
         if bad:

@@ -134,3 +134,28 @@ def test_step_costs_under_load_or_below_one_step_are_measured_again_then_labelle
     monkeypatch.setattr(step_costs, "_step_costs", lambda *a, **kw: {**fake(), "verify_cost": {3: 1.2}})
     monkeypatch.setattr(OtherLoad, "share", lambda self: 0.4)
     assert step_costs.measure_step_costs(None, None, None, [3], context=[1])["label"].startswith("under load")
+
+
+def test_bench_ks_on_the_command_line_and_its_refusals(tiny_targets, tiny_draft, tmp_path, capsys):
+    import json
+
+    from engine.cli import build_parser, main
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt": "def add(a, b):"}) + "\n")
+    out = tmp_path / "speed.json"
+    common = ["bench", "--target", str(tiny_targets["llama"]), "--draft", tiny_draft, "--prompts", str(prompts),
+              "--max-new-tokens", "8"]
+    assert main([*common, "--ks", "1-2", "--max-rounds", "1", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert [r["k"] for r in data["rows"]] == [1, 2] and set(data["methods"]) == {"baseline", "draft", "ngram"}
+    assert "| draft | 2 |" in capsys.readouterr().out
+    again = vars(build_parser().parse_args(data["command"].split()[3:]))  # the recorded command runs as recorded
+    assert again["ks"] == "1-2" and again["methods"] == "baseline,draft,ngram"
+    for flags, said in ((["--ks", "1-2", "--backend", "vllm"], "in-process only"),
+                        (["--ks", "1", "--methods", "baseline,ngram"], "add draft to --methods"),
+                        (["--ks", "1", "--methods", "baseline,draft,hf_assisted"], "not hf_assisted"),
+                        (["--ks", "0"], "every k must be at least 1")):
+        assert main([*common, *flags]) != 0
+        err = capsys.readouterr().err
+        assert said in err and "Traceback" not in err, flags
