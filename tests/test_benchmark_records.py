@@ -21,6 +21,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "BENCHMARKS.md"
 RESULTS = ROOT / "benchmarks" / "results"
+# the shipped EAGLE-3 draft measured again on its shipped files, one speed per k (its card quotes these records)
+CARD_EAGLE3 = "reship-eagle3/amd-epyc-zen4-2026-12-04"
 
 
 def _dash(fmt: Callable[[Any], str]) -> Callable[[Any], str]:
@@ -256,9 +258,11 @@ def test_eagle3_acceptance_per_k_and_against_data_are_its_evaluation_records():
     assert all(r["target dtype"] in ("fp32", "bf16") for r in data.values())  # every figure says its dtype
 
 
-def _check_reship(text: str, section: str, folder: str, new: dict, old: dict, data_row: str, card: str) -> None:
+def _check_reship(text: str, section: str, folder: str, new: dict, old: dict, data_row: str, card: str,
+                  card_folder: str | None = None) -> None:
     """A re-ship's section, data row and card against its records in `folder`: τ per k beside the replaced draft's
-    (same CPU, dtype, prompts and length), the data and tokens seen, the card's figures."""
+    (same CPU, dtype, prompts and length), the data and tokens seen, the card's figures (from `card_folder`'s records
+    where the shipped draft was measured again since)."""
     assert new["cpu"] == old["cpu"] and new["target_dtype"] == old["target_dtype"] == "bf16"
     assert new["num_samples"] == old["num_samples"] == 20 and new["max_new_tokens"] == old["max_new_tokens"] == 128
     rows = _table(section.split("Decoding-exact acceptance per k")[1])
@@ -279,9 +283,10 @@ def _check_reship(text: str, section: str, folder: str, new: dict, old: dict, da
     assert row["conversations"] == f"{manifest['samples']:,}"
     assert row["assistant tokens"] == f"{manifest['loss_tokens']:,}"
     card_text = (ROOT / "assets" / "drafts" / card / "README.md").read_text()
-    bench = _record(f"{folder}/bench.json")
+    bench = _record(f"{card_folder or folder}/bench.json")
+    evaluated = _record(f"{card_folder}/evaluate.json") if card_folder else new
     assert f"Mean acceptance length **{bench['methods']['draft']['mean_acceptance_length']:.2f}**" in card_text
-    assert f"| 3 | {new['by_k']['3']['mean_acceptance_length']:.3f} |" in card_text
+    assert f"| 3 | {evaluated['by_k']['3']['mean_acceptance_length']:.3f} |" in card_text
 
 
 def test_the_reshipped_eagle3_drafts_figures_are_its_records():
@@ -292,7 +297,8 @@ def test_the_reshipped_eagle3_drafts_figures_are_its_records():
     folder = "reship-eagle3/amd-epyc-zen4"
     new, old = _record(f"{folder}/evaluate.json"), _record("remeasure-eagle3/evaluate.json")
     assert "forecast speedup" in _table(section.split("Decoding-exact acceptance per k")[1])[0]
-    _check_reship(text, section, folder, new, old, "EAGLE-3 re-shipped (its card)", "smollm2-135m-instruct-eagle3")
+    _check_reship(text, section, folder, new, old, "EAGLE-3 re-shipped (its card)", "smollm2-135m-instruct-eagle3",
+                  card_folder=CARD_EAGLE3)
     first = _record(f"{folder}/recipe/vllm_bench.json")["methods"]["draft"]
     assert f"**{first['speedup']:.2f}×** ({first['tokens_per_s'] / first['speedup']:.1f} against " \
         f"{first['tokens_per_s']:.1f} tokens/s)" in section

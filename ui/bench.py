@@ -54,12 +54,14 @@ def _record(path: Path) -> dict[str, Any]:
 
 def freshest_for_this_machine(files: dict[str, Path]) -> str | None:
     """The result to open on: the user's newest run (made here), else the newest shipped result whose CPU is this
-    machine's, else the first one."""
+    machine's (of one day, one measured in rounds before a single run), else the first one."""
     user = [key for key in files if not key.startswith(SHIPPED_PREFIX)]
     if user:
         return user[0]
-    here = [(records.date_of(_record(p), p) or "", _record(p).get("backend") != "vllm", key)
-            for key, p in files.items() if records.on_this_machine(_record(p))]  # same day: in-process first
+    # same day: measured in repeated rounds (one speed per k, with its spread) first, then in-process
+    loaded = {key: _record(p) for key, p in files.items()}
+    here = [(records.date_of(rec, files[key]) or "", bool(rec.get("rounds_kept")), rec.get("backend") != "vllm", key)
+            for key, rec in loaded.items() if records.on_this_machine(rec)]
     if here:
         return max(here)[-1]
     return next(iter(files), None)
