@@ -509,3 +509,26 @@ def test_the_dflash2_quality_row_is_its_record():
     assert f"missed by {1.3 - ours / theirs:.2f}" in text and f"({ours / theirs:.2f}×;" in text
     assert f"trained {before['results']['dflash2']['ours']['speed']['tokens_per_cpu_s']:.0f} tokens" in text
     assert before["results"]["dflash2"]["ours"]["eval"]["tau"] == r["ours"]["eval"]["tau"]  # same draft quality
+
+
+def test_the_eagle3_card_quotes_one_speed_per_k_its_sweep_records():
+    """Issue 45: the shipped EAGLE-3 card's results, k table and advice quote the sweep measured in interleaved
+    rounds (each speed with its 95% interval), the same record the app opens on for this draft's speed."""
+    from engine.recipes.model_card import sweep_from_card
+
+    sweep = _record(f"{CARD_EAGLE3}/sweep.json")
+    bench = _record(f"{CARD_EAGLE3}/bench.json")
+    card = (ROOT / "assets" / "drafts" / "smollm2-135m-instruct-eagle3" / "README.md").read_text()
+    assert sweep["rounds_kept"] >= 3 and sweep["num_prompts"] == bench["num_prompts"] == 20
+    shown = sweep_from_card(card)
+    assert [r["k"] for r in shown] == [r["k"] for r in sweep["rows"]]
+    for got, row in zip(shown, sweep["rows"], strict=True):
+        assert got["speedup"] == round(row["speedup"], 2)
+        assert got["spread"]["ci95"] == [round(x, 2) for x in row["spread"]["ci95"]]
+    at_k = next(r for r in sweep["rows"] if r["k"] == bench["k"])
+    lo, hi = at_k["spread"]["ci95"]
+    assert f"wall-clock speedup **{at_k['speedup']:.2f}× ({lo:.2f}–{hi:.2f})**" in card  # one speed for k = 3
+    best = max(sweep["rows"], key=lambda r: r["speedup"])
+    ngram = sweep["methods"]["ngram"]["speedup"]
+    assert (f"n-gram proposer measured faster on the card's CPU ({ngram:.2f}×" in card if ngram > best["speedup"]
+            else f"Recommended k on the card's CPU: {best['k']} (measured {best['speedup']:.2f}×" in card)

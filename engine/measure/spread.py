@@ -52,7 +52,7 @@ def mean_interval(values: Sequence[float]) -> dict[str, Any]:
     out = {"n": n, "mean": mean, "ci95": None, "half_width": None, "min": float(x.min()), "max": float(x.max())}
     if n > 1:
         half = (T975[n - 2] if n - 1 <= len(T975) else 1.96) * float(x.std(ddof=1)) / np.sqrt(n)
-        out.update(ci95=[mean - half, mean + half], half_width=half)
+        out.update(ci95=[mean - half, mean + half], half_width=float(half))
     return out
 
 

@@ -97,21 +97,22 @@ def measured_recommendation(sweep: list[dict[str, Any]], fc: dict[str, Any] | No
     best = max(rows, key=lambda r: r["speedup"])
     k, measured = best["k"], best["speedup"]
     ci = (best.get("spread") or {}).get("ci95")
-    shown = f"{measured:.2f}×" + (f" (95% interval {ci[0]:.2f}–{ci[1]:.2f})" if ci else "")
+    interval = f", 95% interval {ci[0]:.2f}–{ci[1]:.2f}" if ci else ""
     single = "; single runs, no spread recorded" if not any((r.get("spread") or {}).get("ci95") for r in rows) else ""
     # other k whose interval reaches the best one's: the measurement cannot tell them apart
     close = [r["k"] for r in rows
              if r is not best and ci and ((r.get("spread") or {}).get("ci95") or [0, 0])[1] >= ci[0]]
     tie = f"; k = {', '.join(map(str, close))} within its interval" if close else ""
     if ngram is not None and ngram > max(measured, 1.0):
-        return (f"the n-gram proposer measured faster {where} ({ngram:.2f}× against {shown} for this "
-                f"draft's best k, {k}{single})")
+        return (f"the n-gram proposer measured faster {where} ({ngram:.2f}× against {measured:.2f}×{interval}"
+                f"{',' if ci else ''} for this draft's best k, {k}{single})")
     if measured <= 1.0:
         return (f"no speculation with this draft: every measured k is slower than the target alone {where} (best: "
-                f"k = {k} at {shown}{single})")
+                f"k = {k} at {measured:.2f}×{interval}{single})")
     f = ((fc or {}).get("by_k", {}).get(str(k)) or {}).get("speedup")
     beside = f"; forecast {f:.2f}×, off by {f - measured:+.2f}" if f else ""
-    return f"recommended k {where}: {k} (measured {shown}, the best of the k sweep{tie}{beside}{single})"
+    return (f"recommended k {where}: {k} (measured {measured:.2f}×{interval}, the best of the k sweep"
+            f"{tie}{beside}{single})")
 
 
 def recommendation(fc: dict[str, Any] | None, where: str = "on this machine") -> str:

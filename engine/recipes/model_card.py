@@ -301,7 +301,8 @@ def _sweep_section(sweep: dict[str, Any]) -> list[str]:
         how = (f"the baseline, n-gram and every k decoded prompt by prompt in one interleaved run, "
                f"{sweep['rounds_kept']} timed rounds ({len(sweep.get('rounds') or [])} run; stopped: "
                f"{sweep.get('stopped')}); speedup = mean over rounds, in brackets its 95% interval"
-               + (f" ({sweep['cpu']}, {sweep.get('target_dtype')} target, {sweep.get('date')})" if sweep.get("cpu")
+               + (f" ({sweep['cpu']}, {sweep.get('cpu_kind')}, {sweep.get('target_dtype')} target, "
+                  f"{sweep.get('date')})" if sweep.get("cpu")
                   else "") + (f". {sweep['label']}" if sweep.get("label") else ""))
     else:
         how = "the baseline is re-run interleaved for each k (one run per k, no spread)"
@@ -324,6 +325,8 @@ def results_section(recipe: dict[str, Any], bench: dict[str, Any]) -> list[str]:
     command = bench.get("command", f"python -m engine bench --draft {ship}")
     for folder in (str(Path(recipe["work"]) / "train" / "draft"), str(Path(recipe["work"]) / "remeasure")):
         command = command.replace(f"--draft {folder} ", f"--draft {ship} ")
+    swept = (f"The speedups are the k sweep's below (the same prompts; {bench['rounds_kept']} interleaved rounds, "
+             "in brackets the 95% interval): the card quotes one speed per k." if bench.get("rounds_kept") else "")
     return [
         "## Results",
         f"Held-out ShareGPT prompts the draft never saw, greedy, {bench.get('max_new_tokens', '?')} new tokens, "
@@ -337,7 +340,8 @@ def results_section(recipe: dict[str, Any], bench: dict[str, Any]) -> list[str]:
         "identical to the "
         f"baseline: **{'yes' if draft.get('identical_to_baseline') else 'no'}**." if tau and speedup else "",
         "",
-        f"Reproduce: `{command}`",
+        *([swept, ""] if swept else []),
+        f"Reproduce: `{command}`" + (" (a single run of its own)" if swept else ""),
         "",
     ]
 

@@ -518,7 +518,9 @@ def test_this_machine_is_matched_on_the_cpu_kind_not_the_brand(tmp_path, monkeyp
             assert records.provenance(zen4).startswith("this machine" if on_zen4 else
                                                        "another machine: AMD EPYC, AVX-512 BF16")
             speed = bench.draft_speed(shipped_draft)  # what every page says of the shipped draft's speed
-            assert speed["key"].startswith(bench.SHIPPED_PREFIX + "reship-eagle3/amd-epyc-zen4/")
+            # the shipped draft's newest Zen 4 record measured in rounds: its card's sweep (one speed per k)
+            assert speed["key"] == bench.SHIPPED_PREFIX + "reship-eagle3/amd-epyc-zen4-2026-12-04/sweep.json"
+            assert speed["ci95"] and speed["rows"]
             assert speed["here"] is on_zen4
     finally:
         records.this_cpu.cache_clear()

@@ -224,7 +224,7 @@ def test_forecast_and_card_section(tmp_path):
               {"k": 2, "speedup": 1.18, "spread": {"ci95": [1.16, 1.20]}},
               {"k": 3, "speedup": 1.05, "spread": {"ci95": [1.02, 1.08]}}]
     said = measured_recommendation(spread, fc)
-    assert said.startswith("recommended k on this machine: 1 (measured 1.20× (95% interval 1.15–1.25)")
+    assert said.startswith("recommended k on this machine: 1 (measured 1.20×, 95% interval 1.15–1.25, the best")
     assert "k = 2 within its interval" in said and "3 within" not in said and "single runs" not in said
     # a forecast from step costs measured under load (or below one step) advises nothing
     assert recommendation({**fc, "label": "under load (other processes used 40% of the CPUs)"}).startswith(

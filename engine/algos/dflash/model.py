@@ -193,7 +193,9 @@ class DFlashDraft(nn.Module):
         return x.view(n, b, -1)
 
     def forward(self, aux, input_ids, position_ids, document_ids, anchors):  # the training entry point (DDP calls it)
-        return self.anchored_blocks(aux, input_ids, position_ids, document_ids, anchors)
+        """-> logits [N, B-1, Vd] of the drafted slots 1..B-1 (slot 0 is the anchor: it never counts in the loss, so
+        its head product, 1/B of the largest one, is not computed)."""
+        return self.logits(self.anchored_hidden(aux, input_ids, position_ids, document_ids, anchors)[:, 1:])
 
     def checkpoint_state(self) -> dict[str, torch.Tensor]:
         """Exactly the tensors vLLM loads (no shared embedding, target head or rotary buffers)."""

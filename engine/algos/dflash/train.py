@@ -68,6 +68,11 @@ def block_labels(batch: dict[str, torch.Tensor], block_size: int, *,
     return ids[pos_c], valid
 
 
+def drafted(labels: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`block_labels` (offset 0) [N, B] -> the drafted slots 1..B-1 [N, B-1] (slot 0, the anchor, never counts)."""
+    return labels[:, 1:], valid[:, 1:]
+
+
 def slot_weights(block_size: int, gamma: float, device=None) -> torch.Tensor:
     """w_0 = 0 (the anchor), w_i = exp(-(i-1)/gamma): speculators' fixed exponential decay."""
     w = torch.tensor([0.0] + [math.exp(-(i - 1) / gamma) for i in range(1, block_size)], device=device)
@@ -94,35 +99,37 @@ class DFlashObjective:
             self.head_rows = (head[draft.t2d.cpu()] if draft.t2d is not None else head).to(device)
 
     def __call__(self, model, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
-        labels, valid = self.labels(batch)                                   # [N, B]
+        labels, valid = self.labels(batch)                                   # [N, B-1]: the drafted slots
         logits = model(batch["aux"], batch["input_ids"], batch["position_ids"], batch["document_ids"],
-                       batch["anchors"])                                     # [N, B, Vd]
+                       batch["anchors"])                                     # [N, B-1, Vd]
         loss = self.unary_loss(logits, labels, valid, batch)
         with torch.no_grad():
             stats = self.slot_stats((logits.argmax(-1) == labels) & valid, valid)
         return loss, stats
 
     def labels(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """(labels [N, B] in the draft vocabulary, valid [N, B]): a label outside the draft vocabulary is dropped."""
-        labels, valid = block_labels(batch, self.block_size)
+        """(labels [N, B-1] in the draft vocabulary, valid [N, B-1]) of the drafted slots 1..B-1: a label outside
+        the draft vocabulary is dropped."""
+        labels, valid = drafted(*block_labels(batch, self.block_size))
         if self.draft_ids_of_target is not None:
             labels = self.draft_ids_of_target[labels]
             valid = valid & (labels >= 0)
         return labels.clamp(min=0), valid
 
     def target_probs(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """[N, B, Vd]: the target's distribution of the token slot i drafts (its output at anchor + i - 1)."""
-        pos = (batch["anchors"][:, None] + torch.arange(self.block_size, device=batch["anchors"].device)[None, :] - 1)
-        pos = pos.clamp(min=0, max=batch["input_ids"].shape[1] - 1)
+        """[N, B-1, Vd]: the target's distribution of the token drafted slot i = 1..B-1 drafts (its output at
+        anchor + i - 1)."""
+        pos = batch["anchors"][:, None] + torch.arange(self.block_size - 1, device=batch["anchors"].device)[None, :]
+        pos = pos.clamp(max=batch["input_ids"].shape[1] - 1)
         with torch.no_grad():
             return F.softmax(self.finish(self.norm(batch["verifier_last"][0, pos].float())
                                          @ self.head_rows.float().T), -1)
 
     def unary_loss(self, logits: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor,
                    batch: dict[str, torch.Tensor], probs: torch.Tensor | None = None) -> torch.Tensor:
-        """The slot-weighted CE on the labels (or forward KL to the target) of the logits [N, B, Vd]; `probs`: the
-        target's distribution when the caller already computed it (`target_probs`)."""
-        w = self.weights[None, :] * valid
+        """The slot-weighted CE on the labels (or forward KL to the target) of the drafted slots' logits
+        [N, B-1, Vd]; `probs`: the target's distribution when the caller already computed it (`target_probs`)."""
+        w = self.weights[None, 1:] * valid
         if self.loss_fn == "kl":
             probs = self.target_probs(batch) if probs is None else probs
             per_slot = forward_kl(logits, probs)
@@ -132,15 +139,16 @@ class DFlashObjective:
         return (per_slot * w).sum() / w.sum().clamp(min=1e-6)
 
     def slot_stats(self, correct: torch.Tensor, valid: torch.Tensor) -> dict[str, float]:
-        """Sums of the per-slot accuracies and of the leading run of correct slots, from correct/valid [N, B]."""
-        run = torch.cumprod(correct[:, 1:].long(), dim=1)                   # leading correct slots per block
-        blocks = valid[:, 1]
+        """Sums of the per-slot accuracies and of the leading run of correct slots, from correct/valid [N, B-1]
+        of the drafted slots (column j is slot j + 1)."""
+        run = torch.cumprod(correct.long(), dim=1)                           # leading correct slots per block
+        blocks = valid[:, 0]
         stats = {"blocks": float(blocks.sum()), "accepted_sum": float((run.sum(1) * blocks).sum())}
         for i in range(1, self.block_size):
             # full_acc: slots 1..i all correct (EAGLE-3's meaning); pos_acc: slot i alone
-            stats[f"full_acc_{i}_sum"] = float((run[:, i - 1] * valid[:, i]).sum())
-            stats[f"pos_acc_{i}_sum"] = float(correct[:, i].sum())
-            stats[f"slot_{i}_total"] = float(valid[:, i].sum())
+            stats[f"full_acc_{i}_sum"] = float((run[:, i - 1] * valid[:, i - 1]).sum())
+            stats[f"pos_acc_{i}_sum"] = float(correct[:, i - 1].sum())
+            stats[f"slot_{i}_total"] = float(valid[:, i - 1].sum())
         return stats
 
     def summarize(self, stats: dict[str, float]) -> dict[str, float]:

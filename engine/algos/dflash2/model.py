@@ -149,16 +149,16 @@ class DFlash2Draft(DFlashDraft):
         return self.walk(self.norm(x), anchor_ids, lambda s: s.argmax(-1))[0]
 
     def forward(self, aux, input_ids, position_ids, document_ids, anchors, selector_targets=None):
-        """The training entry point (DDP calls it) -> unary logits [N, B, V]; with `selector_targets` [N, B] (the
-        hard target of each slot) also (candidates [N, B, K], their teacher-forced scores [N, B, K], the target's
-        candidate slot [N, B], whether the unary top-K held the target [N, B]). Slot i's predecessor is the
-        data's token at anchor + i - 1 (the anchor for slot 0)."""
-        hn = self.norm(self.anchored_hidden(aux, input_ids, position_ids, document_ids, anchors))
+        """The training entry point (DDP calls it) -> unary logits [N, B-1, V] of the drafted slots 1..B-1 (slot 0
+        is the anchor); with `selector_targets` [N, B-1] (the hard target of each drafted slot) also (candidates
+        [N, B-1, K], their teacher-forced scores [N, B-1, K], the target's candidate slot [N, B-1], whether the
+        unary top-K held the target [N, B-1]). Slot i's predecessor is the data's token at anchor + i - 1."""
+        hn = self.norm(self.anchored_hidden(aux, input_ids, position_ids, document_ids, anchors)[:, 1:])
         logits = self.project(hn)
         if selector_targets is None:
             return logits
-        slots = torch.arange(self.block_size, device=anchors.device)
-        prev = input_ids[0, (anchors[:, None] + (slots - 1).clamp(min=0)[None, :]).clamp(max=input_ids.shape[1] - 1)]
+        slots = torch.arange(self.block_size - 1, device=anchors.device)  # slot i + 1 reads the token at anchor + i
+        prev = input_ids[0, (anchors[:, None] + slots[None, :]).clamp(max=input_ids.shape[1] - 1)]
         candidates, where, contains = training_candidates(logits.detach().topk(self.top_k, dim=-1).indices,
                                                           selector_targets)
         scores = self.candidate_selector.scores(logits, hn, prev, candidates)

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.algos.common.batching import Layout
-from engine.algos.dflash.train import DFlashObjective, block_labels
+from engine.algos.dflash.train import DFlashObjective, block_labels, drafted
 from engine.algos.dflash.train import collate as dflash_collate
 from engine.algos.dflash2.model import DFlash2Draft
 from engine.errors import WorkbenchError
@@ -34,13 +34,13 @@ class DFlash2Objective(DFlashObjective):
         self.selector_alpha = selector_loss_alpha
 
     def __call__(self, model, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
-        labels, valid = block_labels(batch, self.block_size)               # [N, B]: full vocabulary
-        probs = self.target_probs(batch) if self.loss_fn == "kl" else None  # [N, B, V], once for both terms
+        labels, valid = drafted(*block_labels(batch, self.block_size))     # [N, B-1]: full vocabulary
+        probs = self.target_probs(batch) if self.loss_fn == "kl" else None  # [N, B-1, V], once for both terms
         hard = probs.argmax(-1) if probs is not None else labels  # speculators' selector target: the target's argmax
         logits, candidates, scores, where, contains = model(
             batch["aux"], batch["input_ids"], batch["position_ids"], batch["document_ids"], batch["anchors"], hard)
         unary = self.unary_loss(logits, labels, valid, batch, probs)
-        w = self.weights[None, :] * valid
+        w = self.weights[None, 1:] * valid
         ce = F.cross_entropy(scores.float().flatten(0, 1), where.flatten(), reduction="none").view_as(where)
         selector = (ce * w).sum() / w.sum().clamp(min=1e-6)
         loss = unary + self.selector_alpha * selector
