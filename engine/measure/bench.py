@@ -208,9 +208,6 @@ def markdown_table(result: dict[str, Any]) -> str:
             "row exactness not checked here" if exact is None else
             "bit-identical, so 'identical' must read yes for greedy decoding" if exact else
             "lossless in distribution, not bit-identical: 'identical' compares outputs, which may differ at near-ties"))
-    if result.get("rounds_kept"):
-        lines += ["", f"Speedup: mean of {result['rounds_kept']} interleaved rounds, in brackets its 95% interval "
-                  f"(stopped: {result.get('stopped')})." + (f" {result['label']}" if result.get("label") else "")]
     curve = result.get("cost_curve") or {}
     if curve:
         lines.append("")

@@ -326,7 +326,8 @@ def results_section(recipe: dict[str, Any], bench: dict[str, Any]) -> list[str]:
     for folder in (str(Path(recipe["work"]) / "train" / "draft"), str(Path(recipe["work"]) / "remeasure")):
         command = command.replace(f"--draft {folder} ", f"--draft {ship} ")
     swept = (f"The speedups are the k sweep's below (the same prompts; {bench['rounds_kept']} interleaved rounds, "
-             "in brackets the 95% interval): the card quotes one speed per k." if bench.get("rounds_kept") else "")
+             "in brackets the 95% interval): the card quotes one speed per k." + (f" {_sentence(bench['label'])}"
+             if bench.get("label") else "") if bench.get("rounds_kept") else "")
     return [
         "## Results",
         f"Held-out ShareGPT prompts the draft never saw, greedy, {bench.get('max_new_tokens', '?')} new tokens, "
