@@ -54,17 +54,17 @@ def _record(path: Path) -> dict[str, Any]:
 
 def freshest_for_this_machine(files: dict[str, Path]) -> str | None:
     """The result to open on: the user's newest run (made here), else the newest shipped result whose CPU is this
-    machine's (of one day, one measured in rounds before a single run), else the first one."""
+    machine's, else the newest of another machine (of one day, one measured in rounds before a single run, and
+    in-process before vLLM)."""
     user = [key for key in files if not key.startswith(SHIPPED_PREFIX)]
     if user:
         return user[0]
     # same day: measured in repeated rounds (one speed per k, with its spread) first, then in-process
     loaded = {key: _record(p) for key, p in files.items()}
-    here = [(records.date_of(rec, files[key]) or "", bool(rec.get("rounds_kept")), rec.get("backend") != "vllm", key)
-            for key, rec in loaded.items() if records.on_this_machine(rec)]
-    if here:
-        return max(here)[-1]
-    return next(iter(files), None)
+    ranked = {key: (records.date_of(rec, files[key]) or "", bool(rec.get("rounds_kept")), rec.get("backend") != "vllm",
+                    key) for key, rec in loaded.items()}
+    here = [rank for key, rank in ranked.items() if records.on_this_machine(loaded[key])]
+    return max(here or ranked.values(), default=(None,))[-1]
 
 
 def opening_result(files: dict[str, Path], draft: str | None) -> str | None:

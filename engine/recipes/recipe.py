@@ -32,6 +32,7 @@ from engine.format.checkpoint import (
     save_checkpoint,
     tensor_index,
     weight_files,
+    weights_sha256,
 )
 from engine.format.repair import EMBED
 from engine.format.validate import validate_draft
@@ -266,7 +267,8 @@ def k_sweep(recipe: dict[str, Any], *, draft: Path | None = None, out_file: Path
         row.update(num_prompts=len(prompts), max_new_tokens=options.max_new_tokens)
         log.info("sweep: k=%d -> acceptance length %.2f, speedup %.2fx (%s)", row["k"],
                  row["mean_acceptance_length"] or 0, row["speedup"] or 0, row["spread"]["ci95"])
-    record = {**result, "command": command or recipe_command(recipe, "sweep"), "weights": _stamp(draft)}
+    record = {**result, "command": command or recipe_command(recipe, "sweep"), "weights": _stamp(draft),
+              "draft_sha256": weights_sha256(draft)}  # which weights: the app credits no other draft with them
     atomic_write_json(out_file, record)
     return record
 
