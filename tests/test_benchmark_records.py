@@ -532,3 +532,31 @@ def test_the_eagle3_card_quotes_one_speed_per_k_its_sweep_records():
     ngram = sweep["methods"]["ngram"]["speedup"]
     assert (f"n-gram proposer measured faster on the card's CPU ({ngram:.2f}×" in card if ngram > best["speedup"]
             else f"Recommended k on the card's CPU: {best['k']} (measured {best['speedup']:.2f}×" in card)
+
+
+def test_one_speed_per_k_section_is_its_records():
+    """The per-k table, the single run beside it, the forecast's error and the one acceptance across engines: all the
+    committed records' (the shipped EAGLE-3 draft measured again, 2026-12-05)."""
+    text = _section(DOC.read_text(), "## One speed per k")
+    sweep, bench = _record(f"{CARD_EAGLE3}/sweep.json"), _record(f"{CARD_EAGLE3}/bench.json")
+    evaluated, vllm = _record(f"{CARD_EAGLE3}/evaluate.json"), _record(f"{CARD_EAGLE3}/vllm_bench.json")
+    rows = _table(text)
+    for row, rec in zip(rows, [*sweep["rows"], sweep["methods"]["ngram"]], strict=True):
+        a, c = rec["acceptance_ci95"], rec["spread"]["ci95"]
+        assert row["k"] == str(rec["k"]) and row["method"] == ("n-gram" if rec["method"] == "ngram" else "draft")
+        assert row["mean acceptance length"] == f"{rec['mean_acceptance_length']:.3f} ({a[0]:.2f}–{a[1]:.2f})"
+        assert row["speedup"] == f"{rec['speedup']:.2f}× ({c[0]:.2f}–{c[1]:.2f})"
+        assert row["step cost (baseline steps)"] == f"{rec['step_cost']:.2f}"
+    assert "Four rounds" in text and len(sweep["rounds"]) == sweep["rounds_kept"] == 4
+    assert f"at most {100 * max(r['other_load'] for r in sweep['rounds']):.1f}% of the CPUs" in text
+    assert f"Baseline\n{sweep['methods']['baseline']['tokens_per_s']:.1f} tokens/s" in text
+    single = bench["methods"]
+    assert f"measured {single['draft']['speedup']:.2f}× at k = 3 (n-gram\n  {single['ngram']['speedup']:.2f}×)" in text
+    forecast = ", ".join(f"{evaluated['forecast']['by_k'][k]['speedup']:.2f}×" for k in evaluated["by_k"])
+    assert forecast.replace(", 1.13×", " and 1.13×") in text.replace("\n  ", " ")
+    errors = [abs(evaluated["forecast"]["by_k"][str(r["k"])]["speedup"] - r["speedup"]) for r in sweep["rows"]]
+    assert max(errors) < 0.075 and max(errors[1:]) < 0.025  # "within 0.07× at every k, within 0.02× at k = 2…5"
+    taus = (evaluated["by_k"]["3"]["mean_acceptance_length"], sweep["rows"][2]["mean_acceptance_length"],
+            vllm["methods"]["draft"]["mean_acceptance_length"])
+    assert f"the evaluator {taus[0]:.3f}, in-process decoding {taus[1]:.3f},\n  real vLLM {taus[2]:.3f}" in text
+    assert f"The largest\n  difference is {max(taus) - min(taus):.3f}" in text
