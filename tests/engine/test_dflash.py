@@ -144,3 +144,42 @@ def test_speculators_dflash_computes_our_block_logits(tiny, tmp_path, vocab):
         mine = ours.anchored_blocks(aux, ids, torch.arange(t)[None], doc, anchors)
     assert theirs.view(-1, 4, theirs.shape[-1]).shape == mine.shape
     assert (theirs.view_as(mine) - mine).abs().max() <= 1e-4
+
+
+@pytest.mark.parametrize("loss_fn", ["ce", "kl"])
+def test_training_the_drafted_slots_gives_the_whole_block_loss(tiny, tiny_dflash, loss_fn):
+    """Slot 0 of a block is its anchor (weight 0, never valid): the objective projects only slots 1..B-1, and its
+    loss and per-slot statistics equal the whole-block computation's (every slot projected, slot 0 masked)."""
+    from engine.algos.common.losses import forward_kl
+    from engine.algos.dflash.train import DFlashObjective, block_labels, slot_weights
+    from engine.targets import load_verifier_parts
+
+    t, b = 40, tiny_dflash.block_size
+    torch.manual_seed(0)
+    doc = torch.tensor([[0] * 25 + [1] * 15])
+    batch = {"aux": torch.randn(1, t, tiny_dflash.fc.in_features), "input_ids": torch.randint(3, 200, (1, t)),
+             "position_ids": torch.cat([torch.arange(25), torch.arange(15)])[None], "document_ids": doc,
+             "loss_mask": (torch.rand(1, t) > 0.2).long(), "anchors": torch.tensor([0, 5, 12, 22, 26, 37]),
+             "verifier_last": torch.randn(1, t, tiny.hidden_size)}
+    objective = DFlashObjective(tiny_dflash, load_verifier_parts(target=tiny), loss_fn=loss_fn,
+                                dflash_decay_gamma=4.0, device="cpu")
+    with torch.no_grad():
+        loss, stats = objective(tiny_dflash, batch)
+        full = tiny_dflash.anchored_blocks(*(batch[k] for k in ("aux", "input_ids", "position_ids", "document_ids",
+                                                                "anchors")))          # [N, B, Vd]
+        labels, valid = block_labels(batch, b)
+        labels = objective.draft_ids_of_target[labels]
+        valid, labels = valid & (labels >= 0), labels.clamp(min=0)
+        w = slot_weights(b, 4.0)[None, :] * valid
+        if loss_fn == "kl":
+            pos = (batch["anchors"][:, None] + torch.arange(b)[None, :] - 1).clamp(min=0, max=t - 1)
+            probs = torch.softmax(objective.norm(batch["verifier_last"][0, pos]) @ objective.head_rows.T, -1)
+            per_slot = forward_kl(full, probs)
+        else:
+            per_slot = torch.nn.functional.cross_entropy(full.flatten(0, 1), labels.flatten(),
+                                                         reduction="none").view_as(labels)
+    assert valid[:, 1:].any() and not valid[:, 0].any()
+    assert loss.item() == pytest.approx(((per_slot * w).sum() / w.sum()).item(), rel=1e-5)
+    correct = (full.argmax(-1) == labels) & valid
+    for i in range(1, b):
+        assert stats[f"pos_acc_{i}_sum"] == float(correct[:, i].sum()) and stats[f"slot_{i}_total"] == valid[:, i].sum()

@@ -105,11 +105,12 @@ def test_proposer_block_equals_the_training_block(tiny, tiny_dflash2):
         x = tiny_dflash2.anchored_hidden(*args)
         walked, scores, _ = tiny_dflash2.walk(tiny_dflash2.norm(x[:, 1:]), torch.tensor([first]),
                                               lambda s: s.argmax(-1))
-        _, candidates, forced, _, _ = tiny_dflash2(*args, selector_targets=seq[len(ids):len(ids) + BLOCK][None])
-    assert drafted == walked[0].tolist()
+        # the training forward's drafted slots 1..B-1 (row i - 1 is slot i), their targets the drafts
+        _, candidates, forced, _, _ = tiny_dflash2(*args, selector_targets=seq[len(ids) + 1:len(ids) + BLOCK][None])
+    assert drafted == walked[0].tolist() and forced.shape[1] == BLOCK - 1
     for i in range(1, BLOCK):  # slot i's unary top-k (in the forward, its last one may be the injected target)
-        assert torch.allclose(forced[0, i, :-1], scores[i - 1][0, :-1], atol=1e-5)
-        assert torch.equal(candidates[0, i, :-1], torch.topk(tiny_dflash2.logits(x[0, i]), tiny_dflash2.top_k)
+        assert torch.allclose(forced[0, i - 1, :-1], scores[i - 1][0, :-1], atol=1e-5)
+        assert torch.equal(candidates[0, i - 1, :-1], torch.topk(tiny_dflash2.logits(x[0, i]), tiny_dflash2.top_k)
                            .indices[:-1])
 
 
@@ -207,10 +208,15 @@ def test_speculators_dflash2_computes_our_logits_and_selector_scores(tiny, tiny_
             hidden_states=aux, input_ids=ids, loss_mask=torch.ones(1, t, dtype=torch.long),
             verifier_last_hidden_states=torch.randn(1, t, tiny.hidden_size), document_ids=doc, max_anchors=6)
         anchors = indices.view(-1, BLOCK)[:, 0]
-        targets = ids[0, (anchors[:, None] + torch.arange(BLOCK)[None]).clamp(max=t - 1)]
+        n = anchors.numel()
+        targets = ids[0, (anchors[:, None] + torch.arange(1, BLOCK)[None]).clamp(max=t - 1)]
+        # ours trains the drafted slots 1..B-1 only (slot 0 is the anchor): theirs compared on the same slots
         mine, candidates, scores, _, _ = tiny_dflash2(aux, ids, torch.arange(t)[None], doc, anchors, targets)
-        prev = ref._predecessor_ids(ids, indices)
-        theirs_scores = ref.candidate_selector.score_candidates(theirs, hidden, prev.reshape(1, -1),
-                                                                candidates.reshape(1, -1, candidates.shape[-1]))
-    assert (theirs.view_as(mine) - mine).abs().max() <= 1e-4
+        theirs = theirs.view(n, BLOCK, -1)[:, 1:]
+        hidden = hidden.reshape(n, BLOCK, -1)[:, 1:]
+        prev = ref._predecessor_ids(ids, indices).reshape(n, BLOCK)[:, 1:]
+        theirs_scores = ref.candidate_selector.score_candidates(
+            theirs.reshape(1, -1, theirs.shape[-1]), hidden.reshape(1, -1, hidden.shape[-1]), prev.reshape(1, -1),
+            candidates.reshape(1, -1, candidates.shape[-1]))
+    assert mine.shape == (n, BLOCK - 1, tiny.vocab_size) and (theirs - mine).abs().max() <= 1e-4
     assert (theirs_scores.view_as(scores) - scores).abs().max() <= 1e-4
