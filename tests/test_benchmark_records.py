@@ -560,3 +560,21 @@ def test_one_speed_per_k_section_is_its_records():
             vllm["methods"]["draft"]["mean_acceptance_length"])
     assert f"the evaluator {taus[0]:.3f}, in-process decoding {taus[1]:.3f},\n  real vLLM {taus[2]:.3f}" in text
     assert f"The largest\n  difference is {max(taus) - min(taus):.3f}" in text
+
+
+def test_the_attribution_table_is_its_record():
+    """Issue 45: factor -> change in τ, every row the committed record's; the trainer's figures it explains are the
+    training metrics'."""
+    text = _section(DOC.read_text(), "## Why one draft has five acceptance figures")
+    record = _record("attribution/amd-epyc-zen4.json")
+    assert "bench_attribution.py" in record["command"] and record["cpu_kind"] == "AVX-512 BF16"
+    for row, rec in zip(_table(text), record["rows"], strict=True):
+        ci = f" ({rec['ci95'][0]:.2f}–{rec['ci95'][1]:.2f})" if rec["ci95"] else ""
+        assert (row["factor"], row["protocol"]) == (rec["factor"], rec["change"])
+        assert row["τ at k = 3"] == f"{rec['tau']:.3f}{ci}"
+        assert row["change"] == ("–" if rec["delta"] is None else f"{rec['delta']:+.2f}")
+    val = [json.loads(x) for x in (RESULTS / "reship-eagle3" / "amd-epyc-zen4" / "recipe" / "train-metrics.jsonl")
+           .open() if '"val"' in x][-1]
+    assert f"trainer's estimate), {val['walk_acceptance_length']:.2f}" in text.replace("\n", " ")
+    assert f"{val['est_acceptance_length']:.2f} (the trainer's estimate)" in text.replace("\n", " ")
+    assert f"(−{val['est_acceptance_length'] - val['walk_acceptance_length']:.2f})" in text
