@@ -578,3 +578,21 @@ def test_the_attribution_table_is_its_record():
     assert f"trainer's estimate), {val['walk_acceptance_length']:.2f}" in text.replace("\n", " ")
     assert f"{val['est_acceptance_length']:.2f} (the trainer's estimate)" in text.replace("\n", " ")
     assert f"(−{val['est_acceptance_length'] - val['walk_acceptance_length']:.2f})" in text
+
+
+def test_the_dflash2_zen4_row_is_its_records():
+    """Issue 43 on the Zen 4: both trainers in one run, the ratio, and ours the day before the drafted-slots change,
+    all the records'; τ unchanged by it (the same loss)."""
+    text = _section(DOC.read_text(), "### DFlash2 against speculators' DFlash2 trainer (AMD EPYC, Zen 4)")
+    r = _record("train_quality/amd-epyc-zen4-dflash2.json")["results"]["dflash2"]
+    before = _record("train_quality/amd-epyc-zen4-dflash2-before-drafted-slots.json")["results"]["dflash2"]
+    ours, theirs = r["ours"]["speed"]["tokens_per_cpu_s"], r["speculators"]["speed"]["tokens_per_cpu_s"]
+    rows = {row["trainer"]: row for row in _table(text)}
+    assert rows["ours (fp32)"]["tokens per CPU-second"] == f"{ours:.0f}"
+    assert rows["speculators 0.9.0 (fp32)"]["tokens per CPU-second"] == f"{theirs:.0f}"
+    assert rows["ours (fp32)"]["tokens per CPU-s / speculators'"] == f"{ours / theirs:.2f}×" and ours / theirs >= 1.3
+    assert rows["ours (fp32)"]["τ k=3"] == f"{r['ours']['eval']['tau']['3']:.3f}"
+    b_ours, b_theirs = (before[x]["speed"]["tokens_per_cpu_s"] for x in ("ours", "speculators"))
+    assert f"ours trained {b_ours:.0f} tokens per CPU-second against speculators' {b_theirs:.0f}" in text.replace(
+        "\n", " ") and f"({b_ours / b_theirs:.2f}×," in text
+    assert before["ours"]["eval"]["tau"] == r["ours"]["eval"]["tau"]  # the same draft quality
