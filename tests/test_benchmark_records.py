@@ -596,3 +596,21 @@ def test_the_dflash2_zen4_row_is_its_records():
     assert f"ours trained {b_ours:.0f} tokens per CPU-second against speculators' {b_theirs:.0f}" in text.replace(
         "\n", " ") and f"({b_ours / b_theirs:.2f}×," in text
     assert before["ours"]["eval"]["tau"] == r["ours"]["eval"]["tau"]  # the same draft quality
+
+
+def test_the_bandwidth_limit_is_its_record():
+    """Issue 50: the bandwidth, the limit per dtype and the share the engine reaches, the records'."""
+    text = _section(DOC.read_text(), "### A second, faster Zen 4")
+    record = _record("bandwidth/amd-epyc-zen4.json")
+    vllm = _record(f"{CARD_EAGLE3}/vllm_bench.json")["methods"]["baseline"]["tokens_per_s"]
+    assert f"torch reads {record['read_gb_s']:.1f} GB/s" in text and f"{record['copy_gb_s']:.1f} GB/s" in text
+    rows = {row["target dtype"]: row for row in _table(text.split("Memory bandwidth is not")[1])}
+    for rec in record["rows"]:
+        row = rows[rec["dtype"]]
+        assert row["weight bytes per token"] == f"{rec['bytes'] / 1e6:.0f} MB"
+        assert row["limit at read bandwidth"] == f"{rec['limit_tokens_per_s']:.0f} tokens/s"
+        if rec.get("achieved_tokens_per_s"):
+            assert row["engine baseline"] == f"{rec['achieved_tokens_per_s']:.1f} tokens/s"
+            assert row["share of the limit"] == f"{rec['achieved_tokens_per_s'] / rec['limit_tokens_per_s']:.0%}"
+    bf16 = next(r for r in record["rows"] if r["dtype"] == "bf16")
+    assert f"({vllm:.1f} tokens/s on the same prompts) {vllm / bf16['limit_tokens_per_s']:.0%}" in text
