@@ -52,6 +52,9 @@ def _plan(o: ServeOptions):
             o.target = read_config_dict(o.draft)["speculators_config"]["verifier"]["name_or_path"]
         if o.speculative_fields:
             raise WorkbenchError("--speculative-fields needs a draft", hint="drop --no-draft, or the fields")
+        if o.per_request_spec_decode_metrics != "none":
+            raise WorkbenchError("--per-request-spec-decode-metrics reports speculative decoding, and --no-draft "
+                                 "serves none", hint="drop --no-draft, or the flag")
         return plan_server(target=o.target)
     if not o.draft:
         raise WorkbenchError("no draft given", hint="pass --draft DIR, or --no-draft to serve the target alone")
@@ -69,8 +72,8 @@ def _port(o: ServeOptions) -> int:
     return o.port
 
 
-def _print_plan(plan) -> None:
-    print(f"equivalent: {plan.vllm_serve_line()}")
+def _print_plan(plan, flags: list[str]) -> None:
+    print(f"equivalent: {' '.join([plan.vllm_serve_line(), *flags])}")
     if plan.lossy:
         print(f"LOSSY: {plan.lossy}")
     report = plan.validation
@@ -82,8 +85,8 @@ def _serve_here(o: ServeOptions, plan, env, *, as_json: bool) -> int:
     from engine.serve.server import VllmServer
 
     rep = reporter()
-    server = VllmServer(plan, o.settings(), port=_port(o), venv=env)
-    _print_plan(plan)
+    server = VllmServer(plan, o.settings(), port=_port(o), venv=env, extra_args=o.vllm_flags())
+    _print_plan(plan, o.vllm_flags())
     try:
         server.start()
         rep.update(f"starting vLLM on {server.url}", progress=0.5, **server.describe())
@@ -107,7 +110,7 @@ def _serve_as_job(o: ServeOptions, plan, *, as_json: bool) -> int:
     port = _port(o)
     argv = _job_argv(o, port)
     job = launch(argv, kind="serve", name=str(port))
-    _print_plan(plan)
+    _print_plan(plan, o.vllm_flags())
     print(f"started job {job.id} ({job.dir}); waiting for vLLM on http://{o.host}:{port} ...", file=sys.stderr)
     deadline = time.time() + o.timeout + 60
     try:
@@ -140,7 +143,9 @@ def _job_argv(o: ServeOptions, port: int) -> list[str]:
     argv = ["serve", "--foreground", "--port", str(port), "--host", o.host, "--dtype", o.dtype,
             "--max-model-len", str(o.max_model_len), "--timeout", str(o.timeout)]
     for flag, value in (("--draft", _abs(o.draft)), ("--target", _abs(o.target)), ("--k", o.k),
-                        ("--form", o.form), ("--kv-cache-gib", o.kv_cache_gib)):
+                        ("--form", o.form), ("--kv-cache-gib", o.kv_cache_gib),
+                        ("--speculative-fields", o.speculative_fields),
+                        ("--per-request-spec-decode-metrics", o.per_request_spec_decode_metrics)):
         if value is not None:
             argv += [flag, str(value)]
     argv += [flag for flag, on in (("--no-draft", o.no_draft), ("--no-validate", o.no_validate)) if on]

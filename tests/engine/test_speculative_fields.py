@@ -225,3 +225,29 @@ def test_serve_takes_more_speculative_fields_and_checks_them_in_either_form():
         ServeOptions(draft=draft, speculative_fields="{rejection_sample_method: block}")
     with pytest.raises(WorkbenchError, match="needs a draft"):
         _plan(ServeOptions(no_draft=True, target="smollm2-135m-instruct", speculative_fields=synthetic))
+
+
+def test_the_serve_job_gets_every_option_given_and_per_request_metrics_reach_vllm(capsys):
+    """A serve job (the default) reruns `serve --foreground` with the same options: the speculative fields and
+    `--per-request-spec-decode-metrics` too (the fields were dropped before); the metrics flag reaches vLLM's
+    command line, and without a draft it is refused."""
+    from pathlib import Path
+
+    from engine.cli import build_parser
+    from engine.commands.flags import options_from_args
+    from engine.commands.serve import _job_argv, _plan, _print_plan
+    from engine.errors import WorkbenchError
+    from engine.serve.options import ServeOptions
+
+    draft = str(Path(__file__).resolve().parents[2] / "assets" / "drafts" / "smollm2-135m-instruct-eagle3")
+    given = ServeOptions(draft=draft, speculative_fields='{"rejection_sample_method": "block"}',
+                         per_request_spec_decode_metrics="detailed", k=2)
+    again = options_from_args(build_parser().parse_args(_job_argv(given, 8123)), ServeOptions)
+    assert again.speculative_config() == {"rejection_sample_method": "block"}
+    assert again.per_request_spec_decode_metrics == "detailed" and again.k == 2 and again.port == 8123
+    assert again.vllm_flags() == ["--per-request-spec-decode-metrics", "detailed"]
+    _print_plan(_plan(again), again.vllm_flags())
+    assert capsys.readouterr().out.split("\n")[0].endswith("--per-request-spec-decode-metrics detailed")
+    assert ServeOptions(draft=draft).vllm_flags() == []
+    with pytest.raises(WorkbenchError, match="--no-draft serves none"):
+        _plan(ServeOptions(no_draft=True, target="smollm2-135m-instruct", per_request_spec_decode_metrics="summary"))
