@@ -614,3 +614,17 @@ def test_the_bandwidth_limit_is_its_record():
             assert row["share of the limit"] == f"{rec['achieved_tokens_per_s'] / rec['limit_tokens_per_s']:.0%}"
     bf16 = next(r for r in record["rows"] if r["dtype"] == "bf16")
     assert f"({vllm:.1f} tokens/s on the same prompts) {vllm / bf16['limit_tokens_per_s']:.0%}" in text
+
+
+def test_the_draft_kernels_table_is_its_record():
+    """Issue 50: the draft with packed linears beside plain F.linear, interleaved: the record's figures."""
+    text = _section(DOC.read_text(), "### A second, faster Zen 4").split("The draft's own linears")[1]
+    record = _record("decode_speed/amd-epyc-zen4-2026-12-04/draft-kernels.json")
+    for row, rec in zip(_table(text), record["rows"], strict=True):
+        assert row["draft linears"] == rec["draft_linears"] and row["form"] == rec["linear_form"]
+        assert row["mean acceptance length"] == f"{rec['mean_acceptance_length']:.3f}"
+        assert row["speedup (95% interval over rounds)"] == \
+            f"{rec['speedup']:.3f}× ({rec['ci95'][0]:.3f}–{rec['ci95'][1]:.3f})"
+        assert rec["identical_to_baseline"] and row["identical"] == "yes"
+    plain, packed = (r["speedup"] for r in record["rows"])
+    assert f"+{packed - plain:.2f}×" in text and f"by {1.3 - packed:.2f}" in text

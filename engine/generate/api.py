@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from engine.algos.loading import is_algorithm, load_draft_proposer
+from engine.algos.loading import is_algorithm, load_draft, proposer_for
 from engine.errors import WorkbenchError
 from engine.fsutil import read_json
+from engine.generate.cpu_kernels import pack_draft_linears
 from engine.generate.proposers import Proposer
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets" / "drafts"
@@ -57,7 +58,9 @@ def make_proposer(method: str, target, *, draft: str | Path | None = None, promp
         if path is None:
             raise WorkbenchError("no draft given and no shipped draft for this target",
                                  hint="pass --draft DIR (a speculators-format draft folder)")
-        return load_draft_proposer(path, target, **options)
+        draft_model = load_draft(path, target)
+        pack_draft_linears(draft_model)
+        return proposer_for(draft_model, **options)
     raise WorkbenchError(f"unknown method '{method}'", hint=f"choose one of {list(METHODS)}")
 
 

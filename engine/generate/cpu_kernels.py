@@ -32,7 +32,8 @@ MAX_ROWS = 32  # above this F.linear's GEMM is as fast; the routing is for decod
 _MARK = "_workbench_few_row_routed"
 
 
-LINEAR_FORMS = ("gemm", "gemm-gemv1", "linear-pad2", "linear-checked", "packed-pad2")  # module docstring
+LINEAR_FORMS = ("gemm", "gemm-gemv1", "linear-pad2", "linear-checked", "packed-pad2",  # module docstring
+                "packed")  # a draft's: oneDNN's packed weights, one row as one row (no exactness needed)
 LINEAR_FORM = "_workbench_linear_form"
 _PACKED = "_workbench_packed_weight"
 
@@ -82,9 +83,9 @@ def few_row_linear(weight: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | N
     if rows == 1 and (form == "gemm-gemv1" or form == "linear-checked" and gemv_matches_gemm(weight)):
         return F.linear(x, weight, bias)
     flat = x.reshape(rows, x.shape[-1])  # [R, in]
-    if rows == 1:
+    if rows == 1 and form != "packed":
         flat = flat.expand(2, -1)
-    if form == "packed-pad2" and packed is not None:
+    if form in ("packed-pad2", "packed") and packed is not None:
         y = torch.ops.mkldnn._linear_pointwise(flat, packed, bias, "none", [], "")[:rows]  # [R, out]
     elif form in ("linear-pad2", "linear-checked", "packed-pad2"):
         y = F.linear(flat, weight, bias)[:rows]  # [R, out]
@@ -98,7 +99,7 @@ def few_row_linear(weight: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | N
 def _routed_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     if x.dtype in ROUTED_DTYPES and x.numel() // max(1, x.shape[-1]) <= MAX_ROWS and not torch.is_grad_enabled():
         form = getattr(self, LINEAR_FORM, "gemm")
-        packed = packed_weight(self, self.weight) if form == "packed-pad2" else None
+        packed = packed_weight(self, self.weight) if form in ("packed-pad2", "packed") else None
         return few_row_linear(self.weight, x, self.bias, form=form, packed=packed)
     return F.linear(x, self.weight, self.bias)
 
@@ -234,6 +235,17 @@ def route_decode_kernels(model: nn.Module) -> bool:
     if getattr(model.config, "_attn_implementation", None) in ("sdpa", ATTENTION):
         _register_attention()
         model.set_attn_implementation(ATTENTION)
+    return True
+
+
+def pack_draft_linears(model: nn.Module) -> bool:
+    """A bf16 CPU draft's linears on oneDNN's weights packed once ("packed"): for one or two rows `F.linear` on a
+    bf16 weight takes 1.4-1.8x as long (BENCHMARKS.md). A draft needs no row-exactness (the target's verification
+    alone decides what is emitted), so one row stays one row. False where oneDNN does not run bf16 natively."""
+    if not (wanted(model) and packed_linear_available()):
+        return False
+    route_few_row_linears(model)
+    set_linear_form(model, "packed")
     return True
 
 

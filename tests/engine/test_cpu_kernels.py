@@ -198,3 +198,28 @@ def test_gemv_check_is_the_measured_verdict_cached_per_shape(dtype):
     key = (*shape, dtype, torch.get_num_threads())
     assert cpu_kernels._GEMV_MATCHES_GEMM[key] is verdict
     assert cpu_kernels.gemv_matches_gemm(weight) is verdict  # by shape, not values
+
+
+def test_a_bf16_draft_runs_its_linears_on_packed_weights_where_onednn_runs_bf16():
+    """`pack_draft_linears`: on a CPU with native bf16 every linear of a bf16 model takes the "packed" form, one row
+    as one row, with F.linear's values to bf16 rounding; elsewhere (or for an fp32 model) nothing changes."""
+    from torch import nn
+
+    from engine.generate.cpu_kernels import linear_form, pack_draft_linears, packed_linear_available
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 96), nn.ReLU(), nn.Linear(96, 32, bias=False)).to(torch.bfloat16)
+    x = torch.randn(1, 64, dtype=torch.bfloat16)
+    with torch.no_grad():
+        want = model(x)
+    fp32 = nn.Sequential(nn.Linear(8, 8))
+    assert pack_draft_linears(fp32) is False and linear_form(fp32) == "gemm"  # fp32: left as it is
+    packed = pack_draft_linears(model)
+    assert packed is packed_linear_available()
+    if not packed:  # emulated bf16 (AVX2): the model keeps F.linear
+        assert not any(getattr(m, "_workbench_few_row_routed", False) for m in model.modules())
+        return
+    assert {getattr(m, "_workbench_linear_form", None) for m in model if isinstance(m, nn.Linear)} == {"packed"}
+    with torch.inference_mode():
+        got = model(x)
+    assert got.shape == want.shape and torch.allclose(got.float(), want.float(), rtol=2e-2, atol=2e-2)
