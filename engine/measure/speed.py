@@ -134,12 +134,10 @@ def _row(m: Method, base: Method, spread: dict[str, Any], kept: list[int]) -> di
 
 
 def speed_per_k(target, prompts: list[dict[str, Any]], options: BenchOptions) -> dict[str, Any]:
-    """Speedup of the draft at each of `options.ks` (and of n-gram at `options.k` where `methods` names it) over the
-    baseline, all decoded in one interleaved run. Rounds repeat until each speedup's 95% interval is within
-    ±`tolerance` (at least MIN_ROUNDS), the budget would be passed by one more round, or `max_rounds`. A prompt
-    whose methods ran while other processes kept the CPUs busy is timed again (`_prompt_group`); a round still
-    loaded after that, or whose timings break the one-step floor, is left out of the figure and another runs;
-    where no clean round is left, the result is labelled "under load"."""
+    """Speedup of the draft at each of `options.ks` (and of n-gram at `options.k`) over the baseline, decoded in one
+    interleaved run. Rounds repeat until each 95% interval is within ±`tolerance` (at least MIN_ROUNDS), the budget
+    ends, or `max_rounds`. A round loaded by other processes (`_prompt_group` times such prompts again) or below
+    the one-step floor is left out; with none clean, the result is labelled "under load"."""
     params, budget_s, tolerance = options.sampling(), options.budget_min * 60, options.tolerance
     if not params.eos_token_ids and target.tokenizer is not None and target.tokenizer.eos_token_id is not None:
         params.eos_token_ids = [target.tokenizer.eos_token_id]

@@ -16,11 +16,10 @@ COST_ATTEMPTS = 3   # step costs measured again at most this often when under lo
 
 def measure_step_costs(target, algorithm, draft, ks: Sequence[int], *, context: Sequence[int],
                        repeats: int = 7) -> dict[str, Any]:
-    """On this machine: the target's forward over k+1 tokens and the draft's proposal of k tokens, both in units
-    of one single-token target forward (medians over `repeats`, every shape timed once per round so that load which
-    comes and goes weighs on all alike). Costs taken while other processes kept the CPUs busy, or with a
-    verification cheaper than one token's forward (impossible on a quiet machine), are measured again; where
-    every attempt was so, the costs carry a `label` and forecast nothing to recommend."""
+    """On this machine: the target's forward over k+1 tokens and the draft's proposal of k tokens, in units of one
+    single-token target forward (`_step_costs`). Costs taken while other processes kept the CPUs busy, or with a
+    verification cheaper than one token's forward (impossible on a quiet machine), are measured again; if every
+    attempt was so, they carry a `label` and the forecast recommends nothing."""
     for attempt in range(1, COST_ATTEMPTS + 1):
         load = OtherLoad()
         costs = _step_costs(target, algorithm, draft, ks, context=context, repeats=repeats)
@@ -37,6 +36,8 @@ def measure_step_costs(target, algorithm, draft, ks: Sequence[int], *, context: 
 
 def _step_costs(target, algorithm, draft, ks: Sequence[int], *, context: Sequence[int],
                 repeats: int) -> dict[str, Any]:
+    """The costs once: medians over `repeats`, every shape timed once per round so that load which comes and goes
+    weighs on all alike."""
     from engine.generate.metrics import time_forwards_round_robin
     from engine.generate.runner import TargetRunner
     from engine.generate.sampling import SamplingParams
