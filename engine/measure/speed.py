@@ -133,27 +133,11 @@ def _row(m: Method, base: Method, spread: dict[str, Any], kept: list[int]) -> di
     return row
 
 
-def speed_per_k(target, prompts: list[dict[str, Any]], options: BenchOptions) -> dict[str, Any]:
-    """Speedup of the draft at each of `options.ks` (and of n-gram at `options.k`) over the baseline, decoded in one
-    interleaved run. Rounds repeat until each 95% interval is within ±`tolerance` (at least MIN_ROUNDS), the budget
-    ends, or `max_rounds`. A round loaded by other processes (`_prompt_group` times such prompts again) or below
-    the one-step floor is left out; with none clean, the result is labelled "under load"."""
-    params, budget_s, tolerance = options.sampling(), options.budget_min * 60, options.tolerance
-    if not params.eos_token_ids and target.tokenizer is not None and target.tokenizer.eos_token_id is not None:
-        params.eos_token_ids = [target.tokenizer.eos_token_id]
-    methods = [Method("baseline", 0)]
-    if "ngram" in options.method_names():
-        methods.append(Method("ngram", options.k, make_proposer("ngram", target)))
-    proposer = make_proposer("draft", target, draft=options.draft)
-    methods += [Method("draft", k, proposer) for k in options.k_values()]
-    runners: dict[Any, TargetRunner] = {}
-    for m in methods:
-        aux = getattr(m.proposer, "aux_layer_ids", None)
-        m.runner = runners.setdefault(tuple(aux) if aux else None, TargetRunner(target, aux))
-    encoded = [prompt_ids(target.tokenizer, p) for p in prompts]
-    warm = dataclasses.replace(params, max_new_tokens=min(8, params.max_new_tokens))
-    for m in methods:  # one-time costs (weights packed, kernels primed) before any round is timed
-        _decode(m, encoded[0], warm)
+def _run_rounds(methods: list[Method], encoded: list[list[int]], params, options: BenchOptions
+                ) -> tuple[list[dict[str, Any]], str]:
+    """Rounds until every interval is within ±tolerance (at least MIN_ROUNDS clean ones), the budget would be passed
+    by one more round, or max_rounds: (each round's record, why it stopped)."""
+    budget_s, tolerance = options.budget_min * 60, options.tolerance
     rounds, start, stopped = [], time.perf_counter(), "max rounds"
     while len(rounds) < options.max_rounds:
         t0 = time.perf_counter()
@@ -165,17 +149,48 @@ def speed_per_k(target, prompts: list[dict[str, Any]], options: BenchOptions) ->
         rounds.append(info)
         kept = [i for i, x in enumerate(rounds) if x["clean"]]
         spreads = _speedups(methods, kept) if kept else {}
-        widths = [s["half_width"] for s in spreads.values()]
         log.info("round %d: %s%s", r + 1, ", ".join(f"{key} {s['mean']:.2f}×" for key, s in spreads.items()),
                  "" if info["clean"] else " (left out: " + ("under load" if busy else f"below one step: {odd}") + ")")
         elapsed, last = time.perf_counter() - start, time.perf_counter() - t0
         reporter().update(f"speed per k: round {r + 1}, {len(kept)} clean", min(1.0, elapsed / budget_s))
-        if len(kept) >= MIN_ROUNDS and all(w is not None and w <= tolerance for w in widths):
-            stopped = f"every interval within ±{tolerance}"
-            break
+        if len(kept) >= MIN_ROUNDS and all(s["half_width"] is not None and s["half_width"] <= tolerance
+                                           for s in spreads.values()):
+            return rounds, f"every interval within ±{tolerance}"
         if elapsed + last > budget_s:
-            stopped = "time budget"
-            break
+            return rounds, "time budget"
+    return rounds, stopped
+
+
+def _methods(target, options: BenchOptions) -> list[Method]:
+    """The baseline first, n-gram at `options.k` where `methods` names it, then the draft at every k (one
+    proposer); methods whose target layers agree share one runner."""
+    methods = [Method("baseline", 0)]
+    if "ngram" in options.method_names():
+        methods.append(Method("ngram", options.k, make_proposer("ngram", target)))
+    proposer = make_proposer("draft", target, draft=options.draft)
+    methods += [Method("draft", k, proposer) for k in options.k_values()]
+    runners: dict[Any, TargetRunner] = {}
+    for m in methods:
+        aux = getattr(m.proposer, "aux_layer_ids", None)
+        m.runner = runners.setdefault(tuple(aux) if aux else None, TargetRunner(target, aux))
+    return methods
+
+
+def speed_per_k(target, prompts: list[dict[str, Any]], options: BenchOptions) -> dict[str, Any]:
+    """Speedup of the draft at each of `options.ks` (and of n-gram at `options.k`) over the baseline, decoded in one
+    interleaved run. Rounds repeat until each 95% interval is within ±`tolerance` (at least MIN_ROUNDS), the budget
+    ends, or `max_rounds`. A round loaded by other processes (`_prompt_group` times such prompts again) or below
+    the one-step floor is left out; with none clean, the result is labelled "under load"."""
+    params = options.sampling()
+    if not params.eos_token_ids and target.tokenizer is not None and target.tokenizer.eos_token_id is not None:
+        params.eos_token_ids = [target.tokenizer.eos_token_id]
+    methods = _methods(target, options)
+    encoded = [prompt_ids(target.tokenizer, p) for p in prompts]
+    warm = dataclasses.replace(params, max_new_tokens=min(8, params.max_new_tokens))
+    for m in methods:  # one-time costs (weights packed, kernels primed) before any round is timed
+        _decode(m, encoded[0], warm)
+    start = time.perf_counter()
+    rounds, stopped = _run_rounds(methods, encoded, params, options)
     kept = [i for i, x in enumerate(rounds) if x["clean"]]
     label = None if kept else "under load: no round ran on a quiet machine; the figures are from loaded rounds"
     kept = kept or list(range(len(rounds)))
@@ -193,7 +208,8 @@ def speed_per_k(target, prompts: list[dict[str, Any]], options: BenchOptions) ->
             # bench's shape at --k (the draft at that k, n-gram, baseline): pages that read a bench read this too
             "methods": {"baseline": baseline, "draft": at_k, **({"ngram": ngram} if ngram else {})},
             "rounds": rounds, "rounds_kept": len(kept), "stopped": stopped, "label": label,
-            "tolerance": tolerance, "budget_s": budget_s, "seconds": round(time.perf_counter() - start, 1),
+            "tolerance": options.tolerance, "budget_s": options.budget_min * 60,
+            "seconds": round(time.perf_counter() - start, 1),
             "num_prompts": len(prompts), "max_new_tokens": params.max_new_tokens, "temperature": params.temperature,
             "seed": params.seed, "measured_by": "interleaved rounds (engine.measure.speed)",
             "target": target.ref.name, "draft": str(options.draft) if options.draft else None,
