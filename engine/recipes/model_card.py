@@ -492,6 +492,8 @@ def write_evaluation_section(card: str | Path, result: dict[str, Any], sweep: li
     sweep = sweep if sweep is not None else sweep_from_card(text)
     section = evaluation_section(result, sweep, ngram_from_card(text))
     text = _put_marked(text, "\n".join(section), EVAL_BEGIN, EVAL_END)
+    # the teacher-forcing bullet of the goals ends with this evaluation's first-token split
+    text = re.sub(re.escape(HARDER) + r"[;.][^\n]*", lambda _: HARDER + first_token_split(result), text)
     atomic_write_text(path, text)
     if result.get("by_workload"):
         write_workload_section(path, result)
@@ -639,8 +641,7 @@ def _goals(facts: dict[str, Any], algo=None) -> list[str]:
         f"- **Teacher forcing vs decoding.** Validation accuracy is per token (estimated acceptance length "
         f"{facts['val_last'].get('est_acceptance_length', float('nan')):.2f}); in decoding, position 0 is accepted "
         f"{pos0:.2f} of the time. A drafting step starts right after a position where the draft was wrong (or "
-        "after a bonus token), so these positions are probably harder than the average token; we have not "
-        "measured that split.",
+        f"after a bonus token), {HARDER}{first_token_split(facts.get('evaluate') or {})}",
         _step_cost_line(bench, goals),
         *_vllm_cost_line(facts.get("vllm_bench") or {}, goals.get("vllm_speedup")),
         "- **Budget.** The recipe has to finish on a 2-core CPU in a few hours. Per conversation, regeneration "
@@ -648,6 +649,22 @@ def _goals(facts: dict[str, Any], algo=None) -> list[str]:
         f"training {per('train', facts['train_steps'])} per step.",
         "",
     ]
+
+
+HARDER = "so these positions are probably harder than the average token"
+
+
+def first_token_split(result: dict[str, Any]) -> str:
+    """How the teacher-forcing bullet ends: the evaluator's first-token acceptance where decoding starts a draft
+    against every answer position (its record, at the draft's k), or that the split was not measured."""
+    key = str(result.get("draft_k") or 3)
+    acc = (result.get("by_k") or {}).get(key) or {}
+    starts, every = acc.get("first_token_acceptance_at_draft_starts"), acc.get("first_token_acceptance_all_positions")
+    if starts is None or every is None:
+        return "; we have not measured that split."
+    return (f". The evaluator measured the split on its held-out answers (k = {key}): the first draft token is "
+            f"accepted {starts:.2f} of the time where decoding starts a draft, {every:.2f} over every answer position "
+            "(teacher-forced).")
 
 
 def _block(lines: list[str], heading: str) -> tuple[int, int] | None:

@@ -254,3 +254,26 @@ def test_sampled_expectation_is_a_probability_and_tends_to_the_greedy_walk(tiny_
             assert [round(float(c)) for c in cold[q]] == [int(int(a[q]) > j) for j in range(3)]
     result = evaluate_samples(algorithm, draft, samples, [1, 3], EvaluateOptions(max_new_tokens=0, temperature=1.0))
     assert 1.0 <= result["by_k"]["3"]["expected_mean_acceptance_length"] <= 4.0
+
+
+def test_the_cards_teacher_forcing_bullet_ends_with_the_evaluators_first_token_split(tmp_path):
+    """The goals' bullet said "we have not measured that split": an evaluation that measured it replaces the ending
+    with its figures (in place, once), and one without them leaves the words as they are."""
+    from engine.recipes.model_card import EVAL_BEGIN, HARDER, write_evaluation_section
+
+    card = tmp_path / "README.md"
+    bullet = f"- **Teacher forcing vs decoding.** Position 0 is accepted 0.42 of the time, {HARDER}; we have not " \
+             "measured that split."
+    card.write_text(f"# A draft\n\n## Goals not reached, and why\n{bullet}\n")
+    by_k = {"3": {"mean_acceptance_length": 1.7, "per_position_acceptance": [0.42, 0.2, 0.1],
+                  "all_positions_acceptance_length": 1.8}}
+    write_evaluation_section(card, {"by_k": by_k, "draft_k": 3})
+    assert "we have not measured that split." in card.read_text() and EVAL_BEGIN in card.read_text()
+    by_k["3"].update(first_token_acceptance_at_draft_starts=0.419, first_token_acceptance_all_positions=0.457)
+    for _ in range(2):
+        write_evaluation_section(card, {"by_k": by_k, "draft_k": 3})
+    text = card.read_text()
+    assert "not measured" not in text and text.count("The evaluator measured the split") == 1
+    assert f"{HARDER}. The evaluator measured the split on its held-out answers (k = 3): the first draft token is " \
+           "accepted 0.42 of the time where decoding starts a draft, 0.46 over every answer position " \
+           "(teacher-forced)." in text
