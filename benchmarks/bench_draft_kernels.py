@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     from engine.algos.loading import load_draft_proposer
     from engine.data.prompts import load_prompts
     from engine.generate.api import default_draft, make_proposer, prompt_ids
-    from engine.generate.cpu_kernels import linear_form
+    from engine.generate.cpu_kernels import linear_form, routed_linears
     from engine.generate.kernel_choice import load_decode_target
     from engine.generate.runner import TargetRunner
     from engine.generate.sampling import SamplingParams
@@ -58,9 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for m in methods[1:]:
         spread = mean_interval([base.seconds[r] / m.seconds[r] for r in range(args.rounds)])
-        routed = any(getattr(mod, "_workbench_few_row_routed", False) for mod in m.proposer.draft.modules())
-        rows.append({"draft_linears": m.name, "linear_form": linear_form(m.proposer.draft) if routed else "F.linear",
-                     "k": args.k,
+        draft = m.proposer.draft
+        form = linear_form(draft) if routed_linears(draft) else "F.linear"
+        rows.append({"draft_linears": m.name, "linear_form": form, "k": args.k,
                      "speedup": spread["mean"], "ci95": spread["ci95"],
                      "mean_acceptance_length": m.metrics.mean_acceptance_length,
                      "identical_to_baseline": m.outputs == base.outputs})

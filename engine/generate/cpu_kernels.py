@@ -34,6 +34,7 @@ _MARK = "_workbench_few_row_routed"
 
 LINEAR_FORMS = ("gemm", "gemm-gemv1", "linear-pad2", "linear-checked", "packed-pad2",  # module docstring
                 "packed")  # a draft's: oneDNN's packed weights, one row as one row (no exactness needed)
+PACKED_FORMS = ("packed-pad2", "packed")  # the forms that run on `packed_weight`
 LINEAR_FORM = "_workbench_linear_form"
 _PACKED = "_workbench_packed_weight"
 
@@ -85,9 +86,9 @@ def few_row_linear(weight: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | N
     flat = x.reshape(rows, x.shape[-1])  # [R, in]
     if rows == 1 and form != "packed":
         flat = flat.expand(2, -1)
-    if form in ("packed-pad2", "packed") and packed is not None:
+    if form in PACKED_FORMS and packed is not None:
         y = torch.ops.mkldnn._linear_pointwise(flat, packed, bias, "none", [], "")[:rows]  # [R, out]
-    elif form in ("linear-pad2", "linear-checked", "packed-pad2"):
+    elif form in ("linear-pad2", "linear-checked", *PACKED_FORMS):
         y = F.linear(flat, weight, bias)[:rows]  # [R, out]
     else:
         y = (weight @ flat.t()).t()[:rows].contiguous()  # [R, out]
@@ -99,9 +100,14 @@ def few_row_linear(weight: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | N
 def _routed_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     if x.dtype in ROUTED_DTYPES and x.numel() // max(1, x.shape[-1]) <= MAX_ROWS and not torch.is_grad_enabled():
         form = getattr(self, LINEAR_FORM, "gemm")
-        packed = packed_weight(self, self.weight) if form in ("packed-pad2", "packed") else None
+        packed = packed_weight(self, self.weight) if form in PACKED_FORMS else None
         return few_row_linear(self.weight, x, self.bias, form=form, packed=packed)
     return F.linear(x, self.weight, self.bias)
+
+
+def routed_linears(model: nn.Module) -> bool:
+    """Whether any nn.Linear of `model` takes the routed forward (else `linear_form` is only a default)."""
+    return any(getattr(m, _MARK, False) for m in model.modules() if isinstance(m, nn.Linear))
 
 
 def linear_form(model: nn.Module) -> str:

@@ -30,6 +30,7 @@ from engine.cpu import cpu_flags, cpu_model, native_bf16
 from engine.errors import WorkbenchError
 from engine.fsutil import atomic_write_json, read_json
 from engine.generate.cpu_kernels import (
+    PACKED_FORMS,
     force_routing,
     packed_linear_available,
     route_decode_kernels,
@@ -260,7 +261,7 @@ INTERLEAVE_MEMORY_SHARE = 0.3  # of MemAvailable: the most all candidates' copie
 def _fits_together(model: torch.nn.Module, paths: list[KernelPath]) -> bool:
     """All candidates' copies of this model fit in INTERLEAVE_MEMORY_SHARE of the available memory."""
     numel = sum(p.numel() for p in model.parameters())
-    copies = [2 if p.linear_form == "packed-pad2" else 1 for p in paths]  # a packed path keeps a second copy
+    copies = [2 if p.linear_form in PACKED_FORMS else 1 for p in paths]  # a packed path keeps a second copy
     need = sum(c * numel * torch.empty(0, dtype=p.dtype).element_size() for p, c in zip(paths, copies, strict=True))
     try:
         free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")  # free physical memory (page cache not)
@@ -334,7 +335,7 @@ def candidate_paths(native: bool) -> tuple[list[str], dict[str, dict[str, Any]]]
         if path.native_bf16_only and not native:
             skipped[name] = {"skipped": "no native bf16 (AVX-512 BF16 / AMX / Arm BF16): emulated, never chosen",
                              "description": path.description}
-        elif path.linear_form == "packed-pad2" and not packed_linear_available():
+        elif path.linear_form in PACKED_FORMS and not packed_linear_available():
             skipped[name] = {"skipped": "oneDNN's bf16 linear is not available in this torch build",
                              "description": path.description}
         else:

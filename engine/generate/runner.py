@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.generate.cpu_kernels import (
+    PACKED_FORMS,
     decode_scope,
     few_row_linear,
     linear_form,
@@ -86,7 +87,7 @@ class TargetRunner:
         hidden = decoder_of(self.model)(input_ids=input_ids, past_key_values=self.cache, use_cache=True)
         h = hidden.last_hidden_state[0]  # [T, H]
         form = linear_form(self.model)
-        packed = packed_weight(self._head_module, self._head) if form == "packed-pad2" and self.routed else None
+        packed = packed_weight(self._head_module, self._head) if form in PACKED_FORMS and self.routed else None
         return head_logits(self._head, h if all_logits else h[-1:], routed=self.routed, form=form,
                            packed=packed).float()
 

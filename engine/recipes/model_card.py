@@ -262,6 +262,11 @@ def _ngram_speedup(sweep: dict[str, Any]) -> float | None:
     return ((sweep.get("methods") or {}).get("ngram") or {}).get("speedup")
 
 
+def cpu_named(record: dict[str, Any]) -> str:
+    """"AMD EPYC, AVX-512 BF16": the CPU a record was measured on, its kind beside the brand ("" when unrecorded)."""
+    return ", ".join(x for x in (record.get("cpu"), record.get("cpu_kind")) if x)
+
+
 def _with_interval(value: float | None, row: dict[str, Any], digits: int = 2, unit: str = "×") -> str:
     """"1.23× (1.20–1.26)": a measured figure with its 95% interval where the record has one."""
     if value is None:
@@ -301,8 +306,8 @@ def _sweep_section(sweep: dict[str, Any]) -> list[str]:
         how = (f"the baseline, n-gram and every k decoded prompt by prompt in one interleaved run, "
                f"{sweep['rounds_kept']} timed rounds ({len(sweep.get('rounds') or [])} run; stopped: "
                f"{sweep.get('stopped')}); speedup = mean over rounds, in brackets its 95% interval"
-               + (f" ({sweep['cpu']}, {sweep.get('cpu_kind')}, {sweep.get('target_dtype')} target, "
-                  f"{sweep.get('date')})" if sweep.get("cpu")
+               + (f" ({cpu_named(sweep)}, {sweep.get('target_dtype')} target, {sweep.get('date')})"
+                  if sweep.get("cpu")
                   else "") + (f". {sweep['label']}" if sweep.get("label") else ""))
     else:
         how = "the baseline is re-run interleaved for each k (one run per k, no spread)"
@@ -333,7 +338,7 @@ def results_section(recipe: dict[str, Any], bench: dict[str, Any]) -> list[str]:
         f"Held-out ShareGPT prompts the draft never saw, greedy, {bench.get('max_new_tokens', '?')} new tokens, "
         f"k = {bench.get('k', '?')}, {bench.get('num_prompts', '?')} prompts, in-process engine ("
         f"{bench.get('target_dtype', 'fp32')} target, {bench.get('threads', '?')} threads"
-        + (f", {bench['cpu']}" if bench.get("cpu") else "") + "):",
+        + (f", {cpu_named(bench)}" if bench.get("cpu") else "") + "):",
         "",
         _bench_table(bench),
         "",
@@ -370,7 +375,7 @@ def evaluation_section(result: dict[str, Any], sweep: list[dict[str, Any]] | Non
               if result.get("dataset") else f"{result.get('num_samples')} held-out samples of `{result.get('data')}`")
     oov = result.get("out_of_draft_vocab_fraction")
     date = ", " + result["date"] if result.get("date") else ""
-    machine = f" ({result['cpu']}, {result.get('target_dtype') or '?'} target{date})." if result.get("cpu") else "."
+    machine = f" ({cpu_named(result)}, {result.get('target_dtype') or '?'} target{date})." if result.get("cpu") else "."
     lines = [EVAL_BEGIN, "### Decoding-exact acceptance per k (offline evaluator)",
              f"{source}, greedy, {result.get('max_new_tokens') or 'whole'} new tokens: the walk of greedy speculative "
              "decoding computed from one draft pass (`python -m engine evaluate`), beside the all-positions average "
@@ -514,7 +519,8 @@ def _vllm_section(vb: dict[str, Any], recipe: dict[str, Any]) -> list[str]:
     command = vb.get("command", "").replace(str(Path(recipe["work"]) / "train" / "draft"),
                                             recipe.get("ship", {}).get("to", "DRAFT"))
     return ["### In real vLLM",
-            f"The same held-out prompts through vLLM ({vb.get('dtype', 'bfloat16')}, single stream, one server per "
+            f"The same held-out prompts through vLLM ({vb.get('dtype', 'bfloat16')}"
+            + (f", {cpu_named(vb)}" if vb.get("cpu") else "") + ", single stream, one server per "
             f"method, k = {vb.get('k', '?')}); acceptance from vLLM's own `/metrics` counters:", "",
             "| method | mean acceptance length | per-position acceptance | tokens/s | speedup |",
             "|---|---|---|---|---|",

@@ -205,7 +205,7 @@ def test_a_bf16_draft_runs_its_linears_on_packed_weights_where_onednn_runs_bf16(
     as one row, with F.linear's values to bf16 rounding; elsewhere (or for an fp32 model) nothing changes."""
     from torch import nn
 
-    from engine.generate.cpu_kernels import linear_form, pack_draft_linears, packed_linear_available
+    from engine.generate.cpu_kernels import linear_form, pack_draft_linears, packed_linear_available, routed_linears
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 96), nn.ReLU(), nn.Linear(96, 32, bias=False)).to(torch.bfloat16)
@@ -217,9 +217,10 @@ def test_a_bf16_draft_runs_its_linears_on_packed_weights_where_onednn_runs_bf16(
     packed = pack_draft_linears(model)
     assert packed is packed_linear_available()
     if not packed:  # emulated bf16 (AVX2): the model keeps F.linear
-        assert not any(getattr(m, "_workbench_few_row_routed", False) for m in model.modules())
+        assert not routed_linears(model)
         return
-    assert {getattr(m, "_workbench_linear_form", None) for m in model if isinstance(m, nn.Linear)} == {"packed"}
+    assert routed_linears(model) and {getattr(m, "_workbench_linear_form", None) for m in model
+                                      if isinstance(m, nn.Linear)} == {"packed"}
     with torch.inference_mode():
         got = model(x)
     assert got.shape == want.shape and torch.allclose(got.float(), want.float(), rtol=2e-2, atol=2e-2)
