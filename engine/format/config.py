@@ -7,6 +7,7 @@ Each algorithm folder (`engine/algos/<name>/config.py`) subclasses `DraftConfig`
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -161,6 +162,16 @@ class DraftConfig(BaseModel):
     def validation_rules(cls) -> list:
         """The type's own checks, each `rule(cfg, typed, hf, report)` adding `engine.format.report.Issue`s."""
         return []
+
+    @classmethod
+    def vllm_own_form(cls, cfg: dict[str, Any]) -> str | None:
+        """Why vLLM reaches this draft only through a folder in its own form (None: the draft folder serves)."""
+        return None
+
+    @classmethod
+    def write_vllm_own_form(cls, draft: Path, out: Path) -> Path:
+        """Write the folder of `vllm_own_form` to `out` (atomic) and return it."""
+        raise NotImplementedError(f"{cls.__name__} is served from its own folder")
 
     @property
     def reduced_vocab(self) -> bool:

@@ -27,6 +27,7 @@ class FamilyMember:
     algorithm: str = "dflash"
     draft_class: type[DFlashDraft] = DFlashDraft
     config_fields: dict[str, Any] = field(default_factory=dict)  # e.g. sample_from_anchor, DSpark's heads
+    layer_config: dict[str, Any] | None = None  # its own transformer_layer_config (None: Qwen3 layers)
 
 
 def build_dflash(target, args: DecoderArgs | None = None, *, aux_layer_ids: list[int] | None = None,
@@ -40,8 +41,8 @@ def build_dflash(target, args: DecoderArgs | None = None, *, aux_layer_ids: list
     draft_vocab_size = getattr(a, "draft_vocab_size", None) or vocab  # DFlash2 drafts over the full vocabulary
     fields = {"sample_from_anchor": False, **member.config_fields}
     aux = sorted(aux_layer_ids or DFlashConfig.default_aux_layer_ids(target.num_layers))
-    layer_config = build_layer_config(target.text_config, model_type="qwen3", num_layers=a.num_layers,
-                                      sliding_window=a.sliding_window)
+    layer_config = member.layer_config or build_layer_config(target.text_config, model_type="qwen3",
+                                                             num_layers=a.num_layers, sliding_window=a.sliding_window)
     cfg = build_draft_config(
         member.algorithm, verifier_config=target.text_config, verifier_name=target.verifier_name,
         layer_config=layer_config, draft_vocab_size=draft_vocab_size, block_size=a.block_size,
@@ -85,7 +86,7 @@ def load_dflash(path: str | os.PathLike, target, *, allow_pickle: bool = False,
     if not cfg.reduced_vocab and "lm_head.weight" in state:  # a full-vocab head of its own (earlier speculators)
         head = state.pop("lm_head.weight")
     draft = draft_class(cfg, embed_tokens=embed, lm_head_weight=head)
-    expected = set(draft.checkpoint_state())
+    expected = set(draft.checkpoint_state()) - draft.shared_copies()
     if draft.t2d is not None and "t2d" not in state and "d2t" in state:
         state["t2d"] = vocab_maps(selected_from_d2t(state["d2t"]), cfg.vocab_size)[1]
     extra = sorted(set(state) - expected - {"embed_tokens.weight", "verifier_lm_head.weight",

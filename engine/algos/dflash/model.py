@@ -70,7 +70,7 @@ class DFlashDraft(nn.Module):
             self.d2t = self.t2d = None
         self.embed_tokens = embed_tokens
         self.embed_tokens.weight.requires_grad_(False)
-        self.rotary_emb = rotary_embedding(tlc)
+        self.rotary_emb = self.make_rotary(tlc)
         self.windows = layer_windows(tlc, cfg.num_layers)
         # speculators' rule: full-attention layers are bidirectional in the block; sliding ones unless told
         # otherwise (vLLM applies `not sliding_window_non_causal` to every layer; our drafts make both agree)
@@ -82,6 +82,20 @@ class DFlashDraft(nn.Module):
         """Decoder layer `index` (a family member's own layer, e.g. DFlash2's with convolutions; `self.config` is
         set when this runs)."""
         return DecoderLayer(dims, index)
+
+    def make_rotary(self, tlc: dict) -> nn.Module:
+        """The layers' RoPE (cos, sin) from the layer config (a family member may bring its own)."""
+        return rotary_embedding(tlc)
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """Block token ids [..] -> the decoder's input [.., H]: the target's plain embedding, frozen."""
+        with torch.no_grad():
+            return self.embed_tokens(ids).to(self.fc.weight.dtype)
+
+    @staticmethod
+    def shared_copies() -> set[str]:
+        """Checkpoint tensors that copy the target's (loaded from the target, not the file)."""
+        return set()
 
     @property
     def block_size(self) -> int:
@@ -123,8 +137,7 @@ class DFlashDraft(nn.Module):
         # group and never computes the masked-out pairs between documents; the result is the same.
         n_slots = block_ids.shape[1]
         b = self.block_size
-        with torch.no_grad():
-            x = self.embed_tokens(block_ids).to(self.fc.weight.dtype)
+        x = self.embed(block_ids)
         cos, sin = self.rotary_emb(x, block_positions)
         groups = groups or [(0, n_slots, 0, ctx_mask.shape[1])]
         blk = torch.arange(n_slots, device=block_ids.device) // b

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field
@@ -10,6 +11,14 @@ from engine.algos.dflash.config import DFlashConfig, vllm_aux_ids, vllm_target_l
 from engine.format import vllm_rules as vr
 from engine.format.config import register_config_type
 from engine.format.report import Issue, ValidationReport
+
+GEMMA4_LAYOUT = "gemma4_text"  # transformer_layer_config.model_type of drafts in Gemma4DSparkModel's layout
+GEMMA4_ARCHITECTURE = "Gemma4DSparkModel"
+
+
+def is_gemma4_layout(layer_config: dict[str, Any] | None) -> bool:
+    """Whether a draft's `transformer_layer_config` is in the layout of vLLM's Gemma4DSparkModel."""
+    return bool(layer_config) and layer_config.get("model_type") == GEMMA4_LAYOUT
 
 
 @register_config_type
@@ -75,7 +84,8 @@ class DSparkConfig(DFlashConfig):
 
     @classmethod
     def vllm_parameters(cls, hf: dict, d: vr.Dims) -> tuple[dict[str, tuple], set[str]]:
-        exp, optional = super().vllm_parameters(hf, d)
+        exp, optional = gemma4_parameters(hf, d) if hf.get("model_type") == GEMMA4_LAYOUT else \
+            super().vllm_parameters(hf, d)
         r = int(hf.get("markov_rank") or 0)
         if r:
             exp["markov_head.markov_w1.weight"] = (d.vocab, r)
@@ -89,7 +99,46 @@ class DSparkConfig(DFlashConfig):
 
     @classmethod
     def validation_rules(cls) -> list:
-        return [*super().validation_rules(), vanilla_markov_head]
+        return [*super().validation_rules(), vanilla_markov_head, gemma4_form]
+
+    @classmethod
+    def vllm_own_form(cls, cfg: dict[str, Any]) -> str | None:
+        if not is_gemma4_layout(cfg.get("transformer_layer_config")):
+            return None
+        return (f"a Gemma 4 layout draft: vLLM's speculators-format detection builds Qwen3DSparkModel for every "
+                f"dspark draft, so vLLM reaches {GEMMA4_ARCHITECTURE} only through a folder in its own form (a "
+                "Gemma 4 config with the DSpark fields) passed in the explicit --speculative-config form")
+
+    @classmethod
+    def write_vllm_own_form(cls, draft: Path, out: Path) -> Path:
+        from engine.algos.dspark.gemma4 import write_vllm_folder
+
+        return write_vllm_folder(draft, out)
+
+
+def gemma4_parameters(hf: dict, d: vr.Dims) -> tuple[dict[str, tuple], set[str]]:
+    """The backbone tensors of vLLM's Gemma4DSparkModel (names as saved: the loader adds `model.`)."""
+    ids = hf.get("eagle_aux_hidden_state_layer_ids") or []
+    exp: dict[str, tuple] = {"fc.weight": (d.h, d.ht * (len(ids) or d.layers)), "hidden_norm.weight": (d.h,),
+                             "norm.weight": (d.h,)}
+    norms = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm")
+    for i in range(d.layers):
+        p = f"layers.{i}."
+        exp.update({f"{p}self_attn.q_proj.weight": (d.nh * d.hd, d.h),
+                    f"{p}self_attn.k_proj.weight": (d.nkv * d.hd, d.h),
+                    f"{p}self_attn.o_proj.weight": (d.h, d.nh * d.hd), f"{p}self_attn.q_norm.weight": (d.hd,),
+                    f"{p}self_attn.k_norm.weight": (d.hd,), f"{p}mlp.gate_proj.weight": (d.inter, d.h),
+                    f"{p}mlp.up_proj.weight": (d.inter, d.h), f"{p}mlp.down_proj.weight": (d.h, d.inter),
+                    f"{p}layer_scalar": (1,), **{f"{p}{n}.weight": (d.h,) for n in norms}})
+    return exp, {f"layers.{i}.layer_scalar" for i in range(d.layers)}
+
+
+def gemma4_form(cfg, typed, hf, report: ValidationReport) -> None:
+    reason = DSparkConfig.vllm_own_form(cfg)
+    if reason:
+        report.add(Issue("transformer_layer_config.model_type", f"{reason}; `python -m engine serve` writes that "
+                         "folder and passes it (the `vllm serve` line below is the speculators form's, which "
+                         "would build the Qwen3 class)", severity="warning"))
 
 
 def vanilla_markov_head(cfg, typed, hf, report: ValidationReport) -> None:

@@ -10,14 +10,15 @@ from typing import Any
 import torch
 
 from engine.algos.dflash.io import FamilyMember, build_dflash, load_dflash, save_dflash
-from engine.algos.dspark.args import DSparkArgs
+from engine.algos.dspark.args import DSparkArgs, resolved_layout
+from engine.algos.dspark.gemma4 import Gemma4DSparkDraft, gemma4_layer_config, is_gemma4_layout
 from engine.algos.dspark.model import DSparkDraft
 from engine.errors import WorkbenchError
 
 
 def build_dspark(target, args: DSparkArgs | None = None, **backbone: Any) -> DSparkDraft:
     """A new DSpark draft: DFlash's backbone (`backbone`: aux_layer_ids, token_counts, seed) with every slot
-    predicting, plus the Markov and confidence heads `args` shape."""
+    predicting, plus the Markov and confidence heads `args` shape; in Gemma 4 layers when the layout says so."""
     a = args or DSparkArgs()
     if a.confidence_head_with_markov and a.enable_confidence_head and a.markov_rank <= 0:
         raise WorkbenchError("confidence_head_with_markov needs a Markov head (markov_rank > 0)",
@@ -25,7 +26,18 @@ def build_dspark(target, args: DSparkArgs | None = None, **backbone: Any) -> DSp
     fields = {"sample_from_anchor": True, "markov_rank": a.markov_rank, "markov_head_type": a.markov_head_type,
               "enable_confidence_head": a.enable_confidence_head,
               "confidence_head_with_markov": a.confidence_head_with_markov}
-    draft = build_dflash(target, a, member=FamilyMember("dspark", DSparkDraft, fields), **backbone)
+    member = FamilyMember("dspark", DSparkDraft, fields)
+    if resolved_layout(a.layout, getattr(target.text_config, "model_type", None)) == "gemma4":
+        if a.draft_vocab_size not in (None, target.vocab_size):
+            raise WorkbenchError("a Gemma 4 DSpark draft drafts over the full vocabulary: vLLM's "
+                                 "Gemma4DSparkForCausalLM has no draft-to-target map",
+                                 hint="leave --draft-vocab-size unset, or pass --layout qwen3")
+        if a.sliding_window:
+            raise WorkbenchError("a Gemma 4 DSpark draft has full-attention layers only (vLLM's Gemma4DSparkModel)",
+                                 hint="leave --sliding-window unset, or pass --layout qwen3")
+        member = FamilyMember("dspark", Gemma4DSparkDraft, fields,
+                              layer_config=gemma4_layer_config(target.text_config, a.num_layers))
+    draft = build_dflash(target, a, member=member, **backbone)
     if draft.markov_head is not None:  # speculators' start: a small previous-token embedding, a near-zero bias
         with torch.no_grad():
             draft.markov_head.markov_w1.weight.normal_(0.0, 0.01)
@@ -34,8 +46,11 @@ def build_dspark(target, args: DSparkArgs | None = None, **backbone: Any) -> DSp
 
 def load_dspark(path: str | os.PathLike, target, *, allow_pickle: bool = False,
                 dtype: torch.dtype = torch.float32) -> DSparkDraft:
+    from engine.format.checkpoint import read_config_dict
+
+    layers = read_config_dict(Path(path)).get("transformer_layer_config")
     return load_dflash(path, target, allow_pickle=allow_pickle, dtype=dtype, algorithm="dspark",
-                       draft_class=DSparkDraft)
+                       draft_class=Gemma4DSparkDraft if is_gemma4_layout(layers) else DSparkDraft)
 
 
 def save_dspark(draft: DSparkDraft, path: str | os.PathLike, *, dtype: torch.dtype | None = torch.bfloat16,

@@ -94,6 +94,10 @@ class DSparkDraft(DFlashDraft):
         temps = cfg.confidence_temperatures or [1.0] * cfg.block_size
         self.register_buffer("confidence_temperature", torch.tensor(temps, dtype=torch.float32), persistent=False)
 
+    def cap(self, logits: torch.Tensor) -> torch.Tensor:
+        """The logit soft-cap vLLM's logits processor applies to the head's logits and the Markov bias (none here)."""
+        return logits
+
     @property
     def conf_with_markov(self) -> bool:
         return self.markov_head is not None and bool(self.config.confidence_head_with_markov)
@@ -106,7 +110,7 @@ class DSparkDraft(DFlashDraft):
         if self.markov_head is not None:
             e = self.markov_head.markov_w1(prev)
             bias, state = self.markov_head.step(e, h, state)
-            u = u + bias.to(u.dtype)
+            u = u + self.cap(bias).to(u.dtype)
         return u, self.confidence(h, e, self.confidence_temperature[k]), state
 
     def confidence(self, h: torch.Tensor, e: torch.Tensor | None, temperature: torch.Tensor) -> torch.Tensor | None:
@@ -126,7 +130,7 @@ class DSparkDraft(DFlashDraft):
         e = None
         if self.markov_head is not None:
             e = self.markov_head.markov_w1(prev_ids)                               # [N, B, r]
-            logits = logits + self.markov_head.block_bias(e, hn).to(logits.dtype)
+            logits = logits + self.cap(self.markov_head.block_bias(e, hn)).to(logits.dtype)
         return logits, self.confidence(hn, e, self.confidence_temperature[: x.shape[1]])   # [N, B, Vd], [N, B]
 
     def draft_sequentially(self, x: torch.Tensor, anchor_ids: torch.Tensor, steps: int,

@@ -1,0 +1,241 @@
+"""DSpark in the layout of vLLM's `Gemma4DSparkModel`, the class vLLM runs beside Gemma 4 targets, and the
+self-contained folder through which vLLM loads it."""
+
+# Tensors (vLLM's Gemma4DSparkForCausalLM prefixes `model.` to every name but lm_head):
+#   fc.weight [H, A*Ht], hidden_norm.weight [H], norm.weight [H], embed_tokens.weight [V, H], lm_head.weight [V, H];
+#   layers.{i}.{input_layernorm, post_attention_layernorm, pre_feedforward_layernorm, post_feedforward_layernorm}
+#   .weight [H], layers.{i}.layer_scalar [1], layers.{i}.self_attn.{q_proj [nh*hd, H], k_proj [nkv*hd, H],
+#   o_proj [H, nh*hd], q_norm [hd], k_norm [hd]}.weight, layers.{i}.mlp.{gate_proj, up_proj [I, H], down_proj [H, I]}
+#   .weight; markov_head.* and confidence_head.* as DSpark's.
+# A layer, x [B, T, H] (every layer full attention with keys equal to values, as vLLM's fused context path assumes):
+#   h = n1(x);  k0 = k_proj(h);  q = rope(q_norm(q_proj(h)));  k = rope(k_norm(k0));  v = rms(k0)   (v: no weight)
+#   x = x + n2(o_proj(attn(q, k, v)))      attention scale 1 (the q/k norms set the scale)
+#   x = (x + n4(mlp(n3(x)))) * layer_scalar,   mlp(h) = down(gelu_tanh(gate(h)) * up(h))
+# The block enters as embed(ids) * sqrt(H); the head's logits and the Markov bias are each soft-capped when the
+# config has `final_logit_softcapping` (vLLM runs both through the same LogitsProcessor).
+#
+# vLLM's speculators-format detection maps every dspark draft to Qwen3DSparkModel, so this layout is served through
+# vLLM's own form: a folder whose config.json is a Gemma 4 text config with architectures ["Gemma4DSparkModel"]
+# and the DSpark fields, loaded with the explicit --speculative-config '{"method": "dspark", "model": FOLDER}'.
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.algos.common.layers import LayerDims, RMSNorm, rotate_half
+from engine.algos.dspark.config import GEMMA4_ARCHITECTURE as VLLM_ARCHITECTURE
+from engine.algos.dspark.config import GEMMA4_LAYOUT as LAYOUT_MODEL_TYPE
+from engine.algos.dspark.config import is_gemma4_layout
+from engine.algos.dspark.model import DSparkDraft
+from engine.errors import WorkbenchError
+
+ACTIVATION = "gelu_pytorch_tanh"
+
+
+def gemma4_layer_config(target_config: Any, num_layers: int) -> dict[str, Any]:
+    """The draft decoder's Gemma 4 text config from the target's: its widths and heads, every layer full attention
+    with keys equal to values, plain RoPE at the target's global theta, the target's logit soft-cap."""
+    src = target_config.to_dict() if hasattr(target_config, "to_dict") else dict(target_config)
+    src = src.get("text_config") or src
+    h, nh = int(src["hidden_size"]), int(src["num_attention_heads"])
+    hd = int(src.get("head_dim") or h // nh)
+    nkv = int(src.get("num_key_value_heads") or nh)
+    rope = src.get("rope_parameters") or {}
+    full = rope.get("full_attention", rope) if isinstance(rope, dict) else {}
+    theta = float(full.get("rope_theta") or src.get("rope_theta") or 1_000_000.0)
+    return {"model_type": LAYOUT_MODEL_TYPE, "hidden_size": h, "intermediate_size": int(src["intermediate_size"]),
+            "num_hidden_layers": num_layers, "num_attention_heads": nh, "num_key_value_heads": nkv, "head_dim": hd,
+            "global_head_dim": hd, "num_global_key_value_heads": nkv, "attention_k_eq_v": True,
+            "layer_types": ["full_attention"] * num_layers, "sliding_window": int(src.get("sliding_window") or 512),
+            "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": theta},
+                                "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}},
+            "hidden_activation": ACTIVATION, "rms_norm_eps": float(src.get("rms_norm_eps", 1e-6)),
+            "max_position_embeddings": int(src.get("max_position_embeddings") or 131_072),
+            "vocab_size": int(src["vocab_size"]), "final_logit_softcapping": src.get("final_logit_softcapping"),
+            "attention_bias": False, "tie_word_embeddings": False}
+
+
+def check_layer_config(tlc: dict[str, Any]) -> None:
+    """Refuse a Gemma 4 layer config this layout cannot compute as vLLM does (say which field, and why)."""
+    types = tlc.get("layer_types") or []
+    if any(t != "full_attention" for t in types) or not tlc.get("attention_k_eq_v"):
+        raise WorkbenchError("a Gemma 4 DSpark draft needs every layer full attention with attention_k_eq_v: vLLM's "
+                             "Gemma4DSparkModel computes the context keys and values that way only",
+                             where="transformer_layer_config")
+    if tlc.get("hidden_activation", ACTIVATION) != ACTIVATION:
+        raise WorkbenchError(f"hidden_activation '{tlc.get('hidden_activation')}': the Gemma 4 layout runs "
+                             f"{ACTIVATION} only", where="transformer_layer_config")
+    rope = (tlc.get("rope_parameters") or {}).get("full_attention") or {}
+    if rope.get("rope_type", "default") != "default":
+        raise WorkbenchError(f"RoPE type '{rope.get('rope_type')}' of the full-attention layers: the Gemma 4 DSpark "
+                             "layout runs the default RoPE only", where="transformer_layer_config.rope_parameters")
+
+
+def rms(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMS normalisation without a weight, in fp32 (vLLM's v_norm)."""
+    dtype = x.dtype
+    x = x.float()
+    return (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)).to(dtype)
+
+
+class NeoxRotary(nn.Module):
+    """cos/sin of the default (neox-style) RoPE: x [B,T,*], positions [B,T] -> ([B,T,hd], [B,T,hd])."""
+
+    def __init__(self, head_dim: int, theta: float):
+        super().__init__()
+        inv = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+        self.register_buffer("inv_freq", inv, persistent=False)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions.float()[..., None] * self.inv_freq.to(x.device)         # [B, T, hd/2]
+        emb = torch.cat([freqs, freqs], -1)
+        return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+
+
+class Gemma4Attention(nn.Module):
+    """Q/K projections with their norms; values are the weightless-normed key projection (attention_k_eq_v)."""
+
+    def __init__(self, dims: LayerDims):
+        super().__init__()
+        self.nh, self.nkv, self.hd, self.eps = dims.heads, dims.kv_heads, dims.head_dim, dims.eps
+        self.q_proj = nn.Linear(dims.hidden, self.nh * self.hd, bias=False)
+        self.k_proj = nn.Linear(dims.hidden, self.nkv * self.hd, bias=False)
+        self.o_proj = nn.Linear(self.nh * self.hd, dims.hidden, bias=False)
+        self.q_norm = RMSNorm(self.hd, dims.eps)
+        self.k_norm = RMSNorm(self.hd, dims.eps)
+
+    def kv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [B,T,H] -> k (RoPE applied), v [B,nkv,T,hd]."""
+        b, t, _ = x.shape
+        k0 = self.k_proj(x).view(b, t, self.nkv, self.hd)
+        k = self.k_norm(k0).transpose(1, 2)
+        v = rms(k0, self.eps).transpose(1, 2)
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        return k * cos + rotate_half(k) * sin, v
+
+    def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """x [B,T,H] -> q [B,nh,T,hd] (times sqrt(hd): the caller's attention divides by it, vLLM's scale is 1),
+        k/v [B,nkv,T,hd]."""
+        b, t, _ = x.shape
+        q = self.q_norm(self.q_proj(x).view(b, t, self.nh, self.hd)).transpose(1, 2)
+        q = q * cos.unsqueeze(1) + rotate_half(q) * sin.unsqueeze(1)
+        k, v = self.kv(x, cos, sin)
+        return q * math.sqrt(self.hd), k, v
+
+    def out(self, o: torch.Tensor) -> torch.Tensor:
+        """o [B,nh,T,hd] -> [B,T,H]."""
+        b, _, t, _ = o.shape
+        return self.o_proj(o.transpose(1, 2).reshape(b, t, self.nh * self.hd))
+
+
+class Gemma4MLP(nn.Module):
+    def __init__(self, hidden: int, inter: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, inter, bias=False)
+        self.up_proj = nn.Linear(hidden, inter, bias=False)
+        self.down_proj = nn.Linear(inter, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.gelu(self.gate_proj(x), approximate="tanh") * self.up_proj(x))
+
+
+class Gemma4DraftLayer(nn.Module):
+    """vLLM's Gemma4DSparkDecoderLayer: four norms around attention and MLP, then the layer scalar."""
+
+    def __init__(self, dims: LayerDims, index: int):
+        super().__init__()
+        self.index = index
+        self.self_attn = Gemma4Attention(dims)
+        self.mlp = Gemma4MLP(dims.hidden, dims.intermediate)
+        for name in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                     "post_feedforward_layernorm"):
+            setattr(self, name, RMSNorm(dims.hidden, dims.eps))
+        self.register_buffer("layer_scalar", torch.ones(1))
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend) -> torch.Tensor:
+        q, k, v = self.self_attn.qkv(self.input_layernorm(x), cos, sin)
+        x = x + self.post_attention_layernorm(self.self_attn.out(attend(self.index, q, k, v)))
+        x = x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
+        return x * self.layer_scalar.to(x.dtype)
+
+
+class Gemma4DSparkDraft(DSparkDraft):
+    """DSpark with Gemma 4 layers, a scaled embedding and its own copies of the target's embedding and head."""
+
+    def __init__(self, cfg, embed_tokens: nn.Embedding, lm_head_weight: torch.Tensor | None = None):
+        check_layer_config(cfg.transformer_layer_config)
+        if cfg.reduced_vocab:
+            raise WorkbenchError("a Gemma 4 DSpark draft drafts over the full vocabulary: vLLM's "
+                                 "Gemma4DSparkForCausalLM has no draft-to-target map",
+                                 hint="leave --draft-vocab-size unset, or use --layout qwen3")
+        super().__init__(cfg, embed_tokens, lm_head_weight)
+        self.softcap = cfg.transformer_layer_config.get("final_logit_softcapping")
+
+    def make_layer(self, dims: LayerDims, index: int) -> Gemma4DraftLayer:
+        return Gemma4DraftLayer(dims, index)
+
+    def make_rotary(self, tlc: dict[str, Any]) -> nn.Module:
+        return NeoxRotary(int(tlc["head_dim"]), float(tlc["rope_parameters"]["full_attention"]["rope_theta"]))
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids [..] -> embed(ids) * sqrt(H) [.., H], the normalizer rounded to the weights' dtype as vLLM's is."""
+        dtype = self.fc.weight.dtype
+        return self.embed_tokens(ids).to(dtype) * torch.tensor(self.hidden_size ** 0.5, dtype=dtype)
+
+    def cap(self, logits: torch.Tensor) -> torch.Tensor:
+        return logits if not self.softcap else torch.tanh(logits / self.softcap) * self.softcap
+
+    def project(self, hn: torch.Tensor) -> torch.Tensor:
+        return self.cap(super().project(hn))
+
+    def checkpoint_state(self) -> dict[str, torch.Tensor]:
+        """Self-contained, as vLLM's Gemma 4 class loads it: the backbone and heads plus the embedding and head."""
+        head = self.target_head  # a tied target shares one tensor: safetensors stores each name on its own
+        if head.data_ptr() == self.embed_tokens.weight.data_ptr():
+            head = head.clone()
+        return {**super().checkpoint_state(), "embed_tokens.weight": self.embed_tokens.weight.detach(),
+                "lm_head.weight": head}
+
+    @staticmethod
+    def shared_copies() -> set[str]:
+        return {"embed_tokens.weight", "lm_head.weight"}
+
+
+def vllm_config(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The config.json of vLLM's form from our speculators config: the Gemma 4 text config, the DSpark fields and
+    `target_layer_ids` (vLLM's ids: ours minus one)."""
+    from engine.algos.dflash.config import vllm_target_layer_ids
+
+    tlc = dict(cfg["transformer_layer_config"])
+    out = {**tlc, "architectures": [VLLM_ARCHITECTURE],
+           "target_layer_ids": vllm_target_layer_ids(cfg["aux_hidden_state_layer_ids"]),
+           "target_hidden_size": cfg.get("target_hidden_size") or tlc["hidden_size"],
+           "dspark_bonus_anchor": not cfg.get("sample_from_anchor", True)}
+    for key in ("block_size", "mask_token_id", "markov_rank", "markov_head_type", "enable_confidence_head",
+                "confidence_head_with_markov", "sample_from_anchor"):
+        if cfg.get(key) is not None:
+            out[key] = cfg[key]
+    return out
+
+
+def write_vllm_folder(draft: str | os.PathLike, out: str | os.PathLike) -> Path:
+    """Write vLLM's form of a Gemma 4 layout draft (config.json + the same model.safetensors) to `out` (atomic)."""
+    from safetensors.torch import load_file
+
+    from engine.format.checkpoint import read_config_dict, save_checkpoint
+
+    folder = Path(draft)
+    cfg = read_config_dict(folder)
+    if not is_gemma4_layout(cfg.get("transformer_layer_config")):
+        raise WorkbenchError(f"{folder} is not a Gemma 4 layout DSpark draft", where=str(folder / "config.json"))
+    files = sorted(folder.glob("*.safetensors"))
+    state = {k: v for f in files for k, v in load_file(str(f)).items()}
+    return save_checkpoint(out, json.loads(json.dumps(vllm_config(cfg))), state, dtype=None)
