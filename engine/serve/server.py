@@ -31,8 +31,9 @@ from typing import Any
 import engine.algos  # noqa: F401  (registers the speculators types a served draft is validated and planned with)
 from engine.errors import WorkbenchError
 from engine.format import vllm_rules as vr
+from engine.format.config import config_type
 from engine.fsutil import atomic_write_json, atomic_write_text
-from engine.jobs import JOB_DIR_ENV, tail
+from engine.jobs import JOB_DIR_ENV, runs_dir, tail
 from engine.serve.options import ServerSettings
 from engine.serve.venv import VllmEnv, ensure_vllm_env
 
@@ -121,8 +122,11 @@ def _plan_server(draft: str | os.PathLike | None = None, *, target: str | os.Pat
     verifier = cfg["speculators_config"]["verifier"]["name_or_path"]
     derived = _derived_speculative_config(cfg, report)
     same_target = target is None or _same_target(target, verifier)
+    own_form = _vllm_own_form(cfg)
+    if own_form and form == "auto":
+        raise WorkbenchError(f"{own_form}; the auto form cannot serve it", hint="drop --form auto")
     if form is None:
-        form = "auto" if same_target else "explicit"
+        form = "explicit" if own_form or not same_target else "auto"
     if form == "auto" and not same_target:
         raise WorkbenchError(f"the auto-detection form serves the draft's verifier '{verifier}', not '{target}'",
                              hint="use --form explicit to pair the draft with another target, or drop --target")
@@ -137,13 +141,26 @@ def _plan_server(draft: str | os.PathLike | None = None, *, target: str | os.Pat
         return ServePlan(model=str(draft_dir), target=target_path, form="auto", draft=str(draft_dir),
                          speculative_config=overrides or None, env=env, served_model_name=None, validation=report)
     ref = resolve_target(target if target is not None else verifier)
-    spec = {"method": derived["method"], "model": str(draft_dir),
+    model = _write_own_form(cfg, draft_dir) if own_form else draft_dir
+    spec = {"method": derived["method"], "model": str(model),
             "num_speculative_tokens": int(k if k is not None else derived["num_speculative_tokens"])}
     if derived.get("parallel_drafting"):
         spec["parallel_drafting"] = True
     spec.update(speculative_config or {})
     return ServePlan(model=ref.path, target=ref.path, form="explicit", draft=str(draft_dir), speculative_config=spec,
                      env=_hf_env(None), served_model_name=ref.hub_id or ref.name, validation=report)
+
+
+def _vllm_own_form(cfg: dict[str, Any]) -> str | None:
+    """Why vLLM reaches this draft only through a folder in its own form (the draft type says), or None."""
+    return config_type(cfg["speculators_model_type"]).vllm_own_form(cfg)
+
+
+def _write_own_form(cfg: dict[str, Any], draft_dir: Path) -> Path:
+    """vLLM's own form of the draft, written afresh under runs/vllm-forms/ (a folder per draft path)."""
+    key = hashlib.sha256(str(draft_dir).encode()).hexdigest()[:10]
+    out = runs_dir() / "vllm-forms" / f"{draft_dir.name}-{key}"
+    return config_type(cfg["speculators_model_type"]).write_vllm_own_form(draft_dir, out)
 
 
 def _checked_draft(draft_dir: Path, validate: bool):

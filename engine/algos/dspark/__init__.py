@@ -23,7 +23,7 @@ class DSpark(DraftAlgorithm):
     def describe(self, args: DSparkArgs) -> str:
         head = f"{args.markov_head_type} Markov head r={args.markov_rank}" if args.markov_rank else "no Markov head"
         conf = ", confidence head" if args.enable_confidence_head else ""
-        layers = {"auto": "Qwen3 or Gemma 4 (as the target)", "qwen3": "Qwen3", "gemma4": "Gemma 4"}[args.layout]
+        layers = {"auto": "Qwen3 or Gemma 4 (as the target)", "qwen3": "Qwen3", "gemma4": "Gemma 4"}[args.draft_layout]
         return f"{self.title}, {args.num_layers} {layers} layer(s), block {args.block_size}, {head}{conf}"
 
     def card_objective(self, args: DSparkArgs) -> str:

@@ -17,14 +17,14 @@ class DSparkArgs(DraftArgs):
 
     field_defaults: ClassVar[dict[str, Any]] = {"num_layers": DFLASH_DEFAULT_LAYERS, "sliding_window": None}
     field_help: ClassVar[dict[str, str]] = {
-        "num_layers": "Draft decoder layers (Qwen3 or Gemma 4 layers, as --layout says).",
+        "num_layers": "Draft decoder layers (Qwen3 or Gemma 4 layers, as --draft-layout says).",
         "draft_vocab_size": "Draft vocabulary: the most frequent loss-masked target tokens with its own lm_head "
                             "(None = the target's frozen lm_head over the full vocabulary).",
         "sliding_window": "Sliding window of every draft layer over the committed context (None = full attention).",
         "speculative_tokens": "k written into the config (default: block_size).",
     }
     groups: ClassVar[dict[str, list[str]]] = {
-        "Draft architecture": ["layout", "num_layers", "block_size", "draft_vocab_size", "sliding_window",
+        "Draft architecture": ["draft_layout", "num_layers", "block_size", "draft_vocab_size", "sliding_window",
                                "block_causal", "mask_token_id", "markov_rank", "markov_head_type",
                                "enable_confidence_head", "confidence_head_with_markov"],
         "Objective": ["max_anchors", "dflash_decay_gamma", "ce_alpha", "tv_alpha", "confidence_head_alpha",
@@ -32,7 +32,7 @@ class DSparkArgs(DraftArgs):
         "Calibration": ["calibration_blocks"],
     }
 
-    layout: Literal["auto", "qwen3", "gemma4"] = Field(
+    draft_layout: Literal["auto", "qwen3", "gemma4"] = Field(
         "auto", description="Layer layout of the vLLM class that serves the draft: qwen3 (Qwen3DSparkModel, the "
                             "speculators form) or gemma4 (Gemma4DSparkModel, vLLM's class beside Gemma 4 targets; "
                             "full vocabulary, its own form); auto = gemma4 for a Gemma 4 target.")
@@ -63,11 +63,13 @@ class DSparkArgs(DraftArgs):
                                                             "per-slot confidence temperatures (0 = no calibration).")
 
 
-def resolved_layout(layout: str, target_model_type: str | None) -> str:
-    """'auto' -> gemma4 beside a Gemma 4 target (model_type gemma4*), else qwen3; an explicit layout is kept."""
-    if layout != "auto":
-        return layout
-    return "gemma4" if (target_model_type or "").startswith("gemma4") else "qwen3"
+def resolved_layout(args: DSparkArgs, target_model_type: str | None, vocab_size: int) -> str:
+    """'auto' -> gemma4 beside a Gemma 4 target (model_type gemma4*) unless the arguments need Qwen3 layers (a draft
+    vocabulary, a sliding window: vLLM's Gemma 4 class has neither), else qwen3; an explicit layout is kept."""
+    if args.draft_layout != "auto":
+        return args.draft_layout
+    fits = args.draft_vocab_size in (None, vocab_size) and not args.sliding_window
+    return "gemma4" if fits and (target_model_type or "").startswith("gemma4") else "qwen3"
 
 
 class DSparkProposerOptions(BaseModel):

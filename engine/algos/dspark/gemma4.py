@@ -175,7 +175,7 @@ class Gemma4DSparkDraft(DSparkDraft):
         if cfg.reduced_vocab:
             raise WorkbenchError("a Gemma 4 DSpark draft drafts over the full vocabulary: vLLM's "
                                  "Gemma4DSparkForCausalLM has no draft-to-target map",
-                                 hint="leave --draft-vocab-size unset, or use --layout qwen3")
+                                 hint="leave --draft-vocab-size unset, or use --draft-layout qwen3")
         super().__init__(cfg, embed_tokens, lm_head_weight)
         self.softcap = cfg.transformer_layer_config.get("final_logit_softcapping")
 
@@ -227,15 +227,18 @@ def vllm_config(cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 def write_vllm_folder(draft: str | os.PathLike, out: str | os.PathLike) -> Path:
-    """Write vLLM's form of a Gemma 4 layout draft (config.json + the same model.safetensors) to `out` (atomic)."""
-    from safetensors.torch import load_file
-
-    from engine.format.checkpoint import read_config_dict, save_checkpoint
+    """Write vLLM's form of a Gemma 4 layout draft to `out` (atomic): its config.json, and links to the draft's
+    weight files (the tensors and their names are the same; a Gemma 4 head and embedding are not copied)."""
+    from engine.format.checkpoint import CONFIG_NAME, read_config_dict
+    from engine.fsutil import atomic_directory, atomic_write_text
 
     folder = Path(draft)
     cfg = read_config_dict(folder)
     if not is_gemma4_layout(cfg.get("transformer_layer_config")):
-        raise WorkbenchError(f"{folder} is not a Gemma 4 layout DSpark draft", where=str(folder / "config.json"))
-    files = sorted(folder.glob("*.safetensors"))
-    state = {k: v for f in files for k, v in load_file(str(f)).items()}
-    return save_checkpoint(out, json.loads(json.dumps(vllm_config(cfg))), state, dtype=None)
+        raise WorkbenchError(f"{folder} is not a Gemma 4 layout DSpark draft", where=str(folder / CONFIG_NAME))
+    weights = sorted(folder.glob("*.safetensors")) + sorted(folder.glob("*.safetensors.index.json"))
+    with atomic_directory(out, owner="vllm-form") as tmp:
+        atomic_write_text(tmp / CONFIG_NAME, json.dumps(vllm_config(cfg), indent=2, sort_keys=True) + "\n")
+        for f in weights:
+            (tmp / f.name).symlink_to(f.resolve())
+    return Path(out)

@@ -27,14 +27,14 @@ def build_dspark(target, args: DSparkArgs | None = None, **backbone: Any) -> DSp
               "enable_confidence_head": a.enable_confidence_head,
               "confidence_head_with_markov": a.confidence_head_with_markov}
     member = FamilyMember("dspark", DSparkDraft, fields)
-    if resolved_layout(a.layout, getattr(target.text_config, "model_type", None)) == "gemma4":
+    if resolved_layout(a, getattr(target.text_config, "model_type", None), target.vocab_size) == "gemma4":
         if a.draft_vocab_size not in (None, target.vocab_size):
             raise WorkbenchError("a Gemma 4 DSpark draft drafts over the full vocabulary: vLLM's "
                                  "Gemma4DSparkForCausalLM has no draft-to-target map",
-                                 hint="leave --draft-vocab-size unset, or pass --layout qwen3")
+                                 hint="leave --draft-vocab-size unset, or pass --draft-layout qwen3")
         if a.sliding_window:
             raise WorkbenchError("a Gemma 4 DSpark draft has full-attention layers only (vLLM's Gemma4DSparkModel)",
-                                 hint="leave --sliding-window unset, or pass --layout qwen3")
+                                 hint="leave --sliding-window unset, or pass --draft-layout qwen3")
         member = FamilyMember("dspark", Gemma4DSparkDraft, fields,
                               layer_config=gemma4_layer_config(target.text_config, a.num_layers))
     draft = build_dflash(target, a, member=member, **backbone)
