@@ -13,6 +13,9 @@
 #                              runner; the CPU build refuses DFlash2) in fp32: greedy output identical to vLLM
 #                              alone, accepted tokens per draft within 3% of our engine's (only with a CUDA
 #                              vLLM environment, .venv-vllm of flavor cuda)
+#   vllm-serve-gemma4-dspark   a DSpark draft in vLLM's Gemma4DSparkModel layout, trained on CUDA beside a tiny random
+#                              Gemma 4 target, served by real vLLM in its own form (`serve` writes it; the CPU build
+#                              refuses DSpark) in fp32: identical output, accepted tokens within 3% of ours (CUDA vLLM)
 #
 # Without CUDA every check prints SKIP with the reason and the script exits 0; any FAIL makes it exit 1.
 # It is meant to take a few minutes on one GPU (most of it process start-up and, for vLLM, engine start-up).
@@ -216,17 +219,9 @@ DFLASH2_PROMPTS = [
 def serve_dflash2(work: Path) -> str:
     """Train a small DFlash2 draft for the built-in target on CUDA, then serve it in real vLLM beside the target
     alone: lossless (fp32) and accepting what our engine accepts on the same prompts."""
-    need_cuda()
-    from engine.serve.venv import read_stamp
-
-    venv = read_stamp()
-    if venv is None or venv.flavor != "cuda":
-        raise Skip("no CUDA vLLM environment: create it once with WORKBENCH_VLLM_FLAVOR=cuda (engine.serve.venv."
-                   "ensure_vllm_env, needs the network), then run again")
-    os.environ["WORKBENCH_VLLM_FLAVOR"] = "cuda"
+    _cuda_vllm()
     import torch
 
-    from engine.generate.sampling import SamplingParams
     from engine.measure.bench import run_bench
     from engine.measure.options import BenchOptions
     from engine.measure.vllm_bench import run_vllm_bench
@@ -249,11 +244,61 @@ def serve_dflash2(work: Path) -> str:
     if not served["num_drafts"]:
         raise RuntimeError("vLLM made no DFlash2 drafts")
     target = load_target("smollm2-135m-instruct", device="cuda", dtype=torch.float32)
-    ours = run_bench(target, DFLASH2_PROMPTS, methods=("draft",), draft=str(draft), k=k,
-                     params=SamplingParams(max_new_tokens=tokens), measure_cost=False, progress=False)
+    ours = run_bench(target, DFLASH2_PROMPTS, BenchOptions(methods=("draft",), draft=str(draft), k=k,
+                                                           max_new_tokens=tokens),
+                     measure_cost=False, progress=False)
     assert_accepts_as_ours(served, ours["methods"]["draft"], "DFlash2 draft in vLLM")
     return (f"identical; vLLM {served['num_accepted_tokens']} accepted in {served['num_drafts']} drafts, ours "
             f"{ours['methods']['draft']['num_accepted_tokens']} in {ours['methods']['draft']['num_drafts']}")
+
+
+def _cuda_vllm() -> None:
+    """Refuse (Skip) without CUDA or a CUDA vLLM environment; else make the workbench's vLLM calls use it."""
+    need_cuda()
+    from engine.serve.venv import read_stamp
+
+    venv = read_stamp()
+    if venv is None or venv.flavor != "cuda":
+        raise Skip("no CUDA vLLM environment: create it once with WORKBENCH_VLLM_FLAVOR=cuda (engine.serve.venv."
+                   "ensure_vllm_env, needs the network), then run again")
+    os.environ["WORKBENCH_VLLM_FLAVOR"] = "cuda"
+
+
+def serve_gemma4_dspark(work: Path) -> str:
+    """Train a DSpark draft in the Gemma 4 layout beside a tiny random Gemma 4 target (128 wide, head size 32) on
+    CUDA, then serve it in real vLLM (Gemma4DSparkForCausalLM, through the folder `serve` writes) beside the target
+    alone: lossless (fp32) and accepting what our engine accepts on the same prompts."""
+    _cuda_vllm()
+    import torch
+
+    from engine.measure.bench import run_bench
+    from engine.measure.options import BenchOptions
+    from engine.measure.vllm_bench import run_vllm_bench
+    from engine.targets import load_target
+    from engine.train.config import TrainConfig
+    from engine.train.trainer import Trainer
+    from testkit.vllm import assert_accepts_as_ours
+    from tiny import save_tiny_target
+
+    k, tokens = 3, 32
+    target = save_tiny_target(work / "gemma4-target", "gemma4_text", hidden_size=128)
+    cfg = TrainConfig(algo="dspark", target=str(target), online_dataset="sharegpt", online_max_samples=256,
+                      out=str(work / "gemma4-dspark"), device="cuda", max_steps=300, tokens_per_batch=2048,
+                      max_length=256, warmup_steps=10, lr=3e-3, val_fraction=0.05, checkpoint_every=300,
+                      aux_layer_ids=[2, 3],  # with the last layer as the training target: a random target is
+                      algo_args={"num_layers": 1, "block_size": k + 1, "markov_rank": 32,  # unpredictable from one
+                                 "draft_layout": "gemma4", "calibration_blocks": 0})  # middle layer alone
+    draft = Trainer(cfg).run()
+    options = BenchOptions(draft=str(draft), methods="baseline,draft", k=k, max_new_tokens=tokens, dtype="float32")
+    served = run_vllm_bench(DFLASH2_PROMPTS, options, tokenize=True)["methods"]["draft"]
+    if not served["identical_to_baseline"]:
+        raise RuntimeError(f"vLLM's Gemma 4 DSpark output differs from vLLM alone: {served['first_divergence']}")
+    ours = run_bench(load_target(str(target), device="cuda", dtype=torch.float32), DFLASH2_PROMPTS,
+                     BenchOptions(methods=("draft",), draft=str(draft), k=k, max_new_tokens=tokens),
+                     measure_cost=False, progress=False)["methods"]["draft"]
+    assert_accepts_as_ours(served, ours, "Gemma 4 DSpark draft in vLLM")
+    return (f"identical; vLLM {served['num_accepted_tokens']} accepted in {served['num_drafts']} drafts, ours "
+            f"{ours['num_accepted_tokens']} in {ours['num_drafts']}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -279,6 +324,7 @@ def main(argv: list[str] | None = None) -> int:
     check("nccl-ddp-2gpu", nccl_two_gpus, "ddp", target, data, work)
     check("nccl-fsdp-2gpu", nccl_two_gpus, "fsdp", target, data, work)
     check("vllm-serve-dflash2", serve_dflash2, work)
+    check("vllm-serve-gemma4-dspark", serve_gemma4_dspark, work)
     counts = {s: sum(1 for r in RESULTS if r[0] == s) for s in ("PASS", "SKIP", "FAIL")}
     print(f"gpu_check: {counts['PASS']} pass, {counts['SKIP']} skip, {counts['FAIL']} fail in "
           f"{time.perf_counter() - t0:.0f}s", flush=True)
