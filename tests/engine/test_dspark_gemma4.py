@@ -149,7 +149,7 @@ def test_stand_in_vllms_gemma4_dspark_class_loads_our_checkpoint_and_gives_our_l
     features and tokens gives our corrected logits and confidence logits at every slot of three blocks."""
     from safetensors.torch import load_file, save_file
 
-    from engine.algos.dspark.gemma4 import write_vllm_folder
+    from engine.algos.dspark.vllm_form import write_vllm_folder
     from engine.serve.venv import vllm_venv_dir
     from engine.targets import load_target
 

@@ -21,6 +21,6 @@ def test_gpu_check_skips_cleanly_without_a_gpu():
     lines = [ln for ln in proc.stdout.splitlines() if not ln.startswith("gpu_check:")]
     names = [ln.split()[1] for ln in lines]
     assert names == ["tiny-target", "cuda-extract-transformers", "cuda-train-bf16", "vllm-extract", "nccl-ddp-2gpu",
-                     "nccl-fsdp-2gpu", "vllm-serve-dflash2"]
+                     "nccl-fsdp-2gpu", "vllm-serve-dflash2", "vllm-serve-gemma4-dspark"]
     assert all(ln.startswith("SKIP") for ln in lines), proc.stdout
     assert "Traceback" not in proc.stderr and "0 fail" in proc.stdout

@@ -8,17 +8,10 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import Field
 
 from engine.algos.dflash.config import DFlashConfig, vllm_aux_ids, vllm_target_layer_ids
+from engine.algos.dspark.vllm_form import GEMMA4_ARCHITECTURE, GEMMA4_LAYOUT, is_gemma4_layout, write_vllm_folder
 from engine.format import vllm_rules as vr
 from engine.format.config import register_config_type
 from engine.format.report import Issue, ValidationReport
-
-GEMMA4_LAYOUT = "gemma4_text"  # transformer_layer_config.model_type of drafts in Gemma4DSparkModel's layout
-GEMMA4_ARCHITECTURE = "Gemma4DSparkModel"
-
-
-def is_gemma4_layout(layer_config: dict[str, Any] | None) -> bool:
-    """Whether a draft's `transformer_layer_config` is in the layout of vLLM's Gemma4DSparkModel."""
-    return bool(layer_config) and layer_config.get("model_type") == GEMMA4_LAYOUT
 
 
 @register_config_type
@@ -111,8 +104,6 @@ class DSparkConfig(DFlashConfig):
 
     @classmethod
     def write_vllm_own_form(cls, draft: Path, out: Path) -> Path:
-        from engine.algos.dspark.gemma4 import write_vllm_folder
-
         return write_vllm_folder(draft, out)
 
 

@@ -1,5 +1,4 @@
-"""DSpark in the layout of vLLM's `Gemma4DSparkModel`, the class vLLM runs beside Gemma 4 targets, and the
-self-contained folder through which vLLM loads it."""
+"""DSpark in the layout of vLLM's `Gemma4DSparkModel`, the class vLLM runs beside Gemma 4 targets."""
 
 # Tensors (vLLM's Gemma4DSparkForCausalLM prefixes `model.` to every name but lm_head):
 #   fc.weight [H, A*Ht], hidden_norm.weight [H], norm.weight [H], embed_tokens.weight [V, H], lm_head.weight [V, H];
@@ -13,17 +12,11 @@ self-contained folder through which vLLM loads it."""
 #   x = (x + n4(mlp(n3(x)))) * layer_scalar,   mlp(h) = down(gelu_tanh(gate(h)) * up(h))
 # The block enters as embed(ids) * sqrt(H); the head's logits and the Markov bias are each soft-capped when the
 # config has `final_logit_softcapping` (vLLM runs both through the same LogitsProcessor).
-#
-# vLLM's speculators-format detection maps every dspark draft to Qwen3DSparkModel, so this layout is served through
-# vLLM's own form: a folder whose config.json is a Gemma 4 text config with architectures ["Gemma4DSparkModel"]
-# and the DSpark fields, loaded with the explicit --speculative-config '{"method": "dspark", "model": FOLDER}'.
+# vLLM loads it from a folder in its own form (vllm_form.py).
 
 from __future__ import annotations
 
-import json
 import math
-import os
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -31,10 +24,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.algos.common.layers import LayerDims, RMSNorm, rotate_half
-from engine.algos.dspark.config import GEMMA4_ARCHITECTURE as VLLM_ARCHITECTURE
-from engine.algos.dspark.config import GEMMA4_LAYOUT as LAYOUT_MODEL_TYPE
-from engine.algos.dspark.config import is_gemma4_layout
 from engine.algos.dspark.model import DSparkDraft
+from engine.algos.dspark.vllm_form import GEMMA4_LAYOUT
 from engine.errors import WorkbenchError
 
 ACTIVATION = "gelu_pytorch_tanh"
@@ -51,7 +42,7 @@ def gemma4_layer_config(target_config: Any, num_layers: int) -> dict[str, Any]:
     rope = src.get("rope_parameters") or {}
     full = rope.get("full_attention", rope) if isinstance(rope, dict) else {}
     theta = float(full.get("rope_theta") or src.get("rope_theta") or 1_000_000.0)
-    return {"model_type": LAYOUT_MODEL_TYPE, "hidden_size": h, "intermediate_size": int(src["intermediate_size"]),
+    return {"model_type": GEMMA4_LAYOUT, "hidden_size": h, "intermediate_size": int(src["intermediate_size"]),
             "num_hidden_layers": num_layers, "num_attention_heads": nh, "num_key_value_heads": nkv, "head_dim": hd,
             "global_head_dim": hd, "num_global_key_value_heads": nkv, "attention_k_eq_v": True,
             "layer_types": ["full_attention"] * num_layers, "sliding_window": int(src.get("sliding_window") or 512),
@@ -207,38 +198,3 @@ class Gemma4DSparkDraft(DSparkDraft):
     @staticmethod
     def shared_copies() -> set[str]:
         return {"embed_tokens.weight", "lm_head.weight"}
-
-
-def vllm_config(cfg: dict[str, Any]) -> dict[str, Any]:
-    """The config.json of vLLM's form from our speculators config: the Gemma 4 text config, the DSpark fields and
-    `target_layer_ids` (vLLM's ids: ours minus one)."""
-    from engine.algos.dflash.config import vllm_target_layer_ids
-
-    tlc = dict(cfg["transformer_layer_config"])
-    out = {**tlc, "architectures": [VLLM_ARCHITECTURE],
-           "target_layer_ids": vllm_target_layer_ids(cfg["aux_hidden_state_layer_ids"]),
-           "target_hidden_size": cfg.get("target_hidden_size") or tlc["hidden_size"],
-           "dspark_bonus_anchor": not cfg.get("sample_from_anchor", True)}
-    for key in ("block_size", "mask_token_id", "markov_rank", "markov_head_type", "enable_confidence_head",
-                "confidence_head_with_markov", "sample_from_anchor"):
-        if cfg.get(key) is not None:
-            out[key] = cfg[key]
-    return out
-
-
-def write_vllm_folder(draft: str | os.PathLike, out: str | os.PathLike) -> Path:
-    """Write vLLM's form of a Gemma 4 layout draft to `out` (atomic): its config.json, and links to the draft's
-    weight files (the tensors and their names are the same; a Gemma 4 head and embedding are not copied)."""
-    from engine.format.checkpoint import CONFIG_NAME, read_config_dict
-    from engine.fsutil import atomic_directory, atomic_write_text
-
-    folder = Path(draft)
-    cfg = read_config_dict(folder)
-    if not is_gemma4_layout(cfg.get("transformer_layer_config")):
-        raise WorkbenchError(f"{folder} is not a Gemma 4 layout DSpark draft", where=str(folder / CONFIG_NAME))
-    weights = sorted(folder.glob("*.safetensors")) + sorted(folder.glob("*.safetensors.index.json"))
-    with atomic_directory(out, owner="vllm-form") as tmp:
-        atomic_write_text(tmp / CONFIG_NAME, json.dumps(vllm_config(cfg), indent=2, sort_keys=True) + "\n")
-        for f in weights:
-            (tmp / f.name).symlink_to(f.resolve())
-    return Path(out)

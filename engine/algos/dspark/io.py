@@ -11,8 +11,9 @@ import torch
 
 from engine.algos.dflash.io import FamilyMember, build_dflash, load_dflash, save_dflash
 from engine.algos.dspark.args import DSparkArgs, resolved_layout
-from engine.algos.dspark.gemma4 import Gemma4DSparkDraft, gemma4_layer_config, is_gemma4_layout
+from engine.algos.dspark.gemma4 import Gemma4DSparkDraft, gemma4_layer_config
 from engine.algos.dspark.model import DSparkDraft
+from engine.algos.dspark.vllm_form import is_gemma4_layout
 from engine.errors import WorkbenchError
 
 
