@@ -51,15 +51,19 @@ with start_tab:
         port = c4.number_input("Port", 1024, 65535, ss.get("serve_port_default") or 8000, key="serve_port")
         max_len = c5.number_input("Max model length", 128, 131072, 2048, key="serve_max_len")
         dtype = c6.selectbox("dtype", ["bfloat16", "float32", "float16"], key="serve_dtype")
-        fields = st.text_input("More speculative_config fields (JSON)", "", key="serve_spec_fields",
+        c7, c8 = st.columns([2, 1])
+        fields = c7.text_input("More speculative_config fields (JSON)", "", key="serve_spec_fields",
                                placeholder='{"rejection_sample_method": "block"}', disabled=not with_draft,
                                help="Checked by vLLM's rules before the server starts; a lossy one (synthetic) is "
                                "labelled LOSSY in the job's log.")
+        metrics = c8.selectbox("Per-request acceptance metrics", ["none", "summary", "detailed"],
+                               key="serve_request_metrics", disabled=not with_draft,
+                               help=serving.option_help("per_request_spec_decode_metrics"))
         explicit_target = target if (form == "explicit" or not (with_draft and draft)) else None
         try:
             argv = serving.serve_argv(draft=draft if with_draft else None, target=explicit_target, k=int(k) or None,
                                       form=form, port=int(port), max_model_len=int(max_len), dtype=dtype,
-                                      speculative_fields=fields)
+                                      speculative_fields=fields, per_request_metrics=metrics)
         except ValueError as exc:
             argv = None
             st.error(f"Cannot serve with these values: {exc}", icon=":material/error:")

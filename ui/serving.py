@@ -10,16 +10,24 @@ from ui.forms import validation_errors
 
 
 def serve_argv(*, draft: str | None, target: str | None, k: int | None, form: str | None, port: int,
-               max_model_len: int, dtype: str, speculative_fields: str | None = None) -> list[str]:
+               max_model_len: int, dtype: str, speculative_fields: str | None = None,
+               per_request_metrics: str = "none") -> list[str]:
     """The `serve` command line of the form's values; a value ServeOptions refuses raises ValueError with its reason."""
     fields = (speculative_fields or "").strip() or None
     given = {"port": port, "max_model_len": max_model_len, "dtype": dtype, "draft": draft or None,
              "no_draft": not draft or None, "target": target or None, "k": (k or None) if draft else None,
-             "form": (form or None) if draft else None, "speculative_fields": fields if draft else None}
+             "form": (form or None) if draft else None, "speculative_fields": fields if draft else None,
+             "per_request_spec_decode_metrics": per_request_metrics if draft and per_request_metrics != "none"
+             else None}
     options, errors = validation_errors(ServeOptions, {name: v for name, v in given.items() if v is not None})
     if options is None:
         raise ValueError("; ".join(m for found in errors.values() for m in found))
     return options.argv("serve")
+
+
+def option_help(name: str) -> str:
+    """A serve option's description (the CLI's help), for the form's field."""
+    return ServeOptions.model_fields[name].description or ""
 
 
 def vllm_env():

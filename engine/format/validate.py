@@ -697,20 +697,29 @@ def _find_verifier_config(cfg: dict[str, Any]) -> dict[str, Any] | None:
 # -- serving commands ----------------------------------------------------------------------------
 
 
+VLLM_FORM_DIR = "VLLM_FORM_DIR"  # the serve line's model for a draft vLLM reaches only in its own form
+
+
 def serve_commands(cfg: dict[str, Any], draft_path: str, spec: dict[str, Any],
                    extra: dict[str, Any] | None = None) -> list[str]:
     """`vllm serve <draft>` (auto-detection; needs a hub-id verifier) and the explicit form; `extra`: more
-    speculative_config fields, given to both."""
+    speculative_config fields, given to both. A draft vLLM reaches only in its own form gets the explicit form alone,
+    its model the placeholder VLLM_FORM_DIR (the folder `python -m engine serve` writes)."""
     verifier = cfg["speculators_config"]["verifier"]["name_or_path"]
     explicit = {k: spec[k] for k in ("model", "method", "num_speculative_tokens", "parallel_drafting") if k in spec}
     explicit.update(extra or {})
     commands = []
-    try:
-        vr.check_verifier_is_remote(cfg)
-        more = f" --speculative-config {shlex.quote(json.dumps(extra, separators=(', ', ': ')))}" if extra else ""
-        commands.append(f"vllm serve {shlex.quote(draft_path)}{more}")
-    except vr.VllmError:
-        pass
+    kind = cfg.get("speculators_model_type")
+    own_form = CONFIG_TYPES.get(kind).vllm_own_form(cfg) if kind in CONFIG_TYPES else None
+    if own_form:
+        explicit["model"] = VLLM_FORM_DIR
+    else:
+        try:
+            vr.check_verifier_is_remote(cfg)
+            more = f" --speculative-config {shlex.quote(json.dumps(extra, separators=(', ', ': ')))}" if extra else ""
+            commands.append(f"vllm serve {shlex.quote(draft_path)}{more}")
+        except vr.VllmError:
+            pass
     target = verifier if isinstance(verifier, str) and verifier else "<target-model>"
     commands.append(f"vllm serve {shlex.quote(target)} --speculative-config "
                     f"{shlex.quote(json.dumps(explicit, separators=(', ', ': ')))}")

@@ -1005,8 +1005,11 @@ def test_every_command_the_app_builds_is_accepted_by_the_cli(tmp_path):
                          temperature=0.0, methods=["baseline", "draft", "ngram"], backend="transformers",
                          json_out="r.json"),
         serving.serve_argv(draft="d", target=None, k=4, form="auto", port=8123, max_model_len=2048, dtype="bfloat16"),
+        serving.serve_argv(draft="d", target=None, k=None, form="auto", port=8123, max_model_len=2048,
+                           dtype="bfloat16", per_request_metrics="detailed"),
         serving.serve_argv(draft=None, target="t", k=None, form="auto", port=8123, max_model_len=2048,
                            dtype="float32"),
     ]
     for argv in commands:
         parser.parse_args(argv)
+    assert commands[-2][-2:] == ["--per-request-spec-decode-metrics", "detailed"]  # the Serve page's metrics field

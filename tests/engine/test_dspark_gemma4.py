@@ -63,6 +63,7 @@ def test_a_gemma4_target_gets_the_gemma4_layout_trained_and_lossless(gemma4_targ
     assert not any("v_proj" in n for n in names)  # values are the normed key projection
     report = _engine(capsys, "validate", str(draft))
     assert "Gemma4DSparkModel only through a folder in its own form" in report
+    assert '"model": "VLLM_FORM_DIR"' in report and f"vllm serve {draft}" not in report  # explicit form only
 
     accepted = 0
     for prompt in PROMPTS:

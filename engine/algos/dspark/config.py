@@ -128,8 +128,7 @@ def gemma4_form(cfg, typed, hf, report: ValidationReport) -> None:
     reason = DSparkConfig.vllm_own_form(cfg)
     if reason:
         report.add(Issue("transformer_layer_config.model_type", f"{reason}; `python -m engine serve` writes that "
-                         "folder and passes it (the `vllm serve` line below is the speculators form's, which "
-                         "would build the Qwen3 class)", severity="warning"))
+                         "folder and passes it (VLLM_FORM_DIR in the `vllm serve` line below)", severity="warning"))
 
 
 def vanilla_markov_head(cfg, typed, hf, report: ValidationReport) -> None:
