@@ -596,6 +596,15 @@ def test_the_dflash2_zen4_row_is_its_records():
     assert f"ours trained {b_ours:.0f} tokens per CPU-second against speculators' {b_theirs:.0f}" in text.replace(
         "\n", " ") and f"({b_ours / b_theirs:.2f}×," in text
     assert before["ours"]["eval"]["tau"] == r["ours"]["eval"]["tau"]  # the same draft quality
+    paired = _record("train_quality/amd-epyc-zen4-dflash2-paired.json")  # the same evaluations, sample by sample
+    assert paired["ours"]["tau"] == r["ours"]["eval"]["tau"]["3"] and paired["k"] == 3
+    d = paired["difference"]
+    flat = text.replace("\n", " ")
+    assert f"the {d['n']} held-out samples" in flat
+    assert f"difference is {d['mean']:+.4f}, 95% t interval {d['ci95'][0]:+.4f} to {d['ci95'][1]:+.4f}".replace(
+        "-", "−").replace("interval +", "interval ").replace("is +", "is ") in flat
+    higher, equal, lower = paired["samples_higher_equal_lower"]
+    assert f"({higher} samples higher, {equal} equal, {lower} lower;" in flat
 
 
 def test_the_bandwidth_limit_is_its_record():
