@@ -2,12 +2,12 @@
 `evaluate` results on the same samples.
 
     python benchmarks/bench_paired_tau.py --ours EVAL.json --theirs EVAL.json [--k 3] [--json OUT]
+"""
 
-Both files come from `python -m engine evaluate --data ... --json` over the same held-out samples (as
-`bench_train_quality.py` writes them: `eval-ours.json`, `eval-speculators.json`). Per sample, the difference of the two
-mean acceptance lengths at k; their mean with its 95% t interval. An interval that holds 0 means the held-out samples
-cannot tell the two apart. The record keeps both evaluations' per-sample values, commands and machines, so it stands
-on its own."""
+# Both files come from `python -m engine evaluate --data ... --json` over the same held-out samples (as
+# `bench_train_quality.py` writes them: `eval-ours.json`, `eval-speculators.json`). Per sample, the difference of the
+# two mean acceptance lengths at k; their mean with its 95% t interval. An interval that holds 0 means the held-out
+# samples cannot tell the two apart. The record keeps both evaluations' per-sample values, commands and machines.
 
 from __future__ import annotations
 
