@@ -637,3 +637,23 @@ def test_the_draft_kernels_table_is_its_record():
         assert rec["identical_to_baseline"] and row["identical"] == "yes"
     plain, packed = (r["speedup"] for r in record["rows"])
     assert f"+{packed - plain:.2f}×" in text and f"by {1.3 - packed:.2f}" in text
+
+
+def test_the_vllm_k_norm_table_is_its_record():
+    """Issue 44's finding: the CPU build's grouped K norm, and acceptance with it emulated, the record's."""
+    text = _section(DOC.read_text(), "## The re-shipped DFlash draft: the EAGLE-3 draft's conversations (issue 31, "
+                                     "AMD EPYC Zen 4)")
+    record = _record("vllm_k_norm/amd-epyc-zen4.json")
+    assert "bench_vllm_k_norm.py" in record["command"] and record["cpu_kind"] == "AVX-512 BF16"
+    assert record["kernel"]["vs_row0"] == 0.0 and f"is {record['kernel']['vs_per_layer']:.2f} off" in text
+    rows = {row["context keys"]: row for row in _table(text.split("norms every draft layer's context keys")[1])}
+    names = {"as trained": "as trained", "layer 0's k_norm on every layer": "layer 0's k_norm on every layer",
+             "vLLM's CPU build (committed record)": "vLLM's CPU build (the record above)"}
+    per = {}
+    for name, rec in record["rows"].items():
+        row = rows[names[name]]
+        per[name] = rec["num_accepted_tokens"] / rec["num_drafts"]
+        assert (row["drafts"], row["accepted"]) == (str(rec["num_drafts"]), str(rec["num_accepted_tokens"]))
+        assert row["accepted per draft"] == f"{per[name]:.3f}"
+    trained, emulated, vllm = per.values()
+    assert f"explains {trained - emulated:.3f} of the {trained - vllm:.3f} gap" in text
