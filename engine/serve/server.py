@@ -62,6 +62,7 @@ class ServePlan:
     env: dict[str, str] = field(default_factory=dict)
     served_model_name: str | None = None
     validation: Any = None  # the draft's ValidationReport, when validated
+    draft_config: dict[str, Any] | None = field(default=None, repr=False)  # the draft's config.json, as read
     lossy: str | None = None  # why this speculative config's output is not the target's (vllm_rules.lossy_reason)
 
     def key(self) -> str:
@@ -88,7 +89,7 @@ def plan_server(draft: str | os.PathLike | None = None, *, target: str | os.Path
     if speculative_config and plan.speculative_config:  # the user's fields (auto: vLLM merges them with the draft's)
         spec = plan.speculative_config
         if plan.form == "auto":
-            spec = {**_derived_speculative_config(_checked_draft(Path(plan.draft), False)[0], plan.validation), **spec}
+            spec = {**_derived_speculative_config(plan.draft_config, plan.validation), **spec}
         refused, plan.lossy = vr.speculative_config_verdict(spec)
         if refused:
             raise WorkbenchError(f"vLLM would refuse this speculative config: {refused.vllm_message}",
@@ -139,7 +140,8 @@ def _plan_server(draft: str | os.PathLike | None = None, *, target: str | os.Pat
             overrides["num_speculative_tokens"] = int(k)
         target_path, env = _auto_target(verifier, hub_cache)
         return ServePlan(model=str(draft_dir), target=target_path, form="auto", draft=str(draft_dir),
-                         speculative_config=overrides or None, env=env, served_model_name=None, validation=report)
+                         speculative_config=overrides or None, env=env, served_model_name=None, validation=report,
+                         draft_config=cfg)
     ref = resolve_target(target if target is not None else verifier)
     model = _write_own_form(cfg, draft_dir) if own_form else draft_dir
     spec = {"method": derived["method"], "model": str(model),
@@ -148,7 +150,8 @@ def _plan_server(draft: str | os.PathLike | None = None, *, target: str | os.Pat
         spec["parallel_drafting"] = True
     spec.update(speculative_config or {})
     return ServePlan(model=ref.path, target=ref.path, form="explicit", draft=str(draft_dir), speculative_config=spec,
-                     env=_hf_env(None), served_model_name=ref.hub_id or ref.name, validation=report)
+                     env=_hf_env(None), served_model_name=ref.hub_id or ref.name, validation=report,
+                     draft_config=cfg)
 
 
 def _vllm_own_form(cfg: dict[str, Any]) -> str | None:
