@@ -52,8 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     encoded = [prompt_ids(target.tokenizer, p) for p in load_prompts("sharegpt", args.prompts, 0, 1500)]
     params = SamplingParams(max_new_tokens=args.max_new_tokens, eos_token_ids=[target.tokenizer.eos_token_id])
     for m in methods:  # one-time costs (weights packed, kernels primed) before timing
-        speed._decode(m, encoded[0], dataclasses.replace(params, max_new_tokens=8))
-    rounds = [speed._round(methods, encoded, params, first=r == 0) for r in range(args.rounds)]
+        speed.decode_one(m, encoded[0], dataclasses.replace(params, max_new_tokens=8))
+    rounds = [speed.timed_round(methods, encoded, params, first=r == 0) for r in range(args.rounds)]
     base = methods[0]
     rows = []
     for m in methods[1:]:

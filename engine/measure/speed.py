@@ -48,7 +48,7 @@ class Method:
         return self.name if self.name == "baseline" else f"{self.name} k={self.k}"
 
 
-def _decode(method: Method, ids: list[int], params) -> tuple[list[int], SpecMetrics, int]:
+def decode_one(method: Method, ids: list[int], params) -> tuple[list[int], SpecMetrics, int]:
     """One prompt with one method: output tokens, its counters and the target forwards it took."""
     metrics, out, steps = SpecMetrics(), [], 0
     for event in generate(method.runner, ids, params, method.proposer, method.k or 1):
@@ -66,14 +66,14 @@ def _prompt_group(methods: list[Method], ids: list[int], params, i: int
     for _ in range(GROUP_ATTEMPTS):
         load, done = OtherLoad(), {}
         for m in methods[i % len(methods):] + methods[:i % len(methods)]:
-            done[m.key] = _decode(m, ids, params)
+            done[m.key] = decode_one(m, ids, params)
         share = load.share()
         if share is None or share <= BUSY_SHARE:
             break
     return done, share
 
 
-def _round(methods: list[Method], encoded: list[list[int]], params, first: bool) -> dict[str, Any]:
+def timed_round(methods: list[Method], encoded: list[list[int]], params, first: bool) -> dict[str, Any]:
     """Every method on every prompt, prompt by prompt; the first round also keeps outputs and acceptance. The
     round's load is the busiest prompt group's: a burst of other work weighs on the few methods it overlapped."""
     seconds, shares = {m.key: 0.0 for m in methods}, []
@@ -141,7 +141,7 @@ def _run_rounds(methods: list[Method], encoded: list[list[int]], params, options
     rounds, start, stopped = [], time.perf_counter(), "max rounds"
     while len(rounds) < options.max_rounds:
         t0 = time.perf_counter()
-        info = _round(methods, encoded, params, first=not rounds)
+        info = timed_round(methods, encoded, params, first=not rounds)
         r = len(rounds)
         odd = _implausible(methods, r)
         busy = info["other_load"] is not None and info["other_load"] > BUSY_SHARE
@@ -188,7 +188,7 @@ def speed_per_k(target, prompts: list[dict[str, Any]], options: BenchOptions) ->
     encoded = [prompt_ids(target.tokenizer, p) for p in prompts]
     warm = dataclasses.replace(params, max_new_tokens=min(8, params.max_new_tokens))
     for m in methods:  # one-time costs (weights packed, kernels primed) before any round is timed
-        _decode(m, encoded[0], warm)
+        decode_one(m, encoded[0], warm)
     start = time.perf_counter()
     rounds, stopped = _run_rounds(methods, encoded, params, options)
     kept = [i for i, x in enumerate(rounds) if x["clean"]]
@@ -243,4 +243,4 @@ def speed_lines(result: dict[str, Any]) -> list[str]:
     return lines
 
 
-__all__ = ["BUSY_SHARE", "MIN_ROUNDS", "speed_lines", "speed_per_k"]
+__all__ = ["BUSY_SHARE", "MIN_ROUNDS", "Method", "decode_one", "speed_lines", "speed_per_k", "timed_round"]

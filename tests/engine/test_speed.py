@@ -66,8 +66,8 @@ def test_every_k_in_one_run_with_the_acceptance_bench_measures(tiny_llama, tiny_
 def test_prompts_timed_under_load_are_timed_again_and_loaded_rounds_left_out(tiny_llama, tiny_draft, monkeypatch):
     monkeypatch.setattr(speed, "STEP_FLOOR", 0.0)
     calls = []
-    real = speed._decode
-    monkeypatch.setattr(speed, "_decode", lambda *a: calls.append(1) or real(*a))
+    real = speed.decode_one
+    monkeypatch.setattr(speed, "decode_one", lambda *a: calls.append(1) or real(*a))
     loads = iter([0.5, 0.0, 0.0, 0.0])  # the first prompt group ran beside other work, then the machine was quiet
     monkeypatch.setattr(speed.OtherLoad, "share", lambda self: next(loads))
     options = BenchOptions(methods="baseline,draft", draft=tiny_draft, ks="1", max_new_tokens=8, tolerance=100.0)
