@@ -71,10 +71,11 @@ def row0_context_kv(self, c, positions):
 
 def acceptance(draft: str, num_prompts: int, row0: bool) -> dict:
     """`bench` (draft only) on the bench's ShareGPT prompts, k = 3, 128 tokens, as the card's record ran it."""
-    from engine.algos.dflash.model import DFlashDraft
+    from engine.algos import ALGOS
     from engine.measure.bench import benchmark
     from engine.measure.options import BenchOptions
 
+    DFlashDraft = ALGOS.get("dflash").part("model", "DFlashDraft")  # the family's backbone, through the registry
     original = DFlashDraft.context_kv
     DFlashDraft.context_kv = row0_context_kv if row0 else original
     try:

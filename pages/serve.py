@@ -43,7 +43,7 @@ with start_tab:
         c1, c2, c3 = st.columns(3)
         with_draft = c1.toggle("Serve with the active draft", value=bool(draft), key="serve_with_draft",
                                disabled=not draft, help=f"Draft: {draft or 'none'}")
-        form = c2.selectbox("Form", ["auto", "explicit"], key="serve_form_kind",
+        form = c2.selectbox("Form", serving.forms(draft if with_draft else None), key="serve_form_kind",
                             help="auto: `vllm serve <draft>` (vLLM reads the verifier from the draft's config); "
                             "explicit: the target with --speculative-config.")
         k = c3.number_input("k (0 = the draft's own)", 0, 16, 0, key="serve_k")

@@ -25,6 +25,25 @@ def serve_argv(*, draft: str | None, target: str | None, k: int | None, form: st
     return options.argv("serve")
 
 
+def forms(draft: str | None) -> list[str]:
+    """The Form field's choices for a draft, its default first: explicit alone for a draft vLLM reaches only in its
+    own form (e.g. DSpark in the Gemma 4 layout), else auto then explicit."""
+    if draft:
+        import engine.algos  # noqa: F401  (registers the draft types whose rules say it)
+        from engine.errors import WorkbenchError
+        from engine.format.checkpoint import read_config_dict
+        from engine.format.config import CONFIG_TYPES
+
+        try:
+            cfg = read_config_dict(draft)
+        except WorkbenchError:  # an unreadable draft: the page's validation says why
+            return ["auto", "explicit"]
+        kind = cfg.get("speculators_model_type")
+        if kind in CONFIG_TYPES and CONFIG_TYPES.get(kind).vllm_own_form(cfg):
+            return ["explicit"]
+    return ["auto", "explicit"]
+
+
 def option_help(name: str) -> str:
     """A serve option's description (the CLI's help), for the form's field."""
     return ServeOptions.model_fields[name].description or ""

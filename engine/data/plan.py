@@ -31,9 +31,9 @@ FAMILIES: dict[str, tuple[str, str]] = {
     "granite": ("Granite", "embedding, residual and attention multipliers inside the target; logits divided by "
                            "logits_scaling (greedy argmax unchanged)"),
     "gpt_oss": ("gpt-oss", "MoE router and attention sinks inside the target; sliding-window layers (128)"),
-    "gemma4_text": ("Gemma 4 (dense or MoE)", "embedding scaled inside the target (the draft gets the plain one; a "
-                                              "DSpark draft in vLLM's Gemma 4 layout scales its own copy); sliding "
-                                              "and global layers, the global ones with their own head size"),
+    "gemma4_text": ("Gemma 4 (dense or MoE)", "embedding scaled inside the target (the draft gets the plain one, or "
+                                              "scales its own copy in vLLM's Gemma 4 draft layout); sliding and "
+                                              "global layers, the global ones with their own head size"),
     "glm4_moe": ("GLM-4 MoE", "MoE router inside the target only; vLLM's class gives no aux hidden states"),
     "seed_oss": ("Seed-OSS", "plain RMSNorm and embedding; q/k/v biases"),
     "llama4_text": ("Llama 4 (text)", "MoE router and chunked attention inside the target; the draft reads the "

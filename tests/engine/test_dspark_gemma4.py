@@ -139,6 +139,9 @@ def test_serve_plans_vllms_own_form_for_a_gemma4_layout_draft(gemma4_target, tmp
     assert (own / "model.safetensors").resolve() == (folder / "model.safetensors").resolve()
     with pytest.raises(WorkbenchError, match="auto form cannot serve it"):
         plan_server(folder, validate=False, form="auto")
+    from ui.serving import forms
+
+    assert forms(str(folder)) == ["explicit"] and forms(None) == ["auto", "explicit"]  # the Serve page's choices
 
 
 @pytest.mark.vllm

@@ -35,7 +35,8 @@ class DSparkArgs(DraftArgs):
     draft_layout: Literal["auto", "qwen3", "gemma4"] = Field(
         "auto", description="Layer layout of the vLLM class that serves the draft: qwen3 (Qwen3DSparkModel, the "
                             "speculators form) or gemma4 (Gemma4DSparkModel, vLLM's class beside Gemma 4 targets; "
-                            "full vocabulary, its own form); auto = gemma4 for a Gemma 4 target.")
+                            "full vocabulary, no sliding window, its own form); auto = gemma4 for a Gemma 4 "
+                            "target when the other arguments allow it.")
     block_size: int = Field(8, ge=1, description="Tokens per block: the anchor plus block_size - 1 mask slots; every "
                                                  "slot drafts, so block_size tokens per forward.")
     block_causal: bool = Field(False, description="Slots attend causally inside a block (False = bidirectional); "
