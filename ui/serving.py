@@ -27,7 +27,7 @@ def serve_argv(*, draft: str | None, target: str | None, k: int | None, form: st
 
 def forms(draft: str | None) -> list[str]:
     """The Form field's choices for a draft, its default first: explicit alone for a draft vLLM reaches only in its
-    own form (e.g. DSpark in the Gemma 4 layout), else auto then explicit."""
+    own form (its draft type says so), else auto then explicit."""
     if draft:
         import engine.algos  # noqa: F401  (registers the draft types whose rules say it)
         from engine.errors import WorkbenchError
