@@ -65,6 +65,9 @@ def test_a_gemma4_target_gets_the_gemma4_layout_trained_and_lossless(gemma4_targ
     assert "Gemma4DSparkModel only through a folder in its own form" in report
     assert '"model": "VLLM_FORM_DIR"' in report and f"vllm serve {draft}" not in report  # explicit form only
 
+    out = _engine(capsys, "evaluate", "--draft", str(draft), "--num-prompts", "2", "--max-new-tokens", "12",
+                  "--k", "1,3", "--dtype", "fp32")  # the decoding-exact walk through the Gemma 4 layers
+    assert "held-out samples" in out
     accepted = 0
     for prompt in PROMPTS:
         baseline, _ = _generated(capsys, prompt, "--method", "baseline", "--target", str(gemma4_target))
