@@ -40,10 +40,12 @@ def _engine(capsys, *argv: str) -> tuple[int, str, str]:
     return rc, out.out, out.err
 
 
-def _small_args(algo: str) -> list[str]:
-    """Arguments that keep any algorithm's draft tiny, given only where that algorithm has the field."""
-    return algo_flags(algo, {"num_layers": "1", "draft_vocab_size": "160", "block_size": "4", "markov_rank": "16",
-                             "max_anchors": "32"})
+def _small_args(algo: str, family: str = FAST_FAMILY) -> list[str]:
+    """Arguments that keep any algorithm's draft tiny, given only where that algorithm has the field. Beside Gemma 4,
+    DSpark keeps the full vocabulary, so that its cells run the layout of vLLM's Gemma 4 class (which has no draft
+    vocabulary), not the Qwen3 layers auto falls back to."""
+    vocab = {} if algo == "dspark" and family.startswith("gemma4") else {"draft_vocab_size": "160"}
+    return algo_flags(algo, {"num_layers": "1", **vocab, "block_size": "4", "markov_rank": "16", "max_anchors": "32"})
 
 
 def _tokens(stdout: str) -> tuple[list[int], int]:
@@ -66,11 +68,14 @@ def test_family_goes_end_to_end_with_algorithm(family, algo, family_targets, tmp
     run = tmp_path / "run"
     rc, out, err = _engine(capsys, "train", "--data", str(data), "--algo", algo, "--max-steps", "3",
                            "--tokens-per-batch", "256", "--warmup-steps", "1", "--val-fraction", "0.2",
-                           "--val-every", "3", *_small_args(algo), "--out", str(run))
+                           "--val-every", "3", *_small_args(algo, family), "--out", str(run))
     assert rc == 0, err[-2000:]
     assert "validate: OK" in out
     draft = run / "draft"
-    verifier = json.loads((draft / "config.json").read_text())["speculators_config"]["verifier"]
+    config = json.loads((draft / "config.json").read_text())
+    verifier = config["speculators_config"]["verifier"]
+    if algo == "dspark" and family.startswith("gemma4"):
+        assert config["transformer_layer_config"]["model_type"] == "gemma4_text"  # vLLM's Gemma 4 DSpark layout
     assert Path(verifier["name_or_path"]).resolve() == Path(target).resolve()
 
     rc, out, err = _engine(capsys, "validate", str(draft))
