@@ -147,6 +147,31 @@ def test_serve_plans_vllms_own_form_for_a_gemma4_layout_draft(gemma4_target, tmp
     assert forms(str(folder)) == ["explicit"] and forms(None) == ["auto", "explicit"]  # the Serve page's choices
 
 
+def test_validate_refuses_a_gemma4_layout_vllm_cannot_load_and_warns_where_we_cannot_decode(gemma4_target, tmp_path):
+    import shutil
+
+    from engine.algos.dspark.io import load_dspark
+    from engine.format.validate import validate_draft
+    from engine.targets import load_target
+
+    target = load_target(str(gemma4_target))
+    folder, _ = _random_draft(target, tmp_path, None)
+    assert validate_draft(folder).ok
+    for change, field, severity in ((dict(layer_types=["sliding_attention", "full_attention"]), "layer_types",
+                                     "errors"), (dict(attention_k_eq_v=False), "layer_types", "errors"),
+                                    (dict(hidden_activation="gelu"), "hidden_activation", "warnings")):
+        bad = tmp_path / f"bad-{field}-{severity}-{len(change)}-{next(iter(change))}"
+        shutil.copytree(folder, bad)
+        cfg = json.loads((bad / "config.json").read_text())
+        cfg["transformer_layer_config"].update(change)
+        (bad / "config.json").write_text(json.dumps(cfg))
+        report = validate_draft(bad)
+        found = [i for i in getattr(report, severity) if i.field == f"transformer_layer_config.{field}"]
+        assert found and report.ok == (severity == "warnings"), (change, report.errors)
+        with pytest.raises(WorkbenchError, match=field.replace("layer_types", "full attention")):
+            load_dspark(bad, target)  # refused with the reason, not a wrong draft
+
+
 @pytest.mark.vllm
 def test_the_cpu_build_reads_the_own_form_and_refuses_dspark_in_its_words(gemma4_target, tmp_path):
     """`serve` writes vLLM's own form and starts the CPU build on it: vLLM parses the folder (a Gemma 4 config with

@@ -8,7 +8,13 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import Field
 
 from engine.algos.dflash.config import DFlashConfig, vllm_aux_ids, vllm_target_layer_ids
-from engine.algos.dspark.vllm_form import GEMMA4_ARCHITECTURE, GEMMA4_LAYOUT, is_gemma4_layout, write_vllm_folder
+from engine.algos.dspark.vllm_form import (
+    GEMMA4_ARCHITECTURE,
+    GEMMA4_LAYOUT,
+    is_gemma4_layout,
+    layout_problems,
+    write_vllm_folder,
+)
 from engine.format import vllm_rules as vr
 from engine.format.config import register_config_type
 from engine.format.report import Issue, ValidationReport
@@ -134,6 +140,8 @@ def served_on_gpus_only(cfg, typed, hf, report: ValidationReport) -> None:
 
 def gemma4_form(cfg, typed, hf, report: ValidationReport) -> None:
     reason = DSparkConfig.vllm_own_form(cfg)
+    for where, why, vllm_refuses in layout_problems(cfg.get("transformer_layer_config") or {}) if reason else ():
+        report.add(Issue(where, why, severity="error" if vllm_refuses else "warning"))
     if reason:
         report.add(Issue("transformer_layer_config.model_type", f"{reason}; `python -m engine serve` writes that "
                          "folder and passes it (VLLM_FORM_DIR in the `vllm serve` line below)", severity="warning"))

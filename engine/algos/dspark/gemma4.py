@@ -25,10 +25,8 @@ from torch import nn
 
 from engine.algos.common.layers import LayerDims, RMSNorm, rotate_half
 from engine.algos.dspark.model import DSparkDraft
-from engine.algos.dspark.vllm_form import GEMMA4_LAYOUT
+from engine.algos.dspark.vllm_form import ACTIVATION, GEMMA4_LAYOUT, layout_problems
 from engine.errors import WorkbenchError
-
-ACTIVATION = "gelu_pytorch_tanh"
 
 
 def gemma4_layer_config(target_config: Any, num_layers: int) -> dict[str, Any]:
@@ -56,18 +54,10 @@ def gemma4_layer_config(target_config: Any, num_layers: int) -> dict[str, Any]:
 
 def check_layer_config(tlc: dict[str, Any]) -> None:
     """Refuse a Gemma 4 layer config this layout cannot compute as vLLM does (say which field, and why)."""
-    types = tlc.get("layer_types") or []
-    if any(t != "full_attention" for t in types) or not tlc.get("attention_k_eq_v"):
-        raise WorkbenchError("a Gemma 4 DSpark draft needs every layer full attention with attention_k_eq_v: vLLM's "
-                             "Gemma4DSparkModel computes the context keys and values that way only",
-                             where="transformer_layer_config")
-    if tlc.get("hidden_activation", ACTIVATION) != ACTIVATION:
-        raise WorkbenchError(f"hidden_activation '{tlc.get('hidden_activation')}': the Gemma 4 layout runs "
-                             f"{ACTIVATION} only", where="transformer_layer_config")
-    rope = (tlc.get("rope_parameters") or {}).get("full_attention") or {}
-    if rope.get("rope_type", "default") != "default":
-        raise WorkbenchError(f"RoPE type '{rope.get('rope_type')}' of the full-attention layers: the Gemma 4 DSpark "
-                             "layout runs the default RoPE only", where="transformer_layer_config.rope_parameters")
+    problems = layout_problems(tlc)
+    if problems:
+        where, why, _ = problems[0]
+        raise WorkbenchError(why, where=where)
 
 
 def rms(x: torch.Tensor, eps: float) -> torch.Tensor:

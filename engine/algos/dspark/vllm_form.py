@@ -24,6 +24,27 @@ def is_gemma4_layout(layer_config: dict[str, Any] | None) -> bool:
     return bool(layer_config) and layer_config.get("model_type") == GEMMA4_LAYOUT
 
 
+ACTIVATION = "gelu_pytorch_tanh"
+
+
+def layout_problems(tlc: dict[str, Any]) -> list[tuple[str, str, bool]]:
+    """What in a Gemma 4 layout's layer config cannot run: (field, why, whether vLLM refuses it too; else only the
+    workbench's in-process model cannot compute it)."""
+    problems = []
+    if any(t != "full_attention" for t in tlc.get("layer_types") or []) or not tlc.get("attention_k_eq_v"):
+        problems.append(("transformer_layer_config.layer_types", "a Gemma 4 DSpark draft needs every layer full "
+                         "attention with attention_k_eq_v: vLLM's Gemma4DSparkModel computes the context keys and "
+                         "values that way only (its loader asserts it)", True))
+    if tlc.get("hidden_activation", ACTIVATION) != ACTIVATION:
+        problems.append(("transformer_layer_config.hidden_activation", f"'{tlc.get('hidden_activation')}': the "
+                         f"workbench's Gemma 4 layout runs {ACTIVATION} only", False))
+    rope = (tlc.get("rope_parameters") or {}).get("full_attention") or {}
+    if rope.get("rope_type", "default") != "default":
+        problems.append(("transformer_layer_config.rope_parameters", f"RoPE type '{rope.get('rope_type')}' of the "
+                         "full-attention layers: the workbench's Gemma 4 layout runs the default RoPE only", False))
+    return problems
+
+
 def vllm_config(cfg: dict[str, Any]) -> dict[str, Any]:
     """The config.json of vLLM's form from our speculators config: the Gemma 4 text config, the DSpark fields and
     `target_layer_ids` (vLLM's ids: ours minus one)."""
