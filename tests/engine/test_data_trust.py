@@ -14,19 +14,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors.torch import load_file, save_file
 
+from testkit.cli import run_cli
 from tiny import save_tiny_target
 
 TRAIN = ("--max-steps", "2", "--tokens-per-batch", "256", "--warmup-steps", "1", "--val-fraction", "0.25",
          "--num-layers", "1")
-
-
-def _engine(capsys, *argv: str) -> tuple[int, str, str]:
-    from engine.cli import main
-
-    capsys.readouterr()
-    rc = main(list(argv))
-    out = capsys.readouterr()
-    return rc, out.out, out.err
 
 
 def _snapshot(folder: Path) -> dict[str, bytes]:
@@ -99,13 +91,13 @@ def test_train_refuses_data_whose_target_changed_in_place_and_a_flag_accepts_it(
     state[name] = state[name] * 0.5  # same shapes, other values, in place
     save_file(state, str(target / "model.safetensors"), metadata={"format": "pt"})
     before = _snapshot(data)
-    rc, _, err = _engine(capsys, "train", "--data", str(data), *TRAIN, "--out", str(tmp_path / "run"))
+    rc, _, err = run_cli(capsys, "train", "--data", str(data), *TRAIN, "--out", str(tmp_path / "run"))
     assert rc == 2, err
     assert "are not those the data was made from" in err
     assert manifest["target_digest"] in err and target_digest(target) in err
     assert "--accept-target-change" in err
     assert not (tmp_path / "run" / "draft").exists()
-    rc, out, err = _engine(capsys, "train", "--data", str(data), *TRAIN, "--accept-target-change",
+    rc, out, err = run_cli(capsys, "train", "--data", str(data), *TRAIN, "--accept-target-change",
                            "--out", str(tmp_path / "run2"))
     assert rc == 0, err
     assert _snapshot(data) == before  # nothing of the user's was changed
@@ -117,22 +109,22 @@ def test_a_draft_records_its_targets_digest_and_decoding_beside_changed_weights_
     from engine.targets import target_digest
 
     target, data, manifest = _own_copies(made, tmp_path)
-    rc, _, err = _engine(capsys, "train", "--data", str(data), *TRAIN, "--out", str(tmp_path / "run"))
+    rc, _, err = run_cli(capsys, "train", "--data", str(data), *TRAIN, "--out", str(tmp_path / "run"))
     assert rc == 0, err
     draft = tmp_path / "run" / "draft"
     verifier = json.loads((draft / "config.json").read_text())["speculators_config"]["verifier"]
     assert verifier["tensors_digest"] == manifest["target_digest"]
     argv = ("generate", "Hello", "--method", "draft", "--draft", str(draft), "--max-new-tokens", "4",
             "--dtype", "fp32")
-    assert _engine(capsys, *argv)[0] == 0
+    assert run_cli(capsys, *argv)[0] == 0
     state = load_file(str(target / "model.safetensors"))
     state["lm_head.weight"] = state["lm_head.weight"].flip(0)  # same shape, other values
     save_file(state, str(target / "model.safetensors"), metadata={"format": "pt"})
-    rc, _, err = _engine(capsys, *argv)
+    rc, _, err = run_cli(capsys, *argv)
     assert rc == 2 and "are not those the draft was made from" in err and target_digest(target) in err, err
     with pytest.raises(WorkbenchError, match="are not those the draft was made from"):
         plan_server(draft, target=str(target), form="explicit")
-    rc, _, err = _engine(capsys, *argv, "--accept-target-change")
+    rc, _, err = run_cli(capsys, *argv, "--accept-target-change")
     assert rc == 0, err
 
 
@@ -164,7 +156,7 @@ def test_a_recipe_and_a_train_config_with_nan_are_refused(tmp_path, capsys):
     recipe.write_text("train:\n  lr: .nan\n")
     with pytest.raises(WorkbenchError, match=r"`train.lr` is nan"):
         load_recipe(str(recipe))
-    rc, _, err = _engine(capsys, "train", "--config", str(recipe), "--data", "x")
+    rc, _, err = run_cli(capsys, "train", "--config", str(recipe), "--data", "x")
     assert rc == 2 and "lr" in err and "finite" in err, err
 
 
@@ -175,7 +167,7 @@ def test_convert_refuses_a_source_config_with_nan_before_writing(tmp_path, capsy
     config = json.loads((src / "config.json").read_text())
     config["rms_norm_eps"] = float("nan")
     (src / "config.json").write_text(json.dumps(config))
-    rc, _, err = _engine(capsys, "convert", str(src), "--out", str(tmp_path / "out"))
+    rc, _, err = run_cli(capsys, "convert", str(src), "--out", str(tmp_path / "out"))
     assert rc == 2 and "`rms_norm_eps` is nan" in err and str(src / "config.json") in err, err
     assert not (tmp_path / "out").exists()
 
@@ -188,11 +180,11 @@ def test_token_ids_outside_the_vocabulary_are_named_or_skipped(made, tmp_path, c
     bad = data / "hs_3.safetensors"
     _rewrite_sample(bad, lambda t: t["token_ids"].__setitem__(5, 100_000))
     before = _snapshot(data)
-    rc, _, err = _engine(capsys, "train", "--data", str(data), *TRAIN, "--out", str(tmp_path / "run"))
+    rc, _, err = run_cli(capsys, "train", "--data", str(data), *TRAIN, "--out", str(tmp_path / "run"))
     assert rc == 2, err
     assert str(bad) in err and "token id 100000 at position 5" in err and "vocabulary of 384 tokens" in err
     assert "unexpected" not in err and not (tmp_path / "run" / "draft").exists()
-    rc, _, err = _engine(capsys, "train", "--data", str(data), *TRAIN, "--bad-samples", "skip",
+    rc, _, err = run_cli(capsys, "train", "--data", str(data), *TRAIN, "--bad-samples", "skip",
                          "--out", str(tmp_path / "run2"))
     assert rc == 0, err
     report = json.loads((tmp_path / "run2" / "data_check.json").read_text())
@@ -205,11 +197,11 @@ def test_nan_hidden_states_are_refused_or_skipped_and_never_reach_the_draft(made
     data = _copy(made["data"], tmp_path / "hs")
     bad = data / "hs_2.safetensors"
     _rewrite_sample(bad, lambda t: t["hidden_states"].__setitem__((4, 1, 7), float("nan")))
-    rc, _, err = _engine(capsys, "train", "--data", str(data), *TRAIN, "--out", str(tmp_path / "run"))
+    rc, _, err = run_cli(capsys, "train", "--data", str(data), *TRAIN, "--out", str(tmp_path / "run"))
     assert rc == 2, err
     assert str(bad) in err and "non-finite" in err and "position 4, layer column 1" in err
     assert not (tmp_path / "run" / "draft").exists()
-    rc, _, err = _engine(capsys, "train", "--data", str(data), *TRAIN, "--bad-samples", "skip",
+    rc, _, err = run_cli(capsys, "train", "--data", str(data), *TRAIN, "--bad-samples", "skip",
                          "--out", str(tmp_path / "run2"))
     assert rc == 0, err
     weights = load_file(str(tmp_path / "run2" / "draft" / "model.safetensors"))
@@ -219,13 +211,13 @@ def test_nan_hidden_states_are_refused_or_skipped_and_never_reach_the_draft(made
 
 def test_check_names_every_bad_file_and_extract_verify_passes_a_good_folder(made, tmp_path, capsys):
     data = _copy(made["data"], tmp_path / "hs")
-    rc, out, err = _engine(capsys, "check", str(data), "--full")
+    rc, out, err = run_cli(capsys, "check", str(data), "--full")
     assert rc == 0 and "8 files" in out, err
     _rewrite_sample(data / "hs_1.safetensors", lambda t: t["hidden_states"].mul_(1.001))  # finite, changed
     (data / "hs_6.safetensors").write_bytes((data / "hs_6.safetensors").read_bytes()[:300])  # truncated
-    rc, _, err = _engine(capsys, "check", str(data))
+    rc, _, err = run_cli(capsys, "check", str(data))
     assert rc == 2 and "hs_6" in err and "hs_1" not in err, err  # the quick check reads no hidden state
-    rc, out, err = _engine(capsys, "check", str(data), "--full", "--json")
+    rc, out, err = run_cli(capsys, "check", str(data), "--full", "--json")
     assert rc == 2, err
     bad = {Path(b["file"]).name: b["problem"] for b in json.loads(out)["bad"]}
     assert set(bad) == {"hs_1.safetensors", "hs_6.safetensors"}, bad

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from engine.errors import WorkbenchError
+from testkit.cli import cli_ok
 from tiny import save_tiny_target
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -22,18 +23,8 @@ STAND_IN = ROOT / "tests" / "testkit" / "vllm_gemma4_dspark.py"  # run by vLLM's
 PROMPTS = ["Tell me about the quick brown fox.", "1 2 3 4 5 6", "def add(a, b):"]
 
 
-def _engine(capsys, *argv: str) -> str:
-    from engine.cli import main
-
-    capsys.readouterr()
-    rc = main(list(argv))
-    out = capsys.readouterr()
-    assert rc == 0, out.err[-2000:]
-    return out.out
-
-
 def _generated(capsys, *argv: str) -> tuple[list[int], int]:
-    out = _engine(capsys, "generate", *argv, "--max-new-tokens", "32", "--k", "3", "--dtype", "fp32", "--events")
+    out = cli_ok(capsys, "generate", *argv, "--max-new-tokens", "32", "--k", "3", "--dtype", "fp32", "--events")
     events = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     return [t for e in events for t in e["tokens"]], sum(e.get("accepted", 0) for e in events)
 
@@ -45,12 +36,12 @@ def gemma4_target(tmp_path_factory) -> Path:
 
 def test_a_gemma4_target_gets_the_gemma4_layout_trained_and_lossless(gemma4_target, tmp_path, capsys):
     # layers 2-4: the draft reads the target's last layers (one middle layer leaves a random target unpredictable)
-    _engine(capsys, "extract", "--target", str(gemma4_target), "--dataset", "sharegpt", "--max-samples", "60",
-            "--max-length", "96", "--dtype", "fp32", "--layers", "2,3,4", "--out", str(tmp_path / "hs"))
-    out = _engine(capsys, "train", "--data", str(tmp_path / "hs"), "--algo", "dspark", "--epochs", "6",
-                  "--lr", "0.003", "--tokens-per-batch", "512", "--num-layers", "1", "--block-size", "4",
-                  "--markov-rank", "16", "--max-anchors", "64", "--calibration-blocks", "0",
-                  "--out", str(tmp_path / "run"))
+    cli_ok(capsys, "extract", "--target", str(gemma4_target), "--dataset", "sharegpt", "--max-samples", "60",
+           "--max-length", "96", "--dtype", "fp32", "--layers", "2,3,4", "--out", str(tmp_path / "hs"))
+    out = cli_ok(capsys, "train", "--data", str(tmp_path / "hs"), "--algo", "dspark", "--epochs", "6",
+                 "--lr", "0.003", "--tokens-per-batch", "512", "--num-layers", "1", "--block-size", "4",
+                 "--markov-rank", "16", "--max-anchors", "64", "--calibration-blocks", "0",
+                 "--out", str(tmp_path / "run"))
     assert "validate: OK" in out
     draft = tmp_path / "run" / "draft"
     cfg = json.loads((draft / "config.json").read_text())
@@ -61,12 +52,12 @@ def test_a_gemma4_target_gets_the_gemma4_layout_trained_and_lossless(gemma4_targ
         names = set(f.keys())
     assert {"embed_tokens.weight", "lm_head.weight", "layers.0.post_feedforward_layernorm.weight"} <= names
     assert not any("v_proj" in n for n in names)  # values are the normed key projection
-    report = _engine(capsys, "validate", str(draft))
+    report = cli_ok(capsys, "validate", str(draft))
     assert "Gemma4DSparkModel only through a folder in its own form" in report
     assert '"model": "VLLM_FORM_DIR"' in report and f"vllm serve {draft}" not in report  # explicit form only
 
-    out = _engine(capsys, "evaluate", "--draft", str(draft), "--num-prompts", "2", "--max-new-tokens", "12",
-                  "--k", "1,3", "--dtype", "fp32")  # the decoding-exact walk through the Gemma 4 layers
+    out = cli_ok(capsys, "evaluate", "--draft", str(draft), "--num-prompts", "2", "--max-new-tokens", "12",
+                 "--k", "1,3", "--dtype", "fp32")  # the decoding-exact walk through the Gemma 4 layers
     assert "held-out samples" in out
     accepted = 0
     for prompt in PROMPTS:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from engine.algos import ALGOS, default_algo
+from testkit.cli import run_cli
 from testkit.docs import families_table
 from tiny import FAMILIES, PROBE_FAMILIES, algo_flags, save_tiny_target
 
@@ -29,15 +30,6 @@ def _cells() -> list:
 def family_targets(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("families")
     return {f: save_tiny_target(root / f, f) for f in FAMILIES}
-
-
-def _engine(capsys, *argv: str) -> tuple[int, str, str]:
-    from engine.cli import main
-
-    capsys.readouterr()
-    rc = main(list(argv))
-    out = capsys.readouterr()
-    return rc, out.out, out.err
 
 
 def _small_args(algo: str, family: str = FAST_FAMILY) -> list[str]:
@@ -60,13 +52,13 @@ def test_family_goes_end_to_end_with_algorithm(family, algo, family_targets, tmp
     target = str(family_targets[family])
     data = tmp_path / "hs"
     layer_flag = ["--algo", algo] if algo in layer_algorithms() else []
-    rc, _, err = _engine(capsys, "extract", "--target", target, "--dataset", "sharegpt", "--max-samples", "10",
+    rc, _, err = run_cli(capsys, "extract", "--target", target, "--dataset", "sharegpt", "--max-samples", "10",
                          "--max-length", "64", "--dtype", "fp32", *layer_flag, "--out", str(data))
     assert rc == 0, err[-2000:]
 
     # train on the data alone: the target comes from its manifest (the bug was: the built-in target was loaded)
     run = tmp_path / "run"
-    rc, out, err = _engine(capsys, "train", "--data", str(data), "--algo", algo, "--max-steps", "3",
+    rc, out, err = run_cli(capsys, "train", "--data", str(data), "--algo", algo, "--max-steps", "3",
                            "--tokens-per-batch", "256", "--warmup-steps", "1", "--val-fraction", "0.2",
                            "--val-every", "3", *_small_args(algo, family), "--out", str(run))
     assert rc == 0, err[-2000:]
@@ -78,20 +70,20 @@ def test_family_goes_end_to_end_with_algorithm(family, algo, family_targets, tmp
         assert config["transformer_layer_config"]["model_type"] == "gemma4_text"  # vLLM's Gemma 4 DSpark layout
     assert Path(verifier["name_or_path"]).resolve() == Path(target).resolve()
 
-    rc, out, err = _engine(capsys, "validate", str(draft))
+    rc, out, err = run_cli(capsys, "validate", str(draft))
     assert rc == 0 and "OK" in out, out + err
 
     # evaluate and generate without --target: the draft's verifier is used
-    rc, out, err = _engine(capsys, "evaluate", "--draft", str(draft), "--num-prompts", "2", "--max-new-tokens", "12",
+    rc, out, err = run_cli(capsys, "evaluate", "--draft", str(draft), "--num-prompts", "2", "--max-new-tokens", "12",
                            "--k", "1,2", "--dtype", "fp32")
     assert rc == 0, err[-2000:]
     assert "held-out samples" in out
 
     common = ["--max-new-tokens", "24", "--k", "3", "--dtype", "fp32", "--events"]
-    rc, out, err = _engine(capsys, "generate", PROMPT, "--method", "baseline", "--target", target, *common)
+    rc, out, err = run_cli(capsys, "generate", PROMPT, "--method", "baseline", "--target", target, *common)
     assert rc == 0, err[-2000:]
     baseline, _ = _tokens(out)
-    rc, out, err = _engine(capsys, "generate", PROMPT, "--method", "draft", "--draft", str(draft), *common)
+    rc, out, err = run_cli(capsys, "generate", PROMPT, "--method", "draft", "--draft", str(draft), *common)
     assert rc == 0, err[-2000:]
     speculative, drafted = _tokens(out)
     assert len(baseline) > 0 and speculative == baseline  # lossless: the target's own greedy output
@@ -157,13 +149,13 @@ def test_targets_whose_cache_cannot_roll_back_are_refused(family, config, expect
     target = str(save_tiny_target(tmp_path / family, family, **config))
     common = ["--max-new-tokens", "16", "--k", "3", "--dtype", "fp32", "--events", "--target", target]
     if expected == "broken":
-        rc, _, err = _engine(capsys, "extract", "--target", target, "--max-samples", "8", "--max-length", "64",
+        rc, _, err = run_cli(capsys, "extract", "--target", target, "--max-samples", "8", "--max-length", "64",
                              "--dtype", "fp32", "--out", str(tmp_path / "hs"))
         assert rc == 2 and f"transformers' {family.split(':')[0]} model fails on this target" in err, err[-2000:]
         return
-    rc, _, err = _engine(capsys, "generate", PROMPT, "--method", "baseline", *common)
+    rc, _, err = run_cli(capsys, "generate", PROMPT, "--method", "baseline", *common)
     assert rc == 0, err[-2000:]  # the target alone decodes
-    rc, _, err = _engine(capsys, "generate", PROMPT, "--method", "ngram", *common)
+    rc, _, err = run_cli(capsys, "generate", PROMPT, "--method", "ngram", *common)
     assert rc == 2 and "speculative decoding would not be lossless here" in err, err[-2000:]
     assert "unexpected" not in err
 

@@ -9,16 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from testkit.cli import run_cli
 from tiny import save_tiny_target
-
-
-def _engine(capsys, *argv: str) -> tuple[int, str, str]:
-    from engine.cli import main
-
-    capsys.readouterr()
-    rc = main(list(argv))
-    out = capsys.readouterr()
-    return rc, out.out, out.err
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +52,7 @@ def test_training_follows_the_data_and_names_it_in_the_draft(made):
 @pytest.mark.parametrize("other,what", [("narrow", "width 64 vs 32"), ("shallow", "layers 4 vs 3"),
                                         ("vocab", "vocabulary 384 vs 320")])
 def test_train_refuses_a_target_the_data_was_not_made_for(made, other, what, tmp_path, capsys):
-    rc, _, err = _engine(capsys, "train", "--data", made["data"], "--target", made["targets"][other],
+    rc, _, err = run_cli(capsys, "train", "--data", made["data"], "--target", made["targets"][other],
                          "--max-steps", "1", "--tokens-per-batch", "256", "--out", str(tmp_path / "run"))
     assert rc == 2, err
     assert f"--target {made['targets'][other]} is not the target the data was made for" in err
@@ -71,7 +63,7 @@ def test_train_refuses_a_target_the_data_was_not_made_for(made, other, what, tmp
 def test_train_refuses_a_target_of_the_datas_shape_with_other_weights(made, tmp_path, capsys):
     from engine.targets import target_digest
 
-    rc, _, err = _engine(capsys, "train", "--data", made["data"], "--target", made["targets"]["reseeded"],
+    rc, _, err = run_cli(capsys, "train", "--data", made["data"], "--target", made["targets"]["reseeded"],
                          "--max-steps", "1", "--tokens-per-batch", "256", "--out", str(tmp_path / "run"))
     assert rc == 2, err
     assert "are not those the data was made from" in err and target_digest(made["targets"]["reseeded"]) in err
@@ -79,7 +71,7 @@ def test_train_refuses_a_target_of_the_datas_shape_with_other_weights(made, tmp_
 
 
 def test_train_accepts_the_datas_own_target_given_explicitly(made, tmp_path, capsys):
-    rc, out, err = _engine(capsys, "train", "--data", made["data"], "--target", made["targets"]["a"],
+    rc, out, err = run_cli(capsys, "train", "--data", made["data"], "--target", made["targets"]["a"],
                            "--max-steps", "1", "--tokens-per-batch", "256", "--num-layers", "1",
                            "--out", str(tmp_path / "run"))
     assert rc == 0, err
@@ -92,7 +84,7 @@ def test_data_whose_target_is_gone_asks_for_one(made, tmp_path, capsys):
     manifest = json.loads((data / "manifest.json").read_text())
     manifest.update(target="someone/not-cached-anywhere", target_path=str(tmp_path / "moved-away"))
     (data / "manifest.json").write_text(json.dumps(manifest))
-    rc, _, err = _engine(capsys, "train", "--data", str(data), "--max-steps", "1", "--out", str(tmp_path / "run"))
+    rc, _, err = run_cli(capsys, "train", "--data", str(data), "--max-steps", "1", "--out", str(tmp_path / "run"))
     assert rc == 2
     assert "extracted from target 'someone/not-cached-anywhere', which is not available here" in err
     assert "pass --target" in err
@@ -104,7 +96,7 @@ def test_decoding_refuses_a_target_the_draft_was_not_made_for(made, command, oth
     argv = {"generate": ["generate", "Hi", "--method", "draft", "--max-new-tokens", "4"],
             "evaluate": ["evaluate", "--num-prompts", "1", "--max-new-tokens", "4"],
             "bench": ["bench", "--methods", "baseline,draft", "--num-prompts", "1", "--max-new-tokens", "4"]}[command]
-    rc, _, err = _engine(capsys, *argv, "--draft", made["draft"], "--target", made["targets"][other],
+    rc, _, err = run_cli(capsys, *argv, "--draft", made["draft"], "--target", made["targets"][other],
                          "--dtype", "fp32")
     assert rc == 2, err
     assert f"--target {made['targets'][other]} is not the target the draft was made for" in err

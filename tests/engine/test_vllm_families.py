@@ -19,6 +19,7 @@ import pytest
 
 from engine.format import vllm_rules as vr
 from engine.measure.options import BenchOptions
+from testkit.cli import cli_ok
 from testkit.docs import families_table
 from testkit.vllm import assert_accepts_as_ours
 from tiny import FAMILIES, algo_flags, save_tiny_target, tiny_config
@@ -68,16 +69,6 @@ def _cells() -> list:
     return cells + [pytest.param(f, a, id=f"{f}-{a}", marks=pytest.mark.slow) for f, a in OTHER_CELLS]
 
 
-def _engine(capsys, *argv: str) -> str:
-    from engine.cli import main
-
-    capsys.readouterr()
-    rc = main(list(argv))
-    out = capsys.readouterr()
-    assert rc == 0, out.err[-2000:]
-    return out.out
-
-
 def _small_args(algo: str, full_vocab: bool = False) -> list[str]:
     """Arguments that keep the draft small (one layer; K + 1 tokens a block; 256 draft tokens unless `full_vocab`),
     given where the algorithm has them."""
@@ -89,11 +80,11 @@ def _trained_draft(root: Path, family: str, algo: str, capsys) -> tuple[Path, Pa
     """A tiny target of `family` and an `algo` draft trained on it for a few seconds (acceptance above 1)."""
     target = save_tiny_target(root / "target", family, hidden_size=WIDTH)
     layers = CELL_LAYERS.get((family, algo))
-    _engine(capsys, "extract", "--target", str(target), "--dataset", "sharegpt", "--max-samples", "200",
-            "--max-length", "128", "--dtype", "fp32", *(["--layers", layers] if layers else ["--algo", algo]),
-            "--out", str(root / "hs"))
-    _engine(capsys, "train", "--data", str(root / "hs"), "--algo", algo, "--epochs", "8", "--lr", "0.003",
-            "--tokens-per-batch", "1024", *_small_args(algo, full_vocab=bool(layers)), "--out", str(root / "run"))
+    cli_ok(capsys, "extract", "--target", str(target), "--dataset", "sharegpt", "--max-samples", "200",
+           "--max-length", "128", "--dtype", "fp32", *(["--layers", layers] if layers else ["--algo", algo]),
+           "--out", str(root / "hs"))
+    cli_ok(capsys, "train", "--data", str(root / "hs"), "--algo", algo, "--epochs", "8", "--lr", "0.003",
+           "--tokens-per-batch", "1024", *_small_args(algo, full_vocab=bool(layers)), "--out", str(root / "run"))
     return target, root / "run" / "draft"
 
 
@@ -122,7 +113,7 @@ def test_vllm_serves_the_familys_draft_with_our_acceptance(family, algo, vllm_po
                                                  dtype="bfloat16"), tokenize=True, pool=vllm_pool)
         return
     target, draft = _trained_draft(tmp_path, family, algo, capsys)
-    report = _engine(capsys, "validate", str(draft))
+    report = cli_ok(capsys, "validate", str(draft))
     def bench(methods):
         return BenchOptions(draft=str(draft), methods=methods, k=K, max_new_tokens=MAX_TOKENS, dtype="float32")
     if not _served(family):
