@@ -32,15 +32,13 @@ def forms(draft: str | None) -> list[str]:
         import engine.algos  # noqa: F401  (registers the draft types whose rules say it)
         from engine.errors import WorkbenchError
         from engine.format.checkpoint import read_config_dict
-        from engine.format.config import CONFIG_TYPES
+        from engine.format.config import vllm_own_form
 
         try:
-            cfg = read_config_dict(draft)
+            if vllm_own_form(read_config_dict(draft)):
+                return ["explicit"]
         except WorkbenchError:  # an unreadable draft: the page's validation says why
-            return ["auto", "explicit"]
-        kind = cfg.get("speculators_model_type")
-        if kind in CONFIG_TYPES and CONFIG_TYPES.get(kind).vllm_own_form(cfg):
-            return ["explicit"]
+            pass
     return ["auto", "explicit"]
 
 

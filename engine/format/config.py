@@ -169,8 +169,9 @@ class DraftConfig(BaseModel):
         return None
 
     @classmethod
-    def write_vllm_own_form(cls, draft: Path, out: Path) -> Path:
-        """Write the folder of `vllm_own_form` to `out` (atomic) and return it."""
+    def write_vllm_own_form(cls, cfg: dict[str, Any], draft: Path, out: Path) -> Path:
+        """Write the folder of `vllm_own_form` for the draft folder `draft` (its config.json `cfg`) to `out` (atomic)
+        and return it."""
         raise NotImplementedError(f"{cls.__name__} is served from its own folder")
 
     @property
@@ -206,6 +207,13 @@ class UnknownConfigType(WorkbenchError, KeyError):
 def config_types() -> list[str]:
     """The registered speculators types, in registration order (filled when `engine.algos` is imported)."""
     return CONFIG_TYPES.names()
+
+
+def vllm_own_form(cfg: dict[str, Any]) -> str | None:
+    """Why vLLM reaches this draft (a config.json dict) only through a folder in its own form, as its type says; None
+    for the draft folder itself, or a type the workbench does not know (validate says so)."""
+    kind = cfg.get("speculators_model_type")
+    return CONFIG_TYPES.get(kind).vllm_own_form(cfg) if isinstance(kind, str) and kind in CONFIG_TYPES else None
 
 
 def config_type(kind: Any) -> type[DraftConfig]:

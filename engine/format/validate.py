@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from engine.errors import WorkbenchError
 from engine.format import vllm_rules as vr
 from engine.format.checkpoint import CONFIG_NAME, INDEX_NAME, read_config_dict, tensor_index
-from engine.format.config import CONFIG_TYPES, config_types, number_problems
+from engine.format.config import CONFIG_TYPES, config_types, number_problems, vllm_own_form
 from engine.format.repair import lacks_stored_embedding
 from engine.format.report import Issue, ValidationReport
 
@@ -709,9 +709,7 @@ def serve_commands(cfg: dict[str, Any], draft_path: str, spec: dict[str, Any],
     explicit = {k: spec[k] for k in ("model", "method", "num_speculative_tokens", "parallel_drafting") if k in spec}
     explicit.update(extra or {})
     commands = []
-    kind = cfg.get("speculators_model_type")
-    own_form = CONFIG_TYPES.get(kind).vllm_own_form(cfg) if kind in CONFIG_TYPES else None
-    if own_form:
+    if vllm_own_form(cfg):
         explicit["model"] = VLLM_FORM_DIR
     else:
         try:

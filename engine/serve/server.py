@@ -31,7 +31,7 @@ from typing import Any
 import engine.algos  # noqa: F401  (registers the speculators types a served draft is validated and planned with)
 from engine.errors import WorkbenchError
 from engine.format import vllm_rules as vr
-from engine.format.config import config_type
+from engine.format.config import config_type, vllm_own_form
 from engine.fsutil import atomic_write_json, atomic_write_text
 from engine.jobs import JOB_DIR_ENV, runs_dir, tail
 from engine.serve.options import ServerSettings
@@ -123,7 +123,7 @@ def _plan_server(draft: str | os.PathLike | None = None, *, target: str | os.Pat
     verifier = cfg["speculators_config"]["verifier"]["name_or_path"]
     derived = _derived_speculative_config(cfg, report)
     same_target = target is None or _same_target(target, verifier)
-    own_form = _vllm_own_form(cfg)
+    own_form = vllm_own_form(cfg)
     if own_form and form == "auto":
         raise WorkbenchError(f"{own_form}; the auto form cannot serve it", hint="drop --form auto")
     if form is None:
@@ -154,16 +154,11 @@ def _plan_server(draft: str | os.PathLike | None = None, *, target: str | os.Pat
                      draft_config=cfg)
 
 
-def _vllm_own_form(cfg: dict[str, Any]) -> str | None:
-    """Why vLLM reaches this draft only through a folder in its own form (the draft type says), or None."""
-    return config_type(cfg["speculators_model_type"]).vllm_own_form(cfg)
-
-
 def _write_own_form(cfg: dict[str, Any], draft_dir: Path) -> Path:
     """vLLM's own form of the draft, written afresh under runs/vllm-forms/ (a folder per draft path)."""
     key = hashlib.sha256(str(draft_dir).encode()).hexdigest()[:10]
     out = runs_dir() / "vllm-forms" / f"{draft_dir.name}-{key}"
-    return config_type(cfg["speculators_model_type"]).write_vllm_own_form(draft_dir, out)
+    return config_type(cfg["speculators_model_type"]).write_vllm_own_form(cfg, draft_dir, out)
 
 
 def _checked_draft(draft_dir: Path, validate: bool):

@@ -65,6 +65,13 @@ def layer_windows(tlc: dict[str, Any], num_layers: int) -> list[int | None]:
     return [window if i < len(types) and types[i] == "sliding_attention" else None for i in range(num_layers)]
 
 
+def rms(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """x / RMS(x) over the last dimension, computed in fp32, returned in x's dtype (an RMSNorm without a weight)."""
+    dtype = x.dtype
+    x = x.float()
+    return (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)).to(dtype)
+
+
 class RMSNorm(nn.Module):
     """RMSNorm computed in fp32, as Llama/Qwen3 do."""
 
@@ -74,10 +81,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+        return self.weight * rms(x, self.eps)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -140,14 +144,18 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, hidden: int, inter: int, bias: bool = False):
+    """down(act(gate(x)) * up(x)); `act` SiLU (Llama, Qwen3) unless given (Gemma's tanh GELU)."""
+
+    def __init__(self, hidden: int, inter: int, bias: bool = False,
+                 act: Callable[[torch.Tensor], torch.Tensor] = F.silu):
         super().__init__()
         self.gate_proj = nn.Linear(hidden, inter, bias=bias)
         self.up_proj = nn.Linear(hidden, inter, bias=bias)
         self.down_proj = nn.Linear(inter, hidden, bias=bias)
+        self.act = act
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
 
 
 class DecoderLayer(nn.Module):

@@ -87,8 +87,9 @@ class DSparkConfig(DFlashConfig):
 
     @classmethod
     def vllm_parameters(cls, hf: dict, d: vr.Dims) -> tuple[dict[str, tuple], set[str]]:
-        exp, optional = gemma4_parameters(hf, d) if hf.get("model_type") == GEMMA4_LAYOUT else \
-            super().vllm_parameters(hf, d)
+        exp, optional = super().vllm_parameters(hf, d)
+        if hf.get("model_type") == GEMMA4_LAYOUT:
+            exp, optional = gemma4_parameters(exp, optional, d)
         r = int(hf.get("markov_rank") or 0)
         if r:
             exp["markov_head.markov_w1.weight"] = (d.vocab, r)
@@ -113,25 +114,19 @@ class DSparkConfig(DFlashConfig):
                 "Gemma 4 config with the DSpark fields) passed in the explicit --speculative-config form")
 
     @classmethod
-    def write_vllm_own_form(cls, draft: Path, out: Path) -> Path:
-        return write_vllm_folder(draft, out)
+    def write_vllm_own_form(cls, cfg: dict[str, Any], draft: Path, out: Path) -> Path:
+        return write_vllm_folder(draft, out, cfg)
 
 
-def gemma4_parameters(hf: dict, d: vr.Dims) -> tuple[dict[str, tuple], set[str]]:
-    """The backbone tensors of vLLM's Gemma4DSparkModel (names as saved: the loader adds `model.`)."""
-    ids = hf.get("eagle_aux_hidden_state_layer_ids") or []
-    exp: dict[str, tuple] = {"fc.weight": (d.h, d.ht * (len(ids) or d.layers)), "hidden_norm.weight": (d.h,),
-                             "norm.weight": (d.h,)}
-    norms = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm")
+def gemma4_parameters(exp: dict[str, tuple], optional: set[str], d: vr.Dims) -> tuple[dict[str, tuple], set[str]]:
+    """DFlash's backbone tensors (`exp`, Qwen3 layers with q/k norms) as vLLM's Gemma4DSparkModel has them: no value
+    projection (values are the normed key projection), two norms around the MLP and a layer scalar per layer."""
     for i in range(d.layers):
         p = f"layers.{i}."
-        exp.update({f"{p}self_attn.q_proj.weight": (d.nh * d.hd, d.h),
-                    f"{p}self_attn.k_proj.weight": (d.nkv * d.hd, d.h),
-                    f"{p}self_attn.o_proj.weight": (d.h, d.nh * d.hd), f"{p}self_attn.q_norm.weight": (d.hd,),
-                    f"{p}self_attn.k_norm.weight": (d.hd,), f"{p}mlp.gate_proj.weight": (d.inter, d.h),
-                    f"{p}mlp.up_proj.weight": (d.inter, d.h), f"{p}mlp.down_proj.weight": (d.h, d.inter),
-                    f"{p}layer_scalar": (1,), **{f"{p}{n}.weight": (d.h,) for n in norms}})
-    return exp, {f"layers.{i}.layer_scalar" for i in range(d.layers)}
+        del exp[f"{p}self_attn.v_proj.weight"]
+        exp.update({f"{p}pre_feedforward_layernorm.weight": (d.h,), f"{p}post_feedforward_layernorm.weight": (d.h,),
+                    f"{p}layer_scalar": (1,)})
+    return exp, optional | {f"layers.{i}.layer_scalar" for i in range(d.layers)}
 
 
 def served_on_gpus_only(cfg, typed, hf, report: ValidationReport) -> None:

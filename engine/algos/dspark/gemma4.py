@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.algos.common.layers import LayerDims, RMSNorm, rotate_half
+from engine.algos.common.layers import MLP, LayerDims, RMSNorm, rms, rotate_half
 from engine.algos.dspark.model import DSparkDraft
 from engine.algos.dspark.vllm_form import ACTIVATION, GEMMA4_LAYOUT, layout_problems
 from engine.errors import WorkbenchError
@@ -58,13 +58,6 @@ def check_layer_config(tlc: dict[str, Any]) -> None:
     if problems:
         where, why, _ = problems[0]
         raise WorkbenchError(why, where=where)
-
-
-def rms(x: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMS normalisation without a weight, in fp32 (vLLM's v_norm)."""
-    dtype = x.dtype
-    x = x.float()
-    return (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)).to(dtype)
 
 
 class NeoxRotary(nn.Module):
@@ -117,15 +110,8 @@ class Gemma4Attention(nn.Module):
         return self.o_proj(o.transpose(1, 2).reshape(b, t, self.nh * self.hd))
 
 
-class Gemma4MLP(nn.Module):
-    def __init__(self, hidden: int, inter: int):
-        super().__init__()
-        self.gate_proj = nn.Linear(hidden, inter, bias=False)
-        self.up_proj = nn.Linear(hidden, inter, bias=False)
-        self.down_proj = nn.Linear(inter, hidden, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.gelu(self.gate_proj(x), approximate="tanh") * self.up_proj(x))
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x, approximate="tanh")
 
 
 class Gemma4DraftLayer(nn.Module):
@@ -135,7 +121,7 @@ class Gemma4DraftLayer(nn.Module):
         super().__init__()
         self.index = index
         self.self_attn = Gemma4Attention(dims)
-        self.mlp = Gemma4MLP(dims.hidden, dims.intermediate)
+        self.mlp = MLP(dims.hidden, dims.intermediate, act=gelu_tanh)
         for name in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
                      "post_feedforward_layernorm"):
             setattr(self, name, RMSNorm(dims.hidden, dims.eps))

@@ -60,13 +60,14 @@ def vllm_config(cfg: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def write_vllm_folder(draft: str | os.PathLike, out: str | os.PathLike) -> Path:
+def write_vllm_folder(draft: str | os.PathLike, out: str | os.PathLike, cfg: dict[str, Any] | None = None) -> Path:
     """Write vLLM's form of a Gemma 4 layout draft to `out` (atomic): its config.json, and links to the draft's
-    weight files (the tensors and their names are the same; a Gemma 4 head and embedding are not copied)."""
+    weight files (the tensors and their names are the same; a Gemma 4 head and embedding are not copied). `cfg`: the
+    draft's config.json when the caller has read it."""
     from engine.format.checkpoint import CONFIG_NAME, read_config_dict  # imports torch
 
     folder = Path(draft)
-    cfg = read_config_dict(folder)
+    cfg = cfg if cfg is not None else read_config_dict(folder)
     if not is_gemma4_layout(cfg.get("transformer_layer_config")):
         raise WorkbenchError(f"{folder} is not a Gemma 4 layout DSpark draft", where=str(folder / CONFIG_NAME))
     weights = sorted(folder.glob("*.safetensors")) + sorted(folder.glob("*.safetensors.index.json"))
