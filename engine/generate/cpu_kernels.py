@@ -170,7 +170,7 @@ def decode_rows_attention(module, query, key, value, attention_mask, dropout=0.0
     form = getattr(module, ATTENTION_FORM, "sdpa-rows")
     if form == "eager-masked" and _eager_ok(query, key, kwargs):
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-        return _eager_masked(query[0], key[0], value[0], scale).unsqueeze(0), None
+        return masked_rows_attention(query[0], key[0], value[0], scale).unsqueeze(0), None
     outs = [sdpa_attention_forward(module, query[:, :, i:i + 1], key[:, :, :past + i + 1],
                                    value[:, :, :past + i + 1], None, scaling=scaling, is_causal=False,
                                    **kwargs)[0] for i in range(rows)]  # each [1, 1, Hq, d]
@@ -183,7 +183,7 @@ def _eager_ok(query: torch.Tensor, key: torch.Tensor, kwargs: dict) -> bool:
             and kwargs.get("sinks") is None)
 
 
-def _eager_masked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+def masked_rows_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
     """q [Hq, R, d] (the last R of n positions), k/v [Hkv, n, d] -> [R, Hq, d]: row r sees keys [0, n - R + r]."""
     hq, rows, d = q.shape
     hkv, n = k.shape[0], k.shape[1]

@@ -37,11 +37,12 @@ from engine.generate.cpu_kernels import (
     set_attention_form,
     set_linear_form,
 )
+from engine.generate.fused_decoder import fused_problem
 from engine.targets import Target, load_target, pick_device, resolve_target, workbench_home
 
 log = logging.getLogger(__name__)
 
-CACHE_FORMAT = 3  # bump when what a decision records (or how it is measured) changes
+CACHE_FORMAT = 4  # bump when what a decision records (or how it is measured) changes
 DEFAULT_K = 3  # drafts per step the verification timing assumes (the workbench's default k)
 PROMPT_TOKENS = 64  # KV cache the timed forwards run after
 REPEATS = 11  # timed repeats per shape and candidate, after the exactness check warmed it up (median kept)
@@ -60,6 +61,7 @@ class KernelPath:
     linear_form: str = "gemm"  # engine.generate.cpu_kernels.LINEAR_FORMS
     attention_form: str = "sdpa-rows"  # engine.generate.cpu_kernels.ATTENTION_FORMS
     force_routing: bool = False  # route an fp32 model too
+    fused: bool = False  # decoder layers as one plain forward (engine.generate.fused_decoder), where the model allows
 
     def prepare(self, model: torch.nn.Module) -> None:
         if not self.routed:
@@ -99,6 +101,11 @@ PATHS: dict[str, KernelPath] = {p.name: p for p in (
                "as bf16-routed-linear-masked, the weights packed once for oneDNN's linear (F.linear repacks them on "
                "every call; a second copy of the linear weights in memory)",
                linear_form="packed-pad2", attention_form="eager-masked"),
+    KernelPath("bf16-fused-packed-masked", torch.bfloat16, True, True,
+               "as bf16-routed-packed-masked, the decoder layers as one plain forward: query/key/value and gate/up "
+               "linears fused, a preallocated key/value cache, no per-module overhead (Llama, Qwen2, Qwen3 and Mistral "
+               "layouts without sliding windows)",
+               linear_form="packed-pad2", attention_form="eager-masked", fused=True),
     KernelPath("bf16-plain", torch.bfloat16, False, True,
                "bf16 weights, transformers' kernels (fused multi-row attention, GEMV for one row)"),
 )}
@@ -240,7 +247,11 @@ def measure(name_or_path: str | None, k: int, paths: list[str], *, device: str |
     results: dict[str, dict[str, Any]] = {}
     interleave = None
     for name in paths:
-        candidate = _Candidate.load(name_or_path, PATHS[name], k, device)
+        try:
+            candidate = _Candidate.load(name_or_path, PATHS[name], k, device)
+        except _NotForThisModel as e:
+            results[name] = {"skipped": str(e), "description": PATHS[name].description}
+            continue
         if interleave is None:
             interleave = _fits_together(candidate.runner.model, [PATHS[n] for n in paths])
         if interleave:
@@ -252,7 +263,8 @@ def measure(name_or_path: str | None, k: int, paths: list[str], *, device: str |
         for candidate in loaded.values():
             candidate.time_once()
     results.update({name: c.result() for name, c in loaded.items()})
-    return {name: {**results[name], "interleaved": bool(interleave)} for name in paths}
+    return {name: results[name] if "skipped" in results[name] else {**results[name], "interleaved": bool(interleave)}
+            for name in paths}
 
 
 INTERLEAVE_MEMORY_SHARE = 0.3  # of MemAvailable: the most all candidates' copies may take to be timed together
@@ -261,13 +273,17 @@ INTERLEAVE_MEMORY_SHARE = 0.3  # of MemAvailable: the most all candidates' copie
 def _fits_together(model: torch.nn.Module, paths: list[KernelPath]) -> bool:
     """All candidates' copies of this model fit in INTERLEAVE_MEMORY_SHARE of the available memory."""
     numel = sum(p.numel() for p in model.parameters())
-    copies = [2 if p.linear_form in PACKED_FORMS else 1 for p in paths]  # a packed path keeps a second copy
+    copies = [2 if p.linear_form in PACKED_FORMS or p.fused else 1 for p in paths]  # packed or fused: a second copy
     need = sum(c * numel * torch.empty(0, dtype=p.dtype).element_size() for p, c in zip(paths, copies, strict=True))
     try:
         free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")  # free physical memory (page cache not)
     except (ValueError, OSError):
         return False
     return need <= INTERLEAVE_MEMORY_SHARE * free
+
+
+class _NotForThisModel(Exception):
+    """A path this target's layers cannot take (the fused decoder's layouts)."""
 
 
 @dataclass
@@ -288,8 +304,11 @@ class _Candidate:
         from engine.generate.runner import TargetRunner
 
         target = load_target(name_or_path, dtype=path.dtype, device=device, with_tokenizer=False)
+        problem = fused_problem(target.model) if path.fused else None
+        if problem:
+            raise _NotForThisModel(f"not this target's layout: {problem}")
         path.prepare(target.model)
-        runner = TargetRunner(target, route_kernels=path.routed)
+        runner = TargetRunner(target, route_kernels=path.routed, fused=path.fused)
         prompt = _prompt(target.vocab_size)
         runner.reset()
         runner.forward(prompt, all_logits=False)
@@ -389,5 +408,6 @@ def load_decode_target(name_or_path: str | None = None, choice: str | torch.dtyp
     if target.device.type == "cpu":
         path.prepare(target.model)
     target.extra.update(kernel=decided.to_dict(), kernel_summary=decided.summary(),
-                        route_kernels=path.routed and target.device.type == "cpu")
+                        route_kernels=path.routed and target.device.type == "cpu",
+                        fused_decoder=path.fused and target.device.type == "cpu")
     return target

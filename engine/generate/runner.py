@@ -13,6 +13,7 @@ from engine.generate.cpu_kernels import (
     packed_weight,
     route_decode_kernels,
 )
+from engine.generate.fused_decoder import FusedDecoder, fused_problem
 from engine.targets import LayerCapture, Target, decoder_of
 
 # Families whose logits are exactly lm_head(decoder output): the runner may compute the head itself.
@@ -43,7 +44,7 @@ class TargetRunner:
     """
 
     def __init__(self, target: Target, aux_layer_ids: list[int] | None = None, *,
-                 route_kernels: bool | None = None):
+                 route_kernels: bool | None = None, fused: bool | None = None):
         self.target = target
         self.model = target.model
         self.aux_layer_ids = sorted(set(aux_layer_ids)) if aux_layer_ids else None
@@ -58,11 +59,19 @@ class TargetRunner:
         if route_kernels is None:
             route_kernels = target.extra.get("route_kernels", True)
         self.routed = route_kernels and route_decode_kernels(self.model)
+        # the decoder layers as one plain forward (engine.generate.fused_decoder), where the kernel choice took it
+        if fused is None:
+            fused = target.extra.get("fused_decoder", False)
+        self.fused = bool(fused) and self._head is not None and fused_problem(self.model) is None
         self.reset()
 
     def reset(self) -> None:
         from transformers import DynamicCache
 
+        if self.fused:
+            self.cache = FusedDecoder(self.model)
+            self._fed, self._anchor = [], None
+            return
         self.cache = DynamicCache(config=self.model.config)
         # sliding-window layers (Mistral, Gemma, gpt-oss) keep the states past their window until the next crop, so
         # rejected drafts can be rolled back once the context is longer than the window; linear-attention layers keep
@@ -73,7 +82,7 @@ class TargetRunner:
 
     @property
     def length(self) -> int:
-        return self.cache.get_seq_length()
+        return self.cache.length if self.fused else self.cache.get_seq_length()
 
     @property
     def max_length(self) -> int:
@@ -96,12 +105,23 @@ class TargetRunner:
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """logits [T or 1, V] and aux states [T, A*H] (or None)."""
         input_ids = torch.as_tensor(ids, dtype=torch.long, device=self.target.device).view(1, -1)
+        if self.fused:
+            return self._fused_forward(input_ids[0], all_logits)
         if self.aux_layer_ids is None:
             with decode_scope():
                 return self._advance(input_ids, all_logits), None
         with LayerCapture(self.model, self.aux_layer_ids) as cap, decode_scope():
             logits = self._advance(input_ids, all_logits)
         aux = torch.cat([cap.captured[i][0] for i in cap.layer_ids], dim=-1)  # [T, A*H]
+        return logits, aux
+
+    def _fused_forward(self, input_ids: torch.Tensor, all_logits: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """input_ids [T] through the fused decoder: logits [T or 1, V] and aux states [T, A*H] (or None)."""
+        hidden, captured = self.cache.forward(input_ids, self.aux_layer_ids)  # [T, H]
+        h = self.cache.final_norm(hidden if all_logits else hidden[-1:])
+        packed = packed_weight(self._head_module, self._head) if self.routed and self.cache.weights.packed else None
+        logits = head_logits(self._head, h, routed=self.routed, form=linear_form(self.model), packed=packed).float()
+        aux = None if self.aux_layer_ids is None else torch.cat([captured[i] for i in self.aux_layer_ids], dim=-1)
         return logits, aux
 
     def _advance(self, input_ids: torch.Tensor, all_logits: bool) -> torch.Tensor:
@@ -119,6 +139,9 @@ class TargetRunner:
 
     def crop(self, length: int) -> None:
         """Forget cached positions >= length (rejected draft tokens)."""
+        if self.fused:
+            self.cache.crop(length)
+            return
         drop = self.length - length
         if drop > 0 and self._recurrent_states():
             self._rewind(length)

@@ -1,0 +1,214 @@
+"""One plain forward over a Llama-like target's decoder layers for CPU decoding: fused linears, no module overhead."""
+
+# transformers runs a decode step through ~20 module calls, cache and mask bookkeeping per layer; on a small target
+# that overhead is as large as the weight reads (BENCHMARKS.md, issue 50). Here a step is a loop over the layers with
+# the query/key/value and gate/up linears each fused into one weight (packed once for oneDNN where it runs bf16
+# natively), the norms, RoPE and activation taken from the model's own modules, the attention of
+# engine.generate.cpu_kernels' "eager-masked" form, and a key/value cache of preallocated tensors. Only layer layouts
+# whose every step this reproduces qualify (`fused_problem`); the kernel choice measures the path like any other
+# (row-exactness included) and takes it only where it is exact and fastest.
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.generate.cpu_kernels import masked_rows_attention, packed_linear_available
+from engine.targets import decoder_of
+
+FUSED_FAMILIES = ("llama", "qwen2", "qwen3", "mistral")  # decoder layers of exactly this layout (`fused_problem`)
+_LAYER_CLASSES = tuple(f"{p}DecoderLayer" for p in ("Llama", "Qwen2", "Qwen3", "Mistral"))
+_ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
+_MLP = ("gate_proj", "up_proj", "down_proj")
+PREFILL_CHUNK = 256  # prompt rows per forward: bounds the masked attention's [rows, keys] scores
+_WEIGHTS = "_workbench_fused_weights"
+
+
+def fused_problem(model: nn.Module) -> str | None:
+    """Why `model`'s decode steps cannot run fused here, or None when they can."""
+    config = getattr(model.config, "get_text_config", lambda: model.config)()
+    if config.model_type not in FUSED_FAMILIES:
+        return f"model type {config.model_type!r} is not one of {', '.join(FUSED_FAMILIES)}"
+    decoder = decoder_of(model)
+    if any(type(layer).__name__ not in _LAYER_CLASSES for layer in decoder.layers):
+        return "a decoder layer is not the family's plain attention + MLP layer"
+    types = getattr(config, "layer_types", None)
+    if (any(t != "full_attention" for t in types) if types is not None
+            else getattr(config, "sliding_window", None) is not None):
+        return "sliding-window attention layers"
+    for layer in decoder.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        if not all(isinstance(getattr(attn, n, None), nn.Linear) for n in _ATTENTION) or \
+                not all(isinstance(getattr(mlp, n, None), nn.Linear) for n in _MLP):
+            return "a layer's attention or MLP is not made of plain linears"
+        if getattr(attn, "sliding_window", None) is not None:
+            return "sliding-window attention layers"
+        if len({getattr(attn, n).bias is None for n in _ATTENTION[:3]}) > 1:
+            return "some of a layer's query, key and value projections have a bias and some do not"
+    head = model.get_output_embeddings()
+    if not isinstance(head, nn.Linear) or head.bias is not None:
+        return "the output head is not a plain linear"
+    p = next(model.parameters())
+    if p.device.type != "cpu":
+        return "the fused decoder runs on CPU only"
+    return None
+
+
+@dataclass
+class _Layer:
+    """One decoder layer's fused weights and the modules whose own forward the step calls."""
+
+    qkv: torch.Tensor  # [(Hq + 2 Hkv) d, H] (packed for oneDNN where `packed`)
+    qkv_bias: torch.Tensor | None
+    o: torch.Tensor
+    o_bias: torch.Tensor | None
+    gate_up: torch.Tensor  # [2 I, H]
+    gate_up_bias: torch.Tensor | None
+    down: torch.Tensor
+    down_bias: torch.Tensor | None
+    module: nn.Module
+
+
+def _cat(tensors: list[torch.Tensor | None]) -> torch.Tensor | None:
+    return None if tensors[0] is None else torch.cat([t.detach() for t in tensors]).contiguous()
+
+
+class _Weights:
+    """The fused weights of a model, built once and shared by every runner of it (read-only)."""
+
+    def __init__(self, model: nn.Module):
+        p = next(model.parameters())
+        self.packed = p.dtype == torch.bfloat16 and packed_linear_available()
+        self.layers = []
+        for layer in decoder_of(model).layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            qkv = [getattr(attn, n) for n in _ATTENTION[:3]]
+            gate_up = [mlp.gate_proj, mlp.up_proj]
+            self.layers.append(_Layer(
+                qkv=self._weight(_cat([m.weight for m in qkv])), qkv_bias=_cat([m.bias for m in qkv]),
+                o=self._weight(attn.o_proj.weight), o_bias=_bias(attn.o_proj),
+                gate_up=self._weight(_cat([m.weight for m in gate_up])),
+                gate_up_bias=_cat([m.bias for m in gate_up]) if mlp.gate_proj.bias is not None else None,
+                down=self._weight(mlp.down_proj.weight), down_bias=_bias(mlp.down_proj), module=layer))
+        self.sizes = [getattr(layer.self_attn, n).out_features for n in _ATTENTION[:3]]
+        self.inter = decoder_of(model).layers[0].mlp.gate_proj.out_features
+
+    def _weight(self, w: torch.Tensor) -> torch.Tensor:
+        w = w.detach().contiguous()
+        return torch.ops.mkldnn._reorder_linear_weight(w, 2) if self.packed else w
+
+    def linear(self, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """x [R, in] -> [R, out]; one row padded to two, as the routed "pad2" forms (a row-invariant GEMM)."""
+        rows = x.shape[0]
+        if rows == 1:
+            x = x.expand(2, -1)
+        if self.packed:
+            return torch.ops.mkldnn._linear_pointwise(x, w, bias, "none", [], "")[:rows]
+        return F.linear(x, w, bias)[:rows]
+
+
+def _bias(linear: nn.Linear) -> torch.Tensor | None:
+    return None if linear.bias is None else linear.bias.detach()
+
+
+def fused_weights(model: nn.Module) -> _Weights:
+    """The model's fused weights, built at the first call (a second copy of the layers' linear weights)."""
+    weights = model.__dict__.get(_WEIGHTS)
+    if weights is None:
+        weights = model.__dict__[_WEIGHTS] = _Weights(model)
+    return weights
+
+
+class FusedDecoder:
+    """Decode forwards of one sequence over a fused model, with its own key/value cache (rolled back by `crop`)."""
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+        self.decoder = decoder_of(model)
+        self.weights = fused_weights(model)
+        attn = self.decoder.layers[0].self_attn
+        self.head_dim = attn.head_dim
+        self.heads = attn.config.num_attention_heads
+        self.kv_heads = attn.config.num_key_value_heads
+        self.length = 0
+        self._k: torch.Tensor | None = None  # [L, Hkv, capacity, d]
+        self._v: torch.Tensor | None = None
+
+    def crop(self, length: int) -> None:
+        self.length = max(0, min(self.length, length))
+
+    def _room(self, n: int, dtype: torch.dtype) -> None:
+        """Grow the cache (doubling) to hold n positions."""
+        have = 0 if self._k is None else self._k.shape[2]
+        if n <= have:
+            return
+        size = max(n, 2 * have, 256)
+        shape = (len(self.weights.layers), self.kv_heads, size, self.head_dim)
+        k, v = torch.empty(shape, dtype=dtype), torch.empty(shape, dtype=dtype)
+        if self._k is not None:
+            k[:, :, :have], v[:, :, :have] = self._k, self._v
+        self._k, self._v = k, v
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, capture: list[int] | None = None
+                ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """input_ids [T] -> the residual stream after the last layer [T, H] (before the final norm) and, for each
+        layer id in `capture`, the stream at it (id i < N: the input of layer i; N: that last output)."""
+        captured: dict[int, torch.Tensor] = {}
+        outs = []
+        for start in range(0, input_ids.shape[0], PREFILL_CHUNK):
+            out, parts = self._chunk(input_ids[start:start + PREFILL_CHUNK], capture or [])
+            outs.append(out)
+            for i, part in parts.items():
+                captured.setdefault(i, []).append(part)
+        return torch.cat(outs), {i: torch.cat(parts) for i, parts in captured.items()}
+
+    def _chunk(self, ids: torch.Tensor, capture: list[int]) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        rows, start = ids.shape[0], self.length
+        end = start + rows
+        x = self.decoder.embed_tokens(ids.view(1, -1))  # [1, T, H]
+        cos, sin = self.decoder.rotary_emb(x, torch.arange(start, end).view(1, -1))  # [1, T, d] each
+        x = x[0]  # [T, H]
+        self._room(end, x.dtype)
+        captured = {}
+        w, n = self.weights, len(self.weights.layers)
+        for i, layer in enumerate(w.layers):
+            if i in capture:
+                captured[i] = x
+            x = self._layer(i, layer, x, cos, sin, start, end)
+        if n in capture:
+            captured[n] = x
+        self.length = end
+        return x, captured
+
+    def _layer(self, i: int, layer: _Layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start: int,
+               end: int) -> torch.Tensor:
+        """x [T, H] -> [T, H]: one decoder layer, its new keys and values written to cache positions [start, end)."""
+        w, module, rows, d = self.weights, layer.module, x.shape[0], self.head_dim
+        attn = module.self_attn
+        h = module.input_layernorm.forward(x)
+        q, k, v = w.linear(h, layer.qkv, layer.qkv_bias).split(w.sizes, dim=-1)  # [T, Hq d], [T, Hkv d] x2
+        q, k, v = q.view(rows, -1, d), k.view(rows, -1, d), v.view(rows, -1, d)  # [T, heads, d]
+        if hasattr(attn, "q_norm"):  # Qwen3: per-head norms before RoPE
+            q, k = attn.q_norm.forward(q), attn.k_norm.forward(k)
+        q, k, v = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)  # [heads, T, d]
+        q, k = _rope(q, cos, sin), _rope(k, cos, sin)
+        self._k[i, :, start:end], self._v[i, :, start:end] = k, v
+        out = masked_rows_attention(q, self._k[i, :, :end], self._v[i, :, :end], attn.scaling)  # [T, Hq, d]
+        x = x + w.linear(out.reshape(rows, -1), layer.o, layer.o_bias)
+        h = module.post_attention_layernorm.forward(x)
+        gate, up = w.linear(h, layer.gate_up, layer.gate_up_bias).split(w.inter, dim=-1)  # [T, I] each
+        return x + w.linear(module.mlp.act_fn(gate) * up, layer.down, layer.down_bias)
+
+    def final_norm(self, x: torch.Tensor) -> torch.Tensor:
+        return self.decoder.norm.forward(x)
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [heads, T, d] rotated as transformers' `apply_rotary_pos_emb` (halves, cos/sin [1, T, d])."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+

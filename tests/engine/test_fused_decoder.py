@@ -1,0 +1,74 @@
+"""The fused decoder forward: transformers' logits and aux states for the layouts it takes, a reason for the rest."""
+
+import pytest
+import torch
+
+from engine.generate import fused_decoder
+from engine.generate import kernel_choice as kc
+from engine.generate.fused_decoder import fused_problem
+from engine.generate.runner import TargetRunner
+from engine.targets import load_target
+
+pytestmark = pytest.mark.xdist_group("fused_decoder")
+
+
+@pytest.fixture(scope="module")
+def tiny_family_targets(tmp_path_factory):
+    from tiny import save_tiny_target
+
+    root = tmp_path_factory.mktemp("fused")
+    return {arch: save_tiny_target(root / arch, arch) for arch in ("llama", "qwen2", "qwen3", "mistral", "qwen3_moe",
+                                                                     "gemma2")}
+
+
+def _close(a: torch.Tensor, b: torch.Tensor) -> None:
+    assert a.shape == b.shape
+    assert torch.allclose(a, b, atol=1e-4, rtol=1e-4), float((a - b).abs().max())
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+def test_fused_forwards_give_transformers_logits_and_aux_states(tiny_family_targets, arch, monkeypatch):
+    """fp32, so the comparison is tight: a prompt over several chunks and past the first cache size, one-token and
+    several-token steps, and a crop (a rejected draft) followed by new tokens."""
+    monkeypatch.setattr(fused_decoder, "PREFILL_CHUNK", 64)
+    target = load_target(str(tiny_family_targets[arch]), dtype=torch.float32, device="cpu")
+    aux = [1, 3, 4]  # a layer's input, and the last layer's output (id = number of layers)
+    plain = TargetRunner(target, aux, route_kernels=False, fused=False)
+    fused = TargetRunner(target, aux, route_kernels=False, fused=True)
+    assert fused.fused and not plain.fused
+    prompt = [(7 * i) % 300 + 3 for i in range(300)]  # 5 chunks, more than the 256 positions first allocated
+    for step in (prompt, [5], [9, 11, 13, 15], [17]):
+        (a, xa), (b, xb) = plain.forward(step), fused.forward(step)
+        _close(a, b)
+        _close(xa, xb)
+        assert plain.length == fused.length
+    for runner in (plain, fused):
+        runner.crop(302)
+    assert fused.length == 302
+    (a, xa), (b, xb) = plain.forward([20, 21, 22]), fused.forward([20, 21, 22])
+    _close(a, b)
+    _close(xa, xb)
+    (a, _), (b, _) = plain.forward([23], all_logits=False), fused.forward([23], all_logits=False)
+    _close(a, b)
+
+
+@pytest.mark.parametrize("arch,why", [("mistral", "sliding-window"), ("qwen3_moe", "qwen3_moe"),
+                                      ("gemma2", "gemma2")])
+def test_other_layouts_are_refused_with_the_reason_and_decode_as_before(tiny_family_targets, arch, why):
+    target = load_target(str(tiny_family_targets[arch]), dtype=torch.float32, device="cpu")
+    assert why in fused_problem(target.model)
+    runner = TargetRunner(target, route_kernels=False, fused=True)
+    assert not runner.fused
+    logits, _ = runner.forward([3, 4, 5])
+    assert logits.shape == (3, target.vocab_size)
+
+
+def test_the_kernel_choice_skips_the_fused_path_where_the_layout_is_not_taken(tiny_family_targets):
+    paths = ["fp32", "bf16-fused-packed-masked"]
+    moe = kc.measure(str(tiny_family_targets["qwen3_moe"]), 3, paths, device="cpu", repeats=1)
+    assert "qwen3_moe" in moe["bf16-fused-packed-masked"]["skipped"]
+    assert moe["fp32"]["ms_1"] > 0
+    assert kc.pick(moe) == "fp32"
+    llama = kc.measure(str(tiny_family_targets["llama"]), 3, paths, device="cpu", repeats=1)
+    assert llama["bf16-fused-packed-masked"]["ms_1"] > 0  # timed, its row exactness checked as every path's
+    assert isinstance(llama["bf16-fused-packed-masked"]["row_exact"], bool)
