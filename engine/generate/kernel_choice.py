@@ -249,7 +249,7 @@ def measure(name_or_path: str | None, k: int, paths: list[str], *, device: str |
     for name in paths:
         try:
             candidate = _Candidate.load(name_or_path, PATHS[name], k, device)
-        except _NotForThisModel as e:
+        except _Skipped as e:
             results[name] = {"skipped": str(e), "description": PATHS[name].description}
             continue
         if interleave is None:
@@ -273,17 +273,40 @@ INTERLEAVE_MEMORY_SHARE = 0.3  # of MemAvailable: the most all candidates' copie
 def _fits_together(model: torch.nn.Module, paths: list[KernelPath]) -> bool:
     """All candidates' copies of this model fit in INTERLEAVE_MEMORY_SHARE of the available memory."""
     numel = sum(p.numel() for p in model.parameters())
-    copies = [2 if p.linear_form in PACKED_FORMS or p.fused else 1 for p in paths]  # packed or fused: a second copy
+    copies = [2 if _copies_weights(p) else 1 for p in paths]
     need = sum(c * numel * torch.empty(0, dtype=p.dtype).element_size() for p, c in zip(paths, copies, strict=True))
+    free = _free_memory()
+    return free is not None and need <= INTERLEAVE_MEMORY_SHARE * free
+
+
+SECOND_COPY_MEMORY_SHARE = 0.5  # of MemAvailable: the most a path's second copy of the weights may take
+
+
+def _copies_weights(path: KernelPath) -> bool:
+    """The path keeps a second copy of the linear weights (oneDNN's packed layout, or the fused decoder's)."""
+    return path.linear_form in PACKED_FORMS or path.fused
+
+
+def _free_memory() -> int | None:
+    """Free physical memory in bytes (the page cache not counted), None where it cannot be read."""
     try:
-        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")  # free physical memory (page cache not)
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError):
-        return False
-    return need <= INTERLEAVE_MEMORY_SHARE * free
+        return None
 
 
-class _NotForThisModel(Exception):
-    """A path this target's layers cannot take (the fused decoder's layouts)."""
+def _second_copy_problem(model: torch.nn.Module) -> str | None:
+    """Why a second copy of the model's weights should not be made here, or None."""
+    size = sum(p.numel() * p.element_size() for p in model.parameters())
+    free = _free_memory()
+    if free is not None and size > SECOND_COPY_MEMORY_SHARE * free:
+        return (f"a second copy of the weights ({size / 1e9:.1f} GB) would take more than "
+                f"{SECOND_COPY_MEMORY_SHARE:.0%} of the free memory ({free / 1e9:.1f} GB)")
+    return None
+
+
+class _Skipped(Exception):
+    """A path not tried for this target: its layers' layout, or no room for a second copy of its weights."""
 
 
 @dataclass
@@ -306,7 +329,10 @@ class _Candidate:
         target = load_target(name_or_path, dtype=path.dtype, device=device, with_tokenizer=False)
         problem = fused_problem(target.model) if path.fused else None
         if problem:
-            raise _NotForThisModel(f"not this target's layout: {problem}")
+            raise _Skipped(f"not this target's layout: {problem}")
+        problem = _second_copy_problem(target.model) if _copies_weights(path) else None
+        if problem:
+            raise _Skipped(problem)
         path.prepare(target.model)
         runner = TargetRunner(target, route_kernels=path.routed, fused=path.fused)
         prompt = _prompt(target.vocab_size)

@@ -72,3 +72,14 @@ def test_the_kernel_choice_skips_the_fused_path_where_the_layout_is_not_taken(ti
     llama = kc.measure(str(tiny_family_targets["llama"]), 3, paths, device="cpu", repeats=1)
     assert llama["bf16-fused-packed-masked"]["ms_1"] > 0  # timed, its row exactness checked as every path's
     assert isinstance(llama["bf16-fused-packed-masked"]["row_exact"], bool)
+
+
+def test_paths_that_copy_the_weights_are_skipped_where_the_copy_would_not_fit(tiny_family_targets, monkeypatch):
+    size = sum(p.numel() * p.element_size()
+               for p in load_target(str(tiny_family_targets["llama"]), dtype=torch.bfloat16).model.parameters())
+    monkeypatch.setattr(kc, "_free_memory", lambda: size)  # a second copy would take all of it
+    paths = ["bf16-routed-linear-masked", "bf16-routed-packed-masked", "bf16-fused-packed-masked"]
+    measured = kc.measure(str(tiny_family_targets["llama"]), 3, paths, device="cpu", repeats=1)
+    assert measured["bf16-routed-linear-masked"]["ms_1"] > 0
+    for name in paths[1:]:
+        assert "second copy of the weights" in measured[name]["skipped"]
