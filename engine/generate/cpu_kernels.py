@@ -105,6 +105,30 @@ def _routed_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return F.linear(x, self.weight, self.bias)
 
 
+_FUSED = "_workbench_fused_linears"
+
+
+def fused_linears(owner: nn.Module, linears: tuple[nn.Linear, ...], x: torch.Tensor) -> torch.Tensor:
+    """x [..., in] -> the outputs of `linears` (same input, same bias-ness) concatenated [..., sum(out)], as one
+    linear on their weights joined once and kept on `owner` (joined again when a weight changes), in the form the
+    first linear takes (routed, packed). For inference: fewer, larger calls; rounding may differ from the separate
+    linears, so only drafts use it (the target's verification decides what is emitted)."""
+    key = tuple((m.weight.data_ptr(), m.weight._version) for m in linears)
+    cached = owner.__dict__.get(_FUSED)
+    if cached is None or cached[0] != key:
+        with torch.inference_mode(False), torch.no_grad():  # a normal tensor (packed_weight reads its version)
+            weight = torch.cat([m.weight.detach() for m in linears])  # [sum(out), in]
+            bias = None if linears[0].bias is None else torch.cat([m.bias.detach() for m in linears])
+        cached = owner.__dict__[_FUSED] = (key, weight, bias)
+    _, weight, bias = cached
+    lead = linears[0]
+    if not (getattr(lead, _MARK, False) and x.dtype in ROUTED_DTYPES and x.numel() // x.shape[-1] <= MAX_ROWS):
+        return F.linear(x, weight, bias)
+    form = getattr(lead, LINEAR_FORM, "gemm")
+    packed = packed_weight(owner, weight) if form in PACKED_FORMS else None
+    return few_row_linear(weight, x, bias, form=form, packed=packed)
+
+
 def routed_linears(model: nn.Module) -> bool:
     """Whether any nn.Linear of `model` takes the routed forward (else `linear_form` is only a default)."""
     return any(getattr(m, _MARK, False) for m in model.modules() if isinstance(m, nn.Linear))

@@ -224,3 +224,26 @@ def test_a_bf16_draft_runs_its_linears_on_packed_weights_where_onednn_runs_bf16(
     with torch.inference_mode():
         got = model(x)
     assert got.shape == want.shape and torch.allclose(got.float(), want.float(), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_linears_give_the_separate_linears_outputs_and_follow_weight_updates(dtype):
+    """A draft's joined q/k/v (or gate/up) call: the three outputs side by side, in any routed form, and the
+    joined weight rebuilt after an optimizer step changes a weight in place."""
+    from engine.generate.cpu_kernels import fused_linears
+
+    torch.manual_seed(0)
+    owner = torch.nn.Module()
+    owner.a, owner.b, owner.c = (torch.nn.Linear(48, n, bias=True).to(dtype) for n in (32, 16, 16))
+    linears = (owner.a, owner.b, owner.c)
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
+    for rows in (1, 3, 40):
+        x = torch.randn(rows, 48).to(dtype)
+        with torch.inference_mode():
+            joined = fused_linears(owner, linears, x)
+            assert torch.allclose(joined, torch.cat([m(x) for m in linears], dim=-1), **tol)
+    with torch.no_grad():
+        owner.b.weight.mul_(-1.0)  # in place, as an optimizer step
+    x = torch.randn(2, 48).to(dtype)
+    with torch.inference_mode():
+        assert torch.allclose(fused_linears(owner, linears, x)[:, 32:48], owner.b(x), **tol)

@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.generate.cpu_kernels import fused_linears, masked_rows_attention
+
 # attend(layer_index, q [B,nh,T,hd], k [B,nkv,T,hd], v [B,nkv,T,hd]) -> [B,nh,T,hd]: the caller decides
 # which keys a query sees (a KV cache at inference, document/step masks in training).
 Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -115,9 +117,14 @@ class Attention(nn.Module):
     def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """x [B,T,in] -> q [B,nh,T,hd], k/v [B,nkv,T,hd] with RoPE applied."""
         b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.nh, self.hd)
-        k = self.k_proj(x).view(b, t, self.nkv, self.hd)
-        v = self.v_proj(x).view(b, t, self.nkv, self.hd).transpose(1, 2)
+        if torch.is_grad_enabled():
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        else:  # inference: one call on the three weights joined
+            q, k, v = fused_linears(self, (self.q_proj, self.k_proj, self.v_proj), x).split(
+                [self.nh * self.hd, self.nkv * self.hd, self.nkv * self.hd], dim=-1)
+        q = q.view(b, t, self.nh, self.hd)
+        k = k.view(b, t, self.nkv, self.hd)
+        v = v.view(b, t, self.nkv, self.hd).transpose(1, 2)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = q.transpose(1, 2), k.transpose(1, 2)
@@ -155,7 +162,10 @@ class MLP(nn.Module):
         self.act = act
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+        if torch.is_grad_enabled():
+            return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = fused_linears(self, (self.gate_proj, self.up_proj), x).chunk(2, dim=-1)  # inference: one call
+        return self.down_proj(self.act(gate) * up)
 
 
 class DecoderLayer(nn.Module):
@@ -226,8 +236,11 @@ def cached_attend(cache: DraftCache, windows: list[int | None], kv_groups: int, 
         mask = causal
         if windows[i]:
             mask = mask & (k_pos[None, :] > q_pos[:, None] - windows[i])
-        return F.scaled_dot_product_attention(q, repeat_kv(k_all, kv_groups), repeat_kv(v_all, kv_groups),
-                                              attn_mask=mask[None, None])
+        if windows[i] is None and q.shape[0] == 1 and not torch.is_grad_enabled():
+            # causal rows over the whole cache: grouped products, ~4x cheaper than SDPA's setup for a few rows
+            return masked_rows_attention(q[0], k_all[0], v_all[0], q.shape[-1] ** -0.5).transpose(0, 1)[None]
+        return F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask[None, None],
+                                              enable_gqa=kv_groups > 1)  # no copies of the grouped keys
 
     return attend
 
