@@ -657,3 +657,46 @@ def test_the_vllm_k_norm_table_is_its_record():
         assert row["accepted per draft"] == f"{per[name]:.3f}"
     trained, emulated, vllm = per.values()
     assert f"explains {trained - emulated:.3f} of the {trained - vllm:.3f} gap" in text
+
+
+def test_the_fused_decoder_figures_are_their_records():
+    """Issue 50 on the fused decoder path: baseline against transformers and vLLM, the kernel choice's timings, the
+    bandwidth share and the shipped draft's speedups, each the record's."""
+    text = _section(DOC.read_text(), "### The fused decoder")
+    folder = "decode_speed/amd-epyc-zen4-2026-12-05"
+    gen = _record(f"{folder}/baseline_generate-fused.json")
+    bench, vllm = _record(f"{folder}/bench.json"), [_record(f"{folder}/vllm_bench{s}.json") for s in ("", "-2")]
+    for rec in (gen, bench, *vllm):
+        assert rec["cpu_kind"] == "AVX-512 BF16"
+    speeds = gen["tokens_per_s"]
+    engine = speeds["engine baseline (auto: bf16-fused-packed-masked)"]
+    rows = {row["decoding"]: row["tokens/s"] for row in _table(text)}
+    assert rows["engine baseline, auto (bf16-fused-packed-masked, bit-identical)"] == f"{engine:.1f}"
+    assert rows["transformers `generate`, bf16 (its faster dtype)"] == f"{speeds['transformers generate (bf16)']:.1f}"
+    assert rows["transformers `generate`, fp32"] == f"{speeds['transformers generate (fp32)']:.1f}"
+    assert rows["engine baseline, auto, in `bench`"] == f"{bench['methods']['baseline']['tokens_per_s']:.1f}"
+    v = [r["methods"]["baseline"]["tokens_per_s"] for r in vllm]
+    assert [rows["vLLM CPU build, no draft, first run"], rows["vLLM CPU build, no draft, second run"]] == \
+        [f"{x:.1f}" for x in v]
+    assert f"**{engine / speeds['transformers generate (bf16)']:.2f}×**" in text
+    assert f"**{engine / max(v):.2f}–{engine / min(v):.2f}×**" in text
+    fused, packed = (bench["kernel"]["candidates"][n] for n in ("bf16-fused-packed-masked", "bf16-routed-packed-masked"))
+    assert fused["row_exact"] and bench["kernel"]["path"] == "bf16-fused-packed-masked"
+    assert f"took {fused['ms_1']:.1f} ms per\ntoken and {fused['ms_k1']:.1f} ms for 4 tokens, against " \
+           f"{packed['ms_1']:.1f} and {packed['ms_k1']:.1f}" in text
+    bw = _record("bandwidth/amd-epyc-zen4-2026-12-05.json")
+    row = bw["rows"][0]
+    assert f"at the {bw['read_gb_s']:.1f} GB/s read here is {row['limit_tokens_per_s']:.0f} tokens/s" in text
+    assert f"reaches {row['achieved_tokens_per_s'] / row['limit_tokens_per_s']:.0%} of it" in text
+    draft_rows = {row["method"]: row for row in _table(text.split("recipes' benchmark")[1])}
+    methods = _record(f"{folder}/bench-20x128.json")["methods"]
+    for name, row in draft_rows.items():
+        rec = methods[name]
+        assert row["tokens/s"] == f"{rec['tokens_per_s']:.1f}" and row["speedup"] == f"{rec['speedup']:.2f}×"
+        assert row["mean acceptance length"] == ("–" if rec["mean_acceptance_length"] is None
+                                                 else f"{rec['mean_acceptance_length']:.2f}")
+        assert rec["identical_to_baseline"] and row["identical"] == "yes"
+    packed_draft = _record(f"{folder}/draft-kernels.json")["rows"][1]
+    assert f"reaches {packed_draft['speedup']:.3f}× (95% interval {packed_draft['ci95'][0]:.3f}–" \
+           f"{packed_draft['ci95'][1]:.3f}; τ {packed_draft['mean_acceptance_length']:.3f})" in text
+    assert f"missed by {1.3 - packed_draft['speedup']:.2f} on these 12" in text
