@@ -680,7 +680,8 @@ def test_the_fused_decoder_figures_are_their_records():
         [f"{x:.1f}" for x in v]
     assert f"**{engine / speeds['transformers generate (bf16)']:.2f}×**" in text
     assert f"**{engine / max(v):.2f}–{engine / min(v):.2f}×**" in text
-    fused, packed = (bench["kernel"]["candidates"][n] for n in ("bf16-fused-packed-masked", "bf16-routed-packed-masked"))
+    candidates = bench["kernel"]["candidates"]
+    fused, packed = candidates["bf16-fused-packed-masked"], candidates["bf16-routed-packed-masked"]
     assert fused["row_exact"] and bench["kernel"]["path"] == "bf16-fused-packed-masked"
     assert f"took {fused['ms_1']:.1f} ms per\ntoken and {fused['ms_k1']:.1f} ms for 4 tokens, against " \
            f"{packed['ms_1']:.1f} and {packed['ms_k1']:.1f}" in text
