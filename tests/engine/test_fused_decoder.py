@@ -83,3 +83,38 @@ def test_paths_that_copy_the_weights_are_skipped_where_the_copy_would_not_fit(ti
     assert measured["bf16-routed-linear-masked"]["ms_1"] > 0
     for name in paths[1:]:
         assert "second copy of the weights" in measured[name]["skipped"]
+
+
+@pytest.mark.parametrize("arch,extra", [
+    ("llama", dict(rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                 "original_max_position_embeddings": 64}, tie_word_embeddings=True,
+                   attention_bias=True, mlp_bias=True, head_dim=24)),
+    ("mistral", dict(sliding_window=None)),
+])
+def test_variants_of_the_layouts_decode_as_transformers(tmp_path, arch, extra):
+    """Llama with Llama 3 RoPE scaling, a tied head, biases everywhere and a head size not hidden / heads; Mistral
+    without a sliding window."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from tiny import tiny_config, tiny_tokenizer
+
+    base = tiny_config(arch if arch == "llama" else "llama").to_dict()
+    for key in ("architectures", "model_type", "transformers_version", "dtype", "torch_dtype"):
+        base.pop(key, None)
+    config = AutoConfig.for_model(arch, **{**base, **extra})
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.08)
+    model.save_pretrained(tmp_path)
+    tiny_tokenizer().save_pretrained(tmp_path)
+    target = load_target(str(tmp_path), dtype=torch.float32, device="cpu")
+    assert fused_problem(target.model) is None
+    plain = TargetRunner(target, [2], route_kernels=False, fused=False)
+    fused = TargetRunner(target, [2], route_kernels=False, fused=True)
+    prompt = [(5 * i) % 300 + 3 for i in range(90)]  # past the 64 positions Llama 3's scaling treats as original
+    for step in (prompt, [7], [8, 9, 10]):
+        (a, xa), (b, xb) = plain.forward(step), fused.forward(step)
+        _close(a, b)
+        _close(xa, xb)
