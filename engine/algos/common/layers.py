@@ -236,8 +236,9 @@ def cached_attend(cache: DraftCache, windows: list[int | None], kv_groups: int, 
         mask = causal
         if windows[i]:
             mask = mask & (k_pos[None, :] > q_pos[:, None] - windows[i])
-        if windows[i] is None and q.shape[0] == 1 and not torch.is_grad_enabled():
-            # causal rows over the whole cache: grouped products, ~4x cheaper than SDPA's setup for a few rows
+        whole = windows[i] is None or past + new_tokens <= windows[i]  # every query sees every earlier key
+        if whole and q.shape[0] == 1 and not torch.is_grad_enabled():
+            # causal rows over the whole cache: grouped products, ~5x cheaper than SDPA at 600 keys here
             return masked_rows_attention(q[0], k_all[0], v_all[0], q.shape[-1] ** -0.5).transpose(0, 1)[None]
         return F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask[None, None],
                                               enable_gqa=kv_groups > 1)  # no copies of the grouped keys
