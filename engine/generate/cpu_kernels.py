@@ -39,10 +39,12 @@ LINEAR_FORM = "_workbench_linear_form"
 _PACKED = "_workbench_packed_weight"
 
 
-def packed_linear_available() -> bool:
-    """oneDNN's prepacked bf16 linear runs here (native bf16): the "packed-pad2" form may be measured."""
+def packed_linear_available(dtype: torch.dtype = torch.bfloat16) -> bool:
+    """oneDNN's prepacked linear runs here in `dtype` (bf16: natively only): the packed forms may be measured."""
     try:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        if dtype == torch.bfloat16:
+            return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        return dtype == torch.float32 and torch.backends.mkldnn.is_available()
     except (AttributeError, RuntimeError):
         return False
 

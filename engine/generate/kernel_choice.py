@@ -106,6 +106,10 @@ PATHS: dict[str, KernelPath] = {p.name: p for p in (
                "linears fused, a preallocated key/value cache, no per-module overhead (Llama, Qwen2, Qwen3 and Mistral "
                "layouts without sliding windows)",
                linear_form="packed-pad2", attention_form="eager-masked", fused=True),
+    KernelPath("fp32-fused-packed-masked", torch.float32, True, False,
+               "fp32 weights, the decoder layers as one plain forward as bf16-fused-packed-masked, on oneDNN's packed "
+               "fp32 linear (one row padded to two)",
+               linear_form="packed-pad2", attention_form="eager-masked", force_routing=True, fused=True),
     KernelPath("bf16-plain", torch.bfloat16, False, True,
                "bf16 weights, transformers' kernels (fused multi-row attention, GEMV for one row)"),
 )}
@@ -380,8 +384,8 @@ def candidate_paths(native: bool) -> tuple[list[str], dict[str, dict[str, Any]]]
         if path.native_bf16_only and not native:
             skipped[name] = {"skipped": "no native bf16 (AVX-512 BF16 / AMX / Arm BF16): emulated, never chosen",
                              "description": path.description}
-        elif path.linear_form in PACKED_FORMS and not packed_linear_available():
-            skipped[name] = {"skipped": "oneDNN's bf16 linear is not available in this torch build",
+        elif path.linear_form in PACKED_FORMS and not packed_linear_available(path.dtype):
+            skipped[name] = {"skipped": "oneDNN's packed linear is not available for this dtype here",
                              "description": path.description}
         else:
             tried.append(name)
