@@ -1,8 +1,8 @@
 """The shipped draft with its linears on packed weights against plain `F.linear`, interleaved in one run."""
 
-# One target (the built-in, `--dtype auto`), the baseline and the shipped draft twice at one k: as loaded (plain
-# `F.linear` on its bf16 weights) and with `engine.generate.cpu_kernels.pack_draft_linears` (what `make_proposer`
-# does where oneDNN runs bf16 natively). Every prompt runs the three methods in rotated order
+# One target (the built-in, `--dtype`, auto by default), the baseline and the shipped draft twice at one k: as loaded
+# (plain `F.linear` on its weights) and with `engine.generate.cpu_kernels.pack_draft_linears` (what `make_proposer`
+# does where oneDNN's packed linear runs in the draft's dtype). Every prompt runs the three methods in rotated order
 # (`engine.measure.speed`); rounds repeat; each speedup is the baseline's time over the method's, with its mean and
 # 95% interval over rounds. Outputs and acceptance must be the same for both drafts.
 #
@@ -26,6 +26,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--k", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--dtype", default="auto", help="the target's decode dtype (auto: the measured kernel path; "
+                        "fp32: forced, the draft in fp32 beside it)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
 
@@ -41,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     from engine.measure.spread import mean_interval
     from engine.targets import dtype_name
 
-    target = load_decode_target("smollm2-135m-instruct", "auto")
+    target = load_decode_target("smollm2-135m-instruct", args.dtype)
     plain = load_draft_proposer(default_draft(target.ref.name), target)
     packed = make_proposer("draft", target)
     runner = TargetRunner(target, plain.aux_layer_ids)

@@ -705,6 +705,10 @@ def test_the_fused_decoder_figures_are_their_records():
     assert f"reaches {packed_draft['speedup']:.3f}× (95% interval {packed_draft['ci95'][0]:.3f}–" \
            f"{packed_draft['ci95'][1]:.3f}; τ {packed_draft['mean_acceptance_length']:.3f})" in text
     assert packed_draft["speedup"] >= 1.3 and "The goal (≥ 1.3×) is met there" in text
+    plain32, packed32 = _record(f"{folder}/draft-kernels-fp32.json")["rows"]
+    assert f"went from {plain32['speedup']:.3f}× ({plain32['ci95'][0]:.3f}–{plain32['ci95'][1]:.3f})\nto " \
+           f"{packed32['speedup']:.3f}× ({packed32['ci95'][0]:.3f}–{packed32['ci95'][1]:.3f})" in text
+    assert packed32["linear_form"] == "packed" and packed32["identical_to_baseline"]
     second = _record(f"{folder}/bench-20x128-2.json")["methods"]
     assert f"gave {second['draft']['speedup']:.3f}× (n-gram {second['ngram']['speedup']:.3f}×)" in text
     assert f"missed by {1.3 - methods['draft']['speedup']:.2f} in the 20-prompt runs" in text

@@ -200,9 +200,10 @@ def test_gemv_check_is_the_measured_verdict_cached_per_shape(dtype):
     assert cpu_kernels.gemv_matches_gemm(weight) is verdict  # by shape, not values
 
 
-def test_a_bf16_draft_runs_its_linears_on_packed_weights_where_onednn_runs_bf16():
+def test_a_draft_runs_its_linears_on_packed_weights_where_onednn_runs_its_dtype():
     """`pack_draft_linears`: on a CPU with native bf16 every linear of a bf16 model takes the "packed" form, one row
-    as one row, with F.linear's values to bf16 rounding; elsewhere (or for an fp32 model) nothing changes."""
+    as one row, with F.linear's values to bf16 rounding; elsewhere nothing changes. An fp32 model is packed wherever
+    oneDNN runs (every x86 build), with F.linear's values to fp32 rounding."""
     from torch import nn
 
     from engine.generate.cpu_kernels import linear_form, pack_draft_linears, packed_linear_available, routed_linears
@@ -212,8 +213,15 @@ def test_a_bf16_draft_runs_its_linears_on_packed_weights_where_onednn_runs_bf16(
     x = torch.randn(1, 64, dtype=torch.bfloat16)
     with torch.no_grad():
         want = model(x)
-    fp32 = nn.Sequential(nn.Linear(8, 8))
-    assert pack_draft_linears(fp32) is False and linear_form(fp32) == "gemm"  # fp32: left as it is
+    fp32 = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4))
+    y = torch.randn(1, 8)
+    with torch.no_grad():
+        want32 = fp32(y)
+    assert pack_draft_linears(fp32) is packed_linear_available(torch.float32)
+    if routed_linears(fp32):
+        assert linear_form(fp32) == "packed"
+        with torch.inference_mode():
+            assert torch.allclose(fp32(y), want32, rtol=1e-5, atol=1e-5)
     packed = pack_draft_linears(model)
     assert packed is packed_linear_available()
     if not packed:  # emulated bf16 (AVX2): the model keeps F.linear
