@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -151,9 +152,10 @@ def main(argv: list[str] | None = None) -> int:
                     "share_of_values_differing": sum(c["elements_differing"] for c in checks)
                     / max(1, sum(c["elements"] for c in checks))},
         "exact_check": {"dtype": args.check_dtype, "conversations": min(n, args.batch_size), **exact},
-        "note": "The machine was shared with other agents' jobs during the run (2 cores); both ways ran "
-                "interleaved chunk by chunk, so the ratio is the figure to trust. The vLLM regeneration path "
-                "(regenerate --backend vllm, a managed server in its own environment) is not timed side by side here.",
+        "note": "Both ways ran interleaved chunk by chunk, so on a shared machine the ratio is the figure to trust. "
+                "The vLLM regeneration path (regenerate --backend vllm, a managed server in its own environment) is "
+                "not timed side by side here.",
+        "load_average_at_end": list(os.getloadavg()),
     }
     pc = result["per_conversation_s"]
     table = ("| way | s per conversation | CPU s per conversation |\n|---|---|---|\n"

@@ -659,6 +659,24 @@ def test_the_vllm_k_norm_table_is_its_record():
     assert f"explains {trained - emulated:.3f} of the {trained - vllm:.3f} gap" in text
 
 
+def test_the_zen4_data_cost_table_is_its_record():
+    """Issue 50's data row for this machine kind: both ways per conversation and their ratio, the record's."""
+    record = _record("data_cost/amd-epyc-zen4-onepass.json")
+    text = _section(DOC.read_text(), "### One pass against two steps on the AMD EPYC Zen 4")
+    assert "bench_onepass.py" in record["command"] and record["cpu_kind"] == "AVX-512 BF16"
+    rows = {r["way"]: r for r in _table(text)}
+    wall, cpu, parts = record["per_conversation_s"], record["per_conversation_cpu_s"], \
+        record["two_steps_parts_per_conversation_s"]
+    assert rows["regenerate (transformers generate)"]["s per conversation"] == f"{parts['regenerate']:.2f}"
+    assert rows["extract (a second forward)"]["s per conversation"] == f"{parts['extract']:.2f}"
+    for way, key in (("regenerate, then extract", "two_steps"), ("one pass (regenerate --extract-to)", "one_pass")):
+        assert rows[way]["s per conversation"] == f"{wall[key]:.2f}", way
+        assert rows[way]["CPU s per conversation"] == f"{cpu[key]:.2f}", way
+    assert f"**{record['ratio']:.2f}** (CPU seconds {record['cpu_ratio']:.2f})" in text
+    assert f"decoding is {parts['regenerate'] / wall['two_steps']:.0%} of the two steps" in text
+    assert record["outputs"]["rows_equal"] and record["outputs"]["tokens_equal"]
+
+
 def test_the_fused_decoder_figures_are_their_records():
     """Issue 50 on the fused decoder path: baseline against transformers and vLLM, the kernel choice's timings, the
     bandwidth share and the shipped draft's speedups, each the record's."""
