@@ -2,9 +2,10 @@
 
 # transformers runs a decode step through ~20 module calls, cache and mask bookkeeping per layer; on a small target
 # that overhead is as large as the weight reads (BENCHMARKS.md, issue 50). Here a step is a loop over the layers with
-# the query/key/value and gate/up linears each fused into one weight (packed once for oneDNN where it runs bf16
-# natively), the norms, RoPE and activation taken from the model's own modules, the attention of
-# engine.generate.cpu_kernels' "eager-masked" form, and a key/value cache of preallocated tensors. Only layer layouts
+# the query/key/value and gate/up linears each fused into one weight (packed once for oneDNN where its packed
+# linear runs in the weights' dtype: bf16 natively, fp32), the norms, RoPE and activation taken from the model's own
+# modules, the attention of engine.generate.cpu_kernels' "eager-masked" form, and a key/value cache of preallocated
+# tensors. Only layer layouts
 # whose every step this reproduces qualify (`fused_problem`); the kernel choice measures the path like any other
 # (row-exactness included) and takes it only where it is exact and fastest.
 
@@ -91,7 +92,7 @@ class _Weights:
                 qkv=self._weight(_cat([m.weight for m in qkv])), qkv_bias=_cat([m.bias for m in qkv]),
                 o=self._weight(attn.o_proj.weight), o_bias=_bias(attn.o_proj),
                 gate_up=self._weight(_cat([m.weight for m in gate_up])),
-                gate_up_bias=_cat([m.bias for m in gate_up]) if mlp.gate_proj.bias is not None else None,
+                gate_up_bias=_cat([m.bias for m in gate_up]),
                 down=self._weight(mlp.down_proj.weight), down_bias=_bias(mlp.down_proj), module=layer))
         self.sizes = [getattr(layer.self_attn, n).out_features for n in _ATTENTION[:3]]
         self.inter = decoder_of(model).layers[0].mlp.gate_proj.out_features
@@ -131,7 +132,6 @@ class FusedDecoder:
         self.weights = fused_weights(model)
         attn = self.decoder.layers[0].self_attn
         self.head_dim = attn.head_dim
-        self.heads = attn.config.num_attention_heads
         self.kv_heads = attn.config.num_key_value_heads
         self.length = 0
         self._k: torch.Tensor | None = None  # [L, Hkv, capacity, d]
