@@ -272,9 +272,9 @@ def route_decode_kernels(model: nn.Module) -> bool:
 
 def pack_draft_linears(model: nn.Module) -> bool:
     """A CPU draft's linears on oneDNN's weights packed once ("packed"): for one or two rows `F.linear` takes
-    1.4-1.8x as long on a bf16 weight and 2-6x on an fp32 one (BENCHMARKS.md). A draft needs no row-exactness (the
-    target's verification alone decides what is emitted), so one row stays one row. False where oneDNN's packed
-    linear does not run in the draft's dtype (bf16 without native support)."""
+    1.4-1.8x as long on a bf16 weight, and an fp32 draft beside an fp32 target gained 0.07x (BENCHMARKS.md). A draft
+    needs no row-exactness (the target's verification alone decides what is emitted), so one row stays one row.
+    False where oneDNN's packed linear does not run in the draft's dtype (bf16 without native support)."""
     p = next(model.parameters(), None)
     if p is None or p.device.type != "cpu" or not packed_linear_available(p.dtype):
         return False
