@@ -325,12 +325,8 @@ def test_answer_store_table_is_its_record():
     assert record["cpu"] in text and record["target_dtype"] in text and "bench_answer_store.py" in record["command"]
 
 
-def test_data_cost_table_is_its_record():
-    """Seconds per conversation both ways, their ratio and the hidden-state differences are the record's."""
-    record = _record("data_cost/intel-xeon-amx.json")
-    text = _section(DOC.read_text(), "## Data cost per conversation")
-    assert "benchmarks/results/data_cost/intel-xeon-amx.json" in text and "bench_onepass.py" in record["command"]
-    assert "Intel Xeon (AMX)" in text and "Xeon" in record["cpu"] and record["dtype"] in text
+def _check_data_cost_rows(record: dict[str, Any], text: str) -> None:
+    """The data-cost table's rows (each step, both ways, wall and CPU seconds per conversation) are the record's."""
     rows = {r["way"]: r for r in _table(text)}
     wall, cpu, parts = record["per_conversation_s"], record["per_conversation_cpu_s"], \
         record["two_steps_parts_per_conversation_s"]
@@ -339,6 +335,15 @@ def test_data_cost_table_is_its_record():
     for way, key in (("regenerate, then extract", "two_steps"), ("one pass (regenerate --extract-to)", "one_pass")):
         assert rows[way]["s per conversation"] == f"{wall[key]:.2f}", way
         assert rows[way]["CPU s per conversation"] == f"{cpu[key]:.2f}", way
+
+
+def test_data_cost_table_is_its_record():
+    """Seconds per conversation both ways, their ratio and the hidden-state differences are the record's."""
+    record = _record("data_cost/intel-xeon-amx.json")
+    text = _section(DOC.read_text(), "## Data cost per conversation")
+    assert "benchmarks/results/data_cost/intel-xeon-amx.json" in text and "bench_onepass.py" in record["command"]
+    assert "Intel Xeon (AMX)" in text and "Xeon" in record["cpu"] and record["dtype"] in text
+    _check_data_cost_rows(record, text)
     assert f"one pass / two steps: **{record['ratio']:.2f}** (CPU seconds {record['cpu_ratio']:.2f})" in text
     out, exact = record["outputs"], record["exact_check"]
     assert out["rows_equal"] and out["tokens_equal"] and exact["rows_equal"] and exact["tokens_equal"]
@@ -664,15 +669,9 @@ def test_the_zen4_data_cost_table_is_its_record():
     record = _record("data_cost/amd-epyc-zen4-onepass.json")
     text = _section(DOC.read_text(), "### One pass against two steps on the AMD EPYC Zen 4")
     assert "bench_onepass.py" in record["command"] and record["cpu_kind"] == "AVX-512 BF16"
-    rows = {r["way"]: r for r in _table(text)}
-    wall, cpu, parts = record["per_conversation_s"], record["per_conversation_cpu_s"], \
-        record["two_steps_parts_per_conversation_s"]
-    assert rows["regenerate (transformers generate)"]["s per conversation"] == f"{parts['regenerate']:.2f}"
-    assert rows["extract (a second forward)"]["s per conversation"] == f"{parts['extract']:.2f}"
-    for way, key in (("regenerate, then extract", "two_steps"), ("one pass (regenerate --extract-to)", "one_pass")):
-        assert rows[way]["s per conversation"] == f"{wall[key]:.2f}", way
-        assert rows[way]["CPU s per conversation"] == f"{cpu[key]:.2f}", way
+    _check_data_cost_rows(record, text)
     assert f"**{record['ratio']:.2f}** (CPU seconds {record['cpu_ratio']:.2f})" in text
+    parts, wall = record["two_steps_parts_per_conversation_s"], record["per_conversation_s"]
     assert f"decoding is {parts['regenerate'] / wall['two_steps']:.0%} of the two steps" in text
     assert record["outputs"]["rows_equal"] and record["outputs"]["tokens_equal"]
 
@@ -730,3 +729,7 @@ def test_the_fused_decoder_figures_are_their_records():
     second = _record(f"{folder}/bench-20x128-2.json")["methods"]
     assert f"gave {second['draft']['speedup']:.3f}× (n-gram {second['ngram']['speedup']:.3f}×)" in text
     assert f"missed by {1.3 - methods['draft']['speedup']:.2f} in the 20-prompt runs" in text
+    runs = (methods["draft"], second["draft"])
+    assert f"Drafting takes {100 * runs[0]['draft_fraction']:.1f}% and {100 * runs[1]['draft_fraction']:.1f}% " \
+           "of a speculative step" in text
+    assert f"would be {runs[0]['speedup_ceiling']:.2f}× and {runs[1]['speedup_ceiling']:.2f}×" in text
