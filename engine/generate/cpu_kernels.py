@@ -86,17 +86,26 @@ def few_row_linear(weight: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | N
     if rows == 1 and (form == "gemm-gemv1" or form == "linear-checked" and gemv_matches_gemm(weight)):
         return F.linear(x, weight, bias)
     flat = x.reshape(rows, x.shape[-1])  # [R, in]
-    if rows == 1 and form != "packed":
-        flat = flat.expand(2, -1)
-    if form in PACKED_FORMS and packed is not None:
-        y = torch.ops.mkldnn._linear_pointwise(flat, packed, bias, "none", [], "")[:rows]  # [R, out]
-    elif form in ("linear-pad2", "linear-checked", *PACKED_FORMS):
-        y = F.linear(flat, weight, bias)[:rows]  # [R, out]
+    if form in ("linear-pad2", "linear-checked", *PACKED_FORMS):
+        y = pad2_linear(flat, weight, bias, packed=packed if form in PACKED_FORMS else None, pad=form != "packed")
     else:
+        flat = flat.expand(2, -1) if rows == 1 else flat
         y = (weight @ flat.t()).t()[:rows].contiguous()  # [R, out]
         if bias is not None:
             y = y + bias
     return y.view(*x.shape[:-1], weight.shape[0])
+
+
+def pad2_linear(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None = None, *,
+                packed: torch.Tensor | None = None, pad: bool = True) -> torch.Tensor:
+    """x [R, in] -> [R, out]: oneDNN's linear on the `packed` weight when given, else `F.linear`; with `pad`, one
+    row is padded to two and cut (the GEMM rounds a row as it does in a batch, which the GEMV does not)."""
+    rows = x.shape[0]
+    if pad and rows == 1:
+        x = x.expand(2, -1)
+    if packed is not None:
+        return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")[:rows]
+    return F.linear(x, weight, bias)[:rows]
 
 
 def _routed_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:

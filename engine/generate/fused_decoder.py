@@ -14,10 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from engine.generate.cpu_kernels import masked_rows_attention, packed_linear_available
+from engine.generate.cpu_kernels import masked_rows_attention, packed_linear_available, pad2_linear
 from engine.targets import decoder_of
 
 FUSED_FAMILIES = ("llama", "qwen2", "qwen3", "mistral")  # decoder layers of exactly this layout (`fused_problem`)
@@ -103,12 +102,7 @@ class _Weights:
 
     def linear(self, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """x [R, in] -> [R, out]; one row padded to two, as the routed "pad2" forms (a row-invariant GEMM)."""
-        rows = x.shape[0]
-        if rows == 1:
-            x = x.expand(2, -1)
-        if self.packed:
-            return torch.ops.mkldnn._linear_pointwise(x, w, bias, "none", [], "")[:rows]
-        return F.linear(x, w, bias)[:rows]
+        return pad2_linear(x, w, bias, packed=w if self.packed else None)
 
 
 def _bias(linear: nn.Linear) -> torch.Tensor | None:
