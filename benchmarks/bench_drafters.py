@@ -1,10 +1,11 @@
 """Every draft algorithm side by side on the same held-out prompts, in-process and in real vLLM, in one run."""
 
 # Each method is `NAME=DRAFT_FOLDER@K` (a draft), `ngram@K` (prompt lookup) or `baseline`. In-process, one target is
-# loaded and the methods run round-robin prompt by prompt (so they see the same machine load); the table has mean
-# acceptance length, per-position acceptance, the draft's cost per step (ms, and as a fraction of one baseline target
-# step), tokens/s, speedup and whether the output is identical to the baseline. With `--vllm`, the same prompts go
-# through the managed vLLM server (one server per method, one after the other), with vLLM's own counters.
+# loaded on the engine's measured kernel path (`load_decode_target`; the record names it) and the methods run
+# round-robin prompt by prompt (so they see the same machine load); the table has mean acceptance length,
+# per-position acceptance, the draft's cost per step (ms, and as a fraction of one baseline target step), tokens/s,
+# speedup and whether the output is identical to the baseline. With `--vllm`, the same prompts go through the
+# managed vLLM server (one server per method, one after the other), with vLLM's own counters.
 #
 #     .venv/bin/python benchmarks/bench_drafters.py \
 #         --method eagle3=assets/drafts/smollm2-135m-instruct-eagle3@3 \
@@ -16,7 +17,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -68,16 +69,20 @@ def run_inprocess(methods: list[Method], prompts: list[dict], *, target: str | N
     from tqdm import tqdm
 
     from engine.generate.api import make_proposer, prompt_ids
+    from engine.generate.kernel_choice import load_decode_target
     from engine.generate.metrics import SpecMetrics
     from engine.generate.runner import TargetRunner
     from engine.generate.sampling import SamplingParams
     from engine.generate.speculative import generate
-    from engine.targets import decode_dtype, dtype_name, load_target
+    from engine.targets import dtype_name
 
     if threads:
         torch.set_num_threads(threads)
-    names = list(dict.fromkeys(dtype_name(decode_dtype(d)) for d in dtypes))  # "auto,bf16" may be one dtype
-    models = {d: load_target(target, dtype=d) for d in names}
+    models: dict[str, Any] = {}
+    for choice in dtypes:  # each on the engine's measured kernel path; "auto,bf16" may be one dtype
+        loaded = load_decode_target(target, choice)
+        models.setdefault(dtype_name(loaded.dtype), loaded)
+    names = list(models)
     first = models[names[0]]
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, seed=0)
     if first.tokenizer.eos_token_id is not None:
@@ -88,6 +93,10 @@ def run_inprocess(methods: list[Method], prompts: list[dict], *, target: str | N
     runners = {col: TargetRunner(models[d], getattr(proposers[col], "aux_layer_ids", None)) for d, m, col in columns}
     tallies = {col: Tally(metrics=SpecMetrics()) for _, _, col in columns}
     encoded = [prompt_ids(first.tokenizer, p) for p in prompts]
+    warm = replace(params, max_new_tokens=min(8, max_new_tokens))
+    for _, m, col in columns:  # untimed: the first calls (oneDNN's primitives, caches) would land on one method
+        for _ in generate(runners[col], encoded[0], warm, proposers[col], m.k):
+            pass
     for ids in tqdm(encoded, desc="in-process"):
         for _, m, col in columns:
             t, run = tallies[col], SpecMetrics()
@@ -122,6 +131,7 @@ def run_inprocess(methods: list[Method], prompts: list[dict], *, target: str | N
             "identical_to_baseline": t.outputs == base.outputs if base else None,
         }
     return {"backend": "transformers", "threads": torch.get_num_threads(), "dtypes": names,
+            "kernel_paths": {d: m.extra.get("kernel_summary") for d, m in models.items()},
             "baseline_step_ms": base_ms[names[0]], "baseline_step_ms_by_dtype": base_ms, "methods": rows}
 
 
