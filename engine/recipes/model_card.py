@@ -147,6 +147,19 @@ def _seeded(marker: dict[str, Any]) -> str:
     return f" ({rows:,} rows taken from the kept ones in assets/regenerated/, made in earlier runs)" if rows else ""
 
 
+
+def _serving_lines(algo: Any, shipped: str) -> list[str]:
+    """The card's sentence on serving and its commands: vLLM directly, or (where vLLM's CPU build refuses the type)
+    vLLM on a GPU and the workbench in-process anywhere."""
+    refusal = algo.config_class.vllm_cpu_refusal
+    if refusal is None:
+        return ["vLLM serves it directly:", f"vllm serve {shipped}        # target auto-detected from the config",
+                f"python -m engine serve --draft {shipped}   # the workbench's managed vLLM"]
+    return [f"vLLM serves it on GPUs (its V2 model runner); its CPU build refuses it at start ('{refusal}'). "
+            "The workbench decodes it in-process anywhere:",
+            f"vllm serve {shipped}        # on a CUDA machine; target auto-detected from the config",
+            f"python -m engine bench --draft {shipped}   # in-process, against the baseline and n-gram"]
+
 def render(recipe: dict[str, Any], facts: dict[str, Any]) -> str:
     from engine.algos import ALGOS, default_algo
 
@@ -177,11 +190,10 @@ def render(recipe: dict[str, Any], facts: dict[str, Any]) -> str:
         "",
         f"{'An' if algo.title[0] in 'AEIOU' else 'A'} {algo.title} draft model in the **speculators format** for "
         "[HuggingFaceTB/SmolLM2-135M-Instruct](https://huggingface.co/HuggingFaceTB/SmolLM2-135M-Instruct), "
-        "trained on a CPU with the Speculators Workbench's own pipeline. vLLM serves it directly:",
+        f"trained on a CPU with the Speculators Workbench's own pipeline. {_serving_lines(algo, shipped)[0]}",
         "",
         "```bash",
-        f"vllm serve {shipped}        # target auto-detected from the config",
-        f"python -m engine serve --draft {shipped}   # the workbench's managed vLLM",
+        *_serving_lines(algo, shipped)[1:],
         "```",
         "",
         "## Model",

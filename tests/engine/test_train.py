@@ -462,6 +462,30 @@ def test_model_card_shows_the_vllm_bench_and_says_by_how_much_a_recipe_goal_is_m
     assert "**In vLLM** a speculative step costs 1.27 plain steps" in card
 
 
+@pytest.mark.parametrize("algo,gpu_only", [("dflash", False), ("dflash2", True), ("dspark", True)])
+def test_a_cards_serving_lines_say_where_vllm_serves_the_type(tmp_path, algo, gpu_only):
+    """A type vLLM's CPU build refuses at start gets a card that says so with vLLM's words, and an in-process
+    command; the others are served directly."""
+    from engine.algos import ALGOS
+    from engine.recipes.model_card import gather, render
+
+    work = tmp_path / "work"
+    (work / "train" / "draft").mkdir(parents=True)
+    (work / "train" / "draft" / "config.json").write_text(json.dumps(
+        {"aux_hidden_state_layer_ids": [2, 9], "block_size": 8, "mask_token_id": 2,
+         "transformer_layer_config": {"num_hidden_layers": 2, "hidden_size": 576}}))
+    (work / "train" / "config.yaml").write_text(f"train:\n  algo: {algo}\n  algo_args:\n    block_size: 8\n")
+    card = render({"name": "r", "work": str(work), "ship": {"to": "assets/drafts/x"}},
+                  gather({"name": "r", "work": str(work), "ship": {"to": "assets/drafts/x"}}))
+    refusal = ALGOS.get(algo).config_class.vllm_cpu_refusal
+    assert (refusal is not None) == gpu_only
+    if gpu_only:
+        assert f"its CPU build refuses it at start ('{refusal}')" in card and "vLLM serves it directly" not in card
+        assert "python -m engine bench --draft assets/drafts/x" in card
+    else:
+        assert "vLLM serves it directly:" in card and "python -m engine serve --draft assets/drafts/x" in card
+
+
 def test_ship_refuses_a_destination_holding_files_the_workbench_did_not_write(tmp_path):
     from engine.errors import WorkbenchError
     from engine.recipes.recipe import ship

@@ -25,6 +25,7 @@ class DFlash2Config(DFlashConfig):
     default_architecture: ClassVar[str] = "DFlash2DraftModel"
     config_class: ClassVar[str] = "DFlash2SpeculatorConfig"
     vllm_order: ClassVar[int] = 3
+    vllm_cpu_refusal: ClassVar[str | None] = VLLM_V1_REFUSAL
     vllm_method: ClassVar[dict[str, Any]] = {"method": "dflash"}
 
     speculators_model_type: Literal["dflash2"] = "dflash2"  # type: ignore[assignment]

