@@ -67,6 +67,9 @@ TABLES = [
     ("The re-shipped EAGLE-3 draft in real vLLM", "reship-eagle3/amd-epyc-zen4/vllm_bench.json", (), _first_word),
     ("The re-shipped DFlash draft in-process", "reship-dflash/amd-epyc-zen4/bench.json", (), _first_word),
     ("The re-shipped DFlash draft in real vLLM", "reship-dflash/amd-epyc-zen4/vllm_bench.json", (), _first_word),
+    ("The three shipped drafts in one in-process run", "dflash2-recipe/amd-epyc-zen4/drafters.json", ("inprocess",),
+     str),
+    ("The recipe's own bench of the DFlash2 draft", "dflash2-recipe/amd-epyc-zen4/bench.json", (), _first_word),
 ]
 
 
@@ -733,3 +736,46 @@ def test_the_fused_decoder_figures_are_their_records():
     assert f"Drafting takes {100 * runs[0]['draft_fraction']:.1f}% and {100 * runs[1]['draft_fraction']:.1f}% " \
            "of a speculative step" in text
     assert f"would be {runs[0]['speedup_ceiling']:.2f}× and {runs[1]['speedup_ceiling']:.2f}×" in text
+
+
+def test_the_dflash2_recipe_drafts_figures_are_its_records():
+    """Issue 43's recipe draft beside the shipped drafts: τ per k of the three drafts (evaluated on the same day, CPU,
+    dtype and prompts), the selector ablation, the data and tokens seen, all the committed records'."""
+    text = DOC.read_text()
+    folder = "dflash2-recipe/amd-epyc-zen4"
+    section = _chapter(text, "## The DFlash2 recipe's draft beside the shipped drafts")
+    evaluated = {name: _record(f"{folder}/{file}") for name, file in
+                 (("DFlash2, this recipe", "evaluate.json"), ("DFlash, shipped", "dflash-evaluate.json"),
+                  ("EAGLE-3, shipped", "eagle3-evaluate.json"))}
+    assert len({e["draft_sha256"] for e in evaluated.values()}) == 3  # three drafts
+    for e in evaluated.values():
+        assert (e["cpu"], e["date"], e["target_dtype"], e["num_samples"], e["max_new_tokens"]) == \
+            (evaluated["DFlash2, this recipe"]["cpu"], evaluated["DFlash2, this recipe"]["date"], "bf16", 20, 128)
+    rows = _table(section.split("Decoding-exact acceptance per k")[1])
+    assert [r["k"] for r in rows] == list(evaluated["DFlash2, this recipe"]["by_k"])
+    for row in rows:
+        for name, e in evaluated.items():
+            by_k = e["by_k"].get(row["k"])
+            assert row[f"τ ({name})"] == (f"{by_k['mean_acceptance_length']:.3f}" if by_k else "–"), (row["k"], name)
+    ablation = _record(f"{folder}/selector-ablation.json")
+    assert ablation["draft_sha256"] == evaluated["DFlash2, this recipe"]["draft_sha256"]
+    rows = _table(section.split("What the selector buys")[1])
+    assert [int(r["k"]) for r in rows] == [r["k"] for r in ablation["rows"]]
+    for row, r in zip(rows, ablation["rows"], strict=True):
+        assert row["τ as trained"] == f"{r['as_trained']:.3f}" and row["τ with the selector zeroed"] == \
+            f"{r['zeroed']:.3f}" and row["difference"] == f"{r['difference']:+.3f}"
+    manifest = _record(f"{folder}/recipe/hidden-manifest.json")
+    metrics = [json.loads(x) for x in (RESULTS / folder / "recipe" / "train-metrics.jsonl").open()]
+    seen = sum(r.get("tokens", 0) for r in metrics if r["split"] == "train")
+    flat = " ".join(section.split())  # prose figures across line breaks
+    assert f"{manifest['samples']:,} conversations" in flat and f"{seen:,.0f} tokens seen" in flat
+    assert f"{manifest['tokens']:,} tokens" in flat and f"{manifest['loss_tokens']:,} of them in the loss" in flat
+    row = {r["draft"]: r for r in _table(_section(text, "### Acceptance against data"))}["DFlash2 (its card)"]
+    assert row["decoding-exact τ at k = 3 (20 held-out prompts)"] == \
+        f"{evaluated['DFlash2, this recipe']['by_k']['3']['mean_acceptance_length']:.3f}"
+    assert row["conversations"] == f"{manifest['samples']:,}"
+    assert row["assistant tokens"] == f"{manifest['loss_tokens']:,}"
+    card = (ROOT / "assets" / "drafts" / "smollm2-135m-instruct-dflash2" / "README.md").read_text()
+    bench = _record(f"{folder}/bench.json")["methods"]["draft"]
+    assert f"Mean acceptance length **{bench['mean_acceptance_length']:.2f}**" in card
+    assert f"| 3 | {evaluated['DFlash2, this recipe']['by_k']['3']['mean_acceptance_length']:.3f} |" in card
