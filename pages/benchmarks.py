@@ -84,10 +84,10 @@ with results_tab:
         choice = st.selectbox("Result", list(files), key="bench_result", width="stretch",
                               format_func=lambda key: bench.label(key, files),
                               placeholder="no benchmark result yet",
-                              help="The results that ship with the project (benchmarks/results/, each with the CPU "
-                                   "and date it was measured on), then your runs, newest first. It opens on the "
-                                   "result the other pages quote for the active draft, else on the freshest "
-                                   "result for this machine.")
+                              help="Your runs, newest first, then the results that ship with the project "
+                                   "(benchmarks/results/, each with the CPU and date it was measured on). It opens "
+                                   "on the result the other pages quote for the active draft, else on the "
+                                   "freshest result for this machine.")
         upload = st.file_uploader("…or a bench JSON", type=["json"], key="bench_upload", width=480)
         if upload is not None:
             result = bench.check(json.loads(upload.getvalue().decode("utf-8")))

@@ -100,8 +100,9 @@ def user_results() -> dict[str, Path]:
 
 
 def results() -> dict[str, Path]:
-    """The shipped results first, then the user's runs (newest first)."""
-    return shipped_results() | user_results()
+    """The user's runs (newest first), then the shipped results: a run of one's own is not lost below dozens of
+    shipped records in the picker's list."""
+    return user_results() | shipped_results()
 
 
 def label(key: str, files: dict[str, Path] | None = None) -> str:

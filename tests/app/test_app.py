@@ -122,7 +122,7 @@ def test_models_page_switches_target_and_draft(runs, tiny_target, tiny_draft):
 
 
 def test_models_page_offers_every_shipped_draft_of_the_target_default_first(runs):
-    """Two drafts ship for the built-in target (EAGLE-3, the default, and DFlash): both can be made active."""
+    """Drafts ship for the built-in target (EAGLE-3, the default, DFlash and DFlash2): another can be made active."""
     from engine.generate.api import default_draft, shipped_drafts
 
     shipped = [str(p) for p in shipped_drafts("smollm2-135m-instruct")]
