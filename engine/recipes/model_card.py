@@ -147,7 +147,6 @@ def _seeded(marker: dict[str, Any]) -> str:
     return f" ({rows:,} rows taken from the kept ones in assets/regenerated/, made in earlier runs)" if rows else ""
 
 
-
 def _serving_lines(algo: Any, shipped: str) -> list[str]:
     """The card's sentence on serving and its commands: vLLM directly, or (where vLLM's CPU build refuses the type)
     vLLM on a GPU and the workbench in-process anywhere."""
@@ -159,6 +158,7 @@ def _serving_lines(algo: Any, shipped: str) -> list[str]:
             "The workbench decodes it in-process anywhere:",
             f"vllm serve {shipped}        # on a CUDA machine; target auto-detected from the config",
             f"python -m engine bench --draft {shipped}   # in-process, against the baseline and n-gram"]
+
 
 def render(recipe: dict[str, Any], facts: dict[str, Any]) -> str:
     from engine.algos import ALGOS, default_algo
@@ -178,6 +178,7 @@ def render(recipe: dict[str, Any], facts: dict[str, Any]) -> str:
     name = recipe["name"]
     args = algo.args_class.model_validate({k: v for k, v in tc.items() if k in algo.args_class.model_fields})
     objective = algo.card_objective(args)
+    serving = _serving_lines(algo, shipped)
     lines = [
         "---",
         "library_name: speculators",
@@ -190,10 +191,10 @@ def render(recipe: dict[str, Any], facts: dict[str, Any]) -> str:
         "",
         f"{'An' if algo.title[0] in 'AEIOU' else 'A'} {algo.title} draft model in the **speculators format** for "
         "[HuggingFaceTB/SmolLM2-135M-Instruct](https://huggingface.co/HuggingFaceTB/SmolLM2-135M-Instruct), "
-        f"trained on a CPU with the Speculators Workbench's own pipeline. {_serving_lines(algo, shipped)[0]}",
+        f"trained on a CPU with the Speculators Workbench's own pipeline. {serving[0]}",
         "",
         "```bash",
-        *_serving_lines(algo, shipped)[1:],
+        *serving[1:],
         "```",
         "",
         "## Model",
