@@ -613,6 +613,14 @@ def test_the_dflash2_zen4_row_is_its_records():
         "-", "−").replace("interval +", "interval ").replace("is +", "is ") in flat
     higher, equal, lower = paired["samples_higher_equal_lower"]
     assert f"({higher} samples higher, {equal} equal, {lower} lower;" in flat
+    more = _record("train_quality/amd-epyc-zen4-dflash2-paired-100.json")  # the same drafts, 100 prompts
+    d, (higher, equal, lower) = more["difference"], more["samples_higher_equal_lower"]
+    assert d["n"] == more["ours"]["num_samples"] == 100 and d["ci95"][1] > 0
+    words = " ".join(text.split())
+    lo, hi = (f"{x:+.4f}".replace("-", "−") for x in d["ci95"])
+    assert f"{more['ours']['tau']:.3f} against {more['theirs']['tau']:.3f}, per-sample difference " \
+        f"{d['mean']:+.4f}, 95% t interval {lo} to {hi}" in words
+    assert f"({higher} samples higher, {equal} equal, {lower} lower)" in words
 
 
 def test_the_bandwidth_limit_is_its_record():
