@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 import time
@@ -155,7 +154,6 @@ def main(argv: list[str] | None = None) -> int:
         "note": "Both ways ran interleaved chunk by chunk, so on a shared machine the ratio is the figure to trust. "
                 "The vLLM regeneration path (regenerate --backend vllm, a managed server in its own environment) is "
                 "not timed side by side here.",
-        "load_average_at_end": list(os.getloadavg()),
     }
     pc = result["per_conversation_s"]
     table = ("| way | s per conversation | CPU s per conversation |\n|---|---|---|\n"

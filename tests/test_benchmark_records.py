@@ -10,6 +10,7 @@ record under benchmarks/results names its provenance."""
 from __future__ import annotations
 
 import json
+import math
 import re
 import sys
 from collections.abc import Callable
@@ -783,7 +784,45 @@ def test_the_dflash2_recipe_drafts_figures_are_its_records():
         f"{evaluated['DFlash2, this recipe']['by_k']['3']['mean_acceptance_length']:.3f}"
     assert row["conversations"] == f"{manifest['samples']:,}"
     assert row["assistant tokens"] == f"{manifest['loss_tokens']:,}"
+    from engine.format.checkpoint import tensor_index
+
+    for name, draft in (("", "dflash2"), ("DFlash's ", "dflash")):  # sizes: the shipped files
+        weights = ROOT / "assets" / "drafts" / f"smollm2-135m-instruct-{draft}" / "model.safetensors"
+        params = sum(math.prod(t.shape) for t in tensor_index(weights.parent).values())
+        assert f"{name}{params / 1e6:.2f}M" in flat and f"{weights.stat().st_size / 1e6:.1f} MB" in flat, draft
+    config = json.loads((ROOT / "assets/drafts/smollm2-135m-instruct-dflash2/config.json").read_text())
+    codebooks = 2 * config["transformer_layer_config"]["vocab_size"] * config["selector_rank"]
+    assert f"{codebooks / 1e6:.2f}M parameters (2 × {codebooks // 2 // config['selector_rank']:,} × " \
+        f"{config['selector_rank']}), {codebooks * 2 / 1e6:.1f} MB in bf16" in flat
+    curve = {r["step"]: r for r in _record(f"{folder}/curve.json")["rows"]}
+    at = [r for r in curve.values() if 3.8e6 < r["training_tokens"] < 4e6][0], curve[max(curve)]
+    assert f"{at[0]['mean_acceptance_length']:.2f} at {at[0]['training_tokens'] / 1e6:.1f}M tokens, " \
+        f"{at[1]['mean_acceptance_length']:.2f} at {at[1]['training_tokens'] / 1e6:.1f}M" in flat
+    steps = {s: _record(f"{folder}/recipe/steps/{s}.json") for s in ("extract", "train")}
+    assert f"made again here in {steps['extract']['seconds'] / 60:.1f} min" in flat
+    assert f"bf16 autocast, {steps['train']['seconds'] / 60:.1f} min" in flat
+    assert "--algo dflash2" in steps["train"]["command"]
+    walk = [r for r in metrics if r["split"] == "val"][-1]["walk_acceptance_length"]
+    assert f"the validation walk (3% of the training conversations) reached {walk:.2f}" in flat
+    sweep = {r["k"]: r["speedup"] for r in _record(f"{folder}/sweep.json")["rows"]}
+    assert f"{sweep[1]:.2f}× at k = 1, {sweep[3]:.2f}× at k = 3, {sweep[5]:.2f}× at k = 5, {sweep[7]:.2f}× at k = 7" \
+        in flat
     card = (ROOT / "assets" / "drafts" / "smollm2-135m-instruct-dflash2" / "README.md").read_text()
     bench = _record(f"{folder}/bench.json")["methods"]["draft"]
     assert f"Mean acceptance length **{bench['mean_acceptance_length']:.2f}**" in card
     assert f"| 3 | {evaluated['DFlash2, this recipe']['by_k']['3']['mean_acceptance_length']:.3f} |" in card
+
+
+def test_the_suite_time_table_in_docs_testing_is_its_records():
+    """docs/testing.md's suite times: each row's minutes and test count are its record's (`default`)."""
+    text = (ROOT / "docs" / "testing.md").read_text()
+    rows = _table(text[text.index("| machine | default suite"):])
+    assert len(rows) >= 5
+    for row in rows:
+        path = row["record (20 slowest tests included)"].strip("`").removeprefix("benchmarks/results/")
+        run = _record(path)["default"]
+        minutes, _, count = row["default suite (2 workers)"].replace("**", "").partition(", ")
+        assert minutes == f"{run['seconds'] / 60:.1f} min", path
+        counts = dict((word, int(n)) for n, word in re.findall(r"(\d+) (passed|failed)", run["summary"]))
+        expected = f"{counts['passed']} passed" if count.endswith("passed") else f"{sum(counts.values())} tests"
+        assert count == expected, path

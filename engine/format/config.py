@@ -73,6 +73,7 @@ class DraftConfig(BaseModel):
     vllm_served: ClassVar[bool] = True  # vLLM 0.33 registers this speculators type
     vllm_order: ClassVar[int] = 0  # its place in vLLM's registry (speculators/algos.py), for vLLM's own message
     vllm_cpu_refusal: ClassVar[str | None] = None  # vLLM's words where its CPU build refuses the type at start
+    #                                                (validate warns; the model card says where it is served)
     vllm_method: ClassVar[dict[str, Any]] = {}  # overrides of vLLM's speculative config (default: method = type)
     needs_speculative_tokens: ClassVar[bool] = True  # vLLM refuses the config without a k
     # speculative-config fields vLLM takes for this method only: field -> (declared type, vLLM's refusal elsewhere)

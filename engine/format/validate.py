@@ -354,6 +354,9 @@ def _project_config_rules(cfg: dict[str, Any], typed, hf: dict[str, Any] | None,
                              f"{typed.speculative_tokens} > {limit}: {typed.k_limit_reason()}"))
     for rule in cls.validation_rules() if cls is not None else ():
         rule(cfg, typed, hf, report)
+    if cls is not None and cls.vllm_cpu_refusal:  # vLLM's CPU build refuses the type at start: where it serves
+        report.add(Issue("speculators_model_type", vr.v1_runner_refusal(cls.algorithm, cls.vllm_cpu_refusal),
+                         severity="warning"))
 
 
 def _target_rules(cfg: dict[str, Any], target: str, report: ValidationReport) -> bool:

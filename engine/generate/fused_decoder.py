@@ -5,9 +5,8 @@
 # the query/key/value and gate/up linears each fused into one weight (packed once for oneDNN where its packed
 # linear runs in the weights' dtype: bf16 natively, fp32), the norms, RoPE and activation taken from the model's own
 # modules, the attention of engine.generate.cpu_kernels' "eager-masked" form, and a key/value cache of preallocated
-# tensors. Only layer layouts
-# whose every step this reproduces qualify (`fused_problem`); the kernel choice measures the path like any other
-# (row-exactness included) and takes it only where it is exact and fastest.
+# tensors. Only layer layouts whose every step this reproduces qualify (`fused_problem`); the kernel choice measures
+# the path like any other (row-exactness included) and takes it only where it is exact and fastest.
 
 from __future__ import annotations
 

@@ -147,17 +147,18 @@ def _seeded(marker: dict[str, Any]) -> str:
     return f" ({rows:,} rows taken from the kept ones in assets/regenerated/, made in earlier runs)" if rows else ""
 
 
-def _serving_lines(algo: Any, shipped: str) -> list[str]:
+def _serving(algo: Any, shipped: str) -> tuple[str, list[str]]:
     """The card's sentence on serving and its commands: vLLM directly, or (where vLLM's CPU build refuses the type)
     vLLM on a GPU and the workbench in-process anywhere."""
     refusal = algo.config_class.vllm_cpu_refusal
     if refusal is None:
-        return ["vLLM serves it directly:", f"vllm serve {shipped}        # target auto-detected from the config",
-                f"python -m engine serve --draft {shipped}   # the workbench's managed vLLM"]
-    return [f"vLLM serves it on GPUs (its V2 model runner); its CPU build refuses it at start ('{refusal}'). "
+        return "vLLM serves it directly:", [
+            f"vllm serve {shipped}        # target auto-detected from the config",
+            f"python -m engine serve --draft {shipped}   # the workbench's managed vLLM"]
+    return (f"vLLM serves it on GPUs (its V2 model runner); its CPU build refuses it at start ('{refusal}'). "
             "The workbench decodes it in-process anywhere:",
-            f"vllm serve {shipped}        # on a CUDA machine; target auto-detected from the config",
-            f"python -m engine bench --draft {shipped}   # in-process, against the baseline and n-gram"]
+            [f"vllm serve {shipped}        # on a CUDA machine; target auto-detected from the config",
+             f"python -m engine bench --draft {shipped}   # in-process, against the baseline and n-gram"])
 
 
 def render(recipe: dict[str, Any], facts: dict[str, Any]) -> str:
@@ -178,7 +179,7 @@ def render(recipe: dict[str, Any], facts: dict[str, Any]) -> str:
     name = recipe["name"]
     args = algo.args_class.model_validate({k: v for k, v in tc.items() if k in algo.args_class.model_fields})
     objective = algo.card_objective(args)
-    serving = _serving_lines(algo, shipped)
+    serving, serve_commands = _serving(algo, shipped)
     lines = [
         "---",
         "library_name: speculators",
@@ -191,10 +192,10 @@ def render(recipe: dict[str, Any], facts: dict[str, Any]) -> str:
         "",
         f"{'An' if algo.title[0] in 'AEIOU' else 'A'} {algo.title} draft model in the **speculators format** for "
         "[HuggingFaceTB/SmolLM2-135M-Instruct](https://huggingface.co/HuggingFaceTB/SmolLM2-135M-Instruct), "
-        f"trained on a CPU with the Speculators Workbench's own pipeline. {serving[0]}",
+        f"trained on a CPU with the Speculators Workbench's own pipeline. {serving}",
         "",
         "```bash",
-        *serving[1:],
+        *serve_commands,
         "```",
         "",
         "## Model",

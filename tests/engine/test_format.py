@@ -533,3 +533,19 @@ def test_a_draft_beside_a_linear_attention_verifier_is_refused_by_the_cpu_build(
     with pytest.raises(WorkbenchError, match="cannot pair an MLA target"):
         argv(mla, spec)
     assert "--dtype" in argv(mla, None)  # the target alone starts
+
+
+def test_validate_warns_where_vllms_cpu_build_refuses_the_type_and_only_there():
+    """The warning comes from the type's `vllm_cpu_refusal` (vLLM's words): the shipped DFlash2 draft gets it, the
+    shipped DFlash draft does not."""
+    from pathlib import Path
+
+    from engine.algos.dflash2.config import DFlash2Config
+    from engine.format.validate import validate_draft
+
+    drafts = Path(__file__).resolve().parents[2] / "assets" / "drafts"
+    gpu_only = validate_draft(drafts / "smollm2-135m-instruct-dflash2")
+    fields = [w.field for w in gpu_only.warnings if "GPUs only" in w.message]
+    assert gpu_only.ok and fields == ["speculators_model_type"]
+    assert any(DFlash2Config.vllm_cpu_refusal in w.message for w in gpu_only.warnings)
+    assert not any("GPUs only" in w.message for w in validate_draft(drafts / "smollm2-135m-instruct-dflash").warnings)

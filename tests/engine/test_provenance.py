@@ -107,3 +107,26 @@ def test_a_benchmark_scripts_record_carries_its_provenance(tmp_path, capsys):
     assert re.fullmatch(r"\d{4}-\d{2}-\d{2}", record["date"])
     with pytest.raises(ValueError, match="command and dtype"):
         print_and_save({"cpu": "x"}, "", str(out))
+
+
+def test_the_ablation_zeroes_only_the_named_tensors_in_a_copy(tmp_path):
+    """benchmarks/bench_ablate.py: the named tensors zeroed in the copy, every other tensor and file as it was, the
+    draft itself untouched; a name matching nothing is refused."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from benchmarks.bench_ablate import zeroed_copy
+
+    draft = tmp_path / "draft"
+    draft.mkdir()
+    (draft / "config.json").write_text("{}")
+    tensors = {"candidate_selector.successor_codebook": torch.ones(4, 2), "layers.0.w": torch.full((2, 2), 3.0)}
+    save_file(tensors, draft / "model.safetensors")
+    zeroed = zeroed_copy(draft, ["successor_codebook"], tmp_path / "copy")
+    assert zeroed == ["candidate_selector.successor_codebook"]
+    copy, original = load_file(tmp_path / "copy" / "model.safetensors"), load_file(draft / "model.safetensors")
+    name = "candidate_selector.successor_codebook"
+    assert not copy[name].any() and original[name].all()
+    assert torch.equal(copy["layers.0.w"], tensors["layers.0.w"]) and (tmp_path / "copy" / "config.json").is_file()
+    with pytest.raises(SystemExit, match="no tensor"):
+        zeroed_copy(draft, ["nothing_like_this"], tmp_path / "copy2")

@@ -238,7 +238,7 @@ def cached_attend(cache: DraftCache, windows: list[int | None], kv_groups: int, 
             mask = mask & (k_pos[None, :] > q_pos[:, None] - windows[i])
         whole = windows[i] is None or past + new_tokens <= windows[i]  # every query sees every earlier key
         if whole and q.shape[0] == 1 and not torch.is_grad_enabled():
-            # causal rows over the whole cache: grouped products, cheaper than SDPA's one-row kernel past ~100 keys
+            # causal rows over the whole cache: grouped products (SDPA's one-row kernel is slower on long caches)
             return masked_rows_attention(q[0], k_all[0], v_all[0], q.shape[-1] ** -0.5).transpose(0, 1)[None]
         return F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask[None, None],
                                               enable_gqa=kv_groups > 1)  # no copies of the grouped keys

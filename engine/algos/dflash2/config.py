@@ -60,7 +60,7 @@ class DFlash2Config(DFlashConfig):
 
     @classmethod
     def validation_rules(cls) -> list:
-        return [*super().validation_rules(), constraints, served_on_gpus_only]
+        return [*super().validation_rules(), constraints]
 
 
 def constraints(cfg, typed, hf, report: ValidationReport) -> None:
@@ -73,7 +73,3 @@ def constraints(cfg, typed, hf, report: ValidationReport) -> None:
         report.add(Issue("draft_vocab_size", "dflash2 requires the full verifier vocabulary"))
     if typed.sample_from_anchor:
         report.add(Issue("sample_from_anchor", "dflash2 requires sample_from_anchor=false"))
-
-
-def served_on_gpus_only(cfg, typed, hf, report: ValidationReport) -> None:
-    report.add(Issue("speculators_model_type", vr.v1_runner_refusal("dflash2", VLLM_V1_REFUSAL), severity="warning"))

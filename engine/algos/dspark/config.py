@@ -104,7 +104,7 @@ class DSparkConfig(DFlashConfig):
 
     @classmethod
     def validation_rules(cls) -> list:
-        return [*super().validation_rules(), vanilla_markov_head, gemma4_form, served_on_gpus_only]
+        return [*super().validation_rules(), vanilla_markov_head, gemma4_form]
 
     @classmethod
     def vllm_own_form(cls, cfg: dict[str, Any]) -> str | None:
@@ -128,10 +128,6 @@ def gemma4_parameters(exp: dict[str, tuple], optional: set[str], d: vr.Dims) -> 
         exp.update({f"{p}pre_feedforward_layernorm.weight": (d.h,), f"{p}post_feedforward_layernorm.weight": (d.h,),
                     f"{p}layer_scalar": (1,)})
     return exp, optional | {f"layers.{i}.layer_scalar" for i in range(d.layers)}
-
-
-def served_on_gpus_only(cfg, typed, hf, report: ValidationReport) -> None:
-    report.add(Issue("speculators_model_type", vr.v1_runner_refusal("dspark", VLLM_V1_REFUSAL), severity="warning"))
 
 
 def gemma4_form(cfg, typed, hf, report: ValidationReport) -> None:
