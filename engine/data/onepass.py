@@ -2,14 +2,15 @@
 
 # `regenerate_and_extract` writes what `regenerate` followed by `extract --split all` on its JSONL writes (the
 # same JSONL rows; an extraction folder of `hs_{i}.safetensors`, manifest.json and token_freq.safetensors), but
-# runs no second forward over the conversations. Greedy generation (`CapturingAnswerer`) runs each prompt alone,
-# then decodes the batch's answers together on the joined, left-padded KV caches (attention mask, position ids;
-# an answer that ends leaves the batch), and keeps the hidden states of the requested layers for every token it
-# feeds the target. A conversation's rendered tokens (what `extract` would read from the JSONL) are then the
-# fed tokens up to where they differ (the end-of-turn marker after the answer, or an answer whose text
-# re-tokenises differently), and only the rest, usually 1-2 tokens, is run through the target on that row's
-# KV cache. A multi-turn conversation's later prompts (its earlier answers and the next user turn) are prefilled
-# in the next turn's generation, as `regenerate` does; the last turn's states cover the whole conversation.
+# runs no second forward over the conversations. Greedy generation (`CapturingAnswerer`) runs each prompt alone, then
+# decodes the batch's answers together (an answer that ends leaves the batch): on the fused decoder's batch cache
+# (engine.generate.fused_decoder, one linear per weight for all rows) where the target allows it, else with
+# transformers on the joined, left-padded KV caches (attention mask, position ids); either way it keeps the hidden
+# states of the requested layers for every token it feeds the target. A conversation's rendered tokens (what `extract`
+# would read from the JSONL) are then the fed tokens up to where they differ (the end-of-turn marker after the answer,
+# or an answer whose text re-tokenises differently), and only the rest, usually 1-2 tokens, is run through the target
+# on that row's KV cache. A multi-turn conversation's later prompts (its earlier answers and the next user turn) are
+# prefilled in the next turn's generation, as `regenerate` does; the last turn's states cover the whole conversation.
 # Resumable and owned like both steps: a conversation in the JSONL without its sample file (a crash between the
 # two writes) is extracted the ordinary way on the next run.
 
@@ -19,6 +20,7 @@ import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -40,6 +42,8 @@ from engine.data.render import RenderedRow, render_dataset, render_rows
 from engine.data.store import MANIFEST, TOKEN_FREQ, sample_indices, sample_path
 from engine.errors import WorkbenchError
 from engine.fsutil import claim_names
+from engine.generate.fused_decoder import FusedBatch, fused_problem
+from engine.generate.kernel_choice import second_copy_problem
 from engine.targets import LayerCapture
 
 log = logging.getLogger(__name__)
@@ -109,16 +113,21 @@ class CapturingAnswerer:
 
     After each call, `states[conversation_key(history + [answer])]` holds the conversation's rendered row (as
     `extract` renders it, truncated to `max_length`) and its hidden states [T, L, H] in `dtype`: prompt and
-    fed answer tokens from the generation's forwards, the rest from a forward on that row's KV cache.
+    fed answer tokens from the generation's forwards, the rest from a forward on that row's KV cache. `fused`:
+    decode on the fused decoder (None: where `fused_onepass_problem` finds no reason not to).
     """
 
-    backend = "transformers-onepass"
-
-    def __init__(self, target, layer_ids: Sequence[int], *, max_length: int | None, dtype: torch.dtype):
+    def __init__(self, target, layer_ids: Sequence[int], *, max_length: int | None, dtype: torch.dtype,
+                 fused: bool | None = None):
         self.target = target
         self.layer_ids = sorted(set(int(i) for i in layer_ids))
         self.max_length = max_length
         self.dtype = dtype
+        problem = fused_onepass_problem(target)
+        self.fused = problem is None if fused is None else fused and problem is None
+        if fused is None and problem:
+            log.info("one pass decodes with transformers: %s", problem)
+        self.backend = "fused-onepass" if self.fused else "transformers-onepass"
         self.states: dict[str, tuple[RenderedRow | None, torch.Tensor | None]] = {}
         self.fed_tokens = 0  # tokens run through the target while generating
         self.tail_tokens = 0  # tokens run afterwards (end-of-turn markers, re-tokenised answers)
@@ -132,7 +141,8 @@ class CapturingAnswerer:
         tok = target.tokenizer
         prompts = [tok(tok.apply_chat_template(h, tokenize=False, add_generation_prompt=True),
                        add_special_tokens=False)["input_ids"] for h in histories]
-        return self._generate(histories, prompts, stop_token_ids(target), max_new_tokens)
+        generate = self._generate_fused if self.fused else self._generate
+        return generate(histories, prompts, stop_token_ids(target), max_new_tokens)
 
     def _generate(self, histories, prompts: list[list[int]], stops: set[int],
                   max_new_tokens: int) -> list[tuple[str, int, bool]]:
@@ -159,7 +169,8 @@ class CapturingAnswerer:
         rows = []
         for b in range(len(prompts)):  # an answer of one token ends here
             if new[b][-1] in stops or max_new_tokens == 1:
-                answers[b] = self._finish(histories[b], prompts[b], new[b], stops, states[b][0], caches[b], 0, 0)
+                answers[b] = self._finish(histories[b], prompts[b], new[b], stops, states[b][0],
+                                          partial(self._tail, cache=caches[b], row=0, pad=0))
             else:
                 rows.append(b)
         if len(rows) == 1 or not all(_plain(caches[b]) for b in rows):  # cannot join: one conversation at a time
@@ -201,7 +212,7 @@ class CapturingAnswerer:
             for j in ending:
                 b = rows[j]
                 answers[b] = self._finish(histories[b], prompts[b] + new[b][:-1], new[b], stops,
-                                          torch.cat(states[b]), cache, j, pads[j])
+                                          torch.cat(states[b]), partial(self._tail, cache=cache, row=j, pad=pads[j]))
                 states[b] = []
             keep = [j for j in range(len(rows)) if j not in ending]
             if not keep:
@@ -221,18 +232,55 @@ class CapturingAnswerer:
             positions = positions + 1
         return answers
 
+    def _generate_fused(self, histories, prompts: list[list[int]], stops: set[int],
+                        max_new_tokens: int) -> list[tuple[str, int, bool]]:
+        """`_generate` on the fused decoder: each prompt alone into its row of one batch cache, then one step for
+        every unfinished row at a time (one linear per weight for all rows); a row leaves when its answer ends."""
+        batch = FusedBatch(self.target.model, len(prompts), max(len(p) for p in prompts) + max_new_tokens)
+        states: list[list[torch.Tensor]] = [[] for _ in prompts]  # per conversation: [t, L, H] chunks, in order
+        new: list[list[int]] = [[] for _ in prompts]
+        answers: list = [None] * len(prompts)
+        for b, prompt in enumerate(prompts):
+            out, captured = batch.prefill(b, torch.tensor(prompt), self.layer_ids)  # out [T_b, H]
+            states[b].append(_stacked(captured, self.layer_ids).to(self.dtype))  # [T_b, L, H]
+            new[b].append(int(batch.logits(out[-1:])[0].argmax()))
+            self.fed_tokens += len(prompt)
+        rows = list(range(len(prompts)))  # batch row j decodes conversation rows[j]
+        for step in range(1, max_new_tokens + 1):  # each row's answer has `step` tokens here
+            ending = [j for j, b in enumerate(rows) if new[b][-1] in stops or step == max_new_tokens]
+            for j in ending:
+                b = rows[j]
+                answers[b] = self._finish(histories[b], prompts[b] + new[b][:-1], new[b], stops,
+                                          torch.cat(states[b]), partial(self._fused_tail, batch=batch, row=j))
+                states[b] = []
+            if ending:
+                keep = [j for j in range(len(rows)) if j not in ending]
+                if not keep:
+                    break
+                batch.keep(keep)
+                rows = [rows[j] for j in keep]
+            out, captured = batch.step(torch.tensor([new[b][-1] for b in rows]), self.layer_ids)  # out [B, H]
+            hidden = _stacked(captured, self.layer_ids).to(self.dtype)  # [B, L, H]
+            nxt = batch.logits(out).argmax(-1).tolist()  # [B]
+            for j, b in enumerate(rows):
+                states[b].append(hidden[j: j + 1])
+                new[b].append(nxt[j])
+            self.fed_tokens += len(rows)
+        return answers
+
     def _finish(self, history: list[dict], fed: list[int], new: list[int], stops: set[int], hidden: torch.Tensor,
-                cache, j: int, pad: int) -> tuple[str, int, bool]:
+                tail) -> tuple[str, int, bool]:
         """(text, new tokens, ended) of a finished answer; keeps its conversation's states (`_keep`)."""
         cut = next((k for k, t in enumerate(new) if t in stops), None)
         kept = new if cut is None else new[:cut]
         text = self.target.tokenizer.decode(kept, skip_special_tokens=True).strip()
         if text:
-            self._keep(history + [{"role": "assistant", "content": text}], fed, hidden, cache, j, pad)
+            self._keep(history + [{"role": "assistant", "content": text}], fed, hidden, tail)
         return text, len(kept) + (cut is not None), cut is not None
 
-    def _keep(self, messages: list[dict], fed: list[int], hidden: torch.Tensor, cache, j: int, pad: int) -> None:
-        """Store the rendered conversation and its states [T, L, H]: the fed tokens', then the rest on its cache."""
+    def _keep(self, messages: list[dict], fed: list[int], hidden: torch.Tensor, tail) -> None:
+        """Store the rendered conversation and its states [T, L, H]: the fed tokens', then the rest from
+        `tail(ids, p)` (the states of ids[p:] on the row's cache of its first p tokens)."""
         rendered = render_rows(self.target.tokenizer, [{"id": "onepass", "messages": messages}], self.max_length)
         key = conversation_key(messages)
         if not rendered:  # no loss token (cut by max_length) or a template error: `extract` skips it too
@@ -242,14 +290,15 @@ class CapturingAnswerer:
         p = common_prefix(fed, row.input_ids)  # hidden [len(fed), L, H]
         head = hidden[:p]
         if p < row.num_tokens:
-            tail = self._tail(row.input_ids, j, pad, p, cache)
-            head = torch.cat([head, tail], dim=0) if tail.shape[0] < row.num_tokens else tail
+            rest = tail(row.input_ids, p)
+            head = torch.cat([head, rest], dim=0) if rest.shape[0] < row.num_tokens else rest
         self.states[key] = (row, head)
 
-    def _tail(self, ids: list[int], b: int, pad: int, p: int, cache) -> torch.Tensor:
-        """States of ids[p:] [T - p, L, H] on row b's cache of its first p tokens (all of ids without a cache)."""
+    def _tail(self, ids: list[int], p: int, *, cache, row: int, pad: int) -> torch.Tensor:
+        """States of ids[p:] [T - p, L, H] on batch row `row`'s cache of its first p tokens (all of ids without a
+        cache)."""
         model, device = self.target.model, self.target.device
-        row_cache = _row_cache(cache, b, pad, pad + p, model.config) if p > 0 else None
+        row_cache = _row_cache(cache, row, pad, pad + p, model.config) if p > 0 else None
         if row_cache is None:
             self.tail_tokens += len(ids)
             return capture_batch(model, [ids], self.layer_ids, device)[0].to(self.dtype)
@@ -259,6 +308,22 @@ class CapturingAnswerer:
         with LayerCapture(model, self.layer_ids, stop_early=True) as capture:
             capture.decoder(input_ids=x, position_ids=positions, past_key_values=row_cache, use_cache=True)
         return capture.stacked()[0].to(self.dtype)
+
+    def _fused_tail(self, ids: list[int], p: int, *, batch: FusedBatch, row: int) -> torch.Tensor:
+        """`_tail` on the fused batch's row `row` (the row ends: its cache past p is overwritten)."""
+        self.tail_tokens += len(ids) - p
+        _, captured = batch.row(row, p).forward(torch.tensor(ids[p:]), self.layer_ids)
+        return _stacked(captured, self.layer_ids).to(self.dtype)
+
+
+def _stacked(captured: dict[int, torch.Tensor], layer_ids: list[int]) -> torch.Tensor:
+    """The fused decoder's captured streams {id: [T, H]} as [T, L, H] in ascending layer id order."""
+    return torch.stack([captured[i] for i in layer_ids], dim=1)
+
+
+def fused_onepass_problem(target) -> str | None:
+    """Why the one pass cannot decode on the fused decoder (engine.generate.fused_decoder) here, or None."""
+    return fused_problem(target.model) or second_copy_problem(target.model)
 
 
 class GrowingExtractionRun(ExtractionRun):

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from engine.generate.cpu_kernels import masked_rows_attention, packed_linear_available, pad2_linear
+from engine.generate.cpu_kernels import masked_rows_attention, packed_linear_available, packed_weight, pad2_linear
 from engine.targets import decoder_of
 
 FUSED_FAMILIES = ("llama", "qwen2", "qwen3", "mistral")  # decoder layers of exactly this layout (`fused_problem`)
@@ -200,8 +200,101 @@ class FusedDecoder:
         return self.decoder.norm.forward(x)
 
 
+class FusedBatch:
+    """Greedy decode steps of several sequences at once over a fused model: one linear per weight for all rows, each
+    row at its own position over its own cache length (the one-pass data path's batched answers)."""
+
+    def __init__(self, model: nn.Module, rows: int, capacity: int):
+        self.model = model
+        self.decoder = decoder_of(model)
+        self.weights = fused_weights(model)
+        attn = self.decoder.layers[0].self_attn
+        self.head_dim, self.scaling = attn.head_dim, attn.scaling
+        shape = (len(self.weights.layers), rows, attn.config.num_key_value_heads, capacity, attn.head_dim)
+        dtype = next(model.parameters()).dtype
+        # zeros, not empty: a row's keys past its length are masked, and 0 x NaN from stale memory would not be
+        self._k, self._v = torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype)  # [L, B, Hkv, C, d]
+        self.lengths = torch.zeros(rows, dtype=torch.long)  # [B] cached positions per row
+
+    def row(self, b: int, length: int | None = None) -> FusedDecoder:
+        """A one-sequence decoder on row b's cache (its first `length` positions; all of them by default). It writes
+        into the batch's cache until it outgrows the capacity, then into its own copy."""
+        one = FusedDecoder(self.model)
+        one._k, one._v = self._k[:, b], self._v[:, b]  # [L, Hkv, C, d] views
+        one.length = int(self.lengths[b]) if length is None else length
+        return one
+
+    def prefill(self, b: int, ids: torch.Tensor, capture: list[int]) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """Row b's prompt ids [T] alone (no padding): `FusedDecoder.forward`'s outputs; the row's length becomes T."""
+        one = self.row(b, 0)
+        out = one.forward(ids, capture)
+        if one._k.data_ptr() != self._k[:, b].data_ptr():
+            raise ValueError(f"a prompt of {ids.shape[0]} tokens is longer than the batch's capacity")
+        self.lengths[b] = one.length
+        return out
+
+    def keep(self, rows: list[int]) -> None:
+        """Only batch rows `rows` go on (in this order): the others' caches are dropped."""
+        index = torch.tensor(rows, dtype=torch.long)
+        self._k, self._v = self._k.index_select(1, index), self._v.index_select(1, index)
+        self.lengths = self.lengths[index]
+
+    @torch.inference_mode()
+    def step(self, ids: torch.Tensor, capture: list[int] | None = None
+             ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """ids [B] (one new token per row, at the row's length) -> the last layer's output [B, H] (before the final
+        norm) and the stream at each `capture` id [B, H], as `FusedDecoder.forward`."""
+        positions = self.lengths  # [B]
+        if int(positions.max()) >= self._k.shape[3]:
+            raise ValueError("a row has outgrown the batch's capacity")
+        x = self.decoder.embed_tokens(ids)  # [B, H]
+        cos, sin = self.decoder.rotary_emb(x[:, None], positions[:, None])  # [B, 1, d] each
+        seen = torch.arange(int(positions.max()) + 1) <= positions[:, None]  # [B, n]: keys each row attends to
+        captured, n = {}, len(self.weights.layers)
+        for i, layer in enumerate(self.weights.layers):
+            if i in (capture or ()):
+                captured[i] = x
+            x = self._layer(i, layer, x, cos, sin, seen)
+        if n in (capture or ()):
+            captured[n] = x
+        self.lengths = positions + 1
+        return x, captured
+
+    def _layer(self, i: int, layer: _Layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+               seen: torch.Tensor) -> torch.Tensor:
+        """x [B, H] -> [B, H]: one decoder layer for one token per row, its keys and values written at each row's
+        position."""
+        w, module, rows, d = self.weights, layer.module, x.shape[0], self.head_dim
+        attn = module.self_attn
+        h = module.input_layernorm.forward(x)
+        q, k, v = w.linear(h, layer.qkv, layer.qkv_bias).split(w.sizes, dim=-1)
+        q, k, v = q.view(rows, -1, d), k.view(rows, -1, d), v.view(rows, -1, d)  # [B, heads, d]
+        if hasattr(attn, "q_norm"):
+            q, k = attn.q_norm.forward(q), attn.k_norm.forward(k)
+        q, k = _rope(q, cos, sin), _rope(k, cos, sin)  # cos [B, 1, d] broadcasts over the heads
+        batch = torch.arange(rows)
+        self._k[i, batch, :, self.lengths], self._v[i, batch, :, self.lengths] = k, v
+        width = seen.shape[1]
+        keys, values = self._k[i, :, :, :width], self._v[i, :, :, :width]  # [B, Hkv, n, d]
+        grouped = q.view(rows, keys.shape[1], -1, d)  # [B, Hkv, g, d]: query head h reads key head h // g
+        scores = torch.matmul(grouped, keys.transpose(-1, -2)).float() * self.scaling  # [B, Hkv, g, n]
+        scores = scores.masked_fill(~seen[:, None, None, :], float("-inf"))
+        out = torch.matmul(torch.softmax(scores, dim=-1).to(values.dtype), values)  # [B, Hkv, g, d]
+        x = x + w.linear(out.reshape(rows, -1), layer.o, layer.o_bias)
+        h = module.post_attention_layernorm.forward(x)
+        gate, up = w.linear(h, layer.gate_up, layer.gate_up_bias).split(w.inter, dim=-1)  # [B, I] each
+        return x + w.linear(module.mlp.act_fn(gate) * up, layer.down, layer.down_bias)
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """x [R, H] (the last layer's output) -> logits [R, V]: the final norm, then the output head (packed)."""
+        head = self.model.get_output_embeddings()
+        packed = packed_weight(head, head.weight) if self.weights.packed else None
+        return pad2_linear(self.decoder.norm.forward(x), head.weight, packed=packed)
+
+
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [heads, T, d] rotated as transformers' `apply_rotary_pos_emb` (halves, cos/sin [1, T, d])."""
+    """x [heads, T, d] rotated as transformers' `apply_rotary_pos_emb` (halves, cos/sin [1, T, d]); also x [B, heads,
+    d] with cos/sin [B, 1, d]."""
     half = x.shape[-1] // 2
     return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 

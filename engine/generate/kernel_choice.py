@@ -299,7 +299,7 @@ def _free_memory() -> int | None:
         return None
 
 
-def _second_copy_problem(model: torch.nn.Module) -> str | None:
+def second_copy_problem(model: torch.nn.Module) -> str | None:
     """Why a second copy of the model's weights should not be made here, or None."""
     size = sum(p.numel() * p.element_size() for p in model.parameters())
     free = _free_memory()
@@ -334,7 +334,7 @@ class _Candidate:
         problem = fused_problem(target.model) if path.fused else None
         if problem:
             raise _Skipped(f"not this target's layout: {problem}")
-        problem = _second_copy_problem(target.model) if _copies_weights(path) else None
+        problem = second_copy_problem(target.model) if _copies_weights(path) else None
         if problem:
             raise _Skipped(problem)
         path.prepare(target.model)

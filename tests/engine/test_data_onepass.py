@@ -68,8 +68,16 @@ def assert_same_folders(a, b, *, rtol, atol) -> float:
     return worst
 
 
+def decode_with_transformers(monkeypatch) -> None:
+    """The one pass takes transformers' decoding, as for a target the fused decoder does not take."""
+    monkeypatch.setattr(op, "fused_onepass_problem", lambda target: "forced by the test")
+
+
 @pytest.mark.parametrize("batch_size", [1, 3])
-def test_same_jsonl_and_folder_as_regenerate_then_extract_tiny(tiny_llama, tmp_path, batch_size):
+@pytest.mark.parametrize("fused", [True, False])
+def test_same_jsonl_and_folder_as_regenerate_then_extract_tiny(tiny_llama, tmp_path, batch_size, fused, monkeypatch):
+    if not fused:
+        decode_with_transformers(monkeypatch)
     layer_ids = [0, 2, tiny_llama.num_layers]
     out2, folder2 = two_steps(tiny_llama, CHATS, tmp_path, layer_ids, max_new_tokens=12, batch_size=batch_size,
                               max_length=200, dtype="fp32")
@@ -79,17 +87,23 @@ def test_same_jsonl_and_folder_as_regenerate_then_extract_tiny(tiny_llama, tmp_p
                                                           batch_size=batch_size, extract_max_length=200, dtype="fp32"),
                                         layer_ids, progress=False)
     assert read_rows(out1) == read_rows(out2)  # greedy answers equal, so the JSONL is the same
+    backends = {json.loads(line)["regenerated"]["backend"] for line in out1.read_text().splitlines()}
+    assert backends == {"fused-onepass" if fused else "transformers-onepass"}
     assert summary.extracted == len(sample_indices(folder2))
     # fp32 files: the states of KV-cached decoding and of one full forward differ only in the last bits
     assert assert_same_folders(tmp_path / "one", folder2, rtol=1e-4, atol=1e-5) < 1e-4
 
 
-def test_rendered_tokens_differing_from_the_fed_ones_are_run_on_the_cache(tiny_llama, tmp_path, monkeypatch):
+@pytest.mark.parametrize("fused", [True, False])
+def test_rendered_tokens_differing_from_the_fed_ones_are_run_on_the_cache(tiny_llama, tmp_path, monkeypatch, fused):
     """The rows' tokens after the answer (end-of-turn marker, newline) were never fed: they go through the tail."""
     calls = []
-    tail = op.CapturingAnswerer._tail
-    monkeypatch.setattr(op.CapturingAnswerer, "_tail", lambda self, ids, b, pad, p, cache: calls.append(
-        (len(ids), p)) or tail(self, ids, b, pad, p, cache))
+    name = "_fused_tail" if fused else "_tail"
+    tail = getattr(op.CapturingAnswerer, name)
+    monkeypatch.setattr(op.CapturingAnswerer, name, lambda self, ids, p, **kw: calls.append(
+        (len(ids), p)) or tail(self, ids, p, **kw))
+    if not fused:
+        decode_with_transformers(monkeypatch)
     op.regenerate_and_extract(tiny_llama, CHATS[1:3],
                               RegenerateOptions(out=tmp_path / "o.jsonl", extract_to=tmp_path / "o", max_new_tokens=6,
                                                 extract_max_length=200), [1], progress=False)

@@ -118,3 +118,33 @@ def test_variants_of_the_layouts_decode_as_transformers(tmp_path, arch, extra):
         (a, xa), (b, xb) = plain.forward(step), fused.forward(step)
         _close(a, b)
         _close(xa, xb)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_a_batch_of_rows_at_different_lengths_steps_as_each_row_alone(tiny_family_targets, arch):
+    """fp32: prompts of different lengths prefilled into one batch cache, then one step for all rows at a time gives
+    each row what transformers gives that sequence alone (logits, captured streams); a row that leaves the batch
+    leaves the others' caches intact."""
+    target = load_target(str(tiny_family_targets[arch]), dtype=torch.float32, device="cpu")
+    model, aux = target.model, [1, 4]
+    prompts = [[(5 * i + 3 * r) % 300 + 3 for i in range(n)] for r, n in enumerate((7, 30, 13))]
+    batch = fused_decoder.FusedBatch(model, len(prompts), capacity=40)
+    alone = [TargetRunner(target, aux, route_kernels=False, fused=False) for _ in prompts]
+    for b, prompt in enumerate(prompts):
+        out, captured = batch.prefill(b, torch.tensor(prompt), aux)
+        logits, states = alone[b].forward(prompt, all_logits=False)
+        _close(batch.logits(out[-1:]), logits)
+        _close(torch.cat([captured[i] for i in aux], dim=-1), states)
+    rows, ids = [0, 1, 2], [11, 12, 13]
+    for step in range(4):
+        if step == 2:  # the middle row ends
+            batch.keep([0, 2])
+            rows, ids = [0, 2], [ids[0], ids[2]]
+        out, captured = batch.step(torch.tensor(ids), aux)  # [B, H]
+        got = batch.logits(out)
+        for j, b in enumerate(rows):
+            logits, states = alone[b].forward([ids[j]])
+            _close(got[j: j + 1], logits)
+            _close(torch.cat([captured[i][j: j + 1] for i in aux], dim=-1), states)
+        ids = [int(x) for x in got.argmax(-1)]
+    assert batch.lengths.tolist() == [len(prompts[0]) + 4, len(prompts[2]) + 4]
