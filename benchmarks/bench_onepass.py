@@ -6,7 +6,10 @@
 # * two steps: `engine.data.regenerate.regenerate` (transformers `generate`, batches of --batch-size) into a JSONL,
 #   then `render_dataset(JSONL, split=all)` and `extract_hidden_states` (a second forward over every token);
 # * one pass:  `engine.data.onepass.regenerate_and_extract` (`regenerate --extract-to`): hidden states kept while
-#   generating, only the tokens after each answer run again.
+#   generating, only the tokens after each answer run again; its batch decoded on the fused decoder where the target
+#   takes it (what users get), and
+# * the same one pass with transformers decoding its batch (what it did before the fused batch), to tell the two
+#   savings apart.
 #
 # Chunks of --batch-size conversations alternate which way goes first, so both see the same load on a shared
 # machine; wall-clock and process CPU seconds are summed per way. Afterwards (not timed) the outputs are compared:
@@ -50,28 +53,36 @@ def two_steps(target, chats, tmp: Path, layer_ids, args) -> None:
     PARTS["extract"] += time.perf_counter() - start
 
 
-def one_pass(target, chats, tmp: Path, layer_ids, args) -> None:
+def one_pass(target, chats, tmp: Path, layer_ids, args, *, fused: bool | None = None, name: str = "one") -> None:
     from engine.data.onepass import regenerate_and_extract
 
     regenerate_and_extract(target, chats,
-                           RegenerateOptions(out=tmp / "one.jsonl", extract_to=tmp / "one",
+                           RegenerateOptions(out=tmp / f"{name}.jsonl", extract_to=tmp / name,
                                              max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
                                              max_length=args.max_length, max_turns=1,
                                              extract_max_length=args.max_length, dtype=args.dtype), layer_ids,
-                           progress=False)
+                           progress=False, fused=fused)
 
 
-def compare(tmp: Path) -> dict:
-    """Equal rows, token ids and loss masks; the largest |difference| of the hidden states (and relative to |x|)."""
+def one_pass_transformers(target, chats, tmp: Path, layer_ids, args) -> None:
+    one_pass(target, chats, tmp, layer_ids, args, fused=False, name="onet")
+
+
+WAYS = {"two_steps": two_steps, "one_pass": one_pass, "one_pass_transformers": one_pass_transformers}
+
+
+def compare(tmp: Path, other: str = "one") -> dict:
+    """Equal rows, token ids and loss masks of the two steps' and `other`'s outputs; the largest |difference| of the
+    hidden states (and relative to |x|)."""
     from engine.data.store import load_sample, sample_indices
 
-    rows = [[json.loads(x)["messages"] for x in (tmp / f"{w}.jsonl").read_text().splitlines()] for w in ("two", "one")]
+    rows = [[json.loads(x)["messages"] for x in (tmp / f"{w}.jsonl").read_text().splitlines()] for w in ("two", other)]
     out = {"rows_equal": rows[0] == rows[1], "samples": 0, "tokens_equal": True, "max_abs_diff": 0.0,
            "max_rel_diff": 0.0, "elements_differing": 0, "elements": 0}
-    if sample_indices(tmp / "two") != sample_indices(tmp / "one"):
+    if sample_indices(tmp / "two") != sample_indices(tmp / other):
         return {**out, "tokens_equal": False}
     for i in sample_indices(tmp / "two"):
-        a, b = load_sample(tmp / "two" / f"hs_{i}.safetensors"), load_sample(tmp / "one" / f"hs_{i}.safetensors")
+        a, b = load_sample(tmp / "two" / f"hs_{i}.safetensors"), load_sample(tmp / other / f"hs_{i}.safetensors")
         same = a["token_ids"].equal(b["token_ids"]) and a["loss_mask"].equal(b["loss_mask"])
         out["tokens_equal"] &= same
         if not same:
@@ -109,22 +120,27 @@ def main(argv: list[str] | None = None) -> int:
     target = load_target("smollm2-135m-instruct", dtype="fp32")
     layer_ids = resolve_layer_ids(target.num_layers)  # the default algorithm's layers plus the last
     chats, _ = load_conversations("sharegpt", split="train", max_samples=args.conversations, prompt_only=True)
-    seconds = {"two_steps": 0.0, "one_pass": 0.0}
+    seconds = {way: 0.0 for way in WAYS}
     cpu = dict(seconds)
-    checks = []
+    checks, checks_t = [], []
     with tempfile.TemporaryDirectory(prefix="bench-onepass-") as tmp:
-        one_pass(target, chats[:1], Path(tmp) / "warm", layer_ids, args)  # first-call overheads are not compared
+        (Path(tmp) / "warm").mkdir()
+        for way in WAYS.values():  # first-call overheads (the fused weights' packing included) are not compared
+            way(target, chats[:1], Path(tmp) / "warm", layer_ids, args)
         PARTS.update(regenerate=0.0, extract=0.0)
         for c, k in enumerate(range(0, len(chats), args.batch_size)):
             chunk, folder = chats[k: k + args.batch_size], Path(tmp) / f"chunk{c}"
             folder.mkdir()
-            for way in (("two_steps", "one_pass") if c % 2 == 0 else ("one_pass", "two_steps")):
+            order = list(WAYS)[c % len(WAYS):] + list(WAYS)[:c % len(WAYS)]  # each way first in turn
+            for way in order:
                 start, start_cpu = time.perf_counter(), time.process_time()
-                (two_steps if way == "two_steps" else one_pass)(target, chunk, folder, layer_ids, args)
+                WAYS[way](target, chunk, folder, layer_ids, args)
                 seconds[way] += time.perf_counter() - start
                 cpu[way] += time.process_time() - start_cpu
                 print(f"chunk {c}: {way} {seconds[way]:.1f} s so far", flush=True)
             checks.append(compare(folder))
+            checks_t.append(compare(folder, "onet"))
+            decoder = json.loads((folder / "one.jsonl").read_text().splitlines()[0])["regenerated"]["backend"]
         parts = dict(PARTS)
         exact_args = argparse.Namespace(**{**vars(args), "dtype": args.check_dtype})
         folder = Path(tmp) / "exact"
@@ -141,7 +157,9 @@ def main(argv: list[str] | None = None) -> int:
         "per_conversation_s": {w: s / n for w, s in seconds.items()},
         "per_conversation_cpu_s": {w: s / n for w, s in cpu.items()},
         "two_steps_parts_per_conversation_s": {w: s / n for w, s in parts.items()},
+        "one_pass_backend": decoder,
         "ratio": seconds["one_pass"] / seconds["two_steps"], "cpu_ratio": cpu["one_pass"] / cpu["two_steps"],
+        "ratio_transformers_decoding": seconds["one_pass_transformers"] / seconds["two_steps"],
         "goal_ratio": 1 / 3,
         "outputs": {"rows_equal": all(c["rows_equal"] for c in checks),
                     "tokens_equal": all(c["tokens_equal"] for c in checks),
@@ -150,6 +168,9 @@ def main(argv: list[str] | None = None) -> int:
                     "max_rel_diff": max(c["max_rel_diff"] for c in checks),
                     "share_of_values_differing": sum(c["elements_differing"] for c in checks)
                     / max(1, sum(c["elements"] for c in checks))},
+        "outputs_transformers_decoding": {"rows_equal": all(c["rows_equal"] for c in checks_t),
+                                          "tokens_equal": all(c["tokens_equal"] for c in checks_t),
+                                          "max_abs_diff": max(c["max_abs_diff"] for c in checks_t)},
         "exact_check": {"dtype": args.check_dtype, "conversations": min(n, args.batch_size), **exact},
         "note": "Both ways ran interleaved chunk by chunk, so on a shared machine the ratio is the figure to trust. "
                 "The vLLM regeneration path (regenerate --backend vllm, a managed server in its own environment) is "
@@ -159,8 +180,10 @@ def main(argv: list[str] | None = None) -> int:
     table = ("| way | s per conversation | CPU s per conversation |\n|---|---|---|\n"
              f"| regenerate, then extract | {pc['two_steps']:.2f} | "
              f"{result['per_conversation_cpu_s']['two_steps']:.2f} |\n"
-             f"| one pass (regenerate --extract-to) | {pc['one_pass']:.2f} | "
+             f"| one pass (regenerate --extract-to), {decoder} | {pc['one_pass']:.2f} | "
              f"{result['per_conversation_cpu_s']['one_pass']:.2f} |\n"
+             f"| one pass, transformers decoding | {pc['one_pass_transformers']:.2f} | "
+             f"{result['per_conversation_cpu_s']['one_pass_transformers']:.2f} |\n"
              f"\none pass / two steps: {result['ratio']:.2f} (CPU {result['cpu_ratio']:.2f}); goal <= 0.33. "
              f"Hidden states ({args.dtype} files): max |diff| {result['outputs']['max_abs_diff']:.3g}; "
              f"{args.check_dtype} check: max |diff| {exact['max_abs_diff']:.3g}")

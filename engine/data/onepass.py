@@ -366,13 +366,14 @@ def _extract_missing(run: ExtractionRun, target, layer_ids: Sequence[int]) -> in
 
 
 def regenerate_and_extract(target, rows: Sequence[dict], options: RegenerateOptions, layer_ids: Sequence[int], *,
-                           overwrite: bool = False, progress: bool = True) -> RegenerateSummary:
+                           overwrite: bool = False, progress: bool = True, fused: bool | None = None
+                           ) -> RegenerateSummary:
     """`regenerate` into the JSONL `options.out` and, in the same pass, `extract --split all` of it into
     `options.extract_to`.
 
     Greedy only. `max_length` bounds prompt + answer while generating (as `regenerate`); `extract_max_length`
     truncates the rendered conversations (as `extract --max-length`). The summary's `extracted` is the
-    number of samples in the folder."""
+    number of samples in the folder. `fused`: as `CapturingAnswerer`'s (False: transformers decodes)."""
     from engine.targets import parse_dtype
 
     if options.extract_to is None:
@@ -387,7 +388,8 @@ def regenerate_and_extract(target, rows: Sequence[dict], options: RegenerateOpti
     done: list[RenderedRow] = []
     if out.is_file():  # resume: the rows `extract` would render from what is already regenerated
         done, _, _ = render_dataset(str(out), target.tokenizer, split="all", max_length=extract_max_length)
-    answerer = CapturingAnswerer(target, layer_ids, max_length=extract_max_length, dtype=parse_dtype(dtype))
+    answerer = CapturingAnswerer(target, layer_ids, max_length=extract_max_length, dtype=parse_dtype(dtype),
+                                 fused=fused)
     with GrowingExtractionRun(folder, header, list(done), planned=len(done) + len(rows), overwrite=overwrite) as run:
         if run.pending:
             log.info("extracting %d regenerated conversations whose samples are missing", len(run.pending))
