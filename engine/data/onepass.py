@@ -42,8 +42,8 @@ from engine.data.render import RenderedRow, render_dataset, render_rows
 from engine.data.store import MANIFEST, TOKEN_FREQ, sample_indices, sample_path
 from engine.errors import WorkbenchError
 from engine.fsutil import claim_names
-from engine.generate.fused_decoder import FusedBatch, fused_problem
-from engine.generate.kernel_choice import second_copy_problem
+from engine.generate.fused_decoder import FusedBatch, greedy_batch
+from engine.generate.kernel_choice import fused_batch_problem
 from engine.targets import LayerCapture
 
 log = logging.getLogger(__name__)
@@ -114,7 +114,7 @@ class CapturingAnswerer:
     After each call, `states[conversation_key(history + [answer])]` holds the conversation's rendered row (as
     `extract` renders it, truncated to `max_length`) and its hidden states [T, L, H] in `dtype`: prompt and
     fed answer tokens from the generation's forwards, the rest from a forward on that row's KV cache. `fused`:
-    decode on the fused decoder (None: where `fused_onepass_problem` finds no reason not to).
+    decode on the fused decoder (None: where `fused_batch_problem` finds no reason not to).
     """
 
     def __init__(self, target, layer_ids: Sequence[int], *, max_length: int | None, dtype: torch.dtype,
@@ -123,7 +123,7 @@ class CapturingAnswerer:
         self.layer_ids = sorted(set(int(i) for i in layer_ids))
         self.max_length = max_length
         self.dtype = dtype
-        problem = fused_onepass_problem(target)
+        problem = fused_batch_problem(target.model)
         self.fused = problem is None if fused is None else fused and problem is None
         if fused is None and problem:
             log.info("one pass decodes with transformers: %s", problem)
@@ -234,38 +234,14 @@ class CapturingAnswerer:
 
     def _generate_fused(self, histories, prompts: list[list[int]], stops: set[int],
                         max_new_tokens: int) -> list[tuple[str, int, bool]]:
-        """`_generate` on the fused decoder: each prompt alone into its row of one batch cache, then one step for
-        every unfinished row at a time (one linear per weight for all rows); a row leaves when its answer ends."""
-        batch = FusedBatch(self.target.model, len(prompts), max(len(p) for p in prompts) + max_new_tokens)
-        states: list[list[torch.Tensor]] = [[] for _ in prompts]  # per conversation: [t, L, H] chunks, in order
-        new: list[list[int]] = [[] for _ in prompts]
+        """`_generate` on the fused decoder's batch (engine.generate.fused_decoder.greedy_batch)."""
         answers: list = [None] * len(prompts)
-        for b, prompt in enumerate(prompts):
-            out, captured = batch.prefill(b, torch.tensor(prompt), self.layer_ids)  # out [T_b, H]
-            states[b].append(_stacked(captured, self.layer_ids).to(self.dtype))  # [T_b, L, H]
-            new[b].append(int(batch.logits(out[-1:])[0].argmax()))
-            self.fed_tokens += len(prompt)
-        rows = list(range(len(prompts)))  # batch row j decodes conversation rows[j]
-        for step in range(1, max_new_tokens + 1):  # each row's answer has `step` tokens here
-            ending = [j for j, b in enumerate(rows) if new[b][-1] in stops or step == max_new_tokens]
-            for j in ending:
-                b = rows[j]
-                answers[b] = self._finish(histories[b], prompts[b] + new[b][:-1], new[b], stops,
-                                          torch.cat(states[b]), partial(self._fused_tail, batch=batch, row=j))
-                states[b] = []
-            if ending:
-                keep = [j for j in range(len(rows)) if j not in ending]
-                if not keep:
-                    break
-                batch.keep(keep)
-                rows = [rows[j] for j in keep]
-            out, captured = batch.step(torch.tensor([new[b][-1] for b in rows]), self.layer_ids)  # out [B, H]
-            hidden = _stacked(captured, self.layer_ids).to(self.dtype)  # [B, L, H]
-            nxt = batch.logits(out).argmax(-1).tolist()  # [B]
-            for j, b in enumerate(rows):
-                states[b].append(hidden[j: j + 1])
-                new[b].append(nxt[j])
-            self.fed_tokens += len(rows)
+        for end in greedy_batch(self.target.model, prompts, stops, max_new_tokens, capture=self.layer_ids,
+                                dtype=self.dtype):
+            b = end.index
+            self.fed_tokens += len(prompts[b]) + len(end.new) - 1
+            answers[b] = self._finish(histories[b], prompts[b] + end.new[:-1], end.new, stops, end.states,
+                                      partial(self._fused_tail, batch=end.batch, row=end.row))
         return answers
 
     def _finish(self, history: list[dict], fed: list[int], new: list[int], stops: set[int], hidden: torch.Tensor,
@@ -313,17 +289,7 @@ class CapturingAnswerer:
         """`_tail` on the fused batch's row `row` (the row ends: its cache past p is overwritten)."""
         self.tail_tokens += len(ids) - p
         _, captured = batch.row(row, p).forward(torch.tensor(ids[p:]), self.layer_ids)
-        return _stacked(captured, self.layer_ids).to(self.dtype)
-
-
-def _stacked(captured: dict[int, torch.Tensor], layer_ids: list[int]) -> torch.Tensor:
-    """The fused decoder's captured streams {id: [T, H]} as [T, L, H] in ascending layer id order."""
-    return torch.stack([captured[i] for i in layer_ids], dim=1)
-
-
-def fused_onepass_problem(target) -> str | None:
-    """Why the one pass cannot decode on the fused decoder (engine.generate.fused_decoder) here, or None."""
-    return fused_problem(target.model) or second_copy_problem(target.model)
+        return torch.stack([captured[i] for i in self.layer_ids], dim=1).to(self.dtype)  # [T - p, L, H]
 
 
 class GrowingExtractionRun(ExtractionRun):

@@ -22,6 +22,8 @@ import torch
 
 from engine.data.options import RegenerateOptions
 from engine.errors import WorkbenchError
+from engine.generate.fused_decoder import greedy_batch
+from engine.generate.kernel_choice import fused_batch_problem
 from engine.jobs import reporter
 
 log = logging.getLogger(__name__)
@@ -167,10 +169,12 @@ def left_pad(sequences: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Ten
 @torch.inference_mode()
 def generate_answers(target, histories: Sequence[list[dict]], *, max_new_tokens: int, temperature: float,
                      top_p: float = 1.0) -> list[tuple[str, int, bool]]:
-    """(answer text, new tokens, ended by a stop token) for each chat history, in one batched generate."""
+    """(answer text, new tokens, ended by a stop token) for each chat history, in one batch: greedy answers on the
+    fused decoder where `decodes_fused`, else transformers' `generate`."""
+    if decodes_fused(target, temperature):
+        return _fused_answers(target, histories, max_new_tokens)
     tok = target.tokenizer
-    prompts = [tok(tok.apply_chat_template(h, tokenize=False, add_generation_prompt=True),
-                   add_special_tokens=False)["input_ids"] for h in histories]
+    prompts = chat_prompts(tok, histories)
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
     ids, mask = left_pad(prompts, pad_id)
     stops = stop_token_ids(target)
@@ -179,13 +183,34 @@ def generate_answers(target, histories: Sequence[list[dict]], *, max_new_tokens:
     out = target.model.generate(input_ids=ids.to(target.device), attention_mask=mask.to(target.device),
                                 max_new_tokens=max_new_tokens, pad_token_id=pad_id, eos_token_id=sorted(stops),
                                 use_cache=True, **sampling)
-    answers = []
-    for row in out[:, ids.shape[1]:].tolist():  # new tokens [B, <= max_new_tokens]
-        cut = next((k for k, t in enumerate(row) if t in stops), None)
-        new = row if cut is None else row[:cut]
-        text = tok.decode(new, skip_special_tokens=True).strip()
-        answers.append((text, len(new) + (cut is not None), cut is not None))
-    return answers
+    return [_answer(tok, row, stops) for row in out[:, ids.shape[1]:].tolist()]  # new tokens [B, <= max_new]
+
+
+def decodes_fused(target, temperature: float) -> bool:
+    """Whether `generate_answers` decodes on the fused decoder's batch: greedy, on a target it takes (a CPU)."""
+    return temperature == 0 and fused_batch_problem(target.model) is None
+
+
+def _fused_answers(target, histories: Sequence[list[dict]], max_new_tokens: int) -> list[tuple[str, int, bool]]:
+    """Greedy `generate_answers` on the fused decoder's batch (engine.generate.fused_decoder.greedy_batch)."""
+    prompts, stops = chat_prompts(target.tokenizer, histories), stop_token_ids(target)
+    new: list[list[int]] = [[] for _ in prompts]
+    for end in greedy_batch(target.model, prompts, stops, max_new_tokens):
+        new[end.index] = end.new
+    return [_answer(target.tokenizer, row, stops) for row in new]
+
+
+def chat_prompts(tok, histories: Sequence[list[dict]]) -> list[list[int]]:
+    """Each history's prompt ids, the chat template's generation prompt added."""
+    return [tok(tok.apply_chat_template(h, tokenize=False, add_generation_prompt=True),
+                add_special_tokens=False)["input_ids"] for h in histories]
+
+
+def _answer(tok, new: list[int], stops: set[int]) -> tuple[str, int, bool]:
+    """(text, new tokens, ended) of an answer's generated ids: cut at the first stop token, which counts."""
+    cut = next((k for k, t in enumerate(new) if t in stops), None)
+    kept = new if cut is None else new[:cut]
+    return tok.decode(kept, skip_special_tokens=True).strip(), len(kept) + (cut is not None), cut is not None
 
 
 def user_groups(messages: list[dict]) -> list[list[dict]]:
@@ -287,8 +312,11 @@ def regenerate(target, rows: Sequence[dict], options: RegenerateOptions, *, prog
     out, batch_size, seed = Path(options.out), options.batch_size, options.seed
     summary = RegenerateSummary(out=str(out))
     f, done = open_output(out)
-    meta = {"target": target.verifier_name,
-            "backend": "transformers" if answer is None else getattr(answer, "backend", "vllm"),
+    if answer is None:  # generate_answers: which of its two ways
+        backend = "fused" if decodes_fused(target, options.temperature) else "transformers"
+    else:
+        backend = getattr(answer, "backend", "vllm")
+    meta = {"target": target.verifier_name, "backend": backend,
             "temperature": options.temperature, "max_new_tokens": options.max_new_tokens, "seed": seed}
     rep = reporter()
     try:

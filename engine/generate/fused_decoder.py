@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -290,6 +291,56 @@ class FusedBatch:
         head = self.model.get_output_embeddings()
         packed = packed_weight(head, head.weight) if self.weights.packed else None
         return pad2_linear(self.decoder.norm.forward(x), head.weight, packed=packed)
+
+
+@dataclass
+class Ended:
+    """A prompt whose greedy answer ended (a stop token, or max_new_tokens), as `greedy_batch` yields it."""
+
+    index: int  # which prompt
+    new: list[int]  # its answer's tokens, a stop token included; the last one was never fed
+    states: torch.Tensor | None  # [prompt + fed answer tokens, L, H] at the captured ids (None without capture)
+    batch: FusedBatch  # whose row `row` holds its cache (prompt + fed tokens) until the generator goes on
+    row: int
+
+
+def greedy_batch(model: nn.Module, prompts: list[list[int]], stops: set[int], max_new_tokens: int, *,
+                 capture: list[int] | None = None, dtype: torch.dtype | None = None) -> Iterator[Ended]:
+    """Greedy answers to `prompts` on one `FusedBatch`: each prompt prefilled alone into its row, then one step for
+    every unfinished row at a time; yields each answer as it ends (then its row leaves the batch). With `capture`,
+    the stream at those layer ids of every fed token, in `dtype`."""
+    batch = FusedBatch(model, len(prompts), max(len(p) for p in prompts) + max_new_tokens)
+    states: list[list[torch.Tensor]] = [[] for _ in prompts]  # per prompt: [t, L, H] chunks, in order
+    new: list[list[int]] = [[] for _ in prompts]
+    for b, prompt in enumerate(prompts):
+        out, captured = batch.prefill(b, torch.tensor(prompt), capture or [])  # out [T_b, H]
+        if capture:
+            states[b].append(_stacked(captured, capture, dtype))  # [T_b, L, H]
+        new[b].append(int(batch.logits(out[-1:])[0].argmax()))
+    rows = list(range(len(prompts)))  # batch row j answers prompt rows[j]
+    for step in range(1, max_new_tokens + 1):  # every answer in the batch has `step` tokens here
+        ending = [j for j, b in enumerate(rows) if new[b][-1] in stops or step == max_new_tokens]
+        for j in ending:
+            b = rows[j]
+            yield Ended(b, new[b], torch.cat(states[b]) if capture else None, batch, j)
+            states[b] = []
+        if ending:
+            keep = [j for j in range(len(rows)) if j not in ending]
+            if not keep:
+                return
+            batch.keep(keep)
+            rows = [rows[j] for j in keep]
+        out, captured = batch.step(torch.tensor([new[b][-1] for b in rows]), capture)  # out [B, H]
+        hidden = _stacked(captured, capture, dtype) if capture else None  # [B, L, H]
+        for j, (b, token) in enumerate(zip(rows, batch.logits(out).argmax(-1).tolist(), strict=True)):
+            new[b].append(token)
+            if capture:
+                states[b].append(hidden[j: j + 1])
+
+
+def _stacked(captured: dict[int, torch.Tensor], layer_ids: list[int], dtype: torch.dtype | None) -> torch.Tensor:
+    """Captured streams {id: [T, H]} -> [T, L, H] in ascending layer id order, in `dtype`."""
+    return torch.stack([captured[i] for i in sorted(layer_ids)], dim=1).to(dtype)
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -309,6 +309,11 @@ def second_copy_problem(model: torch.nn.Module) -> str | None:
     return None
 
 
+def fused_batch_problem(model: torch.nn.Module) -> str | None:
+    """Why greedy batches cannot decode on the fused decoder here (`fused_decoder.greedy_batch`), or None."""
+    return fused_problem(model) or second_copy_problem(model)
+
+
 class _Skipped(Exception):
     """A path not tried for this target: its layers' layout, or no room for a second copy of its weights."""
 

@@ -69,8 +69,11 @@ def assert_same_folders(a, b, *, rtol, atol) -> float:
 
 
 def decode_with_transformers(monkeypatch) -> None:
-    """The one pass takes transformers' decoding, as for a target the fused decoder does not take."""
-    monkeypatch.setattr(op, "fused_onepass_problem", lambda target: "forced by the test")
+    """The one pass and regenerate take transformers' decoding, as for a target the fused decoder does not take."""
+    import engine.data.regenerate as rg
+
+    for module in (op, rg):
+        monkeypatch.setattr(module, "fused_batch_problem", lambda model: "forced by the test")
 
 
 @pytest.mark.parametrize("batch_size", [1, 3])

@@ -72,11 +72,32 @@ def test_real_generation_with_the_tiny_target(tiny_llama, tmp_path):
         assert row["messages"][-1]["role"] == "assistant" and row["messages"][-1]["content"]
 
 
-def test_greedy_batched_answers_match_one_by_one(tiny_llama):
+@pytest.mark.parametrize("fused", [True, False])
+def test_greedy_batched_answers_match_one_by_one(tiny_llama, monkeypatch, fused):
+    if not fused:
+        monkeypatch.setattr(rg, "fused_batch_problem", lambda model: "forced by the test")
+    assert rg.decodes_fused(tiny_llama, 0.0) is fused
     histories = [CHATS[1]["messages"][:1], CHATS[0]["messages"][:2]]
     batched = rg.generate_answers(tiny_llama, histories, max_new_tokens=5, temperature=0.0)
     alone = [rg.generate_answers(tiny_llama, [h], max_new_tokens=5, temperature=0.0)[0] for h in histories]
-    assert batched == alone  # left padding does not change greedy answers
+    assert batched == alone  # left padding (transformers) or other rows (fused) does not change greedy answers
+
+
+def test_greedy_answers_on_the_fused_decoder_are_transformers_answers(builtin_target, monkeypatch, tmp_path):
+    """The built-in target (fp32): the fused batch's greedy answers equal transformers' `generate`, and the rows say
+    which way decoded them; sampling keeps transformers' way."""
+    histories = [CHATS[1]["messages"][:1], CHATS[0]["messages"][:2],
+                 [{"role": "user", "content": "List three uses of a paper clip."}]]
+    assert rg.decodes_fused(builtin_target, 0.0) and not rg.decodes_fused(builtin_target, 0.7)
+    fused = rg.generate_answers(builtin_target, histories, max_new_tokens=24, temperature=0.0)
+    rg.regenerate(builtin_target, CHATS[1:2], RegenerateOptions(out=tmp_path / "a.jsonl", max_new_tokens=2),
+                  progress=False)
+    monkeypatch.setattr(rg, "fused_batch_problem", lambda model: "forced by the test")
+    assert rg.generate_answers(builtin_target, histories, max_new_tokens=24, temperature=0.0) == fused
+    rg.regenerate(builtin_target, CHATS[1:2], RegenerateOptions(out=tmp_path / "b.jsonl", max_new_tokens=2),
+                  progress=False)
+    assert [json.loads((tmp_path / f"{n}.jsonl").read_text())["regenerated"]["backend"] for n in "ab"] == [
+        "fused", "transformers"]
 
 
 def test_tokenised_rows_cannot_be_regenerated(tiny_llama, tmp_path):
