@@ -9,7 +9,9 @@
 #                process, the second forward);
 # * vLLM way:    `regenerate --backend vllm --batch-size --wide` (more requests in flight: vLLM batches them),
 #                then `extract --backend vllm` (vLLM's `extract_hidden_states` in its own environment; on a CPU
-#                build through the workbench's CPU connector: prefill only, one generated token per row).
+#                build through the workbench's CPU connector: prefill only, one generated token per row);
+# * one pass:    `regenerate --extract-to` in this process (fp32 target, greedy answers on the fused decoder's batch
+#                of --onepass-batch conversations, the states kept while generating).
 #
 # Each part is timed apart, and so is its fixed start (the vLLM server or worker starting, the target loading), so
 # that a per-conversation cost is the steady one a long data budget pays; the starts are listed beside it. The
@@ -37,7 +39,7 @@ from benchmarks._results import command_line, print_and_save  # noqa: E402  (the
 from engine.data.options import ExtractOptions, RegenerateOptions  # noqa: E402
 
 TARGET = "smollm2-135m-instruct"
-WAYS = ("recipe", "vllm")
+WAYS = ("recipe", "vllm", "onepass")
 
 
 def regenerate_part(chats, out: Path, concurrency: int, args) -> dict:
@@ -103,21 +105,45 @@ def vllm_extract_part(jsonl: Path, out: Path, layer_ids, args) -> dict:
     return {"start_s": started, "s": seconds, "tokens": sum(r.num_tokens for r in rows)}
 
 
-def compare(folder: Path) -> dict:
-    """Equal JSONL rows; for the samples whose token ids and loss masks agree, how far the bf16 states are apart."""
+def onepass_part(chats, jsonl: Path, out: Path, layer_ids, args) -> dict:
+    """`regenerate --extract-to` in process; its start is the target's load and a one-conversation warm-up."""
+    from engine.data.onepass import regenerate_and_extract
+    from engine.targets import load_target
+
+    def run(rows, jsonl: Path, out: Path, max_new_tokens: int):
+        return regenerate_and_extract(target, rows, RegenerateOptions(
+            out=jsonl, extract_to=out, max_new_tokens=max_new_tokens, batch_size=args.onepass_batch,
+            max_length=args.max_length, max_turns=1, extract_max_length=args.max_length, dtype="bf16"), layer_ids,
+            progress=False)
+
+    start = time.perf_counter()
+    target = load_target(TARGET, dtype="fp32")
+    with tempfile.TemporaryDirectory(prefix="warm-") as warm:  # the fused weights are packed at the first call
+        run(chats[:1], Path(warm) / "w.jsonl", Path(warm) / "w", 4)
+    started = time.perf_counter() - start
+    start = time.perf_counter()
+    summary = run(chats, jsonl, out, args.max_new_tokens)
+    return {"start_s": started, "s": time.perf_counter() - start, "new_tokens": summary.new_tokens,
+            "conversations": summary.written}
+
+
+def compare(folder: Path, other: str = "vllm") -> dict:
+    """Equal JSONL rows of the recipe way and `other`; for the samples whose token ids and loss masks agree, how far
+    the bf16 states are apart."""
     from engine.data.store import load_sample, sample_indices
 
-    rows = [[json.loads(x)["messages"] for x in (folder / f"{w}.jsonl").read_text().splitlines()] for w in WAYS]
+    rows = [[json.loads(x)["messages"] for x in (folder / f"{w}.jsonl").read_text().splitlines()]
+            for w in ("recipe", other)]
     # strict=False: a way may drop a row it could not answer
     out = {"conversations": len(rows[0]), "rows_equal": sum(a == b for a, b in zip(*rows, strict=False)),
            "samples_equal": 0,
            "samples": len(sample_indices(folder / "recipe")), "max_abs_diff": 0.0, "mean_abs_diff": 0.0}
     diffs = []
     for i in sample_indices(folder / "recipe"):
-        other = folder / "vllm" / f"hs_{i}.safetensors"
-        if not other.exists():
+        theirs = folder / other / f"hs_{i}.safetensors"
+        if not theirs.exists():
             continue
-        a, b = load_sample(folder / "recipe" / f"hs_{i}.safetensors"), load_sample(other)
+        a, b = load_sample(folder / "recipe" / f"hs_{i}.safetensors"), load_sample(theirs)
         if a["token_ids"].equal(b["token_ids"]) and a["loss_mask"].equal(b["loss_mask"]):
             out["samples_equal"] += 1
             d = (a["hidden_states"].float() - b["hidden_states"].float()).abs()
@@ -137,7 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-length", type=int, default=768, help="prompt + answer budget and extraction length")
     p.add_argument("--recipe-batch", type=int, default=32, help="requests in flight, the recipe way (the recipes' 32)")
     p.add_argument("--wide", type=int, default=256, help="requests in flight, the vLLM way")
-    p.add_argument("--threads", type=int, default=2, help="torch threads of the transformers extraction")
+    p.add_argument("--threads", type=int, default=2, help="torch threads in this process (extraction, one pass)")
+    p.add_argument("--onepass-batch", type=int, default=8, help="conversations decoded together, the one pass")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
 
@@ -153,24 +180,29 @@ def main(argv: list[str] | None = None) -> int:
     chats, _ = load_conversations("sharegpt", split="train", max_samples=args.conversations * args.rounds,
                                   prompt_only=True)
     parts = {w: {"regenerate": [], "extract": []} for w in WAYS}
-    checks = []
+    checks, checks_onepass = [], []
     with tempfile.TemporaryDirectory(prefix="bench-data-cost-") as tmp:
         for r in range(args.rounds):
             chunk, folder = chats[r * args.conversations:(r + 1) * args.conversations], Path(tmp) / f"round{r}"
             folder.mkdir()
-            for way in (WAYS if r % 2 == 0 else WAYS[::-1]):
+            for way in WAYS[r % len(WAYS):] + WAYS[:r % len(WAYS)]:  # each way first in turn
                 jsonl = folder / f"{way}.jsonl"
-                regen = regenerate_part(chunk, jsonl, args.recipe_batch if way == "recipe" else args.wide, args)
-                extract = (transformers_extract_part if way == "recipe" else vllm_extract_part)(
-                    jsonl, folder / way, layer_ids, args)
+                if way == "onepass":  # regeneration and extraction in one: all of it counts as regeneration
+                    regen, extract = onepass_part(chunk, jsonl, folder / way, layer_ids, args), {"s": 0.0,
+                                                                                                "start_s": 0.0}
+                else:
+                    regen = regenerate_part(chunk, jsonl, args.recipe_batch if way == "recipe" else args.wide, args)
+                    extract = (transformers_extract_part if way == "recipe" else vllm_extract_part)(
+                        jsonl, folder / way, layer_ids, args)
                 parts[way]["regenerate"].append(regen)
                 parts[way]["extract"].append(extract)
                 print(f"round {r + 1} {way}: regenerate {regen['s']:.1f} s (+{regen['start_s']:.0f} s start), "
                       f"extract {extract['s']:.1f} s (+{extract['start_s']:.0f} s start)", flush=True)
             checks.append(compare(folder))
+            checks_onepass.append(compare(folder, "onepass"))
     n = sum(x["conversations"] for x in parts["recipe"]["regenerate"])  # rows written (some prompts are skipped)
-    if n != sum(x["conversations"] for x in parts["vllm"]["regenerate"]):
-        raise SystemExit("the two ways regenerated different numbers of conversations")
+    if any(n != sum(x["conversations"] for x in parts[w]["regenerate"]) for w in WAYS):
+        raise SystemExit("the ways regenerated different numbers of conversations")
 
     def per_conv(way: str, part: str) -> float:
         return sum(x["s"] for x in parts[way][part]) / n
@@ -181,12 +213,15 @@ def main(argv: list[str] | None = None) -> int:
     starts = {w: {part: sum(x["start_s"] for x in parts[w][part]) / args.rounds for part in ("regenerate", "extract")}
               for w in WAYS}
     ratio = per["vllm"]["total"] / per["recipe"]["total"]
+    onepass_ratio = per["onepass"]["total"] / per["recipe"]["total"]
     result = {"command": command_line("bench_data_cost.py", argv), "cpu": cpu_name(), "cpu_described": describe(),
               "conversations": n, "prompts": args.conversations * args.rounds, "rounds": args.rounds,
               "max_new_tokens": args.max_new_tokens,
               "max_length": args.max_length, "recipe_batch": args.recipe_batch, "wide": args.wide,
               "threads": args.threads, "layer_ids": layer_ids, "dtype": "bf16", "parts": parts,
-              "per_conversation_s": per, "starts_s": starts, "ratio": ratio, "checks": checks}
+              "onepass_batch": args.onepass_batch, "target_dtype_onepass": "fp32",
+              "per_conversation_s": per, "starts_s": starts, "ratio": ratio, "onepass_ratio": onepass_ratio,
+              "checks": checks, "checks_onepass": checks_onepass}
     print_and_save(result, table(result), args.json)
     return 0
 
@@ -195,13 +230,18 @@ def table(result: dict) -> str:
     """The per-conversation table of a record, and the ratio line."""
     per, starts = result["per_conversation_s"], result["starts_s"]
     names = {"recipe": f"recipe way: vLLM server ({result['recipe_batch']} in flight), then transformers extract",
-             "vllm": f"vLLM way: vLLM server ({result['wide']} in flight), then vLLM extract"}
+             "vllm": f"vLLM way: vLLM server ({result['wide']} in flight), then vLLM extract",
+             "onepass": f"one pass in process: regenerate --extract-to ({result.get('onepass_batch')} at a time, "
+                        "fused batch, fp32)"}
     lines = ["| way | regenerate s/conv | extract s/conv | total s/conv | starts (s, once per run) |",
              "|---|---|---|---|---|"]
-    for w in WAYS:
+    for w in (w for w in WAYS if w in per):  # records before the one pass have two ways
         lines.append(f"| {names[w]} | {per[w]['regenerate']:.3f} | {per[w]['extract']:.3f} | {per[w]['total']:.3f} | "
                      f"{starts[w]['regenerate']:.0f} + {starts[w]['extract']:.0f} |")
-    return "\n".join(lines) + f"\n\nvLLM way / recipe way: {result['ratio']:.2f} per conversation (goal: 1/3 or less)"
+    ratios = f"\n\nvLLM way / recipe way: {result['ratio']:.2f} per conversation (goal: 1/3 or less)"
+    if "onepass_ratio" in result:
+        ratios += f"; one pass / recipe way: {result['onepass_ratio']:.2f}"
+    return "\n".join(lines) + ratios
 
 
 if __name__ == "__main__":

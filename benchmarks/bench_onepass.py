@@ -5,6 +5,7 @@
 #
 # * two steps: `engine.data.regenerate.regenerate` (transformers `generate`, batches of --batch-size) into a JSONL,
 #   then `render_dataset(JSONL, split=all)` and `extract_hidden_states` (a second forward over every token);
+# * the same two steps with regenerate's greedy answers on the fused decoder's batch (what `regenerate` does now);
 # * one pass:  `engine.data.onepass.regenerate_and_extract` (`regenerate --extract-to`): hidden states kept while
 #   generating, only the tokens after each answer run again; its batch decoded on the fused decoder where the target
 #   takes it (what users get), and
@@ -35,22 +36,29 @@ from benchmarks._results import command_line, print_and_save  # noqa: E402  (the
 from engine.data.options import ExtractOptions, RegenerateOptions  # noqa: E402
 
 PARTS = {"regenerate": 0.0, "extract": 0.0}  # wall seconds of the two steps, apart
+PARTS_FUSED = dict(PARTS)  # the same with regenerate on the fused batch
 
 
-def two_steps(target, chats, tmp: Path, layer_ids, args) -> None:
+def two_steps(target, chats, tmp: Path, layer_ids, args, *, fused: bool = False) -> None:
     from engine.data.extract import extract_hidden_states
-    from engine.data.regenerate import regenerate
+    from engine.data.regenerate import regenerate, transformers_answers
     from engine.data.render import render_dataset
 
+    name, parts = ("twof", PARTS_FUSED) if fused else ("two", PARTS)
     start = time.perf_counter()
     regenerate(target, chats,
-               RegenerateOptions(out=tmp / "two.jsonl", max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
-                                 max_length=args.max_length, max_turns=1), progress=False)
-    PARTS["regenerate"] += time.perf_counter() - start
+               RegenerateOptions(out=tmp / f"{name}.jsonl", max_new_tokens=args.max_new_tokens,
+                                 batch_size=args.batch_size, max_length=args.max_length, max_turns=1), progress=False,
+               answer=None if fused else transformers_answers)
+    parts["regenerate"] += time.perf_counter() - start
     start = time.perf_counter()
-    rows, _, _ = render_dataset(str(tmp / "two.jsonl"), target.tokenizer, split="all", max_length=args.max_length)
-    extract_hidden_states(target, rows, ExtractOptions(out=tmp / "two", dtype=args.dtype), layer_ids, progress=False)
-    PARTS["extract"] += time.perf_counter() - start
+    rows, _, _ = render_dataset(str(tmp / f"{name}.jsonl"), target.tokenizer, split="all", max_length=args.max_length)
+    extract_hidden_states(target, rows, ExtractOptions(out=tmp / name, dtype=args.dtype), layer_ids, progress=False)
+    parts["extract"] += time.perf_counter() - start
+
+
+def two_steps_fused(target, chats, tmp: Path, layer_ids, args) -> None:
+    two_steps(target, chats, tmp, layer_ids, args, fused=True)
 
 
 def one_pass(target, chats, tmp: Path, layer_ids, args, *, fused: bool | None = None, name: str = "one") -> None:
@@ -68,7 +76,8 @@ def one_pass_transformers(target, chats, tmp: Path, layer_ids, args) -> None:
     one_pass(target, chats, tmp, layer_ids, args, fused=False, name="onet")
 
 
-WAYS = {"two_steps": two_steps, "one_pass": one_pass, "one_pass_transformers": one_pass_transformers}
+WAYS = {"two_steps": two_steps, "two_steps_fused": two_steps_fused, "one_pass": one_pass,
+        "one_pass_transformers": one_pass_transformers}
 
 
 def compare(tmp: Path, other: str = "one") -> dict:
@@ -122,12 +131,13 @@ def main(argv: list[str] | None = None) -> int:
     chats, _ = load_conversations("sharegpt", split="train", max_samples=args.conversations, prompt_only=True)
     seconds = {way: 0.0 for way in WAYS}
     cpu = dict(seconds)
-    checks, checks_t = [], []
+    checks, checks_t, checks_f = [], [], []
     with tempfile.TemporaryDirectory(prefix="bench-onepass-") as tmp:
         (Path(tmp) / "warm").mkdir()
         for way in WAYS.values():  # first-call overheads (the fused weights' packing included) are not compared
             way(target, chats[:1], Path(tmp) / "warm", layer_ids, args)
         PARTS.update(regenerate=0.0, extract=0.0)
+        PARTS_FUSED.update(regenerate=0.0, extract=0.0)
         for c, k in enumerate(range(0, len(chats), args.batch_size)):
             chunk, folder = chats[k: k + args.batch_size], Path(tmp) / f"chunk{c}"
             folder.mkdir()
@@ -140,8 +150,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"chunk {c}: {way} {seconds[way]:.1f} s so far", flush=True)
             checks.append(compare(folder))
             checks_t.append(compare(folder, "onet"))
+            checks_f.append(compare(folder, "twof"))
             decoder = json.loads((folder / "one.jsonl").read_text().splitlines()[0])["regenerated"]["backend"]
-        parts = dict(PARTS)
+        parts, parts_fused = dict(PARTS), dict(PARTS_FUSED)
         exact_args = argparse.Namespace(**{**vars(args), "dtype": args.check_dtype})
         folder = Path(tmp) / "exact"
         folder.mkdir()
@@ -157,9 +168,11 @@ def main(argv: list[str] | None = None) -> int:
         "per_conversation_s": {w: s / n for w, s in seconds.items()},
         "per_conversation_cpu_s": {w: s / n for w, s in cpu.items()},
         "two_steps_parts_per_conversation_s": {w: s / n for w, s in parts.items()},
+        "two_steps_fused_parts_per_conversation_s": {w: s / n for w, s in parts_fused.items()},
         "one_pass_backend": decoder,
         "ratio": seconds["one_pass"] / seconds["two_steps"], "cpu_ratio": cpu["one_pass"] / cpu["two_steps"],
         "ratio_transformers_decoding": seconds["one_pass_transformers"] / seconds["two_steps"],
+        "ratio_to_fused_two_steps": seconds["one_pass"] / seconds["two_steps_fused"],
         "goal_ratio": 1 / 3,
         "outputs": {"rows_equal": all(c["rows_equal"] for c in checks),
                     "tokens_equal": all(c["tokens_equal"] for c in checks),
@@ -168,6 +181,9 @@ def main(argv: list[str] | None = None) -> int:
                     "max_rel_diff": max(c["max_rel_diff"] for c in checks),
                     "share_of_values_differing": sum(c["elements_differing"] for c in checks)
                     / max(1, sum(c["elements"] for c in checks))},
+        "outputs_fused_two_steps": {"rows_equal": all(c["rows_equal"] for c in checks_f),
+                                    "tokens_equal": all(c["tokens_equal"] for c in checks_f),
+                                    "max_abs_diff": max(c["max_abs_diff"] for c in checks_f)},
         "outputs_transformers_decoding": {"rows_equal": all(c["rows_equal"] for c in checks_t),
                                           "tokens_equal": all(c["tokens_equal"] for c in checks_t),
                                           "max_abs_diff": max(c["max_abs_diff"] for c in checks_t)},
@@ -178,13 +194,16 @@ def main(argv: list[str] | None = None) -> int:
     }
     pc = result["per_conversation_s"]
     table = ("| way | s per conversation | CPU s per conversation |\n|---|---|---|\n"
-             f"| regenerate, then extract | {pc['two_steps']:.2f} | "
+             f"| regenerate (transformers), then extract | {pc['two_steps']:.2f} | "
              f"{result['per_conversation_cpu_s']['two_steps']:.2f} |\n"
+             f"| regenerate (fused batch), then extract | {pc['two_steps_fused']:.2f} | "
+             f"{result['per_conversation_cpu_s']['two_steps_fused']:.2f} |\n"
              f"| one pass (regenerate --extract-to), {decoder} | {pc['one_pass']:.2f} | "
              f"{result['per_conversation_cpu_s']['one_pass']:.2f} |\n"
              f"| one pass, transformers decoding | {pc['one_pass_transformers']:.2f} | "
              f"{result['per_conversation_cpu_s']['one_pass_transformers']:.2f} |\n"
-             f"\none pass / two steps: {result['ratio']:.2f} (CPU {result['cpu_ratio']:.2f}); goal <= 0.33. "
+             f"\none pass / two steps: {result['ratio']:.2f} (CPU {result['cpu_ratio']:.2f}); goal <= 0.33; "
+             f"to the two steps with the fused regenerate: {result['ratio_to_fused_two_steps']:.2f}. "
              f"Hidden states ({args.dtype} files): max |diff| {result['outputs']['max_abs_diff']:.3g}; "
              f"{args.check_dtype} check: max |diff| {exact['max_abs_diff']:.3g}")
     print_and_save(result, table, args.json)

@@ -173,6 +173,13 @@ def generate_answers(target, histories: Sequence[list[dict]], *, max_new_tokens:
     fused decoder where `decodes_fused`, else transformers' `generate`."""
     if decodes_fused(target, temperature):
         return _fused_answers(target, histories, max_new_tokens)
+    return transformers_answers(target, histories, max_new_tokens=max_new_tokens, temperature=temperature,
+                                top_p=top_p)
+
+
+def transformers_answers(target, histories: Sequence[list[dict]], *, max_new_tokens: int, temperature: float,
+                         top_p: float = 1.0) -> list[tuple[str, int, bool]]:
+    """`generate_answers` by transformers' batched, left-padded `generate` (sampling, GPUs, any family)."""
     tok = target.tokenizer
     prompts = chat_prompts(tok, histories)
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
@@ -184,6 +191,9 @@ def generate_answers(target, histories: Sequence[list[dict]], *, max_new_tokens:
                                 max_new_tokens=max_new_tokens, pad_token_id=pad_id, eos_token_id=sorted(stops),
                                 use_cache=True, **sampling)
     return [_answer(tok, row, stops) for row in out[:, ids.shape[1]:].tolist()]  # new tokens [B, <= max_new]
+
+
+transformers_answers.backend = "transformers"  # the rows' `regenerated.backend` when passed as `answer`
 
 
 def decodes_fused(target, temperature: float) -> bool:
