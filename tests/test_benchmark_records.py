@@ -455,6 +455,36 @@ def test_vllm_data_cost_table_is_its_record():
     assert check["rows_equal"] == check["conversations"] and check["samples_equal"] == check["samples"]
 
 
+def test_the_one_pass_beside_vllms_ways_is_its_record():
+    """The in-process one pass against the recipe and vLLM ways (AMD EPYC Zen 4): table, ratios, starts, checks."""
+    from benchmarks.bench_data_cost import table
+
+    text = _section(DOC.read_text(), "### The in-process one pass beside vLLM's ways")
+    record, before = _record("data_cost/amd-epyc-zen4-vllm-onepass.json"), _record("data_cost/amd-epyc-zen4-vllm.json")
+    assert record["cpu_kind"] == "AVX-512 BF16" and record["command"] in text.replace(".venv/bin/python", "python")
+    assert table(record) in text
+    per, starts = record["per_conversation_s"], record["starts_s"]
+    assert (f"recipe way costs {per['recipe']['total']:.2f} s here against "
+            f"{before['per_conversation_s']['recipe']['total']:.2f} s there") in text
+    assert (f"{per['vllm']['total']:.2f} s per conversation, against {per['onepass']['total']:.2f} s for the one pass "
+            f"({per['onepass']['total'] / per['vllm']['total']:.1f}×)") in text
+    assert f"the recipe way. vLLM keeps {record['wide']} requests" in text and record["onepass_batch"] == 8
+    fixed = starts["vllm"]["regenerate"] + starts["vllm"]["extract"] - starts["onepass"]["regenerate"]
+    assert f"fewer than about {fixed / (per['onepass']['total'] - per['vllm']['total']):.0f} conversations" in text
+    assert (f"({starts['onepass']['regenerate']:.0f} s against {starts['vllm']['regenerate']:.0f} + "
+            f"{starts['vllm']['extract']:.0f} s)") in text
+    check, onepass = record["checks"][0], record["checks_onepass"][0]
+    assert check["rows_equal"] == check["conversations"] == record["conversations"]
+    assert f"all {check['conversations']} answers equal" in text
+    assert f"ones in {onepass['rows_equal']} of\n  {onepass['conversations']} conversations" in text
+    docs = " ".join(" ".join((ROOT / "docs" / name).read_text().split()) for name in ("data-files.md", "cli.md"))
+    assert f"{per['vllm']['total']:.2f} s per conversation against {per['onepass']['total']:.2f} s for the" in docs
+    vllm_start = starts["vllm"]["regenerate"] + starts["vllm"]["extract"]
+    assert f"start is {starts['onepass']['regenerate']:.0f} s against vLLM's {vllm_start:.0f} s" in docs
+    assert (f"{per['vllm']['regenerate']:.2f} s of regeneration per conversation through vLLM against "
+            f"{per['onepass']['total']:.2f} s for the in-process one pass") in docs
+
+
 def test_the_training_outcome_benchmark_refuses_a_work_folder_it_did_not_make(tmp_path):
     """It removes run folders inside --work: a folder of the user's is refused before anything is touched."""
     import subprocess
@@ -686,6 +716,37 @@ def test_the_zen4_data_cost_table_is_its_record():
     parts, wall = record["two_steps_parts_per_conversation_s"], record["per_conversation_s"]
     assert f"decoding is {parts['regenerate'] / wall['two_steps']:.0%} of the two steps" in text
     assert record["outputs"]["rows_equal"] and record["outputs"]["tokens_equal"]
+
+
+def test_the_fused_batch_data_cost_is_its_record():
+    """Issue 50's data goal on the fused batch: the four ways per conversation, the ratios and the outputs' checks."""
+    record = _record("data_cost/amd-epyc-zen4-onepass-fused.json")
+    text = _section(DOC.read_text(), "### One pass on the fused decoder's batch")
+    assert "bench_onepass.py" in record["command"] and record["cpu_kind"] == "AVX-512 BF16"
+    assert record["one_pass_backend"] == "fused-onepass" and record["target_dtype"] in text
+    assert f"{record['conversations']} conversations, {record['threads']} threads" in text
+    wall, cpu = record["per_conversation_s"], record["per_conversation_cpu_s"]
+    rows = {r["way"].strip("*"): r for r in _table(text)}
+    for way, key in (("regenerate (transformers), then extract", "two_steps"),
+                     ("regenerate (fused batch), then extract", "two_steps_fused"),
+                     ("one pass, fused batch", "one_pass"),
+                     ("one pass, transformers decoding", "one_pass_transformers")):
+        assert rows[way]["s per conversation"].strip("*") == f"{wall[key]:.2f}", way
+        assert rows[way]["CPU s per conversation"].strip("*") == f"{cpu[key]:.2f}", way
+    assert f"**{record['ratio']:.2f}** (goal ≤ 1/3, met)" in text and record["ratio"] <= 1 / 3
+    assert f"costs {record['ratio_transformers_decoding']:.2f} of the two steps" in text
+    before, after = (record[f"{k}_parts_per_conversation_s"] for k in ("two_steps", "two_steps_fused"))
+    assert (f"from {before['regenerate']:.2f} to {after['regenerate']:.2f} s per conversation "
+            f"({before['regenerate'] / after['regenerate']:.1f}×)") in text
+    assert f"the one pass costs {record['ratio_to_fused_two_steps']:.2f}" in text
+    assert f"extraction\n  forward ({after['extract']:.2f} s)" in text
+    out = record["outputs"]
+    assert all(record[k]["rows_equal"] and record[k]["tokens_equal"]
+               for k in ("outputs", "outputs_fused_two_steps", "outputs_transformers_decoding"))
+    assert f"the {out['samples']} answers are equal" in text
+    share = f"{out['share_of_values_differing']:.2%}"
+    assert f"{share} of the values (max\n  |difference| {out['max_abs_diff']:.0f})" in text
+    assert f"max |difference| {record['exact_check']['max_abs_diff']:.2g}" in text
 
 
 def test_the_fused_decoder_figures_are_their_records():
