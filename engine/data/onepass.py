@@ -134,15 +134,16 @@ class CapturingAnswerer:
 
     @torch.inference_mode()
     def __call__(self, target, histories: Sequence[list[dict]], *, max_new_tokens: int, temperature: float,
-                 top_p: float = 1.0) -> list[tuple[str, int, bool]]:
+                 top_p: float = 1.0, width: int | None = None) -> list[tuple[str, int, bool]]:
         if temperature > 0:
             raise WorkbenchError("one-pass extraction generates greedily (temperature 0)",
                                  hint="drop --extract-to to sample, then run `extract` on the regenerated file")
         tok = target.tokenizer
         prompts = [tok(tok.apply_chat_template(h, tokenize=False, add_generation_prompt=True),
                        add_special_tokens=False)["input_ids"] for h in histories]
-        generate = self._generate_fused if self.fused else self._generate
-        return generate(histories, prompts, stop_token_ids(target), max_new_tokens)
+        if self.fused:
+            return self._generate_fused(histories, prompts, stop_token_ids(target), max_new_tokens, width)
+        return self._generate(histories, prompts, stop_token_ids(target), max_new_tokens)
 
     def _generate(self, histories, prompts: list[list[int]], stops: set[int],
                   max_new_tokens: int) -> list[tuple[str, int, bool]]:
@@ -232,12 +233,12 @@ class CapturingAnswerer:
             positions = positions + 1
         return answers
 
-    def _generate_fused(self, histories, prompts: list[list[int]], stops: set[int],
-                        max_new_tokens: int) -> list[tuple[str, int, bool]]:
-        """`_generate` on the fused decoder's batch (engine.generate.fused_decoder.greedy_batch)."""
+    def _generate_fused(self, histories, prompts: list[list[int]], stops: set[int], max_new_tokens: int,
+                        width: int | None) -> list[tuple[str, int, bool]]:
+        """`_generate` on the fused decoder's batch of `width` rows (engine.generate.fused_decoder.greedy_batch)."""
         answers: list = [None] * len(prompts)
-        for end in greedy_batch(self.target.model, prompts, stops, max_new_tokens, capture=self.layer_ids,
-                                dtype=self.dtype):
+        for end in greedy_batch(self.target.model, prompts, stops, max_new_tokens, width=width,
+                                capture=self.layer_ids, dtype=self.dtype):
             b = end.index
             self.fed_tokens += len(prompts[b]) + len(end.new) - 1
             answers[b] = self._finish(histories[b], prompts[b] + end.new[:-1], end.new, stops, end.states,

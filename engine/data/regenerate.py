@@ -168,18 +168,24 @@ def left_pad(sequences: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Ten
 
 @torch.inference_mode()
 def generate_answers(target, histories: Sequence[list[dict]], *, max_new_tokens: int, temperature: float,
-                     top_p: float = 1.0) -> list[tuple[str, int, bool]]:
-    """(answer text, new tokens, ended by a stop token) for each chat history, in one batch: greedy answers on the
-    fused decoder where `decodes_fused`, else transformers' `generate`."""
+                     top_p: float = 1.0, width: int | None = None) -> list[tuple[str, int, bool]]:
+    """(answer text, new tokens, ended by a stop token) for each chat history, `width` at a time (all by default):
+    greedy answers on the fused decoder where `decodes_fused`, else transformers' `generate`."""
     if decodes_fused(target, temperature):
-        return _fused_answers(target, histories, max_new_tokens)
+        return _fused_answers(target, histories, max_new_tokens, width)
     return transformers_answers(target, histories, max_new_tokens=max_new_tokens, temperature=temperature,
-                                top_p=top_p)
+                                top_p=top_p, width=width)
 
 
 def transformers_answers(target, histories: Sequence[list[dict]], *, max_new_tokens: int, temperature: float,
-                         top_p: float = 1.0) -> list[tuple[str, int, bool]]:
-    """`generate_answers` by transformers' batched, left-padded `generate` (sampling, GPUs, any family)."""
+                         top_p: float = 1.0, width: int | None = None) -> list[tuple[str, int, bool]]:
+    """`generate_answers` by transformers' batched, left-padded `generate` (sampling, GPUs, any family), one
+    `generate` per `width` histories."""
+    width = width or len(histories)
+    if len(histories) > width:
+        return [a for k in range(0, len(histories), width)
+                for a in transformers_answers(target, histories[k: k + width], max_new_tokens=max_new_tokens,
+                                              temperature=temperature, top_p=top_p)]
     tok = target.tokenizer
     prompts = chat_prompts(tok, histories)
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
@@ -196,16 +202,20 @@ def transformers_answers(target, histories: Sequence[list[dict]], *, max_new_tok
 transformers_answers.backend = "transformers"  # the rows' `regenerated.backend` when passed as `answer`
 
 
+FUSED_GROUP = 4  # batches of conversations per call on the fused batch (written to the JSONL together)
+
+
 def decodes_fused(target, temperature: float) -> bool:
     """Whether `generate_answers` decodes on the fused decoder's batch: greedy, on a target it takes (a CPU)."""
     return temperature == 0 and fused_batch_problem(target.model) is None
 
 
-def _fused_answers(target, histories: Sequence[list[dict]], max_new_tokens: int) -> list[tuple[str, int, bool]]:
+def _fused_answers(target, histories: Sequence[list[dict]], max_new_tokens: int,
+                   width: int | None) -> list[tuple[str, int, bool]]:
     """Greedy `generate_answers` on the fused decoder's batch (engine.generate.fused_decoder.greedy_batch)."""
     prompts, stops = chat_prompts(target.tokenizer, histories), stop_token_ids(target)
     new: list[list[int]] = [[] for _ in prompts]
-    for end in greedy_batch(target.model, prompts, stops, max_new_tokens):
+    for end in greedy_batch(target.model, prompts, stops, max_new_tokens, width=width):
         new[end.index] = end.new
     return [_answer(target.tokenizer, row, stops) for row in new]
 
@@ -264,7 +274,7 @@ def regenerate_batch(target, rows: Sequence[dict], options: RegenerateOptions, s
         if not active:
             break
         answers = answer(target, [histories[b] for b in active], max_new_tokens=max_new_tokens,
-                         temperature=options.temperature, top_p=options.top_p)
+                         temperature=options.temperature, top_p=options.top_p, width=options.batch_size)
         for b, (text, n_new, ended) in zip(active, answers, strict=True):
             summary.new_tokens += n_new
             summary.cut_at_max_new_tokens += int(not ended)
@@ -323,9 +333,12 @@ def regenerate(target, rows: Sequence[dict], options: RegenerateOptions, *, prog
     summary = RegenerateSummary(out=str(out))
     f, done = open_output(out)
     if answer is None:  # generate_answers: which of its two ways
-        backend = "fused" if decodes_fused(target, options.temperature) else "transformers"
+        fused = decodes_fused(target, options.temperature)
+        backend = "fused" if fused else "transformers"
     else:
-        backend = getattr(answer, "backend", "vllm")
+        fused, backend = getattr(answer, "fused", False), getattr(answer, "backend", "vllm")
+    # the fused batch refills a row as soon as its answer ends: it gets several batches' conversations per call
+    group = batch_size * FUSED_GROUP if fused else batch_size
     meta = {"target": target.verifier_name, "backend": backend,
             "temperature": options.temperature, "max_new_tokens": options.max_new_tokens, "seed": seed}
     rep = reporter()
@@ -336,9 +349,9 @@ def regenerate(target, rows: Sequence[dict], options: RegenerateOptions, *, prog
             log.info("resuming: %d of %d conversations already in %s", summary.already_done, len(rows), out)
         start = time.monotonic()
         with tqdm(total=len(todo), unit="conv", desc="regenerate", disable=not progress, dynamic_ncols=True) as bar:
-            for k in range(0, len(todo), batch_size):
+            for k in range(0, len(todo), group):
                 torch.manual_seed(seed * 1_000_003 + k)  # a batch samples the same way when re-run
-                batch = todo[k: k + batch_size]
+                batch = todo[k: k + group]
                 written = regenerate_batch(target, batch, options, summary, answer)
                 append_rows(f, [dict(r, regenerated=meta) for r in written])
                 if on_rows is not None:

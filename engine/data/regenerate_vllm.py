@@ -34,7 +34,8 @@ class VllmAnswerer:
         self.client._session.mount("http://", HTTPAdapter(pool_connections=1, pool_maxsize=size))
 
     def __call__(self, target, histories: Sequence[list[dict]], *, max_new_tokens: int, temperature: float,
-                 top_p: float = 1.0) -> list[tuple[str, int, bool]]:
+                 top_p: float = 1.0, width: int | None = None) -> list[tuple[str, int, bool]]:
+        # width: the server's concurrency, set when it started, bounds the requests in flight
         extra = {"top_p": top_p} if temperature > 0 else {}
 
         def ask(history):

@@ -225,6 +225,7 @@ class FusedBatch:
         one.length = int(self.lengths[b]) if length is None else length
         return one
 
+    @torch.inference_mode()
     def prefill(self, b: int, ids: torch.Tensor, capture: list[int]) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
         """Row b's prompt ids [T] alone (no padding): `FusedDecoder.forward`'s outputs; the row's length becomes T."""
         one = self.row(b, 0)
@@ -234,6 +235,7 @@ class FusedBatch:
         self.lengths[b] = one.length
         return out
 
+    @torch.inference_mode()
     def keep(self, rows: list[int]) -> None:
         """Only batch rows `rows` go on (in this order): the others' caches are dropped."""
         index = torch.tensor(rows, dtype=torch.long)
@@ -304,32 +306,48 @@ class Ended:
     row: int
 
 
+@torch.inference_mode()
 def greedy_batch(model: nn.Module, prompts: list[list[int]], stops: set[int], max_new_tokens: int, *,
-                 capture: list[int] | None = None, dtype: torch.dtype | None = None) -> Iterator[Ended]:
-    """Greedy answers to `prompts` on one `FusedBatch`: each prompt prefilled alone into its row, then one step for
-    every unfinished row at a time; yields each answer as it ends (then its row leaves the batch). With `capture`,
-    the stream at those layer ids of every fed token, in `dtype`."""
-    batch = FusedBatch(model, len(prompts), max(len(p) for p in prompts) + max_new_tokens)
+                 width: int | None = None, capture: list[int] | None = None,
+                 dtype: torch.dtype | None = None) -> Iterator[Ended]:
+    """Greedy answers to `prompts` on one `FusedBatch` of `width` rows (all prompts by default): each prompt prefilled
+    alone into a row, then one step for every row at a time; yields each answer as it ends, and the next waiting
+    prompt takes its row. With `capture`, the stream at those layer ids of every fed token, in `dtype`."""
+    width = min(width or len(prompts), len(prompts))
+    batch = FusedBatch(model, width, max(len(p) for p in prompts) + max_new_tokens)
     states: list[list[torch.Tensor]] = [[] for _ in prompts]  # per prompt: [t, L, H] chunks, in order
     new: list[list[int]] = [[] for _ in prompts]
-    for b, prompt in enumerate(prompts):
-        out, captured = batch.prefill(b, torch.tensor(prompt), capture or [])  # out [T_b, H]
+    rows = list(range(width))  # batch row j answers prompt rows[j]
+    waiting = iter(range(width, len(prompts)))
+
+    def start(j: int, b: int) -> None:  # prompt b alone into batch row j, its first answer token chosen
+        out, captured = batch.prefill(j, torch.tensor(prompts[b]), capture or [])  # out [T_b, H]
         if capture:
             states[b].append(_stacked(captured, capture, dtype))  # [T_b, L, H]
         new[b].append(int(batch.logits(out[-1:])[0].argmax()))
-    rows = list(range(len(prompts)))  # batch row j answers prompt rows[j]
-    for step in range(1, max_new_tokens + 1):  # every answer in the batch has `step` tokens here
-        ending = [j for j, b in enumerate(rows) if new[b][-1] in stops or step == max_new_tokens]
-        for j in ending:
-            b = rows[j]
-            yield Ended(b, new[b], torch.cat(states[b]) if capture else None, batch, j)
-            states[b] = []
+
+    for j, b in enumerate(rows):
+        start(j, b)
+    while rows:
+        ending = [j for j, b in enumerate(rows) if new[b][-1] in stops or len(new[b]) == max_new_tokens]
         if ending:
-            keep = [j for j in range(len(rows)) if j not in ending]
-            if not keep:
-                return
-            batch.keep(keep)
-            rows = [rows[j] for j in keep]
+            for j in ending:
+                yield Ended(rows[j], new[rows[j]], torch.cat(states[rows[j]]) if capture else None, batch, j)
+                states[rows[j]] = []
+            drop = []
+            for j in ending:  # a waiting prompt takes the row; without one, the row leaves the batch
+                b = next(waiting, None)
+                if b is None:
+                    drop.append(j)
+                else:
+                    rows[j] = b
+                    start(j, b)
+            if drop:
+                keep = [j for j in range(len(rows)) if j not in drop]
+                rows = [rows[j] for j in keep]
+                if rows:
+                    batch.keep(keep)
+            continue  # a new row's first token may end its answer too
         out, captured = batch.step(torch.tensor([new[b][-1] for b in rows]), capture)  # out [B, H]
         hidden = _stacked(captured, capture, dtype) if capture else None  # [B, L, H]
         for j, (b, token) in enumerate(zip(rows, batch.logits(out).argmax(-1).tolist(), strict=True)):

@@ -113,7 +113,15 @@ def test_rendered_tokens_differing_from_the_fed_ones_are_run_on_the_cache(tiny_l
     assert calls and all(0 < p < n for n, p in calls)  # a prefix came from generation, the rest from the cache
 
 
-def test_resume_after_interruption_gives_the_uninterrupted_result(tiny_llama, tmp_path, monkeypatch):
+@pytest.mark.parametrize("fused", [True, False])
+def test_resume_after_interruption_gives_the_uninterrupted_result(tiny_llama, tmp_path, monkeypatch, fused):
+    """A crash after the JSONL got a call's rows but before all their samples: the next run extracts the missing
+    samples the ordinary way and regenerates the rest (the fused batch gets FUSED_GROUP batches per call)."""
+    import engine.data.regenerate as rg
+
+    if not fused:
+        decode_with_transformers(monkeypatch)
+    in_file = min(len(CHATS), rg.FUSED_GROUP) if fused else 2  # rows in the JSONL when the second sample is added
     layer_ids = [1, tiny_llama.num_layers]
     kw = dict(max_new_tokens=8, batch_size=1, extract_max_length=200)
     op.regenerate_and_extract(tiny_llama, CHATS,
@@ -133,13 +141,13 @@ def test_resume_after_interruption_gives_the_uninterrupted_result(tiny_llama, tm
         op.regenerate_and_extract(tiny_llama, CHATS,
                                   RegenerateOptions(out=tmp_path / "part.jsonl", extract_to=tmp_path / "part", **kw),
                                   layer_ids, progress=False)
-    assert len(read_rows(tmp_path / "part.jsonl")) == 2 and sample_indices(tmp_path / "part") == [0]
+    assert len(read_rows(tmp_path / "part.jsonl")) == in_file and sample_indices(tmp_path / "part") == [0]
     assert read_manifest(tmp_path / "part")["complete"] is False
     monkeypatch.setattr(op.GrowingExtractionRun, "add", real_add)
     summary = op.regenerate_and_extract(tiny_llama, CHATS,
                                         RegenerateOptions(out=tmp_path / "part.jsonl", extract_to=tmp_path / "part",
                                                           **kw), layer_ids, progress=False)
-    assert summary.already_done == 2 and summary.written == 2
+    assert summary.already_done == in_file and summary.written == len(CHATS) - in_file
     assert read_rows(tmp_path / "part.jsonl") == read_rows(tmp_path / "full.jsonl")
     assert_same_folders(tmp_path / "part", tmp_path / "full", rtol=2 ** -7, atol=1e-5)
     assert read_manifest(tmp_path / "part")["complete"] is True

@@ -83,6 +83,20 @@ def test_greedy_batched_answers_match_one_by_one(tiny_llama, monkeypatch, fused)
     assert batched == alone  # left padding (transformers) or other rows (fused) does not change greedy answers
 
 
+def test_the_fused_batch_gets_several_batches_at_a_time_and_keeps_the_batch_size_as_its_width(tiny_llama, tmp_path,
+                                                                                             monkeypatch):
+    calls = []
+    real = rg.greedy_batch
+    monkeypatch.setattr(rg, "greedy_batch", lambda model, prompts, *a, width=None, **kw: calls.append(
+        (len(prompts), width)) or real(model, prompts, *a, width=width, **kw))
+    n = 2 * rg.FUSED_GROUP + 3
+    chats = [{"id": str(i), "messages": [{"role": "user", "content": f"Count to {i}."}]} for i in range(n)]
+    rg.regenerate(tiny_llama, chats, RegenerateOptions(out=tmp_path / "r.jsonl", batch_size=2, max_new_tokens=3),
+                  progress=False)
+    assert calls == [(2 * rg.FUSED_GROUP, 2), (3, 2)]
+    assert len((tmp_path / "r.jsonl").read_text().splitlines()) == n
+
+
 def test_greedy_answers_on_the_fused_decoder_are_transformers_answers(builtin_target, monkeypatch, tmp_path):
     """The built-in target (fp32): the fused batch's greedy answers equal transformers' `generate`, and the rows say
     which way decoded them; sampling keeps transformers' way."""

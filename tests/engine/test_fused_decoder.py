@@ -148,3 +148,23 @@ def test_a_batch_of_rows_at_different_lengths_steps_as_each_row_alone(tiny_famil
             _close(torch.cat([captured[i][j: j + 1] for i in aux], dim=-1), states)
         ids = [int(x) for x in got.argmax(-1)]
     assert batch.lengths.tolist() == [len(prompts[0]) + 4, len(prompts[2]) + 4]
+
+
+def test_a_narrow_batch_refills_its_rows_and_answers_as_a_wide_one(tiny_family_targets):
+    """greedy_batch with 2 rows for 5 prompts (each ending row taken by the next prompt) gives every prompt the answer
+    and captured states it gets with a row each."""
+    target = load_target(str(tiny_family_targets["llama"]), dtype=torch.float32, device="cpu")
+    prompts = [[(3 * i + 7 * r) % 300 + 3 for i in range(n)] for r, n in enumerate((5, 17, 9, 30, 12))]
+
+    def run(width, stops):
+        ends = {e.index: (list(e.new), e.states) for e in fused_decoder.greedy_batch(
+            target.model, prompts, stops, 9, width=width, capture=[1, 4], dtype=torch.float32)}
+        return [ends[b] for b in range(len(prompts))]
+
+    unstopped = run(None, set())
+    stops = {unstopped[1][0][2], unstopped[3][0][4]}  # tokens two answers reach: they end there
+    narrow, wide = run(2, stops), run(None, stops)
+    for (new_a, states_a), (new_b, states_b) in zip(narrow, wide, strict=True):
+        assert new_a == new_b
+        _close(states_a, states_b)
+    assert {len(new) for new, _ in wide} != {9}  # some answer ended early, so a row was refilled mid-run
