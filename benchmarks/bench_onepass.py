@@ -12,10 +12,10 @@
 # * the same one pass with transformers decoding its batch (what it did before the fused batch), to tell the two
 #   savings apart.
 #
-# Chunks of --batch-size conversations alternate which way goes first, so both see the same load on a shared
-# machine; wall-clock and process CPU seconds are summed per way. Afterwards (not timed) the outputs are compared:
-# equal JSONL rows, equal token ids and loss masks, and the largest difference of the saved hidden states. The
-# vLLM regeneration path is not timed here (it needs its own server and environment; see the record's note).
+# Chunks of --chunk conversations (default --batch-size) take turns going first, so all ways see the same load on a
+# shared machine; wall-clock and process CPU seconds are summed per way. Afterwards (not timed) the outputs are
+# compared: equal JSONL rows, equal token ids and loss masks, and the largest difference of the saved hidden states.
+# The vLLM regeneration path is not timed here (it needs its own server and environment; see the record's note).
 #
 #     python benchmarks/bench_onepass.py --conversations 24 --max-new-tokens 256 --threads 1 \
 #         --json benchmarks/results/data_cost/intel-xeon-amx.json
@@ -111,7 +111,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--conversations", type=int, default=24, help="ShareGPT train-split conversations")
     p.add_argument("--max-new-tokens", type=int, default=256, help="per answer (the recipes' 256)")
     p.add_argument("--max-length", type=int, default=768, help="prompt + answer budget and extraction length")
-    p.add_argument("--batch-size", type=int, default=8, help="conversations generated together (one chunk)")
+    p.add_argument("--batch-size", type=int, default=8, help="conversations generated together")
+    p.add_argument("--chunk", type=int, default=None,
+                   help="conversations per interleaved chunk (default: the batch size; the fused batch refills its "
+                        "rows only in chunks larger than it)")
     p.add_argument("--dtype", default="bf16", help="of the saved hidden states (the recipes' bf16)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--check-dtype", default="fp32", help="files of the untimed exactness check on the first chunk")
@@ -138,8 +141,9 @@ def main(argv: list[str] | None = None) -> int:
             way(target, chats[:1], Path(tmp) / "warm", layer_ids, args)
         PARTS.update(regenerate=0.0, extract=0.0)
         PARTS_FUSED.update(regenerate=0.0, extract=0.0)
-        for c, k in enumerate(range(0, len(chats), args.batch_size)):
-            chunk, folder = chats[k: k + args.batch_size], Path(tmp) / f"chunk{c}"
+        chunk_size = args.chunk or args.batch_size
+        for c, k in enumerate(range(0, len(chats), chunk_size)):
+            chunk, folder = chats[k: k + chunk_size], Path(tmp) / f"chunk{c}"
             folder.mkdir()
             order = list(WAYS)[c % len(WAYS):] + list(WAYS)[:c % len(WAYS)]  # each way first in turn
             for way in order:
@@ -164,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": command_line("bench_onepass.py", argv), "cpu": cpu_name(), "cpu_described": describe(),
         "dtype": args.dtype, "target_dtype": "fp32", "threads": args.threads, "conversations": n,
         "max_new_tokens": args.max_new_tokens, "max_length": args.max_length, "batch_size": args.batch_size,
+        "chunk": chunk_size,
         "layer_ids": layer_ids, "seconds": seconds, "cpu_seconds": cpu,
         "per_conversation_s": {w: s / n for w, s in seconds.items()},
         "per_conversation_cpu_s": {w: s / n for w, s in cpu.items()},
