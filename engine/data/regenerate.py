@@ -2,9 +2,10 @@
 
 # For a multi-turn conversation the target answers user turn 1, then sees its own answer as history when it
 # answers user turn 2, and so on; the original assistant turns are dropped. Conversations are generated in
-# batches (left-padded, KV-cached `model.generate`); each finished batch is appended in one write and fsynced,
-# and a re-run skips the ids already in the file (a line cut by a crash is removed first). A file that
-# regenerate did not write is refused, never truncated.
+# batches: greedy ones on the fused decoder's batch where the target takes it (FUSED_GROUP batches per call, a row
+# refilled as its answer ends), else left-padded, KV-cached `model.generate`. Each call's rows are appended in one
+# write and fsynced, and a re-run skips the ids already in the file (a line cut by a crash is removed first). A file
+# that regenerate did not write is refused, never truncated.
 
 from __future__ import annotations
 

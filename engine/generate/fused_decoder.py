@@ -6,7 +6,8 @@
 # linear runs in the weights' dtype: bf16 natively, fp32), the norms, RoPE and activation taken from the model's own
 # modules, the attention of engine.generate.cpu_kernels' "eager-masked" form, and a key/value cache of preallocated
 # tensors. Only layer layouts whose every step this reproduces qualify (`fused_problem`); the kernel choice measures
-# the path like any other (row-exactness included) and takes it only where it is exact and fastest.
+# the path like any other (row-exactness included) and takes it only where it is exact and fastest. `FusedBatch` runs
+# the same layers for several sequences at once (greedy data answers), each at its own position.
 
 from __future__ import annotations
 
@@ -202,8 +203,8 @@ class FusedDecoder:
 
 
 class FusedBatch:
-    """Greedy decode steps of several sequences at once over a fused model: one linear per weight for all rows, each
-    row at its own position over its own cache length (the one-pass data path's batched answers)."""
+    """Decode steps of several sequences at once over a fused model: one linear per weight for all rows, each row at
+    its own position over its own cache length (greedy data answers: `regenerate` and the one pass)."""
 
     def __init__(self, model: nn.Module, rows: int, capacity: int):
         self.model = model
@@ -213,7 +214,8 @@ class FusedBatch:
         self.head_dim, self.scaling = attn.head_dim, attn.scaling
         shape = (len(self.weights.layers), rows, attn.config.num_key_value_heads, capacity, attn.head_dim)
         dtype = next(model.parameters()).dtype
-        # zeros, not empty: a row's keys past its length are masked, and 0 x NaN from stale memory would not be
+        # zeros, not empty: keys past a row's length are masked out, but a stale NaN among their values would still
+        # reach the output (0 x NaN)
         self._k, self._v = torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype)  # [L, B, Hkv, C, d]
         self.lengths = torch.zeros(rows, dtype=torch.long)  # [B] cached positions per row
 
@@ -228,10 +230,10 @@ class FusedBatch:
     @torch.inference_mode()
     def prefill(self, b: int, ids: torch.Tensor, capture: list[int]) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
         """Row b's prompt ids [T] alone (no padding): `FusedDecoder.forward`'s outputs; the row's length becomes T."""
+        if ids.shape[0] > self._k.shape[3]:
+            raise ValueError(f"a prompt of {ids.shape[0]} tokens is longer than the batch's capacity")
         one = self.row(b, 0)
         out = one.forward(ids, capture)
-        if one._k.data_ptr() != self._k[:, b].data_ptr():
-            raise ValueError(f"a prompt of {ids.shape[0]} tokens is longer than the batch's capacity")
         self.lengths[b] = one.length
         return out
 
@@ -313,6 +315,8 @@ def greedy_batch(model: nn.Module, prompts: list[list[int]], stops: set[int], ma
     """Greedy answers to `prompts` on one `FusedBatch` of `width` rows (all prompts by default): each prompt prefilled
     alone into a row, then one step for every row at a time; yields each answer as it ends, and the next waiting
     prompt takes its row. With `capture`, the stream at those layer ids of every fed token, in `dtype`."""
+    if not prompts:
+        return
     width = min(width or len(prompts), len(prompts))
     batch = FusedBatch(model, width, max(len(p) for p in prompts) + max_new_tokens)
     states: list[list[torch.Tensor]] = [[] for _ in prompts]  # per prompt: [t, L, H] chunks, in order
