@@ -110,6 +110,11 @@ def _bias(linear: nn.Linear) -> torch.Tensor | None:
     return None if linear.bias is None else linear.bias.detach()
 
 
+def has_fused_weights(model: nn.Module) -> bool:
+    """Whether the model's fused weights (its second copy of the linear weights) are built already."""
+    return _WEIGHTS in model.__dict__
+
+
 def fused_weights(model: nn.Module) -> _Weights:
     """The model's fused weights, built at the first call (a second copy of the layers' linear weights)."""
     weights = model.__dict__.get(_WEIGHTS)

@@ -37,7 +37,7 @@ from engine.generate.cpu_kernels import (
     set_attention_form,
     set_linear_form,
 )
-from engine.generate.fused_decoder import fused_problem
+from engine.generate.fused_decoder import fused_problem, has_fused_weights
 from engine.targets import Target, load_target, pick_device, resolve_target, workbench_home
 
 log = logging.getLogger(__name__)
@@ -310,8 +310,9 @@ def second_copy_problem(model: torch.nn.Module) -> str | None:
 
 
 def fused_batch_problem(model: torch.nn.Module) -> str | None:
-    """Why greedy batches cannot decode on the fused decoder here (`fused_decoder.greedy_batch`), or None."""
-    return fused_problem(model) or second_copy_problem(model)
+    """Why greedy batches cannot decode on the fused decoder here (`fused_decoder.greedy_batch`), or None; the
+    memory check only before its weights are copied (afterwards the copy itself takes the free memory)."""
+    return fused_problem(model) or (None if has_fused_weights(model) else second_copy_problem(model))
 
 
 class _Skipped(Exception):

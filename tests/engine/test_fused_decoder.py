@@ -168,3 +168,13 @@ def test_a_narrow_batch_refills_its_rows_and_answers_as_a_wide_one(tiny_family_t
         assert new_a == new_b
         _close(states_a, states_b)
     assert {len(new) for new, _ in wide} != {9}  # some answer ended early, so a row was refilled mid-run
+
+
+def test_the_batch_memory_check_is_made_before_the_copy_only(tiny_family_targets, monkeypatch):
+    """No room for a second copy: greedy batches keep transformers; once the copy exists, it no longer counts."""
+    target = load_target(str(tiny_family_targets["qwen2"]), dtype=torch.float32)
+    size = sum(p.numel() * p.element_size() for p in target.model.parameters())
+    monkeypatch.setattr(kc, "_free_memory", lambda: size)
+    assert "free memory" in kc.fused_batch_problem(target.model)
+    fused_decoder.fused_weights(target.model)
+    assert kc.fused_batch_problem(target.model) is None
