@@ -164,7 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--recipe-batch", type=int, default=32, help="requests in flight, the recipe way (the recipes' 32)")
     p.add_argument("--wide", type=int, default=256, help="requests in flight, the vLLM way")
     p.add_argument("--threads", type=int, default=2, help="torch threads in this process (extraction, one pass)")
-    p.add_argument("--onepass-batch", type=int, default=8, help="conversations decoded together, the one pass")
+    p.add_argument("--onepass-batch", type=int, default=RegenerateOptions.model_fields["batch_size"].default,
+                   help="conversations decoded together, the one pass (regenerate's default)")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
 

@@ -458,25 +458,35 @@ def test_vllm_data_cost_table_is_its_record():
 def test_the_one_pass_beside_vllms_ways_is_its_record():
     """The in-process one pass against the recipe and vLLM ways (AMD EPYC Zen 4): table, ratios, starts, checks."""
     from benchmarks.bench_data_cost import table
+    from engine.data.options import RegenerateOptions
 
     text = _section(DOC.read_text(), "### The in-process one pass beside vLLM's ways")
-    record, before = _record("data_cost/amd-epyc-zen4-vllm-onepass.json"), _record("data_cost/amd-epyc-zen4-vllm.json")
-    assert record["cpu_kind"] == "AVX-512 BF16" and record["command"] in text.replace(".venv/bin/python", "python")
-    assert table(record) in text
-    per, starts = record["per_conversation_s"], record["starts_s"]
+    record, narrow = _record("data_cost/amd-epyc-zen4-vllm-onepass-32.json"), \
+        _record("data_cost/amd-epyc-zen4-vllm-onepass.json")
+    before = _record("data_cost/amd-epyc-zen4-vllm.json")
+    flat = text.replace(".venv/bin/python", "python")
+    for rec in (record, narrow):
+        assert rec["cpu_kind"] == "AVX-512 BF16" and rec["command"] in flat
+    assert table(record) in text and record["onepass_batch"] == RegenerateOptions(out="x").batch_size
+    per, starts, other = record["per_conversation_s"], record["starts_s"], narrow["per_conversation_s"]
     assert (f"recipe way costs {per['recipe']['total']:.2f} s here against "
             f"{before['per_conversation_s']['recipe']['total']:.2f} s there") in text
-    assert (f"{per['vllm']['total']:.2f} s per conversation, against {per['onepass']['total']:.2f} s for the one pass "
-            f"({per['onepass']['total'] / per['vllm']['total']:.1f}×)") in text
-    assert f"the recipe way. vLLM keeps {record['wide']} requests" in text and record["onepass_batch"] == 8
+    assert (f"{per['vllm']['total']:.2f} s per conversation, against {per['onepass']['total']:.2f} s for the one pass\n"
+            f"  ({per['onepass']['total'] / per['vllm']['total']:.1f}×)") in text
+    assert f"vLLM keeps {record['wide']} requests" in text
+    assert f"cheaper than the recipe way ({per['recipe']['total']:.2f} s)" in text
+    within = max(abs(other[w]["total"] - per[w]["total"]) for w in ("recipe", "vllm"))
+    assert (f"within\n  {within:.2f} s of these) the one pass cost {other['onepass']['total']:.2f} s per conversation, "
+            f"{other['onepass']['total'] / other['vllm']['total']:.1f}× vLLM's way") in text
     fixed = starts["vllm"]["regenerate"] + starts["vllm"]["extract"] - starts["onepass"]["regenerate"]
     assert f"fewer than about {fixed / (per['onepass']['total'] - per['vllm']['total']):.0f} conversations" in text
-    assert (f"({starts['onepass']['regenerate']:.0f} s against {starts['vllm']['regenerate']:.0f} + "
+    assert (f"({starts['onepass']['regenerate']:.0f} s against\n  {starts['vllm']['regenerate']:.0f} + "
             f"{starts['vllm']['extract']:.0f} s)") in text
     check, onepass = record["checks"][0], record["checks_onepass"][0]
     assert check["rows_equal"] == check["conversations"] == record["conversations"]
     assert f"all {check['conversations']} answers equal" in text
-    assert f"ones in {onepass['rows_equal']} of\n  {onepass['conversations']} conversations" in text
+    assert (f"ones in {onepass['rows_equal']} of\n  {onepass['conversations']} conversations "
+            f"({narrow['checks_onepass'][0]['rows_equal']} with 8 rows)") in text
     docs = " ".join(" ".join((ROOT / "docs" / name).read_text().split()) for name in ("data-files.md", "cli.md"))
     assert f"{per['vllm']['total']:.2f} s per conversation against {per['onepass']['total']:.2f} s for the" in docs
     vllm_start = starts["vllm"]["regenerate"] + starts["vllm"]["extract"]

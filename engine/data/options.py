@@ -89,7 +89,7 @@ class RegenerateOptions(LayerChoice, DataSelection):
     max_new_tokens: int = Field(256, ge=1, description="per answer")
     temperature: float = Field(0.0, ge=0, description="0 = greedy")
     top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling when temperature > 0")
-    batch_size: int = Field(8, ge=1, description="conversations generated together")
+    batch_size: int = Field(32, ge=1, description="conversations generated together (requests in flight with vllm)")
     max_turns: int | None = Field(None, ge=1, description="answer at most N user turns per conversation")
     device: str | None = Field(None, description="cpu, cuda, ... (default: cuda if available)")
     backend: Literal[BACKENDS] = Field(
