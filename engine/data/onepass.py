@@ -37,7 +37,7 @@ from engine.data.extraction_run import (
     log_done,
 )
 from engine.data.options import RegenerateOptions
-from engine.data.regenerate import RegenerateSummary, regenerate, stop_token_ids
+from engine.data.regenerate import RegenerateSummary, chat_prompts, regenerate, stop_token_ids
 from engine.data.render import RenderedRow, render_dataset, render_rows
 from engine.data.store import MANIFEST, TOKEN_FREQ, sample_indices, sample_path
 from engine.errors import WorkbenchError
@@ -138,9 +138,7 @@ class CapturingAnswerer:
         if temperature > 0:
             raise WorkbenchError("one-pass extraction generates greedily (temperature 0)",
                                  hint="drop --extract-to to sample, then run `extract` on the regenerated file")
-        tok = target.tokenizer
-        prompts = [tok(tok.apply_chat_template(h, tokenize=False, add_generation_prompt=True),
-                       add_special_tokens=False)["input_ids"] for h in histories]
+        prompts = chat_prompts(target.tokenizer, histories)
         if self.fused:
             return self._generate_fused(histories, prompts, stop_token_ids(target), max_new_tokens, width)
         return self._generate(histories, prompts, stop_token_ids(target), max_new_tokens)

@@ -208,7 +208,8 @@ FUSED_GROUP = 4  # batches of conversations per call on the fused batch (written
 
 def decodes_fused(target, temperature: float) -> bool:
     """Whether `generate_answers` decodes on the fused decoder's batch: greedy, on a target it takes (a CPU)."""
-    return temperature == 0 and fused_batch_problem(target.model) is None
+    model = getattr(target, "model", None)  # None: a tokenizer only (another engine answers)
+    return temperature == 0 and model is not None and fused_batch_problem(model) is None
 
 
 def _fused_answers(target, histories: Sequence[list[dict]], max_new_tokens: int,

@@ -141,7 +141,7 @@ def test_a_full_disk_during_extraction_keeps_what_was_written_and_resumes(extrac
 def regenerate_args(tiny_targets):
     return ["regenerate", "--target", str(tiny_targets["llama"]), "--dataset", "sharegpt", "--max-samples", "8",
             "--max-new-tokens", "6", "--max-length", "96", "--temperature", "0", "--backend", "transformers",
-            "--batch-size", "2"]
+            "--batch-size", "1"]  # greedy on the fused batch: FUSED_GROUP conversations per append
 
 
 def answers(path: Path) -> dict[str, list]:
@@ -153,11 +153,11 @@ def answers(path: Path) -> dict[str, list]:
 def test_regeneration_killed_mid_write_resumes_to_the_uninterrupted_result(regenerate_args, tmp_path):
     full, part = tmp_path / "full.jsonl", tmp_path / "part.jsonl"
     in_process([*regenerate_args, "--out", str(full)])  # the uninterrupted reference
-    kill_mid_write([*regenerate_args, "--out", str(part)], "rows:3", tmp_path)
+    kill_mid_write([*regenerate_args, "--out", str(part)], "rows:2", tmp_path)
     data = part.read_bytes()
     assert not data.endswith(b"\n"), "expected the half-written row a kill leaves"
     kept = data[: data.rindex(b"\n") + 1]
-    assert 2 <= len(kept.splitlines()) < 8  # the two appends before the third
+    assert 1 <= len(kept.splitlines()) < len(answers(full))  # the append before the second
     log = finish(engine([*regenerate_args, "--out", str(part)]))
     assert "partial line" in log
     assert part.read_bytes().startswith(kept)  # finished rows untouched
