@@ -25,6 +25,7 @@ _LAYER_CLASSES = tuple(f"{p}DecoderLayer" for p in ("Llama", "Qwen2", "Qwen3", "
 _ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
 _MLP = ("gate_proj", "up_proj", "down_proj")
 PREFILL_CHUNK = 256  # prompt rows per forward: bounds the masked attention's [rows, keys] scores
+FIRST_ANSWER_ROOM = 256  # answer positions a FusedBatch's cache holds before it grows (most answers end before)
 _WEIGHTS = "_workbench_fused_weights"
 
 
@@ -224,6 +225,16 @@ class FusedBatch:
         self._k, self._v = torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype)  # [L, B, Hkv, C, d]
         self.lengths = torch.zeros(rows, dtype=torch.long)  # [B] cached positions per row
 
+    def _room(self, n: int) -> None:
+        """Grow every row's cache (doubling) to hold n positions: it starts small and grows with the longest row."""
+        have = self._k.shape[3]
+        if n <= have:
+            return
+        shape = (*self._k.shape[:3], max(n, 2 * have), self._k.shape[4])
+        k, v = self._k.new_zeros(shape), self._v.new_zeros(shape)
+        k[:, :, :, :have], v[:, :, :, :have] = self._k, self._v
+        self._k, self._v = k, v
+
     def row(self, b: int, length: int | None = None) -> FusedDecoder:
         """A one-sequence decoder on row b's cache (its first `length` positions; all of them by default). It writes
         into the batch's cache until it outgrows the capacity, then into its own copy."""
@@ -235,8 +246,7 @@ class FusedBatch:
     @torch.inference_mode()
     def prefill(self, b: int, ids: torch.Tensor, capture: list[int]) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
         """Row b's prompt ids [T] alone (no padding): `FusedDecoder.forward`'s outputs; the row's length becomes T."""
-        if ids.shape[0] > self._k.shape[3]:
-            raise ValueError(f"a prompt of {ids.shape[0]} tokens is longer than the batch's capacity")
+        self._room(ids.shape[0])
         one = self.row(b, 0)
         out = one.forward(ids, capture)
         self.lengths[b] = one.length
@@ -255,8 +265,7 @@ class FusedBatch:
         """ids [B] (one new token per row, at the row's length) -> the last layer's output [B, H] (before the final
         norm) and the stream at each `capture` id [B, H], as `FusedDecoder.forward`."""
         positions = self.lengths  # [B]
-        if int(positions.max()) >= self._k.shape[3]:
-            raise ValueError("a row has outgrown the batch's capacity")
+        self._room(int(positions.max()) + 1)
         x = self.decoder.embed_tokens(ids)  # [B, H]
         cos, sin = self.decoder.rotary_emb(x[:, None], positions[:, None])  # [B, 1, d] each
         seen = torch.arange(int(positions.max()) + 1) <= positions[:, None]  # [B, n]: keys each row attends to
@@ -323,7 +332,7 @@ def greedy_batch(model: nn.Module, prompts: list[list[int]], stops: set[int], ma
     if not prompts:
         return
     width = min(width or len(prompts), len(prompts))
-    batch = FusedBatch(model, width, max(len(p) for p in prompts) + max_new_tokens)
+    batch = FusedBatch(model, width, max(len(p) for p in prompts) + min(max_new_tokens, FIRST_ANSWER_ROOM))
     states: list[list[torch.Tensor]] = [[] for _ in prompts]  # per prompt: [t, L, H] chunks, in order
     new: list[list[int]] = [[] for _ in prompts]
     rows = list(range(width))  # batch row j answers prompt rows[j]

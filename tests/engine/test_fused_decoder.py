@@ -120,15 +120,15 @@ def test_variants_of_the_layouts_decode_as_transformers(tmp_path, arch, extra):
         _close(xa, xb)
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
 def test_a_batch_of_rows_at_different_lengths_steps_as_each_row_alone(tiny_family_targets, arch):
     """fp32: prompts of different lengths prefilled into one batch cache, then one step for all rows at a time gives
     each row what transformers gives that sequence alone (logits, captured streams); a row that leaves the batch
-    leaves the others' caches intact."""
+    leaves the others' caches intact, and the cache grows past its first capacity (at a prefill and at a step)."""
     target = load_target(str(tiny_family_targets[arch]), dtype=torch.float32, device="cpu")
     model, aux = target.model, [1, 4]
     prompts = [[(5 * i + 3 * r) % 300 + 3 for i in range(n)] for r, n in enumerate((7, 30, 13))]
-    batch = fused_decoder.FusedBatch(model, len(prompts), capacity=40)
+    batch = fused_decoder.FusedBatch(model, len(prompts), capacity=8)
     alone = [TargetRunner(target, aux, route_kernels=False, fused=False) for _ in prompts]
     for b, prompt in enumerate(prompts):
         out, captured = batch.prefill(b, torch.tensor(prompt), aux)
@@ -148,6 +148,7 @@ def test_a_batch_of_rows_at_different_lengths_steps_as_each_row_alone(tiny_famil
             _close(torch.cat([captured[i][j: j + 1] for i in aux], dim=-1), states)
         ids = [int(x) for x in got.argmax(-1)]
     assert batch.lengths.tolist() == [len(prompts[0]) + 4, len(prompts[2]) + 4]
+    assert batch._k.shape[3] == 2 * len(prompts[1])  # grown to the longest prompt, then doubled at its first step
 
 
 def test_a_narrow_batch_refills_its_rows_and_answers_as_a_wide_one(tiny_family_targets):
