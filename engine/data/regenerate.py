@@ -341,6 +341,8 @@ def regenerate(target, rows: Sequence[dict], options: RegenerateOptions, *, prog
         fused, backend = getattr(answer, "fused", False), getattr(answer, "backend", "vllm")
     # the fused batch refills a row as soon as its answer ends: it gets several batches' conversations per call
     group = batch_size * FUSED_GROUP if fused else batch_size
+    log.info("decoding: %s%s", backend,
+             f" ({batch_size} rows at a time, {group} conversations per write)" if fused else "")
     meta = {"target": target.verifier_name, "backend": backend,
             "temperature": options.temperature, "max_new_tokens": options.max_new_tokens, "seed": seed}
     rep = reporter()
