@@ -111,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--conversations", type=int, default=24, help="ShareGPT train-split conversations")
     p.add_argument("--max-new-tokens", type=int, default=256, help="per answer (the recipes' 256)")
     p.add_argument("--max-length", type=int, default=768, help="prompt + answer budget and extraction length")
-    p.add_argument("--batch-size", type=int, default=8, help="conversations generated together")
+    p.add_argument("--batch-size", type=int, default=RegenerateOptions.model_fields["batch_size"].default,
+                   help="conversations generated together (regenerate's default)")
     p.add_argument("--chunk", type=int, default=None,
                    help="conversations per interleaved chunk (default: the batch size; the fused batch refills its "
                         "rows only in chunks larger than it)")
