@@ -37,12 +37,12 @@ from engine.data.extraction_run import (
     log_done,
 )
 from engine.data.options import RegenerateOptions
-from engine.data.regenerate import RegenerateSummary, chat_prompts, regenerate, stop_token_ids
+from engine.data.regenerate import RegenerateSummary, answer_of, chat_prompts, regenerate, stop_token_ids
 from engine.data.render import RenderedRow, render_dataset, render_rows
 from engine.data.store import MANIFEST, TOKEN_FREQ, sample_indices, sample_path
 from engine.errors import WorkbenchError
 from engine.fsutil import claim_names
-from engine.generate.fused_decoder import FusedBatch, greedy_batch
+from engine.generate.fused_decoder import FusedBatch, greedy_batch, stacked_capture
 from engine.generate.kernel_choice import fused_batch_problem
 from engine.targets import LayerCapture
 
@@ -246,12 +246,10 @@ class CapturingAnswerer:
     def _finish(self, history: list[dict], fed: list[int], new: list[int], stops: set[int], hidden: torch.Tensor,
                 tail) -> tuple[str, int, bool]:
         """(text, new tokens, ended) of a finished answer; keeps its conversation's states (`_keep`)."""
-        cut = next((k for k, t in enumerate(new) if t in stops), None)
-        kept = new if cut is None else new[:cut]
-        text = self.target.tokenizer.decode(kept, skip_special_tokens=True).strip()
-        if text:
-            self._keep(history + [{"role": "assistant", "content": text}], fed, hidden, tail)
-        return text, len(kept) + (cut is not None), cut is not None
+        answer = answer_of(self.target.tokenizer, new, stops)
+        if answer[0]:
+            self._keep(history + [{"role": "assistant", "content": answer[0]}], fed, hidden, tail)
+        return answer
 
     def _keep(self, messages: list[dict], fed: list[int], hidden: torch.Tensor, tail) -> None:
         """Store the rendered conversation and its states [T, L, H]: the fed tokens', then the rest from
@@ -288,7 +286,7 @@ class CapturingAnswerer:
         """`_tail` on the fused batch's row `row` (the row ends: its cache past p is overwritten)."""
         self.tail_tokens += len(ids) - p
         _, captured = batch.row(row, p).forward(torch.tensor(ids[p:]), self.layer_ids)
-        return torch.stack([captured[i] for i in self.layer_ids], dim=1).to(self.dtype)  # [T - p, L, H]
+        return stacked_capture(captured, self.layer_ids, self.dtype)  # [T - p, L, H]
 
 
 class GrowingExtractionRun(ExtractionRun):

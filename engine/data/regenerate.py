@@ -197,7 +197,7 @@ def transformers_answers(target, histories: Sequence[list[dict]], *, max_new_tok
     out = target.model.generate(input_ids=ids.to(target.device), attention_mask=mask.to(target.device),
                                 max_new_tokens=max_new_tokens, pad_token_id=pad_id, eos_token_id=sorted(stops),
                                 use_cache=True, **sampling)
-    return [_answer(tok, row, stops) for row in out[:, ids.shape[1]:].tolist()]  # new tokens [B, <= max_new]
+    return [answer_of(tok, row, stops) for row in out[:, ids.shape[1]:].tolist()]  # new tokens [B, <= max_new]
 
 
 transformers_answers.backend = "transformers"  # the rows' `regenerated.backend` when passed as `answer`
@@ -219,7 +219,7 @@ def _fused_answers(target, histories: Sequence[list[dict]], max_new_tokens: int,
     new: list[list[int]] = [[] for _ in prompts]
     for end in greedy_batch(target.model, prompts, stops, max_new_tokens, width=width):
         new[end.index] = end.new
-    return [_answer(target.tokenizer, row, stops) for row in new]
+    return [answer_of(target.tokenizer, row, stops) for row in new]
 
 
 def chat_prompts(tok, histories: Sequence[list[dict]]) -> list[list[int]]:
@@ -228,7 +228,7 @@ def chat_prompts(tok, histories: Sequence[list[dict]]) -> list[list[int]]:
                 add_special_tokens=False)["input_ids"] for h in histories]
 
 
-def _answer(tok, new: list[int], stops: set[int]) -> tuple[str, int, bool]:
+def answer_of(tok, new: list[int], stops: set[int]) -> tuple[str, int, bool]:
     """(text, new tokens, ended) of an answer's generated ids: cut at the first stop token, which counts."""
     cut = next((k for k, t in enumerate(new) if t in stops), None)
     kept = new if cut is None else new[:cut]
@@ -297,8 +297,7 @@ def regenerate_batch(target, rows: Sequence[dict], options: RegenerateOptions, s
 
 
 def _prompt_tokens(tok, messages: list[dict]) -> int:
-    text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    return len(tok(text, add_special_tokens=False)["input_ids"])
+    return len(chat_prompts(tok, [messages])[0])
 
 
 @dataclass

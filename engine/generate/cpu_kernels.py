@@ -282,8 +282,8 @@ def route_decode_kernels(model: nn.Module) -> bool:
 def pack_draft_linears(model: nn.Module) -> bool:
     """A CPU draft's linears on oneDNN's weights packed once ("packed"): for one or two rows `F.linear` takes
     1.4-1.8x as long on a bf16 weight, and an fp32 draft beside an fp32 target went from 0.911x to 0.983x on the
-    AMD EPYC Zen 4 (BENCHMARKS.md). A draft
-    needs no row-exactness (the target's verification alone decides what is emitted), so one row stays one row.
+    AMD EPYC Zen 4 (BENCHMARKS.md). A draft needs no row-exactness (the target's verification alone decides what
+    is emitted), so one row stays one row.
     False where oneDNN's packed linear does not run in the draft's dtype (bf16 without native support)."""
     p = next(model.parameters(), None)
     if p is None or p.device.type != "cpu" or not packed_linear_available(p.dtype):

@@ -97,6 +97,7 @@ class _Weights:
                 down=self._weight(mlp.down_proj.weight), down_bias=_bias(mlp.down_proj), module=layer))
         self.sizes = [getattr(layer.self_attn, n).out_features for n in _ATTENTION[:3]]
         self.inter = decoder_of(model).layers[0].mlp.gate_proj.out_features
+        self.head_dim = decoder_of(model).layers[0].self_attn.head_dim
 
     def _weight(self, w: torch.Tensor) -> torch.Tensor:
         w = w.detach().contiguous()
@@ -105,6 +106,26 @@ class _Weights:
     def linear(self, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """x [R, in] -> [R, out]; one row padded to two, as the routed "pad2" forms (a row-invariant GEMM)."""
         return pad2_linear(x, w, bias, packed=w if self.packed else None)
+
+    def qkv(self, layer: _Layer, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x [R, H] -> q [R, Hq, d], k and v [R, Hkv, d] before RoPE: the input norm, the joined projection and,
+        for Qwen3, the per-head norms."""
+        attn, rows, d = layer.module.self_attn, x.shape[0], self.head_dim
+        h = layer.module.input_layernorm.forward(x)
+        q, k, v = self.linear(h, layer.qkv, layer.qkv_bias).split(self.sizes, dim=-1)  # [R, Hq d], [R, Hkv d] x2
+        q, k, v = q.view(rows, -1, d), k.view(rows, -1, d), v.view(rows, -1, d)
+        if hasattr(attn, "q_norm"):
+            q, k = attn.q_norm.forward(q), attn.k_norm.forward(k)
+        return q, k, v
+
+    def rest(self, layer: _Layer, x: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
+        """x [R, H] and the attention's output [R, Hq d] -> the layer's output [R, H]: the output projection and the
+        MLP, each added to the residual stream."""
+        module = layer.module
+        x = x + self.linear(attended, layer.o, layer.o_bias)
+        h = module.post_attention_layernorm.forward(x)
+        gate, up = self.linear(h, layer.gate_up, layer.gate_up_bias).split(self.inter, dim=-1)  # [R, I] each
+        return x + self.linear(module.mlp.act_fn(gate) * up, layer.down, layer.down_bias)
 
 
 def _bias(linear: nn.Linear) -> torch.Tensor | None:
@@ -125,18 +146,18 @@ def fused_weights(model: nn.Module) -> _Weights:
 
 
 class FusedDecoder:
-    """Decode forwards of one sequence over a fused model, with its own key/value cache (rolled back by `crop`)."""
+    """Decode forwards of one sequence over a fused model, with its own key/value cache (rolled back by `crop`);
+    `cache` (keys, values [L, Hkv, capacity, d]) holding `length` positions starts it on given tensors."""
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, cache: tuple[torch.Tensor, torch.Tensor] | None = None, length: int = 0):
         self.model = model
         self.decoder = decoder_of(model)
         self.weights = fused_weights(model)
         attn = self.decoder.layers[0].self_attn
         self.head_dim = attn.head_dim
         self.kv_heads = attn.config.num_key_value_heads
-        self.length = 0
-        self._k: torch.Tensor | None = None  # [L, Hkv, capacity, d]
-        self._v: torch.Tensor | None = None
+        self.length = length
+        self._k, self._v = cache or (None, None)  # [L, Hkv, capacity, d] each
 
     def crop(self, length: int) -> None:
         self.length = max(0, min(self.length, length))
@@ -188,21 +209,12 @@ class FusedDecoder:
     def _layer(self, i: int, layer: _Layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start: int,
                end: int) -> torch.Tensor:
         """x [T, H] -> [T, H]: one decoder layer, its new keys and values written to cache positions [start, end)."""
-        w, module, rows, d = self.weights, layer.module, x.shape[0], self.head_dim
-        attn = module.self_attn
-        h = module.input_layernorm.forward(x)
-        q, k, v = w.linear(h, layer.qkv, layer.qkv_bias).split(w.sizes, dim=-1)  # [T, Hq d], [T, Hkv d] x2
-        q, k, v = q.view(rows, -1, d), k.view(rows, -1, d), v.view(rows, -1, d)  # [T, heads, d]
-        if hasattr(attn, "q_norm"):  # Qwen3: per-head norms before RoPE
-            q, k = attn.q_norm.forward(q), attn.k_norm.forward(k)
-        q, k, v = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)  # [heads, T, d]
+        q, k, v = (t.transpose(0, 1) for t in self.weights.qkv(layer, x))  # [heads, T, d]
         q, k = _rope(q, cos, sin), _rope(k, cos, sin)
         self._k[i, :, start:end], self._v[i, :, start:end] = k, v
-        out = masked_rows_attention(q, self._k[i, :, :end], self._v[i, :, :end], attn.scaling)  # [T, Hq, d]
-        x = x + w.linear(out.reshape(rows, -1), layer.o, layer.o_bias)
-        h = module.post_attention_layernorm.forward(x)
-        gate, up = w.linear(h, layer.gate_up, layer.gate_up_bias).split(w.inter, dim=-1)  # [T, I] each
-        return x + w.linear(module.mlp.act_fn(gate) * up, layer.down, layer.down_bias)
+        out = masked_rows_attention(q, self._k[i, :, :end], self._v[i, :, :end],
+                                    layer.module.self_attn.scaling)  # [T, Hq, d]
+        return self.weights.rest(layer, x, out.reshape(x.shape[0], -1))
 
     def final_norm(self, x: torch.Tensor) -> torch.Tensor:
         return self.decoder.norm.forward(x)
@@ -238,10 +250,8 @@ class FusedBatch:
     def row(self, b: int, length: int | None = None) -> FusedDecoder:
         """A one-sequence decoder on row b's cache (its first `length` positions; all of them by default). It writes
         into the batch's cache until it outgrows the capacity, then into its own copy."""
-        one = FusedDecoder(self.model)
-        one._k, one._v = self._k[:, b], self._v[:, b]  # [L, Hkv, C, d] views
-        one.length = int(self.lengths[b]) if length is None else length
-        return one
+        return FusedDecoder(self.model, (self._k[:, b], self._v[:, b]),  # [L, Hkv, C, d] views
+                            int(self.lengths[b]) if length is None else length)
 
     @torch.inference_mode()
     def prefill(self, b: int, ids: torch.Tensor, capture: list[int]) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
@@ -283,13 +293,8 @@ class FusedBatch:
                seen: torch.Tensor) -> torch.Tensor:
         """x [B, H] -> [B, H]: one decoder layer for one token per row, its keys and values written at each row's
         position."""
-        w, module, rows, d = self.weights, layer.module, x.shape[0], self.head_dim
-        attn = module.self_attn
-        h = module.input_layernorm.forward(x)
-        q, k, v = w.linear(h, layer.qkv, layer.qkv_bias).split(w.sizes, dim=-1)
-        q, k, v = q.view(rows, -1, d), k.view(rows, -1, d), v.view(rows, -1, d)  # [B, heads, d]
-        if hasattr(attn, "q_norm"):
-            q, k = attn.q_norm.forward(q), attn.k_norm.forward(k)
+        rows, d = x.shape[0], self.head_dim
+        q, k, v = self.weights.qkv(layer, x)  # [B, heads, d]
         q, k = _rope(q, cos, sin), _rope(k, cos, sin)  # cos [B, 1, d] broadcasts over the heads
         batch = torch.arange(rows)
         self._k[i, batch, :, self.lengths], self._v[i, batch, :, self.lengths] = k, v
@@ -299,10 +304,7 @@ class FusedBatch:
         scores = torch.matmul(grouped, keys.transpose(-1, -2)).float() * self.scaling  # [B, Hkv, g, n]
         scores = scores.masked_fill(~seen[:, None, None, :], float("-inf"))
         out = torch.matmul(torch.softmax(scores, dim=-1).to(values.dtype), values)  # [B, Hkv, g, d]
-        x = x + w.linear(out.reshape(rows, -1), layer.o, layer.o_bias)
-        h = module.post_attention_layernorm.forward(x)
-        gate, up = w.linear(h, layer.gate_up, layer.gate_up_bias).split(w.inter, dim=-1)  # [B, I] each
-        return x + w.linear(module.mlp.act_fn(gate) * up, layer.down, layer.down_bias)
+        return self.weights.rest(layer, x, out.reshape(rows, -1))
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         """x [R, H] (the last layer's output) -> logits [R, V]: the final norm, then the output head (packed)."""
@@ -341,7 +343,7 @@ def greedy_batch(model: nn.Module, prompts: list[list[int]], stops: set[int], ma
     def start(j: int, b: int) -> None:  # prompt b alone into batch row j, its first answer token chosen
         out, captured = batch.prefill(j, torch.tensor(prompts[b]), capture or [])  # out [T_b, H]
         if capture:
-            states[b].append(_stacked(captured, capture, dtype))  # [T_b, L, H]
+            states[b].append(stacked_capture(captured, capture, dtype))  # [T_b, L, H]
         new[b].append(int(batch.logits(out[-1:])[0].argmax()))
 
     for j, b in enumerate(rows):
@@ -367,14 +369,15 @@ def greedy_batch(model: nn.Module, prompts: list[list[int]], stops: set[int], ma
                     batch.keep(keep)
             continue  # a new row's first token may end its answer too
         out, captured = batch.step(torch.tensor([new[b][-1] for b in rows]), capture)  # out [B, H]
-        hidden = _stacked(captured, capture, dtype) if capture else None  # [B, L, H]
+        hidden = stacked_capture(captured, capture, dtype) if capture else None  # [B, L, H]
         for j, (b, token) in enumerate(zip(rows, batch.logits(out).argmax(-1).tolist(), strict=True)):
             new[b].append(token)
             if capture:
                 states[b].append(hidden[j: j + 1])
 
 
-def _stacked(captured: dict[int, torch.Tensor], layer_ids: list[int], dtype: torch.dtype | None) -> torch.Tensor:
+def stacked_capture(captured: dict[int, torch.Tensor], layer_ids: list[int],
+                    dtype: torch.dtype | None = None) -> torch.Tensor:
     """Captured streams {id: [T, H]} -> [T, L, H] in ascending layer id order, in `dtype`."""
     return torch.stack([captured[i] for i in sorted(layer_ids)], dim=1).to(dtype)
 
