@@ -13,7 +13,7 @@ FLOORS = (
     ("base", ("engine", "engine.errors", "engine.fsutil", "engine.registry", "engine.jobs", "engine.cpu",
               "engine.provenance", "engine.options")),
     ("core", ("engine.targets", "engine.format", "engine.data", "engine.algos", "engine.generate", "engine.train",
-              "engine.convert", "engine.serve")),
+              "engine.convert", "engine.serve", "engine.llamacpp")),
     ("measure", ("engine.measure",)),
     ("recipes", ("engine.recipes",)),
     ("commands", ("engine.commands", "engine.cli", "engine.__main__")),

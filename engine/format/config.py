@@ -85,6 +85,9 @@ class DraftConfig(BaseModel):
     vllm_required_tensors: ClassVar[dict[str, str]] = {}  # tensor -> vLLM's ValueError when absent
     # fields holding ids into the verifier's vocabulary -> what a valid id is (validate checks the range)
     token_id_fields: ClassVar[dict[str, str]] = {}
+    # llama.cpp (engine/llamacpp): llama-server's --spec-type for this type, or why it runs none
+    llamacpp_spec_type: ClassVar[str | None] = None
+    llamacpp_refusal: ClassVar[str] = "llama.cpp runs no draft of this type"
 
     speculators_model_type: str = Field(..., description="Algorithm discriminator read by vLLM and speculators.")
     architectures: list[str] = Field(default_factory=list,
@@ -175,6 +178,17 @@ class DraftConfig(BaseModel):
         """Write the folder of `vllm_own_form` for the draft folder `draft` (its config.json `cfg`) to `out` (atomic)
         and return it."""
         raise NotImplementedError(f"{cls.__name__} is served from its own folder")
+
+    @classmethod
+    def llamacpp_problem(cls, cfg: dict[str, Any]) -> str | None:
+        """Why llama.cpp cannot run the draft of config.json `cfg` (None: it can)."""
+        return None if cls.llamacpp_spec_type else cls.llamacpp_refusal
+
+    @classmethod
+    def write_llamacpp_form(cls, cfg: dict[str, Any], draft: Path, out: Path) -> Path | None:
+        """Write the folder llama.cpp's converter reads for the draft folder `draft` to `out` and return it; None:
+        the converter reads the draft folder as it is."""
+        return None
 
     @property
     def reduced_vocab(self) -> bool:

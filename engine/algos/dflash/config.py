@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
+from engine.algos.dflash.llamacpp_form import form_problem, write_zlab_form, zlab_config
 from engine.format import vllm_rules as vr
 from engine.format.config import DraftConfig, field_default, register_config_type
 from engine.format.report import Issue, ValidationReport
@@ -27,6 +29,8 @@ class DFlashConfig(DraftConfig):
     vllm_refused_tensors: ClassVar[dict[str, str]] = {"mask_hidden": MASK_HIDDEN_REFUSED}
     token_id_fields: ClassVar[dict[str, str]] = {
         "mask_token_id": "a token id the target never emits (the tokenizer's mask or pad token, or a spare row)"}
+    llamacpp_spec_type: ClassVar[str | None] = "draft-dflash"
+    llamacpp_architecture: ClassVar[str] = "DFlashDraftModel"  # z-lab's layout, which llama.cpp's converter reads
 
     speculators_model_type: Literal["dflash"] = "dflash"
     block_size: int = Field(8, ge=2, description="Tokens per draft block (anchor + mask slots).")
@@ -83,6 +87,20 @@ class DFlashConfig(DraftConfig):
     @classmethod
     def validation_rules(cls) -> list:
         return [one_layer_type, explicit_causal_flag]
+
+    @classmethod
+    def llamacpp_problem(cls, cfg: dict[str, Any]) -> str | None:
+        return form_problem(cfg)
+
+    @classmethod
+    def llamacpp_dflash_fields(cls, cfg: dict[str, Any]) -> dict[str, Any]:
+        """This type's own fields in z-lab's `dflash_config` (none for DFlash)."""
+        return {}
+
+    @classmethod
+    def write_llamacpp_form(cls, cfg: dict[str, Any], draft: Path, out: Path) -> Path:
+        return write_zlab_form(zlab_config(cfg, cls.llamacpp_architecture, cls.llamacpp_dflash_fields(cfg)), draft,
+                               out)
 
 
 def vllm_aux_ids(cfg: dict, pre: dict) -> Any:

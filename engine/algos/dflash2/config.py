@@ -15,6 +15,7 @@ from engine.format.report import Issue, ValidationReport
 # only in the V2 model runner's DFlash2 speculator, which needs Triton; the CPU build has no Triton, runs V1 and
 # refuses the draft when the server starts (V1's DFlash proposer would silently drop the selector).
 VLLM_V1_REFUSAL = "Model Runner V1 does not support: DFlash candidate-head drafts"
+LLAMACPP_FIELDS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
 
 
 @register_config_type
@@ -27,6 +28,7 @@ class DFlash2Config(DFlashConfig):
     vllm_order: ClassVar[int] = 3
     vllm_cpu_refusal: ClassVar[str | None] = VLLM_V1_REFUSAL
     vllm_method: ClassVar[dict[str, Any]] = {"method": "dflash"}
+    llamacpp_architecture: ClassVar[str] = "DFlash2DraftModel"
 
     speculators_model_type: Literal["dflash2"] = "dflash2"  # type: ignore[assignment]
     sliding_window_non_causal: bool = Field(True, description="Sliding-window layers are bidirectional inside a block.")
@@ -61,6 +63,11 @@ class DFlash2Config(DFlashConfig):
     @classmethod
     def validation_rules(cls) -> list:
         return [*super().validation_rules(), constraints]
+
+    @classmethod
+    def llamacpp_dflash_fields(cls, cfg: dict[str, Any]) -> dict[str, Any]:
+        """The convolution and selector sizes, which llama.cpp's converter reads from z-lab's `dflash_config`."""
+        return {key: cfg.get(key, cls.model_fields[key].default) for key in LLAMACPP_FIELDS}
 
 
 def constraints(cfg, typed, hf, report: ValidationReport) -> None:

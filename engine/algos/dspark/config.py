@@ -39,6 +39,7 @@ class DSparkConfig(DFlashConfig):
         "dspark_draft_topk": (Annotated[int | None, Field(ge=1)], "dspark_draft_topk is only supported by DSpark")}
     vllm_adaptive_verification: ClassVar[bool] = True
     vllm_topk_architectures: ClassVar[tuple[str, ...]] = ("Qwen3DSparkModel", "Qwen3OmniDSparkModel")
+    llamacpp_spec_type: ClassVar[str | None] = "draft-dspark"  # its converter reads DSparkSpeculator as it is
 
     speculators_model_type: Literal["dspark"] = "dspark"  # type: ignore[assignment]
     sample_from_anchor: bool = Field(True, description="All block slots predict (DSpark convention).")
@@ -117,6 +118,20 @@ class DSparkConfig(DFlashConfig):
     @classmethod
     def write_vllm_own_form(cls, cfg: dict[str, Any], draft: Path, out: Path) -> Path:
         return write_vllm_folder(draft, out, cfg)
+
+    @classmethod
+    def llamacpp_problem(cls, cfg: dict[str, Any]) -> str | None:
+        tlc = cfg.get("transformer_layer_config") or {}
+        if is_gemma4_layout(tlc) or tlc.get("model_type", "qwen3") != "qwen3":
+            return (f"its layers are '{tlc.get('model_type')}', and llama.cpp (0.3.36) runs DSpark drafts with a "
+                    "Qwen3 backbone only")
+        if cfg.get("markov_head_type", "vanilla") != "vanilla" or not cfg.get("markov_rank", 256):
+            return "llama.cpp's DSpark graph runs a vanilla Markov head of rank > 0 only"
+        return None
+
+    @classmethod
+    def write_llamacpp_form(cls, cfg: dict[str, Any], draft: Path, out: Path) -> Path | None:
+        return None
 
 
 def gemma4_parameters(exp: dict[str, tuple], optional: set[str], d: vr.Dims) -> tuple[dict[str, tuple], set[str]]:

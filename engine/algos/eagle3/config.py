@@ -27,6 +27,7 @@ class Eagle3Config(DraftConfig):
     vllm_skipped_tensors: ClassVar[tuple[str, ...]] = ("mask_hidden",)  # skipped when not parallel drafting
     vllm_archs: ClassVar[dict[str, str]] = {"qwen3": "Eagle3Qwen3ForCausalLM", "llama": "Eagle3LlamaForCausalLM"}
     vllm_title: ClassVar[str] = "Eagle3"
+    llamacpp_spec_type: ClassVar[str | None] = "draft-eagle3"  # its converter reads Eagle3Speculator as it is
 
     speculators_model_type: Literal["eagle3"] = "eagle3"
     eagle_aux_hidden_state_layer_ids: list[int] | None = Field(

@@ -31,6 +31,9 @@ class PEagleConfig(Eagle3Config):
                        "provide mask_hidden in the weights."}
     vllm_archs: ClassVar[dict[str, str]] = {"qwen3": "PeagleQwen3ForCausalLM", "llama": "PeagleLlamaForCausalLM"}
     vllm_title: ClassVar[str] = "PEagle"
+    llamacpp_spec_type: ClassVar[str | None] = None
+    llamacpp_refusal: ClassVar[str] = ("llama.cpp (0.3.36) has no parallel-drafting EAGLE: its converter reads no "
+                                       "PEagleSpeculator and llama-server has no such --spec-type")
     token_id_fields: ClassVar[dict[str, str]] = {
         "mask_token_id": "a token id the target never emits (the tokenizer's mask or pad token, or a spare row)"}
 
