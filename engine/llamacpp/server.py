@@ -96,8 +96,8 @@ def check_spec_types(types: tuple[str, ...], *, has_draft: bool) -> None:
 
 def default_threads() -> int:
     """The threads llama.cpp computes with: $OMP_NUM_THREADS where a test or job set a share, else every core."""
-    with contextlib.suppress(ValueError, TypeError):
-        return max(1, int(os.environ["OMP_NUM_THREADS"]))
+    with contextlib.suppress(ValueError):
+        return max(1, int(os.environ.get("OMP_NUM_THREADS", "")))
     return max(1, os.cpu_count() or 1)
 
 
@@ -109,10 +109,10 @@ class LlamaServer:
                  build: LlamaCpp | None = None):
         self.plan = plan
         self.host = host
-        self.port = port or free_port(8080, host)
+        self.port = port  # None: the first free one from 8080 on, taken when the server starts
         self.threads = threads or default_threads()
         self.ctx = ctx
-        self.workdir = Path(workdir) if workdir else _default_workdir(self.port)
+        self.workdir = Path(workdir) if workdir else None
         self.build = build
         self.proc: subprocess.Popen | None = None
         self.started_at: float | None = None
@@ -124,11 +124,12 @@ class LlamaServer:
 
     @property
     def log_path(self) -> Path:
-        return self.workdir / LOG_NAME
+        return (self.workdir or Path(".")) / LOG_NAME
 
     def argv(self, binary: str | Path = "llama-server") -> list[str]:
         """The whole command: the plan, one slot, this address, threads and context, /metrics on."""
-        return [str(binary), *self.plan.args(), "--host", self.host, "--port", str(self.port), "-t", str(self.threads),
+        return [str(binary), *self.plan.args(), "--host", self.host, "--port", str(self.port or 8080),
+                "-t", str(self.threads),
                 "-tb", str(self.threads), "-c", str(self.ctx), "-np", "1", "--metrics", "--no-webui"]
 
     def command_line(self) -> str:
@@ -139,6 +140,8 @@ class LlamaServer:
         if self.proc is not None and self.proc.poll() is None:
             return self
         self.build = self.build or ensure_llamacpp()
+        self.port = self.port or free_port(8080, self.host)  # now, so servers started one after another differ
+        self.workdir = self.workdir or _default_workdir(self.port)
         self.workdir.mkdir(parents=True, exist_ok=True)
         argv = self.argv(self.build.server)
         log.info("starting llama-server on %s: %s", self.url, shlex.join(argv))

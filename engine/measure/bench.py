@@ -241,6 +241,8 @@ def benchmark(options: BenchOptions, *, span: tuple[float, float] | None = None)
         draft = draft or default_draft(target)
         served = o.model_copy(update={"target": target, "draft": str(draft) if draft else None})
         result = run_vllm_bench(prompt_rows, served, tokenize=True)
+    elif o.backend == "llama.cpp":
+        result = _llamacpp(o, target, draft, prompt_rows)
     elif o.ks:
         from engine.measure.speed import speed_per_k
 
@@ -249,6 +251,25 @@ def benchmark(options: BenchOptions, *, span: tuple[float, float] | None = None)
         options = o.model_copy(update={"target": target})
         result = run_bench(load_decode_target(target, o.dtype), prompt_rows, options, span=span)
     return {**result, **_weights_of(draft if "draft" in methods else None)}
+
+
+def _llamacpp(o: BenchOptions, target: str | None, draft: str | None, prompt_rows: list[dict[str, Any]]) -> dict:
+    """`bench --backend llama.cpp`: the prompts tokenized as in-process, the draft (default: the shipped one)
+    exported for llama.cpp, every llama.cpp method on its own server."""
+    from transformers import AutoTokenizer
+
+    from engine.generate.api import default_draft
+    from engine.measure.llamacpp_bench import run_llamacpp_bench
+    from engine.targets import resolve_target
+
+    if any(m.startswith("draft") for m in o.method_names()):
+        draft = draft or (str(default_draft(target)) if default_draft(target) else None)
+    target_dir = resolve_target(target).path
+    tok = AutoTokenizer.from_pretrained(target_dir)
+    ids = [prompt_ids(tok, p) for p in prompt_rows]
+    rep = reporter()
+    return run_llamacpp_bench(ids, o, target_dir=target_dir, draft=draft,
+                              progress=lambda message, fraction: rep.update(message, fraction))
 
 
 def _weights_of(draft: str | None) -> dict[str, str]:

@@ -8,11 +8,15 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from engine.errors import WorkbenchError
+from engine.llamacpp.gguf import DEFAULT_DRAFT_TYPE, DEFAULT_TARGET_TYPE, OUT_TYPES, TARGET_TYPES
 from engine.options import Options
 from engine.targets import DECODE_DTYPE_HELP, DECODE_DTYPES
 
-ALL_METHODS = ("baseline", "draft", "ngram", "hf_prompt_lookup", "hf_assisted")
+ALL_METHODS = ("baseline", "draft", "ngram", "hf_prompt_lookup", "hf_assisted", "draft_ngram")
+DEFAULT_METHODS = ALL_METHODS[:5]  # draft_ngram (a draft mixed with n-gram) runs in llama.cpp only
 KS_METHODS = ("baseline", "draft", "ngram")  # what one speed per k (--ks) decodes
+BACKEND_METHODS = {"transformers": DEFAULT_METHODS, "vllm": ("baseline", "draft", "ngram"),
+                   "llama.cpp": ("baseline", "draft", "ngram", "draft_ngram")}
 TARGET_HELP = ("target: built-in name, folder or hub id (default: the draft's verifier when it is available here, "
                "else the built-in); one of another shape than the draft's verifier is refused")
 DRAFT_HELP = "draft folder (default: the shipped draft of a built-in target)"
@@ -34,10 +38,19 @@ class BenchOptions(Options):
     top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling when temperature > 0")
     top_k: int = Field(0, ge=0, description="top-k sampling when temperature > 0 (0 = off)")
     seed: int = Field(0, description="seed of the prompt choice and of sampling")
-    methods: str = Field(",".join(ALL_METHODS), description=f"comma-separated subset of {','.join(ALL_METHODS)}")
+    methods: str = Field(",".join(DEFAULT_METHODS), description=f"comma-separated subset of {','.join(ALL_METHODS)}; "
+                         "a backend measures those it runs (" + "; ".join(f"{b}: {','.join(m)}" for b, m in
+                                                                  BACKEND_METHODS.items()) + ")")
     assistant: str | None = Field(None, description="assistant model folder for hf_assisted")
-    backend: Literal["transformers", "vllm"] = Field(
-        "transformers", description="in-process engine, or real vLLM through its OpenAI API and /metrics")
+    backend: Literal["transformers", "vllm", "llama.cpp"] = Field(
+        "transformers", description="in-process engine, real vLLM through its OpenAI API and /metrics, or real "
+        "llama.cpp (llama-server, built once) with the draft exported to GGUF")
+    gguf_target: Literal[TARGET_TYPES] = Field(
+        DEFAULT_TARGET_TYPE, description="llama.cpp backend: the target's GGUF (f32 = the weights the in-process "
+        "engine decodes; shipped = the built-in's own quantized file)")
+    gguf_draft: Literal[OUT_TYPES] = Field(DEFAULT_DRAFT_TYPE, description="llama.cpp backend: the draft's GGUF type")
+    p_min: float | None = Field(None, ge=0, le=1, description="llama.cpp backend: stop a draft chain below this "
+                                "draft probability (--spec-draft-p-min)")
     dtype: Literal[DECODE_DTYPES] = Field(
         "auto", description="target dtype. vLLM backend: serving dtype, auto = bfloat16 (bf16 verification can flip "
         "near-ties; float32 is exact). In-process: " + DECODE_DTYPE_HELP.split(": ", 1)[1])
@@ -66,8 +79,9 @@ class BenchOptions(Options):
     def _ks_methods(self):
         if not self.ks:
             return self
-        if self.backend == "vllm":
-            raise WorkbenchError("--ks measures in-process only", hint="drop --backend vllm, or measure one k with --k")
+        if self.backend != "transformers":
+            raise WorkbenchError("--ks measures in-process only", hint=f"drop --backend {self.backend}, or measure one "
+                                 "k with --k")
         names = self.method_names()
         if "draft" not in names:
             raise WorkbenchError("--ks measures the draft at each k, and --methods leaves it out",
@@ -97,10 +111,15 @@ class BenchOptions(Options):
         """The methods measured: --methods, or with --ks and no --methods, KS_METHODS."""
         if self.ks and "methods" not in self.model_fields_set:
             return KS_METHODS
+        if self.backend == "llama.cpp" and "methods" not in self.model_fields_set:
+            return BACKEND_METHODS["llama.cpp"]
         names = tuple(m.strip() for m in self.methods.split(",") if m.strip())
         bad = [m for m in names if m not in ALL_METHODS]
         if bad:
             raise WorkbenchError(f"unknown methods {bad}", hint=f"choose from {list(ALL_METHODS)}")
+        if "draft_ngram" in names and self.backend != "llama.cpp":
+            raise WorkbenchError("draft_ngram (a draft mixed with n-gram) runs in llama.cpp only",
+                                 hint="add --backend llama.cpp, or drop draft_ngram from --methods")
         return names
 
 
