@@ -33,7 +33,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "convert": ("convert",
                 "convert a research checkpoint (the known layouts: see --detect) into the speculators format"),
     "recipe": ("recipe", "run a whole named recipe (data, extraction, training, evaluation)"),
-    "serve": ("serve", "serve a draft with real vLLM (its own virtual environment)"),
+    "export": ("export", "export a draft (and its target) to GGUF for llama.cpp, by llama.cpp's own converter"),
+    "serve": ("serve", "serve a draft with real vLLM (its own virtual environment) or real llama.cpp"),
     "jobs": ("jobs", "list, inspect or stop background jobs under runs/"),
 }
 

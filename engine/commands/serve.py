@@ -32,6 +32,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"[{fraction:4.0%}] {message}", file=sys.stderr, flush=True)
         rep.update(message, progress=fraction * 0.5 if not o.install_only else fraction)
 
+    if o.engine == "llama.cpp":
+        from engine.commands.serve_llamacpp import serve_llamacpp
+
+        return serve_llamacpp(o, as_json=args.json)
     plan = None if o.install_only else _plan(o)  # refuse bad arguments and drafts before installing
     env = ensure_vllm_env(progress=progress)
     if plan is None:
@@ -120,21 +124,22 @@ def _serve_as_job(o: ServeOptions, plan, *, as_json: bool) -> int:
         raise
 
 
-def _wait_for_job(o: ServeOptions, job, deadline: float, *, as_json: bool) -> int:
+def _wait_for_job(o: ServeOptions, job, deadline: float, *, as_json: bool, engine: str = "vLLM",
+                  log_name: str = "vllm.log") -> int:
     while True:
         current = load_job(job.dir) or job
         if current.status.result.get("ready"):
             info = {**current.status.result, "job": current.id}
-            print(json.dumps(info) if as_json else f"vLLM is serving on {info['url']} (job {current.id}); stop it "
-                  f"with `python -m engine jobs stop {current.id}`")
+            print(json.dumps(info) if as_json else f"{engine} is serving on {info['url']} (job {current.id}); stop "
+                  f"it with `python -m engine jobs stop {current.id}`")
             return 0
         if not current.running:
             raise WorkbenchError(f"the serve job {current.id} {current.status.state}: {current.status.message}",
-                                 hint=f"see {current.dir / 'stdout.log'} and {current.dir / 'vllm.log'}")
+                                 hint=f"see {current.dir / 'stdout.log'} and {current.dir / log_name}")
         if time.time() > deadline:
             stop(current)
-            raise WorkbenchError(f"vLLM was not ready after {o.timeout:.0f} s (job {current.id} stopped)",
-                                 hint=f"see {current.dir / 'vllm.log'}; raise --timeout on a slow machine")
+            raise WorkbenchError(f"{engine} was not ready after {o.timeout:.0f} s (job {current.id} stopped)",
+                                 hint=f"see {current.dir / log_name}; raise --timeout on a slow machine")
         time.sleep(1.0)
 
 

@@ -89,7 +89,7 @@ def export_draft(draft: str | os.PathLike, out: str | os.PathLike | None = None,
             _convert_draft(cfg, draft_dir, target_dir, outtype, cached, build, progress)
     result = DraftGguf(cached, spec_type, draft_k(cfg), draft_dir, target_dir, outtype)
     if out is not None:
-        result = DraftGguf(_copy_out(cached, Path(out)), spec_type, result.k, draft_dir, target_dir, outtype)
+        result = DraftGguf(copy_out(cached, Path(out)), spec_type, result.k, draft_dir, target_dir, outtype)
     return result
 
 
@@ -162,7 +162,7 @@ def _converter_error(text: str) -> str:
     return (errors or lines or ["no output"])[-1][:600]
 
 
-def _copy_out(cached: Path, out: Path) -> Path:
+def copy_out(cached: Path, out: Path) -> Path:
     """Copy a cached GGUF to the user's path (atomically; an existing file there is replaced only if it is a GGUF)."""
     import shutil
 

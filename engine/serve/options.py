@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
+from engine.llamacpp.gguf import DEFAULT_DRAFT_TYPE, DEFAULT_TARGET_TYPE, OUT_TYPES, TARGET_TYPES
 from engine.options import Options
 
 DEFAULT_MAX_MODEL_LEN = 2048
@@ -23,9 +24,17 @@ class ServerSettings(Options):
                                        json_schema_extra={"shown_default": 2})
 
 
-class ServeOptions(ServerSettings):
-    """`serve`: a draft and its target in real vLLM (its own environment), as a job or in the foreground."""
+LLAMACPP_NGRAM = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
+VLLM_ONLY = ("dtype", "kv_cache_gib", "form", "speculative_fields", "per_request_spec_decode_metrics", "install_only")
+LLAMACPP_ONLY = ("gguf_target", "gguf_draft", "p_min", "ngram", "threads")
 
+
+class ServeOptions(ServerSettings):
+    """`serve`: a draft and its target in real vLLM (its own environment) or real llama.cpp (llama-server, built
+    once), as a job or in the foreground."""
+
+    engine: Literal["vllm", "llama.cpp"] = Field("vllm", description="vllm: vLLM's OpenAI server (GPUs; its CPU "
+                                                 "build here); llama.cpp: llama-server on GGUF files (CPUs)")
     draft: str | None = Field(None, description="draft folder (speculators format) to serve with its target")
     target: str | None = Field(None, description="built-in name, local folder or hub id of the target",
                                json_schema_extra={"shown_default": "the draft's verifier"})
@@ -48,11 +57,31 @@ class ServeOptions(ServerSettings):
         "step's accepted and proposed counts; needs a draft")
     no_validate: bool = Field(False, description="do not refuse a draft our validator rejects",
                               json_schema_extra={"store_true": True})
+    gguf_target: Literal[TARGET_TYPES] = Field(DEFAULT_TARGET_TYPE, description="llama.cpp: the target's GGUF "
+                                               "(f32 = the weights the in-process engine decodes; shipped = the "
+                                               "built-in's own quantized file)")
+    gguf_draft: Literal[OUT_TYPES] = Field(DEFAULT_DRAFT_TYPE, description="llama.cpp: the draft's GGUF type")
+    p_min: float | None = Field(None, ge=0, le=1, description="llama.cpp: stop a draft chain below this draft "
+                                "probability (--spec-draft-p-min)")
+    ngram: Literal[LLAMACPP_NGRAM] | None = Field(None, description="llama.cpp: an n-gram proposer, mixed with the "
+                                                  "draft, or alone with --no-draft")
+    threads: int | None = Field(None, ge=1, description="llama.cpp: CPU threads",
+                                json_schema_extra={"shown_default": "every core"})
     timeout: float = Field(READY_TIMEOUT, gt=0, description="seconds to wait for the server to be ready")
     install_only: bool = Field(False, description="create the vLLM environment and exit",
                                json_schema_extra={"store_true": True})
     foreground: bool = Field(False, description="serve in this process until Ctrl-C",
                              json_schema_extra={"store_true": True})
+
+    @model_validator(mode="after")
+    def _engine_fields(self):
+        wrong = VLLM_ONLY if self.engine == "llama.cpp" else LLAMACPP_ONLY
+        given = [f for f in wrong if f in self.model_fields_set and getattr(self, f) not in (None, False, "none")]
+        if given:
+            other = "vllm" if self.engine == "llama.cpp" else "llama.cpp"
+            flags = ", ".join("--" + f.replace("_", "-") for f in given)
+            raise ValueError(f"{flags} apply to --engine {other}, not {self.engine}")
+        return self
 
     @field_validator("speculative_fields")
     @classmethod

@@ -1,0 +1,85 @@
+"""`serve --engine llama.cpp`: llama-server on the target's GGUF with the draft exported for it, as a job or here."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+from engine.commands.serve import _abs, _port, _wait_for_job
+from engine.errors import WorkbenchError
+from engine.jobs import JOB_DIR_ENV, launch, reporter, stop
+from engine.llamacpp.server import LOG_NAME, LlamaPlan, LlamaServer
+from engine.serve.options import ServeOptions
+
+
+def serve_llamacpp(o: ServeOptions, *, as_json: bool) -> int:
+    rep = reporter()
+
+    def progress(message: str, fraction: float) -> None:
+        print(f"[{fraction:4.0%}] {message}", file=sys.stderr, flush=True)
+        rep.update(message, progress=fraction * 0.5)
+
+    if o.foreground or os.environ.get(JOB_DIR_ENV):
+        return _serve_here(o, plan_llamacpp(o, progress), as_json=as_json)
+    plan_llamacpp(o, progress)  # refuse a bad draft or setting, and build and export, before the job starts
+    port = _port(o)
+    update = {"foreground": True, "port": port, "draft": _abs(o.draft), "target": _abs(o.target)}
+    job = launch(o.model_copy(update={k: v for k, v in update.items() if v is not None}).argv("serve"),
+                 kind="serve", name=str(port))
+    print(f"started job {job.id} ({job.dir}); waiting for llama-server on http://{o.host}:{port} ...",
+          file=sys.stderr)
+    try:
+        return _wait_for_job(o, job, time.time() + o.timeout + 60, as_json=as_json, engine="llama.cpp",
+                             log_name=LOG_NAME)
+    except KeyboardInterrupt:
+        stop(job)
+        raise
+
+
+def plan_llamacpp(o: ServeOptions, progress=None) -> LlamaPlan:
+    """The llama-server plan of `serve` options: the target's GGUF, the draft's (exported once), the types and k."""
+    from engine.format.checkpoint import read_config_dict
+    from engine.llamacpp.build import ensure_llamacpp
+    from engine.llamacpp.gguf import export_draft, target_gguf
+    from engine.targets import target_for_draft
+
+    if o.no_draft and o.p_min is not None:
+        raise WorkbenchError("--p-min stops a draft's chain, and --no-draft serves none", hint="drop one of them")
+    if not o.no_draft and not o.draft:
+        raise WorkbenchError("no draft given", hint="pass --draft DIR, or --no-draft (with --ngram for n-gram only)")
+    target = o.target
+    if o.draft:
+        read_config_dict(o.draft)  # a missing or broken config is named before the build
+        target = target_for_draft(o.draft, o.target) or o.target
+    build = ensure_llamacpp(progress)
+    tgt = target_gguf(target, outtype=o.gguf_target, build=build, progress=progress)
+    ngram = (o.ngram,) if o.ngram else ()
+    if o.no_draft:
+        return LlamaPlan(tgt, spec_types=ngram, k=o.k if ngram else None)
+    exported = export_draft(o.draft, target=target, outtype=o.gguf_draft, build=build, progress=progress)
+    return LlamaPlan(tgt, exported.path, (exported.spec_type, *ngram), k=o.k or exported.k, p_min=o.p_min,
+                     draft=str(exported.draft))
+
+
+def _serve_here(o: ServeOptions, plan: LlamaPlan, *, as_json: bool) -> int:
+    rep = reporter()
+    server = LlamaServer(plan, host=o.host, port=_port(o), threads=o.threads, ctx=o.max_model_len)
+    print(f"equivalent: {server.command_line()}")
+    try:
+        server.start()
+        rep.update(f"starting llama-server on {server.url}", progress=0.5, **server.describe())
+        server.wait_ready(timeout=o.timeout, progress=lambda m: rep.update(m))
+        info = {**server.describe(), "ready": True, "ready_after_s": round(server.ready_after_s or 0, 1)}
+        rep.update(f"serving on {server.url}", progress=1.0, **info)
+        print(json.dumps(info) if as_json else f"llama.cpp is serving on {server.url} (log: {server.log_path}); "
+              "Ctrl-C stops it", flush=True)
+        while server.running():
+            time.sleep(1.0)
+        raise server.failure(f"llama-server exited with code {server.proc.returncode}")
+    except KeyboardInterrupt:
+        rep.update(f"stopped llama-server on {server.url}", ready=False)
+        raise
+    finally:
+        server.stop()
