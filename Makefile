@@ -22,7 +22,7 @@ PYTEST_MARKS ?= not slow
 PYTEST_WORKERS ?= 2
 XDIST := $(if $(filter-out 0,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS) --dist loadgroup)
 
-.PHONY: app test test-all install test-deps vllm-env browser clean-venv help
+.PHONY: app test test-all install test-deps vllm-env llamacpp browser clean-venv help
 
 help:
 	@echo "make app   - install and open the workbench (http://localhost:$(PORT))"
@@ -57,11 +57,15 @@ test-deps: $(VENV)/.test-installed browser
 vllm-env: install
 	$(PY) -m engine serve --install-only
 
-test: test-deps vllm-env
+# llama.cpp's llama-server, built once from the pinned source (cached under the workbench home, outside the clone).
+llamacpp: install
+	$(PY) -m engine serve --engine llama.cpp --install-only
+
+test: test-deps vllm-env llamacpp
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -m "$(PYTEST_MARKS)" $(XDIST) $(PYTEST_ARGS)
 
-test-all: test-deps vllm-env
+test-all: test-deps vllm-env llamacpp
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -m "slow or not slow" $(XDIST) $(PYTEST_ARGS)
 

@@ -26,7 +26,7 @@ torch.set_num_threads(THREADS)
 os.environ.setdefault("OMP_NUM_THREADS", str(THREADS))
 # Tests that start servers: each kind on one worker, one after another (two vLLM servers at once on two cores
 # would each take twice as long to start), and first, as they are the longest units.
-SERIAL_GROUPS = ("vllm", "browser")
+SERIAL_GROUPS = ("vllm", "browser", "llamacpp")
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -43,7 +43,7 @@ def test_make_test_runs_all_but_slow_and_make_test_all_adds_them():
     plain = _last_mark_expression(addopts)
     assert plain is not None and not _selects(plain, {"slow"})  # a plain `pytest` is the quick suite
     quick, everything = _make_expression("test", addopts), _make_expression("test-all", addopts)
-    for marks in (set(), {"browser"}, {"vllm"}, {"speculators"}):
+    for marks in (set(), {"browser"}, {"vllm"}, {"speculators"}, {"llamacpp"}):
         assert _selects(quick, marks) and _selects(everything, marks), (quick, everything, marks)
     for marks in ({"slow"}, {"slow", "vllm"}):
         assert not _selects(quick, marks) and _selects(everything, marks), (quick, everything, marks)

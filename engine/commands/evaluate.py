@@ -53,6 +53,11 @@ def run(args: argparse.Namespace) -> int:
         from engine.measure.step_costs import recommendation
 
         print(f"{recommendation(fc)} (one target step {fc['target_step_ms']:.1f} ms)")
+    fl = result.get("forecast_llamacpp")
+    if fl:
+        print("\nllama.cpp forecast (step costs measured on llama-server here): " + ", ".join(
+            f"k={k}: {r['speedup']:.2f}×" for k, r in fl["by_k"].items() if r["speedup"]))
+        print(fl["advice"])
     if args.json_out:
         atomic_write_json(args.json_out, result)
         print(f"wrote {args.json_out}")

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from engine.commands.flags import add_model_fields, model_overrides
+from engine.errors import WorkbenchError
 from engine.jobs import reporter
 from engine.llamacpp.options import ExportOptions
 
@@ -30,9 +31,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"[{fraction:4.0%}] {message}", file=sys.stderr, flush=True)
         rep.update(message, progress=fraction)
 
-    build = ensure_llamacpp(progress)
     exported = export_draft(o.draft, o.out or o.default_out(), target=o.target, outtype=o.draft_type,
-                            progress=progress, build=build)
+                            progress=progress)  # refuses a type llama.cpp does not run before building anything
+    build = ensure_llamacpp(progress)
     target = target_gguf(str(exported.target_dir), outtype=o.target_type, progress=progress, build=build)
     written_target = _copy_target(target, o.target_out) if o.target_out else None
     plan = LlamaPlan(written_target or target, exported.path, (exported.spec_type,), k=exported.k,
@@ -60,7 +61,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _check(plan, build) -> dict:
     """Start llama-server on the files and generate 16 greedy tokens; it must draft."""
-    from engine.errors import WorkbenchError
     from engine.llamacpp.server import LlamaServer
 
     with LlamaServer(plan, build=build) as server:

@@ -13,8 +13,9 @@ import sys
 import time
 
 from engine.commands.flags import add_model_fields, options_from_args
+from engine.commands.serve_common import abs_path, pick_port, wait_for_job
 from engine.errors import WorkbenchError
-from engine.jobs import JOB_DIR_ENV, launch, load_job, reporter, stop
+from engine.jobs import JOB_DIR_ENV, launch, reporter, stop
 from engine.serve.options import ServeOptions
 
 
@@ -66,14 +67,6 @@ def _plan(o: ServeOptions):
                        validate=not o.no_validate)
 
 
-def _port(o: ServeOptions) -> int:
-    from engine.serve.server import free_port
-
-    if o.port is None:
-        return free_port(8000, o.host)
-    if free_port(o.port, o.host) != o.port:
-        raise WorkbenchError(f"port {o.port} is already in use", hint="choose another --port, or omit it")
-    return o.port
 
 
 def _print_plan(plan, flags: list[str]) -> None:
@@ -89,7 +82,7 @@ def _serve_here(o: ServeOptions, plan, env, *, as_json: bool) -> int:
     from engine.serve.server import VllmServer
 
     rep = reporter()
-    server = VllmServer(plan, o.settings(), port=_port(o), venv=env, extra_args=o.vllm_flags())
+    server = VllmServer(plan, o.settings(), port=pick_port(o), venv=env, extra_args=o.vllm_flags())
     _print_plan(plan, o.vllm_flags())
     try:
         server.start()
@@ -111,43 +104,26 @@ def _serve_here(o: ServeOptions, plan, env, *, as_json: bool) -> int:
 
 
 def _serve_as_job(o: ServeOptions, plan, *, as_json: bool) -> int:
-    port = _port(o)
+    port = pick_port(o)
     argv = _job_argv(o, port)
     job = launch(argv, kind="serve", name=str(port))
     _print_plan(plan, o.vllm_flags())
     print(f"started job {job.id} ({job.dir}); waiting for vLLM on http://{o.host}:{port} ...", file=sys.stderr)
     deadline = time.time() + o.timeout + 60
     try:
-        return _wait_for_job(o, job, deadline, as_json=as_json)
+        return wait_for_job(o, job, deadline, as_json=as_json)
     except KeyboardInterrupt:
         stop(job)  # Ctrl-C while waiting: do not leave a half-started server behind
         raise
 
 
-def _wait_for_job(o: ServeOptions, job, deadline: float, *, as_json: bool, engine: str = "vLLM",
-                  log_name: str = "vllm.log") -> int:
-    while True:
-        current = load_job(job.dir) or job
-        if current.status.result.get("ready"):
-            info = {**current.status.result, "job": current.id}
-            print(json.dumps(info) if as_json else f"{engine} is serving on {info['url']} (job {current.id}); stop "
-                  f"it with `python -m engine jobs stop {current.id}`")
-            return 0
-        if not current.running:
-            raise WorkbenchError(f"the serve job {current.id} {current.status.state}: {current.status.message}",
-                                 hint=f"see {current.dir / 'stdout.log'} and {current.dir / log_name}")
-        if time.time() > deadline:
-            stop(current)
-            raise WorkbenchError(f"{engine} was not ready after {o.timeout:.0f} s (job {current.id} stopped)",
-                                 hint=f"see {current.dir / log_name}; raise --timeout on a slow machine")
-        time.sleep(1.0)
 
 
 def _job_argv(o: ServeOptions, port: int) -> list[str]:
     """The same command for the job, in the foreground, on the chosen port."""
     argv = ["serve", "--foreground", "--port", str(port), "--host", o.host, "--dtype", o.dtype,
             "--max-model-len", str(o.max_model_len), "--timeout", str(o.timeout)]
-    for flag, value in (("--draft", _abs(o.draft)), ("--target", _abs(o.target)), ("--k", o.k),
+    for flag, value in (("--draft", abs_path(o.draft)), ("--target", abs_path(o.target)), ("--k", o.k),
                         ("--form", o.form), ("--kv-cache-gib", o.kv_cache_gib),
                         ("--speculative-fields", o.speculative_fields),
                         ("--per-request-spec-decode-metrics", o.per_request_spec_decode_metrics)):
@@ -156,11 +132,3 @@ def _job_argv(o: ServeOptions, port: int) -> list[str]:
     argv += [flag for flag, on in (("--no-draft", o.no_draft), ("--no-validate", o.no_validate)) if on]
     return argv
 
-
-def _abs(path: str | None) -> str | None:
-    """Local paths made absolute (the job may run elsewhere); names and hub ids unchanged."""
-    from engine.targets import BUILTIN_TARGETS
-
-    if not path or path in BUILTIN_TARGETS or not os.path.exists(path):
-        return path
-    return os.path.abspath(path)

@@ -7,7 +7,7 @@ import os
 import sys
 import time
 
-from engine.commands.serve import _abs, _port, _wait_for_job
+from engine.commands.serve_common import abs_path, pick_port, wait_for_job
 from engine.errors import WorkbenchError
 from engine.jobs import JOB_DIR_ENV, launch, reporter, stop
 from engine.llamacpp.server import LOG_NAME, LlamaPlan, LlamaServer
@@ -21,17 +21,24 @@ def serve_llamacpp(o: ServeOptions, *, as_json: bool) -> int:
         print(f"[{fraction:4.0%}] {message}", file=sys.stderr, flush=True)
         rep.update(message, progress=fraction * 0.5)
 
+    if o.install_only:
+        from engine.llamacpp.build import ensure_llamacpp
+
+        build = ensure_llamacpp(progress)
+        print(f"llama.cpp ({build.version}) is built in {build.path}" + (
+            f" (the build took {build.build_seconds:.0f} s)" if build.build_seconds else ""))
+        return 0
     if o.foreground or os.environ.get(JOB_DIR_ENV):
         return _serve_here(o, plan_llamacpp(o, progress), as_json=as_json)
     plan_llamacpp(o, progress)  # refuse a bad draft or setting, and build and export, before the job starts
-    port = _port(o)
-    update = {"foreground": True, "port": port, "draft": _abs(o.draft), "target": _abs(o.target)}
+    port = pick_port(o)
+    update = {"foreground": True, "port": port, "draft": abs_path(o.draft), "target": abs_path(o.target)}
     job = launch(o.model_copy(update={k: v for k, v in update.items() if v is not None}).argv("serve"),
                  kind="serve", name=str(port))
     print(f"started job {job.id} ({job.dir}); waiting for llama-server on http://{o.host}:{port} ...",
           file=sys.stderr)
     try:
-        return _wait_for_job(o, job, time.time() + o.timeout + 60, as_json=as_json, engine="llama.cpp",
+        return wait_for_job(o, job, time.time() + o.timeout + 60, as_json=as_json, engine="llama.cpp",
                              log_name=LOG_NAME)
     except KeyboardInterrupt:
         stop(job)
@@ -65,7 +72,7 @@ def plan_llamacpp(o: ServeOptions, progress=None) -> LlamaPlan:
 
 def _serve_here(o: ServeOptions, plan: LlamaPlan, *, as_json: bool) -> int:
     rep = reporter()
-    server = LlamaServer(plan, host=o.host, port=_port(o), threads=o.threads, ctx=o.max_model_len)
+    server = LlamaServer(plan, host=o.host, port=pick_port(o), threads=o.threads, ctx=o.max_model_len)
     print(f"equivalent: {server.command_line()}")
     try:
         server.start()

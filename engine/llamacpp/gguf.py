@@ -1,10 +1,9 @@
-"""GGUF files for llama.cpp: a draft exported by llama.cpp's own converter, and the target beside it, both cached.
+"""GGUF files for llama.cpp: a draft exported by llama.cpp's own converter, and the target beside it, both cached."""
 
-A draft goes through the layout llama.cpp's converter reads (its algorithm's `write_llamacpp_form`, or the draft
-folder as it is), with `--target-model-dir` on the target's Hugging Face folder. The target is the built-in's own
-GGUF as shipped, or a folder converted at the precision asked for. Results are cached under the llama.cpp home,
-keyed by what they were made from, so a second export or serve costs nothing.
-"""
+# A draft goes through the layout llama.cpp's converter reads (its algorithm's `write_llamacpp_form`, or the draft
+# folder as it is), with `--target-model-dir` on the target's Hugging Face folder. The target is the built-in's own
+# GGUF as shipped, or a folder converted at the precision asked for. Results are cached under the llama.cpp home,
+# keyed by what they were made from, so a second export or serve costs nothing.
 
 from __future__ import annotations
 
@@ -76,6 +75,8 @@ def export_draft(draft: str | os.PathLike, out: str | os.PathLike | None = None,
     cfg = read_config_dict(draft_dir)
     spec_type = spec_type_of(cfg)
     _check_type(outtype, OUT_TYPES, "draft")
+    if out is not None:
+        check_out(out)
     target_dir = Path(resolve_target(target_for_draft(draft_dir, target) or target).path)
     if not (target_dir / "tokenizer.json").is_file() and not (target_dir / "tokenizer.model").is_file():
         raise WorkbenchError(f"the target folder {target_dir} has no tokenizer, which llama.cpp's converter copies "
@@ -162,16 +163,24 @@ def _converter_error(text: str) -> str:
     return (errors or lines or ["no output"])[-1][:600]
 
 
+def check_out(out: str | os.PathLike) -> Path:
+    """The path a GGUF may be written to: not a folder, and not a file other than a GGUF (left as it is)."""
+    out = Path(out).expanduser().resolve()
+    if out.is_dir():
+        raise WorkbenchError(f"{out} is a folder", hint="give the path of the .gguf file to write")
+    if out.exists():
+        with open(out, "rb") as f:
+            if f.read(4) != b"GGUF":
+                raise WorkbenchError(f"{out} exists and is not a GGUF file; it is left as it is",
+                                     hint="choose another --out path")
+    return out
+
+
 def copy_out(cached: Path, out: Path) -> Path:
     """Copy a cached GGUF to the user's path (atomically; an existing file there is replaced only if it is a GGUF)."""
     import shutil
 
-    out = out.expanduser().resolve()
-    if out.is_dir():
-        raise WorkbenchError(f"{out} is a folder", hint="give the path of the .gguf file to write")
-    if out.exists() and out.read_bytes()[:4] != b"GGUF":
-        raise WorkbenchError(f"{out} exists and is not a GGUF file; it is left as it is",
-                             hint="choose another --out path")
+    out = check_out(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.partial")
     try:

@@ -293,8 +293,24 @@ def evaluate_draft(options: EvaluateOptions, *, progress: bool = True) -> dict[s
     if o.forecast:
         context = list(samples[0].token_ids[: samples[0].prompt_len].tolist()) if isinstance(samples, list) \
             and samples else [1] * 64
-        reporter().phase("measuring the step costs on this machine", progress=WALK_END)
-        costs = measure_step_costs(tgt, algorithm, model, ks, context=context)
-        result["costs"] = costs
-        result["forecast"] = forecast(result, costs)
+        if "in-process" in o.forecast_engines:
+            reporter().phase("measuring the step costs on this machine", progress=WALK_END)
+            costs = measure_step_costs(tgt, algorithm, model, ks, context=context)
+            result["costs"] = costs
+            result["forecast"] = forecast(result, costs)
+        if "llama.cpp" in o.forecast_engines:
+            result.update(_llamacpp_forecast(result, str(draft_path), target, ks, samples, o.gguf_target))
     return result
+
+
+def _llamacpp_forecast(result: dict[str, Any], draft: str, target: str | None, ks: Sequence[int], samples: Any,
+                       gguf_target: str) -> dict[str, Any]:
+    """llama.cpp's step costs measured on four of the held-out prompts, and its forecast from this acceptance."""
+    from engine.measure.llamacpp_costs import forecast_llamacpp, llamacpp_step_costs
+    from engine.targets import resolve_target
+
+    reporter().phase("measuring llama.cpp's step costs on this machine", progress=WALK_END)
+    prompts = [s.token_ids[: s.prompt_len].tolist() for s in list(samples)[:4]] if isinstance(samples, list) \
+        and samples else [[1] * 64]
+    costs = llamacpp_step_costs(draft, resolve_target(target).path, ks, prompts, gguf_target=gguf_target)
+    return {"costs_llamacpp": costs, "forecast_llamacpp": forecast_llamacpp(result["by_k"], costs)}

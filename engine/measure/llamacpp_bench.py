@@ -1,11 +1,10 @@
-"""Benchmark speculative methods in real llama.cpp: the same prompts, interleaved prompt by prompt over live servers.
+"""Benchmark speculative methods in real llama.cpp: the same prompts, interleaved prompt by prompt over live servers."""
 
-`run_llamacpp_bench` is the `--backend llama.cpp` half of `python -m engine bench`. Each method has its own
-llama-server (baseline: the target alone; draft: with the exported draft; ngram: llama.cpp's `ngram-simple`;
-draft_ngram: the draft mixed with `ngram-mod`), all started first, then every prompt goes to each in turn, so a busy
-neighbour slows all methods alike. Prompts are token ids tokenized as in-process; acceptance is llama.cpp's own
-(`draft_n`, `draft_n_accepted` per request, verification steps from `/metrics`).
-"""
+# `run_llamacpp_bench` is the `--backend llama.cpp` half of `python -m engine bench`. Each method has its own
+# llama-server (baseline: the target alone; draft: with the exported draft; ngram: llama.cpp's `ngram-simple`;
+# draft_ngram: the draft mixed with `ngram-mod`), all started first, then every prompt goes to each in turn, so a busy
+# neighbour slows all methods alike. Prompts are token ids tokenized as in-process; acceptance is llama.cpp's own
+# (`draft_n`, `draft_n_accepted` per request, verification steps from `/metrics`).
 
 from __future__ import annotations
 

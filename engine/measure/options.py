@@ -15,6 +15,7 @@ from engine.targets import DECODE_DTYPE_HELP, DECODE_DTYPES
 ALL_METHODS = ("baseline", "draft", "ngram", "hf_prompt_lookup", "hf_assisted", "draft_ngram")
 DEFAULT_METHODS = ALL_METHODS[:5]  # draft_ngram (a draft mixed with n-gram) runs in llama.cpp only
 KS_METHODS = ("baseline", "draft", "ngram")  # what one speed per k (--ks) decodes
+FORECAST_ENGINES = ("in-process", "llama.cpp")
 BACKEND_METHODS = {"transformers": DEFAULT_METHODS, "vllm": ("baseline", "draft", "ngram"),
                    "llama.cpp": ("baseline", "draft", "ngram", "draft_ngram")}
 TARGET_HELP = ("target: built-in name, folder or hub id (default: the draft's verifier when it is available here, "
@@ -28,7 +29,8 @@ class BenchOptions(Options):
     target: str | None = Field(None, description=TARGET_HELP)
     draft: str | None = Field(None, description=DRAFT_HELP)
     prompts: str = Field("sharegpt", description="JSONL file ({'prompt': str} or {'messages': [...]} per line), a "
-                         "built-in workload (sharegpt: chat, humaneval: code) or a dataset (its held-out prompts)")
+                         "built-in workload (sharegpt: chat, humaneval: code, general: everyday questions) or a "
+                         "dataset (its held-out prompts)")
     num_prompts: int = Field(20, ge=1, description="prompts to use")
     max_prompt_chars: int = Field(1500, ge=1, description="skip built-in held-out prompts longer than this (keeps "
                                   "CPU runs short)")
@@ -155,6 +157,11 @@ class EvaluateOptions(Options):
         "min(p, q) per position along the greedy walk: an expectation, not a walk; online only)")
     forecast: bool = Field(False, description="measure the target's verify cost and the draft's cost per step here "
                            "and forecast the speedup")
+    forecast_engines: list[str] = Field(
+        ["in-process"], description="with --forecast: the engines to forecast for (llama.cpp: its step costs "
+        "measured on llama-server, built once, beside the target's --gguf-target GGUF)")
+    gguf_target: Literal[TARGET_TYPES] = Field(DEFAULT_TARGET_TYPE, description="llama.cpp forecast: the target's "
+                                               "GGUF")
     dtype: Literal[DECODE_DTYPES] = Field("auto", description=DECODE_DTYPE_HELP)
     all_drafts: bool = Field(
         False, description="verify every drafted token: a proposer's own cut (fewer drafts when it is not "
@@ -162,8 +169,15 @@ class EvaluateOptions(Options):
     walks: bool = Field(False, description="keep each sample's accepted-count sequence in the JSON")
     workloads: list[str] | None = Field(
         None, description="also these prompt sets, one row each of acceptance per k with its spread over prompts "
-        "(--dataset's prompts are the first row): built-in workloads (sharegpt: chat, humaneval: code) or prompts "
-        "files (JSONL, as bench --prompts); online only")
+        "(--dataset's prompts are the first row): built-in workloads (sharegpt: chat, humaneval: code, general: "
+        "everyday questions) or prompts files (JSONL, as bench --prompts); online only")
+
+    @field_validator("forecast_engines")
+    @classmethod
+    def _known_engines(cls, value: list[str]) -> list[str]:
+        if unknown := [e for e in value if e not in FORECAST_ENGINES]:
+            raise ValueError(f"no forecast for {', '.join(unknown)}: choose from {', '.join(FORECAST_ENGINES)}")
+        return value
 
     @field_validator("k", mode="before")
     @classmethod

@@ -25,7 +25,7 @@ class ServerSettings(Options):
 
 
 LLAMACPP_NGRAM = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
-VLLM_ONLY = ("dtype", "kv_cache_gib", "form", "speculative_fields", "per_request_spec_decode_metrics", "install_only")
+VLLM_ONLY = ("dtype", "kv_cache_gib", "form", "speculative_fields", "per_request_spec_decode_metrics")
 LLAMACPP_ONLY = ("gguf_target", "gguf_draft", "p_min", "ngram", "threads")
 
 
@@ -68,7 +68,8 @@ class ServeOptions(ServerSettings):
     threads: int | None = Field(None, ge=1, description="llama.cpp: CPU threads",
                                 json_schema_extra={"shown_default": "every core"})
     timeout: float = Field(READY_TIMEOUT, gt=0, description="seconds to wait for the server to be ready")
-    install_only: bool = Field(False, description="create the vLLM environment and exit",
+    install_only: bool = Field(False, description="create the vLLM environment (with --engine llama.cpp: build "
+                               "llama-server) and exit",
                                json_schema_extra={"store_true": True})
     foreground: bool = Field(False, description="serve in this process until Ctrl-C",
                              json_schema_extra={"store_true": True})
