@@ -10,8 +10,9 @@ from ui.errors import guard
 from ui.jobs import job_panel, job_selector, launch
 
 st.title("Serve")
-st.caption("A real vLLM OpenAI server (from its own environment, `.venv-vllm`) serving the target with the draft. "
-           "It runs as a job: it keeps serving across page changes, refreshes and app restarts until you stop it.")
+st.caption("A real server serving the target with the draft: vLLM's OpenAI server (from its own environment, "
+           "`.venv-vllm`; on GPUs) or llama.cpp's llama-server (built once; on CPUs). It runs as a job: it keeps "
+           "serving across page changes, refreshes and app restarts until you stop it.")
 
 ss = st.session_state
 draft, target = state.active_draft(), state.active_target()
@@ -19,26 +20,33 @@ if "serve_port_default" not in ss:
     with guard("Finding a free port"):
         ss["serve_port_default"] = serving.free_port()
 
-env = None
-with guard("Checking the vLLM environment"):
-    env = serving.vllm_env()
-if env is None:
-    st.warning("vLLM is not installed yet (it lives in its own virtual environment, `.venv-vllm`: the CPU build on "
-               "CPU machines, the CUDA build on GPUs). Installing takes several minutes.", icon=":material/download:")
-    if st.button("Install vLLM", key="serve_install", icon=":material/download:"):
-        job = launch(["serve", "--install-only"], kind="serve", name="install")
-        if job:
-            ss["serve_install_job"] = job.id
-    if ss.get("serve_install_job"):
-        job_panel(ss["serve_install_job"], key="serve_install_panel")
-    show_cli(["serve", "--install-only"])
-else:
-    st.caption(f"Runs vLLM {env.vllm_version} ({env.flavor} build, torch {env.torch_version}) from `{env.path}`; "
-               f"drafts are checked with {report.RULES_LABEL}'s rules (Config builder, Models).")
-
 start_tab, use_tab = st.tabs(["Start a server", "Use a running server"])
-
 with start_tab:
+    engine_name = st.radio("Engine", ["vLLM", "llama.cpp"], horizontal=True, key="serve_engine",
+                           help="vLLM: GPUs (its CPU build here serves EAGLE-3, P-EAGLE and DFlash); llama.cpp: "
+                           "CPUs, with EAGLE-3, DFlash, DFlash2 and DSpark drafts exported to GGUF.")
+
+
+def vllm_start() -> None:
+    """The vLLM half of the start tab: its environment, the form, the command."""
+    env = None
+    with guard("Checking the vLLM environment"):
+        env = serving.vllm_env()
+    if env is None:
+        st.warning("vLLM is not installed yet (it lives in its own virtual environment, `.venv-vllm`: the CPU build "
+                   "on CPU machines, the CUDA build on GPUs). Installing takes several minutes.",
+                   icon=":material/download:")
+        if st.button("Install vLLM", key="serve_install", icon=":material/download:"):
+            job = launch(["serve", "--install-only"], kind="serve", name="install")
+            if job:
+                ss["serve_install_job"] = job.id
+        if ss.get("serve_install_job"):
+            job_panel(ss["serve_install_job"], key="serve_install_panel")
+        show_cli(["serve", "--install-only"])
+    else:
+        st.caption(f"Runs vLLM {env.vllm_version} ({env.flavor} build, torch {env.torch_version}) from `{env.path}`; "
+                   f"drafts are checked with {report.RULES_LABEL}'s rules (Config builder, Models).")
+
     with st.form("serve_form", border=False):
         c1, c2, c3 = st.columns(3)
         with_draft = c1.toggle("Serve with the active draft", value=bool(draft), key="serve_with_draft",
@@ -84,6 +92,64 @@ with start_tab:
                 for line in rep.serve_commands:
                     st.code(line, language="bash", wrap_lines=True)
 
+
+def llamacpp_start() -> None:
+    """The llama.cpp half of the start tab: its build, the form, the command."""
+    build = None
+    with guard("Checking the llama.cpp build"):
+        build = serving.llamacpp_build()
+    if build is None:
+        st.warning("llama.cpp is not built on this machine yet: llama-server is compiled once from its pinned source "
+                   "(the PyPI sdist of llama-cpp-python), about 5-10 minutes on 2 cores, and cached outside the "
+                   "clone.", icon=":material/build:")
+        if st.button("Build llama.cpp", key="serve_llamacpp_build", icon=":material/build:"):
+            job = launch(["serve", "--engine", "llama.cpp", "--install-only"], kind="serve", name="llamacpp-build")
+            if job:
+                ss["serve_llamacpp_build_job"] = job.id
+        if ss.get("serve_llamacpp_build_job"):
+            job_panel(ss["serve_llamacpp_build_job"], key="serve_llamacpp_build_panel")
+    else:
+        st.caption(f"Runs llama-server from `{build.path}` (llama.cpp of llama-cpp-python {build.version}); the "
+                   "draft is exported to GGUF by llama.cpp's own converter, once.")
+    with st.form("serve_llamacpp_form", border=False):
+        c1, c2, c3 = st.columns(3)
+        with_draft = c1.toggle("Serve with the active draft", value=bool(draft), key="serve_lc_with_draft",
+                               disabled=not draft, help=f"Draft: {draft or 'none'}")
+        k = c2.number_input("k (0 = the draft's own)", 0, 16, 0, key="serve_lc_k")
+        port = c3.number_input("Port", 1024, 65535, ss.get("serve_port_default") or 8000, key="serve_lc_port")
+        c4, c5, c6 = st.columns(3)
+        gguf_target = c4.selectbox("Target GGUF", ["f32", "bf16", "f16", "q8_0", "shipped"], key="serve_lc_target",
+                                   help=serving.option_help("gguf_target"))
+        gguf_draft = c5.selectbox("Draft GGUF", ["f32", "bf16", "f16", "q8_0"], key="serve_lc_draft",
+                                  help=serving.option_help("gguf_draft"))
+        ctx = c6.number_input("Context length", 128, 131072, 2048, key="serve_lc_ctx")
+        c7, c8 = st.columns(2)
+        p_min = c7.number_input("Draft only above this probability (0 = always)", 0.0, 1.0, 0.0, 0.05,
+                                key="serve_lc_pmin", help=serving.option_help("p_min"))
+        ngram = c8.selectbox("n-gram proposer", ["none", "ngram-simple", "ngram-mod", "ngram-map-k"],
+                             key="serve_lc_ngram", help=serving.option_help("ngram"))
+        try:
+            argv = serving.llamacpp_argv(draft=draft if with_draft else None, k=int(k) or None, port=int(port),
+                                         ctx=int(ctx), gguf_target=gguf_target, gguf_draft=gguf_draft,
+                                         p_min=float(p_min) or None, ngram=None if ngram == "none" else ngram)
+        except ValueError as exc:
+            argv = None
+            st.error(f"Cannot serve with these values: {exc}", icon=":material/error:")
+        if st.form_submit_button("Start the server", type="primary", icon=":material/play_arrow:",
+                                 disabled=build is None or argv is None):
+            job = launch(argv, kind="serve", name=str(port))
+            if job:
+                ss["serve_job"] = job.id
+    if argv:
+        show_cli(argv)
+
+
+with start_tab:
+    if engine_name == "llama.cpp":
+        llamacpp_start()
+    else:
+        vllm_start()
+
 with use_tab:
     servers = []
     with guard("Listing servers"):
@@ -100,6 +166,9 @@ with use_tab:
             if info.get("vllm_serve"):
                 st.markdown("**The vLLM command** (what to run elsewhere)")
                 st.code(info["vllm_serve"], language="bash", wrap_lines=True)
+            if info.get("llama_server"):
+                st.markdown("**The llama-server command** (what to run elsewhere)")
+                st.code(info["llama_server"], language="bash", wrap_lines=True)
             if info.get("full_command"):
                 st.markdown("**The exact process started here** (from `vllm.log`)")
                 st.code(info["full_command"], language="bash", wrap_lines=True)

@@ -1,4 +1,4 @@
-"""Glue for the Serve page: the serve command line, the servers running as jobs, chat and /metrics through them."""
+"""Glue for the Serve page: the serve command lines (vLLM, llama.cpp), the servers running as jobs, chat, /metrics."""
 
 from __future__ import annotations
 
@@ -23,6 +23,26 @@ def serve_argv(*, draft: str | None, target: str | None, k: int | None, form: st
     if options is None:
         raise ValueError("; ".join(m for found in errors.values() for m in found))
     return options.argv("serve")
+
+
+def llamacpp_argv(*, draft: str | None, k: int | None, port: int, ctx: int, gguf_target: str, gguf_draft: str,
+                  p_min: float | None, ngram: str | None) -> list[str]:
+    """The `serve --engine llama.cpp` command line of the form's values (ValueError with ServeOptions' reason)."""
+    given = {"engine": "llama.cpp", "port": port, "max_model_len": ctx, "gguf_target": gguf_target,
+             "draft": draft or None, "no_draft": not draft or None, "k": (k or None) if draft or ngram else None,
+             "gguf_draft": gguf_draft if draft else None, "p_min": (p_min or None) if draft else None,
+             "ngram": ngram or None}
+    options, errors = validation_errors(ServeOptions, {name: v for name, v in given.items() if v is not None})
+    if options is None:
+        raise ValueError("; ".join(m for found in errors.values() for m in found))
+    return options.argv("serve")
+
+
+def llamacpp_build():
+    """This CPU's finished llama.cpp build (engine.llamacpp.build.LlamaCpp) or None."""
+    from engine.llamacpp.build import read_stamp
+
+    return read_stamp()
 
 
 def forms(draft: str | None) -> list[str]:

@@ -1,4 +1,4 @@
-"""Read vLLM's speculative-decoding counters from its Prometheus `/metrics` text and turn two snapshots into rates."""
+"""Spec-decode counters from vLLM's (or llama-server's) Prometheus `/metrics` text, and two snapshots as rates."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ DRAFTS = "vllm:spec_decode_num_drafts_total"
 DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
 ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
 ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+LLAMACPP_PREFIX = "llamacpp:"
 
 # name{label="value",...} value [timestamp]
 _SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>.*)\})?\s+(?P<value>\S+)(?:\s+\S+)?$")
@@ -54,7 +55,9 @@ class SpecSnapshot:
 def parse_spec_metrics(text: str) -> SpecSnapshot:
     """The spec-decode counters in a /metrics text (all zero, present=False, when the server has no draft)."""
     snap = SpecSnapshot()
-    for name, labels, value in parse_prometheus(text):
+    for full, labels, value in parse_prometheus(text):
+        # llama-server counts the same under its own prefix
+        name = "vllm:" + full.removeprefix(LLAMACPP_PREFIX) if full.startswith(LLAMACPP_PREFIX) else full
         if name == DRAFTS:
             snap.num_drafts += value
         elif name == DRAFT_TOKENS:

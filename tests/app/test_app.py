@@ -887,6 +887,25 @@ def test_serve_page_takes_more_speculative_fields_and_says_what_is_wrong_with_th
     assert "--speculative-fields" not in texts(at.code)
 
 
+def test_serve_page_builds_a_llama_cpp_command_and_offers_the_build(runs, tiny_target, tiny_draft, monkeypatch):
+    import ui.serving
+
+    monkeypatch.setattr(ui.serving, "llamacpp_build", lambda: None)
+    at = open_app(tiny_target, tiny_draft, page="serve")
+    at.radio(key="serve_engine").set_value("llama.cpp").run()
+    ok(at)
+    assert "llama.cpp is not built on this machine yet" in texts(at.warning)
+    assert at.button(key="serve_llamacpp_build") is not None
+    at.session_state["serve_lc_pmin"] = 0.6
+    at.session_state["serve_lc_ngram"] = "ngram-mod"
+    at.session_state["serve_lc_target"] = "shipped"
+    at.run()
+    ok(at)
+    line = next(c.value for c in at.code if "--engine llama.cpp" in c.value)
+    assert "--p-min 0.6" in line and "--ngram ngram-mod" in line and "--gguf-target shipped" in line
+    assert f"--draft {tiny_draft}" in line
+
+
 # -- jobs -------------------------------------------------------------------------------------------------------
 
 

@@ -147,3 +147,15 @@ def test_an_export_never_overwrites_a_file_that_is_not_a_gguf(tmp_path):
     assert mine.read_text() == "my notes"
     with pytest.raises(WorkbenchError, match="is a folder"):
         check_out(tmp_path)
+
+
+def test_llama_servers_counters_read_as_vllms():
+    from engine.serve.metrics import parse_spec_metrics, spec_delta
+
+    text = ("# HELP llamacpp:spec_decode_num_drafts_total Speculative\nllamacpp:spec_decode_num_drafts_total 10\n"
+            "llamacpp:spec_decode_num_draft_tokens_total 30\nllamacpp:spec_decode_num_accepted_tokens_total 12\n"
+            "llamacpp:tokens_predicted_total 99\nvllm:spec_decode_num_drafts_total 5\n")
+    snap = parse_spec_metrics(text)
+    assert (snap.num_drafts, snap.num_draft_tokens, snap.num_accepted_tokens) == (15, 30, 12)
+    assert spec_delta(type(snap)(), parse_spec_metrics(text.replace("vllm:spec_decode_num_drafts_total 5\n", "")))[
+        "mean_acceptance_length"] == pytest.approx(2.2)
