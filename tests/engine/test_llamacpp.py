@@ -118,14 +118,15 @@ def test_a_type_llama_cpp_does_not_run_is_refused_before_building(tmp_path):
 
 @pytest.fixture(scope="module")
 def tiny_smol(tmp_path_factory, builtin_dir):
-    """A tiny random Llama with the built-in's tokenizer (llama.cpp's converter knows its pre-tokenizer)."""
+    """A tiny random Llama with the built-in's tokenizer (llama.cpp's converter knows its pre-tokenizer), of 8 layers
+    (EAGLE-3's default three target layers are distinct from 7 on; llama.cpp reads exactly three)."""
     from transformers import AutoTokenizer
 
     from engine.fsutil import atomic_directory
     from tiny import tiny_model
 
     folder = tmp_path_factory.mktemp("tiny-smol") / "target"
-    model = tiny_model("llama", vocab_size=49152, bos_token_id=1, eos_token_id=2, pad_token_id=2)
+    model = tiny_model("llama", vocab_size=49152, num_layers=8, bos_token_id=1, eos_token_id=2, pad_token_id=2)
     with atomic_directory(folder) as tmp:
         model.save_pretrained(tmp)
         AutoTokenizer.from_pretrained(builtin_dir).save_pretrained(tmp)

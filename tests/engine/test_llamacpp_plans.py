@@ -46,6 +46,12 @@ def test_a_type_llama_cpp_does_not_run_is_refused_with_the_reason():
         spec_type_of(cfg)
 
 
+def test_an_eagle3_draft_of_other_than_three_target_layers_is_refused():
+    cfg = {**_cfg("eagle3"), "eagle_aux_hidden_state_layer_ids": [1, 2]}
+    with pytest.raises(WorkbenchError, match="reads 2 target layers.*exactly 3"):
+        spec_type_of(cfg)
+
+
 def test_the_shipped_drafts_map_to_their_spec_type_and_k():
     assert {n: spec_type_of(_cfg(n)) for n in SHIPPED} == {"eagle3": "draft-eagle3", "dflash": "draft-dflash",
                                                            "dflash2": "draft-dflash"}

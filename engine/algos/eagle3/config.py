@@ -28,6 +28,7 @@ class Eagle3Config(DraftConfig):
     vllm_archs: ClassVar[dict[str, str]] = {"qwen3": "Eagle3Qwen3ForCausalLM", "llama": "Eagle3LlamaForCausalLM"}
     vllm_title: ClassVar[str] = "Eagle3"
     llamacpp_spec_type: ClassVar[str | None] = "draft-eagle3"  # its converter reads Eagle3Speculator as it is
+    llamacpp_aux_layers: ClassVar[int] = 3  # llama.cpp's EAGLE-3 graph reads exactly three target layers
 
     speculators_model_type: Literal["eagle3"] = "eagle3"
     eagle_aux_hidden_state_layer_ids: list[int] | None = Field(
@@ -86,6 +87,16 @@ class Eagle3Config(DraftConfig):
         if hf.get("fc_norm"):
             exp.update({f"fc_norm.{k}.weight": (d.ht,) for k in range(a)})
         return exp, set()
+
+    @classmethod
+    def llamacpp_problem(cls, cfg: dict[str, Any]) -> str | None:
+        if cls.llamacpp_spec_type is None:
+            return cls.llamacpp_refusal
+        ids = cfg.get(cls.aux_field) or []
+        if len(ids) != cls.llamacpp_aux_layers:
+            return (f"it reads {len(ids)} target layers ({cls.aux_field} = {ids}), and llama.cpp's EAGLE-3 reads "
+                    f"exactly {cls.llamacpp_aux_layers}")
+        return None
 
     @classmethod
     def validation_rules(cls) -> list:
