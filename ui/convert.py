@@ -206,3 +206,31 @@ def zip_folder(folder: str | Path) -> bytes:
             if f.is_file() and not f.name.startswith(".workbench"):
                 zf.write(f, f.relative_to(folder).as_posix())
     return buf.getvalue()
+
+
+def llamacpp_problem(draft: str) -> str | None:
+    """Why llama.cpp cannot run this draft (its type's own reason), or None."""
+    import engine.algos  # noqa: F401  (registers the draft types)
+    from engine.format.checkpoint import read_config_dict
+    from engine.format.config import config_type
+
+    cfg = read_config_dict(draft)
+    return config_type(cfg.get("speculators_model_type")).llamacpp_problem(cfg)
+
+
+def default_gguf(draft: str) -> str:
+    """`<runs>/exports/<draft folder name>.gguf`: where an export goes unless the user says otherwise."""
+    from engine.jobs import runs_dir
+
+    return str(runs_dir() / "exports" / f"{Path(draft).name}.gguf")
+
+
+def export_argv(draft: str, out: str, draft_type: str, target_out: str | None, target_type: str | None) -> list[str]:
+    """The `export --to gguf` command line of the tab's values."""
+    from engine.llamacpp.options import ExportOptions
+
+    given = {"draft": draft, "out": out, "draft_type": draft_type, "target_out": target_out or None,
+             "target_type": target_type if target_out else None}
+    options = ExportOptions(**{k: v for k, v in given.items() if v is not None})
+    argv = options.argv("export")
+    return [argv[0], options.draft, *[w for w in argv[1:] if w not in ("--draft", options.draft)]]

@@ -462,6 +462,24 @@ def test_convert_detects_research_checkpoint_and_does_not_fake_a_conversion(runs
     assert f"python -m engine convert {src}" in texts(at.code)
 
 
+def test_convert_exports_the_active_draft_to_gguf_or_says_why_llama_cpp_cannot(runs, tiny_target, tiny_draft,
+                                                                              tmp_path):
+    at = open_app(tiny_target, tiny_draft, page="convert")
+    ok(at)
+    at.session_state["gguf_draft_type"] = "q8_0"
+    at.run()
+    line = next(c.value for c in at.code if "python -m engine export" in c.value)
+    assert line.startswith(f"python -m engine export {tiny_draft} --out ") and "--draft-type q8_0" in line
+    assert at.button(key="gguf_go") is not None
+    two = tmp_path / "two-layers"
+    two.mkdir()
+    cfg = json.loads((Path(tiny_draft) / "config.json").read_text())
+    (two / "config.json").write_text(json.dumps({**cfg, "eagle_aux_hidden_state_layer_ids": [1, 2]}))
+    at = open_app(tiny_target, str(two), page="convert")
+    assert any("llama.cpp cannot run this draft: it reads 2 target layers" in e.value for e in at.error)
+    assert not [c for c in at.code if "python -m engine export" in c.value]
+
+
 def _failed_convert_job(runs: Path, src: str, name: str) -> None:
     """A finished, failed conversion job of `src` as the CLI leaves it (what, then Fix)."""
     job = runs / f"20000101-00000{len(name)}_convert_{name}"
