@@ -255,9 +255,13 @@ with tab_d:
             st.error(f"**No such prompts file:** `{own}`. Give a JSONL file with one prompt per line.",
                      icon=":material/description:")
             own = ""
+        with_llamacpp = st.toggle("Also forecast llama.cpp", False, key="models_eval_llamacpp",
+                                  help="measures llama-server's step costs here (it builds llama.cpp once, minutes) "
+                                  "and forecasts its speedup from the same acceptance")
         eval_argv = evaluate_ui.evaluate_argv(shown, state.active_target(), num_prompts=int(n_eval),
                                               max_new_tokens=int(new_eval), out=evaluate_ui.result_path(shown),
-                                              workloads=[*picked, *([str(Path(own).expanduser())] if own else [])])
+                                              workloads=[*picked, *([str(Path(own).expanduser())] if own else [])],
+                                              llamacpp=with_llamacpp)
         if e3.button("Evaluate this draft", key="models_eval_go", icon=":material/speed:"):
             launch(eval_argv, kind="evaluate", name=Path(shown).name)
         watch_jobs(["evaluate"], "Evaluation jobs", key="models_eval")
@@ -277,6 +281,8 @@ with tab_d:
                     st.caption("Mean acceptance length per k on each prompt set, in brackets its 95% interval over "
                                "prompts (bootstrap): a wide interval means too few prompts to tell workloads apart. "
                                f"From {by_workload.where}.")
+                if ev.result.get("forecast_llamacpp"):
+                    st.caption(f"llama.cpp: {ev.result['forecast_llamacpp']['advice']}.")
                 advice = evaluate_ui.recommendation(ev.result, ev.here, bench_ui.draft_speed(shown))
                 st.caption(f"{ev.result.get('num_samples')} held-out samples, {ev.result.get('max_new_tokens')} new "
                            f"tokens; from {ev.where}." + (f" **{advice[:1].upper() + advice[1:]}.**" if advice else ""))

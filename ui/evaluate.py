@@ -19,12 +19,14 @@ def result_path(draft: str) -> str:
 
 
 def evaluate_argv(draft: str, target: str, *, num_prompts: int, max_new_tokens: int, out: str,
-                  forecast: bool = True, workloads: list[str] | None = None) -> list[str]:
+                  forecast: bool = True, workloads: list[str] | None = None, llamacpp: bool = False) -> list[str]:
     """The evaluate job's command; `workloads` (built-in names or prompts files) add a row each of acceptance per k
-    with its spread over prompts."""
+    with its spread over prompts; `llamacpp` forecasts llama.cpp's speedup too."""
     options = EvaluateOptions(draft=draft, target=target, num_prompts=num_prompts, max_new_tokens=max_new_tokens)
     if forecast:
         options.forecast = True
+        if llamacpp:
+            options.forecast_engines = ["in-process", "llama.cpp"]
     if workloads:
         options.workloads = list(workloads)
     return [*options.argv("evaluate"), "--json", out]
@@ -112,9 +114,10 @@ def recommendation(result: dict[str, Any], here: bool = True, speed: dict[str, A
 
 
 def table_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
-    """One row per k: the walk's acceptance, per position, the all-positions average, the forecast speedup (its
-    columns only when the evaluation made a forecast)."""
+    """One row per k: the walk's acceptance, per position, the all-positions average, the forecast speedup in-process
+    and in llama.cpp (their columns only when the evaluation made them)."""
     fc = (result.get("forecast") or {}).get("by_k", {})
+    fl = (result.get("forecast_llamacpp") or {}).get("by_k", {})
     rows = []
     for key, acc in result.get("by_k", {}).items():
         row = {"k": int(key),
@@ -125,6 +128,10 @@ def table_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
             f = fc.get(key) or {}
             row |= {"step cost (target steps)": _round(f.get("step_cost")),
                     "forecast speedup": _round(f.get("speedup"))}
+        if fl:
+            f = fl.get(key) or {}
+            row |= {"llama.cpp step cost (baseline tokens)": _round(f.get("step_cost")),
+                    "llama.cpp forecast": _round(f.get("speedup"))}
         rows.append(row)
     return rows
 
@@ -134,6 +141,7 @@ def columns() -> dict[str, Any]:
     import streamlit as st
 
     return {"forecast speedup": st.column_config.NumberColumn(format="%.2f×"),
+            "llama.cpp forecast": st.column_config.NumberColumn(format="%.2f×"),
             "mean acceptance length (decoding walk)": st.column_config.NumberColumn(format="%.3f")}
 
 

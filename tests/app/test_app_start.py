@@ -174,6 +174,24 @@ def test_an_evaluation_without_forecast_has_no_forecast_columns_and_run_drafts_s
     assert bench.short_name("assets/drafts/smollm2-135m-instruct-dflash") == "smollm2-135m-instruct-dflash"
 
 
+def test_a_llama_cpp_forecast_gets_its_own_columns_and_the_evaluator_command_asks_for_it():
+    from engine.measure.llamacpp_costs import forecast_llamacpp
+    from ui import evaluate as evaluate_ui
+
+    ev = _evaluation("drafts/a", [1.1, 1.5])  # tau 1.3 at k = 1, 1.4 at k = 2
+    ev["forecast_llamacpp"] = forecast_llamacpp(ev["by_k"], {"target_step_ms": 20.0,
+                                                             "step_cost": {"1": 1.25, "2": 1.4}})
+    rows = evaluate_ui.table_rows(ev)
+    assert [r["llama.cpp forecast"] for r in rows] == [round(1.3 / 1.25, 3), round(1.4 / 1.4, 3)]
+    assert ev["forecast_llamacpp"]["recommended_k"] == 1 and "k = 1" in ev["forecast_llamacpp"]["advice"]
+    slow = forecast_llamacpp(ev["by_k"], {"target_step_ms": 20.0, "step_cost": {"1": 2.0, "2": 2.04}})
+    assert slow["recommended_k"] is None and slow["fastest_k"] == 2
+    assert "no k pays in llama.cpp" in slow["advice"] and "τ ≥ 2.04" in slow["advice"]
+    assert "llama.cpp forecast" not in evaluate_ui.table_rows(_evaluation("drafts/a", [1.1]))[0]
+    argv = evaluate_ui.evaluate_argv("d", "t", num_prompts=4, max_new_tokens=8, out="o.json", llamacpp=True)
+    assert argv[argv.index("--forecast-engines") + 1] == "in-process,llama.cpp"
+
+
 def test_no_k_is_recommended_when_every_forecast_is_below_one(runs, tiny_targets, tmp_path):
     """An evaluation whose forecast is below 1x at every k: the page advises no speculation (an older record that
     still says "recommended k 1" included)."""
