@@ -11,7 +11,8 @@ gives, and the speedup each engine measures, on the same prompts.
 #   GGUF: the weights llama.cpp decodes), both on the workload's prompts;
 # - bench in-process (baseline, draft) at `auto`, and bench --backend llama.cpp (baseline, draft, ngram) at F32;
 # - with --vllm, bench --backend vllm (baseline, draft) in fp32, where the CPU build serves the draft's type.
-# Forecast error = forecast - measured speedup, per engine; τ agreement = each engine's τ - the evaluator's.
+# Forecast error = forecast - measured speedup, per engine (llama.cpp: of its own generation rate, which leaves the
+# prompt's pass out, as the forecast does; in-process: whole answers); τ agreement = each engine's τ - the evaluator's.
 
 from __future__ import annotations
 
@@ -45,9 +46,12 @@ def _bench(draft: str, workload: str, a, **fields) -> dict:
 
 def _method(result: dict, name: str) -> dict:
     m = result["methods"].get(name) or {}
-    return {"tau": m.get("mean_acceptance_length"), "speedup": m.get("speedup"),
-            "identical": m.get("identical_to_baseline"), "tokens_per_s": m.get("tokens_per_s"),
-            "ci95": (m.get("spread") or {}).get("ci95")}
+    out = {"tau": m.get("mean_acceptance_length"), "speedup": m.get("speedup"),
+           "identical": m.get("identical_to_baseline"), "tokens_per_s": m.get("tokens_per_s"),
+           "ci95": (m.get("spread") or {}).get("ci95")}
+    if "whole_speedup" in m:  # llama.cpp: `speedup` is of its own generation rate; whole requests beside it
+        out["whole_speedup"] = m["whole_speedup"]
+    return out
 
 
 def row(draft: str, workload: str, a) -> dict:
@@ -113,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--k", type=int, default=3)
     p.add_argument("--vllm", action="store_true", help="also bench in vLLM's CPU build (fp32)")
     p.add_argument("--json", help="the record (rows already in it are kept and skipped)")
+    p.add_argument("--write-cards", action="store_true", help="put each draft's rows into its model card (README.md)")
     a = p.parse_args(argv)
     done = json.loads(Path(a.json).read_text()).get("rows", []) if a.json and Path(a.json).is_file() else []
     rows = list(done)
@@ -126,7 +131,19 @@ def main(argv: list[str] | None = None) -> int:
                       "num_prompts": a.num_prompts, "max_new_tokens": a.max_new_tokens,
                       "dtypes": ["auto (in-process)", "fp32 (evaluate for llama.cpp)", "gguf f32 (llama.cpp)"]}
             print_and_save(result, table(rows), a.json)
+    if a.write_cards and a.json:
+        write_cards(a.drafts, a.json)
     return 0
+
+
+def write_cards(drafts: list[str], record_path: str) -> None:
+    """Each draft's section of the record, into its card (the record as saved, its provenance included)."""
+    from engine.recipes.model_card import write_engines_section
+
+    record = json.loads(Path(record_path).read_text())
+    where = str(Path(record_path).resolve().relative_to(Path(__file__).resolve().parents[1]))
+    for draft in drafts:
+        print(f"wrote {write_engines_section(Path(draft) / 'README.md', record, draft, where)}")
 
 
 if __name__ == "__main__":

@@ -45,8 +45,10 @@ with run_tab:
         c4, c5, c6 = st.columns(3)
         k = c4.number_input("k (drafts per step)", 1, 16, 3, key="bench_k")
         temp = c5.number_input("Temperature", 0.0, 2.0, 0.0, 0.1, key="bench_temperature")
-        backend = c6.selectbox("Backend", ["transformers", "vllm"], key="bench_backend",
-                               help="transformers: in process; vllm: a real vLLM server (needs the vLLM environment).")
+        backend = c6.selectbox("Backend", ["transformers", "vllm", "llama.cpp"], key="bench_backend",
+                               help="transformers: in process; vllm: a real vLLM server (needs the vLLM environment); "
+                               "llama.cpp: real llama-servers (built once), the draft exported to GGUF; its methods "
+                               "are baseline, draft, ngram and draft_ngram (the draft mixed with ngram-mod).")
         available = [m for m in bench.METHODS if m != "draft" or draft]
         methods = st.multiselect("Methods", available, default=[m for m in ("baseline", "draft", "ngram")
                                                                 if m in available], key="bench_methods")

@@ -61,8 +61,8 @@ def freshest_for_this_machine(files: dict[str, Path]) -> str | None:
         return user[0]
     # same day: measured in repeated rounds (one speed per k, with its spread) first, then in-process
     loaded = {key: _record(p) for key, p in files.items()}
-    ranked = {key: (records.date_of(rec, files[key]) or "", bool(rec.get("rounds_kept")), rec.get("backend") != "vllm",
-                    key) for key, rec in loaded.items()}
+    ranked = {key: (records.date_of(rec, files[key]) or "", bool(rec.get("rounds_kept")),
+                    rec.get("backend") in (None, "transformers"), key) for key, rec in loaded.items()}
     here = [rank for key, rank in ranked.items() if records.on_this_machine(loaded[key])]
     return max(here or ranked.values(), default=(None,))[-1]
 
@@ -301,7 +301,7 @@ def draft_speed(draft: str | None) -> dict[str, Any] | None:
     measured = {key: rec for key, rec in loaded.items() if records.measured(rec, draft)
                 and isinstance(((rec.get("methods") or {}).get("draft") or {}).get("speedup"), (int, float))}
     these = records.of_these_weights(measured, draft)
-    in_process = {key for key in these if measured[key].get("backend") != "vllm"}
+    in_process = {key for key in these if measured[key].get("backend") in (None, "transformers")}
     keep = in_process or these  # the engine the app runs, before real vLLM
     mine = {key: p for key, p in files.items() if key in keep}  # in results()' order: yours newest first
     key = freshest_for_this_machine(mine)

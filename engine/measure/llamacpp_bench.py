@@ -90,7 +90,8 @@ def run_llamacpp_bench(prompts: Sequence[list[int]], options: BenchOptions, *, t
 
 
 def summarize(answers: dict[str, list[LlamaAnswer]], facts: dict[str, Any]) -> dict[str, Any]:
-    """Per method: tokens/s over whole requests, speedup and its spread over prompts, identity, acceptance."""
+    """Per method: llama.cpp's generation rate (tokens/s, the prompt's pass left out; whole requests beside it),
+    speedup and its spread over prompts, identity, acceptance."""
     from engine.provenance import provenance
 
     base = answers.get("baseline")
@@ -109,8 +110,8 @@ def summarize(answers: dict[str, list[LlamaAnswer]], facts: dict[str, Any]) -> d
             "acceptance_rate": accepted / drafted if drafted else None,
             "num_drafts": steps, "num_draft_tokens": drafted, "num_accepted_tokens": accepted,
             "tokens": tokens, "seconds": round(seconds, 4),
-            "tokens_per_s": tokens / seconds if seconds else 0.0,
-            "decode_tokens_per_s": _decode_rate(rows),
+            "tokens_per_s": _decode_rate(rows),  # llama.cpp's own generation rate, the prompt's pass left out
+            "whole_tokens_per_s": tokens / seconds if seconds else 0.0,  # whole requests, prompt included
             "speedup": None, "spread": None,
             "identical_to_baseline": all(a.token_ids == b.token_ids for a, b in zip(rows, base, strict=True))
             if base else None,
@@ -122,6 +123,7 @@ def summarize(answers: dict[str, list[LlamaAnswer]], facts: dict[str, Any]) -> d
         }
         if base and out.get("baseline", {}).get("tokens_per_s"):
             out[method]["speedup"] = out[method]["tokens_per_s"] / out["baseline"]["tokens_per_s"]
+            out[method]["whole_speedup"] = out[method]["whole_tokens_per_s"] / out["baseline"]["whole_tokens_per_s"]
             out[method]["spread"] = _speedup_spread(rows, base)
     dtype = facts.get("gguf_target") or "?"
     return {"methods": out, "backend": "llama.cpp", **facts, **provenance(f"gguf {dtype}")}
@@ -134,7 +136,7 @@ def _decode_rate(rows: list[LlamaAnswer]) -> float:
 
 
 def _speedup_spread(rows: list[LlamaAnswer], base: list[LlamaAnswer]) -> dict[str, Any]:
-    """The per-prompt speedups (each prompt's seconds per token against the baseline's on the same prompt): their
-    mean with its 95% t interval, min and max."""
-    return mean_interval([(b.seconds / b.tokens) / (a.seconds / a.tokens)
-                          for a, b in zip(rows, base, strict=True) if a.tokens and b.tokens and a.seconds])
+    """The per-prompt speedups (each prompt's generation ms per token against the baseline's on the same prompt):
+    their mean with its 95% t interval, min and max."""
+    return mean_interval([(b.predicted_ms / b.tokens) / (a.predicted_ms / a.tokens)
+                          for a, b in zip(rows, base, strict=True) if a.tokens and b.tokens and a.predicted_ms])

@@ -71,9 +71,12 @@ def _evaluated_tau(draft: Path) -> float:
 @pytest.mark.parametrize("name", ["eagle3", "dflash", "dflash2"])
 def test_a_shipped_draft_decodes_the_baseline_and_accepts_as_evaluated(name, build, builtin_dir, prompt_ids,
                                                                        builtin_baseline):
+    from engine.commands.serve_llamacpp import plan_llamacpp
+    from engine.serve.options import ServeOptions
+
     draft = SHIPPED / f"smollm2-135m-instruct-{name}"
-    exported = export_draft(draft, target=builtin_dir, build=build)
-    plan = LlamaPlan(target_gguf(builtin_dir, build=build), exported.path, (exported.spec_type,), k=K)
+    plan = plan_llamacpp(ServeOptions(engine="llama.cpp", draft=str(draft), k=K))  # what `serve` would start
+    assert plan.k == K and plan.spec_types == (("draft-eagle3",) if name == "eagle3" else ("draft-dflash",))
     answers = _answers(plan, build, prompt_ids)
     assert [a.token_ids for a in answers] == [b.token_ids for b in builtin_baseline]
     steps, accepted = sum(a.draft_steps for a in answers), sum(a.draft_accepted for a in answers)
@@ -157,3 +160,14 @@ def test_a_trained_draft_of_a_tiny_target_decodes_its_baseline(algo, args, build
 def test_a_tokenizer_llama_cpp_does_not_know_is_named(build, tiny_targets):
     with pytest.raises(WorkbenchError, match="pre-tokenizer was not recognized"):
         target_gguf(str(tiny_targets["llama"]), build=build)
+
+
+def test_a_server_that_cannot_load_the_draft_says_why(build, builtin_dir, tmp_path):
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"GGUF" + b"\0" * 64)
+    server = LlamaServer(LlamaPlan(target_gguf(builtin_dir, build=build), broken, ("draft-eagle3",), k=3),
+                         build=build, workdir=tmp_path / "server")
+    with pytest.raises(WorkbenchError, match=r"exited with code \d+ before it was ready(.|\n)*llama.cpp says:"
+                                             r"(.|\n)*failed to load") as caught:
+        server.start().wait_ready(timeout=120)
+    assert str(server.log_path) in str(caught.value) and not server.running()

@@ -165,3 +165,13 @@ def test_llama_servers_counters_read_as_vllms():
     assert (snap.num_drafts, snap.num_draft_tokens, snap.num_accepted_tokens) == (15, 30, 12)
     assert spec_delta(type(snap)(), parse_spec_metrics(text.replace("vllm:spec_decode_num_drafts_total 5\n", "")))[
         "mean_acceptance_length"] == pytest.approx(2.2)
+
+
+def test_a_missing_compiler_or_cmake_is_named_before_building(monkeypatch):
+    import engine.llamacpp.build as b
+
+    monkeypatch.setattr(b.shutil, "which", lambda name: None)
+    with pytest.raises(WorkbenchError, match=r"needs cmake and a C\+\+ compiler(.|\n)*apt-get install cmake g\+\+"):
+        b.tools_missing()
+    monkeypatch.setattr(b.shutil, "which", lambda name: "/usr/bin/" + name)
+    b.tools_missing()  # both there: nothing to say
