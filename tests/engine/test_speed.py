@@ -116,6 +116,32 @@ def test_other_load_sees_a_busy_process():
     assert share >= 0.6 / len(gauge._cpus)  # one process spinning: about one core of them
 
 
+def test_other_load_is_the_machines_busy_time_less_this_process(tmp_path, monkeypatch):
+    """The gauge's arithmetic on counters we write: others = the CPUs' busy ticks (idle and I/O wait left out) less
+    this process's own seconds, over CPUs x wall time. Another pytest worker cannot move it, as it does the test above."""
+    import os
+
+    from engine.cpu import OtherLoad
+
+    hz, cpus = os.sysconf("SC_CLK_TCK"), sorted(os.sched_getaffinity(0))
+    stat = tmp_path / "stat"
+
+    def write(busy_ticks: int, idle_ticks: int) -> None:  # user nice system idle iowait irq softirq steal, per CPU
+        stat.write_text("cpu 0 0 0 0 0 0 0 0\n" + "".join(f"cpu{c} {busy_ticks} 0 0 {idle_ticks} {idle_ticks} 0 0 0\n"
+                                                         for c in cpus))
+
+    own = iter([10.0, 10.0 + 0.5])  # this process: half a second of CPU during the window
+    clock = iter([100.0, 102.0])  # two seconds of wall time
+    monkeypatch.setattr(OtherLoad, "_STAT", stat)
+    monkeypatch.setattr(OtherLoad, "_own_s", staticmethod(lambda: next(own)))
+    monkeypatch.setattr("time.perf_counter", lambda: next(clock))
+    write(0, 0)
+    gauge = OtherLoad()
+    write(int(1.0 * hz), int(5 * hz))  # each CPU one second busy (and long idle, which must not count)
+    expected = (1.0 * len(cpus) - 0.5) / (len(cpus) * 2.0)
+    assert gauge.share() == pytest.approx(expected, abs=1.5 / hz)
+
+
 def test_step_costs_under_load_or_below_one_step_are_measured_again_then_labelled(monkeypatch):
     from engine.cpu import OtherLoad
     from engine.measure import step_costs
