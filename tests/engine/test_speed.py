@@ -63,6 +63,32 @@ def test_every_k_in_one_run_with_the_acceptance_bench_measures(tiny_llama, tiny_
     assert result["methods"]["draft"]["k"] == 2 and "(" in markdown_table(result).split("| draft |")[1]
 
 
+@pytest.mark.parametrize("draft_seconds, rounds, why", [
+    ([8.0, 8.05, 7.95, 8.0], 3, "every interval within"),  # about 1.25x each round: narrow at the fewest rounds
+    ([8.0, 8.2, 7.8, 8.0, 8.0], 5, "every interval within"),  # a little wider: two rounds more
+    ([8.0, 6.0, 10.0, 8.0, 6.5, 9.5], 6, "max rounds"),  # 1.05x to 1.67x: never within ±0.03, so every round runs
+    ([8.0, 6.0, 10.0, 8.0, 8.0, 8.0, 8.0, 8.0], 8, "max rounds"),  # narrowing, but not to ±0.03 within 8
+])
+def test_the_stop_rule_waits_for_every_interval_to_be_narrow(monkeypatch, draft_seconds, rounds, why):
+    """Rounds with known times (the baseline 10 s each): the run stops at the first round whose every speedup
+    interval is within ±tolerance (never before MIN_ROUNDS), else at max_rounds."""
+    base, draft = speed.Method("baseline", 0, steps=10), speed.Method("draft", 3, steps=8)
+    times = iter(draft_seconds)
+
+    def fake_round(methods, encoded, params, first):
+        t = next(times)
+        base.seconds.append(10.0)
+        draft.seconds.append(t)
+        return {"seconds": {"baseline": 10.0, "draft k=3": t}, "other_load": 0.0}
+
+    monkeypatch.setattr(speed, "timed_round", fake_round)
+    options = BenchOptions(ks="3", tolerance=0.03, max_rounds=min(len(draft_seconds), 8), budget_min=60)
+    done, stopped = speed._run_rounds([base, draft], [[1]], None, options)
+    assert (len(done), stopped.split(" ±")[0]) == (rounds, why)
+    spread = speed._speedups([base, draft], list(range(rounds)))["draft k=3"]
+    assert (spread["half_width"] <= 0.03) == (why == "every interval within")
+
+
 def test_prompts_timed_under_load_are_timed_again_and_loaded_rounds_left_out(tiny_llama, tiny_draft, monkeypatch):
     monkeypatch.setattr(speed, "STEP_FLOOR", 0.0)
     calls = []
