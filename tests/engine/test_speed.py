@@ -144,7 +144,7 @@ def test_other_load_sees_a_busy_process():
 
 def test_other_load_is_the_machines_busy_time_less_this_process(tmp_path, monkeypatch):
     """The gauge's arithmetic on counters we write: others = the CPUs' busy ticks (idle and I/O wait left out) less
-    this process's own seconds, over CPUs x wall time. Another pytest worker cannot move it, as it does the test above."""
+    this process's own seconds, over CPUs x wall time. Another pytest worker cannot move it (it can the test above)."""
     import os
 
     from engine.cpu import OtherLoad
