@@ -71,7 +71,24 @@ def test_the_kernel_choice_skips_the_fused_path_where_the_layout_is_not_taken(ti
     assert kc.pick(moe) == "fp32"
     llama = kc.measure(str(tiny_family_targets["llama"]), 3, paths, device="cpu", repeats=1)
     assert llama["bf16-fused-packed-masked"]["ms_1"] > 0  # timed, its row exactness checked as every path's
-    assert isinstance(llama["bf16-fused-packed-masked"]["row_exact"], bool)
+    # what the choice says of its row exactness is what the fused path does here: several rows against one-token
+    # steps, bit for bit, checked by the test itself on its own runner
+    path = kc.PATHS["bf16-fused-packed-masked"]
+    target = load_target(str(tiny_family_targets["llama"]), dtype=path.dtype, device="cpu", with_tokenizer=False)
+    path.prepare(target.model)
+    runner = TargetRunner(target, route_kernels=path.routed, fused=path.fused)
+    prompt = [5 + i % 50 for i in range(24)]
+    runner.reset()
+    runner.forward(prompt, all_logits=False)
+    exact = True
+    for n in sorted({3 + 1, *kc.EXACT_ROWS}):
+        new = [(11 * j + 3) % target.vocab_size for j in range(n)]
+        runner.crop(len(prompt))
+        block, _ = runner.forward(new)
+        runner.crop(len(prompt))
+        steps = torch.cat([runner.forward([t])[0] for t in new])
+        exact &= bool(torch.equal(block, steps))
+    assert llama["bf16-fused-packed-masked"]["row_exact"] is exact
 
 
 def test_paths_that_copy_the_weights_are_skipped_where_the_copy_would_not_fit(tiny_family_targets, monkeypatch):
