@@ -237,7 +237,7 @@ def test_sampling_on_every_kernel_path_keeps_the_target_distribution(tiny_target
         pytest.skip(f"{path_name} runs only on a CPU with native bf16; this one emulates it")
     target = load_target(str(tiny_targets["llama"]), dtype=path.dtype, device="cpu")
     path.prepare(target.model)
-    runner = TargetRunner(target, route_kernels=path.routed)
+    runner = TargetRunner(target, route_kernels=path.routed, fused=path.fused)  # the path as decoding runs it
     params = SamplingParams(max_new_tokens=3, temperature=1.0, top_k=40)
     prompt = prompt_ids(target.tokenizer, "hello")
     exact = second_token_distribution(target, prompt, params).float()
