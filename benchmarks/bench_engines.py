@@ -51,6 +51,8 @@ def _method(result: dict, name: str) -> dict:
            "ci95": (m.get("spread") or {}).get("ci95")}
     if "whole_speedup" in m:  # llama.cpp: `speedup` is of its own generation rate; whole requests beside it
         out["whole_speedup"] = m["whole_speedup"]
+        out["identical_prompts"] = m.get("identical_prompts")
+        out["first_divergence"] = m.get("first_divergence")
     return out
 
 

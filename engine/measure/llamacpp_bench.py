@@ -117,6 +117,8 @@ def summarize(answers: dict[str, list[LlamaAnswer]], facts: dict[str, Any]) -> d
             if base else None,
             "identical_prompts": sum(a.token_ids == b.token_ids for a, b in zip(rows, base, strict=True))
             if base else None,
+            "first_divergence": [_first_divergence(a.token_ids, b.token_ids) for a, b in zip(rows, base, strict=True)]
+            if base else None,
             "per_prompt": [{"tokens": a.tokens, "seconds": round(a.seconds, 4), "prompt_ms": round(a.prompt_ms, 2),
                             "predicted_ms": round(a.predicted_ms, 2), "draft_n": a.draft_n,
                             "draft_n_accepted": a.draft_accepted, "draft_steps": a.draft_steps} for a in rows],
@@ -127,6 +129,14 @@ def summarize(answers: dict[str, list[LlamaAnswer]], facts: dict[str, Any]) -> d
             out[method]["spread"] = _speedup_spread(rows, base)
     dtype = facts.get("gguf_target") or "?"
     return {"methods": out, "backend": "llama.cpp", **facts, **provenance(f"gguf {dtype}")}
+
+
+def _first_divergence(a: list[int], b: list[int]) -> int | None:
+    """The first token where two answers part (None: identical)."""
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
 
 
 def _decode_rate(rows: list[LlamaAnswer]) -> float:
