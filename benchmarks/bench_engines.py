@@ -120,7 +120,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--vllm", action="store_true", help="also bench in vLLM's CPU build (fp32)")
     p.add_argument("--json", help="the record (rows already in it are kept and skipped)")
     p.add_argument("--write-cards", action="store_true", help="put each draft's rows into its model card (README.md)")
+    p.add_argument("--write-benchmarks", nargs="*", metavar="RECORD",
+                   help="only regenerate BENCHMARKS.md's llama.cpp table from these records (no measuring)")
     a = p.parse_args(argv)
+    if a.write_benchmarks is not None:
+        write_benchmarks(a.write_benchmarks)
+        return 0
     done = json.loads(Path(a.json).read_text()).get("rows", []) if a.json and Path(a.json).is_file() else []
     rows = list(done)
     for draft in a.drafts:
@@ -136,6 +141,23 @@ def main(argv: list[str] | None = None) -> int:
     if a.write_cards and a.json:
         write_cards(a.drafts, a.json)
     return 0
+
+
+TABLE_BEGIN, TABLE_END = "<!-- engines-table -->", "<!-- /engines-table -->"
+
+
+def write_benchmarks(records: list[str]) -> None:
+    """BENCHMARKS.md's table between its markers, from the records' rows in the order given."""
+    from engine.fsutil import atomic_write_text
+    from engine.recipes.model_card import engines_table
+
+    doc = Path(__file__).resolve().parents[1] / "BENCHMARKS.md"
+    rows = [r for path in records for r in json.loads(Path(path).read_text())["rows"]]
+    text = doc.read_text()
+    head, rest = text.split(TABLE_BEGIN, 1)
+    atomic_write_text(doc, head + TABLE_BEGIN + "\n" + "\n".join(engines_table(rows, with_draft=True)) + "\n"
+                      + TABLE_END + rest.split(TABLE_END, 1)[1])
+    print(f"wrote {doc}")
 
 
 def write_cards(drafts: list[str], record_path: str) -> None:

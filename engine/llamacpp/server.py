@@ -300,6 +300,14 @@ class LlamaClient:
             raise WorkbenchError(f"GET {self.base_url}/metrics failed: {exc}", hint="is llama-server running?") from exc
         return {name.removeprefix(_METRIC): value for name, _labels, value in parse_prometheus(resp.text)}
 
+    def top_logprobs(self, prompt: list[int], n: int = 2) -> dict[int, float]:
+        """The target's log-probabilities of its `n` likeliest next tokens after `prompt` (token ids)."""
+        body = {"prompt": prompt, "n_predict": 1, "n_probs": n, "temperature": 0.0, "top_k": 1, "cache_prompt": False,
+                "post_sampling_probs": False}
+        data = self._request("POST", "/completion", json=body)
+        first = (data.get("completion_probabilities") or [{}])[0]
+        return {int(p["id"]): float(p["logprob"]) for p in first.get("top_logprobs") or []}
+
     def tokenize(self, text: str) -> list[int]:
         return list(self._request("POST", "/tokenize", json={"content": text}).get("tokens") or [])
 

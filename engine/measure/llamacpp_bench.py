@@ -77,6 +77,8 @@ def run_llamacpp_bench(prompts: Sequence[list[int]], options: BenchOptions, *, t
                 answers[m].append(servers[m].client().complete(ids, max_tokens=o.max_new_tokens,
                                                                temperature=o.temperature, seed=o.seed + i))
             report(f"llama.cpp bench: {i + 1}/{len(prompts)} prompts", 0.1 + 0.9 * (i + 1) / len(prompts))
+        if "baseline" in servers:
+            gaps = divergence_gaps(servers["baseline"].client(), prompts, answers)
     finally:
         for server in servers.values():
             server.stop()
@@ -86,7 +88,33 @@ def run_llamacpp_bench(prompts: Sequence[list[int]], options: BenchOptions, *, t
              "spec_type": exported.spec_type if exported else None, "threads": servers[methods[0]].threads,
              "llama_cpp_version": build.version, "seconds": round(time.time() - started, 1),
              "llama_server": {m: s.command_line() for m, s in servers.items()}}
-    return summarize(answers, facts)
+    out = summarize(answers, facts)
+    for method, found in (gaps if "baseline" in servers else {}).items():
+        out["methods"][method]["divergence_gaps"] = found
+    return out
+
+
+def divergence_gaps(client, prompts: Sequence[list[int]], answers: dict[str, list[LlamaAnswer]]
+                    ) -> dict[str, list[float | None]]:
+    """Per method and prompt where the answer left the baseline's: how far apart the two tokens were there, as the
+    baseline's log-probability of its own token less that of the method's (a near-tie: about 0). None: no divergence,
+    or the method's token is not among the baseline's two likeliest."""
+    out: dict[str, list[float | None]] = {}
+    base = answers["baseline"]
+    for method, rows in answers.items():
+        if method == "baseline":
+            continue
+        gaps = []
+        for ids, a, b in zip(prompts, rows, base, strict=True):
+            i = _first_divergence(a.token_ids, b.token_ids)
+            if i is None or i >= min(len(a.token_ids), len(b.token_ids)):
+                gaps.append(None)
+                continue
+            top = client.top_logprobs(list(ids) + b.token_ids[:i], n=2)
+            mine, theirs = top.get(b.token_ids[i]), top.get(a.token_ids[i])
+            gaps.append(round(mine - theirs, 6) if mine is not None and theirs is not None else None)
+        out[method] = gaps
+    return out
 
 
 def summarize(answers: dict[str, list[LlamaAnswer]], facts: dict[str, Any]) -> dict[str, Any]:

@@ -23,6 +23,7 @@ SHIPPED = ROOT / "assets" / "drafts"
 K = 3
 PROMPTS = 6  # general questions (engine/data/prompts/general.jsonl), in no draft's training data
 TOKENS = 48
+NEAR_TIE = 0.02  # nats between the baseline's two likeliest tokens where an answer may leave it
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +57,20 @@ def _answers(plan: LlamaPlan, build, prompts: list[list[int]], tokens: int = TOK
 
 @pytest.fixture(scope="module")
 def builtin_baseline(build, builtin_dir, prompt_ids):
-    return _answers(LlamaPlan(target_gguf(builtin_dir, build=build)), build, prompt_ids)
+    """The target alone in llama-server: its answers, and the server (kept for the near-tie checks)."""
+    with LlamaServer(LlamaPlan(target_gguf(builtin_dir, build=build)), build=build) as server:
+        client = server.client()
+        yield client, [client.complete(ids, max_tokens=TOKENS) for ids in prompt_ids]
+
+
+def _lossless(base_client, prompts, answers, baseline) -> None:
+    """Each answer is the baseline's, or leaves it only where the target's two likeliest tokens are tied to float
+    rounding (llama.cpp verifies k + 1 tokens in one batch, whose sums round unlike one-token steps)."""
+    from engine.measure.llamacpp_bench import divergence_gaps
+
+    gaps = divergence_gaps(base_client, prompts, {"baseline": baseline, "spec": answers})["spec"]
+    for a, b, gap in zip(answers, baseline, gaps, strict=True):
+        assert a.token_ids == b.token_ids or (gap is not None and abs(gap) < NEAR_TIE), gap
 
 
 def _evaluated_tau(draft: Path) -> float:
@@ -78,7 +92,8 @@ def test_a_shipped_draft_decodes_the_baseline_and_accepts_as_evaluated(name, bui
     plan = plan_llamacpp(ServeOptions(engine="llama.cpp", draft=str(draft), k=K))  # what `serve` would start
     assert plan.k == K and plan.spec_types == (("draft-eagle3",) if name == "eagle3" else ("draft-dflash",))
     answers = _answers(plan, build, prompt_ids)
-    assert [a.token_ids for a in answers] == [b.token_ids for b in builtin_baseline]
+    base_client, baseline = builtin_baseline
+    _lossless(base_client, prompt_ids, answers, baseline)
     steps, accepted = sum(a.draft_steps for a in answers), sum(a.draft_accepted for a in answers)
     assert steps > 0 and 0 < accepted <= K * steps  # drafts both accepted and rejected
     assert accepted < K * steps
