@@ -120,12 +120,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--vllm", action="store_true", help="also bench in vLLM's CPU build (fp32)")
     p.add_argument("--json", help="the record (rows already in it are kept and skipped)")
     p.add_argument("--write-cards", action="store_true", help="put each draft's rows into its model card (README.md)")
+    p.add_argument("--reforecast", action="store_true", help="measure llama.cpp's step costs again for every row of "
+                   "--json and replace its forecast (the measured speeds stay)")
     p.add_argument("--write-benchmarks", nargs="*", metavar="RECORD",
                    help="only regenerate BENCHMARKS.md's llama.cpp table from these records (no measuring)")
     a = p.parse_args(argv)
     if a.write_benchmarks is not None:
         write_benchmarks(a.write_benchmarks)
         return 0
+    if a.reforecast:
+        return reforecast(a, argv)
     done = json.loads(Path(a.json).read_text()).get("rows", []) if a.json and Path(a.json).is_file() else []
     rows = list(done)
     for draft in a.drafts:
@@ -140,6 +144,23 @@ def main(argv: list[str] | None = None) -> int:
             print_and_save(result, table(rows), a.json)
     if a.write_cards and a.json:
         write_cards(a.drafts, a.json)
+    return 0
+
+
+def reforecast(a, argv: list[str] | None) -> int:
+    """llama.cpp's forecast of every row again (the evaluator's answers are cached; the step costs measured anew)."""
+    record = json.loads(Path(a.json).read_text())
+    for r in record["rows"]:
+        print(f"{r['draft']} on {r['workload']}: llama.cpp's step costs again ...", file=sys.stderr, flush=True)
+        a.k = r["k"]
+        ev = _evaluate(r["draft"], r["workload"], a, dtype="float32", engine="llama.cpp")
+        lc, k = r["llama_cpp"], str(r["k"])
+        costs, fc = ev["costs_llamacpp"], ev["forecast_llamacpp"]
+        lc.update(forecast=fc["by_k"][k]["speedup"], step_cost=costs["step_cost"][k],
+                  target_step_ms=costs["target_step_ms"], advice=fc["advice"], calibration=costs)
+        lc["forecast_error"] = lc["forecast"] - lc["speedup"] if lc["forecast"] and lc["speedup"] else None
+    record["reforecast_command"] = command_line("bench_engines.py", argv)
+    print_and_save(record, table(record["rows"]), a.json)
     return 0
 
 

@@ -114,7 +114,7 @@ def target_gguf(target: str | None = None, *, outtype: str = DEFAULT_TARGET_TYPE
         if not Path(target).is_file():
             raise WorkbenchError(f"{target} is not a file", hint="give the path of a .gguf file, or a target folder")
         return Path(target).resolve()
-    builtin = builtin_for(target or next(iter(BUILTIN_TARGETS)))
+    builtin = builtin_for(target or next(iter(BUILTIN_TARGETS))) or builtin_for(_recorded_hub_id(target))
     if outtype == SHIPPED:
         if builtin is None:
             raise WorkbenchError(f"'{target}' ships no GGUF of its own", hint=f"choose one of {', '.join(OUT_TYPES)}, "
@@ -130,6 +130,17 @@ def target_gguf(target: str | None = None, *, outtype: str = DEFAULT_TARGET_TYPE
                 progress(f"converting the target {folder.name} to GGUF ({outtype}), once", 0.3)
             convert(build, folder, cached, outtype=outtype)
     return cached
+
+
+def _recorded_hub_id(target: str | None) -> str | None:
+    """The hub id a prepared target folder records (the built-in's dequantized copy names its own)."""
+    from engine.fsutil import read_json
+
+    marker = Path(str(target)) / "workbench_target.json" if target else None
+    try:
+        return read_json(marker).get("hub_id") if marker and marker.is_file() else None
+    except (OSError, ValueError):
+        return None
 
 
 def convert(build: LlamaCpp, model_dir: Path, out: Path, *, outtype: str, target_dir: Path | None = None) -> Path:

@@ -299,18 +299,26 @@ def evaluate_draft(options: EvaluateOptions, *, progress: bool = True) -> dict[s
             result["costs"] = costs
             result["forecast"] = forecast(result, costs)
         if "llama.cpp" in o.forecast_engines:
-            result.update(_llamacpp_forecast(result, str(draft_path), target, ks, samples, o.gguf_target))
+            result.update(_llamacpp_forecast(result, str(draft_path), target, ks, samples, o.gguf_target,
+                                             max_new_tokens))
     return result
 
 
 def _llamacpp_forecast(result: dict[str, Any], draft: str, target: str | None, ks: Sequence[int], samples: Any,
-                       gguf_target: str) -> dict[str, Any]:
-    """llama.cpp's step costs measured on four of the held-out prompts, and its forecast from this acceptance."""
-    from engine.measure.llamacpp_costs import forecast_llamacpp, llamacpp_step_costs
+                       gguf_target: str, max_new_tokens: int | None) -> dict[str, Any]:
+    """llama.cpp's step costs measured on a few of the held-out prompts (answers of the evaluation's length), and
+    its forecast from this acceptance."""
+    from engine.measure.llamacpp_costs import (
+        CALIBRATION_PROMPTS,
+        CALIBRATION_TOKENS,
+        forecast_llamacpp,
+        llamacpp_step_costs,
+    )
     from engine.targets import resolve_target
 
     reporter().phase("measuring llama.cpp's step costs on this machine", progress=WALK_END)
-    prompts = [s.token_ids[: s.prompt_len].tolist() for s in list(samples)[:4]] if isinstance(samples, list) \
-        and samples else [[1] * 64]
-    costs = llamacpp_step_costs(draft, resolve_target(target).path, ks, prompts, gguf_target=gguf_target)
+    prompts = [s.token_ids[: s.prompt_len].tolist() for s in list(samples)[:CALIBRATION_PROMPTS]] \
+        if isinstance(samples, list) and samples else [[1] * 64]
+    costs = llamacpp_step_costs(draft, resolve_target(target).path, ks, prompts, gguf_target=gguf_target,
+                                tokens=min(max_new_tokens or CALIBRATION_TOKENS, CALIBRATION_TOKENS))
     return {"costs_llamacpp": costs, "forecast_llamacpp": forecast_llamacpp(result["by_k"], costs)}

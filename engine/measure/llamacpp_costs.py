@@ -17,29 +17,29 @@ from engine.llamacpp.server import LlamaAnswer, LlamaPlan, LlamaServer
 
 log = logging.getLogger(__name__)
 
-CALIBRATION_TOKENS = 64
+CALIBRATION_TOKENS = 128  # the length of a benchmark's answers (at most)
+CALIBRATION_PROMPTS = 6
 
 
 def llamacpp_step_costs(draft: str, target_dir: str, ks: Sequence[int], prompts: Sequence[list[int]], *,
                         gguf_target: str = DEFAULT_TARGET_TYPE, gguf_draft: str = DEFAULT_DRAFT_TYPE,
                         threads: int | None = None, tokens: int = CALIBRATION_TOKENS) -> dict[str, Any]:
-    """t1 (ms per baseline token) and c(k) (ms per drafted step) in llama-server on `prompts`, each k its own server,
-    the baseline measured before and after the drafts (their mean: a drift shows as their difference)."""
+    """t1 (ms per baseline token) and c(k) (ms per drafted step) in llama-server on `prompts`: the baseline and one
+    server per k all started first, then each prompt sent to each in turn (as the benchmark does), so that a drift of
+    the machine's speed weighs on all alike."""
     build = ensure_llamacpp()
     tgt = target_gguf(target_dir, outtype=gguf_target, build=build)
     exported = export_draft(draft, target=target_dir, outtype=gguf_draft, build=build)
-    base_plan = LlamaPlan(tgt)
-    before = _decode(base_plan, prompts, tokens, threads, build)
+    plans = {"baseline": LlamaPlan(tgt), **{str(k): LlamaPlan(tgt, exported.path, (exported.spec_type,), k=k)
+                                            for k in ks}}
+    answers = _interleaved(plans, prompts, tokens, threads, build)
+    t1 = _ms_per_token(answers["baseline"])
     steps = {}
-    for k in ks:
-        answers = _decode(LlamaPlan(tgt, exported.path, (exported.spec_type,), k=k), prompts, tokens, threads, build)
-        drafted = sum(a.draft_steps for a in answers)
-        steps[str(k)] = sum(a.predicted_ms for a in answers) / drafted if drafted else None
-    after = _decode(base_plan, prompts, tokens, threads, build)
-    t1s = [_ms_per_token(before), _ms_per_token(after)]
-    t1 = sum(t1s) / 2
-    return {"engine": "llama.cpp", "target_step_ms": t1, "target_step_ms_before_after": t1s,
-            "step_ms": steps, "step_cost": {k: (c / t1 if c else None) for k, c in steps.items()},
+    for k in (str(k) for k in ks):
+        drafted = sum(a.draft_steps for a in answers[k])
+        steps[k] = sum(a.predicted_ms for a in answers[k]) / drafted if drafted else None
+    return {"engine": "llama.cpp", "target_step_ms": t1, "step_ms": steps,
+            "step_cost": {k: (c / t1 if c else None) for k, c in steps.items()},
             "gguf_target": gguf_target, "gguf_draft": gguf_draft, "spec_type": exported.spec_type,
             "calibration_prompts": len(prompts), "calibration_tokens": tokens, "llama_cpp_version": build.version}
 
@@ -60,10 +60,11 @@ def forecast_llamacpp(by_k: dict[str, dict[str, Any]], costs: dict[str, Any]) ->
 
 def advice(rows: dict[str, dict[str, Any]], pays: bool) -> str:
     """What pays in llama.cpp, from the forecast: the fastest k, or no draft, with the break-even acceptance."""
-    if not rows:
-        return "no forecast"
-    best = max(rows, key=lambda key: rows[key]["speedup"] or 0.0)
-    row = rows[best]
+    known = {key: row for key, row in rows.items() if row["speedup"]}
+    if not known:
+        return "no forecast: llama.cpp verified no draft of this one on the calibration prompts"
+    best = max(known, key=lambda key: known[key]["speedup"])
+    row = known[best]
     if pays:
         return f"serve with k = {best}: forecast {row['speedup']:.2f}× in llama.cpp"
     need = row["step_cost"]
@@ -72,12 +73,21 @@ def advice(rows: dict[str, dict[str, Any]], pays: bool) -> str:
             f"{row['mean_acceptance_length']:.2f}). Serve without this draft, or with an n-gram proposer")
 
 
-def _decode(plan: LlamaPlan, prompts: Sequence[list[int]], tokens: int, threads: int | None,
-            build) -> list[LlamaAnswer]:
-    with LlamaServer(plan, threads=threads, build=build) as server:
-        client = server.client()
-        client.complete(prompts[0][:8], max_tokens=4, counters=False)  # warm-up, untimed
-        return [client.complete(ids, max_tokens=tokens) for ids in prompts]
+def _interleaved(plans: dict[str, LlamaPlan], prompts: Sequence[list[int]], tokens: int, threads: int | None,
+                 build) -> dict[str, list[LlamaAnswer]]:
+    servers = {name: LlamaServer(plan, threads=threads, build=build) for name, plan in plans.items()}
+    try:
+        for server in servers.values():
+            server.start().wait_ready()
+            server.client().complete(prompts[0][:8], max_tokens=4, counters=False)  # warm-up, untimed
+        out: dict[str, list[LlamaAnswer]] = {name: [] for name in servers}
+        for ids in prompts:
+            for name, server in servers.items():
+                out[name].append(server.client().complete(ids, max_tokens=tokens))
+        return out
+    finally:
+        for server in servers.values():
+            server.stop()
 
 
 def _ms_per_token(answers: Sequence[LlamaAnswer]) -> float:
