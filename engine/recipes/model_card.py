@@ -461,11 +461,13 @@ def engines_table(rows: list[dict[str, Any]], *, with_draft: bool = False) -> li
     head = "| draft " if with_draft else ""
     lines = [head + "| workload | τ evaluator (fp32 / in-process path) | τ llama.cpp | τ in-process | llama.cpp: "
              "forecast / measured | llama.cpp, whole answers | in-process: forecast / measured | llama.cpp n-gram | "
-             "identical |", ("|---" if with_draft else "") + "|---|---|---|---|---|---|---|---|---|"]
+             "identical (in-process / llama.cpp) |",
+             ("|---" if with_draft else "") + "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lc, ip = r["llama_cpp"], r["in_process"]
-        same = "yes" if lc["identical"] and ip["identical"] else "no"
-        lines.append((f"| {Path(r['draft']).name} " if with_draft else "") +
+        prompts = len(lc.get("first_divergence") or []) or "?"
+        same = f"{'yes' if ip['identical'] else 'no'} / {lc.get('identical_prompts', '?')} of {prompts}"
+        lines.append((f"| {_draft_name(r['draft'])} " if with_draft else "") +
                      f"| {r['workload']} | {tau(r['evaluate']['fp32'])} / {tau(r['evaluate']['auto'])} | "
                      f"{tau(lc['tau'])} | {tau(ip['tau'])} | {speed(lc['forecast'])} / "
                      f"{speed(lc['speedup'], lc['ci95'])} | {speed(lc.get('whole_speedup'))} | "
@@ -473,6 +475,12 @@ def engines_table(rows: list[dict[str, Any]], *, with_draft: bool = False) -> li
                      f"{speed(ip['speedup'], ip['ci95'])} | "
                      f"{speed(lc['ngram']['speedup'])} | {same} |")
     return lines
+
+
+def _draft_name(draft: str) -> str:
+    """A draft folder as a table names it: its folder, or its run's for a run's generic `draft` folder."""
+    path = Path(draft)
+    return f"{path.parent.name} (a run's draft)" if path.name == "draft" else path.name
 
 
 def engines_section(record: dict[str, Any], draft: str, where: str) -> list[str]:
@@ -489,7 +497,8 @@ def engines_section(record: dict[str, Any], draft: str, where: str) -> list[str]
             "reports it (its generation rate, the prompt's pass left out; whole answers beside it); its forecast "
             "divides the evaluator's fp32 acceptance by llama-server's step cost measured here. In-process: whole "
             f"answers on the kernel path `auto` picks ({first['in_process'].get('kernel') or '?'}). In brackets: 95% "
-            f"interval over prompts. Record: `{where}`.", "",
+            "interval over prompts. Identical: the answers equal the baseline's, in llama.cpp prompt by prompt (where "
+            f"one leaves it, the target's two likeliest tokens were tied to float rounding). Record: `{where}`.", "",
             *engines_table(rows), "", f"llama.cpp, {first['workload']}: {_sentence(first['llama_cpp']['advice'])}", "",
             ENGINES_END, ""]
 
