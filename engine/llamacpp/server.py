@@ -14,7 +14,7 @@ import shlex
 import subprocess
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +47,6 @@ class LlamaPlan:
     p_min: float | None = None  # --spec-draft-p-min: stop a chain below this draft probability
     extra_args: tuple[str, ...] = ()  # more llama-server speculative flags, e.g. ("--spec-ngram-mod-n-min", "4")
     draft: str | None = None  # the speculators folder the draft GGUF was exported from
-    notes: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         check_spec_types(self.spec_types, has_draft=self.draft_gguf is not None)
@@ -55,10 +54,6 @@ class LlamaPlan:
             raise WorkbenchError(f"--spec-draft-p-min {self.p_min} is not a probability", hint="give 0 to 1")
         if self.k is not None and self.k < 1:
             raise WorkbenchError(f"k = {self.k}: llama.cpp drafts at least one token", hint="give --k 1 or more")
-
-    @property
-    def speculative(self) -> bool:
-        return bool(self.spec_types)
 
     def args(self) -> list[str]:
         """llama-server's arguments for this plan (without the address, threads and log)."""
@@ -72,9 +67,6 @@ class LlamaPlan:
         if self.p_min is not None and self.draft_gguf is not None:
             args += ["--spec-draft-p-min", f"{self.p_min:g}"]
         return args + list(self.extra_args)
-
-    def key(self) -> str:
-        return shlex.join(self.args())
 
 
 def check_spec_types(types: tuple[str, ...], *, has_draft: bool) -> None:
