@@ -156,7 +156,7 @@ def into_speculators() -> None:
 def to_gguf() -> None:
     """The active draft out, as GGUF files llama.cpp runs (llama.cpp's own converter, checked by loading)."""
     st.caption("The active draft as a GGUF file for llama.cpp (llama-server `-md`), made by llama.cpp's own "
-               "converter (DFlash and DFlash2 through z-lab's layout, which it reads), then loaded in llama-server "
+               "converter (through a layout it reads where the draft's own differs), then loaded in llama-server "
                "beside the target to draft a few tokens. Optionally the target's GGUF too (its `-m`).")
     draft = state.active_draft()
     if not draft:

@@ -23,8 +23,8 @@ if "serve_port_default" not in ss:
 start_tab, use_tab = st.tabs(["Start a server", "Use a running server"])
 with start_tab:
     engine_name = st.radio("Engine", ["vLLM", "llama.cpp"], horizontal=True, key="serve_engine",
-                           help="vLLM: GPUs (its CPU build here serves EAGLE-3, P-EAGLE and DFlash); llama.cpp: "
-                           "CPUs, with EAGLE-3, DFlash, DFlash2 and DSpark drafts exported to GGUF.")
+                           help="vLLM: GPUs (its CPU build refuses some draft types); llama.cpp: CPUs, with the "
+                           f"draft types it runs ({', '.join(serving.llamacpp_types())}) exported to GGUF.")
 
 
 def vllm_start() -> None:

@@ -24,22 +24,26 @@ WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 THREADS = max(1, min(2, (os.cpu_count() or 1) // WORKERS))
 torch.set_num_threads(THREADS)
 os.environ.setdefault("OMP_NUM_THREADS", str(THREADS))
-# Tests that start servers: each kind on one worker, one after another (two vLLM servers at once on two cores
-# would each take twice as long to start), and first, as they are the longest units.
-SERIAL_GROUPS = ("vllm", "browser", "llamacpp")
+# Tests that start servers: each group on one worker, one after another (two vLLM servers at once on two cores
+# would each take twice as long to start), and first, as they are the longest units. llama.cpp's join vLLM's: vLLM's
+# CPU build pins its OpenMP threads to the cores, and llama-servers beside it crawled (the shipped-draft tests took
+# 220-240 s each in benchmarks/results/test_suite/amd-epyc-zen5-2026-12-07.json, a fraction of that alone).
+SERIAL_GROUPS = {"vllm": "servers", "llamacpp": "servers", "browser": "browser"}  # marker -> group
+GROUP_ORDER = ("servers", "browser")
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """For `--dist loadgroup`: a file's tests stay on one worker (its module fixtures are built once), and the tests
-    of each of SERIAL_GROUPS share one worker; the groups come first."""
+    of each SERIAL_GROUPS group share one worker; the groups come first."""
     def group(item) -> str:
-        return next((g for g in SERIAL_GROUPS if item.get_closest_marker(g)), item.nodeid.split("::")[0])
+        return next((g for mark, g in SERIAL_GROUPS.items() if item.get_closest_marker(mark)),
+                    item.nodeid.split("::")[0])
 
     for item in items:
         item.add_marker(pytest.mark.xdist_group(group(item)))
-    items.sort(key=lambda item: SERIAL_GROUPS.index(group(item)) if group(item) in SERIAL_GROUPS else len(
-        SERIAL_GROUPS))  # stable: files keep their order
+    items.sort(key=lambda item: GROUP_ORDER.index(group(item)) if group(item) in GROUP_ORDER else len(
+        GROUP_ORDER))  # stable: files keep their order
 
 
 @pytest.fixture(autouse=True)

@@ -38,6 +38,14 @@ def llamacpp_argv(*, draft: str | None, k: int | None, port: int, ctx: int, gguf
     return options.argv("serve")
 
 
+def llamacpp_types() -> list[str]:
+    """The registered draft types llama.cpp runs."""
+    import engine.algos  # noqa: F401  (registers the draft types)
+    from engine.format.config import CONFIG_TYPES, config_type
+
+    return [n for n in CONFIG_TYPES.names() if config_type(n).llamacpp_spec_type]
+
+
 def llamacpp_build():
     """This CPU's finished llama.cpp build (engine.llamacpp.build.LlamaCpp) or None."""
     from engine.llamacpp.build import read_stamp

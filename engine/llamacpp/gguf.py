@@ -22,7 +22,7 @@ import engine.algos  # noqa: F401  (registers the draft types and their llama.cp
 from engine.errors import WorkbenchError
 from engine.format.checkpoint import read_config_dict
 from engine.format.config import config_type
-from engine.fsutil import atomic_write_json, exclusive_lock, tensors_digest
+from engine.fsutil import atomic_write_json, exclusive_lock, read_json, tensors_digest
 from engine.llamacpp.build import LlamaCpp, ensure_llamacpp, llamacpp_home
 
 log = logging.getLogger(__name__)
@@ -32,6 +32,8 @@ SHIPPED = "shipped"  # the built-in target's own GGUF file, as its package ships
 TARGET_TYPES = (*OUT_TYPES, SHIPPED)
 DEFAULT_TARGET_TYPE = "f32"  # the weights the in-process engine decodes: acceptance compares like with like
 DEFAULT_DRAFT_TYPE = "f32"
+CACHE_GB_ENV = "WORKBENCH_LLAMACPP_CACHE_GB"  # the GGUF cache's limit (least recently used files go first)
+DEFAULT_CACHE_GB = 8
 
 Progress = Callable[[str, float], None]
 
@@ -84,13 +86,13 @@ def export_draft(draft: str | os.PathLike, out: str | os.PathLike | None = None,
     build = build or ensure_llamacpp(progress)
     key = _digest({"draft": tensors_digest(sorted(draft_dir.glob("*.safetensors"))), "config": cfg,
                    "target": str(target_dir), "outtype": outtype, "llama.cpp": build.version})
-    cached = llamacpp_home() / "gguf" / f"{draft_dir.name}-{outtype}-{key}.gguf"
-    with exclusive_lock(cached.with_suffix(".lock")):
-        if not cached.is_file():
-            _convert_draft(cfg, draft_dir, target_dir, outtype, cached, build, progress)
-    result = DraftGguf(cached, spec_type, draft_k(cfg), draft_dir, target_dir, outtype)
+    path = llamacpp_home() / "gguf" / f"{draft_dir.name}-{outtype}-{key}.gguf"
+    with exclusive_lock(path.with_suffix(".lock")):
+        if not path.is_file():
+            _convert_draft(cfg, draft_dir, target_dir, outtype, path, build, progress)
+    result = DraftGguf(used(path), spec_type, draft_k(cfg), draft_dir, target_dir, outtype)
     if out is not None:
-        result = DraftGguf(copy_out(cached, Path(out)), spec_type, result.k, draft_dir, target_dir, outtype)
+        result = DraftGguf(copy_out(path, Path(out)), spec_type, result.k, draft_dir, target_dir, outtype)
     return result
 
 
@@ -123,24 +125,44 @@ def target_gguf(target: str | None = None, *, outtype: str = DEFAULT_TARGET_TYPE
     folder = Path(resolve_target(target).path)
     build = build or ensure_llamacpp(progress)
     key = _digest({"target": str(folder), "files": _stamps(folder), "outtype": outtype, "llama.cpp": build.version})
-    cached = llamacpp_home() / "gguf" / f"{folder.name}-{outtype}-{key}.gguf"
-    with exclusive_lock(cached.with_suffix(".lock")):
-        if not cached.is_file():
+    path = llamacpp_home() / "gguf" / f"{folder.name}-{outtype}-{key}.gguf"
+    with exclusive_lock(path.with_suffix(".lock")):
+        if not path.is_file():
             if progress:
                 progress(f"converting the target {folder.name} to GGUF ({outtype}), once", 0.3)
-            convert(build, folder, cached, outtype=outtype)
-    return cached
+            convert(build, folder, path, outtype=outtype)
+    return used(path)
 
 
 def _recorded_hub_id(target: str | None) -> str | None:
     """The hub id a prepared target folder records (the built-in's dequantized copy names its own)."""
-    from engine.fsutil import read_json
-
     marker = Path(str(target)) / "workbench_target.json" if target else None
     try:
         return read_json(marker).get("hub_id") if marker and marker.is_file() else None
     except (OSError, ValueError):
         return None
+
+
+def used(path: Path) -> Path:
+    """A cached GGUF, marked as used now (the cache keeps the most recently used within CACHE_GB_ENV)."""
+    os.utime(path)
+    return path
+
+
+def prune_cache(folder: Path, keep: Path | None = None) -> None:
+    """Remove the least recently used GGUFs (with their notes) while the cache holds more than its limit."""
+    limit = float(os.environ.get(CACHE_GB_ENV) or DEFAULT_CACHE_GB) * 2**30
+    files = sorted(folder.glob("*.gguf"), key=lambda p: p.stat().st_mtime)
+    total = sum(p.stat().st_size for p in files)
+    for path in files:
+        if total <= limit:
+            break
+        if path == keep:
+            continue
+        total -= path.stat().st_size
+        for extra in (path, path.with_suffix(".json"), path.with_suffix(".lock")):
+            extra.unlink(missing_ok=True)
+        log.info("removed %s from the GGUF cache (over %.0f GiB)", path.name, limit / 2**30)
 
 
 def convert(build: LlamaCpp, model_dir: Path, out: Path, *, outtype: str, target_dir: Path | None = None) -> Path:
@@ -164,6 +186,7 @@ def convert(build: LlamaCpp, model_dir: Path, out: Path, *, outtype: str, target
     atomic_write_json(out.with_suffix(".json"), {"made_by": "convert_hf_to_gguf.py", "llama.cpp": build.version,
                                                  "source": str(model_dir), "outtype": outtype,
                                                  "target_dir": str(target_dir) if target_dir else None})
+    prune_cache(out.parent, keep=out)
     return out
 
 

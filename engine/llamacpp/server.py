@@ -18,7 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import engine.algos  # noqa: F401  (registers the draft types, whose llama.cpp types these are)
 from engine.errors import WorkbenchError
+from engine.format.config import CONFIG_TYPES, config_type
 from engine.fsutil import atomic_write_json, atomic_write_text
 from engine.jobs import JOB_DIR_ENV, tail
 from engine.llamacpp.build import LlamaCpp, ensure_llamacpp
@@ -28,7 +30,7 @@ from engine.serve.server import free_port, stop_process_group
 log = logging.getLogger(__name__)
 
 NGRAM_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
-DRAFT_TYPES = ("draft-simple", "draft-eagle3", "draft-dflash", "draft-dspark")
+PLAIN_DRAFT = "draft-simple"  # a small model of the target's family (no hidden states)
 DEFAULT_CTX = 4096
 LOG_NAME = "llama-server.log"
 PID_NAME = "llama-server.pid"
@@ -42,7 +44,7 @@ class LlamaPlan:
 
     target_gguf: Path
     draft_gguf: Path | None = None
-    spec_types: tuple[str, ...] = ()  # e.g. ("draft-eagle3",), ("ngram-simple",), ("draft-eagle3", "ngram-mod")
+    spec_types: tuple[str, ...] = ()  # a draft type and/or n-gram types, e.g. ("ngram-simple",)
     k: int | None = None  # --spec-draft-n-max
     p_min: float | None = None  # --spec-draft-p-min: stop a chain below this draft probability
     extra_args: tuple[str, ...] = ()  # more llama-server speculative flags, e.g. ("--spec-ngram-mod-n-min", "4")
@@ -69,21 +71,26 @@ class LlamaPlan:
         return args + list(self.extra_args)
 
 
+def draft_types() -> tuple[str, ...]:
+    """llama-server's draft types: the plain draft model's and those the registered draft types name."""
+    return (PLAIN_DRAFT, *sorted({t for t in (config_type(n).llamacpp_spec_type for n in CONFIG_TYPES.names()) if t}))
+
+
 def check_spec_types(types: tuple[str, ...], *, has_draft: bool) -> None:
     """Refuse, before anything starts, what llama-server would refuse or ignore: unknown types, a draft type
     without a draft, more than one draft type, a draft without a draft type."""
-    known = (*DRAFT_TYPES, *NGRAM_TYPES)
+    known = (*draft_types(), *NGRAM_TYPES)
     if unknown := [t for t in types if t not in known]:
         raise WorkbenchError(f"unknown llama.cpp speculative type {', '.join(unknown)}",
                              hint=f"choose from {', '.join(known)}")
-    drafts = [t for t in types if t in DRAFT_TYPES]
+    drafts = [t for t in types if t in draft_types()]
     if len(drafts) > 1:
         raise WorkbenchError(f"llama.cpp mixes one draft type with n-gram proposers, not {' and '.join(drafts)}",
                              hint="keep one draft type")
     if drafts and not has_draft:
         raise WorkbenchError(f"{drafts[0]} needs a draft model", hint="give a draft, or use an n-gram type only")
     if has_draft and not drafts:
-        raise WorkbenchError("a draft model is given but no draft type", hint=f"add one of {', '.join(DRAFT_TYPES)}")
+        raise WorkbenchError("a draft model is given but no draft type", hint=f"add one of {', '.join(draft_types())}")
 
 
 def default_threads() -> int:

@@ -175,3 +175,22 @@ def test_a_missing_compiler_or_cmake_is_named_before_building(monkeypatch):
         b.tools_missing()
     monkeypatch.setattr(b.shutil, "which", lambda name: "/usr/bin/" + name)
     b.tools_missing()  # both there: nothing to say
+
+
+def test_the_gguf_cache_drops_the_least_recently_used_over_its_limit(tmp_path, monkeypatch):
+    import os
+
+    from engine.llamacpp.gguf import CACHE_GB_ENV, prune_cache, used
+
+    files = []
+    for i in range(4):
+        f = tmp_path / f"d{i}.gguf"
+        f.write_bytes(b"GGUF" + b"\0" * 1020)  # 1 KiB each
+        (tmp_path / f"d{i}.json").write_text("{}")
+        os.utime(f, (1000 + i, 1000 + i))
+        files.append(f)
+    used(files[0])  # the oldest, used just now
+    monkeypatch.setenv(CACHE_GB_ENV, str(2.5 * 1024 / 2**30))  # room for two and a half
+    prune_cache(tmp_path, keep=files[3])
+    assert sorted(p.name for p in tmp_path.glob("*.gguf")) == ["d0.gguf", "d3.gguf"]
+    assert not (tmp_path / "d1.json").exists() and (tmp_path / "d0.json").exists()
