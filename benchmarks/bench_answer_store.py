@@ -54,7 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
 
-    from engine.targets import cpu_name, workbench_home
+    from engine.cpu import cpu_model
+    from engine.fsutil import workbench_home
 
     real_home = workbench_home()
     os.environ["WORKBENCH_HOME"] = str(_private_home(real_home))
@@ -66,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     first_s, first = _timed_evaluation(options)
     second_s, second = _timed_evaluation(options)
     equal = _figures(first) == _figures(second)
-    result = {"command": command_line("bench_answer_store.py", argv), "cpu": cpu_name(), "dtype": args.dtype,
+    result = {"command": command_line("bench_answer_store.py", argv), "cpu": cpu_model(), "dtype": args.dtype,
               "target_dtype": first.get("target_dtype"), "kernel": first.get("kernel"), "prompts": args.prompts,
               "max_new_tokens": args.max_new_tokens, "first_s": first_s, "second_s": second_s,
               "speedup": first_s / second_s, "figures_equal": equal,
@@ -75,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
              f"| first (target answers {args.prompts} prompts) | {first_s:.1f} |\n"
              f"| second (answers read from the store) | {second_s:.1f} |\n\n"
              f"Re-evaluation {first_s / second_s:.1f}x faster; every figure equal: {'yes' if equal else 'NO'}; "
-             f"{cpu_name()}, target {first.get('target_dtype')}.")
+             f"{cpu_model()}, target {first.get('target_dtype')}.")
     print_and_save(result, table, args.json)
     return 0 if equal else 1
 

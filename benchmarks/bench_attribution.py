@@ -72,8 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from benchmarks._results import command_line, print_and_save
+    from engine.algos.shipped import default_draft
     from engine.generate.acceptance import bucket_label
-    from engine.generate.api import default_draft
 
     draft = str(default_draft("smollm2-135m-instruct"))
     base_result = _evaluate(draft, args.dtype)

@@ -42,7 +42,7 @@ def bandwidth(gib: float, repeats: int) -> dict[str, float]:
 
 def weight_bytes(dtype_bytes: int) -> int:
     """The built-in target's parameters, each read once per token (tied embedding and head: one tensor)."""
-    from engine.targets import load_target
+    from engine.targets.loading import load_target
 
     target = load_target("smollm2-135m-instruct")
     seen, total = set(), 0

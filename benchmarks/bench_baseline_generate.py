@@ -34,7 +34,7 @@ def _engine_side(target: str | None, dtype: str):
 
 
 def _hf_side(target: str | None, dtype: str):
-    from engine.targets import load_target
+    from engine.targets.loading import load_target
 
     return load_target(target, dtype="bf16" if dtype == "bf16" else "fp32", device="cpu", with_tokenizer=False)
 
@@ -66,7 +66,7 @@ def measure(target: str | None, *, dtypes: list[str], prompts: int, new: int) ->
 
     from engine.cpu import describe
     from engine.data.datasets import heldout_prompts
-    from engine.generate.api import prompt_ids
+    from engine.generate.prompt import prompt_ids
 
     sides, kernels = {}, {}
     tokenizer = None

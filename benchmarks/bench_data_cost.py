@@ -61,7 +61,7 @@ def regenerate_part(chats, out: Path, concurrency: int, args) -> dict:
 def transformers_extract_part(jsonl: Path, out: Path, layer_ids, args) -> dict:
     from engine.data.extract import extract_hidden_states
     from engine.data.render import render_dataset
-    from engine.targets import load_target
+    from engine.targets.loading import load_target
 
     start = time.perf_counter()
     target = load_target(TARGET, dtype="fp32")
@@ -80,7 +80,7 @@ def vllm_extract_part(jsonl: Path, out: Path, layer_ids, args) -> dict:
     from engine.data.regenerate import tokenizer_only
     from engine.data.render import render_dataset
     from engine.data.vllm_backend import DEFAULT_CHUNK, collect, staging_dir, vllm_files
-    from engine.targets import resolve_target
+    from engine.targets.resolve import resolve_target
 
     ref = resolve_target(TARGET)
     rows, _, _ = render_dataset(str(jsonl), tokenizer_only(TARGET).tokenizer, split="all", max_length=args.max_length)
@@ -108,7 +108,7 @@ def vllm_extract_part(jsonl: Path, out: Path, layer_ids, args) -> dict:
 def onepass_part(chats, jsonl: Path, out: Path, layer_ids, args) -> dict:
     """`regenerate --extract-to` in process; its start is the target's load and a one-conversation warm-up."""
     from engine.data.onepass import regenerate_and_extract
-    from engine.targets import load_target
+    from engine.targets.loading import load_target
 
     def run(rows, jsonl: Path, out: Path, max_new_tokens: int):
         return regenerate_and_extract(target, rows, RegenerateOptions(
@@ -171,10 +171,9 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from engine.cpu import describe
+    from engine.cpu import cpu_model, describe
     from engine.data.datasets import load_conversations
     from engine.data.layer_ids import resolve_layer_ids
-    from engine.targets import cpu_name
 
     torch.set_num_threads(args.threads)
     layer_ids = resolve_layer_ids(30, None, "eagle3")
@@ -215,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
               for w in WAYS}
     ratio = per["vllm"]["total"] / per["recipe"]["total"]
     onepass_ratio = per["onepass"]["total"] / per["recipe"]["total"]
-    result = {"command": command_line("bench_data_cost.py", argv), "cpu": cpu_name(), "cpu_described": describe(),
+    result = {"command": command_line("bench_data_cost.py", argv), "cpu": cpu_model(), "cpu_described": describe(),
               "conversations": n, "prompts": args.conversations * args.rounds, "rounds": args.rounds,
               "max_new_tokens": args.max_new_tokens,
               "max_length": args.max_length, "recipe_batch": args.recipe_batch, "wide": args.wide,

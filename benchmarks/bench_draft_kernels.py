@@ -32,16 +32,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from benchmarks._results import command_line, print_and_save
-    from engine.algos.loading import load_draft_proposer
+    from engine.algos.loading import load_draft_proposer, make_proposer
+    from engine.algos.shipped import default_draft
     from engine.data.prompts import load_prompts
-    from engine.generate.api import default_draft, make_proposer, prompt_ids
     from engine.generate.cpu_kernels import linear_form, routed_linears
     from engine.generate.kernel_choice import load_decode_target
+    from engine.generate.prompt import prompt_ids
     from engine.generate.runner import TargetRunner
     from engine.generate.sampling import SamplingParams
     from engine.measure import speed
     from engine.measure.spread import mean_interval
-    from engine.targets import dtype_name
+    from engine.targets.dtypes import dtype_name
 
     target = load_decode_target("smollm2-135m-instruct", args.dtype)
     plain = load_draft_proposer(default_draft(target.ref.name), target)

@@ -68,13 +68,14 @@ def run_inprocess(methods: list[Method], prompts: list[dict], *, target: str | N
     import torch
     from tqdm import tqdm
 
-    from engine.generate.api import make_proposer, prompt_ids
+    from engine.algos.loading import make_proposer
     from engine.generate.kernel_choice import load_decode_target
     from engine.generate.metrics import SpecMetrics
+    from engine.generate.prompt import prompt_ids
     from engine.generate.runner import TargetRunner
     from engine.generate.sampling import SamplingParams
     from engine.generate.speculative import generate
-    from engine.targets import dtype_name
+    from engine.targets.dtypes import dtype_name
 
     if threads:
         torch.set_num_threads(threads)

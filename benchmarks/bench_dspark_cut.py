@@ -54,12 +54,13 @@ def main() -> int:
     from engine.algos.loading import draft_algorithm
     from engine.data.prompts import load_prompts
     from engine.fsutil import atomic_write_json
-    from engine.generate.api import prompt_ids
+    from engine.generate.prompt import prompt_ids
     from engine.generate.runner import TargetRunner
     from engine.generate.sampling import SamplingParams
     from engine.generate.speculative import generate_all
     from engine.provenance import provenance
-    from engine.targets import dtype_name, load_target
+    from engine.targets.dtypes import dtype_name
+    from engine.targets.loading import load_target
 
     torch.set_num_threads(args.threads)
     work = Path(tempfile.mkdtemp(prefix="bench_dspark_"))

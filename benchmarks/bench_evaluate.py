@@ -40,14 +40,16 @@ def main() -> int:
 
     from benchmarks._results import command_line
     from engine.algos.loading import draft_algorithm
+    from engine.algos.shipped import default_draft
     from engine.data.prompts import load_prompts
-    from engine.generate.api import default_draft, prompt_ids
+    from engine.generate.prompt import prompt_ids
     from engine.generate.runner import TargetRunner
     from engine.generate.sampling import SamplingParams
     from engine.generate.speculative import generate_all
     from engine.measure.evaluate import samples_from_prompts
     from engine.provenance import provenance
-    from engine.targets import dtype_name, load_target
+    from engine.targets.dtypes import dtype_name
+    from engine.targets.loading import load_target
 
     torch.set_num_threads(args.threads)
     target = load_target("smollm2-135m-instruct")

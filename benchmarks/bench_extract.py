@@ -96,7 +96,7 @@ def _load(rows_file: Path, threads: int):
 
     import torch
 
-    from engine.targets import load_target
+    from engine.targets.loading import load_target
 
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(threads)
@@ -151,7 +151,7 @@ def prepare_rows(samples: int, max_length: int, path: Path) -> dict:
     from transformers import AutoTokenizer
 
     from engine.data.render import render_dataset
-    from engine.targets import resolve_target
+    from engine.targets.resolve import resolve_target
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_target("smollm2-135m-instruct").path)
     rows, _, stats = render_dataset("sharegpt", tokenizer, split="train", max_samples=samples, max_length=max_length)

@@ -124,10 +124,10 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from engine.cpu import describe
+    from engine.cpu import cpu_model, describe
     from engine.data.datasets import load_conversations
     from engine.data.layer_ids import resolve_layer_ids
-    from engine.targets import cpu_name, load_target
+    from engine.targets.loading import load_target
 
     torch.set_num_threads(args.threads)
     target = load_target("smollm2-135m-instruct", dtype="fp32")
@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         exact = compare(folder)
     n = len(chats)
     result = {
-        "command": command_line("bench_onepass.py", argv), "cpu": cpu_name(), "cpu_described": describe(),
+        "command": command_line("bench_onepass.py", argv), "cpu": cpu_model(), "cpu_described": describe(),
         "dtype": args.dtype, "target_dtype": "fp32", "threads": args.threads, "conversations": n,
         "max_new_tokens": args.max_new_tokens, "max_length": args.max_length, "batch_size": args.batch_size,
         "chunk": chunk_size,

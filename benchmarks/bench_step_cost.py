@@ -42,7 +42,7 @@ def _paths(names: str | None) -> list[str]:
 def _runners(target: str | None, paths: list[str]):
     from engine.generate.kernel_choice import PATHS
     from engine.generate.runner import TargetRunner
-    from engine.targets import load_target
+    from engine.targets.loading import load_target
 
     runners = {}
     for name in paths:

@@ -51,7 +51,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from engine.targets import cpu_name  # noqa: E402  (the repo root is on the path now)
+from engine.cpu import cpu_model  # noqa: E402
 
 TARGET = "smollm2-135m-instruct"
 SIDES = ("ours", "speculators")
@@ -330,7 +330,7 @@ def main() -> None:
     import torch
     import transformers
 
-    from engine.targets import resolve_target
+    from engine.targets.resolve import resolve_target
 
     tmp = None if args.work else tempfile.mkdtemp(prefix="bench-train-")
     work = Path(args.work or tmp)
@@ -405,7 +405,7 @@ def main() -> None:
                            "draft_vocab_size": args.draft_vocab_size, "tokens_per_step": args.tokens_per_step,
                            "steps": args.steps, "warmup": args.warmup, "rounds": args.rounds,
                            "threads": args.threads, "plans": plans, "cpu_count": os.cpu_count(),
-                           "cpu": cpu_name(), "load_before": load_before,
+                           "cpu": cpu_model(), "load_before": load_before,
                            "load_after": load_after, "torch": torch.__version__,
                            "transformers": transformers.__version__, "speculators": version("speculators"),
                            "argv": sys.argv},

@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks._results import command_line, print_and_save  # noqa: E402  (the repo root is on the path now)
-from engine.targets import cpu_name  # noqa: E402
+from engine.cpu import cpu_model  # noqa: E402
 
 PRECISIONS = ("fp32", "bf16")
 ALGO = "eagle3"
@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> None:
                   for p in order}
         ratios.append(speeds["bf16"] / speeds["fp32"])
     manifest = json.loads((data / "manifest.json").read_text())
-    result = {"benchmark": "train_precision", "cpu": cpu_name(), "bf16_flags": cpu_bf16_flags(),
+    result = {"benchmark": "train_precision", "cpu": cpu_model(), "bf16_flags": cpu_bf16_flags(),
               "date": time.strftime("%Y-%m-%d"), "threads": a.threads, "algo": ALGO,
               "data": {"samples": manifest.get("samples"), "tokens": manifest.get("tokens"),
                        "max_length": manifest.get("max_length"), "target": manifest.get("target")},

@@ -78,7 +78,7 @@ from bench_train import (  # noqa: E402
     thread_env,
 )
 from benchmarks._results import command_line  # noqa: E402
-from engine.targets import cpu_name  # noqa: E402
+from engine.cpu import cpu_model  # noqa: E402
 
 SIDES = ("ours", "speculators")
 MARKER = ".bench-train-quality"  # marks a --work folder as this script's (it removes run folders inside it)
@@ -171,7 +171,7 @@ def draft_vocab(a, algo: str) -> int:
     """--draft-vocab-size, or the target's whole vocabulary for an algorithm that drafts over all of it."""
     if not full_vocabulary(algo):
         return a.draft_vocab_size
-    from engine.targets import resolve_target
+    from engine.targets.resolve import resolve_target
 
     return json.loads((Path(resolve_target(TARGET).path) / "config.json").read_text())["vocab_size"]
 
@@ -363,7 +363,7 @@ def main() -> None:
     import transformers
 
     from engine.algos import ALGOS as REGISTERED
-    from engine.targets import resolve_target
+    from engine.targets.resolve import resolve_target
 
     work = Path(a.work)
     claim_work(work)
@@ -412,7 +412,7 @@ def main() -> None:
             **provenance("fp32", command=command_line("bench_train_quality.py", None)),
             "conditions": {"target": TARGET, "train_jsonl": a.train_jsonl, "val_jsonl": a.val_jsonl,
                            "steps": a.steps, "tokens_per_step": a.tokens_per_step, "lr": a.lr, "warmup": a.warmup,
-                           "draft_vocab_size": a.draft_vocab_size, "threads": a.threads, "cpu": cpu_name(),
+                           "draft_vocab_size": a.draft_vocab_size, "threads": a.threads, "cpu": cpu_model(),
                            "cpu_count": os.cpu_count(), "torch": torch.__version__,
                            "transformers": transformers.__version__, "speculators": version("speculators"),
                            "argv": sys.argv},

@@ -225,7 +225,7 @@ def serve_dflash2(work: Path) -> str:
     from engine.measure.bench import run_bench
     from engine.measure.options import BenchOptions
     from engine.measure.vllm_bench import run_vllm_bench
-    from engine.targets import load_target
+    from engine.targets.loading import load_target
     from engine.train.config import TrainConfig
     from engine.train.trainer import Trainer
     from testkit.vllm import assert_accepts_as_ours
@@ -274,7 +274,7 @@ def serve_gemma4_dspark(work: Path) -> str:
     from engine.measure.bench import run_bench
     from engine.measure.options import BenchOptions
     from engine.measure.vllm_bench import run_vllm_bench
-    from engine.targets import load_target
+    from engine.targets.loading import load_target
     from engine.train.config import TrainConfig
     from engine.train.trainer import Trainer
     from testkit.vllm import assert_accepts_as_ours

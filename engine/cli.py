@@ -76,7 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if args.command in ACCEPT_CHANGE_COMMANDS and args.accept_target_change:
-        from engine.targets import ACCEPT_CHANGE_ENV
+        from engine.targets.identity import ACCEPT_CHANGE_ENV
 
         os.environ[ACCEPT_CHANGE_ENV] = "1"  # read by engine.targets.target_for_draft, also in child processes
     _quiet_transformers()

@@ -45,6 +45,22 @@ def dir_mode() -> int:
     return 0o777 & ~current_umask()
 
 
+def workbench_home() -> Path:
+    """Root of caches and default outputs: $WORKBENCH_HOME or ~/.cache/speculators-workbench."""
+    return Path(os.environ.get("WORKBENCH_HOME", Path.home() / ".cache" / "speculators-workbench"))
+
+
+def _publish(tmp: str | Path, path: Path) -> None:
+    """Give a written temp file the umask's mode and rename it over `path`."""
+    os.chmod(tmp, file_mode())
+    os.replace(tmp, path)
+
+
+def _discard(tmp: str | Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)
+
+
 def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
     """Write `data` to `path` through a temp file in the same folder and `os.replace`."""
     path = Path(path)
@@ -55,11 +71,9 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(tmp, file_mode())
-        os.replace(tmp, path)
+        _publish(tmp, path)
     except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
+        _discard(tmp)
         raise
     return path
 
@@ -81,11 +95,9 @@ def atomic_save_safetensors(tensors: dict, path: str | Path, metadata: dict[str,
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
     try:
         save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata=metadata)
-        os.chmod(tmp, file_mode())  # safetensors writes 0600 whatever the umask: a vLLM of another user must read it
-        os.replace(tmp, path)
+        _publish(tmp, path)  # safetensors writes 0600 whatever the umask: a vLLM of another user must read it
     except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
+        _discard(tmp)
         raise
     return path
 

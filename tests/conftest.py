@@ -72,7 +72,7 @@ def tiny_targets(tmp_path_factory) -> dict[str, Path]:
 
 @pytest.fixture(scope="session")
 def tiny_llama(tiny_targets):
-    from engine.targets import load_target
+    from engine.targets.loading import load_target
 
     return load_target(str(tiny_targets["llama"]))
 
@@ -80,7 +80,7 @@ def tiny_llama(tiny_targets):
 @pytest.fixture(scope="session")
 def builtin_target():
     """The built-in SmolLM2-135M-Instruct target (dequantized once, cached under WORKBENCH_HOME)."""
-    from engine.targets import load_target
+    from engine.targets.loading import load_target
 
     return load_target("smollm2-135m-instruct")
 

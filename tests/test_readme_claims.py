@@ -12,7 +12,7 @@ import torch
 
 from engine.cli import build_parser
 from engine.generate.events import StepEvent
-from engine.targets import DECODE_DTYPES, decode_dtype, vllm_dtype
+from engine.targets.dtypes import DECODE_DTYPES, decode_dtype, vllm_dtype
 
 
 @pytest.mark.parametrize("command", ["bench", "generate", "evaluate"])

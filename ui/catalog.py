@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engine.algos.shipped import ASSETS
 from engine.format.checkpoint import read_config_dict, tensor_index
-from engine.generate.api import ASSETS
 from engine.jobs import runs_dir
 
 
@@ -50,8 +50,8 @@ def find_drafts(max_checkpoints: int = 3) -> list[DraftEntry]:
 
 def _default_names() -> list[str]:
     """Folder names of the default shipped drafts (assets/drafts/defaults.json values)."""
+    from engine.algos.shipped import DEFAULTS_FILE
     from engine.fsutil import read_json
-    from engine.generate.api import DEFAULTS_FILE
 
     try:
         return [str(v) for v in read_json(DEFAULTS_FILE).values()] if DEFAULTS_FILE.is_file() else []
@@ -61,27 +61,27 @@ def _default_names() -> list[str]:
 
 def shipped_for(target: str) -> list[str]:
     """Every draft shipped for a built-in target (assets/drafts), the default first."""
-    from engine.generate.api import shipped_drafts
+    from engine.algos.shipped import shipped_drafts
 
     return [str(p) for p in shipped_drafts(target)]
 
 
 def builtin_targets() -> dict[str, str]:
     """Built-in target name -> its hub id."""
-    from engine.targets import BUILTIN_TARGETS
+    from engine.targets.resolve import BUILTIN_TARGETS
 
     return {name: b.hub_id for name, b in BUILTIN_TARGETS.items()}
 
 
 def default_target() -> str:
-    from engine.targets import DEFAULT_TARGET
+    from engine.targets.resolve import DEFAULT_TARGET
 
     return DEFAULT_TARGET
 
 
 def shipped_draft(target: str) -> str | None:
     """The draft shipped in assets/drafts for a built-in target, if it is there."""
-    from engine.generate.api import default_draft
+    from engine.algos.shipped import default_draft
 
     path = default_draft(target)
     return str(path) if path else None
@@ -136,7 +136,7 @@ def weights_summary(folder: str | Path) -> WeightsSummary:
 def target_summary(name: str, path: str) -> dict[str, Any]:
     """Config facts of a resolved target folder: architecture, depth, width, vocabulary, default aux layers."""
     from engine.algos import ALGOS
-    from engine.targets import BUILTIN_TARGETS
+    from engine.targets.resolve import BUILTIN_TARGETS
 
     cfg = read_config_dict(path)
     text = cfg.get("text_config", cfg) if "num_hidden_layers" not in cfg else cfg
@@ -228,7 +228,7 @@ def fact_rows(facts: dict[str, Any]) -> list[dict[str, str]]:
 
 def target_problem(name: str) -> str | None:
     """Why a target cannot be made active on this machine (e.g. a hub id not in the local cache), or None."""
-    from engine.targets import target_problem as problem
+    from engine.targets.resolve import target_problem as problem
 
     exc = problem(name)
     if exc is None:
@@ -238,7 +238,7 @@ def target_problem(name: str) -> str | None:
 
 def target_folder(name: str, resolved_path: str) -> str | None:
     """The local folder holding a resolved target's files: the folder itself, or a hub id's cache snapshot."""
-    from engine.targets import cached_snapshot
+    from engine.targets.resolve import cached_snapshot
 
     if Path(resolved_path).is_dir():
         return resolved_path

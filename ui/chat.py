@@ -281,8 +281,8 @@ def busy_note() -> str | None:
 
 
 def prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
-    """The chat-templated token ids of a conversation (engine.generate.api.prompt_ids)."""
-    from engine.generate.api import prompt_ids as engine_prompt_ids
+    """The chat-templated token ids of a conversation (engine.generate.prompt.prompt_ids)."""
+    from engine.generate.prompt import prompt_ids as engine_prompt_ids
 
     return engine_prompt_ids(tokenizer, messages)
 

@@ -106,7 +106,7 @@ def weights_digest(draft: str | None) -> str | None:
     """sha256 of a draft folder's weights (what records store as `draft_sha256`), cached while its files are
     unchanged; None without readable weights."""
     from engine.errors import WorkbenchError
-    from engine.format.checkpoint import weight_files
+    from engine.weightfiles import weight_files
 
     try:
         files = weight_files(draft) if draft else []

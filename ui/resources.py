@@ -40,7 +40,7 @@ def _stamp(path: str | os.PathLike) -> float:
 @st.cache_resource(max_entries=4, show_spinner="Preparing the target (the built-in one is dequantized once)…")
 def target_ref(name: str):
     """Built-in name / folder / hub id -> engine TargetRef (prepares a built-in target on first use)."""
-    from engine.targets import resolve_target
+    from engine.targets.resolve import resolve_target
 
     return resolve_target(name)
 
@@ -88,7 +88,7 @@ def _draft_model(path: str, target_name: str, stamp: float):
 
 def proposer(method: str, target_name: str, draft_path: str | None):
     """A fresh proposer over cached weights: `draft` (the draft folder) or `ngram`; None for the baseline."""
-    from engine.generate.api import make_proposer
+    from engine.algos.loading import make_proposer
 
     if method == "baseline":
         return None
@@ -109,7 +109,7 @@ def device_info() -> dict[str, Any]:
     """Where models run: CPU or the GPU's name and memory."""
     import torch
 
-    from engine.targets import pick_device
+    from engine.targets.dtypes import pick_device
 
     device = pick_device(None)
     info: dict[str, Any] = {"device": device, "threads": torch.get_num_threads(), "torch": torch.__version__}
@@ -127,7 +127,8 @@ def device_info() -> dict[str, Any]:
 def kernel_choice(name: str) -> str | None:
     """The kernel path decided for a target on this CPU, when it has been measured (nothing is loaded here)."""
     from engine.generate.kernel_choice import read_cached
-    from engine.targets import builtin_cache_dir, builtin_for, builtin_ready, pick_device
+    from engine.targets.dtypes import pick_device
+    from engine.targets.resolve import builtin_cache_dir, builtin_for, builtin_ready
 
     builtin = builtin_for(name)
     if pick_device(None) != "cpu" or (builtin and not builtin_ready(builtin_cache_dir(builtin.name))):

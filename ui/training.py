@@ -291,7 +291,7 @@ __all__ = [
 def data_target(data: str | None) -> str | None:
     """The target an extracted hidden-states folder was made from (its manifest), when it can be loaded here."""
     from engine.fsutil import read_json
-    from engine.targets import resolves_locally
+    from engine.targets.resolve import resolves_locally
 
     manifest = Path(data or "").expanduser() / "manifest.json"
     if not data or not manifest.is_file():
@@ -311,7 +311,7 @@ def data_target_problem(data: str | None, target: str | None, accept_change: boo
     changed), or None."""
     from engine.errors import WorkbenchError
     from engine.fsutil import read_json
-    from engine.targets import target_for_data
+    from engine.targets.identity import target_for_data
 
     manifest = Path(data or "").expanduser() / "manifest.json"
     if not data or not manifest.is_file():

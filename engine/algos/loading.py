@@ -1,4 +1,5 @@
-"""Loading a draft folder through the registry: its algorithm, its model paired with a target, its proposer."""
+"""Loading a draft folder through the registry (its algorithm, its model paired with a target), and the one proposer
+factory by method name."""
 
 from __future__ import annotations
 
@@ -6,7 +7,14 @@ from pathlib import Path
 from typing import Any
 
 from engine.algos import ALGOS, algorithm_for_config
+from engine.algos.shipped import default_draft
+from engine.errors import WorkbenchError
 from engine.format.checkpoint import read_config_dict
+from engine.generate.cpu_kernels import pack_draft_linears
+from engine.generate.ngram import NgramProposer
+from engine.generate.proposers import Proposer
+
+METHODS = ("baseline", "draft", "ngram")  # what `generate --method` and `bench --methods` take, besides an algorithm
 
 
 def draft_algorithm(draft_path: str | Path):
@@ -32,3 +40,21 @@ def load_draft_proposer(draft_path: str | Path, target, **options: Any):
 def is_algorithm(name: str) -> bool:
     """Whether `name` is a registered algorithm (a bench/generate method naming one means "the draft")."""
     return name in ALGOS
+
+
+def make_proposer(method: str, target, *, draft: str | Path | None = None, prompt_lookup_min: int = 2,
+                  prompt_lookup_max: int = 5, **options: Any) -> Proposer | None:
+    """`baseline` -> None, `ngram` -> n-gram lookup, `draft` -> the draft at `draft` (or the shipped default)."""
+    if method == "baseline":
+        return None
+    if method == "ngram":
+        return NgramProposer(prompt_lookup_min, prompt_lookup_max)
+    if method == "draft" or is_algorithm(method):
+        path = draft or default_draft(target.ref.name)
+        if path is None:
+            raise WorkbenchError("no draft given and no shipped draft for this target",
+                                 hint="pass --draft DIR (a speculators-format draft folder)")
+        draft_model = load_draft(path, target)
+        pack_draft_linears(draft_model)
+        return proposer_for(draft_model, **options)
+    raise WorkbenchError(f"unknown method '{method}'", hint=f"choose one of {list(METHODS)}")

@@ -21,7 +21,7 @@ def add_prepare_arguments(p: argparse.ArgumentParser) -> None:
 
 def run_prepare(args: argparse.Namespace) -> int:
     from engine.data.render import format_segments, mask_segments, render_dataset
-    from engine.targets import load_target
+    from engine.targets.loading import load_target
 
     o = options_from_args(args, PrepareOptions)
     reporter().update("loading target")

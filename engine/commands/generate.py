@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from engine.targets import DECODE_DTYPE_HELP, DECODE_DTYPES
+from engine.targets.dtypes import DECODE_DTYPE_HELP, DECODE_DTYPES
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -27,16 +27,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.generate.api import make_proposer, prompt_ids
+    from engine.algos.loading import make_proposer
     from engine.generate.kernel_choice import load_decode_target
     from engine.generate.metrics import SpecMetrics
+    from engine.generate.prompt import prompt_ids
     from engine.generate.runner import TargetRunner
     from engine.generate.sampling import SamplingParams
     from engine.generate.speculative import generate
 
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                             top_k=args.top_k, seed=args.seed)  # checked before the target is loaded
-    from engine.targets import DEFAULT_TARGET, target_for_draft
+    from engine.targets.identity import target_for_draft
+    from engine.targets.resolve import DEFAULT_TARGET
 
     draft = args.draft if args.method != "baseline" and args.method != "ngram" else None
     target = load_decode_target(target_for_draft(draft, args.target) or DEFAULT_TARGET, args.dtype)

@@ -20,7 +20,8 @@ def run(args: argparse.Namespace) -> int:
     import engine.algos  # noqa: F401  (registers the config types)
     from engine.format.repair import EMBED, add_embeddings, embedding_need
     from engine.format.validate import validate_draft
-    from engine.targets import draft_verifier, load_verifier_parts
+    from engine.targets.identity import draft_verifier
+    from engine.targets.verifier import load_verifier_parts
 
     need = embedding_need(args.path)
     if not need.missing:

@@ -44,7 +44,7 @@ def wait_for_job(o: ServeOptions, job, deadline: float, *, as_json: bool, engine
 
 def abs_path(path: str | None) -> str | None:
     """Local paths made absolute (the job may run elsewhere); names and hub ids unchanged."""
-    from engine.targets import BUILTIN_TARGETS
+    from engine.targets.resolve import BUILTIN_TARGETS
 
     if not path or path in BUILTIN_TARGETS or not os.path.exists(path):
         return path

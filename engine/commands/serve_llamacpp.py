@@ -50,7 +50,7 @@ def plan_llamacpp(o: ServeOptions, progress=None) -> LlamaPlan:
     from engine.format.checkpoint import read_config_dict
     from engine.llamacpp.build import ensure_llamacpp
     from engine.llamacpp.gguf import export_draft, target_gguf
-    from engine.targets import target_for_draft
+    from engine.targets.identity import target_for_draft
 
     if o.no_draft and o.p_min is not None:
         raise WorkbenchError("--p-min stops a draft's chain, and --no-draft serves none", hint="drop one of them")

@@ -6,7 +6,7 @@ import argparse
 import json
 
 from engine.cpu import describe
-from engine.targets import DEFAULT_TARGET
+from engine.targets.resolve import DEFAULT_TARGET
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -20,7 +20,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from engine.generate.kernel_choice import choose, read_cached
-    from engine.targets import BUILTIN_TARGETS, builtin_cache_dir, builtin_ready, pick_device, prepare_builtin
+    from engine.targets.dtypes import pick_device
+    from engine.targets.resolve import BUILTIN_TARGETS, builtin_cache_dir, builtin_ready, prepare_builtin
 
     prepare = args.prepare if args.prepare and args.prepare != "none" else None
     if prepare:

@@ -14,16 +14,10 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from engine.errors import WorkbenchError, translate
-from engine.format.checkpoint import (
-    INDEX_NAME,
-    PICKLE_SUFFIXES,
-    TensorInfo,
-    read_config_dict,
-    tensor_index,
-    weight_files,
-)
+from engine.format.checkpoint import TensorInfo, read_config_dict, tensor_index
 from engine.fsutil import atomic_directory, remove_ours
 from engine.jobs import runs_dir
+from engine.weightfiles import INDEX_NAME, PICKLE_SUFFIXES, weight_files
 
 # Limits on what a zip may expand to, checked from its directory before anything is written (checkpoint
 # weights hardly compress, so a high ratio is a zip bomb, not a checkpoint).

@@ -260,7 +260,7 @@ def verify(out: str | os.PathLike, verifier: str | None, *, max_new_tokens: int 
 def _local_target(verifier: str | None):
     if not verifier or verifier_config_for(verifier) is None:
         return None
-    from engine.targets import load_target
+    from engine.targets.loading import load_target
 
     try:
         return load_target(verifier, with_tokenizer=True)
@@ -299,7 +299,7 @@ def _draft_a_few(out, target, max_new_tokens: int) -> str:
     import torch
 
     from engine.algos.loading import load_draft, proposer_for
-    from engine.generate.api import prompt_ids
+    from engine.generate.prompt import prompt_ids
     from engine.generate.runner import TargetRunner
     from engine.generate.sampling import SamplingParams
     from engine.generate.speculative import generate_all

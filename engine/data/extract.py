@@ -28,7 +28,7 @@ from engine.data.render import RenderedRow, render_dataset
 from engine.data.store import HiddenStatesDataset, load_sample
 from engine.errors import WorkbenchError
 from engine.jobs import reporter
-from engine.targets import capture_hidden_states
+from engine.targets.capture import capture_hidden_states
 
 __all__ = ["HiddenStatesDataset", "load_sample", "extract_dataset", "extract_hidden_states", "ExtractionRun",
            "TargetInfo", "plan_padded_batches", "estimate_bytes", "capture_batch"]
@@ -118,7 +118,7 @@ def extract_dataset(options: ExtractOptions, *, progress: bool = True) -> dict:
         from transformers import AutoConfig, AutoTokenizer
 
         from engine.data.vllm_backend import refuse_unsupported_target, require_vllm
-        from engine.targets import resolve_target
+        from engine.targets.resolve import resolve_target
 
         require_vllm()
         ref = resolve_target(target)
@@ -127,7 +127,8 @@ def extract_dataset(options: ExtractOptions, *, progress: bool = True) -> dict:
         info = TargetInfo.from_config(ref, config)
         tokenizer, tgt = AutoTokenizer.from_pretrained(ref.path), None
     else:
-        from engine.targets import load_target, pick_device
+        from engine.targets.dtypes import pick_device
+        from engine.targets.loading import load_target
 
         device = pick_device(device)
         reporter().phase("loading target")

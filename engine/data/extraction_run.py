@@ -35,7 +35,8 @@ from engine.data.store import (
 from engine.errors import WorkbenchError
 from engine.fsutil import claim_names
 from engine.jobs import DirLock, left_text, reporter
-from engine.targets import chat_template_digest, dtype_name, parse_dtype, target_digest
+from engine.targets.dtypes import dtype_name, parse_dtype
+from engine.targets.identity import chat_template_digest, target_digest
 
 log = logging.getLogger(__name__)
 

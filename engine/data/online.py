@@ -14,7 +14,7 @@ from engine.data.extract import DEFAULT_BATCH_SIZE, DEFAULT_BATCH_TOKENS, captur
 from engine.data.layer_ids import resolve_layer_ids
 from engine.data.render import RenderedRow, render_rows
 from engine.errors import WorkbenchError
-from engine.targets import parse_dtype
+from engine.targets.dtypes import parse_dtype
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ from pydantic import Field, model_validator
 
 from engine.errors import WorkbenchError
 from engine.options import Options
-from engine.targets import DEFAULT_TARGET
+from engine.targets.resolve import DEFAULT_TARGET
 
 DEFAULT_MAX_LENGTH = 2048
 DEFAULT_VAL_FRACTION = 0.02

@@ -108,7 +108,7 @@ def free_disk(folder: str | Path) -> int | None:
 
 def _parameter_count(folder: Path, config) -> int:
     """Parameters from safetensors headers when the files are here, else from the config's shapes."""
-    from engine.format.checkpoint import weight_files
+    from engine.weightfiles import weight_files
 
     try:
         from safetensors import safe_open
@@ -133,7 +133,7 @@ def _draft_parameters(ref, config, algo: str, aux_ids: list[int]) -> tuple[int, 
     from torch import nn
 
     from engine.algos import ALGOS
-    from engine.targets import VerifierParts
+    from engine.targets.verifier import VerifierParts
 
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     v, h = int(text.vocab_size), int(text.hidden_size)
@@ -166,7 +166,8 @@ def plan_target(name_or_path: str, *, samples: int = 1000, tokens_per_sample: in
         verifier_architecture,
         verifier_without_aux_states,
     )
-    from engine.targets import cached_snapshot, parse_dtype, resolve_target
+    from engine.targets.dtypes import parse_dtype
+    from engine.targets.resolve import cached_snapshot, resolve_target
 
     ref = resolve_target(name_or_path)
     folder = Path(ref.path) if Path(ref.path).is_dir() else cached_snapshot(ref.path)

@@ -311,7 +311,7 @@ class TokenizerOnly:
 def tokenizer_only(name_or_path: str | None) -> TokenizerOnly:
     from transformers import AutoTokenizer
 
-    from engine.targets import resolve_target
+    from engine.targets.resolve import resolve_target
 
     ref = resolve_target(name_or_path)
     return TokenizerOnly(AutoTokenizer.from_pretrained(ref.path), ref.hub_id or ref.path)

@@ -20,7 +20,8 @@ def regenerate_dataset(options: RegenerateOptions):
     from engine.data.datasets import load_conversations
     from engine.data.regenerate import check_output, regenerate, tokenizer_only
     from engine.generate.sampling import SamplingParams
-    from engine.targets import load_target, pick_device
+    from engine.targets.dtypes import pick_device
+    from engine.targets.loading import load_target
 
     o = options
     check_output(o.out)  # an unrelated --out file is refused before the target is loaded

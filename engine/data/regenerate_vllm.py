@@ -19,7 +19,7 @@ class VllmAnswerer:
     def __init__(self, target_name: str | None, *, concurrency: int = 32, dtype: str = "bfloat16",
                  start_timeout: float = 600):
         from engine.serve.server import plan_server, start_server
-        from engine.targets import DEFAULT_TARGET
+        from engine.targets.resolve import DEFAULT_TARGET
 
         log.info("starting a vLLM server for %s (regeneration backend)", target_name or DEFAULT_TARGET)
         self.server = start_server(plan_server(None, target=target_name), timeout=start_timeout, dtype=dtype)

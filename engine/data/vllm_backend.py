@@ -29,6 +29,7 @@ from engine.data.extraction_run import ExtractionProgress, ExtractionRun, Target
 from engine.data.options import ExtractOptions
 from engine.data.render import RenderedRow
 from engine.errors import WorkbenchError
+from engine.fsutil import workbench_home
 
 log = logging.getLogger(__name__)
 
@@ -256,8 +257,6 @@ class VllmWorker:
 
 
 def _worker_log() -> Path:
-    from engine.targets import workbench_home
-
     return workbench_home() / "vllm-extract" / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
 
 
@@ -266,7 +265,7 @@ def vllm_files(model: str, layer_ids: Sequence[int], storage: Path, *, dtype: st
                llm: Any = None, llm_extra: dict | None = None) -> Iterator[Callable[[list[list[int]]], list[Path]]]:
     """A function from prompts (token-id lists) to the connector's files: vLLM in this process (`llm`, or built
     when vLLM and a CUDA GPU are here), else the worker in vLLM's own environment."""
-    from engine.targets import vllm_dtype
+    from engine.targets.dtypes import vllm_dtype
 
     kwargs = dict(tensor_parallel_size=tensor_parallel_size, dtype=vllm_dtype(dtype), **(llm_extra or {}))
     if llm is None and _in_process_reason() is not None:

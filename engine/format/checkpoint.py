@@ -19,11 +19,9 @@ from engine.fsutil import (
     atomic_write_text,
     check_replaceable,
 )
+from engine.weightfiles import INDEX_NAME, WEIGHTS_NAME, pickle_files, weight_files
 
 CONFIG_NAME = "config.json"
-WEIGHTS_NAME = "model.safetensors"
-INDEX_NAME = "model.safetensors.index.json"
-PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
 
 
 @dataclass(frozen=True)
@@ -63,49 +61,6 @@ def read_config_dict(path: str | os.PathLike) -> dict[str, Any]:
     return data
 
 
-def _pickle_files(folder: Path) -> list[Path]:
-    return sorted(f for f in folder.iterdir() if f.suffix in PICKLE_SUFFIXES)
-
-
-def weight_files(folder: str | os.PathLike) -> list[Path]:
-    """The safetensors files of a checkpoint folder (via the shard index when there is one)."""
-    folder = Path(folder)
-    index = folder / INDEX_NAME
-    if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (json.JSONDecodeError, KeyError) as exc:
-            raise WorkbenchError(f"{INDEX_NAME} is malformed ({exc})", where=str(folder)) from exc
-        if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
-            raise WorkbenchError(f"{INDEX_NAME}: weight_map must map tensor names to shard file names",
-                                 where=str(folder), hint="re-save the checkpoint")
-        outside = sorted({f for f in weight_map.values() if not _inside(f)})
-        if outside:
-            raise WorkbenchError(f"{INDEX_NAME} lists shards outside the draft folder: {outside[:3]}; only file names "
-                                 "inside the folder are read", where=str(folder),
-                                 hint="copy the shards into the folder and list them by file name")
-        files = sorted({folder / f for f in weight_map.values()})
-        missing = [f.name for f in files if not f.is_file()]
-        if missing:
-            raise WorkbenchError(f"shards listed in {INDEX_NAME} are missing: {missing}", where=str(folder))
-        return files
-    if (folder / WEIGHTS_NAME).is_file():
-        return [folder / WEIGHTS_NAME]
-    files = sorted(folder.glob("*.safetensors"))
-    if files:
-        return files
-    if _pickle_files(folder):
-        raise WorkbenchError(
-            f"only pickled weights ({', '.join(f.name for f in _pickle_files(folder))}) found; they are not "
-            "loaded by default because unpickling can run arbitrary code",
-            where=str(folder),
-            hint="convert them to model.safetensors, or pass allow_pickle=True (--allow-pickle) if you trust the "
-            "file (loaded with torch.load(weights_only=True))",
-        )
-    raise WorkbenchError("no model.safetensors in the folder", where=str(folder),
-                         hint="save the weights as safetensors")
-
-
 def weights_sha256(folder: str | os.PathLike) -> str:
     """sha256 over the bytes of a checkpoint's safetensors files in name order: which weights a record measured
     (a re-shipped draft keeps its folder name, so the name alone cannot tell)."""
@@ -117,13 +72,6 @@ def weights_sha256(folder: str | os.PathLike) -> str:
             for chunk in iter(lambda: handle.read(1 << 22), b""):
                 digest.update(chunk)
     return digest.hexdigest()
-
-
-def _inside(name: str) -> bool:
-    """A shard name of an index: relative, and inside the folder written as it is (symlinked files are fine)."""
-    norm = os.path.normpath(name)
-    return bool(name) and not os.path.isabs(name) and not norm.startswith("..") and "\\" not in name \
-        and norm != "."
 
 
 def tensor_index(folder: str | os.PathLike) -> dict[str, TensorInfo]:
@@ -153,10 +101,10 @@ def load_state_dict(
     try:
         files = weight_files(folder)
     except WorkbenchError:
-        if not allow_pickle or not _pickle_files(folder):
+        if not allow_pickle or not pickle_files(folder):
             raise
         state: dict[str, torch.Tensor] = {}
-        for f in _pickle_files(folder):
+        for f in pickle_files(folder):
             obj = torch.load(f, map_location=device, weights_only=True)
             if not isinstance(obj, Mapping):
                 raise WorkbenchError(f"{f.name} does not hold a state dict", where=str(folder)) from None

@@ -9,16 +9,10 @@ from pathlib import Path
 import torch
 
 from engine.errors import WorkbenchError
-from engine.format.checkpoint import (
-    INDEX_NAME,
-    WEIGHTS_NAME,
-    load_state_dict,
-    read_config_dict,
-    save_checkpoint,
-    tensor_index,
-)
+from engine.format.checkpoint import load_state_dict, read_config_dict, save_checkpoint, tensor_index
 from engine.format.config import CONFIG_TYPES, config_type
 from engine.fsutil import atomic_save_safetensors, claim_names, is_ours
+from engine.weightfiles import INDEX_NAME, WEIGHTS_NAME
 
 EMBED = "embed_tokens.weight"
 

@@ -13,10 +13,11 @@ from pydantic import ValidationError
 
 from engine.errors import WorkbenchError
 from engine.format import vllm_rules as vr
-from engine.format.checkpoint import CONFIG_NAME, INDEX_NAME, read_config_dict, tensor_index
+from engine.format.checkpoint import CONFIG_NAME, read_config_dict, tensor_index
 from engine.format.config import CONFIG_TYPES, config_types, number_problems, vllm_own_form
 from engine.format.repair import lacks_stored_embedding
 from engine.format.report import Issue, ValidationReport
+from engine.weightfiles import INDEX_NAME
 
 
 def _vllm(report: ValidationReport, err: vr.VllmError, message: str, *, severity: str = "error") -> None:
@@ -376,7 +377,7 @@ def _target_rules(cfg: dict[str, Any], target: str, report: ValidationReport) ->
 
 def _identities(name: str) -> set[str]:
     """The names one target goes by: itself, a built-in's name and hub id, a local folder's path and hub id."""
-    from engine.targets import builtin_for
+    from engine.targets.resolve import builtin_for
 
     out = {name.lower().rstrip("/")}
     b = builtin_for(name)
@@ -672,10 +673,10 @@ def _find_verifier_config(cfg: dict[str, Any]) -> dict[str, Any] | None:
         return None
     if not isinstance(name, str) or not name:
         return None
-    from engine.targets import builtin_cache_dir
+    from engine.targets.resolve import builtin_cache_dir
 
     candidates = [Path(name).expanduser() / CONFIG_NAME]
-    from engine.targets import builtin_for
+    from engine.targets.resolve import builtin_for
 
     builtin = builtin_for(name)
     if builtin is not None:

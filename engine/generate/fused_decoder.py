@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from engine.generate.cpu_kernels import masked_rows_attention, packed_linear_available, packed_weight, pad2_linear
-from engine.targets import decoder_of
+from engine.targets.capture import decoder_of
 
 FUSED_FAMILIES = ("llama", "qwen2", "qwen3", "mistral")  # decoder layers of exactly this layout (`fused_problem`)
 _LAYER_CLASSES = tuple(f"{p}DecoderLayer" for p in ("Llama", "Qwen2", "Qwen3", "Mistral"))

@@ -28,7 +28,7 @@ import torch
 
 from engine.cpu import cpu_flags, cpu_model, native_bf16
 from engine.errors import WorkbenchError
-from engine.fsutil import atomic_write_json, read_json
+from engine.fsutil import atomic_write_json, read_json, workbench_home
 from engine.generate.cpu_kernels import (
     PACKED_FORMS,
     force_routing,
@@ -38,7 +38,9 @@ from engine.generate.cpu_kernels import (
     set_linear_form,
 )
 from engine.generate.fused_decoder import fused_problem, has_fused_weights
-from engine.targets import Target, load_target, pick_device, resolve_target, workbench_home
+from engine.targets.dtypes import pick_device
+from engine.targets.loading import Target, load_target
+from engine.targets.resolve import resolve_target
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,8 @@ from engine.generate.cpu_kernels import (
     route_decode_kernels,
 )
 from engine.generate.fused_decoder import FusedDecoder, fused_problem
-from engine.targets import LayerCapture, Target, decoder_of
+from engine.targets.capture import LayerCapture, decoder_of
+from engine.targets.loading import Target
 
 # Families whose logits are exactly lm_head(decoder output): the runner may compute the head itself.
 _PLAIN_HEAD = {"llama", "qwen2", "qwen3", "qwen3_moe", "mistral"}

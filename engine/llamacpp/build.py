@@ -22,7 +22,7 @@ from pathlib import Path
 
 from engine.cpu import cpu_flags, cpu_kind
 from engine.errors import WorkbenchError
-from engine.fsutil import atomic_write_json, exclusive_lock, read_json
+from engine.fsutil import atomic_write_json, exclusive_lock, read_json, workbench_home
 
 log = logging.getLogger(__name__)
 
@@ -68,8 +68,6 @@ class LlamaCpp:
 
 
 def llamacpp_home() -> Path:
-    from engine.targets import workbench_home
-
     return Path(os.environ.get(HOME_ENV) or workbench_home() / "llama.cpp").expanduser().absolute()
 
 

@@ -21,7 +21,7 @@ from typing import Any
 import engine.algos  # noqa: F401  (registers the draft types, whose llama.cpp types these are)
 from engine.errors import WorkbenchError
 from engine.format.config import CONFIG_TYPES, config_type
-from engine.fsutil import atomic_write_json, atomic_write_text
+from engine.fsutil import atomic_write_json, atomic_write_text, workbench_home
 from engine.jobs import JOB_DIR_ENV, tail
 from engine.llamacpp.build import LlamaCpp, ensure_llamacpp
 from engine.serve.metrics import parse_prometheus
@@ -228,8 +228,6 @@ def llama_error_lines(text: str) -> list[str]:
 
 
 def _default_workdir(port: int) -> Path:
-    from engine.targets import workbench_home
-
     job_dir = os.environ.get(JOB_DIR_ENV)
     if job_dir:
         return Path(job_dir)

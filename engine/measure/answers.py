@@ -22,8 +22,7 @@ from typing import Any
 import torch
 
 from engine.cpu import cpu_flags, cpu_model
-from engine.fsutil import atomic_save_safetensors, atomic_write_json, exclusive_lock, read_json
-from engine.targets import workbench_home
+from engine.fsutil import atomic_save_safetensors, atomic_write_json, exclusive_lock, read_json, workbench_home
 
 log = logging.getLogger(__name__)
 

@@ -15,16 +15,17 @@ from typing import Any
 
 import torch
 
+from engine.algos.loading import make_proposer
 from engine.data.prompts import load_prompts
-from engine.generate.api import make_proposer, prompt_ids
 from engine.generate.metrics import SpecMetrics, measure_cost_curve, speedup_ceiling
+from engine.generate.prompt import prompt_ids
 from engine.generate.runner import TargetRunner
 from engine.generate.sampling import SamplingParams
 from engine.generate.speculative import generate
 from engine.jobs import reporter, tracked
 from engine.measure.options import BenchOptions
 from engine.provenance import provenance
-from engine.targets import dtype_name
+from engine.targets.dtypes import dtype_name
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +50,7 @@ class _HFMethods:
         self.target, self.k = target, k
         self.assistant = None
         if assistant:
-            from engine.targets import load_target
+            from engine.targets.loading import load_target
 
             self.assistant = load_target(assistant).model
 
@@ -224,7 +225,7 @@ def markdown_table(result: dict[str, Any]) -> str:
 def benchmark(options: BenchOptions, *, span: tuple[float, float] | None = None) -> dict:
     """`python -m engine bench` as a function: in-process (`transformers`) or real vLLM (`vllm`) on the same prompts."""
     from engine.generate.kernel_choice import load_decode_target
-    from engine.targets import target_for_draft
+    from engine.targets.identity import target_for_draft
 
     o = options
     if o.threads:
@@ -235,7 +236,7 @@ def benchmark(options: BenchOptions, *, span: tuple[float, float] | None = None)
     prompt_rows = load_prompts(o.prompts, o.num_prompts, o.seed, o.max_prompt_chars)
     reporter().update(f"benchmarking {len(prompt_rows)} prompts", 0.0)
     if o.backend == "vllm":
-        from engine.generate.api import default_draft
+        from engine.algos.shipped import default_draft
         from engine.measure.vllm_bench import run_vllm_bench
 
         draft = draft or default_draft(target)
@@ -258,9 +259,9 @@ def _llamacpp(o: BenchOptions, target: str | None, draft: str | None, prompt_row
     exported for llama.cpp, every llama.cpp method on its own server."""
     from transformers import AutoTokenizer
 
-    from engine.generate.api import default_draft
+    from engine.algos.shipped import default_draft
     from engine.measure.llamacpp_bench import run_llamacpp_bench
-    from engine.targets import resolve_target
+    from engine.targets.resolve import resolve_target
 
     if any(m.startswith("draft") for m in o.method_names()):
         draft = draft or (str(default_draft(target)) if default_draft(target) else None)

@@ -134,7 +134,7 @@ def samples_from_prompts(target, prompts: Sequence[Any], aux_layer_ids: Sequence
                          span: tuple[float, float] | None = None) -> list[HeldOutSample]:
     """Run the target once per held-out prompt: its greedy answer (exactly as `bench`'s baseline decodes it), then
     one forward over prompt + answer for the states at the draft's layers."""
-    from engine.generate.api import prompt_ids
+    from engine.generate.prompt import prompt_ids
     from engine.generate.runner import TargetRunner
     from engine.generate.sampling import SamplingParams
     from engine.generate.speculative import generate_all
@@ -241,10 +241,11 @@ def evaluate_draft(options: EvaluateOptions, *, progress: bool = True) -> dict[s
     """`python -m engine evaluate` as a function: offline from extracted held-out files (`data`), or online from
     held-out prompts of `dataset` (the target answers each once); with `forecast`, the speedup forecast."""
     from engine.algos.loading import draft_algorithm
-    from engine.generate.api import default_draft
+    from engine.algos.shipped import default_draft
     from engine.generate.kernel_choice import load_decode_target
     from engine.provenance import provenance
-    from engine.targets import dtype_name, target_for_draft
+    from engine.targets.dtypes import dtype_name
+    from engine.targets.identity import target_for_draft
 
     o = options
     target, data, temperature, dtype, ks = o.target, o.data, o.temperature, o.dtype, o.k
@@ -314,7 +315,7 @@ def _llamacpp_forecast(result: dict[str, Any], draft: str, target: str | None, k
         forecast_llamacpp,
         llamacpp_step_costs,
     )
-    from engine.targets import resolve_target
+    from engine.targets.resolve import resolve_target
 
     reporter().phase("measuring llama.cpp's step costs on this machine", progress=WALK_END)
     prompts = [s.token_ids[: s.prompt_len].tolist() for s in list(samples)[:CALIBRATION_PROMPTS]] \

@@ -10,7 +10,7 @@ from pydantic import Field, field_validator, model_validator
 from engine.errors import WorkbenchError
 from engine.llamacpp.gguf import DEFAULT_DRAFT_TYPE, DEFAULT_TARGET_TYPE, OUT_TYPES, TARGET_TYPES
 from engine.options import Options
-from engine.targets import DECODE_DTYPE_HELP, DECODE_DTYPES
+from engine.targets.dtypes import DECODE_DTYPE_HELP, DECODE_DTYPES
 
 ALL_METHODS = ("baseline", "draft", "ngram", "hf_prompt_lookup", "hf_assisted", "draft_ngram")
 DEFAULT_METHODS = ALL_METHODS[:5]  # draft_ngram (a draft mixed with n-gram) runs in llama.cpp only

@@ -107,15 +107,9 @@ def parity(draft: str | Path, *, run: str | Path | None = None, target: str | No
     from engine.format.config import parse_draft_config
     from engine.format.validate import validate_draft
     from engine.serve.options import DEFAULT_MAX_MODEL_LEN
-    from engine.targets import (
-        VERIFIER_DIGEST,
-        chat_template_digest,
-        draft_verifier,
-        dtype_name,
-        parse_dtype,
-        resolve_target,
-        target_digest,
-    )
+    from engine.targets.dtypes import dtype_name, parse_dtype
+    from engine.targets.identity import VERIFIER_DIGEST, chat_template_digest, draft_verifier, target_digest
+    from engine.targets.resolve import resolve_target
 
     draft = Path(draft)
     draft_algorithm(draft)  # a registered type (refused clearly otherwise), so that its config parses
@@ -176,7 +170,7 @@ def parity(draft: str | Path, *, run: str | Path | None = None, target: str | No
 
 def _answers_finding(dataset: str | None, ref, recorded: bool) -> Finding:
     """Whether the training answers are this target's own greedy ones (what serving verifies against)."""
-    from engine.targets import same_target
+    from engine.targets.identity import same_target
 
     answers, meta = _dataset_answers(dataset)
     own = meta is not None and not meta.get("temperature") and any(

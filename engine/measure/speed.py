@@ -11,9 +11,10 @@ from typing import Any
 
 import torch
 
+from engine.algos.loading import make_proposer
 from engine.cpu import OtherLoad
-from engine.generate.api import make_proposer, prompt_ids
 from engine.generate.metrics import SpecMetrics
+from engine.generate.prompt import prompt_ids
 from engine.generate.runner import TargetRunner
 from engine.generate.speculative import generate
 from engine.jobs import reporter
@@ -21,7 +22,7 @@ from engine.measure.options import BenchOptions
 from engine.measure.spread import acceptance_spread, mean_interval
 from engine.measure.step_costs import BUSY_SHARE, STEP_FLOOR
 from engine.provenance import provenance
-from engine.targets import dtype_name
+from engine.targets.dtypes import dtype_name
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,8 @@ from engine.errors import WorkbenchError
 from engine.measure.options import BenchOptions
 from engine.serve.metrics import scrape, spec_delta
 from engine.serve.server import ServePlan, ServerPool, plan_server
-from engine.targets import target_for_draft, vllm_dtype
+from engine.targets.dtypes import vllm_dtype
+from engine.targets.identity import target_for_draft
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +45,7 @@ def method_plan(method: str, *, target: str | None, draft: str | Path | None, k:
 
 def _default_draft(target: str | None) -> Path | None:
     try:
-        from engine.generate.api import default_draft
+        from engine.algos.shipped import default_draft
     except ImportError:
         return None
     return default_draft(target)
@@ -54,7 +55,7 @@ def _token_prompts(prompts: Sequence[dict[str, Any]], target_path: str) -> list[
     """Prompts as token ids, tokenized exactly as the in-process engine does (chat template included)."""
     from transformers import AutoTokenizer
 
-    from engine.generate.api import prompt_ids
+    from engine.generate.prompt import prompt_ids
 
     tok = AutoTokenizer.from_pretrained(target_path)
     return [{"prompt": prompt_ids(tok, item)} for item in prompts]

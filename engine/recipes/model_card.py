@@ -10,11 +10,12 @@ from typing import Any
 
 import yaml
 
+from engine.cpu import cpu_model
 from engine.fsutil import atomic_write_text, read_json
 from engine.jobs import read_jsonl
 from engine.provenance import rows_of
 from engine.recipes.spec import CONFIGS, data_work, load_recipe
-from engine.targets import DEFAULT_TARGET
+from engine.targets.resolve import DEFAULT_TARGET
 
 
 def _load(path: Path, default=None):
@@ -30,8 +31,6 @@ def _hours(seconds: float) -> str:
 
 def gather(recipe: dict[str, Any]) -> dict[str, Any]:
     """Every figure the card shows, read from the recipe's work folder."""
-    from engine.targets import cpu_name  # (engine.targets imports torch: only when a card is gathered)
-
     work, data = Path(recipe["work"]), data_work(recipe)
     steps = {p.stem: _load(p, {}) for p in sorted((data / "steps").glob("*.json"))
              if p.stem in ("regenerate", "extract")}
@@ -63,7 +62,7 @@ def gather(recipe: dict[str, Any]) -> dict[str, Any]:
         "calibration": _load(work / "train" / "calibration.json", {}),
         "train_config": (yaml.safe_load((work / "train" / "config.yaml").read_text()) or {}).get("train", {})
         if (work / "train" / "config.yaml").is_file() else {},
-        "hardware": f"{cpu_name()}, {os.cpu_count()} cores, no GPU" if not _has_cuda() else "GPU",
+        "hardware": f"{cpu_model()}, {os.cpu_count()} cores, no GPU" if not _has_cuda() else "GPU",
     }
 
 

@@ -25,15 +25,7 @@ from engine.data.prompts import load_prompts
 from engine.data.regenerate_dataset import regenerate_dataset
 from engine.data.store import read_manifest
 from engine.errors import WorkbenchError
-from engine.format.checkpoint import (
-    INDEX_NAME,
-    load_state_dict,
-    read_config_dict,
-    save_checkpoint,
-    tensor_index,
-    weight_files,
-    weights_sha256,
-)
+from engine.format.checkpoint import load_state_dict, read_config_dict, save_checkpoint, tensor_index, weights_sha256
 from engine.format.repair import EMBED
 from engine.format.validate import validate_draft
 from engine.fsutil import atomic_write_json, claim_names, read_json, release_names
@@ -45,9 +37,10 @@ from engine.measure.options import BenchOptions, EvaluateOptions
 from engine.provenance import engine_command, provenance, rows_of
 from engine.recipes.model_card import data_rows, refresh_measurements, write_evaluation_section, write_model_card
 from engine.recipes.spec import STEP_COMMANDS, STEPS, cli_flags, data_recipe, load_recipe, step_options
-from engine.targets import dtype_name
+from engine.targets.dtypes import dtype_name
 from engine.train import trainer
 from engine.train.config import TrainConfig
+from engine.weightfiles import INDEX_NAME, weight_files
 
 log = logging.getLogger(__name__)
 

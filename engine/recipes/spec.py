@@ -13,7 +13,7 @@ from engine.data.options import ExtractOptions, LayerChoice, RegenerateOptions
 from engine.errors import WorkbenchError, validation_summary
 from engine.format.config import refuse_bad_numbers
 from engine.measure.options import BenchOptions
-from engine.targets import DEFAULT_TARGET
+from engine.targets.resolve import DEFAULT_TARGET
 
 _BENCH = BenchOptions.model_fields  # the sweep's stopping rule: bench --ks's fields, their defaults and help
 

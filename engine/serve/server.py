@@ -32,7 +32,7 @@ import engine.algos  # noqa: F401  (registers the speculators types a served dra
 from engine.errors import WorkbenchError
 from engine.format import vllm_rules as vr
 from engine.format.config import config_type, vllm_own_form
-from engine.fsutil import atomic_write_json, atomic_write_text
+from engine.fsutil import atomic_write_json, atomic_write_text, workbench_home
 from engine.jobs import JOB_DIR_ENV, runs_dir, tail
 from engine.serve.options import ServerSettings
 from engine.serve.venv import VllmEnv, ensure_vllm_env
@@ -107,7 +107,8 @@ def _plan_server(draft: str | os.PathLike | None = None, *, target: str | os.Pat
     Without a form, auto is used when the target is the draft's own verifier. `speculative_config` without
     a draft serves the target with that config (e.g. ngram). `validate` refuses invalid drafts first.
     """
-    from engine.targets import resolve_target, resolves_locally, target_for_draft
+    from engine.targets.identity import target_for_draft
+    from engine.targets.resolve import resolve_target, resolves_locally
 
     if form is not None and form not in FORMS:
         raise WorkbenchError(f"unknown form '{form}'", hint=f"use one of {list(FORMS)}")
@@ -194,7 +195,7 @@ def _derived_speculative_config(cfg: dict[str, Any], report) -> dict[str, Any]:
 
 
 def _same_target(target: str | os.PathLike, verifier: str) -> bool:
-    from engine.targets import resolve_target
+    from engine.targets.resolve import resolve_target
 
     if str(target) == verifier:
         return True
@@ -207,7 +208,7 @@ def _same_target(target: str | os.PathLike, verifier: str) -> bool:
 
 def _auto_target(verifier: str, hub_cache: Path | None) -> tuple[str, dict[str, str]]:
     """Where the verifier's weights come from when the draft folder is the model, and the env that makes it so."""
-    from engine.targets import BUILTIN_BY_HUB_ID, resolve_target
+    from engine.targets.resolve import BUILTIN_BY_HUB_ID, resolve_target
 
     builtin = BUILTIN_BY_HUB_ID.get(verifier.lower())
     if builtin is not None:
@@ -216,7 +217,7 @@ def _auto_target(verifier: str, hub_cache: Path | None) -> tuple[str, dict[str, 
         return str(folder), _hf_env(cache)
     if Path(verifier).expanduser().is_dir():
         return str(Path(verifier).expanduser().resolve()), _hf_env(None)
-    from engine.targets import in_hf_cache
+    from engine.targets.resolve import in_hf_cache
 
     if not in_hf_cache(verifier) and _offline():
         raise WorkbenchError(f"the draft's verifier '{verifier}' is not in the local Hugging Face cache and this "
@@ -237,8 +238,6 @@ def _hf_env(hub_cache: Path | None) -> dict[str, str]:
 
 
 def default_hub_cache() -> Path:
-    from engine.targets import workbench_home
-
     return workbench_home() / "vllm-hf-hub"
 
 
@@ -287,8 +286,6 @@ def free_port(preferred: int | None = None, host: str = "127.0.0.1") -> int:
 
 def default_workdir(port: int) -> Path:
     """Inside a job: its folder; otherwise <WORKBENCH_HOME>/vllm-servers/<time>_<port>."""
-    from engine.targets import workbench_home
-
     job_dir = os.environ.get(JOB_DIR_ENV)
     if job_dir:
         return Path(job_dir)

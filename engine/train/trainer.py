@@ -31,7 +31,9 @@ from engine.fsutil import (
 )
 from engine.generate.acceptance import summarize_walk_sums, walk_sums
 from engine.jobs import DirLock, left_text, reporter
-from engine.targets import VERIFIER_DIGEST, load_verifier_parts, pick_device
+from engine.targets.dtypes import pick_device
+from engine.targets.identity import VERIFIER_DIGEST
+from engine.targets.verifier import load_verifier_parts
 from engine.train.checkpoints import CheckpointFolder, is_legacy_checkpoint
 from engine.train.config import TrainConfig
 from engine.train.distributed import RankProgress, all_reduce_sum, init_distributed, make_strategy
@@ -109,7 +111,8 @@ class OnlineData:
     def __init__(self, cfg: TrainConfig, layer_ids: list[int], device: str):
         from engine.data.datasets import load_conversations
         from engine.data.online import OnlineHiddenStates
-        from engine.targets import DEFAULT_TARGET, load_target
+        from engine.targets.loading import load_target
+        from engine.targets.resolve import DEFAULT_TARGET
 
         self.target = load_target(cfg.target or DEFAULT_TARGET, device=device)
         rows, _summary = load_conversations(cfg.online_dataset, split="train", max_samples=cfg.online_max_samples)
@@ -213,7 +216,8 @@ class Trainer:
     def _target_name(self) -> str:
         """The target to train for: offline, the one the data's manifest records (an explicit `target` must agree
         with it); online, `target` or the built-in."""
-        from engine.targets import DEFAULT_TARGET, target_for_data
+        from engine.targets.identity import target_for_data
+        from engine.targets.resolve import DEFAULT_TARGET
 
         if not self.cfg.data:
             return self.cfg.target or DEFAULT_TARGET

@@ -30,7 +30,7 @@ def tiny_target(tiny_targets) -> str:
 @pytest.fixture(scope="module")
 def tiny_draft(tiny_target, tmp_path_factory) -> str:
     from engine.algos.eagle3.io import build_eagle3, save_eagle3
-    from engine.targets import load_target
+    from engine.targets.loading import load_target
 
     target = load_target(tiny_target)
     counts = torch.arange(target.vocab_size).flip(0)

@@ -123,7 +123,7 @@ def test_models_page_switches_target_and_draft(runs, tiny_target, tiny_draft):
 
 def test_models_page_offers_every_shipped_draft_of_the_target_default_first(runs):
     """Drafts ship for the built-in target (EAGLE-3, the default, DFlash and DFlash2): another can be made active."""
-    from engine.generate.api import default_draft, shipped_drafts
+    from engine.algos.shipped import default_draft, shipped_drafts
 
     shipped = [str(p) for p in shipped_drafts("smollm2-135m-instruct")]
     assert len(shipped) >= 2 and shipped[0] == str(default_draft("smollm2-135m-instruct"))
@@ -618,7 +618,7 @@ def test_config_builder_hints_k_mask_token_and_writes_eps_as_written(runs, tiny_
 def test_config_builder_shows_a_loaded_drafts_float32_eps_as_written(runs, tiny_target):
     import json
 
-    from engine.generate.api import default_draft
+    from engine.algos.shipped import default_draft
 
     shipped = default_draft("smollm2-135m-instruct")
     assert "9.99999974" in (shipped / "config.json").read_text()  # saved from a float32 value

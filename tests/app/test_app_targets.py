@@ -26,7 +26,7 @@ def runs(tmp_path, monkeypatch):
 def made(tmp_path_factory):
     from engine.algos import ALGOS, default_algo
     from engine.data.extract import extract_dataset
-    from engine.targets import load_target
+    from engine.targets.loading import load_target
 
     root = tmp_path_factory.mktemp("app-follow")
     a = save_tiny_target(root / "a", "llama")

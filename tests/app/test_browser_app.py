@@ -50,7 +50,7 @@ def app_url(tmp_path_factory):
     """`streamlit run app.py` on a free port, with its own runs folder; stopped (with its jobs) afterwards."""
     if not Path(CHROMIUM).exists():
         pytest.skip(f"{CHROMIUM} is missing (make test installs Debian's chromium)")
-    from engine.targets import prepare_builtin
+    from engine.targets.resolve import prepare_builtin
 
     prepare_builtin()  # dequantize the built-in target once, before the app needs it
     runs = tmp_path_factory.mktemp("browser") / "runs"
@@ -218,7 +218,7 @@ def test_benchmarks_results_open_on_the_shipped_results(page, app_url):
 
 
 def test_demo_chat_colours_accepted_tokens_and_answers_identically(page):
-    from engine.generate.api import default_draft
+    from engine.algos.shipped import default_draft
 
     shipped = default_draft("smollm2-135m-instruct")
     go(page, "Demo chat")

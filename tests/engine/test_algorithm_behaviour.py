@@ -20,8 +20,8 @@ import torch
 from engine.algos import ALGOS, load_plugins
 from engine.data.layer_ids import resolve_layer_ids
 from engine.generate import speculative
-from engine.generate.api import prompt_ids
 from engine.generate.events import ACCEPTED
+from engine.generate.prompt import prompt_ids
 from engine.generate.proposers import Proposal, Proposer
 from engine.generate.runner import TargetRunner
 from engine.generate.sampling import SamplingParams
@@ -64,7 +64,7 @@ def algo(request):
 @pytest.fixture(scope="module")
 def target(tiny_targets):
     """A private copy of the tiny target: drafts share (and freeze) its embedding."""
-    from engine.targets import load_target
+    from engine.targets.loading import load_target
 
     return load_target(str(tiny_targets["llama"]))
 
@@ -98,7 +98,7 @@ def fit_draft(algo, target, baselines, target_folder, out, steps: int = FIT_STEP
     """The algorithm's small draft fitted to part of the target's greedy answers, saved (fp32) and loaded back."""
     from engine.algos.common.batching import layout_for
     from engine.data.online import OnlineHiddenStates
-    from engine.targets import load_verifier_parts
+    from engine.targets.verifier import load_verifier_parts
 
     # the first half of every answer but the last prompt's: drafts are right there and wrong elsewhere, so decoding
     # meets whole blocks accepted, blocks accepted in part (rolled back) and blocks rejected
@@ -292,8 +292,8 @@ def test_greedy_identity_on_the_builtin_target(algo, builtin_target, builtin_bas
     """The built-in target's own text with the algorithm's shipped (trained) draft, whose drafts are accepted, so
     the accepting path runs too; an algorithm that ships none uses a random small draft (rejections only)."""
     from engine.algos.loading import draft_algorithm
-    from engine.generate.api import shipped_drafts
-    from engine.targets import load_verifier_parts
+    from engine.algos.shipped import shipped_drafts
+    from engine.targets.verifier import load_verifier_parts
 
     shipped = {draft_algorithm(path).name: path for path in shipped_drafts("smollm2-135m-instruct")}
     if algo.name in shipped:

@@ -38,7 +38,7 @@ def decodes(monkeypatch):
 @pytest.fixture
 def target_and_draft(tiny_targets, tmp_path):
     from engine.algos.eagle3.io import build_eagle3, save_eagle3
-    from engine.targets import load_target
+    from engine.targets.loading import load_target
 
     folder = tmp_path / "target"
     shutil.copytree(tiny_targets["llama"], folder)

@@ -174,7 +174,7 @@ def test_converted_eagle3_computes_the_published_forward(tmp_path, tiny_llama, t
 
 @pytest.fixture(scope="module")
 def tiny_qwen3(tiny_targets):
-    from engine.targets import load_target
+    from engine.targets.loading import load_target
 
     return load_target(str(tiny_targets["qwen3"]))
 

@@ -28,7 +28,8 @@ from engine.generate.cpu_kernels import (
     route_decode_kernels,
 )
 from engine.generate.runner import TargetRunner
-from engine.targets import LayerCapture, load_target
+from engine.targets.capture import LayerCapture
+from engine.targets.loading import load_target
 
 # These skip without native bf16 (AVX-512 BF16 / AMX / Arm BF16): there the kernel choice never decodes in bf16.
 # On the AMD EPYC with AVX2 only, routed emulated bf16 rows were NOT bitwise their one-token steps (measured when this
@@ -159,8 +160,9 @@ def builtin_bf16():
 @needs_native_bf16
 @pytest.mark.parametrize("method", ["draft", pytest.param("ngram", marks=pytest.mark.slow)])
 def test_bf16_greedy_speculation_is_exactly_the_baseline_on_builtin(builtin_bf16, method):
+    from engine.algos.loading import make_proposer
     from engine.data.datasets import heldout_prompts
-    from engine.generate.api import make_proposer, prompt_ids
+    from engine.generate.prompt import prompt_ids
     from engine.generate.sampling import SamplingParams
     from engine.generate.speculative import generate_all
 

@@ -68,7 +68,7 @@ def _rewrite_sample(path: Path, change) -> None:
 
 
 def test_the_manifest_records_the_digest_of_the_targets_tensors(made, tmp_path):
-    from engine.targets import target_digest
+    from engine.targets.identity import target_digest
 
     manifest = json.loads((made["data"] / "manifest.json").read_text())
     assert manifest["target_digest"] == target_digest(made["target"])
@@ -83,7 +83,7 @@ def test_the_manifest_records_the_digest_of_the_targets_tensors(made, tmp_path):
 
 
 def test_train_refuses_data_whose_target_changed_in_place_and_a_flag_accepts_it(made, tmp_path, capsys):
-    from engine.targets import target_digest
+    from engine.targets.identity import target_digest
 
     target, data, manifest = _own_copies(made, tmp_path)
     state = load_file(str(target / "model.safetensors"))
@@ -106,7 +106,7 @@ def test_train_refuses_data_whose_target_changed_in_place_and_a_flag_accepts_it(
 def test_a_draft_records_its_targets_digest_and_decoding_beside_changed_weights_is_refused(made, tmp_path, capsys):
     from engine.errors import WorkbenchError
     from engine.serve.server import plan_server
-    from engine.targets import target_digest
+    from engine.targets.identity import target_digest
 
     target, data, manifest = _own_copies(made, tmp_path)
     rc, _, err = run_cli(capsys, "train", "--data", str(data), *TRAIN, "--out", str(tmp_path / "run"))

@@ -15,7 +15,7 @@ from engine.data.extract import TargetInfo, extract_hidden_states, load_sample
 from engine.data.options import ExtractOptions
 from engine.data.render import render_rows
 from engine.errors import WorkbenchError
-from engine.targets import capture_hidden_states
+from engine.targets.capture import capture_hidden_states
 
 CHATS = [{"id": f"c{i}", "messages": [{"role": "user", "content": "hello " * (i + 1)},
                                       {"role": "assistant", "content": "the quick brown fox " * (i + 1)}]}

@@ -9,7 +9,7 @@ import torch
 from engine.algos import ALGOS
 from engine.algos.dflash.args import DFlashArgs
 from engine.algos.dflash.io import build_dflash, load_dflash
-from engine.generate.api import prompt_ids
+from engine.generate.prompt import prompt_ids
 from engine.generate.runner import TargetRunner
 from engine.generate.sampling import SamplingParams
 from testkit.decoding import PROMPTS  # the decode engine's own prompts
@@ -18,7 +18,7 @@ from testkit.decoding import PROMPTS  # the decode engine's own prompts
 @pytest.fixture(scope="module")
 def tiny(tiny_targets):
     """A private copy of the tiny target: DFlash drafts share (and freeze) its embedding."""
-    from engine.targets import load_target
+    from engine.targets.loading import load_target
 
     return load_target(str(tiny_targets["llama"]))
 
@@ -104,7 +104,7 @@ def test_dflash_trains_and_writes_a_checkpoint_vllm_rules_accept(tiny_targets, t
     assert config["speculators_model_type"] == "dflash" and config["block_size"] == 4
     assert config["sliding_window_non_causal"] is True  # bidirectional blocks: vLLM serves causal = False
     assert config["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 3
-    from engine.targets import load_target
+    from engine.targets.loading import load_target
 
     assert load_dflash(final, load_target(str(tiny_targets["llama"]))).block_size == 4
 
@@ -152,7 +152,7 @@ def test_training_the_drafted_slots_gives_the_whole_block_loss(tiny, tiny_dflash
     loss and per-slot statistics equal the whole-block computation's (every slot projected, slot 0 masked)."""
     from engine.algos.common.losses import forward_kl
     from engine.algos.dflash.train import DFlashObjective, block_labels, slot_weights
-    from engine.targets import load_verifier_parts
+    from engine.targets.verifier import load_verifier_parts
 
     t, b = 40, tiny_dflash.block_size
     torch.manual_seed(0)

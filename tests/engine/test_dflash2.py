@@ -15,7 +15,7 @@ from engine.algos.dflash2.args import DFlash2Args
 from engine.algos.dflash2.io import build_dflash2, save_dflash2
 from engine.algos.dflash2.model import grouped_causal_conv
 from engine.errors import WorkbenchError
-from engine.generate.api import prompt_ids
+from engine.generate.prompt import prompt_ids
 from engine.generate.runner import TargetRunner
 from engine.generate.sampling import SamplingParams
 from engine.generate.speculative import generate_all
@@ -27,7 +27,7 @@ BLOCK = 4
 @pytest.fixture(scope="module")
 def tiny(tiny_targets):
     """A private copy of the tiny target: DFlash2 drafts share (and freeze) its embedding and head."""
-    from engine.targets import load_target
+    from engine.targets.loading import load_target
 
     return load_target(str(tiny_targets["llama"]))
 
@@ -140,7 +140,7 @@ def test_dflash2_trains_and_writes_a_checkpoint_vllm_rules_accept(tiny_targets, 
     from engine.format import vllm_rules as vr
     from engine.format.checkpoint import tensor_index
     from engine.format.validate import validate_draft
-    from engine.targets import load_target
+    from engine.targets.loading import load_target
     from testkit.training import train_online
 
     final, val = train_online("dflash2", tiny_targets["llama"], tmp_path / "run", epochs=6,

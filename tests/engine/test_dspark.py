@@ -14,7 +14,7 @@ import torch
 from engine.algos import ALGOS
 from engine.algos.dspark.args import DSparkArgs
 from engine.algos.dspark.io import build_dspark, load_dspark, save_dspark
-from engine.generate.api import prompt_ids
+from engine.generate.prompt import prompt_ids
 from engine.generate.runner import TargetRunner
 from engine.generate.sampling import SamplingParams
 from engine.generate.speculative import generate_all
@@ -26,7 +26,7 @@ BLOCK = 4
 @pytest.fixture(scope="module")
 def tiny(tiny_targets):
     """A private copy of the tiny target: DSpark drafts share (and freeze) its embedding."""
-    from engine.targets import load_target
+    from engine.targets.loading import load_target
 
     return load_target(str(tiny_targets["llama"]))
 
@@ -226,7 +226,7 @@ def test_dspark_trains_calibrates_and_writes_a_checkpoint_vllm_rules_accept(tiny
     from engine.format import vllm_rules as vr
     from engine.format.checkpoint import tensor_index
     from engine.format.validate import validate_draft
-    from engine.targets import load_target
+    from engine.targets.loading import load_target
     from testkit.training import train_online
 
     final, val = train_online("dspark", tiny_targets["llama"], tmp_path / "run", epochs=6,

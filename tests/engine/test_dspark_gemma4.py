@@ -72,7 +72,7 @@ def test_the_layout_follows_the_target_and_refuses_what_vllms_gemma4_class_lacks
     from engine.algos.dspark.args import DSparkArgs
     from engine.algos.dspark.gemma4 import Gemma4DSparkDraft
     from engine.algos.dspark.io import build_dspark
-    from engine.targets import load_target
+    from engine.targets.loading import load_target
 
     gemma = load_target(str(gemma4_target))
     counts = torch.arange(gemma.vocab_size, dtype=torch.float32)  # token frequencies for a draft vocabulary
@@ -119,7 +119,7 @@ def _random_draft(target, tmp_path: Path, softcap: float | None) -> tuple[Path, 
 def test_serve_plans_vllms_own_form_for_a_gemma4_layout_draft(gemma4_target, tmp_path, monkeypatch):
     import engine.algos  # noqa: F401  (the registry: vLLM's rules per draft type)
     from engine.serve.server import plan_server
-    from engine.targets import load_target
+    from engine.targets.loading import load_target
 
     monkeypatch.setenv("WORKBENCH_RUNS", str(tmp_path / "runs"))
     folder, _ = _random_draft(load_target(str(gemma4_target)), tmp_path, None)
@@ -143,7 +143,7 @@ def test_validate_refuses_a_gemma4_layout_vllm_cannot_load_and_warns_where_we_ca
 
     from engine.algos.dspark.io import load_dspark
     from engine.format.validate import validate_draft
-    from engine.targets import load_target
+    from engine.targets.loading import load_target
 
     target = load_target(str(gemma4_target))
     folder, _ = _random_draft(target, tmp_path, None)
@@ -171,7 +171,7 @@ def test_the_cpu_build_reads_the_own_form_and_refuses_dspark_in_its_words(gemma4
 
     from engine.algos.dspark.config import VLLM_V1_REFUSAL
     from engine.format.validate import validate_draft
-    from engine.targets import load_target
+    from engine.targets.loading import load_target
 
     folder, _ = _random_draft(load_target(str(gemma4_target)), tmp_path, None)
     report = validate_draft(folder)
@@ -195,7 +195,7 @@ def test_stand_in_vllms_gemma4_dspark_class_loads_our_checkpoint_and_gives_our_l
 
     from engine.algos.dspark.vllm_form import write_vllm_folder
     from engine.serve.venv import vllm_venv_dir
-    from engine.targets import load_target
+    from engine.targets.loading import load_target
 
     python = vllm_venv_dir() / "bin" / "python"
     if not python.exists():

@@ -99,9 +99,10 @@ def test_evaluated_acceptance_equals_real_decoding_on_the_builtin_target(builtin
     0.03 of greedy speculative decoding (fp32), and >= 95% of the steps have the same (drafted, accepted) pair (the
     behaviour suite checks every k of every algorithm exactly, on the tiny target)."""
     from engine.algos.loading import draft_algorithm
+    from engine.algos.shipped import default_draft
     from engine.data.prompts import load_prompts
-    from engine.generate.api import default_draft, prompt_ids
     from engine.generate.metrics import SpecMetrics
+    from engine.generate.prompt import prompt_ids
     from engine.generate.runner import TargetRunner
     from engine.generate.sampling import SamplingParams
 
@@ -237,7 +238,7 @@ def test_forecast_and_card_section(tmp_path):
 def test_sampled_expectation_is_a_probability_and_tends_to_the_greedy_walk(tiny_targets):
     from engine.algos import ALGOS
     from engine.algos.eagle3.io import build_eagle3
-    from engine.targets import load_target
+    from engine.targets.loading import load_target
 
     target = load_target(str(tiny_targets["llama"]))
     counts = torch.arange(target.vocab_size).flip(0)

@@ -95,11 +95,11 @@ def test_linear_attention_targets_decode_losslessly(family, tmp_path):
     """Gated DeltaNet layers keep a recurrent state that a crop cannot shorten: the runner restores it from before
     the verify and runs the kept tokens again. Drafts accepted 0..k at a time leave the output the baseline's; a
     runner that only crops attention KV changes it (this target's greedy output is varied, not one token)."""
-    from engine.generate.api import prompt_ids
+    from engine.generate.prompt import prompt_ids
     from engine.generate.runner import TargetRunner, rollback_problem
     from engine.generate.sampling import SamplingParams
     from engine.generate.speculative import generate_all
-    from engine.targets import load_target
+    from engine.targets.loading import load_target
     from testkit.decoding import PROMPTS, OracleProposer
 
     target = load_target(str(save_tiny_target(tmp_path / family, family)), dtype="fp32")
@@ -121,7 +121,7 @@ def test_a_rollback_past_the_last_forward_replays_the_kept_tokens(tmp_path):
     import torch
 
     from engine.generate.runner import TargetRunner
-    from engine.targets import load_target
+    from engine.targets.loading import load_target
 
     target = load_target(str(save_tiny_target(tmp_path / "q", "qwen3_next")),
                          dtype="fp32")

@@ -12,7 +12,7 @@ from tiny import FAMILIES, save_tiny_target
 
 @pytest.fixture(scope="module")
 def family_targets(tmp_path_factory):
-    from engine.targets import load_target
+    from engine.targets.loading import load_target
 
     root = tmp_path_factory.mktemp("family-details")
     return {f: load_target(str(save_tiny_target(root / f, f))) for f in FAMILIES}
@@ -25,7 +25,7 @@ IDS = torch.tensor([[5, 17, 42, 99, 7, 3, 250, 11, 64, 128, 19, 33, 8, 200]])  #
 def test_captured_layer_ids_are_the_residual_stream_vllm_records(family, family_targets):
     """id k < N = the input of decoder layer k (HF hidden_states[k]); id N = the last layer's output before the
     final norm, so the target's own final norm of it is HF's last hidden state."""
-    from engine.targets import capture_hidden_states
+    from engine.targets.capture import capture_hidden_states
 
     target = family_targets[family]
     n = target.num_layers
@@ -41,7 +41,7 @@ def test_captured_layer_ids_are_the_residual_stream_vllm_records(family, family_
 def test_training_sees_what_decoding_gives_the_draft(family, family_targets):
     """The embedding and final norm training reads from the files equal the ones decoding uses: the plain lookup
     (vLLM shares the target's unscaled embedding module) and the family's own final norm."""
-    from engine.targets import load_verifier_parts
+    from engine.targets.verifier import load_verifier_parts
 
     target = family_targets[family]
     parts = load_verifier_parts(target.ref.path)
@@ -60,7 +60,8 @@ def test_training_targets_are_the_targets_own_logits(family, family_targets):
     """The distribution training matches is the target's own: norm, lm_head, then the family's logit transform
     (Gemma 2's final soft-capping, Granite's logits_scaling), against the logits of the target's forward."""
     from engine.algos.eagle3.train import target_logits
-    from engine.targets import capture_hidden_states, load_verifier_parts
+    from engine.targets.capture import capture_hidden_states
+    from engine.targets.verifier import load_verifier_parts
 
     target = family_targets[family]
     parts = load_verifier_parts(target.ref.path)

@@ -7,7 +7,7 @@ from engine.generate import fused_decoder
 from engine.generate import kernel_choice as kc
 from engine.generate.fused_decoder import fused_problem
 from engine.generate.runner import TargetRunner
-from engine.targets import load_target
+from engine.targets.loading import load_target
 
 pytestmark = pytest.mark.xdist_group("fused_decoder")
 

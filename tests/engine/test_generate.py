@@ -10,10 +10,10 @@ from engine.algos.eagle3.io import build_eagle3
 from engine.algos.eagle3.proposer import Eagle3Proposer
 from engine.errors import WorkbenchError
 from engine.generate import speculative
-from engine.generate.api import prompt_ids
 from engine.generate.events import ACCEPTED, BONUS, CORRECTION, TARGET
 from engine.generate.metrics import SpecMetrics, measure_cost_curve, speedup_ceiling
 from engine.generate.ngram import NgramProposer, ngram_lookup
+from engine.generate.prompt import prompt_ids
 from engine.generate.runner import TargetRunner
 from engine.generate.sampling import SamplingParams, logits_to_probs
 from engine.generate.speculative import generate_all
@@ -22,7 +22,7 @@ from testkit.decoding import PROMPTS, OracleProposer, chi_square_pvalue, second_
 
 @pytest.fixture(scope="module")
 def tiny(tiny_targets):
-    from engine.targets import load_target
+    from engine.targets.loading import load_target
 
     return load_target(str(tiny_targets["llama"]))
 

@@ -11,7 +11,9 @@ import pytest
 import torch
 
 from engine.algos.eagle3.args import Eagle3Args
-from engine.generate.api import default_draft, make_proposer, prompt_ids
+from engine.algos.loading import make_proposer
+from engine.algos.shipped import default_draft
+from engine.generate.prompt import prompt_ids
 from engine.generate.runner import TargetRunner
 from engine.generate.sampling import SamplingParams
 from engine.generate.speculative import generate_all

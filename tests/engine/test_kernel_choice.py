@@ -36,7 +36,7 @@ def test_cpuinfo_is_parsed_and_decode_dtype_ignores_onednn_emulation(tmp_path, m
     assert cpu.cpu_flags() == {"fpu", "sse2", "avx2", "avx512f", "avx512bw"}
     assert not cpu.native_bf16()
     assert "AVX-512" in cpu.describe() and "bf16 emulated" in cpu.describe()
-    from engine.targets import decode_dtype
+    from engine.targets.dtypes import decode_dtype
 
     assert decode_dtype("auto", "cpu") == torch.float32  # whatever oneDNN says about emulating bf16 here
     info.write_text("model name\t: Intel Xeon\nflags\t\t: avx512f avx512_bf16 amx_bf16\n")
@@ -172,8 +172,9 @@ def test_the_chosen_path_on_the_builtin_target_is_greedy_exact(builtin_chosen):
     """On a row-exact path greedy speculation is the baseline token for token; on a path that is not (the AMD EPYC
     with AVX2 only: none is), it is the baseline up to a near-tie: where they first differ, the baseline's own
     one-token step scores both tokens within rounding."""
+    from engine.algos.loading import make_proposer
     from engine.data.datasets import heldout_prompts
-    from engine.generate.api import make_proposer, prompt_ids
+    from engine.generate.prompt import prompt_ids
     from engine.generate.runner import TargetRunner
     from engine.generate.sampling import SamplingParams
     from engine.generate.speculative import generate_all
@@ -225,11 +226,11 @@ def test_sampling_on_every_kernel_path_keeps_the_target_distribution(tiny_target
     """The lossless-in-distribution claim for paths that are not row-exact (and for the exact ones): at temperature 1
     the second token, verified from a draft, follows the target's distribution on that path (chi-square), as vLLM's
     rejection-sampler tests check it."""
-    from engine.generate.api import prompt_ids
+    from engine.generate.prompt import prompt_ids
     from engine.generate.runner import TargetRunner
     from engine.generate.sampling import SamplingParams
     from engine.generate.speculative import generate_all
-    from engine.targets import load_target
+    from engine.targets.loading import load_target
     from testkit.decoding import OracleProposer, chi_square_pvalue, second_token_distribution
 
     path = kc.PATHS[path_name]
@@ -269,8 +270,8 @@ def test_candidates_are_timed_one_at_a_time_when_their_copies_do_not_fit_togethe
 
 def test_a_draft_loads_in_its_cpu_targets_bf16_and_in_fp32_otherwise(builtin_target):
     from engine.algos.loading import load_draft
-    from engine.generate.api import default_draft
-    from engine.targets import load_target
+    from engine.algos.shipped import default_draft
+    from engine.targets.loading import load_target
 
     path = default_draft(builtin_target.ref.name)
     assert load_draft(path, builtin_target).fc.weight.dtype == torch.float32  # fp32 target

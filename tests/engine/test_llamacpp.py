@@ -33,7 +33,7 @@ def build():
 
 @pytest.fixture(scope="module")
 def builtin_dir():
-    from engine.targets import resolve_target
+    from engine.targets.resolve import resolve_target
 
     return resolve_target("smollm2-135m-instruct").path
 
@@ -43,7 +43,7 @@ def prompt_ids(builtin_dir):
     from transformers import AutoTokenizer
 
     from engine.data.prompts import load_prompts
-    from engine.generate.api import prompt_ids
+    from engine.generate.prompt import prompt_ids
 
     tok = AutoTokenizer.from_pretrained(builtin_dir)
     return [prompt_ids(tok, p) for p in load_prompts("general", PROMPTS)]
@@ -157,7 +157,7 @@ def test_a_trained_draft_of_a_tiny_target_decodes_its_baseline(algo, args, build
     from transformers import AutoTokenizer
 
     from engine.data.prompts import load_prompts
-    from engine.generate.api import prompt_ids
+    from engine.generate.prompt import prompt_ids
     from testkit.training import train_online
 
     draft, _ = train_online(algo, tiny_smol, tmp_path / "run", epochs=2, **args)

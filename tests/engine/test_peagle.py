@@ -14,7 +14,7 @@ from engine.algos import ALGOS
 from engine.algos.peagle.args import PEagleArgs
 from engine.algos.peagle.io import build_peagle, load_peagle, save_peagle
 from engine.algos.peagle.train import cod_sample
-from engine.generate.api import prompt_ids
+from engine.generate.prompt import prompt_ids
 from engine.generate.runner import TargetRunner
 from engine.generate.sampling import SamplingParams
 from engine.generate.speculative import generate_all
@@ -27,7 +27,7 @@ K = 4  # depths of the tiny draft
 @pytest.fixture(scope="module")
 def tiny(tiny_targets):
     """A private copy of the tiny target (drafts share its embedding)."""
-    from engine.targets import load_target
+    from engine.targets.loading import load_target
 
     return load_target(str(tiny_targets["llama"]))
 
@@ -124,7 +124,7 @@ def test_the_objective_runs_the_heads_on_the_loss_elements_only_and_loses_nothin
     from engine.algos.common.losses import forward_kl
     from engine.algos.eagle3.train import target_logits
     from engine.algos.peagle.train import PEagleObjective, depth_stats, element_rows
-    from engine.targets import load_verifier_parts
+    from engine.targets.verifier import load_verifier_parts
 
     torch.manual_seed(4)
     t = 48
@@ -171,7 +171,7 @@ def test_peagle_trains_and_writes_a_checkpoint_vllm_rules_accept(tiny_targets, t
 
     from engine.format.checkpoint import tensor_index
     from engine.format.validate import validate_draft
-    from engine.targets import load_target
+    from engine.targets.loading import load_target
     from testkit.training import train_online
 
     final, val = train_online("peagle", tiny_targets["llama"], tmp_path / "run", epochs=8,

@@ -41,7 +41,7 @@ def test_a_bad_value_and_a_bad_measurement_key_are_refused(tmp_path):
 
 def test_defaults_are_filled_once_and_dry_run_shows_them(tmp_path, capsys):
     from engine.cli import main
-    from engine.targets import DEFAULT_TARGET
+    from engine.targets.resolve import DEFAULT_TARGET
 
     path = _recipe(tmp_path, "extract: {algo: dflash, max_samples: 3}\nevaluate:\nsweep: {ks: [1, 2]}\n")
     recipe = load_recipe(path)

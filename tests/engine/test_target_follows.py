@@ -36,7 +36,7 @@ def made(tmp_path_factory):
 
 
 def test_the_manifest_records_the_digest_of_the_targets_tensors(made):
-    from engine.targets import target_digest
+    from engine.targets.identity import target_digest
 
     manifest = json.loads((Path(made["data"]) / "manifest.json").read_text())
     assert manifest["target_path"] == str(Path(made["targets"]["a"]).resolve())
@@ -61,7 +61,7 @@ def test_train_refuses_a_target_the_data_was_not_made_for(made, other, what, tmp
 
 
 def test_train_refuses_a_target_of_the_datas_shape_with_other_weights(made, tmp_path, capsys):
-    from engine.targets import target_digest
+    from engine.targets.identity import target_digest
 
     rc, _, err = run_cli(capsys, "train", "--data", made["data"], "--target", made["targets"]["reseeded"],
                          "--max-steps", "1", "--tokens-per-batch", "256", "--out", str(tmp_path / "run"))
@@ -105,7 +105,8 @@ def test_decoding_refuses_a_target_the_draft_was_not_made_for(made, command, oth
 
 def test_decoding_follows_the_drafts_verifier(made, monkeypatch):
     from engine.errors import WorkbenchError
-    from engine.targets import ACCEPT_CHANGE_ENV, DEFAULT_TARGET, target_for_draft
+    from engine.targets.identity import ACCEPT_CHANGE_ENV, target_for_draft
+    from engine.targets.resolve import DEFAULT_TARGET
 
     a = made["targets"]["a"]
     assert Path(target_for_draft(made["draft"], None)).resolve() == Path(a).resolve()
@@ -133,7 +134,7 @@ def test_serve_refuses_a_target_the_draft_was_not_made_for(made):
 
 def test_a_draft_whose_verifier_is_elsewhere_is_checked_against_its_own_config(made, tmp_path):
     from engine.errors import WorkbenchError
-    from engine.targets import target_for_draft
+    from engine.targets.identity import target_for_draft
 
     draft = Path(shutil.copytree(made["draft"], tmp_path / "draft"))
     config = json.loads((draft / "config.json").read_text())

@@ -7,7 +7,9 @@ import json
 import pytest
 import torch
 
-from engine.targets import BUILTIN_TARGETS, LayerCapture, capture_hidden_states, load_target, resolve_target
+from engine.targets.capture import LayerCapture, capture_hidden_states
+from engine.targets.loading import load_target
+from engine.targets.resolve import BUILTIN_TARGETS, resolve_target
 
 
 def _reference(model, ids):

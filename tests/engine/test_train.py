@@ -261,7 +261,7 @@ def test_speculators_loads_our_checkpoint_and_computes_the_same_logits(tiny_targ
     from speculators.models.eagle3 import Eagle3SpeculatorConfig
 
     from engine.algos.eagle3.io import load_eagle3, save_eagle3
-    from engine.targets import load_target
+    from engine.targets.loading import load_target
 
     target = load_target(str(tiny_targets["llama"]))
     final = Trainer(config(tiny_targets["llama"], tiny_data, tmp_path / "run", max_steps=5)).run()
@@ -296,7 +296,7 @@ def test_speculators_runs_a_draft_saved_exactly_as_we_ship_drafts(tiny_targets, 
     18; which one depends on the allocator): `validate` warns about such a draft."""
     pytest.importorskip("speculators")
     from engine.algos.eagle3.io import load_eagle3
-    from engine.targets import load_target
+    from engine.targets.loading import load_target
     from speculators_ref import load_reference, logit_gaps
 
     target = load_target(str(tiny_targets["llama"]))
@@ -333,7 +333,7 @@ def test_a_checkpoint_speculators_wrote_runs_in_our_model(tiny_targets, tmp_path
     from transformers import AutoConfig
 
     from engine.algos.eagle3.io import load_eagle3
-    from engine.targets import load_target
+    from engine.targets.loading import load_target
 
     verifier_dir = str(tiny_targets["llama"])
     layer_cfg = AutoConfig.from_pretrained(verifier_dir)

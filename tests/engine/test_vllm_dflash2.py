@@ -36,7 +36,7 @@ def vllm_python() -> Path:
 @pytest.mark.vllm
 def test_vllms_cpu_build_refuses_dflash2_and_validate_says_so_first(builtin_target, tmp_path):
     from engine.format.validate import validate_draft
-    from engine.targets import load_verifier_parts
+    from engine.targets.verifier import load_verifier_parts
 
     algo = ALGOS.get("dflash2")
     args = algo.args_class(num_layers=1, block_size=BLOCK, selector_rank=8)
@@ -59,7 +59,7 @@ def test_stand_in_vllms_dflash2_pieces_compute_our_convolutions_scores_and_draft
     path of its selector walk give our convolutions, candidates, selector scores and greedy drafts."""
     from safetensors.torch import load_file, save_file
 
-    from engine.targets import load_target
+    from engine.targets.loading import load_target
 
     tiny = load_target(str(tiny_targets["llama"]))
     draft = build_dflash2(tiny, DFlash2Args(num_layers=2, block_size=BLOCK, selector_rank=16, conv_kernel_size=3),

@@ -104,7 +104,7 @@ def test_vllm_serves_the_familys_draft_with_our_acceptance(family, algo, vllm_po
     from engine.errors import WorkbenchError
     from engine.measure.bench import run_bench
     from engine.measure.vllm_bench import run_vllm_bench
-    from engine.targets import load_target
+    from engine.targets.loading import load_target
 
     if _refused_by_cpu_build(family):  # measured: benchmarks/bench_vllm_linear_attention.py, docs/families.md
         target = save_tiny_target(tmp_path / "target", family, hidden_size=WIDTH)

@@ -169,7 +169,7 @@ def test_hub_cache_link_resolves_the_builtin_offline(tmp_path):
     from huggingface_hub import try_to_load_from_cache
 
     from engine.serve.server import link_into_hub_cache
-    from engine.targets import resolve_target
+    from engine.targets.resolve import resolve_target
 
     folder = Path(resolve_target("smollm2-135m-instruct").path)
     cache = link_into_hub_cache(VERIFIER, folder, tmp_path / "hub")
@@ -180,7 +180,7 @@ def test_hub_cache_link_resolves_the_builtin_offline(tmp_path):
 
 def test_plans_for_both_forms_and_no_draft(random_draft, tmp_path):
     from engine.serve.server import plan_server
-    from engine.targets import resolve_target
+    from engine.targets.resolve import resolve_target
 
     target = resolve_target("smollm2-135m-instruct").path
     auto = plan_server(random_draft, hub_cache=tmp_path / "hub")
@@ -360,7 +360,7 @@ def test_shipped_draft_auto_form_is_lossless(vllm_bench, vllm_pool, builtin_targ
     server = vllm_pool.get(plan, dtype=TEST_DTYPE)
     client = server.client()
     assert client.models() == [str(SHIPPED)]
-    from engine.generate.api import prompt_ids
+    from engine.generate.prompt import prompt_ids
 
     tok = builtin_target.tokenizer
     outputs = [client.complete(prompt_ids(tok, p), max_tokens=MAX_TOKENS, temperature=0.0).text for p in PROMPTS]

@@ -18,7 +18,7 @@ def random_eagle3_draft(folder: Path, *, mutate=None, seed: int = 0) -> Path:
     from engine.format import vllm_rules as vr
     from engine.format.checkpoint import read_config_dict, save_checkpoint
     from engine.format.config import build_draft_config
-    from engine.targets import resolve_target
+    from engine.targets.resolve import resolve_target
 
     verifier = read_config_dict(resolve_target("smollm2-135m-instruct").path)
     cfg = build_draft_config("eagle3", verifier_config=verifier, verifier_name=VERIFIER, draft_vocab_size=8192,

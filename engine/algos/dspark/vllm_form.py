@@ -64,7 +64,7 @@ def write_vllm_folder(draft: str | os.PathLike, out: str | os.PathLike, cfg: dic
     """Write vLLM's form of a Gemma 4 layout draft to `out` (atomic): its config.json, and links to the draft's
     weight files (the tensors and their names are the same; a Gemma 4 head and embedding are not copied). `cfg`: the
     draft's config.json when the caller has read it."""
-    from engine.format.checkpoint import CONFIG_NAME, read_config_dict  # imports torch
+    from engine.format.checkpoint import CONFIG_NAME, read_config_dict
 
     folder = Path(draft)
     cfg = cfg if cfg is not None else read_config_dict(folder)
