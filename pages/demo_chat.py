@@ -11,6 +11,7 @@ from ui.chat import (
     SHORT_TOKENS,
     explain,
     explain_table,
+    generate_commands,
     identical_badge,
     kernel_exact,
     kernel_rows,
@@ -18,7 +19,7 @@ from ui.chat import (
     kernel_untried,
     race_progress,
 )
-from ui.cli import command, show_cli
+from ui.cli import show_cli
 from ui.errors import guard
 from ui.tokens import legend_html, plain_html, spec_html, waiting_html
 
@@ -250,18 +251,14 @@ if prompt:
             race.cancel()
         sides = race.sides
         base = sides["baseline"]
-        argv = ["generate", prompt, "--target", target_name, "--k", str(k), "--max-new-tokens", str(max_new),
-                "--temperature", str(temperature), "--seed", str(seed)]
-        lines = [command(argv[:2] + ["--method", "baseline"] + argv[2:])]
-        for name in chosen:
-            method = "ngram" if name == "ngram" else "draft"
-            lines.append(command(argv[:2] + ["--method", method] + argv[2:]
-                                 + (["--draft", paths[name]] if method == "draft" else [])))
+        cli = generate_commands(prompt, {"target": target_name, "k": int(k), "max_new_tokens": int(max_new),
+                                         "temperature": float(temperature), "seed": int(seed)},
+                                {name: (paths[name] if name != "ngram" else None) for name in chosen})
         profiles = {name: side.profile() for name, side in sides.items()}
         rows = explain(profiles, k=int(k), cost_curve=curve, labels={n: PROPOSERS[n] for n in chosen})
         turn = {"prompt": prompt, "k": int(k), "draft": draft if "draft" in chosen else None,
                 "temperature": float(temperature), "baseline": base.text.text,
-                "cost_curve": curve, "busy": busy, "explain": rows, "cli": "\n".join(lines),
+                "cost_curve": curve, "busy": busy, "explain": rows, "cli": cli,
                 "kernel": target.extra.get("kernel_summary"), "kernel_exact": kernel_exact(target.extra.get("kernel")),
                 "kernel_rows": kernel_rows(target.extra.get("kernel")),
                 "kernel_untried": kernel_untried(target.extra.get("kernel")),

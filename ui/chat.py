@@ -15,9 +15,11 @@ from engine.generate.events import StepEvent
 from engine.generate.explain import SHORT_ANSWER_TOKENS as SHORT_TOKENS  # noqa: F401 (re-exported for pages)
 from engine.generate.explain import explain  # noqa: F401 (re-exported for pages)
 from engine.generate.metrics import SpecMetrics
+from engine.generate.options import GenerateOptions
 from engine.generate.runner import TargetRunner
 from engine.generate.sampling import SamplingParams
 from engine.generate.speculative import generate
+from ui.cli import command
 from ui.tokens import TokenMark, TokenText
 
 
@@ -285,6 +287,15 @@ def prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
     from engine.generate.prompt import prompt_ids as engine_prompt_ids
 
     return engine_prompt_ids(tokenizer, messages)
+
+
+def generate_commands(prompt: str, settings: dict, proposers: dict[str, str | None]) -> str:
+    """The `generate` commands of a chat turn, one per line: the baseline, then each proposer (its draft folder, or
+    None for n-gram); `settings` are GenerateOptions fields (target, k, max_new_tokens, temperature, seed)."""
+    base = GenerateOptions(**settings)
+    runs = [("baseline", None), *(("ngram" if path is None else "draft", path) for path in proposers.values())]
+    return "\n".join(command(base.model_copy(update={"method": method, "draft": path}).argv("generate", prompt))
+                     for method, path in runs)
 
 
 def sampling(tokenizer, *, max_new_tokens: int, temperature: float, seed: int) -> SamplingParams:

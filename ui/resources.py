@@ -15,6 +15,8 @@ from typing import Any
 import streamlit as st
 
 import engine.algos  # noqa: F401  (fills the algorithm and config-type registries the pages read)
+from engine.algos.loading import load_decoding_draft, make_proposer
+from engine.errors import WorkbenchError
 
 log = logging.getLogger("workbench.ui.resources")
 
@@ -80,28 +82,18 @@ def tokenizer(name: str):
 
 @st.cache_resource(max_entries=4, show_spinner="Loading the draft model…")
 def _draft_model(path: str, target_name: str, stamp: float):
-    from engine.algos.loading import load_draft
-
     log.info("loading the draft model %s (once, shared by every browser session)", path)
-    return load_draft(path, target(target_name))
+    return load_decoding_draft(path, target(target_name))
 
 
 def proposer(method: str, target_name: str, draft_path: str | None):
-    """A fresh proposer over cached weights: `draft` (the draft folder) or `ngram`; None for the baseline."""
-    from engine.algos.loading import make_proposer
-
-    if method == "baseline":
-        return None
-    if method == "ngram":
-        return make_proposer("ngram", target(target_name))
-    if not draft_path:
-        from engine.errors import WorkbenchError
-
+    """A fresh proposer over cached weights (engine.algos.loading.make_proposer): `draft` (the draft folder) or
+    `ngram`; None for the baseline."""
+    if method == "draft" and not draft_path:
         raise WorkbenchError("no draft is selected and this target has no shipped draft",
                              hint="pick a draft on the Models page, or use the n-gram proposer")
-    from engine.algos.loading import proposer_for
-
-    return proposer_for(_draft_model(draft_path, target_name, _stamp(draft_path)))
+    cached = _draft_model(draft_path, target_name, _stamp(draft_path)) if method == "draft" else None
+    return make_proposer(method, target(target_name), draft=draft_path, draft_model=cached)
 
 
 @st.cache_resource(show_spinner=False)

@@ -12,9 +12,8 @@ from engine.errors import WorkbenchError
 from engine.format.checkpoint import read_config_dict
 from engine.generate.cpu_kernels import pack_draft_linears
 from engine.generate.ngram import NgramProposer
+from engine.generate.options import METHODS
 from engine.generate.proposers import Proposer
-
-METHODS = ("baseline", "draft", "ngram")  # what `generate --method` and `bench --methods` take, besides an algorithm
 
 
 def draft_algorithm(draft_path: str | Path):
@@ -42,19 +41,27 @@ def is_algorithm(name: str) -> bool:
     return name in ALGOS
 
 
-def make_proposer(method: str, target, *, draft: str | Path | None = None, prompt_lookup_min: int = 2,
-                  prompt_lookup_max: int = 5, **options: Any) -> Proposer | None:
-    """`baseline` -> None, `ngram` -> n-gram lookup, `draft` -> the draft at `draft` (or the shipped default)."""
+def load_decoding_draft(path: str | Path, target):
+    """A draft model ready for decoding beside `target`: loaded, its linears packed where that pays on this CPU."""
+    draft_model = load_draft(path, target)
+    pack_draft_linears(draft_model)
+    return draft_model
+
+
+def make_proposer(method: str, target, *, draft: str | Path | None = None, draft_model=None,
+                  prompt_lookup_min: int = 2, prompt_lookup_max: int = 5, **options: Any) -> Proposer | None:
+    """`baseline` -> None, `ngram` -> n-gram lookup, `draft` -> the draft at `draft` (or the shipped default), or over
+    `draft_model` when it is loaded already (the app keeps one per draft for every session)."""
     if method == "baseline":
         return None
     if method == "ngram":
         return NgramProposer(prompt_lookup_min, prompt_lookup_max)
     if method == "draft" or is_algorithm(method):
-        path = draft or default_draft(target.ref.name)
-        if path is None:
-            raise WorkbenchError("no draft given and no shipped draft for this target",
-                                 hint="pass --draft DIR (a speculators-format draft folder)")
-        draft_model = load_draft(path, target)
-        pack_draft_linears(draft_model)
+        if draft_model is None:
+            path = draft or default_draft(target.ref.name)
+            if path is None:
+                raise WorkbenchError("no draft given and no shipped draft for this target",
+                                     hint="pass --draft DIR (a speculators-format draft folder)")
+            draft_model = load_decoding_draft(path, target)
         return proposer_for(draft_model, **options)
     raise WorkbenchError(f"unknown method '{method}'", hint=f"choose one of {list(METHODS)}")

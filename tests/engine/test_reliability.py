@@ -479,7 +479,8 @@ def test_the_generate_api_checks_parameters_changed_after_creation(tiny_llama):
 @pytest.mark.parametrize("flags", [["--top-p", "0"], ["--temperature", "-1"], ["--top-k", "-3"]])
 def test_generate_cli_refuses_bad_sampling_before_loading_anything(tmp_path, flags):
     run = _engine("generate", "hello", "--target", str(tmp_path / "no-such-target"), *flags)
-    assert run.returncode == 2 and "invalid sampling parameter" in run.stderr and "Fix:" in run.stderr
+    field = flags[0].removeprefix("--").replace("-", "_")
+    assert run.returncode == 2 and f"invalid settings — `{field}`" in run.stderr and "Fix:" in run.stderr
     assert "Traceback" not in run.stderr
 
 
