@@ -43,7 +43,8 @@ START = "pages/start.py"
 
 def run() -> None:
     log_to_terminal()
-    st.set_page_config(page_title="Speculators Workbench", page_icon=":material/bolt:", layout="wide")
+    # an emoji favicon is drawn in the browser; a ":material/...:" one is fetched from a font CDN (fails offline)
+    st.set_page_config(page_title="Speculators Workbench", page_icon="⚡", layout="wide")
     state.init_state()
     # the start page is "/"; every other page has the URL of its file name (/models, /demo_chat, ...), typed or linked
     nav = st.navigation({section: [st.Page(path, title=title, icon=icon, default=(path == START),

@@ -12,7 +12,7 @@ from ui.jobs import launch, watch_jobs
 
 st.title("Benchmarks")
 st.caption("The baseline and each speculative method generate the same held-out prompts; acceptance uses vLLM's "
-           "definitions, and the speedup ceiling is what the acceptance would give if drafting were free.")
+           "definitions, and the speedup ceiling is what the tokens of every step would give if drafting were free.")
 
 ss = st.session_state
 RECIPE_COLUMNS = {"training tokens": st.column_config.NumberColumn(format="localized"),
@@ -23,9 +23,10 @@ target, draft = state.active_target(), state.active_draft()
 
 def _evaluation(ev: evaluate_ui.Evaluation) -> None:
     """One offline evaluation: which draft, on what, from where, the advice, and its table per k."""
-    advice = evaluate_ui.recommendation(ev.result, ev.here, bench.draft_speed(ev.result.get("draft")))
-    st.markdown(f"`{bench.short_name(ev.result.get('draft'))}` · {ev.result.get('num_samples')} held-out "
-                f"samples × {ev.result.get('max_new_tokens')} tokens · {ev.where}" + (f" · {advice}" if advice else ""))
+    advice = evaluate_ui.recommendation(ev.result, ev.here, bench.draft_speed(ev.result.get("draft")),
+                                        shipped=ev.shipped)
+    st.markdown(f"`{bench.short_name(ev.result.get('draft'))}` · {evaluate_ui.protocol(ev.result)} · {ev.where}"
+                + (f" · {advice}" if advice else ""))
     st.dataframe(evaluate_ui.table_rows(ev.result), hide_index=True, width="stretch",
                  column_config=evaluate_ui.columns())
     if (fig := charts.acceptance_by_position(ev.result)) is not None:
@@ -99,7 +100,7 @@ with results_tab:
         with guard("Plotting"):
             where = bench.provenance(choice, files) if upload is None and choice else "an uploaded file"
             st.caption(bench.describe(result) + f" · measured on {where}")
-            if upload is None and choice and not where.startswith("this machine"):
+            if upload is None and choice and not bench.of_this_kind(where):
                 st.warning(f"These speeds are not known to be from this machine ({where}): speed depends on the CPU. "
                            "The *Run a benchmark* tab measures them here.", icon=":material/computer:")
             figs = charts.bench_figures(result)
@@ -127,7 +128,8 @@ with results_tab:
                            ", ".join(f"n = {k_}: {v:.2f}×" for k_, v in result["cost_curve"].items()))
             per_prompt = bench.per_prompt_rows(result)
             if per_prompt:
-                with st.expander(f"Per prompt ({len(per_prompt)} prompts): which prompts accept well or badly",
+                with st.expander(f"Per prompt ({evaluate_ui.counted(len(per_prompt), 'prompt')}): which prompts "
+                                 "accept well or badly",
                                  icon=":material/table_rows:"):
                     st.dataframe(per_prompt, hide_index=True, width="stretch")
                     st.download_button("Download per-prompt rows (CSV)", bench.to_csv(per_prompt),

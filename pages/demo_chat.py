@@ -165,8 +165,9 @@ def _why(turn: dict, index: int) -> None:
         curve = turn.get("cost_curve") or {}
         if curve.get(turn["k"] + 1):
             st.caption(f"The target's cost curve on this machine: one forward over {turn['k'] + 1} tokens costs "
-                       f"{curve[turn['k'] + 1]:.2f}× one over 1 token, so an acceptance length of τ can give at most "
-                       f"τ / {curve[turn['k'] + 1]:.2f} even if drafting were free (the ceiling column).")
+                       f"{curve[turn['k'] + 1]:.2f}× one over 1 token. The ceiling column is the speedup if drafting "
+                       "were free: the tokens of every step (a step that drafted nothing emits one token at the cost "
+                       "of one) over what verifying them cost.")
 
 
 def _show_turn(turn: dict, index: int) -> None:

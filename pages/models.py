@@ -266,26 +266,32 @@ with tab_d:
             launch(eval_argv, kind="evaluate", name=Path(shown).name)
         watch_jobs(["evaluate"], "Evaluation jobs", key="models_eval")
         with guard("Reading evaluation results"):
-            done = evaluate_ui.all_results(shown)  # yours first, then the shipped records (this machine's first)
+            done = evaluate_ui.all_results(shown)  # yours first, then the shipped records (this machine's kind first)
             if done:
-                ev = done[0]
+                ev = evaluate_ui.choose(done, key="models_eval_shown")
+                for small in evaluate_ui.smaller_and_newer(done, ev):
+                    st.info(f"Your newer evaluation ({evaluate_ui.protocol(small.result)}, {small.where}) is smaller "
+                            "than the one shown and does not replace it: pick it above to see it.",
+                            icon=":material/straighten:")
                 st.dataframe(evaluate_ui.table_rows(ev.result), hide_index=True, width="stretch",
                              column_config=evaluate_ui.columns())
                 if (fig := charts.acceptance_by_position(ev.result)) is not None:
                     charts.show(fig, key="models_eval_positions")
-                by_workload = next((e for e in done if e.result.get("by_workload")), None)  # the freshest one
+                by_workload = ev if ev.result.get("by_workload") else \
+                    evaluate_ui.largest([e for e in done if e.result.get("by_workload")])
                 if by_workload is not None:
                     st.markdown("##### Acceptance per workload")
                     st.dataframe(evaluate_ui.workload_rows(by_workload.result), hide_index=True, width="stretch")
                     charts.show(charts.acceptance_by_workload(by_workload.result), key="models_eval_workloads_chart")
                     st.caption("Mean acceptance length per k on each prompt set, in brackets its 95% interval over "
                                "prompts (bootstrap): a wide interval means too few prompts to tell workloads apart. "
-                               f"From {by_workload.where}.")
+                               f"From {evaluate_ui.label(by_workload)}.")
                 if ev.result.get("forecast_llamacpp"):
                     st.caption(f"llama.cpp: {ev.result['forecast_llamacpp']['advice']}.")
-                advice = evaluate_ui.recommendation(ev.result, ev.here, bench_ui.draft_speed(shown))
-                st.caption(f"{ev.result.get('num_samples')} held-out samples, {ev.result.get('max_new_tokens')} new "
-                           f"tokens; from {ev.where}." + (f" **{advice[:1].upper() + advice[1:]}.**" if advice else ""))
+                advice = evaluate_ui.recommendation(ev.result, ev.here, bench_ui.draft_speed(shown),
+                                                    shipped=ev.shipped)
+                st.caption(f"{evaluate_ui.protocol(ev.result)}; from {ev.where}."
+                           + (f" **{advice[:1].upper() + advice[1:]}.**" if advice else ""))
                 if not ev.here:
                     st.info("This evaluation does not name this machine's CPU, so its forecast may rest on another "
                             "CPU's step costs. Evaluate the draft here (the button above) for this machine's forecast.",

@@ -58,7 +58,10 @@ def vllm_start() -> None:
         c4, c5, c6 = st.columns(3)
         port = c4.number_input("Port", 1024, 65535, ss.get("serve_port_default") or 8000, key="serve_port")
         max_len = c5.number_input("Max model length", 128, 131072, 2048, key="serve_max_len")
-        dtype = c6.selectbox("dtype", ["bfloat16", "float32", "float16"], key="serve_dtype")
+        flavor = serving.vllm_flavor(env)
+        dtype = c6.selectbox("dtype", serving.DTYPES, index=serving.dtype_index(flavor), key="serve_dtype")
+        if note := serving.dtype_note(dtype, flavor):
+            st.caption(note)
         c7, c8 = st.columns([2, 1])
         fields = c7.text_input("More speculative_config fields (JSON)", "", key="serve_spec_fields",
                                placeholder='{"rejection_sample_method": "block"}', disabled=not with_draft,
@@ -188,7 +191,9 @@ with use_tab:
                         c1, c2, c3 = st.columns(3)
                         c1.metric("drafts", acc["num_drafts"])
                         tau = acc["mean_acceptance_length"]
-                        c2.metric("mean acceptance length", f"{tau:.2f}" if tau else "–")
+                        c2.metric("tokens per step", f"{tau:.2f}" if tau else "–",  # a label that fits uncut
+                                  help="Mean acceptance length (vLLM's definition): tokens each drafting step "
+                                       "emits, the bonus token included.")
                         rate = acc["acceptance_rate"]
                         c3.metric("acceptance rate", f"{rate:.0%}" if rate is not None else "–")
                         charts.show(charts.per_position_bars(acc["per_position_acceptance"]),

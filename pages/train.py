@@ -230,10 +230,10 @@ with tab_compare:
                 figs = charts.training_figures({name: training.read_metrics(runs[name]) for name in chosen},
                                                reference=shipped.curve if show_shipped else None)
                 figs = {name: fig for name, fig in figs.items() if fig.data}  # the shipped curve alone: one chart
-                cols = st.columns(3)
-                for col, (name, fig) in zip(cols, figs.items(), strict=False):  # empty charts were dropped
-                    with col:
-                        charts.show(fig, key=f"train_compare_{name}", filename=f"compare-{name}")
+                # one chart per row, the page's full width: a third of it, less the legend of several runs, left
+                # the plot about 100 px wide with its labels overlapping
+                for name, fig in figs.items():  # empty charts were dropped
+                    charts.show(fig, key=f"train_compare_{name}", filename=f"compare-{name}")
 
     compare_runs()
     st.button("Refresh the list of runs", key="train_compare_refresh", icon=":material/refresh:")

@@ -10,6 +10,7 @@ from typing import Any
 from engine import jobs as engine_jobs
 from engine.measure.options import ALL_METHODS, BenchOptions
 from ui import records
+from ui.evaluate import counted
 
 METHODS = ALL_METHODS
 
@@ -80,7 +81,12 @@ def provenance(key: str, files: dict[str, Path]) -> str:
         return ""
     if not key.startswith(SHIPPED_PREFIX):
         return records.provenance(_record(path)) if _record(path).get("cpu") else "this machine (your run)"
-    return records.provenance(_record(path), path)
+    return records.provenance(_record(path), path, shipped=True)
+
+
+def of_this_kind(where: str) -> bool:
+    """A provenance (`provenance`) of this machine, or of a shipped record from a CPU of this machine's kind."""
+    return where.startswith(("this machine", records.SAME_KIND))
 
 
 def user_results() -> dict[str, Path]:
@@ -161,7 +167,7 @@ def describe(result: dict[str, Any]) -> str:
         parts.append(f"k = {result['k']}")
     n, new = num_prompts(result), result.get("max_new_tokens")
     if n:
-        parts.append(f"{n} prompts" + (f" × up to {new} new tokens" if new else ""))
+        parts.append(counted(n, "prompt") + (f" × up to {counted(new, 'new token')}" if new else ""))
     if result.get("temperature") is not None:
         parts.append("greedy" if not result["temperature"] else f"temperature {result['temperature']:g}")
     where = result.get("backend") or ""
@@ -315,6 +321,7 @@ def draft_speed(draft: str | None) -> dict[str, Any] | None:
             "mean_acceptance_length": row.get("mean_acceptance_length"), "k": rec.get("k"),
             "prompts": num_prompts(rec), "max_new_tokens": rec.get("max_new_tokens"),
             "backend": rec.get("backend"), "here": records.on_this_machine(rec) or not key.startswith(SHIPPED_PREFIX),
+            "shipped": key.startswith(SHIPPED_PREFIX),  # came with the project: never ran here, whatever its CPU
             "where": provenance(key, mine),
             "ngram_speedup": (rec["methods"].get("ngram") or {}).get("speedup")}
 
@@ -331,7 +338,8 @@ def draft_speed_text(speed: dict[str, Any] | None) -> str:
                " (one run, no spread)")
             + (f" (mean acceptance length {tau:.2f})" if tau else "")
             + (f", k = {speed['k']}" if speed.get("k") else "")
-            + (f", {speed['prompts']} prompts × up to {speed['max_new_tokens']} new tokens" if speed.get("prompts")
+            + (f", {counted(speed['prompts'], 'prompt')} × up to {counted(speed['max_new_tokens'], 'new token')}"
+               if speed.get("prompts")
                else "")
             + (f", {speed['backend']}" if speed.get("backend") else "")
             + (f"; n-gram {ngram:.2f}× in the same run" if isinstance(ngram, (int, float)) else "")

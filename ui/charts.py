@@ -9,6 +9,7 @@ from typing import Any
 import plotly.graph_objects as go
 
 from ui import palette
+from ui.evaluate import counted
 
 # legends to the right of the plot area, top-aligned: never over the x-axis title or the tick labels
 _LAYOUT = dict(margin=dict(l=10, r=10, t=40, b=10), height=320,
@@ -67,7 +68,8 @@ def acceptance_by_position(result: Mapping[str, Any]) -> go.Figure | None:
     starts, anywhere = (acc.get("first_token_acceptance_at_draft_starts"),
                         acc.get("first_token_acceptance_all_positions"))
     gap = "" if None in (starts, anywhere) else f" · first token {starts:.2f} at draft starts, {anywhere:.2f} anywhere"
-    subtitle = f"{result.get('num_samples')} held-out prompts × up to {result.get('max_new_tokens')} tokens{gap}"
+    subtitle = (f"{counted(result.get('num_samples'), 'held-out prompt')} × up to "
+                f"{counted(result.get('max_new_tokens'), 'token')}{gap}")
     fig.update_layout(title=dict(text=f"Acceptance by answer position (k = {result.get('best_k')})",
                                  subtitle=dict(text=subtitle)),
                       xaxis_title="answer position a draft starts at", yaxis_title="mean acceptance length",
@@ -86,7 +88,7 @@ def acceptance_by_workload(result: Mapping[str, Any]) -> go.Figure | None:
         keys = [k for k, s in row["by_k"].items() if s.get("mean_acceptance_length") is not None]
         taus = [row["by_k"][k]["mean_acceptance_length"] for k in keys]
         cis = [row["by_k"][k].get("ci95") or [t, t] for k, t in zip(keys, taus, strict=True)]
-        name = f"{row['workload'].rsplit('/', 1)[-1]} ({row['kind']}, {row['held_out_prompts']} prompts)"
+        name = f"{row['workload'].rsplit('/', 1)[-1]} ({row['kind']}, {counted(row['held_out_prompts'], 'prompt')})"
         fig.add_trace(go.Scatter(
             x=[int(k) for k in keys], y=taus, name=name, mode="lines+markers",
             error_y=dict(type="data", symmetric=False, array=[c[1] - t for c, t in zip(cis, taus, strict=True)],
@@ -193,7 +195,7 @@ def bench_figures(result: Mapping[str, Any]) -> dict[str, go.Figure]:
     and (when the JSON has per-prompt data) the spread of acceptance length over prompts."""
     methods = {m: r for m, r in (result.get("methods") or {}).items() if not r.get("skipped")}
     n = result.get("num_prompts", result.get("prompts"))
-    over = f"mean over {n} prompts" if isinstance(n, int) else "mean over the benchmark's prompts"
+    over = f"mean over {counted(n, 'prompt')}" if isinstance(n, int) else "mean over the benchmark's prompts"
     k = result.get("k")
     colour = {m: palette.method_colour(m, i) for i, m in enumerate(methods)}
 
@@ -372,7 +374,7 @@ def k_sweep(sweep: Sequence[Mapping[str, Any]], *, source: str) -> dict[str, go.
                                 line=dict(width=2, color=palette.REFERENCE)),
                     hovertemplate="k = %{x}: at most %{y} tokens per step<extra></extra>")
     n = next((r.get("num_prompts") for r in rows if r.get("num_prompts")), None)
-    over = f"{n} held-out prompts" if n else "held-out prompts"
+    over = counted(n, "held-out prompt") if n else "held-out prompts"
     tau.update_layout(**_bench_layout("Acceptance length by k", f"tokens per verification step · {over} · {source}"),
                       xaxis_title="k (drafts per step)", xaxis_dtick=1, yaxis_title="tokens per step",
                       yaxis_range=[0, max(ks + [1]) + 1.5])

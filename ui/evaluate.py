@@ -66,9 +66,14 @@ class Evaluation:
 
     result: dict[str, Any]
     where: str        # "your job ID · this machine (CPU), DATE" / "shipped evaluate/NAME.json · another machine: ..."
-    here: bool        # measured on this machine's CPU (a job of yours always is)
+    here: bool        # measured on a CPU of this machine's kind (a job of yours always is)
     date: str | None
     job: engine_jobs.Job | None = None
+
+    @property
+    def shipped(self) -> bool:
+        """A record that came with the project: it never ran on this machine, whatever its CPU kind."""
+        return self.job is None
 
 
 def shipped_results(draft: str | None = None) -> list[Evaluation]:
@@ -82,7 +87,8 @@ def shipped_results(draft: str | None = None) -> list[Evaluation]:
     if draft is not None:  # a re-shipped draft keeps its folder: only evaluations of its current weights
         these = records.of_these_weights(found, draft)
         found = {path: result for path, result in found.items() if path in these}
-    return [Evaluation(result, f"shipped `{path.relative_to(records.SHIPPED)}` · {records.provenance(result, path)}",
+    return [Evaluation(result, f"shipped `{path.relative_to(records.SHIPPED)}` · "
+                       f"{records.provenance(result, path, shipped=True)}",
                        records.on_this_machine(result), records.date_of(result, path))
             for path, result in found.items()]
 
@@ -99,18 +105,81 @@ def all_results(draft: str | None = None) -> list[Evaluation]:
     return mine + shipped
 
 
-def recommendation(result: dict[str, Any], here: bool = True, speed: dict[str, Any] | None = None) -> str:
-    """The advice in words: the best measured k of the draft's k sweep on this machine (`speed`, from
+def recommendation(result: dict[str, Any], here: bool = True, speed: dict[str, Any] | None = None, *,
+                   shipped: bool = False) -> str:
+    """The advice in words: the best measured k of the draft's k sweep on a CPU of this kind (`speed`, from
     ui.bench.draft_speed, when it measured every k) with the forecast beside it and its error; else the forecast's
-    (never a k whose forecast is below 1×); "" with neither."""
+    (never a k whose forecast is below 1×); "" with neither (`shipped`: a record that never ran here)."""
     from engine.measure.step_costs import measured_recommendation
     from engine.measure.step_costs import recommendation as words
 
-    where = "on this machine" if here else "on the machine it was measured on"
     if speed and speed.get("rows") and speed.get("here"):
         return measured_recommendation(speed["rows"], result.get("forecast"), ngram=speed.get("ngram_speedup"),
-                                       where="on this machine")
-    return words(result.get("forecast"), where)
+                                       where=_where(True, bool(speed.get("shipped"))))
+    return words(result.get("forecast"), _where(here, shipped))
+
+
+def _where(here: bool, shipped: bool) -> str:
+    """Where a figure was measured, in words: "this machine" only for what ran here."""
+    if not here:
+        return "on the machine it was measured on"
+    return f"on {records.SAME_KIND}" if shipped else "on this machine"
+
+
+def counted(n: Any, noun: str) -> str:
+    """A count with its noun in the right number: "1 held-out prompt", "20 held-out prompts"."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def size(result: dict[str, Any]) -> int:
+    """How much an evaluation measured: held-out prompts × new tokens."""
+    return int(result.get("num_samples") or 0) * int(result.get("max_new_tokens") or 0)
+
+
+def protocol(result: dict[str, Any]) -> str:
+    """An evaluation's size and protocol in words: prompts × tokens, its k, the target's kernel path, the engines."""
+    ks = [int(k) for k in result.get("by_k") or {}]
+    kernel = str(result.get("kernel") or "").split(" (")[0] or "not recorded"
+    engines = ["in-process"] if result.get("forecast") else []
+    engines += ["llama.cpp"] if result.get("forecast_llamacpp") else []
+    return (f"{counted(result.get('num_samples'), 'held-out prompt')} × "
+            f"{counted(result.get('max_new_tokens'), 'new token')}"
+            + (f" · k = {min(ks)}–{max(ks)}" if len(ks) > 1 else f" · k = {ks[0]}" if ks else "")
+            + f" · kernel {kernel} · acceptance: in-process walk"
+            + (f", forecast: {' and '.join(engines)}" if engines else ", no forecast"))
+
+
+def largest(evaluations: list[Evaluation]) -> Evaluation | None:
+    """The evaluation to open on: the largest (prompts × tokens), the first of equals (yours, freshest first), so a
+    smaller run never replaces a larger one unasked."""
+    return max(evaluations, key=lambda e: size(e.result), default=None)
+
+
+def label(ev: Evaluation) -> str:
+    """One evaluation in a picker: its size and protocol, then where and when it was measured."""
+    return f"{protocol(ev.result)} · {ev.where}"
+
+
+def choose(evaluations: list[Evaluation], key: str) -> Evaluation:
+    """A picker of every evaluation by size and protocol, opening on the largest; it follows a new largest one, and
+    keeps a choice of the user's until then."""
+    import streamlit as st
+
+    labels = {label(e): e for e in evaluations}
+    default = label(largest(evaluations))
+    if st.session_state.get(f"{key}_default") != default or st.session_state.get(key) not in labels:
+        st.session_state[f"{key}_default"] = st.session_state[key] = default
+    picked = st.selectbox("Evaluation shown", list(labels), key=key, width="stretch",
+                          help="Every evaluation of this draft: yours (newest first), then the shipped records. It "
+                               "opens on the largest (held-out prompts × new tokens): a smaller run is listed, it "
+                               "does not replace a larger one.")
+    return labels[picked]
+
+
+def smaller_and_newer(evaluations: list[Evaluation], shown: Evaluation) -> list[Evaluation]:
+    """Your evaluations fresher than the one shown and smaller than it (listed in the picker, not shown)."""
+    fresher = evaluations[: evaluations.index(shown)]
+    return [e for e in fresher if not e.shipped and size(e.result) < size(shown.result)]
 
 
 def table_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
@@ -149,5 +218,6 @@ def _round(x: float | None, digits: int = 3) -> float | None:
     return None if x is None else round(float(x), digits)
 
 
-__all__ = ["WORKLOADS", "Evaluation", "all_results", "evaluate_argv", "recommendation", "result_path", "results",
-           "shipped_results", "table_rows", "workload_rows"]
+__all__ = ["WORKLOADS", "Evaluation", "all_results", "choose", "counted", "evaluate_argv", "label", "largest",
+           "protocol", "recommendation", "result_path", "results", "shipped_results", "size", "smaller_and_newer",
+           "table_rows", "workload_rows"]

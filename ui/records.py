@@ -9,6 +9,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ROOT / "benchmarks" / "results"  # records that ship with the project
+SAME_KIND = "a CPU of this kind"  # a shipped record's CPU matches this machine's kind: not "this machine"
 
 
 @functools.lru_cache(maxsize=1)
@@ -68,8 +69,9 @@ def date_of(record: dict[str, Any], path: str | Path | None = None) -> str | Non
     return None
 
 
-def provenance(record: dict[str, Any], path: str | Path | None = None) -> str:
-    """"this machine (Intel Xeon ..., AMX), 2026-12-01" or "another machine: AMD EPYC, AVX-512 BF16, committed
+def provenance(record: dict[str, Any], path: str | Path | None = None, *, shipped: bool = False) -> str:
+    """"this machine (Intel Xeon ..., AMX), 2026-12-01", "a CPU of this kind (AMD EPYC, AVX2), 2026-12-04" (`shipped`:
+    a record that came with the project never ran here) or "another machine: AMD EPYC, AVX-512 BF16, committed
     2026-11-28"."""
     cpu, date, kind = cpu_of(record), date_of(record, path), kind_of(record)
     cpu = f"{cpu}, {kind}" if cpu and kind and kind not in cpu else cpu  # the kind is what tells two EPYCs apart
@@ -77,7 +79,7 @@ def provenance(record: dict[str, Any], path: str | Path | None = None) -> str:
     if cpu is None:
         return f"CPU not recorded{when}"
     if on_this_machine(record):
-        return f"this machine ({cpu}){when}"
+        return f"{SAME_KIND if shipped else 'this machine'} ({cpu}){when}"
     return f"another machine: {cpu}{when}"
 
 

@@ -25,6 +25,36 @@ def serve_argv(*, draft: str | None, target: str | None, k: int | None, form: st
     return options.argv("serve")
 
 
+DTYPES = ["bfloat16", "float32", "float16"]  # the dtype field's choices (its default: engine.serve.options)
+
+
+def vllm_flavor(env) -> str:
+    """The vLLM build this machine serves with: the installed one's (`env`), else the one the install would pick."""
+    from engine.serve.venv import gpu_available
+
+    return env.flavor if env is not None else "cuda" if gpu_available() else "cpu"
+
+
+def dtype_index(flavor: str) -> int:
+    """The dtype field's default (engine.serve.options.default_dtype) as an index into DTYPES."""
+    from engine.serve.options import default_dtype
+
+    return DTYPES.index(default_dtype(flavor))
+
+
+def dtype_note(dtype: str, flavor: str) -> str:
+    """One line on what bf16 costs on a CPU that emulates it, and why the answers may differ; "" elsewhere."""
+    from engine.cpu import native_bf16
+
+    if flavor == "cuda" or native_bf16() or dtype not in ("bfloat16", "float32"):
+        return ""
+    if dtype == "bfloat16":
+        return ("This CPU has no native bf16: bfloat16 is emulated here, slower than float32, and its answers may "
+                "leave the in-process fp32 ones after a few dozen tokens.")
+    return ("float32 by default: this CPU has no native bf16, so bfloat16 would be emulated (slower) and its answers "
+            "may differ from the in-process fp32 ones.")
+
+
 def llamacpp_argv(*, draft: str | None, k: int | None, port: int, ctx: int, gguf_target: str, gguf_draft: str,
                   p_min: float | None, ngram: str | None) -> list[str]:
     """The `serve --engine llama.cpp` command line of the form's values (ValueError with ServeOptions' reason)."""

@@ -68,8 +68,7 @@ def running(kind: str) -> list[engine_jobs.Job]:
 def steps(target: str, draft: str | None, target_problem: str | None, target_path: str | None = None) -> list[Step]:
     """The five steps of the workflow for this target and draft, each with its state and the page that does it."""
     from engine.algos import ALGOS, algorithm_names
-    from ui import bench, serving
-    from ui import evaluate as evaluate_ui
+    from ui import serving
 
     out = []
     out.append(Step("1. Target", "The large model whose answers the draft must predict (the verifier).",
@@ -94,30 +93,38 @@ def steps(target: str, draft: str | None, target_problem: str | None, target_pat
                     + (f" · {len(training)} training job{'s' if len(training) != 1 else ''} running"
                        if training else ""),
                     draft is not None, "pages/train.py", "Train a draft", ":material/model_training:"))
-    here = [e for e in (evaluate_ui.all_results(draft) if draft else []) if e.here]
-    speed = bench.draft_speed(draft)
-    measured_here = speed is not None and speed["here"]
+    evaluated_text, evaluated = _evaluated(draft)
     evaluating = running("evaluate") + running("bench")
-    if not draft:
-        evaluated_text = "No draft to evaluate (the Benchmarks page measures n-gram against the target alone)."
-    elif measured_here:
-        evaluated_text = f"Measured on this machine: {speed['speedup']:.2f}× the target alone" + (
-            f" at k = {speed['k']}." if speed.get("k") else ".")
-    elif here:
-        evaluated_text = f"Evaluated on this machine ({here[0].where})."
-    else:
-        evaluated_text = "Not measured on this machine yet" + (f" (on record: {speed['where']})." if speed else ".")
     out.append(Step("4. Evaluate", "How many tokens the draft gets accepted per step and how much faster decoding "
                     "is on this machine (Demo chat for one prompt, Benchmarks for many).",
                     evaluated_text
                     + (f" · {len(evaluating)} job{'s' if len(evaluating) != 1 else ''} running" if evaluating else ""),
-                    measured_here or bool(here), "pages/benchmarks.py", "Compare speeds", ":material/speed:"))
+                    evaluated, "pages/benchmarks.py", "Compare speeds", ":material/speed:"))
     live = [j for j in serving.servers() if j.running]
     out.append(Step("5. Serve", "The draft behind a real vLLM server (speculators format), with the exact "
                     "`vllm serve` line.",
                     f"{len(live)} server{'s' if len(live) != 1 else ''} running." if live else "No server running.",
                     bool(live), "pages/serve.py", "Serve it", ":material/dns:"))
     return out
+
+
+def _evaluated(draft: str | None) -> tuple[str, bool]:
+    """The Evaluate step's status and whether it is done: only a run on this machine counts, a shipped record never."""
+    from ui import bench
+    from ui import evaluate as evaluate_ui
+
+    if not draft:
+        return "No draft to evaluate (the Benchmarks page measures n-gram against the target alone).", False
+    speed = bench.draft_speed(draft)
+    if speed is not None and not speed["shipped"]:
+        return f"Measured on this machine: {speed['speedup']:.2f}× the target alone" + (
+            f" at k = {speed['k']}." if speed.get("k") else "."), True
+    evaluations = evaluate_ui.all_results(draft)  # yours first
+    if evaluations and not evaluations[0].shipped:
+        return f"Evaluated on this machine ({evaluations[0].where}).", True
+    on_record = (f"shipped `{speed['key'].removeprefix(bench.SHIPPED_PREFIX)}` · {speed['where']}" if speed
+                 else evaluations[0].where if evaluations else None)
+    return "Not run on this machine yet" + (f" (on record: {on_record})." if on_record else "."), False
 
 
 def next_step(all_steps: list[Step]) -> Step:

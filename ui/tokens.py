@@ -14,7 +14,7 @@ SOURCES = {
     "accepted": (palette.ACCEPTED, "accepted draft token"),
     "correction": (palette.CORRECTION, "target correction (first rejected position)"),
     "bonus": (palette.BONUS, "bonus token (every draft token was accepted)"),
-    "target": ("transparent", "target token (prefill or no draft)"),
+    "target": ("transparent", "target token (the first token, or a step that drafted nothing)"),
 }
 _BOX = "white-space:pre-wrap;line-height:1.75;font-size:0.95rem;font-family:ui-sans-serif,system-ui,sans-serif;"
 
@@ -98,11 +98,14 @@ def waiting_html(elapsed_s: float, *, started: bool = False) -> str:
 
 
 def legend_html() -> str:
+    """What each token colour means, uncoloured target tokens and the rejected-drafts underline included."""
     chips = "".join(f'<span style="background:{c};border:1px solid #ccc;border-radius:3px;padding:0 6px;'
                     f'margin-right:10px">{html.escape(m.split(" (")[0])}</span>'
                     for s, (c, m) in SOURCES.items() if s != "target")
-    return (f'<div style="font-size:0.85rem">{chips}<span style="text-decoration:underline dotted {palette.REJECTED}">'
-            f'dotted underline</span>: drafts were rejected here (hover to see them)</div>')
+    plain = (f'<span class="legend-target" style="border:1px solid #ccc;border-radius:3px;padding:0 6px">no colour'
+             f'</span>: {html.escape(SOURCES["target"][1])}; ')
+    return (f'<div style="font-size:0.85rem">{chips}{plain}<span style="text-decoration:underline dotted '
+            f'{palette.REJECTED}">dotted underline</span>: drafts were rejected here (hover to see them)</div>')
 
 
 def loss_html(segments: Iterable[tuple[str, bool]], *, max_chars: int | None = None) -> str:

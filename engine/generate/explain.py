@@ -24,6 +24,7 @@ class Profile:
 
     tokens: int = 0            # tokens emitted by the decode steps
     steps: int = 0             # decode steps (target forwards after the prefill)
+    drafted_steps: int = 0     # decode steps that verified >= 1 draft token
     decode_s: float = 0.0      # compute time of the decode steps
     target_s: float = 0.0      # target forwards (verification) alone
     draft_s: float = 0.0       # proposer time
@@ -60,6 +61,7 @@ def profile(events: Iterable[StepEvent]) -> Profile:
         out.decode_s += e.step_s
         out.target_s += e.target_s
         out.draft_s += e.draft_s
+    out.drafted_steps = metrics.num_drafts
     out.mean_acceptance_length = metrics.mean_acceptance_length
     out.per_position_acceptance = metrics.per_position_acceptance
     return out
@@ -86,7 +88,6 @@ def explain(profiles: Mapping[str, Profile], *, k: int, cost_curve: Mapping[int,
         if name == baseline:
             continue
         label = labels.get(name, name)
-        tau = p.mean_acceptance_length if p.mean_acceptance_length is not None else p.tokens_per_step
         row: dict[str, Any] = {
             "label": label, "tokens": p.tokens + 1, "steps": p.steps,
             "mean_acceptance_length": p.mean_acceptance_length, "tokens_per_step": p.tokens_per_step,
@@ -94,7 +95,8 @@ def explain(profiles: Mapping[str, Profile], *, k: int, cost_curve: Mapping[int,
             "target_share": _share(p.target_s, p.decode_s), "draft_share": _share(p.draft_s, p.decode_s),
             "rest_share": _share(p.rest_s, p.decode_s),
             "step_cost": None, "target_cost": None, "draft_cost": None, "rest_cost": None, "speedup": None,
-            "ceiling": speedup_ceiling(tau, verify_cost) if verify_cost else None, "verify_cost": verify_cost,
+            "ceiling": speedup_ceiling(p.tokens, p.steps, p.drafted_steps, verify_cost) if verify_cost else None,
+            "verify_cost": verify_cost,
             "short": p.tokens + 1 < short_tokens,
         }
         if base_step and p.steps:

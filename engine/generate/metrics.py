@@ -21,6 +21,8 @@ class SpecMetrics:
     # past max_new_tokens, vLLM's does)
     drafted_per_pos: list[int] = field(default_factory=list)
     num_tokens: int = 0       # generated tokens (prefill token included)
+    decode_steps: int = 0     # target forwards after the prefill, drafted or not
+    decode_tokens: int = 0    # tokens those steps emitted (1 where nothing was drafted)
     decode_seconds: float = 0.0  # time after the first token
     total_seconds: float = 0.0
 
@@ -30,6 +32,9 @@ class SpecMetrics:
             self._t_first = event.elapsed_s
         self.total_seconds = event.elapsed_s
         self.decode_seconds = event.elapsed_s - getattr(self, "_t_first", 0.0)
+        if event.step > 0:
+            self.decode_steps += 1
+            self.decode_tokens += len(event.tokens)
         if event.drafted:
             self.num_drafts += 1
             self.num_draft_tokens += event.drafted
@@ -54,6 +59,8 @@ class SpecMetrics:
         for i, n in enumerate(other.drafted_per_pos):
             self.drafted_per_pos[i] += n
         self.num_tokens += other.num_tokens
+        self.decode_steps += other.decode_steps
+        self.decode_tokens += other.decode_tokens
         self.decode_seconds += other.decode_seconds
         self.total_seconds += other.total_seconds
 
@@ -115,8 +122,12 @@ def measure_cost_curve(runner, context: list[int], ks: list[int], repeats: int =
     return {k: times[k] / times[1] for k in times}
 
 
-def speedup_ceiling(mean_acceptance_length: float | None, verify_cost: float) -> float | None:
-    """Speedup if drafting were free: tokens per step / (cost of verifying k+1 tokens in units of one decode)."""
-    if mean_acceptance_length is None or verify_cost <= 0:
+def speedup_ceiling(tokens: int, steps: int, drafted_steps: int, verify_cost: float) -> float | None:
+    """Speedup if drafting were free: tokens over ALL decode steps / their verification cost in one-token forwards."""
+    # a drafted step verifies k+1 tokens (`verify_cost` = the cost curve at k+1); a step that drafted nothing emits
+    # one token for one one-token forward, cost 1. The acceptance length of the drafted steps alone would overstate
+    # a proposer that often proposes nothing (n-gram).
+    if not steps or verify_cost <= 0:
         return None
-    return mean_acceptance_length / verify_cost
+    drafted = min(drafted_steps, steps)
+    return tokens / (drafted * verify_cost + (steps - drafted))

@@ -173,7 +173,7 @@ def summarize(runs: dict[str, MethodRun], *, k: int, params: SamplingParams, cos
             row["overhead_fraction"] = overhead / run.seconds if run.seconds else None
             row["draft_fraction"] = run.draft_s / run.seconds if run.seconds else None
         if name in ("draft", "ngram") and verify_cost:
-            row["speedup_ceiling"] = speedup_ceiling(tau, verify_cost)
+            row["speedup_ceiling"] = speedup_ceiling(m.decode_tokens, m.decode_steps, m.num_drafts, verify_cost)
         methods[name] = row
     return {
         "methods": methods,

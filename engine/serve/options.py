@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from engine import cpu
 from engine.llamacpp.gguf import DEFAULT_DRAFT_TYPE, DEFAULT_TARGET_TYPE, OUT_TYPES, TARGET_TYPES
 from engine.options import Options
 
@@ -22,6 +23,12 @@ class ServerSettings(Options):
     max_model_len: int = Field(DEFAULT_MAX_MODEL_LEN, ge=1, description="context length")
     kv_cache_gib: float | None = Field(None, gt=0, description="CPU KV cache in GiB",
                                        json_schema_extra={"shown_default": 2})
+
+
+def default_dtype(flavor: str) -> str:
+    """The dtype a vLLM build of this `flavor` ("cpu", "cuda") serves by default on this machine."""
+    # a CPU without native bf16 emulates it: slower than float32, and its answers drift from the fp32 in-process ones
+    return "float32" if flavor == "cpu" and not cpu.native_bf16() else ServerSettings.model_fields["dtype"].default
 
 
 LLAMACPP_NGRAM = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")

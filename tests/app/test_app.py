@@ -212,6 +212,13 @@ def test_demo_chat_without_a_draft_offers_ngram_only(runs, tiny_target):
     assert "n-gram only" in captions and "Draft:" not in captions and "still being trained" not in captions
 
 
+def test_the_demo_chat_legend_explains_uncoloured_target_tokens(runs, tiny_target):
+    at = open_app(tiny_target, page="demo_chat")
+    legend = next(h.proto.body for h in at.get("html") if "dotted underline" in h.proto.body)
+    assert "accepted draft token" in legend and "bonus token" in legend
+    assert "no colour</span>: target token (the first token, or a step that drafted nothing)" in legend
+
+
 def test_newline_tokens_stay_outside_the_coloured_spans():
     from ui.tokens import TokenMark, spec_html
 
@@ -398,6 +405,8 @@ def test_train_compare_runs_from_disk(runs, tiny_target):
     at.run()  # a run that started after the page loaded is selected too (the user had not changed the choice)
     assert set(at.multiselect(key="train_compare").value) == {"train/a", "train/b"}
     assert len(at.get("plotly_chart")) == 3
+    # each chart on a row of its own at the page's width, not a third of it beside its legend (issue 65: ~100 px)
+    assert not any(col.get("plotly_chart") for col in at.columns)
     from ui import palette
 
     loss = next(spec for spec in _chart_specs(at) if spec["layout"]["title"]["text"] == "Loss")
@@ -683,7 +692,9 @@ def test_benchmarks_page_opens_on_the_shipped_results_with_readable_charts(runs,
         caption = texts(at.caption)
         assert "None" not in caption and " prompts × up to " in caption
         assert " · measured on " in caption  # which machine (CPU) and when, or that the record does not say
-        here = bench_ui.provenance(key, shipped).startswith("this machine")
+        where = bench_ui.provenance(key, shipped)
+        assert not where.startswith("this machine")  # a shipped record never ran here (issue 65)
+        here = bench_ui.of_this_kind(where)
         assert here != any("not known to be from this machine" in w for w in texts(at.warning).splitlines())
         specs = _chart_specs(at)
         assert len(specs) >= 3
@@ -866,7 +877,8 @@ def test_serve_page_chats_and_charts_acceptance_from_metrics(runs, tiny_target):
         at = open_app(tiny_target, page="serve")
         assert "vllm serve /drafts/x" in texts(at.code)
         assert "-m vllm.entrypoints.openai.api_server --model /drafts/x" in texts(at.code)
-        assert any(m.label == "mean acceptance length" and m.value == "2.50" for m in at.metric)
+        assert any(m.label == "tokens per step" and m.value == "2.50" for m in at.metric)
+        assert at.metric and all(len(m.label) <= 15 for m in at.metric)  # three narrow columns: labels not cut
         spec = json.loads(at.get("plotly_chart")[0].proto.spec)
         assert spec["data"][0]["y"] == [0.8, 0.5, 0.2]
         at.chat_input(key="serve_chat_prompt").set_value("hi there").run()
@@ -903,6 +915,31 @@ def test_serve_page_takes_more_speculative_fields_and_says_what_is_wrong_with_th
     ok(at)
     assert any("Cannot serve with these values: speculative_fields is not JSON" in e.value for e in at.error)
     assert "--speculative-fields" not in texts(at.code)
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_serve_page_defaults_to_float32_where_bf16_is_emulated_and_says_why(runs, tiny_target, monkeypatch, native):
+    """Issue 65: vLLM's CPU build on a CPU without native bf16 serves float32 by default, with a line on what bf16
+    costs there; with native bf16 (or on a GPU) bfloat16 stays the default, with no note."""
+    import engine.cpu
+    import ui.serving
+    from engine.serve.options import default_dtype
+    from engine.serve.venv import VllmEnv
+
+    monkeypatch.setattr(ui.serving, "vllm_env", lambda: VllmEnv(Path("/venv"), "cpu", "0.32.0", "2.13.0+cpu"))
+    monkeypatch.setattr(engine.cpu, "native_bf16", lambda *args, **kwargs: native)
+    at = open_app(tiny_target, page="serve")
+    expected = "bfloat16" if native else "float32"
+    assert at.selectbox(key="serve_dtype").value == expected and default_dtype("cpu") == expected
+    assert default_dtype("cuda") == "bfloat16"
+    assert f"--dtype {expected}" in texts(at.code) or native
+    note = "no native bf16, so bfloat16 would be emulated (slower) and its answers may differ from the in-process fp32"
+    assert (note in texts(at.caption)) is not native
+    if not native:
+        at.session_state["serve_dtype"] = "bfloat16"  # the form's value once sent
+        at.run()
+        ok(at)
+        assert "bfloat16 is emulated here, slower than float32" in texts(at.caption)
 
 
 def test_serve_page_builds_a_llama_cpp_command_and_offers_the_build(runs, tiny_target, tiny_draft, monkeypatch):

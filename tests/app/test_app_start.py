@@ -89,6 +89,36 @@ def test_start_page_for_the_builtin_target_names_the_shipped_drafts_measured_spe
     assert speed["where"] in body
 
 
+def test_a_shipped_record_of_this_cpu_kind_is_not_said_to_have_run_on_this_machine(runs, tmp_path, monkeypatch):
+    """Issue 65: on an AVX2 EPYC with nothing run here, the shipped AVX2 evaluation is named as a shipped record from
+    a CPU of this kind, and the Evaluate step gets no check; the user's own evaluation then gets it."""
+    from engine import cpu
+    from ui import catalog, records
+    from ui import start as start_ui
+
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: fpu sse2 avx2\n")
+    monkeypatch.setattr(cpu, "_CPUINFO", info)
+    records.this_cpu.cache_clear()
+    try:
+        draft = catalog.shipped_draft(BUILTIN)
+        avx2 = records.SHIPPED / "evaluate" / "amd-epyc-avx2" / "workloads_eagle3.json"
+        record = json.loads(avx2.read_text())
+        assert records.on_this_machine(record)  # the CPU kind matches ...
+        assert records.provenance(record, avx2, shipped=True).startswith("a CPU of this kind (AMD EPYC, AVX2)")
+        step = start_ui.steps(BUILTIN, draft, None)[3]
+        assert not step.done and "on this machine (" not in step.status and "Measured on this machine" not in \
+            step.status and step.status.startswith("Not run on this machine yet (on record: shipped `")
+        result = runs / "evaluate" / "mine.json"
+        result.parent.mkdir(parents=True)
+        result.write_text(json.dumps(_evaluation(draft, [1.1])))
+        _fake_job(runs, "evaluate", ["evaluate", "--draft", draft, "--json", str(result)], {"state": "done"})
+        step = start_ui.steps(BUILTIN, draft, None)[3]
+        assert step.done and step.status.startswith("Evaluated on this machine (your job `")
+    finally:
+        records.this_cpu.cache_clear()
+
+
 def test_every_page_has_a_url_of_its_own():
     """Typed URLs work: every page but the start page ("/") has its file name as url_path."""
     import ast
@@ -147,6 +177,35 @@ def test_the_shipped_drafts_acceptance_per_workload_is_on_the_models_page_and_it
     assert "No training run found beside this draft" in texts(at.caption)  # the shipped draft's run is not here
 
 
+def test_a_small_evaluation_does_not_replace_a_larger_one_unasked(runs):
+    """Issue 65: a 1-prompt evaluation of yours is listed with its size and offered, while the Models page keeps
+    showing the larger shipped one; picked, it shows, and no count reads "1 held-out prompts"."""
+    from ui import catalog
+    from ui import evaluate as evaluate_ui
+
+    draft = catalog.shipped_draft(BUILTIN)
+    big = evaluate_ui.largest(evaluate_ui.all_results(draft))
+    assert evaluate_ui.size(big.result) >= 20 * 128
+    result = runs / "evaluate" / "small.json"
+    result.parent.mkdir(parents=True)
+    result.write_text(json.dumps({**_evaluation(draft, [1.1]), "num_samples": 1, "max_new_tokens": 8}))
+    _fake_job(runs, "evaluate", ["evaluate", "--draft", draft, "--json", str(result)], {"state": "done"})
+    small = evaluate_ui.all_results(draft)[0]
+    assert not small.shipped and evaluate_ui.protocol(small.result).startswith("1 held-out prompt × 8 new tokens ·")
+    at = open_app(BUILTIN, "auto", page="models")
+    ok(at)
+    assert at.selectbox(key="models_eval_shown").value == evaluate_ui.label(big)
+    assert f"{evaluate_ui.protocol(big.result)}; from {big.where}." in texts(at.caption)
+    assert "Your newer evaluation (1 held-out prompt × 8 new tokens" in texts(at.info)  # offered, not shown
+    k_table = next(d.value for d in at.dataframe if "k" in d.value.columns)
+    assert len(k_table) == len(big.result["by_k"]) > 1
+    at.selectbox(key="models_eval_shown").set_value(evaluate_ui.label(small)).run()
+    ok(at)
+    assert "1 held-out prompt × 8 new tokens" in texts(at.caption) and "1 held-out prompts" not in texts(at.caption)
+    assert len(next(d.value for d in at.dataframe if "k" in d.value.columns)) == 1
+    assert evaluate_ui.counted(1, "sample") == "1 sample" and evaluate_ui.counted(2, "sample") == "2 samples"
+
+
 def test_shipped_offline_evaluations_are_listed_with_their_machine(runs, tiny_targets):
     from ui import evaluate as evaluate_ui
 
@@ -156,7 +215,9 @@ def test_shipped_offline_evaluations_are_listed_with_their_machine(runs, tiny_ta
     body = texts(at.markdown)
     assert "No offline evaluation yet" not in texts(at.caption)
     for ev in shipped:  # each with where it comes from: its file, its CPU (or that none is recorded), its date
-        assert ev.where in body and ("machine" in ev.where or "CPU not recorded" in ev.where)
+        assert ev.where in body and any(w in ev.where for w in ("another machine", "CPU not recorded",
+                                                                 "a CPU of this kind"))
+        assert "this machine" not in ev.where  # a shipped record never ran here (issue 65)
 
 
 def test_an_evaluation_without_forecast_has_no_forecast_columns_and_run_drafts_say_whose_run():

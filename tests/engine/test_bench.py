@@ -108,3 +108,26 @@ def test_a_bench_job_reports_prompts_done_and_time_left(tiny_llama, tmp_path, mo
     assert [p for _, p in seen] == sorted(p for _, p in seen)  # progress only grows
     assert seen[-1] == ("prompts benchmarked (every method): 3/3 " + seen[-1][0].split("3/3 ")[1], 1.0)
     assert seen[0] == ("prompts benchmarked (every method): 0/3", 0.0)  # at most every second in between
+
+
+def test_the_speedup_ceiling_counts_the_steps_that_drafted_nothing():
+    """Issue 65: n-gram drafting on 1 step of 10 has its ceiling from 1.2 tokens per step, not its acceptance 3."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from engine.generate.events import StepEvent
+    from engine.generate.sampling import SamplingParams
+    from engine.measure.bench import MethodRun, summarize
+
+    run = MethodRun("ngram", seconds=1.0, steps=11)
+    run.metrics.observe(StepEvent(step=0, tokens=[1], sources=["target"], elapsed_s=0.1))
+    run.metrics.observe(StepEvent(step=1, tokens=[1, 1, 1], sources=["accepted"] * 3, drafted=3, accepted=2))
+    for i in range(9):
+        run.metrics.observe(StepEvent(step=2 + i, tokens=[1], sources=["target"]))
+    target = SimpleNamespace(ref=SimpleNamespace(name="t"), dtype=torch.float32, extra={}, device=torch.device("cpu"))
+    result = summarize({"ngram": run}, k=3, params=SamplingParams(max_new_tokens=12), cost_curve={1: 1.0, 4: 1.5},
+                       num_prompts=1, target=target, draft=None)
+    row = result["methods"]["ngram"]
+    assert row["mean_acceptance_length"] == 3.0
+    assert abs(row["speedup_ceiling"] - 12 / (1.5 + 9)) < 1e-9   # not 3.0 / 1.5 = 2.0

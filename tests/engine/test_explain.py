@@ -50,6 +50,18 @@ def test_steps_without_drafts_are_named_when_they_lower_the_rate():
         rows["ngram"]["sentence"]
 
 
+def test_the_ceiling_counts_every_step_not_only_the_drafted_ones():
+    """Issue 65: n-gram drafted on 2 steps of 20 (acceptance length 3 there); undrafted steps emit 1 token at cost 1."""
+    events = _events(2, 3, 0.012, drafted=3) + [StepEvent(step=3 + i, tokens=[1], sources=["target"],
+                                                          step_s=0.01, target_s=0.009) for i in range(18)]
+    rows = explain({"baseline": profile(_events(30, 1, 0.01)), "ngram": profile(events)}, k=3,
+                   cost_curve={1: 1.0, 4: 1.25})
+    ngram = rows["ngram"]
+    assert ngram["mean_acceptance_length"] == 3.0 and abs(ngram["tokens_per_step"] - 1.2) < 1e-9
+    assert abs(ngram["ceiling"] - 24 / (2 * 1.25 + 18)) < 1e-9   # not 3.0 / 1.25 = 2.4
+    assert ngram["ceiling"] < 1.2
+
+
 def test_a_verification_dearer_than_its_tokens_is_the_reason_given():
     rows = explain({"baseline": profile(_events(60, 1, 0.01)),
                     "draft": profile(_events(40, 1, 0.02, draft_s=0.002, drafted=3))}, k=3)

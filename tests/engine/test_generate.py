@@ -168,7 +168,7 @@ def test_top_p_top_k_processing():
 def test_cost_curve_and_ceiling(tiny):
     curve = measure_cost_curve(TargetRunner(tiny), list(range(3, 40)), [2, 4], repeats=3)
     assert curve[1] == 1.0 and set(curve) == {1, 2, 4} and all(v > 0 for v in curve.values())
-    assert speedup_ceiling(2.5, 1.25) == 2.0 and speedup_ceiling(None, 1.0) is None
+    assert speedup_ceiling(25, 10, 10, 1.25) == 2.0 and speedup_ceiling(0, 0, 0, 1.0) is None
 
 
 def test_inference_drafting_computes_what_training_time_test_trains(tiny, tiny_draft):
