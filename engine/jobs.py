@@ -21,10 +21,13 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import Field
 
 from engine.errors import WorkbenchError
 from engine.fsutil import atomic_write_json, atomic_write_text, read_json
+from engine.options import Options
 
 JOB_DIR_ENV = "WORKBENCH_JOB_DIR"
 STATUS = "status.json"
@@ -403,3 +406,11 @@ class DirLock:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
             self._fd = None
+
+
+class JobsOptions(Options):
+    """`jobs`: list the background jobs, show one, or stop one."""
+
+    action: Literal["list", "show", "stop"] = Field("list", description="list the jobs, show one (its command, state "
+                                                    "and log tail), or stop one (SIGTERM to its process group)")
+    job: str | None = Field(None, description="job id (folder name under runs/) for show/stop")

@@ -27,6 +27,18 @@ def _comma_list(item: type, as_tuple: bool):
     return parse
 
 
+class _TaggingGroup:
+    """An argument group whose new actions remember the options model they came from (`action.options_model`)."""
+
+    def __init__(self, group, model_cls: type[BaseModel]):
+        self.group, self.model_cls = group, model_cls
+
+    def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
+        action = self.group.add_argument(*args, **kwargs)
+        action.options_model = self.model_cls
+        return action
+
+
 def add_model_fields(parser: argparse.ArgumentParser, model_cls: type[BaseModel], *, skip: Sequence[str] = (),
                      title: str | None = None, defaults: dict[str, str] | None = None,
                      keep_defaults: bool = False) -> None:
@@ -35,7 +47,8 @@ def add_model_fields(parser: argparse.ArgumentParser, model_cls: type[BaseModel]
     Flags default to None so that a YAML file can fill what the command line does not, or, with `keep_defaults`,
     to the field's default. `defaults` replaces the default shown in a field's help.
     """
-    group = parser.add_argument_group(title or model_cls.__name__, (model_cls.__doc__ or "").strip() or None)
+    group = _TaggingGroup(parser.add_argument_group(title or model_cls.__name__,
+                                                    (model_cls.__doc__ or "").strip() or None), model_cls)
     for name, field in model_cls.model_fields.items():
         if name in skip:
             continue

@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import argparse
 
+from engine.commands.flags import add_model_fields, options_from_args
 from engine.errors import WorkbenchError
+from engine.format.options import RepairOptions
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("path", help="draft folder (config.json + safetensors)")
-    p.add_argument("--target", default=None, help="the verifier whose embedding to store (built-in name, folder or "
-                   "hub id in the local cache); default: the draft's speculators_config.verifier.name_or_path")
-    p.add_argument("--out", default=None, help="write the repaired draft to this new folder instead (required for "
-                   "a folder the workbench did not write; the source is never changed then)")
-    p.add_argument("--overwrite", action="store_true", help="with --out: replace an existing folder there")
+    p.add_argument("path", help=RepairOptions.model_fields["path"].description)
+    add_model_fields(p, RepairOptions, skip=("path",), keep_defaults=True, title="repair")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -23,16 +21,17 @@ def run(args: argparse.Namespace) -> int:
     from engine.targets.identity import draft_verifier
     from engine.targets.verifier import load_verifier_parts
 
-    need = embedding_need(args.path)
+    o = options_from_args(args, RepairOptions)
+    need = embedding_need(o.path)
     if not need.missing:
-        print(f"nothing to repair in {args.path}: {need.reason}")
+        print(f"nothing to repair in {o.path}: {need.reason}")
         return 0
-    verifier = args.target or draft_verifier(args.path)
+    verifier = o.target or draft_verifier(o.path)
     if not verifier:
         raise WorkbenchError("the draft's config names no verifier (speculators_config.verifier.name_or_path)",
-                             where=args.path, hint="give --target the model the draft was trained for")
+                             where=o.path, hint="give --target the model the draft was trained for")
     parts = load_verifier_parts(verifier)
-    written = add_embeddings(args.path, parts.embed_tokens().weight, out=args.out, overwrite=args.overwrite)
+    written = add_embeddings(o.path, parts.embed_tokens().weight, out=o.out, overwrite=o.overwrite)
     report = validate_draft(written)
     left = [w for w in report.warnings + report.errors if w.field == f"tensor:{EMBED}"]
     print(f"stored {EMBED} {list(need.shape)} from {parts.ref.name} in {written}; validate: "

@@ -5,16 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 
+from engine.commands.flags import add_model_fields, options_from_args
 from engine.cpu import describe
-from engine.targets.resolve import DEFAULT_TARGET
+from engine.targets.options import TargetsOptions
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--prepare", default=DEFAULT_TARGET,
-                   help="built-in target to dequantize and cache now ('none' to skip)")
-    p.add_argument("--measure-kernels", action="store_true",
-                   help="time the exact kernel paths of the prepared target on this CPU now (else the first "
-                        "decoding load does, once) and show the timings")
+    add_model_fields(p, TargetsOptions, keep_defaults=True, title="targets")
     p.add_argument("--json", action="store_true", help="print JSON")
 
 
@@ -23,7 +20,8 @@ def run(args: argparse.Namespace) -> int:
     from engine.targets.dtypes import pick_device
     from engine.targets.resolve import BUILTIN_TARGETS, builtin_cache_dir, builtin_ready, prepare_builtin
 
-    prepare = args.prepare if args.prepare and args.prepare != "none" else None
+    o = options_from_args(args, TargetsOptions)
+    prepare = o.prepare if o.prepare and o.prepare != "none" else None
     if prepare:
         prepare_builtin(prepare)
     rows = []
@@ -31,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
         ready = builtin_ready(builtin_cache_dir(b.name))
         kernel = None
         if ready and pick_device(None) == "cpu":
-            kernel = choose(b.name, refresh=True) if args.measure_kernels and b.name == prepare else read_cached(b.name)
+            kernel = choose(b.name, refresh=True) if o.measure_kernels and b.name == prepare else read_cached(b.name)
         rows.append({"name": b.name, "hub_id": b.hub_id, "description": b.description, "cached": ready,
                      "path": str(builtin_cache_dir(b.name)), "kernel": kernel.to_dict() if kernel else None,
                      "kernel_summary": kernel.summary() if kernel else None})

@@ -116,3 +116,12 @@ class ExtractOptions(LayerChoice, DataSelection):
         None, description="dtype to run the target in (default: fp32 on CPU, bf16 on GPU)")
     tensor_parallel_size: int = Field(1, ge=1, description="GPUs per target (vllm backend)")
     overwrite: bool = Field(False, description="delete samples of an earlier run in --out first")
+
+
+class CheckOptions(Options):
+    """`check`: extracted hidden-state files checked before training on them."""
+
+    data: str = Field(description="a folder of hs_{i}.safetensors files (the --out of `extract`)")
+    full: bool = Field(False, description="also read every hidden state (finite values) and compare each file with "
+                       "the digest it recorded when written (without it: headers, shapes, dtypes, token ids and loss "
+                       "masks only)", json_schema_extra={"store_true": True})
