@@ -11,7 +11,6 @@ import contextlib
 import logging
 import os
 import shlex
-import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,11 +20,12 @@ from typing import Any
 import engine.algos  # noqa: F401  (registers the draft types, whose llama.cpp types these are)
 from engine.errors import WorkbenchError
 from engine.format.config import CONFIG_TYPES, config_type
-from engine.fsutil import atomic_write_json, atomic_write_text, workbench_home
+from engine.fsutil import workbench_home
 from engine.jobs import JOB_DIR_ENV, tail
 from engine.llamacpp.build import LlamaCpp, ensure_llamacpp
 from engine.serve.metrics import parse_prometheus
-from engine.serve.server import free_port, stop_process_group
+from engine.serve.process import ManagedServer
+from engine.serve.server import free_port
 
 log = logging.getLogger(__name__)
 
@@ -100,8 +100,10 @@ def default_threads() -> int:
     return max(1, os.cpu_count() or 1)
 
 
-class LlamaServer:
+class LlamaServer(ManagedServer):
     """One llama-server in its own process group, logging to `<workdir>/llama-server.log`."""
+
+    FILES = (LOG_NAME, PID_NAME, INFO_NAME)
 
     def __init__(self, plan: LlamaPlan, *, host: str = "127.0.0.1", port: int | None = None,
                  threads: int | None = None, ctx: int = DEFAULT_CTX, workdir: Path | None = None,
@@ -113,17 +115,6 @@ class LlamaServer:
         self.ctx = ctx
         self.workdir = Path(workdir) if workdir else None
         self.build = build
-        self.proc: subprocess.Popen | None = None
-        self.started_at: float | None = None
-        self.ready_after_s: float | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
-    @property
-    def log_path(self) -> Path:
-        return (self.workdir or Path(".")) / LOG_NAME
 
     def argv(self, binary: str | Path = "llama-server") -> list[str]:
         """The whole command: the plan, one slot, this address, threads and context, /metrics on."""
@@ -144,15 +135,7 @@ class LlamaServer:
         self.workdir.mkdir(parents=True, exist_ok=True)
         argv = self.argv(self.build.server)
         log.info("starting llama-server on %s: %s", self.url, shlex.join(argv))
-        with open(self.log_path, "ab") as out:
-            out.write(f"$ {shlex.join(argv)}\n".encode())
-            out.flush()
-            self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         cwd=self.workdir, start_new_session=True, env=_server_env())
-        self.started_at = time.time()
-        atomic_write_text(self.workdir / PID_NAME, f"{self.proc.pid}\n")
-        atomic_write_json(self.workdir / INFO_NAME, self.describe())
-        return self
+        return self._spawn(argv, _server_env())
 
     def describe(self) -> dict[str, Any]:
         return {"engine": "llama.cpp", "url": self.url, "port": self.port, "pid": self.proc.pid if self.proc else None,
@@ -160,9 +143,6 @@ class LlamaServer:
                 "draft": self.plan.draft, "draft_gguf": str(self.plan.draft_gguf) if self.plan.draft_gguf else None,
                 "spec_types": list(self.plan.spec_types), "k": self.plan.k, "p_min": self.plan.p_min,
                 "threads": self.threads, "llama_server": self.command_line(), "started": self.started_at}
-
-    def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
 
     def healthy(self, timeout: float = 5.0) -> bool:
         import requests
@@ -202,9 +182,7 @@ class LlamaServer:
     def stop(self, grace: float = 10.0) -> None:
         if self.proc is None:
             return
-        stop_process_group(self.proc.pid, grace=grace, proc=self.proc)
-        with contextlib.suppress(FileNotFoundError):
-            (self.workdir / PID_NAME).unlink()
+        self._stop_group(grace)
 
     def client(self) -> LlamaClient:
         return LlamaClient(self.url)
@@ -216,9 +194,6 @@ class LlamaServer:
         except BaseException:
             self.stop()
             raise
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
 
 
 def llama_error_lines(text: str) -> list[str]:

@@ -19,9 +19,7 @@ import logging
 import os
 import re
 import shlex
-import signal
 import socket
-import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,9 +30,10 @@ import engine.algos  # noqa: F401  (registers the speculators types a served dra
 from engine.errors import WorkbenchError
 from engine.format import vllm_rules as vr
 from engine.format.config import config_type, vllm_own_form
-from engine.fsutil import atomic_write_json, atomic_write_text, workbench_home
+from engine.fsutil import atomic_write_text, workbench_home
 from engine.jobs import JOB_DIR_ENV, runs_dir, tail
 from engine.serve.options import ServerSettings
+from engine.serve.process import ManagedServer, stop_process_group
 from engine.serve.venv import VllmEnv, ensure_vllm_env
 
 log = logging.getLogger(__name__)
@@ -335,8 +334,10 @@ def vllm_process_env(venv: VllmEnv, *, kv_cache_gib: float | None = None) -> dic
     return env
 
 
-class VllmServer:
+class VllmServer(ManagedServer):
     """One vLLM OpenAI server in its own process group, logging to `<workdir>/vllm.log`."""
+
+    FILES = (LOG_NAME, PID_NAME, INFO_NAME)
 
     def __init__(self, plan: ServePlan, settings: ServerSettings | None = None, *, port: int | None = None,
                  workdir: Path | None = None, venv: VllmEnv | None = None, extra_args: list[str] | None = None,
@@ -355,19 +356,8 @@ class VllmServer:
         self.extra_args = list(extra_args or [])
         self.extra_env = dict(extra_env or {})
         self.lossless_only = lossless_only
-        self.proc: subprocess.Popen | None = None
-        self.started_at: float | None = None
-        self.ready_after_s: float | None = None
 
     # -- facts ---------------------------------------------------------------------------------
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
-    @property
-    def log_path(self) -> Path:
-        return self.workdir / LOG_NAME
-
     @property
     def pid(self) -> int | None:
         return self.proc.pid if self.proc else None
@@ -429,24 +419,13 @@ class VllmServer:
         self.workdir.mkdir(parents=True, exist_ok=True)
         argv, env = self.argv(), self.environment()
         log.info("starting vLLM on %s: %s", self.url, shlex.join(argv))
-        with open(self.log_path, "ab") as out:
-            out.write(f"$ {shlex.join(argv)}\n".encode())
-            out.flush()
-            self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         env=env, cwd=self.workdir, start_new_session=True)
-        self.started_at = time.time()
-        atomic_write_text(self.workdir / PID_NAME, f"{self.proc.pid}\n")
-        atomic_write_json(self.workdir / INFO_NAME, self.describe())
-        return self
+        return self._spawn(argv, env)
 
     def describe(self) -> dict[str, Any]:
         return {"url": self.url, "port": self.port, "pid": self.pid, "pgid": self.pid, "log": str(self.log_path),
                 "form": self.plan.form, "model": self.plan.model, "target": self.plan.target,
                 "draft": self.plan.draft, "speculative_config": self.plan.speculative_config,
                 "vllm_serve": self.plan.vllm_serve_line(), "started": self.started_at}
-
-    def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
 
     def healthy(self, timeout: float = 5.0) -> bool:
         import requests
@@ -490,12 +469,9 @@ class VllmServer:
         """SIGTERM to the process group, SIGKILL after `grace` seconds."""
         if self.proc is None:
             return
-        pgid = self.proc.pid
         if self.proc.poll() is None:
             log.info("stopping vLLM on %s", self.url)
-        stop_process_group(pgid, grace=grace, proc=self.proc)
-        with contextlib.suppress(FileNotFoundError):
-            (self.workdir / PID_NAME).unlink()
+        self._stop_group(grace)
 
     def memory_bytes(self) -> int:
         """Resident memory of the server and all its children (0 when not running)."""
@@ -522,53 +498,6 @@ class VllmServer:
     def __enter__(self) -> VllmServer:
         self.start().wait_ready()
         return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-
-def stop_process_group(pgid: int, *, grace: float = 20.0, proc: subprocess.Popen | None = None) -> bool:
-    """SIGTERM the group, wait up to `grace` s for it to empty, then SIGKILL. False if it was already gone."""
-    try:
-        os.killpg(pgid, signal.SIGTERM)
-    except ProcessLookupError:
-        if proc is not None:
-            proc.poll()
-        return False
-    deadline = time.time() + grace
-    while time.time() < deadline:
-        if proc is not None:
-            proc.poll()
-        if not _group_alive(pgid):
-            return True
-        time.sleep(0.2)
-    log.warning("vLLM (process group %d) ignored SIGTERM for %.0f s; killing it", pgid, grace)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pgid, signal.SIGKILL)
-    if proc is not None:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=10)
-    return True
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # zombies still count for killpg; look for a live member
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            return True
-    return False
 
 
 def stop_server_in(workdir: Path, grace: float = 20.0) -> bool:

@@ -55,16 +55,21 @@ class Eagle3Config(DraftConfig):
     @classmethod
     def vllm_update(cls, cfg: dict, pre: dict) -> None:
         """`update_eagle3` (speculators/algos.py)."""
-        pre["draft_vocab_size"] = cfg.get("draft_vocab_size")
-        if cfg.get("target_hidden_size") is not None:
-            pre["target_hidden_size"] = cfg["target_hidden_size"]
-        pre["norm_before_residual"] = cfg.get("norm_before_residual", True)
-        pre["norm_before_fc"] = cfg.get("norm_before_fc", False)
+        cls._vllm_shared(cfg, pre, norm_before_residual=True)
         pre["fc_norm"] = cfg.get("fc_norm", False)
         pre["norm_output"] = cfg.get("norm_output", False)
         cls._vllm_architecture(pre)
         if cfg.get("eagle_aux_hidden_state_layer_ids"):
             pre["eagle_aux_hidden_state_layer_ids"] = cfg["eagle_aux_hidden_state_layer_ids"]
+
+    @staticmethod
+    def _vllm_shared(cfg: dict, pre: dict, *, norm_before_residual: bool) -> None:
+        """What vLLM's update_eagle3 and update_peagle both copy (their norm_before_residual defaults differ)."""
+        pre["draft_vocab_size"] = cfg.get("draft_vocab_size")
+        if cfg.get("target_hidden_size") is not None:
+            pre["target_hidden_size"] = cfg["target_hidden_size"]
+        pre["norm_before_residual"] = cfg.get("norm_before_residual", norm_before_residual)
+        pre["norm_before_fc"] = cfg.get("norm_before_fc", False)
 
     @classmethod
     def _vllm_architecture(cls, pre: dict) -> None:

@@ -27,24 +27,30 @@ def build_eagle3(target, args: Eagle3Args | None = None, *, aux_layer_ids: list[
     the verifier's, shared and frozen.
     """
     a = args or Eagle3Args()
-    vocab = target.vocab_size
-    draft_vocab_size = a.draft_vocab_size or vocab
-    aux = sorted(aux_layer_ids or Eagle3Config.default_aux_layer_ids(target.num_layers))
+    cfg = eagle_draft_config("eagle3", Eagle3Config, target, a, aux_layer_ids)
+    torch.manual_seed(seed)
+    draft = Eagle3Draft(cfg, embed_tokens=target.embed_tokens())
+    return init_from_target(draft, target, cfg.draft_vocab_size, target.vocab_size, token_counts)
+
+
+def eagle_draft_config(algo: str, config_cls, target, a, aux_layer_ids: list[int] | None, **extra):
+    """The speculators config of an EAGLE-3-shaped draft (`algo` eagle3 or peagle) for `target`, shaped by its args
+    `a`: its decoder layers after the target's, the aux layer ids, the draft vocabulary and the norms."""
+    aux = sorted(aux_layer_ids or config_cls.default_aux_layer_ids(target.num_layers))
     layer_config = build_layer_config(target.text_config, model_type=a.draft_arch, num_layers=a.num_layers,
                                       sliding_window=a.sliding_window)
     if a.draft_arch == "llama" and len(aux) != 3:
         layer_config["num_aux_hidden_states"] = len(aux)  # vLLM's Llama EAGLE-3 class ignores top-level ids
     cfg = build_draft_config(
-        "eagle3", verifier_config=target.text_config, verifier_name=target.verifier_name,
-        layer_config=layer_config, draft_vocab_size=draft_vocab_size, eagle_aux_hidden_state_layer_ids=aux,
-        speculative_tokens=a.speculative_tokens or Eagle3Config.default_speculative_tokens(a.model_dump()),
+        algo, verifier_config=target.text_config, verifier_name=target.verifier_name,
+        layer_config=layer_config, draft_vocab_size=a.draft_vocab_size or target.vocab_size,
+        eagle_aux_hidden_state_layer_ids=aux,
+        speculative_tokens=a.speculative_tokens or config_cls.default_speculative_tokens(a.model_dump()),
         norm_before_residual=a.norm_before_residual, norm_before_fc=a.norm_before_fc, fc_norm=a.fc_norm,
-        norm_output=a.norm_output,
+        norm_output=a.norm_output, **extra,
     )
     cfg.speculators_config.verifier.architectures = list(getattr(target.config, "architectures", None) or [])
-    torch.manual_seed(seed)
-    draft = Eagle3Draft(cfg, embed_tokens=target.embed_tokens())
-    return init_from_target(draft, target, draft_vocab_size, vocab, token_counts)
+    return cfg
 
 
 def init_from_target(draft, target, draft_vocab_size: int, vocab: int, token_counts,

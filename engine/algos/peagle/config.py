@@ -48,11 +48,7 @@ class PEagleConfig(Eagle3Config):
     @classmethod
     def vllm_update(cls, cfg: dict, pre: dict) -> None:
         """`update_peagle` (speculators/algos.py)."""
-        pre["draft_vocab_size"] = cfg.get("draft_vocab_size")
-        if cfg.get("target_hidden_size") is not None:
-            pre["target_hidden_size"] = cfg["target_hidden_size"]
-        pre["norm_before_residual"] = cfg.get("norm_before_residual", False)
-        pre["norm_before_fc"] = cfg.get("norm_before_fc", False)
+        cls._vllm_shared(cfg, pre, norm_before_residual=False)
         cls._vllm_architecture(pre)
         if "mask_token_id" not in cfg:
             raise vr.VllmError("KeyError", "'mask_token_id'", field="mask_token_id")

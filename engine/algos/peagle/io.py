@@ -11,13 +11,13 @@ from torch import nn
 
 from engine.algos.common.layers import module_to_dtype_except
 from engine.algos.common.vocab import choose_mask_token, selected_from_d2t, vocab_maps
-from engine.algos.eagle3.io import init_from_target
+from engine.algos.eagle3.io import eagle_draft_config, init_from_target
 from engine.algos.peagle.args import PEagleArgs
 from engine.algos.peagle.config import PEagleConfig
 from engine.algos.peagle.model import PEagleDraft
 from engine.errors import WorkbenchError
 from engine.format.checkpoint import load_state_dict, read_config_dict, save_checkpoint
-from engine.format.config import build_draft_config, build_layer_config, parse_draft_config
+from engine.format.config import parse_draft_config
 
 # speculators' initialisation leaves these alone: the shared table, its trained row (a copy of the target's)
 # and mask_hidden (N(0, 1), as speculators draws it)
@@ -32,23 +32,12 @@ def build_peagle(target, args: PEagleArgs | None = None, *, aux_layer_ids: list[
     As EAGLE-3: the draft vocabulary is the top `draft_vocab_size` tokens of `token_counts`, `lm_head` starts as
     the verifier's rows for them, and the token embedding is the verifier's (frozen, but for the mask token's row)."""
     a = args or PEagleArgs()
-    vocab = target.vocab_size
-    draft_vocab_size = a.draft_vocab_size or vocab
-    aux = sorted(aux_layer_ids or PEagleConfig.default_aux_layer_ids(target.num_layers))
-    layer_config = build_layer_config(target.text_config, model_type=a.draft_arch, num_layers=a.num_layers,
-                                      sliding_window=a.sliding_window)
-    if a.draft_arch == "llama" and len(aux) != 3:
-        layer_config["num_aux_hidden_states"] = len(aux)  # vLLM's Llama EAGLE-3 class ignores top-level ids
-    cfg = build_draft_config(
-        "peagle", verifier_config=target.text_config, verifier_name=target.verifier_name,
-        layer_config=layer_config, draft_vocab_size=draft_vocab_size, eagle_aux_hidden_state_layer_ids=aux,
-        speculative_tokens=a.speculative_tokens or PEagleConfig.default_speculative_tokens(a.model_dump()),
-        norm_before_residual=a.norm_before_residual, norm_before_fc=a.norm_before_fc, fc_norm=a.fc_norm,
-        norm_output=a.norm_output, mask_token_id=choose_mask_token(target, a.mask_token_id))
-    cfg.speculators_config.verifier.architectures = list(getattr(target.config, "architectures", None) or [])
+    cfg = eagle_draft_config("peagle", PEagleConfig, target, a, aux_layer_ids,
+                             mask_token_id=choose_mask_token(target, a.mask_token_id))
     torch.manual_seed(seed)
     draft = PEagleDraft(cfg, embed_tokens=target.embed_tokens())
-    return init_from_target(draft, target, draft_vocab_size, vocab, token_counts, skip=_NOT_INITIALISED)
+    return init_from_target(draft, target, cfg.draft_vocab_size, target.vocab_size, token_counts,
+                            skip=_NOT_INITIALISED)
 
 
 def load_peagle(path: str | os.PathLike, target=None, *, allow_pickle: bool = False,
