@@ -106,6 +106,19 @@ def describe() -> str:
     return f"{cpu_model()} ({', '.join(parts)})"
 
 
+BUSY_SHARE = 0.10  # other processes used more than this share of the CPUs: a timing is "under load"
+
+
+def load_text(share: float) -> str:
+    """"under load (other processes used 45% of the CPUs)": how a loaded measurement is labelled everywhere."""
+    return f"under load (other processes used {100 * share:.0f}% of the CPUs)"
+
+
+def under_load(share: float | None) -> bool:
+    """Whether a measurement that saw this share of other processes' work (OtherLoad.share) was taken under load."""
+    return share is not None and share > BUSY_SHARE
+
+
 class OtherLoad:
     """How busy the other processes kept this machine's CPUs while a measurement ran: started with the object,
     read with `share()` (0: idle apart from this process; 1: every core busy with others). None where the kernel's

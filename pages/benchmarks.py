@@ -103,6 +103,9 @@ with results_tab:
             if upload is None and choice and not bench.of_this_kind(where):
                 st.warning(f"These speeds are not known to be from this machine ({where}): speed depends on the CPU. "
                            "The *Run a benchmark* tab measures them here.", icon=":material/computer:")
+            for flag in bench.load_flags(result):
+                st.warning(flag + " Other processes kept the CPUs busy then: what was measured may not hold on a "
+                           "quiet machine.", icon=":material/hourglass_top:")
             figs = charts.bench_figures(result)
             names = list(figs)
             for i in range(0, len(names), 2):

@@ -14,7 +14,9 @@ from ui.chat import (
     generate_commands,
     identical_badge,
     kernel_exact,
+    kernel_load_note,
     kernel_rows,
+    kernel_rule,
     kernel_source,
     kernel_untried,
     race_progress,
@@ -154,9 +156,10 @@ def _why(turn: dict, index: int) -> None:
             st.caption(bench.draft_speed_text(speed) + " This turn is one prompt on a machine that may be busy; its "
                        "speed varies from prompt to prompt, the benchmark's is the mean over many prompts.")
         if turn.get("kernel_rows"):
-            st.caption(f"Kernel paths of the target on this CPU ({turn.get('kernel_source', 'timed')}): `auto` takes "
-                       "the fastest whose several-row forwards equal its one-token steps bit for bit (row-exact), or "
-                       "the fastest where none does (engine.generate.kernel_choice).")
+            st.caption(f"Kernel paths of the target on this CPU ({turn.get('kernel_source', 'timed')}; "
+                       f"engine.generate.kernel_choice). {turn.get('kernel_rule', '')}")
+            if turn.get("kernel_load"):
+                st.warning(turn["kernel_load"], icon=":material/hourglass_top:")
             st.dataframe(turn["kernel_rows"], hide_index=True)
             if turn.get("kernel_untried"):
                 st.caption(turn["kernel_untried"])
@@ -257,13 +260,14 @@ if prompt:
                                 {name: (paths[name] if name != "ngram" else None) for name in chosen})
         profiles = {name: side.profile() for name, side in sides.items()}
         rows = explain(profiles, k=int(k), cost_curve=curve, labels={n: PROPOSERS[n] for n in chosen})
+        kernel = target.extra.get("kernel")
         turn = {"prompt": prompt, "k": int(k), "draft": draft if "draft" in chosen else None,
                 "temperature": float(temperature), "baseline": base.text.text,
                 "cost_curve": curve, "busy": busy, "explain": rows, "cli": cli,
-                "kernel": target.extra.get("kernel_summary"), "kernel_exact": kernel_exact(target.extra.get("kernel")),
-                "kernel_rows": kernel_rows(target.extra.get("kernel")),
-                "kernel_untried": kernel_untried(target.extra.get("kernel")),
-                "kernel_source": kernel_source(target.extra.get("kernel")),
+                "kernel": target.extra.get("kernel_summary"), "kernel_exact": kernel_exact(kernel),
+                "kernel_rows": kernel_rows(kernel), "kernel_rule": kernel_rule(kernel),
+                "kernel_load": kernel_load_note(kernel, target_name), "kernel_untried": kernel_untried(kernel),
+                "kernel_source": kernel_source(kernel),
                 "sides": {name: {"label": PROPOSERS.get(name, "baseline"), "title": titles[name],
                                  "html": (plain_html(side.text.text) if name == "baseline" else spec_html(side.marks)),
                                  "identical": side.ids == base.ids,

@@ -230,7 +230,7 @@ with tab_d:
                    "served acceptance below what training reported.")
         with guard("Comparing training with serving"):
             compared = parity_ui.check(shown, state.active_target(), validated)
-            st.dataframe(parity_ui.rows(compared), hide_index=True, width="stretch", key="models_parity")
+            st.table(parity_ui.rows(compared), hide_index=True)  # a table wraps: no column is cut
             st.caption(parity_ui.summary(compared))
         show_cli(["parity", "--draft", shown, "--target", state.active_target()])
 

@@ -7,6 +7,7 @@ from ui import bench, catalog, resources, state
 from ui import start as start_ui
 from ui.cli import show_cli
 from ui.errors import guard
+from ui.jobs import rerun_on_job_change
 
 st.title("Speculators Workbench")
 st.markdown("Make a large language model answer **faster without changing a single token**: a small *draft* model "
@@ -50,3 +51,4 @@ if steps:
                "runs as a job (the sidebar lists the running ones, the Jobs page all of them) and survives a browser "
                "refresh.")
 show_cli(["targets"])
+rerun_on_job_change(key="start")  # the steps follow jobs that start, end or serve, without a reload

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from engine import jobs as engine_jobs
+from engine.cpu import load_text, under_load
 from engine.measure.options import ALL_METHODS, BenchOptions
 from ui import records
 from ui.evaluate import counted
@@ -180,6 +181,22 @@ def describe(result: dict[str, Any]) -> str:
     return " · ".join(parts)
 
 
+def load_flags(result: dict[str, Any]) -> list[str]:
+    """What in a bench result was measured under load, a sentence each: its rounds (`label`, engine.measure.speed),
+    and the timings its kernel path was chosen from (engine.generate.kernel_choice)."""
+    flags = [f"Speeds {result['label']}."] if _loaded_rounds(result) else []
+    share = (result.get("kernel") or {}).get("other_load") if isinstance(result.get("kernel"), dict) else None
+    if under_load(share):
+        flags.append(f"The kernel path ({result['kernel'].get('path')}) was chosen from timings measured "
+                     f"{load_text(share)}.")
+    return flags
+
+
+def _loaded_rounds(result: dict[str, Any]) -> bool:
+    """No round of the result ran on a quiet machine (engine.measure.speed labels it so)."""
+    return str(result.get("label") or "").startswith("under load")
+
+
 def _fmt(value: Any, fmt: str, suffix: str = "") -> str:
     return format(value, fmt) + suffix if isinstance(value, (int, float)) and not isinstance(value, bool) else "–"
 
@@ -323,7 +340,7 @@ def draft_speed(draft: str | None) -> dict[str, Any] | None:
             "backend": rec.get("backend"), "here": records.on_this_machine(rec) or not key.startswith(SHIPPED_PREFIX),
             "shipped": key.startswith(SHIPPED_PREFIX),  # came with the project: never ran here, whatever its CPU
             "where": provenance(key, mine),
-            "ngram_speedup": (rec["methods"].get("ngram") or {}).get("speedup")}
+            "ngram_speedup": (rec["methods"].get("ngram") or {}).get("speedup"), "under_load": _loaded_rounds(rec)}
 
 
 def draft_speed_text(speed: dict[str, Any] | None) -> str:
@@ -344,6 +361,7 @@ def draft_speed_text(speed: dict[str, Any] | None) -> str:
             + (f", {speed['backend']}" if speed.get("backend") else "")
             + (f"; n-gram {ngram:.2f}× in the same run" if isinstance(ngram, (int, float)) else "")
             + f" — {speed['where']} (`{speed['key'].removeprefix(SHIPPED_PREFIX)}`)."
+            + (" :orange[Measured under load.]" if speed.get("under_load") else "")
             + verdict(speed))
 
 

@@ -11,6 +11,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from engine.cpu import load_text, under_load
 from engine.generate.events import StepEvent
 from engine.generate.explain import SHORT_ANSWER_TOKENS as SHORT_TOKENS  # noqa: F401 (re-exported for pages)
 from engine.generate.explain import explain  # noqa: F401 (re-exported for pages)
@@ -177,15 +178,61 @@ def race_progress(race: Race, titles: dict[str, str], max_new_tokens: int) -> tu
     return min(1.0, fraction), " · ".join(parts + [waiting])
 
 
+STEP_COLUMN = "ms, step + verification"  # what `auto` compares: a one-token step plus a (k + 1)-token verification
+
+
 def kernel_rows(kernel: dict | None) -> list[dict]:
     """The target's kernel paths timed on this CPU, one row each (from `target.extra["kernel"]`), the chosen one
-    first."""
+    first; a "measured" column flags timings taken under load."""
     kernel = kernel or {}
     k1 = int(kernel.get("k") or 0) + 1
+    load = {"measured": "under load"} if under_load(kernel.get("other_load")) else {}
     rows = [{"path": name + (" (chosen)" if name == kernel.get("path") else ""), "ms per token": f"{c['ms_1']:.1f}",
-             f"ms for {k1} tokens": _num(c.get("ms_k1"), ".1f"), "row-exact": "yes" if c.get("row_exact") else "no"}
+             f"ms for {k1} tokens": _num(c.get("ms_k1"), ".1f"), STEP_COLUMN: _num(_step_ms(c), ".1f"),
+             "row-exact": "yes" if c.get("row_exact") else "no", **load}
             for name, c in (kernel.get("candidates") or {}).items() if c.get("ms_1") is not None]
     return sorted(rows, key=lambda r: not r["path"].endswith("(chosen)"))
+
+
+def _step_ms(candidate: dict) -> float | None:
+    """A timed path's cost as `auto` weighs it: a one-token step plus a (k + 1)-token verification, in ms."""
+    return None if candidate.get("ms_k1") is None else candidate["ms_1"] + candidate["ms_k1"]
+
+
+def kernel_rule(kernel: dict | None) -> str:
+    """Why the chosen path is the one decoding uses, in words the table beside it bears out."""
+    kernel = kernel or {}
+    path, mode = kernel.get("path"), kernel.get("mode") or "auto"
+    timed = {n: c for n, c in (kernel.get("candidates") or {}).items() if _step_ms(c) is not None}
+    exact = [n for n, c in timed.items() if c.get("row_exact")]
+    by = f"by a one-token step plus a {int(kernel.get('k') or 0) + 1}-token verification (*{STEP_COLUMN}*)"
+    if kernel.get("source") == "forced":
+        return f"`{path}` is forced by --dtype; the timings are those measured at the target's first load."
+    if mode == "auto" and exact:
+        chosen = _step_ms(timed[path]) if path in timed else None
+        faster = [n for n in timed if n not in exact and chosen is not None and _step_ms(timed[n]) < chosen]
+        inexact = f"; {', '.join(faster)} ran faster but {'is' if len(faster) == 1 else 'are'} not row-exact"
+        return (f"`auto` takes the fastest **row-exact** path {by} (several-row forwards equal to its one-token steps "
+                f"bit for bit): `{path}`" + (inexact if faster else "") + ".")
+    if mode == "auto":
+        return (f"No path is row-exact on this CPU: `auto` takes the fastest of all {by}: `{path}` (lossless in "
+                "distribution, not bit-identical).")
+    return f"`{mode}` takes the fastest path {by}, row-exact or not: `{path}`."
+
+
+def kernel_load_note(kernel: dict | None, target: str) -> str | None:
+    """A warning when the kernel paths were timed under load (the table and the choice may not hold), with how to
+    measure again; None otherwise."""
+    from engine.generate.kernel_choice import cache_dir
+    from engine.targets.resolve import builtin_for
+
+    share = (kernel or {}).get("other_load")
+    if not under_load(share):
+        return None
+    again = (f"`python -m engine targets --prepare {builtin.name} --measure-kernels`"
+             if (builtin := builtin_for(target)) else f"delete its decision under `{cache_dir()}` and load it again")
+    return (f"These timings were measured {load_text(share)}: they, and the path chosen from them, may not hold on "
+            f"a quiet machine. To measure again on a quiet machine: {again}.")
 
 
 def kernel_untried(kernel: dict | None) -> str | None:

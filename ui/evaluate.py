@@ -140,6 +140,7 @@ def protocol(result: dict[str, Any]) -> str:
     """An evaluation's size and protocol in words: prompts × tokens, its k, the target's kernel path, the engines."""
     ks = [int(k) for k in result.get("by_k") or {}]
     kernel = str(result.get("kernel") or "").split(" (")[0] or "not recorded"
+    kernel += " (chosen under load)" if "measured under load" in str(result.get("kernel") or "") else ""
     engines = ["in-process"] if result.get("forecast") else []
     engines += ["llama.cpp"] if result.get("forecast_llamacpp") else []
     return (f"{counted(result.get('num_samples'), 'held-out prompt')} × "
@@ -196,13 +197,19 @@ def table_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
         if fc:
             f = fc.get(key) or {}
             row |= {"step cost (target steps)": _round(f.get("step_cost")),
-                    "forecast speedup": _round(f.get("speedup"))}
+                    "forecast speedup": _round(f.get("speedup")), **_costs_flag(result["forecast"])}
         if fl:
             f = fl.get(key) or {}
             row |= {"llama.cpp step cost (baseline tokens)": _round(f.get("step_cost")),
                     "llama.cpp forecast": _round(f.get("speedup"))}
         rows.append(row)
     return rows
+
+
+def _costs_flag(fc: dict[str, Any]) -> dict[str, str]:
+    """A column that flags a forecast whose step costs were measured under load (or implausibly); none otherwise."""
+    label = str(fc.get("label") or "")
+    return {"step costs measured": "under load" if label.startswith("under load") else "implausibly"} if label else {}
 
 
 def columns() -> dict[str, Any]:

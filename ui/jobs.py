@@ -6,7 +6,7 @@ Everything shown is rebuilt from `runs/<id>/` on each poll, so a browser refresh
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, MutableMapping, Sequence
 from pathlib import Path
 
 import streamlit as st
@@ -165,9 +165,20 @@ def job_details(job: engine_jobs.Job, *, key: str, log_lines: int = 25, show_log
     stop_button(job, key=f"{key}_stop")
 
 
+def milestone(job: engine_jobs.Job) -> tuple[str, str, bool]:
+    """What a page shows differently once it changes: the job, its state, and whether its server is ready."""
+    return job.id, job.status.state, bool(job.status.result.get("ready"))
+
+
+def changed(seen: MutableMapping, key: str, now: object) -> bool:
+    """Whether `now` differs from what `seen[key]` held at the last poll (never at the first); remembers `now`."""
+    previous, seen[key] = seen.get(key), now
+    return previous is not None and previous != now
+
+
 def job_panel(job_id: str, *, key: str, log_lines: int = 25, show_log: bool = True) -> None:
-    """A self-refreshing panel for one job; the whole page reruns once when the job finishes."""
-    seen_key = f"{key}_seen_state"
+    """A self-refreshing panel for one job; the whole page reruns once when the job's state changes (it starts,
+    finishes, or its server becomes ready), so what the page shows from the job follows without a reload."""
 
     @st.fragment(run_every=POLL_S)
     def panel() -> None:
@@ -177,12 +188,23 @@ def job_panel(job_id: str, *, key: str, log_lines: int = 25, show_log: bool = Tr
                 st.warning(f"job {job_id} is not under {engine_jobs.runs_dir()} any more")
                 return
             job_details(job, key=key, log_lines=log_lines, show_log=show_log)
-            previous = st.session_state.get(seen_key)
-            st.session_state[seen_key] = job.status.state
-            if previous in ("queued", "running") and not job.running:
-                st.rerun(scope="app")  # let the page show the job's results
+            if changed(st.session_state, f"{key}_seen_state", milestone(job)):
+                st.rerun(scope="app")  # let the page show the job's results, or the ready server's chat
 
     panel()
+
+
+def rerun_on_job_change(kinds: Sequence[str] | None = None, *, key: str) -> None:
+    """Polls the jobs of these kinds (all by default) and reruns the page when one starts, ends or becomes ready;
+    draws nothing."""
+
+    @st.fragment(run_every=POLL_S)
+    def watch() -> None:
+        with guard("Reading the jobs"):
+            if changed(st.session_state, f"{key}_jobs_seen", sorted(milestone(j) for j in all_jobs(kinds))):
+                st.rerun(scope="app")
+
+    watch()
 
 
 def jobs_table(jobs: Sequence[engine_jobs.Job]) -> None:

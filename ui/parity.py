@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from engine.format.report import ValidationReport
-from engine.measure.parity import DIFFERS, UNKNOWN, parity
+from engine.measure.parity import DIFFERS, KEPT_RECORDS, UNKNOWN, parity
 
 
 def check(draft: str, target: str | None, validated: ValidationReport | None = None) -> dict[str, Any]:
@@ -27,8 +28,16 @@ def summary(result: dict[str, Any]) -> str:
                 "what the draft itself records is compared: `python -m engine parity --run RUN` names the run.")
     differs = [f["factor"] for f in result["findings"] if f["verdict"] == DIFFERS]
     unknown = sum(f["verdict"] == UNKNOWN for f in result["findings"])
+    where = (f"the records its recipe kept for these weights, `{_relative(result['run'])}`" if result.get("kept")
+             else f"training run `{result['run']}`")
     return (f"{len(differs)} difference(s)" + (f" ({', '.join(differs)})" if differs else "")
-            + f", {unknown} factor(s) not recorded; training run `{result['run']}`.")
+            + f", {unknown} factor(s) not recorded; {where}.")
+
+
+def _relative(path: str) -> str:
+    """A path inside the repository from its root (benchmarks/results/...), others as given."""
+    root = KEPT_RECORDS.parents[1]
+    return str(Path(path).relative_to(root)) if Path(path).is_relative_to(root) else path
 
 
 __all__ = ["check", "rows", "summary"]

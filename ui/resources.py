@@ -116,8 +116,9 @@ def device_info() -> dict[str, Any]:
     return info
 
 
-def kernel_choice(name: str) -> str | None:
-    """The kernel path decided for a target on this CPU, when it has been measured (nothing is loaded here)."""
+def kernel_choice(name: str):
+    """The kernel path decided for a target on this CPU (engine.generate.kernel_choice.Choice), when it has been
+    measured (nothing is loaded here)."""
     from engine.generate.kernel_choice import read_cached
     from engine.targets.dtypes import pick_device
     from engine.targets.resolve import builtin_cache_dir, builtin_for, builtin_ready
@@ -129,7 +130,7 @@ def kernel_choice(name: str) -> str | None:
         found = read_cached(name)
     except Exception:  # noqa: BLE001 - an unprepared or missing target simply has no decision yet
         return None
-    return found.summary() if found else None
+    return found
 
 
 @st.cache_data(max_entries=16, show_spinner="Reading and rendering the dataset…")

@@ -31,9 +31,11 @@ def render() -> None:
             st.markdown(f"{icon} **Device** · {info['kind']}: {info['name']}{extra}", help=f"torch {info['torch']}")
             if info["kind"] == "CPU":
                 kernel = resources.kernel_choice(target)
-                path = kernel.split(" ", 1)[0] if kernel else "measured at the target's first load"
-                st.markdown(f":material/speed: **Kernels** · {path}", help=kernel or "each exact kernel path is "
-                            "timed on this CPU when the target is first loaded; the fastest wins")
+                path = (kernel.path + (" · :orange[measured under load]" if kernel.loaded else "") if kernel
+                        else "measured at the target's first load")
+                st.markdown(f":material/speed: **Kernels** · {path}", help=kernel.summary() if kernel else
+                            "each kernel path is timed on this CPU when the target is first loaded; the fastest "
+                            "row-exact one (a one-token step plus a verification) wins")
         running_jobs()
 
 

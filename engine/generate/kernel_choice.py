@@ -10,7 +10,8 @@
 # chosen path is. bf16 paths are candidates only on a CPU with native bf16 (engine.cpu.native_bf16), emulated bf16 is
 # never chosen. The decision is cached as a small JSON under the workbench home, keyed by CPU model, flags, torch
 # version and target identity, so a changed machine, torch or target measures again. `--dtype fp32|bf16` forces a
-# path without measuring.
+# path without measuring. Whether other processes kept the CPUs busy while the paths were timed is recorded with the
+# decision (engine.cpu.OtherLoad): a choice made from a loaded measurement says so wherever it is shown.
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from typing import Any
 
 import torch
 
-from engine.cpu import cpu_flags, cpu_model, native_bf16
+from engine.cpu import OtherLoad, cpu_flags, cpu_model, load_text, native_bf16, under_load
 from engine.errors import WorkbenchError
 from engine.fsutil import atomic_write_json, read_json, workbench_home
 from engine.generate.cpu_kernels import (
@@ -44,7 +45,7 @@ from engine.targets.resolve import resolve_target
 
 log = logging.getLogger(__name__)
 
-CACHE_FORMAT = 4  # bump when what a decision records (or how it is measured) changes
+CACHE_FORMAT = 5  # bump when what a decision records (or how it is measured) changes
 DEFAULT_K = 3  # drafts per step the verification timing assumes (the workbench's default k)
 PROMPT_TOKENS = 64  # KV cache the timed forwards run after
 REPEATS = 11  # timed repeats per shape and candidate, after the exactness check warmed it up (median kept)
@@ -136,6 +137,12 @@ class Choice:
     native_bf16: bool
     candidates: dict[str, dict[str, Any]] = field(default_factory=dict)
     mode: str = "auto"  # auto | fastest | forced (what asked for this path)
+    other_load: float | None = None  # share of the CPUs other processes used while the paths were timed (None: unknown)
+
+    @property
+    def loaded(self) -> bool:
+        """The paths were timed while other processes kept the CPUs busy: the timings, and the choice, may not hold."""
+        return under_load(self.other_load)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -172,7 +179,8 @@ class Choice:
                 exact = "exact" if c.get("row_exact") else "NOT row-exact"
                 parts.append(f"{name} {c['ms_1']:.1f} ms/token, {c['ms_k1']:.1f} ms for {self.k + 1} tokens, {exact}")
         detail = f": {'; '.join(parts)}" if parts else ""
-        return f"{self.path} ({why} on {self.cpu}, torch {self.torch}; {self.exactness()}){detail}"
+        load = f"; measured {load_text(self.other_load)}" if self.loaded else ""
+        return f"{self.path} ({why} on {self.cpu}, torch {self.torch}; {self.exactness()}{load}){detail}"
 
 
 def cache_dir() -> Path:
@@ -416,8 +424,8 @@ def choose(name_or_path: str | None = None, choice: str | torch.dtype = "auto", 
         if choice not in FORCED:
             raise WorkbenchError(f"unknown decode dtype '{choice}'", hint=f"use one of {', '.join(CHOICES)}")
         cached = read_cached(name_or_path, k) if pick_device(device) == "cpu" else None
-        return Choice(path=FORCED[choice], source="forced", mode="forced",
-                      candidates=cached.candidates if cached else {}, **base)  # its exactness, when measured here
+        return Choice(path=FORCED[choice], source="forced", mode="forced", candidates=cached.candidates if cached
+                      else {}, other_load=cached.other_load if cached else None, **base)  # as measured here, if it was
     if pick_device(device) != "cpu":
         return Choice(path="fp32", source="gpu", mode=choice, **base)
     if not refresh:
@@ -426,11 +434,13 @@ def choose(name_or_path: str | None = None, choice: str | torch.dtype = "auto", 
             cached.path, cached.mode = pick(cached.candidates, choice), choice
             return cached
     tried, skipped = candidate_paths(native)
-    started = time.perf_counter()
+    started, load = time.perf_counter(), OtherLoad()
     measured = measure(name_or_path, k, tried, device="cpu")
+    share = load.share()
     result = Choice(path=pick(measured, choice), source="measured", candidates={**measured, **skipped}, mode=choice,
-                    **base)
-    log.info("kernel choice in %.1f s: %s", time.perf_counter() - started, result.summary())
+                    other_load=None if share is None else round(share, 3), **base)
+    log.log(logging.WARNING if result.loaded else logging.INFO, "kernel choice in %.1f s: %s",
+            time.perf_counter() - started, result.summary())
     key = cache_key(name_or_path, k)
     atomic_write_json(cache_path(key), {"key": key, "choice": result.to_dict(),
                                         "measure_s": round(time.perf_counter() - started, 2)})

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from engine.algos.loading import make_proposer
-from engine.cpu import OtherLoad
+from engine.cpu import BUSY_SHARE, OtherLoad
 from engine.generate.metrics import SpecMetrics
 from engine.generate.prompt import prompt_ids
 from engine.generate.runner import TargetRunner
@@ -20,7 +20,7 @@ from engine.generate.speculative import generate
 from engine.jobs import reporter
 from engine.measure.options import BenchOptions
 from engine.measure.spread import acceptance_spread, mean_interval
-from engine.measure.step_costs import BUSY_SHARE, STEP_FLOOR
+from engine.measure.step_costs import STEP_FLOOR
 from engine.provenance import provenance
 from engine.targets.dtypes import dtype_name
 

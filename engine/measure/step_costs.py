@@ -7,9 +7,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from engine.cpu import OtherLoad
+from engine.cpu import OtherLoad, load_text, under_load
 
-BUSY_SHARE = 0.10   # other processes used more than this share of the CPUs: a timing is "under load"
 STEP_FLOOR = 0.97   # a step that verifies k+1 tokens cannot cost less than a one-token step (3% timer slack)
 COST_ATTEMPTS = 3   # step costs measured again at most this often when under load or below the floor
 
@@ -25,11 +24,11 @@ def measure_step_costs(target, algorithm, draft, ks: Sequence[int], *, context: 
         costs = _step_costs(target, algorithm, draft, ks, context=context, repeats=repeats)
         share = load.share()
         below = [k for k, v in costs["verify_cost"].items() if v < STEP_FLOOR]
-        busy = share is not None and share > BUSY_SHARE
+        busy = under_load(share)
         costs.update(attempts=attempt, other_load=round(share, 3) if share is not None else None)
         if not below and not busy:
             return costs
-    costs["label"] = (f"under load (other processes used {100 * share:.0f}% of the CPUs)" if busy else
+    costs["label"] = (load_text(share) if busy else
                       f"implausible: verifying k + 1 tokens measured cheaper than one token for k = {below}")
     return costs
 

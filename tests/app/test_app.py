@@ -204,6 +204,35 @@ def test_demo_chat_short_answers_busy_machine_and_sampling_are_worded(runs, tiny
     assert "≈" in table.set_index("").loc["speedup"].iloc[0]
 
 
+def test_demo_chat_flags_a_kernel_choice_measured_under_load(runs, tiny_target, monkeypatch):
+    """Issue 65: the kernel table of a turn whose target's paths were timed on a busy machine says so."""
+    import ui.resources
+    from engine.generate import kernel_choice as kc
+
+    real = kc.choose
+
+    def measured_busy(*args, **kwargs):
+        choice = real(*args, **kwargs)
+        choice.other_load = 0.45
+        return choice
+
+    monkeypatch.setattr(kc, "choose", measured_busy)
+    ui.resources.target.clear()  # load the target again, through the busy measurement
+    try:
+        at = open_app(tiny_target, page="demo_chat")
+        at.number_input(key="chat_max_new_tokens").set_value(8).run()
+        at.chat_input(key="chat_prompt").set_value("a b a b a b").run()
+        ok(at)
+        turn = at.session_state["chat_history"][0]
+        assert turn["kernel_rows"] and all(r["measured"] == "under load" for r in turn["kernel_rows"])
+        assert "measured under load (other processes used 45% of the CPUs)" in texts(at.warning)
+        table = next(d.value for d in at.dataframe if "ms per token" in d.value.columns)
+        assert set(table["measured"]) == {"under load"}
+        assert "one-token step plus a 4-token verification" in texts(at.caption)
+    finally:
+        ui.resources.target.clear()
+
+
 def test_demo_chat_without_a_draft_offers_ngram_only(runs, tiny_target):
     at = open_app(tiny_target, page="demo_chat")
     assert at.multiselect(key="chat_proposers").options == ["n-gram (prompt lookup)"]
@@ -241,9 +270,36 @@ def test_the_kernel_paths_are_a_small_table_not_a_paragraph():
         "bf16-native": {"skipped": "no native bf16 on this CPU"}})
     rows = kernel_rows(choice.to_dict())
     assert rows[0] == {"path": "gemm-gemv1 (chosen)", "ms per token": "8.0", "ms for 4 tokens": "9.2",
-                       "row-exact": "yes"}
+                       "ms, step + verification": "17.2", "row-exact": "yes"}
     assert len(rows) == 2 and kernel_untried(choice.to_dict()) == "Not tried: bf16-native (no native bf16 on this CPU)."
     assert kernel_source(choice.to_dict()) == "measured at first load on AMD EPYC, torch 2.13.0"
+
+
+def test_kernel_timings_taken_under_load_are_flagged_and_the_rule_is_worded_as_applied():
+    """Issue 65: the chosen path was not the fastest per token (the rule weighs a step plus a verification, among
+    row-exact paths), and the timings were taken on a busy machine: the table and its words say both."""
+    from engine.generate.kernel_choice import Choice
+    from ui.chat import kernel_load_note, kernel_rows, kernel_rule
+
+    candidates = {"fp32": {"ms_1": 223.0, "ms_k1": 420.0, "row_exact": True},
+                  "fp32-routed": {"ms_1": 1616.0, "ms_k1": 1700.0, "row_exact": True},
+                  "fp32-fused-packed-masked": {"ms_1": 311.0, "ms_k1": 250.0, "row_exact": True},
+                  "sloppy": {"ms_1": 90.0, "ms_k1": 100.0, "row_exact": False}}
+    kernel = Choice("fp32-fused-packed-masked", "cached", 3, "AMD EPYC", "2.13.0", False, candidates=candidates,
+                    other_load=0.45).to_dict()
+    rows = kernel_rows(kernel)
+    assert {r["measured"] for r in rows} == {"under load"} and rows[0]["ms, step + verification"] == "561.0"
+    rule = kernel_rule(kernel)
+    assert "fastest **row-exact** path by a one-token step plus a 4-token verification" in rule
+    assert rule.endswith("`fp32-fused-packed-masked`; sloppy ran faster but is not row-exact.")
+    note = kernel_load_note(kernel, "smollm2-135m-instruct")
+    assert "measured under load (other processes used 45% of the CPUs)" in note
+    assert "python -m engine targets --prepare smollm2-135m-instruct --measure-kernels" in note
+    quiet = {**kernel, "other_load": 0.03}
+    assert kernel_load_note(quiet, "smollm2-135m-instruct") is None and "measured" not in kernel_rows(quiet)[0]
+    none_exact = {**kernel, "path": "sloppy", "candidates": {n: {**c, "row_exact": False} for n, c in
+                                                             candidates.items()}}
+    assert kernel_rule(none_exact).startswith("No path is row-exact on this CPU: `auto` takes the fastest of all")
 
 
 # -- data ---------------------------------------------------------------------------------------------------
@@ -777,6 +833,22 @@ def test_benchmarks_page_plots_a_result(runs, tiny_target):
     assert "2 prompts" in speed["layout"]["title"]["subtitle"]["text"]
     assert any("draft" in d.value["method"].tolist() for d in at.dataframe)
     assert "target `tiny`" in texts(at.caption) and "None" not in texts(at.caption)
+
+
+def test_benchmarks_page_flags_speeds_and_a_kernel_choice_measured_under_load(runs, tiny_target):
+    """Issue 65: a result whose rounds all ran under load, and whose kernel path was chosen under load, says so."""
+    loaded = {**BENCH, "label": "under load: no round ran on a quiet machine; the figures are from loaded rounds",
+              "kernel": {"path": "fp32", "other_load": 0.4, "candidates": {}}}
+    (runs / "bench").mkdir(parents=True)
+    (runs / "bench" / "bench-1.json").write_text(json.dumps(loaded))
+    at = open_app(tiny_target, page="benchmarks")
+    ok(at)
+    warnings = texts(at.warning)
+    assert "Speeds under load: no round ran on a quiet machine" in warnings
+    assert "kernel path (fp32) was chosen from timings measured under load (other processes used 40%" in warnings
+    (runs / "bench" / "bench-1.json").write_text(json.dumps(BENCH))
+    at = open_app(tiny_target, page="benchmarks")
+    assert "under load" not in texts(at.warning)
 
 
 def test_benchmarks_per_prompt_rows_heatmap_and_csv():

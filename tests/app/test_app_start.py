@@ -172,9 +172,31 @@ def test_the_shipped_drafts_acceptance_per_workload_is_on_the_models_page_and_it
     assert "Acceptance per workload" in texts(at.markdown)
     card = texts(at.markdown) + texts(at.info)
     assert "| humaneval | code | 20 |" in card  # the model card tab
-    parity = next(d.value for d in at.dataframe if "factor" in d.value.columns)  # training against serving
-    assert "aux layer ids (vLLM numbering)" in list(parity["factor"])
-    assert "No training run found beside this draft" in texts(at.caption)  # the shipped draft's run is not here
+    parity = next(t.value for t in at.table if "factor" in t.value.columns)  # training against serving
+    recorded = dict(zip(parity["factor"], parity["training"], strict=True))
+    verdicts = dict(zip(parity["factor"], parity["verdict"], strict=True))
+    # issue 65: the shipped draft's factors come from the records its recipe kept, and the context length differs
+    assert recorded["aux layer ids (vLLM numbering)"] == "[2, 15, 27]" and recorded["hidden-state dtype"] == "bf16"
+    assert "Q4_1 GGUF" in recorded["target weights"] and "dequantized to fp32" in recorded["target weights"]
+    assert "greedy" in recorded["training answers"] and recorded["context length"] == "up to 768 tokens"
+    assert verdicts["context length"] == "differs" and verdicts["target weights"] == "same"
+    assert "benchmarks/results/reship-eagle3/amd-epyc-zen4/recipe" in texts(at.caption)
+
+
+def test_an_evaluation_measured_under_load_is_flagged_in_its_table_and_protocol():
+    """Issue 65: a forecast from step costs measured under load, and a kernel path chosen under load, say so."""
+    from ui import evaluate as evaluate_ui
+
+    result = _evaluation("d", [1.1, 1.2])
+    result["forecast"]["label"] = "under load (other processes used 40% of the CPUs)"
+    result["kernel"] = ("fp32 (measured at first load on AMD EPYC, torch 2.13.0; bit-identical: speculative output "
+                        "equals the baseline's; measured under load (other processes used 30% of the CPUs)): ...")
+    assert {r["step costs measured"] for r in evaluate_ui.table_rows(result)} == {"under load"}
+    assert "kernel fp32 (chosen under load)" in evaluate_ui.protocol(result)
+    assert "no advice from this forecast" in evaluate_ui.recommendation(result)
+    quiet = _evaluation("d", [1.1, 1.2])
+    assert "step costs measured" not in evaluate_ui.table_rows(quiet)[0]
+    assert "under load" not in evaluate_ui.protocol({**quiet, "kernel": "fp32 (measured at first load on X)"})
 
 
 def test_a_small_evaluation_does_not_replace_a_larger_one_unasked(runs):

@@ -523,3 +523,104 @@ def test_the_apps_log_holds_no_traceback_after_a_full_tour(page, app_url):
             no_traceback(page)
     log = (runs.parent / "streamlit.log").read_text(errors="replace")
     assert "Traceback" not in log, log[log.index("Traceback") - 500:][:3000]
+
+
+# -- pages that follow their jobs ----------------------------------------------------------------------------
+
+
+class _QuietServer:
+    """Just enough of an OpenAI server for the Serve page: /metrics without spec-decode counters, models, health."""
+
+    def __init__(self):
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 - http.server's name
+                body = b'{"data": [{"id": "served-model"}]}' if self.path.startswith("/v1/models") else b""
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+def _serve_status(job: Path, url: str, *, ready: bool) -> None:
+    """A serve job's status.json as `serve` writes it while vLLM starts, then once it answers."""
+    import json
+
+    status = {"state": "running", "pid": os.getpid(), "progress": 1.0 if ready else 0.5,
+              "message": f"serving on {url}" if ready else f"starting vLLM on {url}",
+              "result": {"url": url, "vllm_serve": "vllm serve /drafts/x", **({"ready": True} if ready else {})}}
+    (job / "status.json").write_text(json.dumps(status))
+
+
+def test_the_serve_page_shows_the_chat_once_its_server_is_ready_without_a_reload(page, app_url):
+    """Issue 65: a server that becomes ready while the Serve page is open brings its chat there by itself. A fake
+    server stands in for vLLM (a real one needs vLLM's environment; llama.cpp's build takes minutes)."""
+    import json
+
+    _, runs = app_url
+    fake = _QuietServer()
+    job = runs / "20000101-000000_serve_browser"
+    job.mkdir(parents=True)
+    (job / "job.json").write_text(json.dumps({"kind": "serve", "argv": ["serve", "--port", "1"],
+                                              "created": time.time(), "pid": None, "pgid": None}))
+    _serve_status(job, fake.url, ready=False)
+    try:
+        go(page, "Serve")
+        page.get_by_role("tab", name="Use a running server").click()
+        page.get_by_text("Chat and metrics appear when the server is ready.").wait_for(timeout=60_000)
+        page.evaluate("() => { window.__notReloaded = true; }")
+        _serve_status(job, fake.url, ready=True)
+        page.get_by_text("Chat through the server").wait_for(timeout=30_000)  # a few polls of the job's panel
+        assert page.evaluate("() => window.__notReloaded === true")  # the same document: no reload
+        assert page.get_by_test_id("stChatInputTextArea").count() == 1
+        assert page.get_by_text("Chat and metrics appear when the server is ready.").count() == 0
+        no_traceback(page)
+        shot(page, "11-serve-ready")
+    finally:
+        (job / "status.json").write_text(json.dumps({"state": "stopped"}))
+        fake.server.shutdown()
+
+
+def test_the_start_page_follows_a_job_that_starts_and_ends_without_a_reload(page, app_url):
+    """Issue 65: the Start page's steps follow the jobs (a server started, then stopped) by themselves."""
+    import json
+
+    _, runs = app_url
+    go(page, "Start", "Speculators Workbench")
+    page.get_by_text("No server running.").wait_for(timeout=60_000)
+    page.evaluate("() => { window.__notReloaded = true; }")
+    job = runs / "20000101-000000_serve_start"
+    job.mkdir(parents=True)
+    (job / "job.json").write_text(json.dumps({"kind": "serve", "argv": ["serve", "--port", "2"],
+                                              "created": time.time(), "pid": None, "pgid": None}))
+    _serve_status(job, "http://127.0.0.1:2", ready=False)
+    try:
+        page.get_by_text("1 server running.").wait_for(timeout=30_000)
+    finally:
+        (job / "status.json").write_text(json.dumps({"state": "stopped"}))
+    page.get_by_text("No server running.").wait_for(timeout=30_000)
+    assert page.evaluate("() => window.__notReloaded === true")
+
+
+def test_training_against_serving_shows_the_shipped_records_uncut(page):
+    """Issue 65: the shipped draft's parity reads its recipe's records, flags 768 trained tokens against 2,048
+    served, and no column of the table is cut."""
+    go(page, "Models")
+    page.get_by_role("tab", name="Draft details and validation").click()
+    table = page.locator('[data-testid="stTable"]', has_text="what a difference does")
+    table.first.wait_for(timeout=120_000)
+    table.first.scroll_into_view_if_needed()
+    text = table.first.inner_text()
+    assert "up to 768 tokens" in text and "differs" in text and "Q4_1 GGUF" in text
+    assert "positions past the trained length were never seen" in text  # the effect, whole
+    assert not _cut_text(table.first), _cut_text(table.first)
+    shot(page, "02-models-parity")

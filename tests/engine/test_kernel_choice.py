@@ -154,6 +154,30 @@ def test_forced_choices_measure_nothing(tiny_targets, cache_home, counted):
     assert target.dtype == torch.float32 and target.extra["kernel"]["source"] == "forced"
 
 
+@pytest.mark.parametrize("share,loaded", [(0.45, True), (0.02, False)])
+def test_the_load_while_the_paths_were_timed_is_recorded_with_the_choice(tiny_targets, cache_home, monkeypatch,
+                                                                         share, loaded):
+    """Issue 65: a choice made from timings taken while other processes kept the CPUs busy says so, cached too."""
+
+    class Busy:
+        def share(self):
+            return share
+
+    timed = {"fp32": {"row_exact": True, "ms_1": 223.0, "ms_k1": 400.0},
+             "fp32-fused-packed-masked": {"row_exact": True, "ms_1": 311.0, "ms_k1": 250.0}}
+    monkeypatch.setattr(kc, "OtherLoad", Busy)
+    monkeypatch.setattr(kc, "measure", lambda *args, **kwargs: {n: dict(c) for n, c in timed.items()})
+    monkeypatch.setattr(kc, "native_bf16", lambda: False)
+    name = str(tiny_targets["llama"])
+    choice = kc.choose(name, device="cpu")
+    assert choice.path == "fp32-fused-packed-masked"  # the fastest step plus verification, not per token
+    assert (choice.other_load, choice.loaded) == (share, loaded)
+    assert ("measured under load (other processes used 45% of the CPUs)" in choice.summary()) is loaded
+    cached = kc.read_cached(name)
+    assert (cached.other_load, cached.loaded, "under load" in cached.summary()) == (share, loaded, loaded)
+    assert kc.choose(name, "fp32").loaded is loaded  # a forced path shows the same measurement
+
+
 @pytest.fixture(scope="module")
 def builtin_chosen(tmp_path_factory):
     """The built-in target on the path measured here (the cache kept out of the user's home)."""
