@@ -56,10 +56,10 @@ with run_tab:
         if not draft:
             st.caption("No draft for this target: the `draft` method is not offered (n-gram and transformers' own "
                        "prompt lookup are).")
-        argv = bench.bench_argv(target=target, draft=draft, prompts=prompts, num_prompts=int(n),
-                                max_new_tokens=int(new_tokens), k=int(k), temperature=float(temp),
-                                methods=methods or ["baseline"], backend=backend,
-                                json_out=ss.get("bench_json_out") or bench.new_json_path())
+        argv = bench.bench_argv({"target": target, "draft": draft, "prompts": prompts, "num_prompts": int(n),
+                                 "max_new_tokens": int(new_tokens), "k": int(k), "temperature": float(temp),
+                                 "methods": methods or ["baseline"], "backend": backend},
+                                ss.get("bench_json_out") or bench.new_json_path())
         if st.form_submit_button("Launch benchmark", type="primary", icon=":material/rocket_launch:"):
             if "baseline" not in methods:
                 st.warning("Add `baseline`: speedups are measured against it.")

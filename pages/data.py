@@ -77,7 +77,8 @@ if dataset:
             with st.expander(f"Row `{row['id']}` · {row['tokens']} tokens · {row['loss_tokens']} loss tokens"
                              + (" · truncated" if row["truncated"] else ""), expanded=row is preview[0]):
                 st.html(loss_html(row["segments"], max_chars=6000))
-    show_cli(data_ui.prepare_argv(dataset, target, split=split, rows=int(rows), max_length=int(max_length)))
+    show_cli(data_ui.prepare_argv({"dataset": dataset, "target": target, "split": split, "max_samples": int(rows),
+                                   "preview": int(rows), "max_length": int(max_length)}))
 else:
     st.info("Choose a dataset above.")
 
@@ -98,9 +99,10 @@ with regen_tab:
             temp = c4.number_input("Temperature", 0.0, 2.0, 0.0, 0.1, key="data_regen_temperature")
             batch = c5.number_input("Batch size", 1, 1024, 8, key="data_regen_batch")
             turns = c6.number_input("Max user turns per conversation (0 = all)", 0, 100, 1, key="data_regen_turns")
-            argv = data_ui.regenerate_argv(dataset, target, out, split=split, max_samples=int(n) or None,
-                                           max_new_tokens=int(new_tokens), temperature=float(temp),
-                                           batch_size=int(batch), max_turns=int(turns) or None)
+            argv = data_ui.regenerate_argv({"dataset": dataset, "target": target, "out": out, "split": split,
+                                            "max_samples": int(n) or None, "max_new_tokens": int(new_tokens),
+                                            "temperature": float(temp), "batch_size": int(batch),
+                                            "max_turns": int(turns) or None})
             if st.form_submit_button("Launch regeneration", type="primary", icon=":material/rocket_launch:"):
                 job = launch(argv, kind="regenerate")
                 if job:
@@ -129,9 +131,9 @@ with extract_tab:
                                    placeholder="e.g. 2, 15, 27, 30", help="Id N = the last layer before the norm.")
             dtype = c5.selectbox("Saved dtype", ["bf16", "fp16", "fp32"], key="data_extract_dtype")
             batch = c6.number_input("Batch size", 1, 1024, 16, key="data_extract_batch")
-            argv = data_ui.extract_argv(dataset, target, out, split=split, max_samples=int(n) or None,
-                                        max_length=int(max_length), layers=layers.replace(" ", ""), algo=algo,
-                                        dtype=dtype, batch_size=int(batch))
+            argv = data_ui.extract_argv({"dataset": dataset, "target": target, "out": out, "split": split,
+                                         "max_samples": int(n) or None, "max_length": int(max_length),
+                                         "layers": layers, "algo": algo, "dtype": dtype, "batch_size": int(batch)})
             with guard("Estimating the size"):
                 estimate = data_ui.disk_estimate(resources.target_ref(target).path, preview if preview_ok else [],
                                                  samples=int(n) or None, max_length=int(max_length), algo=algo,

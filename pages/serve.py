@@ -72,9 +72,11 @@ def vllm_start() -> None:
                                help=serving.option_help("per_request_spec_decode_metrics"))
         explicit_target = target if (form == "explicit" or not (with_draft and draft)) else None
         try:
-            argv = serving.serve_argv(draft=draft if with_draft else None, target=explicit_target, k=int(k) or None,
-                                      form=form, port=int(port), max_model_len=int(max_len), dtype=dtype,
-                                      speculative_fields=fields, per_request_metrics=metrics)
+            argv = serving.serve_argv({"draft": draft if with_draft else None, "target": explicit_target,
+                                       "k": int(k) or None, "form": form, "port": int(port),
+                                       "max_model_len": int(max_len), "dtype": dtype,
+                                       "speculative_fields": (fields or "").strip() or None,
+                                       "per_request_spec_decode_metrics": metrics})
         except ValueError as exc:
             argv = None
             st.error(f"Cannot serve with these values: {exc}", icon=":material/error:")

@@ -16,12 +16,13 @@ from ui.evaluate import counted
 METHODS = ALL_METHODS
 
 
-def bench_argv(*, target: str, draft: str | None, prompts: str, num_prompts: int, max_new_tokens: int, k: int,
-               temperature: float, methods: list[str], backend: str, json_out: str) -> list[str]:
-    options = BenchOptions(target=target, draft=draft if draft and "draft" in methods else None, prompts=prompts,
-                           num_prompts=num_prompts, max_new_tokens=max_new_tokens, k=k, temperature=temperature,
-                           methods=methods, backend=backend)
-    return [*options.argv("bench"), "--json", json_out]
+def bench_argv(values: dict[str, Any], json_out: str) -> list[str]:
+    """The `bench` command of the form's values (BenchOptions fields), its result written to `json_out`; the draft
+    only where the `draft` method runs."""
+    given = {name: value for name, value in values.items() if value is not None}
+    if "draft" not in given.get("methods", []):
+        given.pop("draft", None)
+    return [*BenchOptions(**given).argv("bench"), "--json", json_out]
 
 
 def new_json_path() -> str:

@@ -43,26 +43,30 @@ def default_extract_out(dataset: str, target: str) -> str:
     return str(runs_dir() / "data" / f"{slug(dataset)}-{slug(target)}-hidden-states")
 
 
-def regenerate_argv(dataset: str, target: str, out: str, *, split: str, max_samples: int | None, max_new_tokens: int,
-                    temperature: float, batch_size: int, max_turns: int | None) -> list[str]:
-    options = RegenerateOptions(dataset=dataset, target=target, split=split, out=out, max_new_tokens=max_new_tokens,
-                                temperature=temperature, batch_size=batch_size, max_samples=max_samples or None,
-                                max_turns=max_turns or None)
-    return options.argv("regenerate")
+def _given(values: dict[str, Any]) -> dict[str, Any]:
+    """The form's values the user gave (None: left to the options' default)."""
+    return {name: value for name, value in values.items() if value is not None}
 
 
-def extract_argv(dataset: str, target: str, out: str, *, split: str, max_samples: int | None, max_length: int,
-                 layers: str, algo: str, dtype: str, batch_size: int) -> list[str]:
-    choice = {"layers": layers.strip()} if layers.strip() else {"algo": algo}
-    options = ExtractOptions(dataset=dataset, target=target, split=split, out=out, max_length=max_length, dtype=dtype,
-                             batch_size=batch_size, max_samples=max_samples or None, **choice)
-    return options.argv("extract")
+def regenerate_argv(values: dict[str, Any]) -> list[str]:
+    """The `regenerate` command of the form's values (RegenerateOptions fields)."""
+    return RegenerateOptions(**_given(values)).argv("regenerate")
 
 
-def prepare_argv(dataset: str, target: str, *, split: str, rows: int, max_length: int) -> list[str]:
-    options = PrepareOptions(dataset=dataset, target=target, split=split, max_samples=rows, preview=rows,
-                             max_length=max_length)
-    return options.argv("prepare")
+def extract_argv(values: dict[str, Any]) -> list[str]:
+    """The `extract` command of the form's values (ExtractOptions fields): layer ids, when given, over the
+    algorithm's."""
+    given = _given(values)
+    layers = str(given.pop("layers", "") or "").replace(" ", "")
+    if layers:
+        given.pop("algo", None)
+        given["layers"] = layers
+    return ExtractOptions(**given).argv("extract")
+
+
+def prepare_argv(values: dict[str, Any]) -> list[str]:
+    """The `prepare` command of the form's values (PrepareOptions fields)."""
+    return PrepareOptions(**_given(values)).argv("prepare")
 
 
 def manifest(out: str) -> dict[str, Any] | None:

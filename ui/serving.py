@@ -9,22 +9,21 @@ from engine.serve.options import ServeOptions
 from ui.forms import validation_errors
 
 
-def serve_argv(*, draft: str | None, target: str | None, k: int | None, form: str | None, port: int,
-               max_model_len: int, dtype: str, speculative_fields: str | None = None,
-               per_request_metrics: str = "none") -> list[str]:
-    """The `serve` command line of the form's values; a value ServeOptions refuses raises ValueError with its reason."""
-    fields = (speculative_fields or "").strip() or None
-    given = {"port": port, "max_model_len": max_model_len, "dtype": dtype, "draft": draft or None,
-             "no_draft": not draft or None, "target": target or None, "k": (k or None) if draft else None,
-             "form": (form or None) if draft else None, "speculative_fields": fields if draft else None,
-             "per_request_spec_decode_metrics": per_request_metrics if draft and per_request_metrics != "none"
-             else None}
-    options, errors = validation_errors(ServeOptions, {name: v for name, v in given.items() if v is not None})
+def serve_argv(values: dict[str, Any]) -> list[str]:
+    """The `serve` command of the form's values (ServeOptions fields; the draft's own settings dropped without a
+    draft); a value ServeOptions refuses raises ValueError with its reason."""
+    given = {name: value for name, value in values.items() if value not in (None, "")}
+    if not given.get("draft"):
+        given = {name: value for name, value in given.items() if name not in DRAFT_SETTINGS} | {"no_draft": True}
+    if given.get("per_request_spec_decode_metrics") == "none":
+        given.pop("per_request_spec_decode_metrics")
+    options, errors = validation_errors(ServeOptions, given)
     if options is None:
         raise ValueError("; ".join(m for found in errors.values() for m in found))
     return options.argv("serve")
 
 
+DRAFT_SETTINGS = ("draft", "k", "form", "speculative_fields", "per_request_spec_decode_metrics")  # need a draft
 DTYPES = ["bfloat16", "float32", "float16"]  # the dtype field's choices (its default: engine.serve.options)
 
 

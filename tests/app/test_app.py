@@ -1140,22 +1140,30 @@ def test_every_command_the_app_builds_is_accepted_by_the_cli(tmp_path):
 
     assert TrainConfig(**train_overrides(args)) == cfg  # common fields and the algorithm's own arguments
     commands = [
-        data.prepare_argv("sharegpt", "t", split="train", rows=3, max_length=512),
-        data.regenerate_argv("sharegpt", "t", "o.jsonl", split="train", max_samples=5, max_new_tokens=8,
-                             temperature=0.0, batch_size=2, max_turns=1),
-        data.extract_argv("sharegpt", "t", "out", split="val", max_samples=None, max_length=256, layers="2,15,27,30",
-                          algo="eagle3", dtype="bf16", batch_size=4),
-        data.extract_argv("sharegpt", "t", "out", split="train", max_samples=3, max_length=256, layers="",
-                          algo="dflash", dtype="fp32", batch_size=4),
-        bench.bench_argv(target="t", draft="d", prompts="sharegpt", num_prompts=2, max_new_tokens=8, k=3,
-                         temperature=0.0, methods=["baseline", "draft", "ngram"], backend="transformers",
-                         json_out="r.json"),
-        serving.serve_argv(draft="d", target=None, k=4, form="auto", port=8123, max_model_len=2048, dtype="bfloat16"),
-        serving.serve_argv(draft="d", target=None, k=None, form="auto", port=8123, max_model_len=2048,
-                           dtype="bfloat16", per_request_metrics="detailed"),
-        serving.serve_argv(draft=None, target="t", k=None, form="auto", port=8123, max_model_len=2048,
-                           dtype="float32"),
+        data.prepare_argv({"dataset": "sharegpt", "target": "t", "split": "train", "max_samples": 3, "preview": 3,
+                           "max_length": 512}),
+        data.regenerate_argv({"dataset": "sharegpt", "target": "t", "out": "o.jsonl", "split": "train",
+                              "max_samples": 5, "max_new_tokens": 8, "temperature": 0.0, "batch_size": 2,
+                              "max_turns": 1}),
+        data.extract_argv({"dataset": "sharegpt", "target": "t", "out": "out", "split": "val", "max_samples": None,
+                           "max_length": 256, "layers": "2, 15,27,30", "algo": "eagle3", "dtype": "bf16",
+                           "batch_size": 4}),
+        data.extract_argv({"dataset": "sharegpt", "target": "t", "out": "out", "split": "train", "max_samples": 3,
+                           "max_length": 256, "layers": "", "algo": "dflash", "dtype": "fp32", "batch_size": 4}),
+        bench.bench_argv({"target": "t", "draft": "d", "prompts": "sharegpt", "num_prompts": 2, "max_new_tokens": 8,
+                          "k": 3, "temperature": 0.0, "methods": ["baseline", "draft", "ngram"],
+                          "backend": "transformers"}, "r.json"),
+        serving.serve_argv({"draft": "d", "target": None, "k": 4, "form": "auto", "port": 8123,
+                            "max_model_len": 2048, "dtype": "bfloat16"}),
+        serving.serve_argv({"draft": "d", "target": None, "k": None, "form": "auto", "port": 8123,
+                            "max_model_len": 2048, "dtype": "bfloat16", "per_request_spec_decode_metrics": "detailed"}),
+        serving.serve_argv({"draft": None, "target": "t", "k": 3, "form": "auto", "port": 8123, "max_model_len": 2048,
+                            "dtype": "float32", "per_request_spec_decode_metrics": "detailed"}),
     ]
     for argv in commands:
         parser.parse_args(argv)
     assert commands[-2][-2:] == ["--per-request-spec-decode-metrics", "detailed"]  # the Serve page's metrics field
+    layered, by_algo, no_draft = commands[2], commands[3], commands[-1]
+    assert "2,15,27,30" in layered and "--algo" not in layered and "--layers" not in by_algo and "dflash" in by_algo
+    assert "--no-draft" in no_draft and not {"--k", "--per-request-spec-decode-metrics"} & set(no_draft)
+    assert "--draft" not in bench.bench_argv({"draft": "d", "methods": ["baseline", "ngram"]}, "r.json")
