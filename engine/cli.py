@@ -78,7 +78,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command in ACCEPT_CHANGE_COMMANDS and args.accept_target_change:
         from engine.targets.identity import ACCEPT_CHANGE_ENV
 
-        os.environ[ACCEPT_CHANGE_ENV] = "1"  # read by engine.targets.target_for_draft, also in child processes
+        os.environ[ACCEPT_CHANGE_ENV] = "1"  # read by engine.targets.identity.target_for_draft, also in child processes
     _quiet_transformers()
     signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM behaves like Ctrl-C: commands clean up / checkpoint
     mod = importlib.import_module(f"engine.commands.{args._module}")

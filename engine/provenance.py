@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from engine.cpu import cpu_identity
+from engine.options import flag_words
 
 # The fields each record under benchmarks/results (and each JSON a measuring command writes) carries.
 FIELDS = ("command", "cpu", "cpu_kind", "dtype", "date", "torch")
@@ -37,8 +38,6 @@ def engine_command(words: Sequence[Any]) -> str:
 def command_of(name: str, options: dict[str, Any]) -> str:
     """`python -m engine NAME --flag value ...` from the options a CLI command ran with: None and False left out,
     True a bare flag, a list comma-joined."""
-    from engine.options import flag_words
-
     words: list[Any] = [name]
     for key, value in options.items():
         if value is not None:

@@ -9,9 +9,11 @@ from typing import Any
 
 from engine import jobs as engine_jobs
 from engine.cpu import load_text, under_load
+from engine.errors import WorkbenchError
 from engine.measure.options import ALL_METHODS, BenchOptions
 from ui import records
 from ui.evaluate import counted
+from ui.jobs import argv_value
 
 METHODS = ALL_METHODS
 
@@ -30,8 +32,6 @@ def new_json_path() -> str:
 
 
 def result_path(job: engine_jobs.Job) -> Path | None:
-    from ui.jobs import argv_value
-
     path = job.status.result.get("json") or argv_value(job, "--json")
     return Path(path) if path else None
 
@@ -121,8 +121,6 @@ def label(key: str, files: dict[str, Path] | None = None) -> str:
 
 
 def load(path: str | Path) -> dict[str, Any]:
-    from engine.errors import WorkbenchError
-
     try:
         data = json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError) as exc:
@@ -131,8 +129,6 @@ def load(path: str | Path) -> dict[str, Any]:
 
 
 def check(data: Any) -> dict[str, Any]:
-    from engine.errors import WorkbenchError
-
     if not isinstance(data, dict) or not isinstance(data.get("methods"), dict):
         raise WorkbenchError("this JSON has no 'methods' object", hint="use a file written by `python -m engine bench "
                              "--json FILE`")

@@ -16,8 +16,18 @@ from typing import Any, Literal
 import streamlit as st
 
 from engine.algos import algorithm_names
+from engine.data.layer_ids import default_layer_ids
+from engine.errors import WorkbenchError
 from engine.format import vllm_rules as vr
-from engine.format.config import CONFIG_TYPES, DraftConfig, ProposalMethod, VerifierInfo, config_types
+from engine.format.checkpoint import read_config_dict
+from engine.format.config import (
+    CONFIG_TYPES,
+    DraftConfig,
+    ProposalMethod,
+    VerifierInfo,
+    build_draft_config,
+    config_types,
+)
 from engine.serve.options import ServeOptions
 from ui.forms import FieldKind, field_kind, from_widget, to_widget, validation_errors
 
@@ -268,10 +278,6 @@ def widget(field: BuilderField, issues: list) -> None:
 
 def template(algorithm: str, target_path: str, verifier_name: str | None) -> dict[str, Any]:
     """A fresh config of `algorithm` for a target folder (the shapes and names the target implies)."""
-    from engine.data.layer_ids import default_layer_ids
-    from engine.format.checkpoint import read_config_dict
-    from engine.format.config import build_draft_config
-
     verifier = read_config_dict(target_path)
     text = verifier.get("text_config", verifier) if "num_hidden_layers" not in verifier else verifier
     cls = CONFIG_TYPES.get(algorithm)
@@ -327,8 +333,6 @@ def algorithms() -> list[str]:
 
 def parse_upload(name: str, data: bytes) -> dict[str, Any]:
     """An uploaded config.json as a dict, or a clear error."""
-    from engine.errors import WorkbenchError
-
     try:
         parsed = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:

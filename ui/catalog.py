@@ -7,9 +7,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.algos.shipped import ASSETS
+from engine.algos.shipped import ASSETS, DEFAULTS_FILE, default_draft, shipped_drafts
 from engine.format.checkpoint import read_config_dict, tensor_index
+from engine.format.config import parse_draft_config
+from engine.fsutil import read_json
 from engine.jobs import runs_dir
+from engine.targets.resolve import BUILTIN_TARGETS, DEFAULT_TARGET, cached_snapshot
+from engine.targets.resolve import target_problem as problem
 
 
 @dataclass
@@ -50,9 +54,6 @@ def find_drafts(max_checkpoints: int = 3) -> list[DraftEntry]:
 
 def _default_names() -> list[str]:
     """Folder names of the default shipped drafts (assets/drafts/defaults.json values)."""
-    from engine.algos.shipped import DEFAULTS_FILE
-    from engine.fsutil import read_json
-
     try:
         return [str(v) for v in read_json(DEFAULTS_FILE).values()] if DEFAULTS_FILE.is_file() else []
     except (OSError, ValueError):
@@ -61,28 +62,20 @@ def _default_names() -> list[str]:
 
 def shipped_for(target: str) -> list[str]:
     """Every draft shipped for a built-in target (assets/drafts), the default first."""
-    from engine.algos.shipped import shipped_drafts
-
     return [str(p) for p in shipped_drafts(target)]
 
 
 def builtin_targets() -> dict[str, str]:
     """Built-in target name -> its hub id."""
-    from engine.targets.resolve import BUILTIN_TARGETS
-
     return {name: b.hub_id for name, b in BUILTIN_TARGETS.items()}
 
 
 def default_target() -> str:
-    from engine.targets.resolve import DEFAULT_TARGET
-
     return DEFAULT_TARGET
 
 
 def shipped_draft(target: str) -> str | None:
     """The draft shipped in assets/drafts for a built-in target, if it is there."""
-    from engine.algos.shipped import default_draft
-
     path = default_draft(target)
     return str(path) if path else None
 
@@ -136,7 +129,6 @@ def weights_summary(folder: str | Path) -> WeightsSummary:
 def target_summary(name: str, path: str) -> dict[str, Any]:
     """Config facts of a resolved target folder: architecture, depth, width, vocabulary, default aux layers."""
     from engine.algos import ALGOS
-    from engine.targets.resolve import BUILTIN_TARGETS
 
     cfg = read_config_dict(path)
     text = cfg.get("text_config", cfg) if "num_hidden_layers" not in cfg else cfg
@@ -159,8 +151,6 @@ def target_summary(name: str, path: str) -> dict[str, Any]:
 
 def draft_summary(path: str) -> dict[str, Any]:
     """The draft's algorithm, verifier, k, layer ids and vocabulary, from its config.json."""
-    from engine.format.config import parse_draft_config
-
     raw = read_config_dict(path)
     kind = raw.get("speculators_model_type")
     out: dict[str, Any] = {"algorithm": kind or "not a speculators config (no speculators_model_type)"}
@@ -228,8 +218,6 @@ def fact_rows(facts: dict[str, Any]) -> list[dict[str, str]]:
 
 def target_problem(name: str) -> str | None:
     """Why a target cannot be made active on this machine (e.g. a hub id not in the local cache), or None."""
-    from engine.targets.resolve import target_problem as problem
-
     exc = problem(name)
     if exc is None:
         return None
@@ -238,8 +226,6 @@ def target_problem(name: str) -> str | None:
 
 def target_folder(name: str, resolved_path: str) -> str | None:
     """The local folder holding a resolved target's files: the folder itself, or a hub id's cache snapshot."""
-    from engine.targets.resolve import cached_snapshot
-
     if Path(resolved_path).is_dir():
         return resolved_path
     snapshot = cached_snapshot(name)

@@ -8,6 +8,7 @@ from typing import Any
 
 import plotly.graph_objects as go
 
+from engine.generate.acceptance import bucket_label
 from ui import palette
 from ui.evaluate import counted
 
@@ -58,7 +59,6 @@ def acceptance_by_position(result: Mapping[str, Any]) -> go.Figure | None:
     buckets = [b for b in acc.get("by_answer_position", []) if b.get("num_drafts")]
     if not buckets:
         return None
-    from engine.generate.acceptance import bucket_label
 
     names = [bucket_label(b) for b in buckets]
     taus = [b["mean_acceptance_length"] for b in buckets]

@@ -14,12 +14,18 @@ from dataclasses import dataclass, field
 from engine.cpu import load_text, under_load
 from engine.generate.events import StepEvent
 from engine.generate.explain import SHORT_ANSWER_TOKENS as SHORT_TOKENS  # noqa: F401 (re-exported for pages)
-from engine.generate.explain import explain  # noqa: F401 (re-exported for pages)
+from engine.generate.explain import (
+    explain,  # noqa: F401 (re-exported for pages)
+    profile,
+)
 from engine.generate.metrics import SpecMetrics
 from engine.generate.options import GenerateOptions
+from engine.generate.prompt import prompt_ids as engine_prompt_ids
 from engine.generate.runner import TargetRunner
 from engine.generate.sampling import SamplingParams
 from engine.generate.speculative import generate
+from engine.jobs import duration_text
+from engine.targets.resolve import builtin_for
 from ui.cli import command
 from ui.tokens import TokenMark, TokenText
 
@@ -81,8 +87,6 @@ class Side:
 
     def profile(self):
         """The decode steps summed (engine.generate.explain.Profile): tokens, steps, time split, acceptance."""
-        from engine.generate.explain import profile
-
         return profile(self.events)
 
     def summary(self) -> dict:
@@ -162,8 +166,6 @@ BLOCK_LEGEND = ("block: one mark per drafted slot, ✓ accepted, ✗ the first r
 def race_progress(race: Race, titles: dict[str, str], max_new_tokens: int) -> tuple[float, str]:
     """A running turn's progress: (fraction of the tokens asked for, "Baseline 34/96 tokens, 5.1 tokens/s · ... ·
     about 25 s left"); an answer that stops early (end of text) counts as complete."""
-    from engine.jobs import duration_text
-
     parts, done, left = [], 0.0, 0.0
     for name, side in race.sides.items():
         n = len(side.ids)
@@ -224,7 +226,6 @@ def kernel_load_note(kernel: dict | None, target: str) -> str | None:
     """A warning when the kernel paths were timed under load (the table and the choice may not hold), with how to
     measure again; None otherwise."""
     from engine.generate.kernel_choice import cache_dir
-    from engine.targets.resolve import builtin_for
 
     share = (kernel or {}).get("other_load")
     if not under_load(share):
@@ -331,8 +332,6 @@ def busy_note() -> str | None:
 
 def prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
     """The chat-templated token ids of a conversation (engine.generate.prompt.prompt_ids)."""
-    from engine.generate.prompt import prompt_ids as engine_prompt_ids
-
     return engine_prompt_ids(tokenizer, messages)
 
 

@@ -15,11 +15,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.convert import inputs
-from engine.convert.base import ConvertJob
+from engine.convert import CONVERTERS, ConvertOptions, detect_source, inputs, mapping_rows, plan
+from engine.convert.base import UNMAPPED, ConvertJob
 from engine.errors import WorkbenchError
 from engine.format import vllm_rules as vr
+from engine.format.checkpoint import read_config_dict
+from engine.format.config import config_type
+from engine.fsutil import atomic_write_bytes
 from engine.jobs import runs_dir
+from engine.llamacpp.options import ExportOptions
 
 SPECULATORS, UNKNOWN = "speculators", "unknown"  # engine.convert.detect's formats besides its converters
 STAGED_TTL_S = inputs.STAGED_TTL_S
@@ -56,8 +60,6 @@ def stage(files: Iterable[tuple[str, bytes]]) -> Path:
     digest = hashlib.sha256(b"".join(hashlib.sha256(d).digest() + n.encode() for n, d in files)).hexdigest()[:12]
 
     def write(tmp: Path) -> None:
-        from engine.fsutil import atomic_write_bytes
-
         for name, data in files:
             base = Path(name).name
             if base.endswith(".zip"):
@@ -93,30 +95,21 @@ def resolve_input(path: str) -> Path:
 
 def format_choices() -> list[str]:
     """The source layouts the engine's converters read (the registry, as the CLI's --format)."""
-    from engine.convert import CONVERTERS
-
     return CONVERTERS.names()
 
 
 def format_title(name: str) -> str:
-    from engine.convert import CONVERTERS
-
     return CONVERTERS.get(name).title if name in CONVERTERS else name
 
 
 def option_help(name: str) -> str:
     """The engine's description of a conversion option (ConvertOptions)."""
-    from engine.convert import ConvertOptions
-
     return ConvertOptions.model_fields[name].description or ""
 
 
 def detect(folder: str | Path, fmt: str | None = None) -> Detection:
     """The engine's detection of a source folder, with the facts, notes and mapping rows the page shows; `fmt`
     (a registered converter) reads it as that layout instead of the detected one."""
-    from engine.convert import CONVERTERS, detect_source, mapping_rows
-    from engine.convert.base import UNMAPPED
-
     source = inputs.open_source(folder, staging=uploads_dir())
     cfg = source.config
     found = detect_source(source)
@@ -154,8 +147,6 @@ def convertible(det: Detection) -> bool:
 def dry_run(det: Detection, verifier: str | None, aux_layer_ids: str | None,
             mask_token_id: int | None = None) -> dict[str, Any]:
     """The engine's dry run (`convert --dry-run`): the resulting config and the problems; nothing written."""
-    from engine.convert import ConvertOptions, plan
-
     aux = [int(x) for x in aux_layer_ids.split(",") if x.strip()] if aux_layer_ids else None
     fmt = det.format if det.format != det.detected else None
     p = plan(det.folder, fmt=fmt, verifier=verifier, allow_pickle=False,
@@ -211,8 +202,6 @@ def zip_folder(folder: str | Path) -> bytes:
 def llamacpp_problem(draft: str) -> str | None:
     """Why llama.cpp cannot run this draft (its type's own reason), or None."""
     import engine.algos  # noqa: F401  (registers the draft types)
-    from engine.format.checkpoint import read_config_dict
-    from engine.format.config import config_type
 
     cfg = read_config_dict(draft)
     return config_type(cfg.get("speculators_model_type")).llamacpp_problem(cfg)
@@ -220,15 +209,11 @@ def llamacpp_problem(draft: str) -> str | None:
 
 def default_gguf(draft: str) -> str:
     """`<runs>/exports/<draft folder name>.gguf`: where an export goes unless the user says otherwise."""
-    from engine.jobs import runs_dir
-
     return str(runs_dir() / "exports" / f"{Path(draft).name}.gguf")
 
 
 def export_argv(draft: str, out: str, draft_type: str, target_out: str | None, target_type: str | None) -> list[str]:
     """The `export --to gguf` command line of the tab's values."""
-    from engine.llamacpp.options import ExportOptions
-
     given = {"draft": draft, "out": out, "draft_type": draft_type, "target_out": target_out or None,
              "target_type": target_type if target_out else None}
     options = ExportOptions(**{k: v for k, v in given.items() if v is not None})

@@ -8,7 +8,10 @@ from pathlib import Path
 from typing import Any
 
 from engine.algos import algorithm_names
+from engine.data.extraction_run import estimate_bytes, human_bytes
+from engine.data.layer_ids import resolve_layer_ids
 from engine.data.options import ExtractOptions, PrepareOptions, RegenerateOptions
+from engine.data.store import read_manifest
 from engine.jobs import runs_dir
 
 __all__ = ["BUILTIN", "algorithm_names", "default_extract_out", "default_regen_out", "extract_argv",
@@ -70,8 +73,6 @@ def prepare_argv(values: dict[str, Any]) -> list[str]:
 
 
 def manifest(out: str) -> dict[str, Any] | None:
-    from engine.data.store import read_manifest
-
     return read_manifest(out) if Path(out).is_dir() else None
 
 
@@ -92,8 +93,6 @@ def disk_estimate(target_path: str, preview: list[dict[str, Any]], *, samples: i
     a sentence, or None when it cannot be estimated."""
     from transformers import AutoConfig
 
-    from engine.data.extraction_run import estimate_bytes, human_bytes
-    from engine.data.layer_ids import resolve_layer_ids
 
     lengths = [min(int(r["tokens"]), max_length) for r in preview if r.get("tokens")]
     if not lengths:

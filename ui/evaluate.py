@@ -10,8 +10,12 @@ from typing import Any
 
 from engine import jobs as engine_jobs
 from engine.data.workloads import WORKLOADS
+from engine.measure.evaluate import workload_cell
 from engine.measure.options import EvaluateOptions
+from engine.measure.step_costs import measured_recommendation
+from engine.measure.step_costs import recommendation as words
 from ui import records
+from ui.jobs import argv_value
 
 
 def result_path(draft: str) -> str:
@@ -34,8 +38,6 @@ def evaluate_argv(draft: str, target: str, *, num_prompts: int, max_new_tokens: 
 
 def workload_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per workload: its kind, prompts, and per k the mean acceptance length with its 95% interval."""
-    from engine.measure.evaluate import workload_cell
-
     return [{"workload": Path(row["workload"]).name if row["kind"] == "your prompts" else row["workload"],
              "kind": row["kind"], "prompts": row["held_out_prompts"],
              **{f"k = {k}": workload_cell(spread) for k, spread in row["by_k"].items()}}
@@ -44,8 +46,6 @@ def workload_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
 
 def results(draft: str | None = None) -> list[tuple[engine_jobs.Job, dict[str, Any]]]:
     """Finished evaluate jobs (newest first) with their JSON, optionally only those of one draft folder."""
-    from ui.jobs import argv_value
-
     found = []
     for job in engine_jobs.list_jobs(engine_jobs.runs_dir()):
         if job.kind != "evaluate" or job.status.state != "done":
@@ -110,9 +110,6 @@ def recommendation(result: dict[str, Any], here: bool = True, speed: dict[str, A
     """The advice in words: the best measured k of the draft's k sweep on a CPU of this kind (`speed`, from
     ui.bench.draft_speed, when it measured every k) with the forecast beside it and its error; else the forecast's
     (never a k whose forecast is below 1×); "" with neither (`shipped`: a record that never ran here)."""
-    from engine.measure.step_costs import measured_recommendation
-    from engine.measure.step_costs import recommendation as words
-
     if speed and speed.get("rows") and speed.get("here"):
         return measured_recommendation(speed["rows"], result.get("forecast"), ngram=speed.get("ngram_speedup"),
                                        where=_where(True, bool(speed.get("shipped"))))

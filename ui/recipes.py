@@ -9,6 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from engine.fsutil import read_json
+from engine.provenance import rows_of
+from engine.recipes.model_card import curve_from_card, sweep_from_card
+from engine.recipes.spec import CONFIGS, load_recipe
+from ui.catalog import find_drafts
 
 log = logging.getLogger(__name__)
 
@@ -25,8 +29,6 @@ class RecipeResults:
 
 
 def _load_list(path: Path) -> list[dict[str, Any]]:
-    from engine.provenance import rows_of
-
     try:
         return rows_of(read_json(path))
     except (OSError, ValueError):
@@ -43,8 +45,6 @@ def from_work(name: str, work: str | Path) -> RecipeResults | None:
 
 def from_card(label: str, draft: str | Path) -> RecipeResults | None:
     """A draft's model card tables (as the card rounds them), None when the card has neither table."""
-    from engine.recipes.model_card import curve_from_card, sweep_from_card
-
     card = Path(draft) / "README.md"
     try:
         text = card.read_text(encoding="utf-8")
@@ -56,9 +56,6 @@ def from_card(label: str, draft: str | Path) -> RecipeResults | None:
 
 def all_results() -> dict[str, RecipeResults]:
     """The shipped drafts' cards first, then every recipe in configs/ that has measured something."""
-    from engine.recipes.spec import CONFIGS, load_recipe
-    from ui.catalog import find_drafts
-
     out: dict[str, RecipeResults] = {}
     for entry in find_drafts():
         if entry.origin == "shipped":

@@ -7,6 +7,11 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from engine.cpu import CPU_KINDS, cpu_identity, kind_named
+from engine.errors import WorkbenchError
+from engine.format.checkpoint import weights_sha256
+from engine.weightfiles import weight_files
+
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ROOT / "benchmarks" / "results"  # records that ship with the project
 SAME_KIND = "a CPU of this kind"  # a shipped record's CPU matches this machine's kind: not "this machine"
@@ -15,8 +20,6 @@ SAME_KIND = "a CPU of this kind"  # a shipped record's CPU matches this machine'
 @functools.lru_cache(maxsize=1)
 def this_cpu() -> dict[str, str]:
     """{"cpu": model name, "cpu_kind": ...} of this machine (engine.cpu.cpu_identity)."""
-    from engine.cpu import cpu_identity
-
     return cpu_identity()
 
 
@@ -32,8 +35,6 @@ def cpu_of(record: dict[str, Any]) -> str | None:
 def kind_of(record: dict[str, Any]) -> str | None:
     """The record's CPU kind (engine.cpu.CPU_KINDS): its `cpu_kind`, else the kind its CPU description names
     ("AMD EPYC (2 cores, AVX-512 BF16, native bf16)"); None when it names none."""
-    from engine.cpu import CPU_KINDS, kind_named
-
     kind = record.get("cpu_kind")
     return kind if kind in CPU_KINDS else kind_named(cpu_of(record))
 
@@ -107,9 +108,6 @@ def measured(record: dict[str, Any] | None, draft: str | None) -> bool:
 def weights_digest(draft: str | None) -> str | None:
     """sha256 of a draft folder's weights (what records store as `draft_sha256`), cached while its files are
     unchanged; None without readable weights."""
-    from engine.errors import WorkbenchError
-    from engine.weightfiles import weight_files
-
     try:
         files = weight_files(draft) if draft else []
         stamps = tuple((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files)
@@ -120,7 +118,6 @@ def weights_digest(draft: str | None) -> str | None:
 
 @functools.lru_cache(maxsize=16)
 def _digest(folder: str, stamps: tuple) -> str:  # `stamps` only keys the cache: new files, new digest
-    from engine.format.checkpoint import weights_sha256
 
     return weights_sha256(folder)
 

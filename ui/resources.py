@@ -16,7 +16,14 @@ import streamlit as st
 
 import engine.algos  # noqa: F401  (fills the algorithm and config-type registries the pages read)
 from engine.algos.loading import load_decoding_draft, make_proposer
+from engine.data.datasets import DatasetSummary, iter_conversations
+from engine.data.render import mask_segments, render_rows
 from engine.errors import WorkbenchError
+from engine.generate.kernel_choice import load_decode_target, read_cached
+from engine.generate.metrics import measure_cost_curve
+from engine.generate.runner import TargetRunner
+from engine.targets.dtypes import pick_device
+from engine.targets.resolve import builtin_cache_dir, builtin_for, builtin_ready, resolve_target
 
 log = logging.getLogger("workbench.ui.resources")
 
@@ -42,17 +49,14 @@ def _stamp(path: str | os.PathLike) -> float:
 @st.cache_resource(max_entries=4, show_spinner="Preparing the target (the built-in one is dequantized once)…")
 def target_ref(name: str):
     """Built-in name / folder / hub id -> engine TargetRef (prepares a built-in target on first use)."""
-    from engine.targets.resolve import resolve_target
-
     return resolve_target(name)
 
 
 @st.cache_resource(max_entries=2, show_spinner="Loading the target model…")
 def target(name: str):
-    """The loaded target model and tokenizer (engine.targets.Target)."""
+    """The loaded target model and tokenizer (engine.targets.loading.Target)."""
     import torch
 
-    from engine.generate.kernel_choice import load_decode_target
 
     log.info("loading the target model %s (once, shared by every browser session)", name)
     # the kernel path measured on this CPU (cached after the first load); routed, when it is, before any session
@@ -69,7 +73,6 @@ def tokenizer(name: str):
     """The target's tokenizer alone (data previews need no weights)."""
     from transformers import AutoTokenizer
 
-    from engine.errors import WorkbenchError
 
     ref = target_ref(name)
     try:
@@ -101,7 +104,6 @@ def device_info() -> dict[str, Any]:
     """Where models run: CPU or the GPU's name and memory."""
     import torch
 
-    from engine.targets.dtypes import pick_device
 
     device = pick_device(None)
     info: dict[str, Any] = {"device": device, "threads": torch.get_num_threads(), "torch": torch.__version__}
@@ -119,10 +121,6 @@ def device_info() -> dict[str, Any]:
 def kernel_choice(name: str):
     """The kernel path decided for a target on this CPU (engine.generate.kernel_choice.Choice), when it has been
     measured (nothing is loaded here)."""
-    from engine.generate.kernel_choice import read_cached
-    from engine.targets.dtypes import pick_device
-    from engine.targets.resolve import builtin_cache_dir, builtin_for, builtin_ready
-
     builtin = builtin_for(name)
     if pick_device(None) != "cpu" or (builtin and not builtin_ready(builtin_cache_dir(builtin.name))):
         return None  # a built-in target not dequantized yet has not been measured either (and is not prepared here)
@@ -139,9 +137,6 @@ def dataset_preview(dataset: str, target_name: str, split: str, rows: int, max_l
 
     Each row is {"id", "tokens", "loss_tokens", "truncated", "segments": [(text, is_loss), ...]}.
     """
-    from engine.data.datasets import DatasetSummary, iter_conversations
-    from engine.data.render import mask_segments, render_rows
-
     tok = tokenizer(target_name)
     summary = DatasetSummary(source=dataset, split=split)
     rendered = render_rows(tok, iter_conversations(dataset, summary), max_length, limit=rows, summary=summary)
@@ -164,8 +159,6 @@ def cost_curve(name: str, max_k: int = 8) -> dict[int, float]:
     of context (engine.generate.metrics.measure_cost_curve); measured once per target and process."""
     import torch
 
-    from engine.generate.metrics import measure_cost_curve
-    from engine.generate.runner import TargetRunner
 
     loaded = target(name)
     seed = loaded.tokenizer.encode("The quick brown fox jumps over the lazy dog. ") or [0]

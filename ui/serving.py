@@ -5,7 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 from engine import jobs as engine_jobs
-from engine.serve.options import ServeOptions
+from engine.format.config import CONFIG_TYPES, config_type
+from engine.serve.client import VllmClient
+from engine.serve.metrics import SpecSnapshot, scrape, spec_delta
+from engine.serve.options import ServeOptions, default_dtype
+from engine.serve.server import free_port as engine_free_port
+from engine.serve.venv import gpu_available
 from ui.forms import validation_errors
 
 
@@ -29,15 +34,11 @@ DTYPES = ["bfloat16", "float32", "float16"]  # the dtype field's choices (its de
 
 def vllm_flavor(env) -> str:
     """The vLLM build this machine serves with: the installed one's (`env`), else the one the install would pick."""
-    from engine.serve.venv import gpu_available
-
     return env.flavor if env is not None else "cuda" if gpu_available() else "cpu"
 
 
 def dtype_index(flavor: str) -> int:
     """The dtype field's default (engine.serve.options.default_dtype) as an index into DTYPES."""
-    from engine.serve.options import default_dtype
-
     return DTYPES.index(default_dtype(flavor))
 
 
@@ -70,7 +71,6 @@ def llamacpp_argv(*, draft: str | None, k: int | None, port: int, ctx: int, gguf
 def llamacpp_types() -> list[str]:
     """The registered draft types llama.cpp runs."""
     import engine.algos  # noqa: F401  (registers the draft types)
-    from engine.format.config import CONFIG_TYPES, config_type
 
     return [n for n in CONFIG_TYPES.names() if config_type(n).llamacpp_spec_type]
 
@@ -112,8 +112,6 @@ def vllm_env():
 
 
 def free_port() -> int:
-    from engine.serve.server import free_port as engine_free_port
-
     return engine_free_port(8000)
 
 
@@ -139,16 +137,12 @@ def server_info(job: engine_jobs.Job) -> dict[str, Any]:
 
 
 def chat(url: str, messages: list[dict[str, str]], *, max_tokens: int, temperature: float):
-    from engine.serve.client import VllmClient
-
     return VllmClient(url, timeout=300).chat(messages, max_tokens=max_tokens, temperature=temperature,
                                             return_token_ids=False)
 
 
 def acceptance(url: str) -> dict[str, Any] | None:
     """Cumulative spec-decode acceptance since the server started (None when it runs without a draft)."""
-    from engine.serve.metrics import SpecSnapshot, scrape, spec_delta
-
     snap = scrape(url, timeout=5)
     if not snap.present:
         return None

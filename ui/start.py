@@ -7,6 +7,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine import jobs as engine_jobs
+from engine.errors import WorkbenchError
+from ui.catalog import find_drafts
+from ui.data import extraction_folders, manifest
 
 
 def url_path(page: str) -> str:
@@ -40,9 +43,6 @@ def _same_target(manifest: dict, target: str, target_path: str | None) -> bool:
 
 def extractions_for(target: str, target_path: str | None = None) -> list[str]:
     """Extraction folders under runs/ whose manifest names this target."""
-    from engine.errors import WorkbenchError
-    from ui.data import extraction_folders, manifest
-
     found = []
     for folder in extraction_folders():
         try:
@@ -56,8 +56,6 @@ def extractions_for(target: str, target_path: str | None = None) -> list[str]:
 
 def trained_drafts() -> list[str]:
     """Drafts trained (or converted) under runs/."""
-    from ui.catalog import find_drafts
-
     return [d.path for d in find_drafts() if d.origin in ("trained", "converted")]
 
 

@@ -14,8 +14,11 @@ from typing import Any
 import streamlit as st
 from pydantic import BaseModel, Field, ValidationError
 
+from engine.algos.shipped import default_draft
+from engine.errors import WorkbenchError
 from engine.fsutil import atomic_write_json, read_json, workbench_home
-from engine.targets.resolve import DEFAULT_TARGET
+from engine.targets.identity import draft_verifier, same_target, target_for_draft
+from engine.targets.resolve import DEFAULT_TARGET, resolves_locally
 
 log = logging.getLogger(__name__)
 
@@ -141,8 +144,6 @@ def draft_choice() -> str:
 
 def active_draft() -> str | None:
     """The draft folder in use: the chosen one, the shipped default for the target (auto), or None."""
-    from engine.algos.shipped import default_draft
-
     choice = draft_choice()
     if choice == NONE:
         return None
@@ -159,9 +160,6 @@ def set_target(name: str) -> None:
 def set_draft(choice: str | Path | None) -> None:
     """Make a draft active; a draft folder whose verifier can be loaded here makes that verifier the active target
     (the target follows the draft it was trained for)."""
-    from engine.targets.identity import draft_verifier, same_target
-    from engine.targets.resolve import resolves_locally
-
     st.session_state[DRAFT] = str(choice) if choice else NONE
     verifier = draft_verifier(choice) if choice and choice not in (AUTO, NONE) else None
     if verifier and resolves_locally(verifier) and not same_target(verifier, active_target()):
@@ -170,9 +168,6 @@ def set_draft(choice: str | Path | None) -> None:
 
 def follow_note(choice: str | None) -> str | None:
     """What choosing a draft does to the active target, when the draft was trained for another one."""
-    from engine.targets.identity import draft_verifier, same_target
-    from engine.targets.resolve import resolves_locally
-
     verifier = draft_verifier(choice) if choice and choice not in (AUTO, NONE) else None
     if not verifier or same_target(verifier, active_target()):
         return None
@@ -184,9 +179,6 @@ def follow_note(choice: str | None) -> str | None:
 
 def draft_target_problem(draft: str | None) -> str | None:
     """Why the active target cannot decode `draft` (another shape than the draft's verifier), or None."""
-    from engine.errors import WorkbenchError
-    from engine.targets.identity import target_for_draft
-
     if not draft:
         return None
     try:

@@ -11,10 +11,14 @@ import yaml
 
 from engine import jobs as engine_jobs
 from engine.algos import ALGOS, AlgoArgs, algorithm_names
-from engine.fsutil import atomic_write_text
+from engine.errors import WorkbenchError
+from engine.fsutil import atomic_write_text, read_json
+from engine.targets.identity import target_for_data
+from engine.targets.resolve import resolves_locally
 from engine.train.config import TrainConfig
 from ui.cli import flags
 from ui.forms import field_kind
+from ui.jobs import argv_value
 
 # Form sections of the fields every algorithm shares; the chosen algorithm's own arguments follow in the
 # sections its arguments class names (`AlgoArgs.groups`).
@@ -165,8 +169,6 @@ def write_yaml_overrides(out: str, values: dict[str, Any]) -> str:
 
 def train_out(job: engine_jobs.Job) -> Path:
     """The folder a train job writes (checkpoints/, metrics.jsonl, draft/)."""
-    from ui.jobs import argv_value
-
     out = argv_value(job, "--out")
     if out is None:
         config = argv_value(job, "--config")
@@ -206,8 +208,6 @@ def metric_runs(max_depth: int = 4) -> dict[str, Path]:
 
 def is_smoke_run(job: engine_jobs.Job) -> bool:
     """A train job launched with the smoke preset (its step, row and batch limits on the command line)."""
-    from ui.jobs import argv_value
-
     return job.kind == "train" and all(argv_value(job, "--" + name.replace("_", "-")) == str(SMOKE[name])
                                        for name in ("max_steps", "online_max_samples", "tokens_per_batch"))
 
@@ -215,8 +215,6 @@ def is_smoke_run(job: engine_jobs.Job) -> bool:
 def smoke_duration(algo: str) -> tuple[float, str] | None:
     """(seconds, where measured) of the smoke preset: the latest finished smoke run of `algo` on this machine (process
     start to exit), or None before the first one (no figure measured elsewhere stands in for this machine)."""
-    from ui.jobs import argv_value
-
     default_algo = defaults()["algo"]
     for job in engine_jobs.list_jobs():  # newest first
         if job.status.state == "done" and job.status.updated and is_smoke_run(job) \
@@ -290,9 +288,6 @@ __all__ = [
 
 def data_target(data: str | None) -> str | None:
     """The target an extracted hidden-states folder was made from (its manifest), when it can be loaded here."""
-    from engine.fsutil import read_json
-    from engine.targets.resolve import resolves_locally
-
     manifest = Path(data or "").expanduser() / "manifest.json"
     if not data or not manifest.is_file():
         return None
@@ -309,10 +304,6 @@ def data_target(data: str | None) -> str | None:
 def data_target_problem(data: str | None, target: str | None, accept_change: bool = False) -> str | None:
     """Why training on `data` with `target` would be refused (another target than the data's, or its weights
     changed), or None."""
-    from engine.errors import WorkbenchError
-    from engine.fsutil import read_json
-    from engine.targets.identity import target_for_data
-
     manifest = Path(data or "").expanduser() / "manifest.json"
     if not data or not manifest.is_file():
         return None

@@ -9,6 +9,7 @@ from engine.errors import WorkbenchError
 from engine.fsutil import atomic_write_json
 from engine.jobs import reporter
 from engine.measure.options import EvaluateOptions
+from engine.measure.step_costs import recommendation
 from engine.provenance import command_of
 
 
@@ -50,8 +51,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"\n{100 * oov:.1f}% of the answers' tokens are outside the draft vocabulary (never proposable).")
     fc = result.get("forecast")
     if fc:
-        from engine.measure.step_costs import recommendation
-
         print(f"{recommendation(fc)} (one target step {fc['target_step_ms']:.1f} ms)")
     fl = result.get("forecast_llamacpp")
     if fl:

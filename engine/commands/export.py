@@ -10,6 +10,7 @@ from pathlib import Path
 from engine.commands.flags import add_model_fields, model_overrides
 from engine.errors import WorkbenchError
 from engine.jobs import reporter
+from engine.llamacpp.build import ensure_llamacpp
 from engine.llamacpp.options import ExportOptions
 
 
@@ -20,7 +21,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.llamacpp.build import ensure_llamacpp
     from engine.llamacpp.gguf import export_draft, target_gguf
     from engine.llamacpp.server import LlamaPlan, LlamaServer
 

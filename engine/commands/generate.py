@@ -7,7 +7,9 @@ import json
 import sys
 
 from engine.commands.flags import add_model_fields, options_from_args
+from engine.generate.metrics import SpecMetrics
 from engine.generate.options import GenerateOptions
+from engine.generate.prompt import prompt_ids
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -20,8 +22,6 @@ def run(args: argparse.Namespace) -> int:
     # torch and the models load when the command runs, not for --help
     from engine.algos.loading import make_proposer
     from engine.generate.kernel_choice import load_decode_target
-    from engine.generate.metrics import SpecMetrics
-    from engine.generate.prompt import prompt_ids
     from engine.generate.runner import TargetRunner
     from engine.generate.sampling import SamplingParams
     from engine.generate.speculative import generate

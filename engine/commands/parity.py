@@ -7,6 +7,7 @@ import json
 
 from engine.commands.flags import add_model_fields, options_from_args
 from engine.measure.options import ParityOptions
+from engine.measure.parity import parity, parity_table
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -15,8 +16,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.measure.parity import parity, parity_table
-
     o = options_from_args(args, ParityOptions)
     result = parity(o.draft, run=o.run, target=o.target, dtype=o.dtype, max_model_len=o.max_model_len)
     if args.json_out:

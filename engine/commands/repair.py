@@ -15,7 +15,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import engine.algos  # noqa: F401  (registers the config types)
     from engine.format.repair import EMBED, add_embeddings, embedding_need
     from engine.format.validate import validate_draft
     from engine.targets.identity import draft_verifier

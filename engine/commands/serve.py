@@ -17,6 +17,7 @@ from engine.commands.serve_common import abs_path, pick_port, wait_for_job
 from engine.errors import WorkbenchError
 from engine.jobs import JOB_DIR_ENV, launch, reporter, stop
 from engine.serve.options import ServeOptions
+from engine.serve.venv import ensure_vllm_env
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -25,8 +26,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.serve.venv import ensure_vllm_env
-
     rep, o = reporter(), options_from_args(args, ServeOptions)
 
     def progress(message: str, fraction: float) -> None:

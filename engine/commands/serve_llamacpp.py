@@ -10,6 +10,7 @@ import time
 from engine.commands.serve_common import abs_path, pick_port, wait_for_job
 from engine.errors import WorkbenchError
 from engine.jobs import JOB_DIR_ENV, launch, reporter, stop
+from engine.llamacpp.build import ensure_llamacpp
 from engine.llamacpp.server import LOG_NAME, LlamaPlan, LlamaServer
 from engine.serve.options import ServeOptions
 
@@ -22,8 +23,6 @@ def serve_llamacpp(o: ServeOptions, *, as_json: bool) -> int:
         rep.update(message, progress=fraction * 0.5)
 
     if o.install_only:
-        from engine.llamacpp.build import ensure_llamacpp
-
         build = ensure_llamacpp(progress)
         print(f"llama.cpp ({build.version}) is built in {build.path}" + (
             f" (the build took {build.build_seconds:.0f} s)" if build.build_seconds else ""))
@@ -48,7 +47,6 @@ def serve_llamacpp(o: ServeOptions, *, as_json: bool) -> int:
 def plan_llamacpp(o: ServeOptions, progress=None) -> LlamaPlan:
     """The llama-server plan of `serve` options: the target's GGUF, the draft's (exported once), the types and k."""
     from engine.format.checkpoint import read_config_dict
-    from engine.llamacpp.build import ensure_llamacpp
     from engine.llamacpp.gguf import export_draft, target_gguf
     from engine.targets.identity import target_for_draft
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from engine.algos import ALGOS, default_algo
+from engine.commands.flags import add_model_fields, model_overrides
+from engine.train.config import TrainConfig
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from engine.algos import ALGOS, default_algo
-    from engine.commands.flags import add_model_fields
-    from engine.train.config import TrainConfig
-
     p.add_argument("--config", help="YAML recipe (a `train:` block or top-level fields); flags override it")
     p.add_argument("--algo", choices=ALGOS.names(), default=None,
                    help=f"{TrainConfig.model_fields['algo'].description} (default: {default_algo()})")
@@ -26,8 +26,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def shared_defaults() -> dict[str, str]:
     """Help text for an argument several algorithms have with different defaults: "name1 16, name2 8"."""
-    from engine.algos import ALGOS
-
     per_field: dict[str, dict[str, object]] = {}
     for name in ALGOS.names():
         for field, info in ALGOS.get(name).args_class.model_fields.items():
@@ -38,10 +36,6 @@ def shared_defaults() -> dict[str, str]:
 
 def train_overrides(args: argparse.Namespace) -> dict[str, Any]:
     """Every training field given on the command line (algorithm arguments flat; TrainConfig nests them)."""
-    from engine.algos import ALGOS
-    from engine.commands.flags import model_overrides
-    from engine.train.config import TrainConfig
-
     out = model_overrides(args, TrainConfig)
     for name in ALGOS.names():
         out.update(model_overrides(args, ALGOS.get(name).args_class))
@@ -51,7 +45,6 @@ def train_overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     from engine.format.validate import validate_draft
-    from engine.train.config import TrainConfig
     from engine.train.trainer import Trainer
 
     overrides = train_overrides(args)

@@ -14,7 +14,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from engine.errors import WorkbenchError, translate
-from engine.format.checkpoint import TensorInfo, read_config_dict, tensor_index
+from engine.format.checkpoint import TensorInfo, load_state_dict, read_config_dict, tensor_index
 from engine.fsutil import atomic_directory, remove_ours
 from engine.jobs import runs_dir
 from engine.weightfiles import INDEX_NAME, PICKLE_SUFFIXES, weight_files
@@ -64,8 +64,6 @@ class Source:
         if pickled:
             return _load_pickles(pickled, allow_pickle=allow_pickle, where=str(self.folder))
         if self.file is None:
-            from engine.format.checkpoint import load_state_dict
-
             return load_state_dict(self.folder)
         from safetensors.torch import load_file
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import engine.algos  # noqa: F401  (registers the speculators types vLLM serves)
+from engine.algos.loading import load_draft, proposer_for
 from engine.convert.base import (
     CONVERTERS,
     NOT_CONVERTIBLE,
@@ -25,9 +26,15 @@ from engine.convert.base import (
 from engine.convert.inputs import Source, open_source
 from engine.errors import WorkbenchError
 from engine.format import vllm_rules as vr
-from engine.format.checkpoint import TensorInfo
-from engine.format.config import refuse_bad_numbers
+from engine.format.checkpoint import TensorInfo, save_checkpoint
+from engine.format.config import parse_draft_config, refuse_bad_numbers
+from engine.format.validate import find_verifier_config, validate_draft
 from engine.fsutil import check_replaceable
+from engine.generate.prompt import prompt_ids
+from engine.generate.runner import TargetRunner
+from engine.generate.sampling import SamplingParams
+from engine.generate.speculative import generate_all
+from engine.targets.loading import load_target
 
 log = logging.getLogger(__name__)
 
@@ -153,8 +160,6 @@ def defaulted_values(conv: Converter, config: dict[str, Any], new_config: dict[s
     out: dict[str, str] = {}
     recorded = getattr(conv, "recorded_aux_ids", None)
     if options.aux_layer_ids is None and recorded is not None and recorded(config) is None:
-        from engine.format.config import parse_draft_config
-
         try:
             ids = parse_draft_config(new_config).aux_layer_ids
         except (KeyError, ValueError):
@@ -202,8 +207,6 @@ def convert(src: str | os.PathLike, out: str | os.PathLike, options: ConvertJob 
     `options` (or its `fields`) as `python -m engine convert` takes them. `out` must be new, empty or a draft the
     workbench wrote (`engine.fsutil.is_ours`), unless `options.overwrite`.
     """
-    from engine.format.checkpoint import save_checkpoint
-
     o = options or ConvertJob(**fields)
     check_replaceable(out, overwrite=o.overwrite)  # refuse before reading anything; only the owner marker vouches
     p = plan(src, fmt=o.format, verifier=o.verifier, options=o, allow_pickle=o.allow_pickle)
@@ -217,7 +220,6 @@ def verifier_config_for(verifier: str | None) -> dict[str, Any] | None:
     """The verifier's config.json from local sources only (a folder, the built-in cache, the hub cache)."""
     if not verifier:
         return None
-    from engine.format.validate import find_verifier_config
 
     return find_verifier_config(verifier)
 
@@ -238,8 +240,6 @@ class Verdict:
 
 def verify(out: str | os.PathLike, verifier: str | None, *, max_new_tokens: int = 8) -> Verdict:
     """`validate`, then (with the verifier at hand) load into our model, a finite forward, a short draft."""
-    from engine.format.validate import validate_draft
-
     report = validate_draft(out)
     verdict = Verdict(report.ok, [f"{i.field}: {i.message}" for i in report.errors])
     target = _local_target(verifier)
@@ -260,7 +260,6 @@ def verify(out: str | os.PathLike, verifier: str | None, *, max_new_tokens: int 
 def _local_target(verifier: str | None):
     if not verifier or verifier_config_for(verifier) is None:
         return None
-    from engine.targets.loading import load_target
 
     try:
         return load_target(verifier, with_tokenizer=True)
@@ -298,11 +297,6 @@ def _draft_a_few(out, target, max_new_tokens: int) -> str:
     engine."""
     import torch
 
-    from engine.algos.loading import load_draft, proposer_for
-    from engine.generate.prompt import prompt_ids
-    from engine.generate.runner import TargetRunner
-    from engine.generate.sampling import SamplingParams
-    from engine.generate.speculative import generate_all
 
     draft = load_draft(out, target)
     proposer = proposer_for(draft)

@@ -3,7 +3,7 @@
 # `extract_dataset` is the one driver: it renders the dataset, resolves the layer ids and writes the manifest
 # header, then hands the rows to a backend. The transformers backend (default; CPU or CUDA) sorts samples by length,
 # packs them into right-padded batches under a token budget, runs the decoder only (no lm_head) with hooks at the
-# requested layers (`engine.targets.capture_hidden_states`) and writes one `hs_{i}.safetensors` per sample
+# requested layers (`engine.targets.capture.capture_hidden_states`) and writes one `hs_{i}.safetensors` per sample
 # (`engine.data.store`). The vLLM backend (`engine.data.vllm_backend`) writes through the same `ExtractionRun`
 # (engine.data.extraction_run).
 
@@ -26,9 +26,13 @@ from engine.data.layer_ids import resolve_layer_ids
 from engine.data.options import BACKENDS, DEFAULT_BATCH_SIZE, DEFAULT_BATCH_TOKENS, ExtractOptions
 from engine.data.render import RenderedRow, render_dataset
 from engine.data.store import HiddenStatesDataset, load_sample
+from engine.data.vllm_backend import extract_rows_vllm, refuse_unsupported_target, require_vllm
 from engine.errors import WorkbenchError
 from engine.jobs import reporter
 from engine.targets.capture import capture_hidden_states
+from engine.targets.dtypes import pick_device
+from engine.targets.loading import load_target
+from engine.targets.resolve import resolve_target
 
 __all__ = ["HiddenStatesDataset", "load_sample", "extract_dataset", "extract_hidden_states", "ExtractionRun",
            "TargetInfo", "plan_padded_batches", "estimate_bytes", "capture_batch"]
@@ -117,8 +121,6 @@ def extract_dataset(options: ExtractOptions, *, progress: bool = True) -> dict:
     if backend == "vllm":
         from transformers import AutoConfig, AutoTokenizer
 
-        from engine.data.vllm_backend import refuse_unsupported_target, require_vllm
-        from engine.targets.resolve import resolve_target
 
         require_vllm()
         ref = resolve_target(target)
@@ -127,9 +129,6 @@ def extract_dataset(options: ExtractOptions, *, progress: bool = True) -> dict:
         info = TargetInfo.from_config(ref, config)
         tokenizer, tgt = AutoTokenizer.from_pretrained(ref.path), None
     else:
-        from engine.targets.dtypes import pick_device
-        from engine.targets.loading import load_target
-
         device = pick_device(device)
         reporter().phase("loading target")
         tgt = load_target(target, dtype=o.target_dtype or ("fp32" if device == "cpu" else "bf16"), device=device)
@@ -143,7 +142,5 @@ def extract_dataset(options: ExtractOptions, *, progress: bool = True) -> dict:
     extra = {"dataset": dataset_name(o.dataset), "split": o.split, "max_length": o.max_length, "seed": o.seed,
              "val_fraction": o.val_fraction, "algo": o.header_algo()}
     if backend == "vllm":
-        from engine.data.vllm_backend import extract_rows_vllm
-
         return extract_rows_vllm(info, rows, o, layer_ids, header_extra=extra, progress=progress)
     return extract_hidden_states(tgt, rows, o, layer_ids, header_extra=extra, progress=progress)

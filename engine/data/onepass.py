@@ -45,6 +45,7 @@ from engine.fsutil import claim_names
 from engine.generate.fused_decoder import FusedBatch, greedy_batch, stacked_capture
 from engine.generate.kernel_choice import fused_batch_problem
 from engine.targets.capture import LayerCapture
+from engine.targets.dtypes import parse_dtype
 
 log = logging.getLogger(__name__)
 
@@ -337,8 +338,6 @@ def regenerate_and_extract(target, rows: Sequence[dict], options: RegenerateOpti
     Greedy only. `max_length` bounds prompt + answer while generating (as `regenerate`); `extract_max_length`
     truncates the rendered conversations (as `extract --max-length`). The summary's `extracted` is the
     number of samples in the folder. `fused`: as `CapturingAnswerer`'s (False: transformers decodes)."""
-    from engine.targets.dtypes import parse_dtype
-
     if options.extract_to is None:
         raise WorkbenchError("one pass needs a folder for the hidden states", hint="pass --extract-to DIR")
     options = options.model_copy(update={"temperature": 0.0})  # greedy: the states are those of the kept answer

@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from engine.data.layer_ids import default_layer_ids, layer_algorithms
 from engine.errors import WorkbenchError
 from engine.options import Options
 from engine.targets.resolve import DEFAULT_TARGET
@@ -19,14 +20,11 @@ SAVED_DTYPES = ("bf16", "fp16", "fp32")
 
 
 def _algo_choices() -> list[str]:
-    from engine.data.layer_ids import layer_algorithms
-
     return layer_algorithms()
 
 
 def _algo_help() -> str:
     from engine.algos import default_algo
-    from engine.data.layer_ids import default_layer_ids, layer_algorithms
 
     examples = "; ".join(f"{a} {default_layer_ids(30, a)}" for a in layer_algorithms())
     return f"(for a 30-layer target: {examples}; plus 30) (default: {default_algo()})"

@@ -11,7 +11,19 @@ from pathlib import Path
 
 import torch
 
+from engine.data.extract import DEFAULT_BATCH_TOKENS
+from engine.data.extraction_run import estimate_bytes
 from engine.errors import WorkbenchError
+from engine.format.vllm_rules import (
+    cpu_build_refusal,
+    registry_gives_aux_states,
+    verifier_architecture,
+    verifier_without_aux_states,
+)
+from engine.targets.dtypes import parse_dtype
+from engine.targets.resolve import cached_snapshot, resolve_target
+from engine.targets.verifier import VerifierParts
+from engine.weightfiles import weight_files
 
 # model_type -> (family, what of it changes what a draft sees). The families a tiny random checkpoint of runs end to
 # end with every registered algorithm in tests/engine/test_families.py (which checks this table lists them all).
@@ -108,8 +120,6 @@ def free_disk(folder: str | Path) -> int | None:
 
 def _parameter_count(folder: Path, config) -> int:
     """Parameters from safetensors headers when the files are here, else from the config's shapes."""
-    from engine.weightfiles import weight_files
-
     try:
         from safetensors import safe_open
 
@@ -133,7 +143,6 @@ def _draft_parameters(ref, config, algo: str, aux_ids: list[int]) -> tuple[int, 
     from torch import nn
 
     from engine.algos import ALGOS
-    from engine.targets.verifier import VerifierParts
 
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     v, h = int(text.vocab_size), int(text.hidden_size)
@@ -158,16 +167,6 @@ def plan_target(name_or_path: str, *, samples: int = 1000, tokens_per_sample: in
     from transformers import AutoConfig
 
     from engine.algos import ALGOS
-    from engine.data.extract import DEFAULT_BATCH_TOKENS
-    from engine.data.extraction_run import estimate_bytes
-    from engine.format.vllm_rules import (
-        cpu_build_refusal,
-        registry_gives_aux_states,
-        verifier_architecture,
-        verifier_without_aux_states,
-    )
-    from engine.targets.dtypes import parse_dtype
-    from engine.targets.resolve import cached_snapshot, resolve_target
 
     ref = resolve_target(name_or_path)
     folder = Path(ref.path) if Path(ref.path).is_dir() else cached_snapshot(ref.path)

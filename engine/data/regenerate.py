@@ -25,7 +25,9 @@ from engine.data.options import RegenerateOptions
 from engine.errors import WorkbenchError
 from engine.generate.fused_decoder import greedy_batch
 from engine.generate.kernel_choice import fused_batch_problem
+from engine.generate.sampling import SamplingParams
 from engine.jobs import reporter
+from engine.targets.resolve import resolve_target
 
 log = logging.getLogger(__name__)
 
@@ -311,7 +313,6 @@ class TokenizerOnly:
 def tokenizer_only(name_or_path: str | None) -> TokenizerOnly:
     from transformers import AutoTokenizer
 
-    from engine.targets.resolve import resolve_target
 
     ref = resolve_target(name_or_path)
     return TokenizerOnly(AutoTokenizer.from_pretrained(ref.path), ref.hub_id or ref.path)
@@ -327,7 +328,6 @@ def regenerate(target, rows: Sequence[dict], options: RegenerateOptions, *, prog
     if any("messages" not in r for r in rows):
         raise WorkbenchError("regenerate needs chat rows (messages), not already-tokenised ones",
                              hint="give a dataset of conversations (messages, conversations or prompt/completion)")
-    from engine.generate.sampling import SamplingParams
 
     SamplingParams(temperature=options.temperature, top_p=options.top_p)  # a clear error for bad sampling values
     out, batch_size, seed = Path(options.out), options.batch_size, options.seed

@@ -4,9 +4,17 @@ from __future__ import annotations
 
 import logging
 
+from engine.data.datasets import load_conversations
+from engine.data.layer_ids import resolve_layer_ids
+from engine.data.onepass import regenerate_and_extract
 from engine.data.options import RegenerateOptions
+from engine.data.regenerate import check_output, regenerate, tokenizer_only
+from engine.data.regenerate_vllm import VllmAnswerer
 from engine.errors import WorkbenchError
+from engine.generate.sampling import SamplingParams
 from engine.jobs import reporter
+from engine.targets.dtypes import pick_device
+from engine.targets.loading import load_target
 
 log = logging.getLogger(__name__)
 
@@ -17,12 +25,6 @@ def regenerate_dataset(options: RegenerateOptions):
     `backend="vllm"` generates in a managed vLLM server (no weights in this process). `extract_to` also writes
     the hidden states `extract --split all --max-length extract_max_length` would write from `out`, in the same
     pass (greedy, transformers backend; `engine.data.onepass`)."""
-    from engine.data.datasets import load_conversations
-    from engine.data.regenerate import check_output, regenerate, tokenizer_only
-    from engine.generate.sampling import SamplingParams
-    from engine.targets.dtypes import pick_device
-    from engine.targets.loading import load_target
-
     o = options
     check_output(o.out)  # an unrelated --out file is refused before the target is loaded
     if o.extract_to is not None and (o.backend != "transformers" or o.temperature > 0):
@@ -40,13 +42,8 @@ def regenerate_dataset(options: RegenerateOptions):
                                        max_samples=o.max_samples, prompt_only=True)  # prompts are what it answers
     log.info("%s", summary.format())
     if o.extract_to is not None:
-        from engine.data.layer_ids import resolve_layer_ids
-        from engine.data.onepass import regenerate_and_extract
-
         return regenerate_and_extract(model, rows, o, resolve_layer_ids(model.num_layers, o.layers, o.algo))
     if o.backend == "vllm":
-        from engine.data.regenerate_vllm import VllmAnswerer
-
         reporter().update("starting vLLM")
         with VllmAnswerer(o.target, concurrency=o.batch_size) as answer:
             return regenerate(model, rows, o, answer=answer)

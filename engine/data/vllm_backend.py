@@ -29,7 +29,11 @@ from engine.data.extraction_run import ExtractionProgress, ExtractionRun, Target
 from engine.data.options import ExtractOptions
 from engine.data.render import RenderedRow
 from engine.errors import WorkbenchError
+from engine.format.validate import VLLM_CPU_HEAD_SIZES, head_size
+from engine.format.vllm_rules import NO_AUX_STATES_MESSAGE, verifier_without_aux_states
 from engine.fsutil import workbench_home
+from engine.serve.server import vllm_failure, vllm_process_env
+from engine.targets.dtypes import vllm_dtype
 
 log = logging.getLogger(__name__)
 
@@ -77,8 +81,6 @@ def require_vllm() -> None:
 def refuse_unsupported_target(target_config: dict, target: str) -> None:
     """Refuse, before vLLM starts, a target vLLM would stop on: a model class that gives no aux hidden states, or on
     vLLM's CPU build an attention head size it has no kernel for."""
-    from engine.format.validate import VLLM_CPU_HEAD_SIZES, head_size
-    from engine.format.vllm_rules import NO_AUX_STATES_MESSAGE, verifier_without_aux_states
     from engine.serve.venv import read_stamp
 
     hint = "use --backend transformers, which extracts from any target"
@@ -204,7 +206,6 @@ class VllmWorker:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         job_file = self.log_path.with_suffix(".job.json")
         job_file.write_text(json.dumps(job))
-        from engine.serve.server import vllm_process_env
 
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen([str(env.python), str(WORKER), str(job_file)], stdin=subprocess.PIPE,
@@ -222,8 +223,6 @@ class VllmWorker:
         raise self._failure()
 
     def _failure(self) -> WorkbenchError:
-        from engine.serve.server import vllm_failure
-
         self.proc.wait(timeout=60)
         return vllm_failure(f"vLLM's extraction worker stopped (exit code {self.proc.returncode})", self.log_path,
                             hint="fix what vLLM reports above, or use --backend transformers", last_lines=15)
@@ -265,8 +264,6 @@ def vllm_files(model: str, layer_ids: Sequence[int], storage: Path, *, dtype: st
                llm: Any = None, llm_extra: dict | None = None) -> Iterator[Callable[[list[list[int]]], list[Path]]]:
     """A function from prompts (token-id lists) to the connector's files: vLLM in this process (`llm`, or built
     when vLLM and a CUDA GPU are here), else the worker in vLLM's own environment."""
-    from engine.targets.dtypes import vllm_dtype
-
     kwargs = dict(tensor_parallel_size=tensor_parallel_size, dtype=vllm_dtype(dtype), **(llm_extra or {}))
     if llm is None and _in_process_reason() is not None:
         from engine.serve.venv import read_stamp

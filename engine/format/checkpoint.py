@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from engine.errors import WorkbenchError
+from engine.format.config import parse_draft_config
 from engine.fsutil import (
     atomic_directory,
     atomic_save_safetensors,
@@ -194,8 +195,6 @@ def _shard(tensors: dict[str, torch.Tensor], max_bytes: int | None,
 
 def write_speculative_tokens(folder: str | os.PathLike, k: int) -> Path:
     """Set `speculators_config.proposal_methods[0].speculative_tokens` (vLLM's default k) in a draft's config.json."""
-    from engine.format.config import parse_draft_config
-
     path = config_path(folder)
     cfg = read_config_dict(folder)
     try:

@@ -17,6 +17,7 @@ from engine.format.checkpoint import CONFIG_NAME, read_config_dict, tensor_index
 from engine.format.config import CONFIG_TYPES, config_types, number_problems, vllm_own_form
 from engine.format.repair import lacks_stored_embedding
 from engine.format.report import Issue, ValidationReport
+from engine.targets.resolve import builtin_cache_dir, builtin_for
 from engine.weightfiles import INDEX_NAME
 
 
@@ -377,8 +378,6 @@ def _target_rules(cfg: dict[str, Any], target: str, report: ValidationReport) ->
 
 def _identities(name: str) -> set[str]:
     """The names one target goes by: itself, a built-in's name and hub id, a local folder's path and hub id."""
-    from engine.targets.resolve import builtin_for
-
     out = {name.lower().rstrip("/")}
     b = builtin_for(name)
     p = Path(name).expanduser()
@@ -673,10 +672,8 @@ def _find_verifier_config(cfg: dict[str, Any]) -> dict[str, Any] | None:
         return None
     if not isinstance(name, str) or not name:
         return None
-    from engine.targets.resolve import builtin_cache_dir
 
     candidates = [Path(name).expanduser() / CONFIG_NAME]
-    from engine.targets.resolve import builtin_for
 
     builtin = builtin_for(name)
     if builtin is not None:

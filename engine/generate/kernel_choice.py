@@ -39,6 +39,8 @@ from engine.generate.cpu_kernels import (
     set_linear_form,
 )
 from engine.generate.fused_decoder import fused_problem, has_fused_weights
+from engine.generate.runner import TargetRunner
+from engine.jobs import Ticks, reporter
 from engine.targets.dtypes import pick_device
 from engine.targets.loading import Target, load_target
 from engine.targets.resolve import resolve_target
@@ -50,6 +52,8 @@ DEFAULT_K = 3  # drafts per step the verification timing assumes (the workbench'
 PROMPT_TOKENS = 64  # KV cache the timed forwards run after
 REPEATS = 11  # timed repeats per shape and candidate, after the exactness check warmed it up (median kept)
 EXACT_ROWS = (2, 8)  # besides k + 1: row counts whose forward must equal their one-token steps bit for bit
+CHOICE_PHASE = "timing the kernel paths on this machine"  # a job's phase while it chooses (learned_seconds)
+LOAD_PHASE = "loading the target on the chosen path"
 
 
 @dataclass(frozen=True)
@@ -249,9 +253,16 @@ def _prompt(vocab: int) -> list[int]:
     return [100 + (i * 37) % max(1, vocab - 100) for i in range(PROMPT_TOKENS)]
 
 
+def measure_units(paths: list[str], repeats: int = REPEATS) -> int:
+    """The size of a kernel choice, which its time scales with: each path loaded and checked, then timed."""
+    return len(paths) * (1 + repeats)
+
+
 def measure(name_or_path: str | None, k: int, paths: list[str], *, device: str | None = None,
-            repeats: int = REPEATS) -> dict[str, dict[str, Any]]:
-    """For each path: median ms of a 1-token and a (k + 1)-token forward, and whether several rows equal steps."""
+            repeats: int = REPEATS, tick: Any = None) -> dict[str, dict[str, Any]]:
+    """For each path: median ms of a 1-token and a (k + 1)-token forward, and whether several rows equal steps;
+    `tick()` after each path's load and each timing (its progress, measure_units in all)."""
+    tick = tick or (lambda: None)
     # Where every candidate's copy of the target fits in INTERLEAVE_MEMORY_SHARE of the free memory, all are loaded and
     # their repeats interleaved round-robin: separate loads of the same weights ran a step at clearly different speeds
     # on a shared VM (the AMD EPYC; not kept as a record), which would decide between paths a few percent apart by
@@ -265,17 +276,21 @@ def measure(name_or_path: str | None, k: int, paths: list[str], *, device: str |
             candidate = _Candidate.load(name_or_path, PATHS[name], k, device)
         except _Skipped as e:
             results[name] = {"skipped": str(e), "description": PATHS[name].description}
+            for _ in range(1 + repeats):  # nothing of it to time
+                tick()
             continue
+        tick()
         if interleave is None:
             interleave = _fits_together(candidate.runner.model, [PATHS[n] for n in paths])
         if interleave:
             loaded[name] = candidate
         else:
-            results[name] = candidate.timed(repeats)
+            results[name] = candidate.timed(repeats, tick)
             del candidate
     for _ in range(repeats):
         for candidate in loaded.values():
             candidate.time_once()
+            tick()
     results.update({name: c.result() for name, c in loaded.items()})
     return {name: results[name] if "skipped" in results[name] else {**results[name], "interleaved": bool(interleave)}
             for name in paths}
@@ -344,8 +359,6 @@ class _Candidate:
 
     @classmethod
     def load(cls, name_or_path: str | None, path: KernelPath, k: int, device: str | None) -> _Candidate:
-        from engine.generate.runner import TargetRunner
-
         target = load_target(name_or_path, dtype=path.dtype, device=device, with_tokenizer=False)
         problem = fused_problem(target.model) if path.fused else None
         if problem:
@@ -369,9 +382,10 @@ class _Candidate:
         self.one.append(_forward_ms(self.runner, self.prompt_len, self.new(1)))
         self.several.append(_forward_ms(self.runner, self.prompt_len, self.new(self.k + 1)))
 
-    def timed(self, repeats: int) -> dict[str, Any]:
+    def timed(self, repeats: int, tick: Any) -> dict[str, Any]:
         for _ in range(repeats):
             self.time_once()
+            tick()
         return self.result()
 
     def result(self) -> dict[str, Any]:
@@ -413,9 +427,17 @@ def candidate_paths(native: bool) -> tuple[list[str], dict[str, dict[str, Any]]]
 # ---------------------------------------------------------------------------------------------------
 
 
+def _phase_ticks(paths: list[str], span: tuple[float, float] | None) -> Ticks:
+    """A job phase for the kernel choice, its progress counted by the returned ticks (`span`: its share of the
+    bar; None leaves the bar where it is)."""
+    reporter().phase(CHOICE_PHASE, measure_units(paths), span=span)
+    return Ticks(measure_units(paths))
+
+
 def choose(name_or_path: str | None = None, choice: str | torch.dtype = "auto", *, device: str | None = None,
-           k: int = DEFAULT_K, refresh: bool = False) -> Choice:
-    """The kernel path for decoding this target here: forced by `choice`, else the cached or a new measurement."""
+           k: int = DEFAULT_K, refresh: bool = False, span: tuple[float, float] | None = None) -> Choice:
+    """The kernel path for decoding this target here: forced by `choice`, else the cached or a new measurement (a
+    job phase of its own, within `span` of the bar)."""
     native = native_bf16()
     base = {"k": k, "cpu": cpu_model(), "torch": torch.__version__, "native_bf16": native}
     if isinstance(choice, torch.dtype):
@@ -435,7 +457,8 @@ def choose(name_or_path: str | None = None, choice: str | torch.dtype = "auto", 
             return cached
     tried, skipped = candidate_paths(native)
     started, load = time.perf_counter(), OtherLoad()
-    measured = measure(name_or_path, k, tried, device="cpu")
+    measured = measure(name_or_path, k, tried, device="cpu", tick=_phase_ticks(tried, span))
+    reporter().phase(LOAD_PHASE)  # what follows is loading, not choosing
     share = load.share()
     result = Choice(path=pick(measured, choice), source="measured", candidates={**measured, **skipped}, mode=choice,
                     other_load=None if share is None else round(share, 3), **base)
@@ -448,9 +471,11 @@ def choose(name_or_path: str | None = None, choice: str | torch.dtype = "auto", 
 
 
 def load_decode_target(name_or_path: str | None = None, choice: str | torch.dtype = "auto", *,
-                       device: str | None = None, k: int = DEFAULT_K, with_tokenizer: bool = True) -> Target:
-    """Load a target for in-process decoding on the chosen path; `target.extra["kernel"]` records the choice."""
-    decided = choose(name_or_path, choice, device=device, k=k)
+                       device: str | None = None, k: int = DEFAULT_K, with_tokenizer: bool = True,
+                       span: tuple[float, float] | None = None) -> Target:
+    """Load a target for in-process decoding on the chosen path; `target.extra["kernel"]` records the choice (a
+    measured one's progress within `span` of the job's bar)."""
+    decided = choose(name_or_path, choice, device=device, k=k, span=span)
     target = load_target(name_or_path, dtype=decided.dtype, device=device, with_tokenizer=with_tokenizer)
     path = PATHS[decided.path]
     if target.device.type == "cpu":

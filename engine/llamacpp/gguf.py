@@ -24,6 +24,8 @@ from engine.format.checkpoint import read_config_dict
 from engine.format.config import config_type
 from engine.fsutil import atomic_write_json, exclusive_lock, read_json, tensors_digest
 from engine.llamacpp.build import LlamaCpp, ensure_llamacpp, llamacpp_home
+from engine.targets.identity import target_for_draft
+from engine.targets.resolve import BUILTIN_TARGETS, builtin_for, find_builtin_gguf, resolve_target
 
 log = logging.getLogger(__name__)
 
@@ -71,9 +73,6 @@ def export_draft(draft: str | os.PathLike, out: str | os.PathLike | None = None,
                  outtype: str = DEFAULT_DRAFT_TYPE, progress: Progress | None = None,
                  build: LlamaCpp | None = None) -> DraftGguf:
     """Convert a speculators draft to GGUF with llama.cpp's converter; cached, then copied to `out` if given."""
-    from engine.targets.identity import target_for_draft
-    from engine.targets.resolve import resolve_target
-
     draft_dir = Path(draft).expanduser().resolve()
     cfg = read_config_dict(draft_dir)
     spec_type = spec_type_of(cfg)
@@ -110,8 +109,6 @@ def _convert_draft(cfg: dict, draft_dir: Path, target_dir: Path, outtype: str, f
 def target_gguf(target: str | None = None, *, outtype: str = DEFAULT_TARGET_TYPE, progress: Progress | None = None,
                 build: LlamaCpp | None = None) -> Path:
     """The target's GGUF: a given .gguf file, the built-in's own file (`shipped`), or its folder converted (cached)."""
-    from engine.targets.resolve import BUILTIN_TARGETS, builtin_for, find_builtin_gguf, resolve_target
-
     _check_type(outtype, TARGET_TYPES, "target")
     if target and str(target).endswith(".gguf"):
         if not Path(target).is_file():

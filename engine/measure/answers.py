@@ -68,7 +68,7 @@ def weights_hash(folder: str | os.PathLike) -> str:
 
 def answers_key(target, prompts: Sequence[Any], aux_layer_ids: Sequence[int], *, max_new_tokens: int,
                 eos_token_ids: Sequence[int]) -> dict[str, Any]:
-    """Everything the target's answers and states depend on (engine.targets.Target as loaded for decoding)."""
+    """Everything the target's answers and states depend on (engine.targets.loading.Target as loaded for decoding)."""
     kernel = target.extra.get("kernel") or {}
     return {
         "format": STORE_FORMAT, "target": target.ref.name, "target_path": target.ref.path,

@@ -16,16 +16,25 @@ from typing import Any
 import torch
 
 from engine.algos.loading import make_proposer
+from engine.algos.shipped import default_draft
 from engine.data.prompts import load_prompts
+from engine.format.checkpoint import weights_sha256
+from engine.generate.kernel_choice import load_decode_target
 from engine.generate.metrics import SpecMetrics, measure_cost_curve, speedup_ceiling
 from engine.generate.prompt import prompt_ids
 from engine.generate.runner import TargetRunner
 from engine.generate.sampling import SamplingParams
 from engine.generate.speculative import generate
 from engine.jobs import reporter, tracked
+from engine.measure.llamacpp_bench import run_llamacpp_bench
 from engine.measure.options import BenchOptions
+from engine.measure.speed import speed_per_k
+from engine.measure.vllm_bench import run_vllm_bench
 from engine.provenance import provenance
 from engine.targets.dtypes import dtype_name
+from engine.targets.identity import target_for_draft
+from engine.targets.loading import load_target
+from engine.targets.resolve import resolve_target
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +59,6 @@ class _HFMethods:
         self.target, self.k = target, k
         self.assistant = None
         if assistant:
-            from engine.targets.loading import load_target
-
             self.assistant = load_target(assistant).model
 
     def run(self, method: str, ids: list[int], params: SamplingParams) -> tuple[list[int], float]:
@@ -224,9 +231,6 @@ def markdown_table(result: dict[str, Any]) -> str:
 
 def benchmark(options: BenchOptions, *, span: tuple[float, float] | None = None) -> dict:
     """`python -m engine bench` as a function: in-process (`transformers`) or real vLLM (`vllm`) on the same prompts."""
-    from engine.generate.kernel_choice import load_decode_target
-    from engine.targets.identity import target_for_draft
-
     o = options
     if o.threads:
         torch.set_num_threads(o.threads)
@@ -236,17 +240,12 @@ def benchmark(options: BenchOptions, *, span: tuple[float, float] | None = None)
     prompt_rows = load_prompts(o.prompts, o.num_prompts, o.seed, o.max_prompt_chars)
     reporter().update(f"benchmarking {len(prompt_rows)} prompts", 0.0)
     if o.backend == "vllm":
-        from engine.algos.shipped import default_draft
-        from engine.measure.vllm_bench import run_vllm_bench
-
         draft = draft or default_draft(target)
         served = o.model_copy(update={"target": target, "draft": str(draft) if draft else None})
         result = run_vllm_bench(prompt_rows, served, tokenize=True)
     elif o.backend == "llama.cpp":
         result = _llamacpp(o, target, draft, prompt_rows)
     elif o.ks:
-        from engine.measure.speed import speed_per_k
-
         result = speed_per_k(load_decode_target(target, o.dtype), prompt_rows, o.model_copy(update={"target": target}))
     else:
         options = o.model_copy(update={"target": target})
@@ -259,9 +258,6 @@ def _llamacpp(o: BenchOptions, target: str | None, draft: str | None, prompt_row
     exported for llama.cpp, every llama.cpp method on its own server."""
     from transformers import AutoTokenizer
 
-    from engine.algos.shipped import default_draft
-    from engine.measure.llamacpp_bench import run_llamacpp_bench
-    from engine.targets.resolve import resolve_target
 
     if any(m.startswith("draft") for m in o.method_names()):
         draft = draft or (str(default_draft(target)) if default_draft(target) else None)
@@ -275,6 +271,4 @@ def _llamacpp(o: BenchOptions, target: str | None, draft: str | None, prompt_row
 
 def _weights_of(draft: str | None) -> dict[str, str]:
     """{"draft_sha256": ...} for a draft folder: the weights measured, beyond the folder's name."""
-    from engine.format.checkpoint import weights_sha256
-
     return {"draft_sha256": weights_sha256(draft)} if draft and Path(draft).is_dir() else {}

@@ -20,6 +20,7 @@ from engine.llamacpp.gguf import DraftGguf, export_draft, target_gguf
 from engine.llamacpp.server import LlamaAnswer, LlamaPlan, LlamaServer
 from engine.measure.options import BenchOptions
 from engine.measure.spread import acceptance_spread, mean_interval
+from engine.provenance import provenance
 
 log = logging.getLogger(__name__)
 
@@ -120,8 +121,6 @@ def divergence_gaps(client, prompts: Sequence[list[int]], answers: dict[str, lis
 def summarize(answers: dict[str, list[LlamaAnswer]], facts: dict[str, Any]) -> dict[str, Any]:
     """Per method: llama.cpp's generation rate (tokens/s, the prompt's pass left out; whole requests beside it),
     speedup and its spread over prompts, identity, acceptance."""
-    from engine.provenance import provenance
-
     base = answers.get("baseline")
     out: dict[str, Any] = {}
     for method, rows in answers.items():

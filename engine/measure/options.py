@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from engine.errors import WorkbenchError
+from engine.generate.sampling import SamplingParams
 from engine.llamacpp.gguf import DEFAULT_DRAFT_TYPE, DEFAULT_TARGET_TYPE, OUT_TYPES, TARGET_TYPES
 from engine.options import Options
 from engine.targets.dtypes import DECODE_DTYPE_HELP, DECODE_DTYPES
@@ -104,8 +105,6 @@ class BenchOptions(Options):
 
     def sampling(self):
         """The sampling parameters of every method (engine.generate.sampling)."""
-        from engine.generate.sampling import SamplingParams
-
         return SamplingParams(max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_p=self.top_p,
                               top_k=self.top_k, seed=self.seed)
 

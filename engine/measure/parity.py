@@ -9,7 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import WorkbenchError
+from engine.format.config import parse_draft_config
 from engine.fsutil import read_json
+from engine.train.config import TrainConfig
+from engine.weightfiles import weight_files
 
 SAME, DIFFERS, UNKNOWN = "same", "differs", "not recorded"
 KEPT_RECORDS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"  # where recipes keep their records
@@ -43,7 +46,6 @@ def training_record(draft: str | Path, run: str | Path | None = None) -> Trainin
     its kept copy is there; None when there is no record."""
     from pydantic import ValidationError
 
-    from engine.train.config import TrainConfig
 
     folder = Path(run) if run else Path(draft).resolve().parent
     path = next((folder / n for n in (RUN_CONFIG, KEPT_CONFIG) if (folder / n).is_file()), None)
@@ -87,8 +89,6 @@ def kept_records(draft: str | Path, root: Path = KEPT_RECORDS) -> Path | None:
 
 def _weights_digest(draft: Path) -> str | None:
     """sha256 of a draft's weight files (engine.format.checkpoint.weights_sha256), read again only when they change."""
-    from engine.weightfiles import weight_files
-
     try:
         stamps = tuple((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in weight_files(draft))
     except (WorkbenchError, OSError):
@@ -146,7 +146,6 @@ def parity(draft: str | Path, *, run: str | Path | None = None, target: str | No
     ran, else one here)."""
     from engine.algos.loading import draft_algorithm
     from engine.format.checkpoint import read_config_dict
-    from engine.format.config import parse_draft_config
     from engine.format.validate import validate_draft
     from engine.serve.options import DEFAULT_MAX_MODEL_LEN
     from engine.targets.dtypes import dtype_name, parse_dtype

@@ -14,7 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import WorkbenchError
+from engine.generate.prompt import prompt_ids
 from engine.measure.options import BenchOptions
+from engine.provenance import provenance
 from engine.serve.metrics import scrape, spec_delta
 from engine.serve.server import ServePlan, ServerPool, plan_server
 from engine.targets.dtypes import vllm_dtype
@@ -55,7 +57,6 @@ def _token_prompts(prompts: Sequence[dict[str, Any]], target_path: str) -> list[
     """Prompts as token ids, tokenized exactly as the in-process engine does (chat template included)."""
     from transformers import AutoTokenizer
 
-    from engine.generate.prompt import prompt_ids
 
     tok = AutoTokenizer.from_pretrained(target_path)
     return [{"prompt": prompt_ids(tok, item)} for item in prompts]
@@ -182,7 +183,6 @@ def _result(runs: dict[str, dict[str, Any]], **facts: Any) -> dict[str, Any]:
 def _machine(dtype: str) -> dict[str, Any]:
     """Where the servers ran, for the record: the CPU with vLLM's CPU build (None with its CUDA build), the dtype,
     the day, and the torch (and vLLM) of vLLM's own environment."""
-    from engine.provenance import provenance
     from engine.serve.venv import read_stamp
 
     env = read_stamp()

@@ -13,6 +13,10 @@ import yaml
 from engine.cpu import cpu_model
 from engine.fsutil import atomic_write_text, read_json
 from engine.jobs import read_jsonl
+from engine.measure.bench import markdown_table
+from engine.measure.evaluate import workload_lines
+from engine.measure.spread import BOOTSTRAP_DRAWS
+from engine.measure.step_costs import measured_recommendation
 from engine.provenance import rows_of
 from engine.recipes.spec import CONFIGS, data_work, load_recipe
 from engine.targets.resolve import DEFAULT_TARGET
@@ -135,8 +139,6 @@ def _has_cuda() -> bool:
 
 
 def _bench_table(bench: dict[str, Any]) -> str:
-    from engine.measure.bench import markdown_table
-
     return markdown_table(bench) if bench.get("methods") else "_not measured yet_"
 
 
@@ -372,8 +374,6 @@ def _sentence(text: str) -> str:
 def evaluation_section(result: dict[str, Any], sweep: list[dict[str, Any]] | None = None,
                        ngram: float | None = None) -> list[str]:
     """Decoding-exact acceptance per k beside the all-positions average, and forecast vs measured speedup."""
-    from engine.measure.step_costs import measured_recommendation
-
     if not result.get("by_k"):
         return []
     measured = {str(r["k"]): r for r in (sweep or [])}
@@ -409,9 +409,6 @@ def evaluation_section(result: dict[str, Any], sweep: list[dict[str, Any]] | Non
 
 def workload_section(result: dict[str, Any]) -> list[str]:
     """Acceptance per k on each workload's prompts (chat, code, the user's), each with its interval over prompts."""
-    from engine.measure.evaluate import workload_lines
-    from engine.measure.spread import BOOTSTRAP_DRAWS
-
     table = [line for line in workload_lines(result) if line.startswith("|")]
     if not table:
         return []

@@ -34,6 +34,7 @@ from engine.jobs import read_jsonl, reporter
 from engine.measure.bench import benchmark
 from engine.measure.evaluate import evaluate_draft, evaluate_samples, held_out_answers
 from engine.measure.options import BenchOptions, EvaluateOptions
+from engine.measure.speed import speed_per_k
 from engine.provenance import engine_command, provenance, rows_of
 from engine.recipes.model_card import data_rows, refresh_measurements, write_evaluation_section, write_model_card
 from engine.recipes.spec import STEP_COMMANDS, STEPS, cli_flags, data_recipe, load_recipe, step_options
@@ -240,8 +241,6 @@ def k_sweep(recipe: dict[str, Any], *, draft: Path | None = None, out_file: Path
     interleaved run, rounds repeated until the intervals are narrow (engine.measure.speed); the record (rows per k,
     and bench's `methods` at the recipe's k) names `command` (default: the recipe's sweep step). A record of the
     same weights is kept unless `force`."""
-    from engine.measure.speed import speed_per_k
-
     work = Path(recipe["work"])
     opts = recipe["sweep"]
     out_file = out_file or work / "sweep.json"

@@ -14,6 +14,7 @@ from engine.errors import WorkbenchError, validation_summary
 from engine.format.config import refuse_bad_numbers
 from engine.measure.options import BenchOptions
 from engine.targets.resolve import DEFAULT_TARGET
+from engine.train.config import TrainConfig
 
 _BENCH = BenchOptions.model_fields  # the sweep's stopping rule: bench --ks's fields, their defaults and help
 
@@ -110,8 +111,6 @@ class Recipe(BaseModel):
 
 def _section_models() -> dict[str, tuple[type[BaseModel], dict[str, Any], set[str]]]:
     """Step -> (the options model its section is checked with, values the recipe fills, keys only recipes have)."""
-    from engine.train.config import TrainConfig
-
     return {"regenerate": (RegenerateOptions, {"out": "-"}, {"onepass"}),
             "extract": (ExtractOptions, {"out": "-"}, set()),
             "train": (TrainConfig, {"data": "-"}, set()),

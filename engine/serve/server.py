@@ -29,12 +29,17 @@ from typing import Any
 import engine.algos  # noqa: F401  (registers the speculators types a served draft is validated and planned with)
 from engine.errors import WorkbenchError
 from engine.format import vllm_rules as vr
+from engine.format.checkpoint import read_config_dict
 from engine.format.config import config_type, vllm_own_form
+from engine.format.validate import format_report, validate_draft
 from engine.fsutil import atomic_write_text, workbench_home
 from engine.jobs import JOB_DIR_ENV, runs_dir, tail
+from engine.serve.client import VllmClient
 from engine.serve.options import ServerSettings
 from engine.serve.process import ManagedServer, stop_process_group
 from engine.serve.venv import VllmEnv, ensure_vllm_env
+from engine.targets.identity import target_for_draft
+from engine.targets.resolve import BUILTIN_BY_HUB_ID, in_hf_cache, resolve_target, resolves_locally
 
 log = logging.getLogger(__name__)
 
@@ -106,9 +111,6 @@ def _plan_server(draft: str | os.PathLike | None = None, *, target: str | os.Pat
     Without a form, auto is used when the target is the draft's own verifier. `speculative_config` without
     a draft serves the target with that config (e.g. ngram). `validate` refuses invalid drafts first.
     """
-    from engine.targets.identity import target_for_draft
-    from engine.targets.resolve import resolve_target, resolves_locally
-
     if form is not None and form not in FORMS:
         raise WorkbenchError(f"unknown form '{form}'", hint=f"use one of {list(FORMS)}")
     if draft is None:
@@ -162,9 +164,6 @@ def _write_own_form(cfg: dict[str, Any], draft_dir: Path) -> Path:
 
 
 def _checked_draft(draft_dir: Path, validate: bool):
-    from engine.format.checkpoint import read_config_dict
-    from engine.format.validate import format_report, validate_draft
-
     if not draft_dir.is_dir():
         raise WorkbenchError(f"{draft_dir} is not a folder", hint="give the draft folder (config.json + weights)")
     cfg = read_config_dict(draft_dir)
@@ -182,8 +181,6 @@ def _checked_draft(draft_dir: Path, validate: bool):
 
 def _derived_speculative_config(cfg: dict[str, Any], report) -> dict[str, Any]:
     """vLLM's own {method, num_speculative_tokens[, parallel_drafting]} for this config."""
-    from engine.format import vllm_rules as vr
-
     if report is not None and report.vllm_speculative_config:
         return dict(report.vllm_speculative_config)
     try:
@@ -194,8 +191,6 @@ def _derived_speculative_config(cfg: dict[str, Any], report) -> dict[str, Any]:
 
 
 def _same_target(target: str | os.PathLike, verifier: str) -> bool:
-    from engine.targets.resolve import resolve_target
-
     if str(target) == verifier:
         return True
     try:
@@ -207,8 +202,6 @@ def _same_target(target: str | os.PathLike, verifier: str) -> bool:
 
 def _auto_target(verifier: str, hub_cache: Path | None) -> tuple[str, dict[str, str]]:
     """Where the verifier's weights come from when the draft folder is the model, and the env that makes it so."""
-    from engine.targets.resolve import BUILTIN_BY_HUB_ID, resolve_target
-
     builtin = BUILTIN_BY_HUB_ID.get(verifier.lower())
     if builtin is not None:
         folder = Path(resolve_target(builtin.name).path)
@@ -216,7 +209,6 @@ def _auto_target(verifier: str, hub_cache: Path | None) -> tuple[str, dict[str, 
         return str(folder), _hf_env(cache)
     if Path(verifier).expanduser().is_dir():
         return str(Path(verifier).expanduser().resolve()), _hf_env(None)
-    from engine.targets.resolve import in_hf_cache
 
     if not in_hf_cache(verifier) and _offline():
         raise WorkbenchError(f"the draft's verifier '{verifier}' is not in the local Hugging Face cache and this "
@@ -491,8 +483,6 @@ class VllmServer(ManagedServer):
         return total
 
     def client(self, **kwargs: Any):
-        from engine.serve.client import VllmClient
-
         return VllmClient(self.url, **kwargs)
 
     def __enter__(self) -> VllmServer:

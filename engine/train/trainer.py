@@ -20,6 +20,11 @@ import torch
 import torch.distributed as dist
 
 from engine.algos.common.batching import layout_for, plan_packed_batches, split_indices
+from engine.data.check import Expected, SampleProblem, quick_check, refusal, value_problem
+from engine.data.datasets import load_conversations
+from engine.data.extract import HiddenStatesDataset
+from engine.data.online import OnlineHiddenStates
+from engine.data.store import sample_path
 from engine.errors import WorkbenchError
 from engine.fsutil import (
     atomic_directory,
@@ -32,7 +37,9 @@ from engine.fsutil import (
 from engine.generate.acceptance import summarize_walk_sums, walk_sums
 from engine.jobs import DirLock, left_text, reporter
 from engine.targets.dtypes import pick_device
-from engine.targets.identity import VERIFIER_DIGEST
+from engine.targets.identity import VERIFIER_DIGEST, target_for_data
+from engine.targets.loading import load_target
+from engine.targets.resolve import DEFAULT_TARGET
 from engine.targets.verifier import load_verifier_parts
 from engine.train.checkpoints import CheckpointFolder, is_legacy_checkpoint
 from engine.train.config import TrainConfig
@@ -53,10 +60,6 @@ class OfflineData:
     and counted (`skipped`)."""
 
     def __init__(self, folder: str, bad_samples: str = "refuse", vocab_size: int | None = None):
-        from engine.data.check import Expected, quick_check, refusal
-        from engine.data.extract import HiddenStatesDataset
-        from engine.data.store import sample_path
-
         self.dataset = HiddenStatesDataset(folder)
         self.manifest = self.dataset.manifest
         self.layer_ids = list(self.manifest["layer_ids"])
@@ -84,8 +87,6 @@ class OfflineData:
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor] | None:
         """Sample i, or None when its values fail the checks and bad samples are skipped."""
-        from engine.data.check import SampleProblem, refusal, value_problem
-
         sample = self.dataset[self.keep[i]]
         problem = value_problem(sample["hidden_states"])
         if problem is None:
@@ -109,11 +110,6 @@ class OnlineData:
     """Tokenised rows; the target runs inside the loop to produce the same sample dicts."""
 
     def __init__(self, cfg: TrainConfig, layer_ids: list[int], device: str):
-        from engine.data.datasets import load_conversations
-        from engine.data.online import OnlineHiddenStates
-        from engine.targets.loading import load_target
-        from engine.targets.resolve import DEFAULT_TARGET
-
         self.target = load_target(cfg.target or DEFAULT_TARGET, device=device)
         rows, _summary = load_conversations(cfg.online_dataset, split="train", max_samples=cfg.online_max_samples)
         self.source = OnlineHiddenStates(self.target, rows, layer_ids, max_length=cfg.max_length)
@@ -216,9 +212,6 @@ class Trainer:
     def _target_name(self) -> str:
         """The target to train for: offline, the one the data's manifest records (an explicit `target` must agree
         with it); online, `target` or the built-in."""
-        from engine.targets.identity import target_for_data
-        from engine.targets.resolve import DEFAULT_TARGET
-
         if not self.cfg.data:
             return self.cfg.target or DEFAULT_TARGET
         manifest_file = Path(self.cfg.data) / "manifest.json"

@@ -33,7 +33,7 @@ class FamilyMember:
 def build_dflash(target, args: DecoderArgs | None = None, *, aux_layer_ids: list[int] | None = None,
                  token_counts: torch.Tensor | None = None, seed: int = 0, member: FamilyMember | None = None
                  ) -> DFlashDraft:
-    """A new DFlash-family draft for `target` (an engine.targets.Target or VerifierParts), shaped by `args` (a
+    """A new DFlash-family draft for `target` (an engine.targets.loading.Target or VerifierParts), shaped by `args` (a
     family member's: block_size, block_causal, mask_token_id), initialised like speculators; `member` builds
     another type of the family on the same backbone."""
     a, member = args or DFlashArgs(), member or FamilyMember()

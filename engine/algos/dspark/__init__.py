@@ -5,7 +5,7 @@ a confidence head that cuts the block before verification (registered as `dspark
 from __future__ import annotations
 
 from engine.algos.base import DraftAlgorithm, register_algorithm
-from engine.algos.dspark.args import DSparkArgs
+from engine.algos.dspark.args import DSparkArgs, DSparkProposerOptions
 from engine.algos.dspark.config import DSparkConfig
 
 
@@ -39,7 +39,6 @@ class DSpark(DraftAlgorithm):
 
     def walk_counts(self, draft, aux, token_ids, k):
         """The counts with the static cut the proposer applies by default (its confidence_threshold)."""
-        from engine.algos.dspark.args import DSparkProposerOptions
         from engine.algos.dspark.evaluate import counts_and_cuts
 
         return counts_and_cuts(draft, aux, token_ids, k, DSparkProposerOptions().confidence_threshold)

@@ -15,6 +15,7 @@ from engine.algos.dspark.gemma4 import Gemma4DSparkDraft, gemma4_layer_config
 from engine.algos.dspark.model import DSparkDraft
 from engine.algos.dspark.vllm_form import is_gemma4_layout
 from engine.errors import WorkbenchError
+from engine.format.checkpoint import read_config_dict
 
 
 def build_dspark(target, args: DSparkArgs | None = None, **backbone: Any) -> DSparkDraft:
@@ -47,8 +48,6 @@ def build_dspark(target, args: DSparkArgs | None = None, **backbone: Any) -> DSp
 
 def load_dspark(path: str | os.PathLike, target, *, allow_pickle: bool = False,
                 dtype: torch.dtype = torch.float32) -> DSparkDraft:
-    from engine.format.checkpoint import read_config_dict
-
     layers = read_config_dict(Path(path)).get("transformer_layer_config")
     return load_dflash(path, target, allow_pickle=allow_pickle, dtype=dtype, algorithm="dspark",
                        draft_class=Gemma4DSparkDraft if is_gemma4_layout(layers) else DSparkDraft)
