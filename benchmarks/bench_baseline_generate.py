@@ -65,7 +65,7 @@ def measure(target: str | None, *, dtypes: list[str], prompts: int, new: int) ->
     from tqdm import tqdm
 
     from engine.cpu import describe
-    from engine.data.datasets import heldout_prompts
+    from engine.data.render.datasets import heldout_prompts
     from engine.generate.prompt import prompt_ids
 
     sides, kernels = {}, {}

@@ -44,8 +44,8 @@ WAYS = ("recipe", "vllm", "onepass")
 
 def regenerate_part(chats, out: Path, concurrency: int, args) -> dict:
     """(start seconds, generation seconds) of regenerating `chats` through a managed vLLM server."""
-    from engine.data.regenerate import regenerate, tokenizer_only
-    from engine.data.regenerate_vllm import VllmAnswerer
+    from engine.data.answers.regenerate import regenerate, tokenizer_only
+    from engine.data.answers.vllm import VllmAnswerer
 
     model = tokenizer_only(TARGET)
     start = time.perf_counter()
@@ -59,8 +59,8 @@ def regenerate_part(chats, out: Path, concurrency: int, args) -> dict:
 
 
 def transformers_extract_part(jsonl: Path, out: Path, layer_ids, args) -> dict:
-    from engine.data.extract import extract_hidden_states
-    from engine.data.render import render_dataset
+    from engine.data.extract.dataset import extract_hidden_states
+    from engine.data.render.chat import render_dataset
     from engine.targets.loading import load_target
 
     start = time.perf_counter()
@@ -76,10 +76,10 @@ def vllm_extract_part(jsonl: Path, out: Path, layer_ids, args) -> dict:
     """`extract --backend vllm`, with the worker's start timed apart from the extraction (extract_rows_vllm's steps)."""
     from transformers import AutoConfig
 
-    from engine.data.extraction_run import ExtractionRun, TargetInfo, build_header
-    from engine.data.regenerate import tokenizer_only
-    from engine.data.render import render_dataset
-    from engine.data.vllm_backend import DEFAULT_CHUNK, collect, staging_dir, vllm_files
+    from engine.data.answers.regenerate import tokenizer_only
+    from engine.data.extract.run import ExtractionRun, TargetInfo, build_header
+    from engine.data.extract.vllm import DEFAULT_CHUNK, collect, staging_dir, vllm_files
+    from engine.data.render.chat import render_dataset
     from engine.targets.resolve import resolve_target
 
     ref = resolve_target(TARGET)
@@ -107,7 +107,7 @@ def vllm_extract_part(jsonl: Path, out: Path, layer_ids, args) -> dict:
 
 def onepass_part(chats, jsonl: Path, out: Path, layer_ids, args) -> dict:
     """`regenerate --extract-to` in process; its start is the target's load and a one-conversation warm-up."""
-    from engine.data.onepass import regenerate_and_extract
+    from engine.data.answers.onepass import regenerate_and_extract
     from engine.targets.loading import load_target
 
     def run(rows, jsonl: Path, out: Path, max_new_tokens: int):
@@ -130,7 +130,7 @@ def onepass_part(chats, jsonl: Path, out: Path, layer_ids, args) -> dict:
 def compare(folder: Path, other: str = "vllm") -> dict:
     """Equal JSONL rows of the recipe way and `other`; for the samples whose token ids and loss masks agree, how far
     the bf16 states are apart."""
-    from engine.data.store import load_sample, sample_indices
+    from engine.data.store.files import load_sample, sample_indices
 
     rows = [[json.loads(x)["messages"] for x in (folder / f"{w}.jsonl").read_text().splitlines()]
             for w in ("recipe", other)]
@@ -172,8 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from engine.cpu import cpu_model, describe
-    from engine.data.datasets import load_conversations
-    from engine.data.layer_ids import resolve_layer_ids
+    from engine.data.extract.layer_ids import resolve_layer_ids
+    from engine.data.render.datasets import load_conversations
 
     torch.set_num_threads(args.threads)
     layer_ids = resolve_layer_ids(30, None, "eagle3")

@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks._results import command_line, print_and_save
     from engine.algos.loading import load_draft_proposer, make_proposer
     from engine.algos.shipped import default_draft
-    from engine.data.prompts import load_prompts
+    from engine.data.prompts.load import load_prompts
     from engine.generate.cpu_kernels import linear_form, routed_linears
     from engine.generate.kernel_choice import load_decode_target
     from engine.generate.prompt import prompt_ids

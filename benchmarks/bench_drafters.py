@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
 
-    from engine.data.prompts import load_prompts
+    from engine.data.prompts.load import load_prompts
 
     methods = [parse_method("baseline")] + [parse_method(s) for s in args.method if s != "baseline"]
     prompts = load_prompts(args.prompts, args.num_prompts, 0, 1500)

@@ -52,7 +52,7 @@ def main() -> int:
 
     from benchmarks._results import command_line
     from engine.algos.loading import draft_algorithm
-    from engine.data.prompts import load_prompts
+    from engine.data.prompts.load import load_prompts
     from engine.fsutil import atomic_write_json
     from engine.generate.prompt import prompt_ids
     from engine.generate.runner import TargetRunner

@@ -83,9 +83,9 @@ def run_naive(target, rows, out: Path) -> None:
 
 
 def run_ours(target, rows, out: Path) -> None:
-    from engine.data.extract import extract_hidden_states
+    from engine.data.extract.dataset import extract_hidden_states
     from engine.data.options import ExtractOptions
-    from engine.data.render import RenderedRow
+    from engine.data.render.chat import RenderedRow
 
     rendered = [RenderedRow(r["id"], r["input_ids"], r["loss_mask"]) for r in rows]
     extract_hidden_states(target, rendered, ExtractOptions(out=out, dtype="bf16"), LAYERS, progress=False)
@@ -150,7 +150,7 @@ def worker(method: str, rows_file: Path, out: Path, threads: int) -> dict:
 def prepare_rows(samples: int, max_length: int, path: Path) -> dict:
     from transformers import AutoTokenizer
 
-    from engine.data.render import render_dataset
+    from engine.data.render.chat import render_dataset
     from engine.targets.resolve import resolve_target
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_target("smollm2-135m-instruct").path)

@@ -51,7 +51,7 @@ def synthetic_data(work: Path, *, samples: int, tokens: int, hidden: int, layers
     import torch
 
     from engine.algos import ALGOS
-    from engine.data.store import FolderStats, write_manifest, write_sample
+    from engine.data.store.files import FolderStats, write_manifest, write_sample
     from tiny import save_tiny_target
 
     target = save_tiny_target(work / "target", "llama", num_layers=layers, hidden_size=hidden)

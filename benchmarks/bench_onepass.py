@@ -40,9 +40,9 @@ PARTS_FUSED = dict(PARTS)  # the same with regenerate on the fused batch
 
 
 def two_steps(target, chats, tmp: Path, layer_ids, args, *, fused: bool = False) -> None:
-    from engine.data.extract import extract_hidden_states
-    from engine.data.regenerate import regenerate, transformers_answers
-    from engine.data.render import render_dataset
+    from engine.data.answers.regenerate import regenerate, transformers_answers
+    from engine.data.extract.dataset import extract_hidden_states
+    from engine.data.render.chat import render_dataset
 
     name, parts = ("twof", PARTS_FUSED) if fused else ("two", PARTS)
     start = time.perf_counter()
@@ -62,7 +62,7 @@ def two_steps_fused(target, chats, tmp: Path, layer_ids, args) -> None:
 
 
 def one_pass(target, chats, tmp: Path, layer_ids, args, *, fused: bool | None = None, name: str = "one") -> None:
-    from engine.data.onepass import regenerate_and_extract
+    from engine.data.answers.onepass import regenerate_and_extract
 
     regenerate_and_extract(target, chats,
                            RegenerateOptions(out=tmp / f"{name}.jsonl", extract_to=tmp / name,
@@ -83,7 +83,7 @@ WAYS = {"two_steps": two_steps, "two_steps_fused": two_steps_fused, "one_pass": 
 def compare(tmp: Path, other: str = "one") -> dict:
     """Equal rows, token ids and loss masks of the two steps' and `other`'s outputs; the largest |difference| of the
     hidden states (and relative to |x|)."""
-    from engine.data.store import load_sample, sample_indices
+    from engine.data.store.files import load_sample, sample_indices
 
     rows = [[json.loads(x)["messages"] for x in (tmp / f"{w}.jsonl").read_text().splitlines()] for w in ("two", other)]
     out = {"rows_equal": rows[0] == rows[1], "samples": 0, "tokens_equal": True, "max_abs_diff": 0.0,
@@ -125,8 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from engine.cpu import cpu_model, describe
-    from engine.data.datasets import load_conversations
-    from engine.data.layer_ids import resolve_layer_ids
+    from engine.data.extract.layer_ids import resolve_layer_ids
+    from engine.data.render.datasets import load_conversations
     from engine.targets.loading import load_target
 
     torch.set_num_threads(args.threads)

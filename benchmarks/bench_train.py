@@ -73,7 +73,7 @@ def read_extraction(folder: Path) -> tuple[dict, list[int], list[list[int]], lis
     """(manifest, sample indices, token ids, loss masks) of an extracted folder, from the file headers."""
     from safetensors import safe_open
 
-    from engine.data.store import read_manifest, sample_indices, sample_path
+    from engine.data.store.files import read_manifest, sample_indices, sample_path
 
     manifest = read_manifest(folder)
     if manifest is None:

@@ -108,7 +108,7 @@ def extract_transformers(target: Path | None, work: Path) -> dict:
     need_cuda()
     if target is None:
         raise RuntimeError("no target")
-    from engine.data.extract import extract_dataset
+    from engine.data.extract.dataset import extract_dataset
 
     out = work / "hs-cuda"
     manifest = extract_dataset(ExtractOptions(target=str(target), dataset="sharegpt", out=out, algo="eagle3",
@@ -116,7 +116,7 @@ def extract_transformers(target: Path | None, work: Path) -> dict:
                                progress=False)
     if manifest.get("samples") != 16:
         raise RuntimeError(f"{manifest.get('samples')} samples written, expected 16")
-    from engine.data.store import HiddenStatesDataset
+    from engine.data.store.files import HiddenStatesDataset
 
     sample = HiddenStatesDataset(out)[0]
     import torch
@@ -165,7 +165,7 @@ def train_bf16(target: Path | None, data: Path | None, work: Path) -> str:
 
 
 def extract_vllm(target: Path | None, work: Path) -> str:
-    from engine.data.vllm_backend import vllm_unavailable_reason
+    from engine.data.extract.vllm import vllm_unavailable_reason
 
     reason = vllm_unavailable_reason()
     if reason:

@@ -51,6 +51,8 @@ class JobStatus:
     # the job's named phases in order: {"name", "start", "end" (None while it runs), "units" (items, steps or None)};
     # later jobs of the same kind learn their time estimates from them (learned_seconds)
     phases: list[dict[str, Any]] = field(default_factory=list)
+    # the phases still to come, as the job planned them: {"name", "units"}; the time left adds what each took here
+    plan: list[dict[str, Any]] = field(default_factory=list)
 
 
 class Reporter:
@@ -88,13 +90,59 @@ class Reporter:
         self._write()
 
     def phase(self, name: str, units: int | None = None, *, message: str | None = None,
-              progress: float | None = None) -> None:
-        """Start the phase `name` (the previous one ends): `units` items or steps; its message is `name` unless
-        given. What it takes is what later jobs of the same kind here expect it to take (learned_seconds)."""
+              progress: float | None = None, span: tuple[float, float] | None = None) -> None:
+        """Start the phase `name` (the previous one ends): `units` of its size (items, prompts × tokens, timed
+        forwards); its message is `name` unless given; `span`: the share of the bar its steps fill. What it takes is
+        what later jobs of the same kind here expect it to take (learned_seconds)."""
         now = time.time()
         self._end_phase(now)
-        self.status.phases.append({"name": name, "start": now, "end": None, "units": units})
-        self.update(name if message is None else message, progress)
+        self.status.phases.append({"name": name, "start": now, "end": None, "units": units,
+                                   **({"span": list(span)} if span else {}), "expected_s": self._expected(name, units)})
+        names = [p.get("name") for p in self.status.plan]
+        if name in names:  # a planned phase has come
+            del self.status.plan[names.index(name)]
+        self.update(name if message is None else message, span[0] if span and progress is None else progress)
+
+    def _expected(self, name: str, units: int | None) -> float | None:
+        """What phase `name` of this size took in the last job of this kind here (learned_seconds); None if none."""
+        if self.job_dir is None:
+            return None
+        with contextlib.suppress(OSError, ValueError):
+            kind = read_json(self.job_dir / "job.json").get("kind")
+            learned = learned_seconds(kind, name, units, root=self.job_dir.parent, exclude=self.job_dir.name)
+            return learned[0] if learned else None
+        return None
+
+    def beat(self, message: str | None = None) -> None:
+        """A phase with no steps to count is still working: its bar fills by the time its last run here took (at most
+        95% of its span), or, on a first run, creeps towards 90% of it."""
+        ph = self.status.phases[-1]
+        lo, hi = ph.get("span") or (self.status.progress or 0.0,) * 2
+        elapsed, expected = time.time() - ph["start"], ph.get("expected_s")
+        share = min(0.95, elapsed / expected) if expected else min(0.9, elapsed / (elapsed + 60.0))
+        self.update(message, lo + (hi - lo) * share)
+
+    def plan(self, phases: Sequence[tuple[str, int | None]]) -> None:
+        """Name the phases still to come and their sizes, so the time left counts them from the start."""
+        self.status.plan = [{"name": name, "units": units} for name, units in phases]
+        self._write()
+
+    def step(self, done: int, total: int) -> None:
+        """`done` of the current phase's `total` steps (a retry may raise it): its message, the bar within its span,
+        and its own estimate of the time left. The phase keeps the size it started with, so a later run expects the
+        retries this one needed."""
+        ph = self.status.phases[-1]
+        lo, hi = ph.get("span") or (self.status.progress or 0.0,) * 2
+        self.update(f"{ph['name']}: {done}/{total} {self.own_estimate(done, total)}".rstrip(),
+                    lo + (hi - lo) * min(1.0, done / total) if total else None)
+
+    def own_estimate(self, done: int, total: int) -> str:
+        """The current phase's time left at its own rate, kept with the phase ("left_s", "left_at") and worded
+        ("(about 40 s left)"; "" before it has done anything)."""
+        ph, now = self.status.phases[-1], time.time()
+        if done > 0 and total:
+            ph["left_s"], ph["left_at"] = (now - ph["start"]) / done * max(0, total - done), now
+        return left_text(done, total, now - ph["start"])
 
     def _end_phase(self, now: float) -> None:
         if self.status.phases and self.status.phases[-1].get("end") is None:
@@ -142,10 +190,11 @@ def left_text(done: float, total: float, elapsed: float) -> str:
 
 
 def tracked(iterable: Any, *, desc: str, total: int | None = None, span: tuple[float, float] | None = (0.0, 1.0),
-            unit: str = "it", enabled: bool = True, every_s: float = 1.0) -> Any:
+            unit: str = "it", enabled: bool = True, every_s: float = 1.0, units: int | None = None) -> Any:
     """A tqdm bar over `iterable` that also writes the job's progress into status.json: "desc: 3/10 (about 40 s
     left)", its fraction scaled into `span` of the whole job (a job of several phases), at most every `every_s`;
-    span None: the bar only (a caller that reports its own progress)."""
+    span None: the bar only (a caller that reports its own progress). `units`: the phase's size for later
+    estimates (e.g. prompts × tokens), the item count unless given."""
     from tqdm import tqdm
 
     rep = reporter() if span is not None else Reporter(None)
@@ -154,7 +203,7 @@ def tracked(iterable: Any, *, desc: str, total: int | None = None, span: tuple[f
     lo, hi = span or (0.0, 1.0)
     start = last = time.monotonic()
     if rep.active:  # a named phase of `total` items: later jobs of this kind learn what it takes here
-        rep.phase(desc, total, progress=lo, message=f"{desc}: 0/{total}" if total else desc)
+        rep.phase(desc, units or total, progress=lo, message=f"{desc}: 0/{total}" if total else desc)
     done = 0
     for item in tqdm(iterable, total=total, desc=desc, unit=unit, disable=not enabled, dynamic_ncols=True):
         yield item
@@ -163,11 +212,27 @@ def tracked(iterable: Any, *, desc: str, total: int | None = None, span: tuple[f
         if rep.active and (now - last >= every_s or done == total):
             last = now
             if total:
-                rep.update(f"{desc}: {done}/{total} " + (left_text(done, total, now - start) if done < total
+                rep.update(f"{desc}: {done}/{total} " + (rep.own_estimate(done, total) if done < total
                                                         else f"({duration_text(now - start)})"),
                            lo + (hi - lo) * done / total)
             else:
                 rep.update(f"{desc}: {done} done ({duration_text(now - start)})")
+
+
+class Ticks:
+    """Counts the units of the current phase done (call it once per unit) and reports (done, total) through
+    `on_step` (the job's Reporter.step unless given) at most every `every_s`, and at the end."""
+
+    def __init__(self, total: int, on_step: Any = None, every_s: float = 0.5):
+        self.total, self.on_step, self.every_s = total, on_step or reporter().step, every_s
+        self.done, self.last = 0, 0.0
+
+    def __call__(self) -> None:
+        self.done += 1
+        now = time.monotonic()
+        if now - self.last >= self.every_s or self.done >= self.total:
+            self.last = now
+            self.on_step(self.done, self.total)
 
 
 def learned_seconds(kind: str | None, phase: str, units: int | None = None, *, root: Path | None = None,
@@ -175,9 +240,10 @@ def learned_seconds(kind: str | None, phase: str, units: int | None = None, *, r
     """(seconds, job id): how long phase `phase` took in the newest finished job of `kind` on this machine (its
     runs folder), scaled to `units` when both know their units; None when no such job here ran that phase."""
     for job in list_jobs(root):
-        if job.kind != kind or job.status.state != "done" or job.id == exclude:
+        if job.kind != kind or job.status.state not in ("done", "stopped") or job.id == exclude:
             continue
-        for ph in job.status.phases:
+        # a stopped job's last phase was cut short (a server stopped while serving): not a measurement
+        for ph in job.status.phases[:-1] if job.status.state == "stopped" else job.status.phases:
             if ph.get("name") == phase and ph.get("end") and ph.get("start"):
                 seconds = float(ph["end"]) - float(ph["start"])
                 if units and ph.get("units"):
@@ -198,6 +264,20 @@ def learned_rest(kind: str | None, phase: str, *, root: Path | None = None,
             later = job.status.phases[names.index(phase) + 1:]
             return sum(float(ph["end"]) - float(ph["start"]) for ph in later if ph.get("end")), job.id
     return None
+
+
+def learned_plan(kind: str | None, plan: Sequence[tuple[str, int | None]], *, root: Path | None = None,
+                 exclude: str | None = None) -> tuple[float, list[str]]:
+    """(seconds, phases never run here): what the planned phases (name, units) took in this machine's last jobs
+    of `kind`, each scaled to its units; the phases no such job ran are named instead."""
+    seconds, unknown = 0.0, []
+    for name, units in plan:
+        learned = learned_seconds(kind, name, units, root=root, exclude=exclude)
+        if learned is None:
+            unknown.append(name)
+        else:
+            seconds += learned[0]
+    return seconds, unknown
 
 
 @dataclass

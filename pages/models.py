@@ -263,7 +263,9 @@ with tab_d:
                                               workloads=[*picked, *([str(Path(own).expanduser())] if own else [])],
                                               llamacpp=with_llamacpp)
         if e3.button("Evaluate this draft", key="models_eval_go", icon=":material/speed:"):
-            launch(eval_argv, kind="evaluate", name=Path(shown).name)
+            job = launch(eval_argv, kind="evaluate", name=Path(shown).name)
+            if job is not None:  # the panel below follows the new evaluation
+                st.session_state["models_eval_job"] = job.id
         watch_jobs(["evaluate"], "Evaluation jobs", key="models_eval")
         with guard("Reading evaluation results"):
             done = evaluate_ui.all_results(shown)  # yours first, then the shipped records (this machine's kind first)

@@ -737,7 +737,7 @@ def test_the_fused_batch_data_cost_is_its_record():
         assert "bench_onepass.py" in rec["command"] and rec["cpu_kind"] == "AVX-512 BF16"
         assert rec["one_pass_backend"] == "fused-onepass" and rec["ratio"] <= 1 / 3
     assert record["command"] in text.replace(".venv/bin/python", "python") and record["target_dtype"] in text
-    from engine.data.regenerate import FUSED_GROUP
+    from engine.data.answers.regenerate import FUSED_GROUP
 
     assert f"hands it {['one', 'two', 'three', 'four'][FUSED_GROUP - 1]} batches per call" in text
     out = record["outputs"]

@@ -216,7 +216,7 @@ def test_an_upward_import_between_core_packages_is_found():
     graph = import_graph()
     for low, high in (("engine.targets.verifier", "engine.format.checkpoint"),
                       ("engine.generate.prompt", "engine.algos.loading"),
-                      ("engine.algos.loading", "engine.data.store")):
+                      ("engine.algos.loading", "engine.data.store.files")):
         climbed = {**graph, low: graph[low] | {high}}
         assert upward_imports(climbed) == [f"{low} ({FLOORS[floor_of(low)][0]}) imports {high} "
                                            f"({FLOORS[floor_of(high)][0]})"]

@@ -16,7 +16,7 @@ from typing import Any, Literal
 import streamlit as st
 
 from engine.algos import algorithm_names
-from engine.data.layer_ids import default_layer_ids
+from engine.data.extract.layer_ids import default_layer_ids
 from engine.errors import WorkbenchError
 from engine.format import vllm_rules as vr
 from engine.format.checkpoint import read_config_dict

@@ -8,10 +8,10 @@ from pathlib import Path
 from typing import Any
 
 from engine.algos import algorithm_names
-from engine.data.extraction_run import estimate_bytes, human_bytes
-from engine.data.layer_ids import resolve_layer_ids
+from engine.data.extract.layer_ids import resolve_layer_ids
+from engine.data.extract.run import estimate_bytes, human_bytes
 from engine.data.options import ExtractOptions, PrepareOptions, RegenerateOptions
-from engine.data.store import read_manifest
+from engine.data.store.files import read_manifest
 from engine.jobs import runs_dir
 
 __all__ = ["BUILTIN", "algorithm_names", "default_extract_out", "default_regen_out", "extract_argv",

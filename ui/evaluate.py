@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from engine import jobs as engine_jobs
-from engine.data.workloads import WORKLOADS
+from engine.data.prompts.workloads import WORKLOADS
 from engine.measure.evaluate import workload_cell
 from engine.measure.options import EvaluateOptions
 from engine.measure.step_costs import measured_recommendation

@@ -110,26 +110,44 @@ def progress_text(s: engine_jobs.JobStatus, now: float | None = None, *, kind: s
     return " · ".join(parts)
 
 
+FIRST_RUN = "first run: measuring"  # a phase that never ran on this machine: no figure nothing backs
+
+
 def time_left(s: engine_jobs.JobStatus, now: float, *, kind: str | None, job_id: str | None) -> str | None:
     """The time left of a running job, learned from this machine's own runs: the phase's own estimate from its rate
     is in its message (engine.jobs.left_text); before it has one, what the phase took in the last job of this kind
-    here (scaled to its units), counted down; the later phases take what they took then. A phase without either is
-    "estimating…", not a figure nothing backs."""
+    here (scaled to its units), counted down; the phases still planned take what they took then, scaled to their
+    units. A phase that never ran here is "first run: measuring", not a figure nothing backs."""
     phase = s.phases[-1] if s.phases and s.phases[-1].get("end") is None else None
     if phase is None or kind is None:
-        return "estimating…"
-    root = str(engine_jobs.runs_dir())
-    rest = _learned(root, kind, phase["name"], None, job_id, after=True)
-    if "left" in s.message:  # the phase's own figure is in its message
-        return f"then about {engine_jobs.duration_text(rest[0])} more (as your last run took)" \
-            if rest and rest[0] >= 1 else None
-    learned = _learned(root, kind, phase["name"], phase.get("units"), job_id)
+        return FIRST_RUN
+    rest, unknown = _rest(s, kind, phase["name"], job_id)
+    then = f"; then {unknown[0]} ({FIRST_RUN})" if unknown else ""
+    if phase.get("left_s") is not None:  # the phase's own figure from its rate, then what the rest took
+        left = max(0.0, phase["left_s"] - (now - phase.get("left_at", now))) + rest
+        return f"about {engine_jobs.duration_text(left)} left" + (" (as your last run took)" if rest else "") + then
+    if "left" in s.message:  # the phase's own figure is in its message (a job that keeps no figure)
+        more = f"then about {engine_jobs.duration_text(rest)} more (as your last run took)" if rest >= 1 else ""
+        return (more + then).removeprefix("; ") or None
+    learned = _learned(str(engine_jobs.runs_dir()), kind, phase["name"], phase.get("units"), job_id)
     if learned is None:
-        return "estimating…"
+        return FIRST_RUN
     left = learned[0] - (now - phase["start"])
     if left < 0:
-        return f"longer than your last run's {engine_jobs.duration_text(learned[0])} for this phase"
-    return f"about {engine_jobs.duration_text(left + (rest[0] if rest else 0.0))} left (as your last run took)"
+        longer = f"longer than your last run's {engine_jobs.duration_text(learned[0])} for this phase"
+        return (f"about {engine_jobs.duration_text(rest)} left after this phase ({longer})" if rest >= 1
+                else longer) + then
+    return f"about {engine_jobs.duration_text(left + rest)} left (as your last run took)" + then
+
+
+def _rest(s: engine_jobs.JobStatus, kind: str, phase: str, job_id: str | None) -> tuple[float, list[str]]:
+    """(seconds, phases never run here) after the current phase: its planned phases, else what followed it in the
+    last job of this kind."""
+    root = str(engine_jobs.runs_dir())
+    if s.plan:
+        return _learned_plan(root, kind, tuple((p["name"], p.get("units")) for p in s.plan), job_id)
+    rest = _learned(root, kind, phase, None, job_id, after=True)
+    return (rest[0] if rest else 0.0), []
 
 
 @st.cache_data(ttl=15, show_spinner=False)
@@ -139,6 +157,12 @@ def _learned(root: str, kind: str, phase: str, units: int | None, job_id: str | 
     if after:
         return engine_jobs.learned_rest(kind, phase, root=Path(root), exclude=job_id)
     return engine_jobs.learned_seconds(kind, phase, units, root=Path(root), exclude=job_id)
+
+
+@st.cache_data(ttl=15, show_spinner=False)
+def _learned_plan(root: str, kind: str, plan: tuple, job_id: str | None) -> tuple[float, list[str]]:
+    """engine.jobs.learned_plan over the runs folder `root`, read at most every 15 s."""
+    return engine_jobs.learned_plan(kind, plan, root=Path(root), exclude=job_id)
 
 
 def stop_button(job: engine_jobs.Job, *, key: str, label: str = "Stop", help: str | None = None) -> None:

@@ -16,8 +16,8 @@ import streamlit as st
 
 import engine.algos  # noqa: F401  (fills the algorithm and config-type registries the pages read)
 from engine.algos.loading import load_decoding_draft, make_proposer
-from engine.data.datasets import DatasetSummary, iter_conversations
-from engine.data.render import mask_segments, render_rows
+from engine.data.render.chat import mask_segments, render_rows
+from engine.data.render.datasets import DatasetSummary, iter_conversations
 from engine.errors import WorkbenchError
 from engine.generate.kernel_choice import load_decode_target, read_cached
 from engine.generate.metrics import measure_cost_curve

@@ -18,7 +18,7 @@ from engine.targets.resolve import resolves_locally
 from engine.train.config import TrainConfig
 from ui.cli import flags
 from ui.forms import field_kind
-from ui.jobs import argv_value
+from ui.jobs import FIRST_RUN, argv_value
 
 # Form sections of the fields every algorithm shares; the chosen algorithm's own arguments follow in the
 # sections its arguments class names (`AlgoArgs.groups`).
@@ -223,8 +223,8 @@ def smoke_duration(algo: str) -> tuple[float, str] | None:
     return None
 
 
-SMOKE_FIRST = ("estimating…: no smoke run of this algorithm on this machine yet; the first one is timed and the "
-               "next estimate uses it")
+SMOKE_FIRST = (f"{FIRST_RUN} (no smoke run of this algorithm on this machine yet; the first one is timed and the "
+               "next estimate uses it)")
 
 
 def smoke_summary(algo: str) -> str:

@@ -20,7 +20,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from engine.data.check import check_folder
+    from engine.data.store.check import check_folder
 
     o = options_from_args(args, CheckOptions)
     report = check_folder(o.data, full=o.full,

@@ -20,7 +20,7 @@ def add_prepare_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_prepare(args: argparse.Namespace) -> int:
-    from engine.data.render import format_segments, mask_segments, render_dataset
+    from engine.data.render.chat import format_segments, mask_segments, render_dataset
     from engine.targets.loading import load_target
 
     o = options_from_args(args, PrepareOptions)
@@ -59,7 +59,7 @@ def add_regenerate_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_regenerate(args: argparse.Namespace) -> int:
-    from engine.data.regenerate_dataset import regenerate_dataset
+    from engine.data.answers.dataset import regenerate_dataset
 
     result = regenerate_dataset(options_from_args(args, RegenerateOptions))
     reporter().update("done", 1.0, **{k: v for k, v in result.to_json().items() if not isinstance(v, dict)})
@@ -76,7 +76,7 @@ def add_extract_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_extract(args: argparse.Namespace) -> int:
-    from engine.data.extract import extract_dataset
+    from engine.data.extract.dataset import extract_dataset
 
     options = options_from_args(args, ExtractOptions)
     manifest = extract_dataset(options)

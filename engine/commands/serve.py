@@ -19,6 +19,8 @@ from engine.jobs import JOB_DIR_ENV, launch, reporter, stop
 from engine.serve.options import ServeOptions
 from engine.serve.venv import ensure_vllm_env
 
+START_PHASE = "starting the vLLM server"  # the job phase until the server answers; later starts here learn its time
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_fields(p, ServeOptions, title="serve")
@@ -85,10 +87,12 @@ def _serve_here(o: ServeOptions, plan, env, *, as_json: bool) -> int:
     _print_plan(plan, o.vllm_flags())
     try:
         server.start()
-        rep.update(f"starting vLLM on {server.url}", progress=0.5, **server.describe())
-        server.wait_ready(timeout=o.timeout, progress=lambda m: rep.update(m))
+        rep.phase(START_PHASE, span=(0.5, 1.0))  # filled by what the last start here took (Reporter.beat)
+        rep.update(f"starting vLLM on {server.url}", **server.describe())
+        server.wait_ready(timeout=o.timeout, progress=rep.beat)
         info = {**server.describe(), "ready": True, "ready_after_s": round(server.ready_after_s or 0, 1),
                 "memory_bytes": server.memory_bytes()}
+        rep.phase("serving")
         rep.update(f"serving on {server.url}", progress=1.0, **info)
         print(json.dumps(info) if as_json else f"vLLM is serving on {server.url} (log: {server.log_path}); "
               "Ctrl-C stops it", flush=True)

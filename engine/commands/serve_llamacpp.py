@@ -14,6 +14,8 @@ from engine.llamacpp.build import ensure_llamacpp
 from engine.llamacpp.server import LOG_NAME, LlamaPlan, LlamaServer
 from engine.serve.options import ServeOptions
 
+START_PHASE = "starting llama-server"  # the job phase until the server answers; later starts here learn its time
+
 
 def serve_llamacpp(o: ServeOptions, *, as_json: bool) -> int:
     rep = reporter()
@@ -74,9 +76,11 @@ def _serve_here(o: ServeOptions, plan: LlamaPlan, *, as_json: bool) -> int:
     print(f"equivalent: {server.command_line()}")
     try:
         server.start()
-        rep.update(f"starting llama-server on {server.url}", progress=0.5, **server.describe())
-        server.wait_ready(timeout=o.timeout, progress=lambda m: rep.update(m))
+        rep.phase(START_PHASE, span=(0.5, 1.0))  # filled by what the last start here took (Reporter.beat)
+        rep.update(f"starting llama-server on {server.url}", **server.describe())
+        server.wait_ready(timeout=o.timeout, progress=rep.beat)
         info = {**server.describe(), "ready": True, "ready_after_s": round(server.ready_after_s or 0, 1)}
+        rep.phase("serving")
         rep.update(f"serving on {server.url}", progress=1.0, **info)
         print(json.dumps(info) if as_json else f"llama.cpp is serving on {server.url} (log: {server.log_path}); "
               "Ctrl-C stops it", flush=True)

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from engine.data.layer_ids import default_layer_ids, layer_algorithms
+from engine.data.extract.layer_ids import default_layer_ids, layer_algorithms
 from engine.errors import WorkbenchError
 from engine.options import Options
 from engine.targets.resolve import DEFAULT_TARGET

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import torch
 
-from engine.data.extract import DEFAULT_BATCH_TOKENS
-from engine.data.extraction_run import estimate_bytes
+from engine.data.extract.dataset import DEFAULT_BATCH_TOKENS
+from engine.data.extract.run import estimate_bytes
 from engine.errors import WorkbenchError
 from engine.format.vllm_rules import (
     cpu_build_refusal,

@@ -94,12 +94,13 @@ class SpecMetrics:
 
 
 def time_forwards_round_robin(runner, context: list[int], shapes: list[int], repeats: int,
-                              also=None) -> dict[int, list[float]]:
+                              also=None, tick=None) -> dict[int, list[float]]:
     """Seconds of one target forward over n new tokens after `context`, for each n in `shapes`, `repeats` times.
 
     The shapes are timed round-robin, one of each per repeat (then `also()`, e.g. a draft proposal timed by the
     caller), so machine load that comes and goes weighs on all of them alike (one shape's repeats in a row let a
-    busy second make 2 tokens look cheaper than 1)."""
+    busy second make 2 tokens look cheaper than 1). `tick()` is called after each timing (and each `also()`), so
+    a caller can report progress within the measurement."""
     runner.reset()
     runner.forward(context, all_logits=False)
     base = runner.length
@@ -110,8 +111,12 @@ def time_forwards_round_robin(runner, context: list[int], shapes: list[int], rep
             runner.forward(context[-1:] * n)
             samples[n].append(time.perf_counter() - t)
             runner.crop(base)
+            if tick is not None:
+                tick()
         if also is not None:
             also()
+            if tick is not None:
+                tick()
     return samples
 
 

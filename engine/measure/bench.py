@@ -17,7 +17,7 @@ import torch
 
 from engine.algos.loading import make_proposer
 from engine.algos.shipped import default_draft
-from engine.data.prompts import load_prompts
+from engine.data.prompts.load import load_prompts
 from engine.format.checkpoint import weights_sha256
 from engine.generate.kernel_choice import load_decode_target
 from engine.generate.metrics import SpecMetrics, measure_cost_curve, speedup_ceiling
@@ -101,8 +101,9 @@ def run_bench(target, prompts: list[dict[str, Any]], options: BenchOptions, *, m
                                       "with the same tokenizer)"
     runners = {m: TargetRunner(target, getattr(proposers.get(m), "aux_layer_ids", None)) for m in methods}
     encoded = [prompt_ids(target.tokenizer, p) for p in prompts]
+    size = len(encoded) * params.max_new_tokens * len(methods)  # what its time scales with, for later estimates
     for ids in tracked(encoded, desc="prompts benchmarked (every method)", span=span, unit="prompt",
-                       enabled=progress):
+                       enabled=progress, units=size):
         for m in methods:
             run = runs[m]
             if run.skipped:

@@ -16,8 +16,13 @@ from typing import Any
 
 import torch
 
-from engine.data.prompts import load_prompts
-from engine.data.workloads import workload_kind
+from engine.algos.common.batching import layout_for
+from engine.algos.loading import draft_algorithm
+from engine.algos.shipped import default_draft
+from engine.data.prompts.load import load_prompts
+from engine.data.prompts.workloads import workload_kind
+from engine.data.store.check import SampleProblem, refusal, sample_problem
+from engine.data.store.files import HiddenStatesDataset, sample_path
 from engine.errors import WorkbenchError
 from engine.format.checkpoint import weights_sha256
 from engine.generate.acceptance import (
@@ -28,14 +33,35 @@ from engine.generate.acceptance import (
     walk,
     walk_states,
 )
+from engine.generate.kernel_choice import load_decode_target
+from engine.generate.prompt import prompt_ids
+from engine.generate.runner import TargetRunner
+from engine.generate.sampling import SamplingParams
+from engine.generate.speculative import generate_all
 from engine.jobs import reporter, tracked
+from engine.measure.llamacpp_costs import (
+    CALIBRATION_PROMPTS,
+    CALIBRATION_TOKENS,
+    forecast_llamacpp,
+    llamacpp_step_costs,
+)
 from engine.measure.options import EvaluateOptions
 from engine.measure.spread import acceptance_spread
-from engine.measure.step_costs import forecast, measure_step_costs
+from engine.measure.step_costs import forecast, measure_step_costs, step_cost_units
+from engine.provenance import provenance
+from engine.targets.dtypes import dtype_name
+from engine.targets.identity import target_for_draft
+from engine.targets.resolve import resolve_target
 
 log = logging.getLogger(__name__)
-# an `evaluate` job's progress: the target's answers take most of it, then the draft pass, then the step costs
-ANSWERS_SPAN, WALK_END = (0.0, 0.85), 0.95
+# an `evaluate` job's progress: a first kernel choice, the target's answers take most of it, then the draft pass,
+# then the step costs
+KERNEL_SPAN, ANSWERS_SPAN, WALK_END = (0.0, 0.05), (0.05, 0.85), 0.95
+# its phases, by the names later runs here learn their time from (engine.jobs.learned_seconds)
+ANSWERS_PHASE = "the target answers the held-out prompts"
+WALK_PHASE = "draft pass over the held-out samples"
+COSTS_PHASE = "measuring the step costs on this machine"
+LLAMACPP_PHASE = "measuring llama.cpp's step costs on this machine"
 
 
 def evaluate_samples(algorithm, draft, samples: Iterable[HeldOutSample], ks: Sequence[int],
@@ -64,8 +90,8 @@ def evaluate_samples(algorithm, draft, samples: Iterable[HeldOutSample], ks: Seq
     walks: dict[int, list[dict]] = {k: [] for k in ks}
     t0 = time.perf_counter()
     n = 0
-    for sample in tracked(samples, desc="draft pass over the held-out samples", span=span, unit="sample",
-                          enabled=progress):
+    size = phase_size(len(samples), o.max_new_tokens) if isinstance(samples, Sequence) else None
+    for sample in tracked(samples, desc=WALK_PHASE, span=span, unit="sample", enabled=progress, units=size):
         a_big, cuts = ((algorithm.acceptance_counts(draft, sample.aux, sample.token_ids, big), None) if all_drafts
                        else algorithm.walk_counts(draft, sample.aux, sample.token_ids, big))
         a_big, cuts = a_big.tolist(), cuts.tolist() if cuts is not None else None
@@ -109,10 +135,6 @@ def evaluate_samples(algorithm, draft, samples: Iterable[HeldOutSample], ks: Seq
 def samples_from_extracted(folder: str | Path, aux_layer_ids: Sequence[int], *, max_samples: int | None = None,
                            max_new_tokens: int | None = None) -> Iterable[HeldOutSample]:
     """Held-out samples from an `extract` folder (each one `held_out_sample` of a stored sample)."""
-    from engine.algos.common.batching import layout_for
-    from engine.data.check import SampleProblem, refusal, sample_problem
-    from engine.data.store import HiddenStatesDataset, sample_path
-
     data = HiddenStatesDataset(str(folder))
     layout = layout_for(data.manifest["layer_ids"], int(data.manifest["num_layers"]), list(aux_layer_ids),
                         needs_last=False)
@@ -134,18 +156,13 @@ def samples_from_prompts(target, prompts: Sequence[Any], aux_layer_ids: Sequence
                          span: tuple[float, float] | None = None) -> list[HeldOutSample]:
     """Run the target once per held-out prompt: its greedy answer (exactly as `bench`'s baseline decodes it), then
     one forward over prompt + answer for the states at the draft's layers."""
-    from engine.generate.prompt import prompt_ids
-    from engine.generate.runner import TargetRunner
-    from engine.generate.sampling import SamplingParams
-    from engine.generate.speculative import generate_all
-
     params = SamplingParams(max_new_tokens=max_new_tokens)
     if target.tokenizer is not None and target.tokenizer.eos_token_id is not None:
         params.eos_token_ids = [target.tokenizer.eos_token_id]
     runner, decoder = TargetRunner(target, list(aux_layer_ids)), TargetRunner(target)
     out = []
-    for i, prompt in enumerate(tracked(prompts, desc="the target answers the held-out prompts", span=span,
-                                       unit="prompt", enabled=progress)):
+    for i, prompt in enumerate(tracked(prompts, desc=ANSWERS_PHASE, span=span, unit="prompt", enabled=progress,
+                                       units=phase_size(len(prompts), max_new_tokens))):
         ids = prompt_ids(target.tokenizer, prompt)
         answer, _ = generate_all(decoder, ids, params)
         runner.reset()
@@ -166,9 +183,43 @@ def held_out_answers(tgt, prompts, aux_ids, max_new_tokens: int, with_logits: bo
                                     progress=progress, span=span)
     if with_logits:  # [T, V] logits per sample are too large to keep
         return compute()
-    eos = [tgt.tokenizer.eos_token_id] if tgt.tokenizer is not None and tgt.tokenizer.eos_token_id is not None else []
-    return answers.samples(tgt, prompts, aux_ids, max_new_tokens=max_new_tokens, eos_token_ids=eos, compute=compute,
-                           make=HeldOutSample)
+    return answers.samples(tgt, prompts, aux_ids, max_new_tokens=max_new_tokens, eos_token_ids=_eos(tgt),
+                           compute=compute, make=HeldOutSample)
+
+
+def _eos(tgt) -> list[int]:
+    """The target's end-of-sequence token, as the answers' key names it."""
+    return [tgt.tokenizer.eos_token_id] if tgt.tokenizer is not None and tgt.tokenizer.eos_token_id is not None else []
+
+
+def answers_stored(tgt, prompts, aux_ids, max_new_tokens: int, with_logits: bool = False) -> bool:
+    """Whether held_out_answers reads these answers from the store, so the target decodes nothing."""
+    from engine.measure import answers
+
+    if with_logits:
+        return False
+    key = answers.answers_key(tgt, prompts, aux_ids, max_new_tokens=max_new_tokens, eos_token_ids=_eos(tgt))
+    return answers.entry_path(key).is_file()
+
+
+def phase_size(items: int, tokens: int | None) -> int:
+    """A phase's size, which its time scales with: items × tokens (items alone where the data's answers are)."""
+    return items * tokens if tokens else items
+
+
+def evaluation_plan(o: EvaluateOptions, ks: Sequence[int], sets: Sequence[tuple[int, bool]]) -> list[tuple[str, int]]:
+    """The phases an evaluation runs and their sizes: per prompt set (its size, its answers stored) the target's
+    answers unless stored and the draft pass, then the forecasts asked for."""
+    tokens = o.max_new_tokens or None
+    plan = []
+    for n, stored in sets:
+        plan += ([] if stored else [(ANSWERS_PHASE, phase_size(n, tokens or 128))]) + [(WALK_PHASE,
+                                                                                       phase_size(n, tokens))]
+    if o.forecast and "in-process" in o.forecast_engines:
+        plan.append((COSTS_PHASE, step_cost_units(ks)))
+    if o.forecast and "llama.cpp" in o.forecast_engines:
+        plan.append((LLAMACPP_PHASE, len(ks) + 1))  # a server per k and the baseline's
+    return plan
 
 
 def format_table(result: dict[str, Any], fc: dict[str, Any] | None = None) -> str:
@@ -240,13 +291,6 @@ def workload_lines(result: dict[str, Any]) -> list[str]:
 def evaluate_draft(options: EvaluateOptions, *, progress: bool = True) -> dict[str, Any]:
     """`python -m engine evaluate` as a function: offline from extracted held-out files (`data`), or online from
     held-out prompts of `dataset` (the target answers each once); with `forecast`, the speedup forecast."""
-    from engine.algos.loading import draft_algorithm
-    from engine.algos.shipped import default_draft
-    from engine.generate.kernel_choice import load_decode_target
-    from engine.provenance import provenance
-    from engine.targets.dtypes import dtype_name
-    from engine.targets.identity import target_for_draft
-
     o = options
     target, data, temperature, dtype, ks = o.target, o.data, o.temperature, o.dtype, o.k
     max_new_tokens = o.max_new_tokens or None  # 0: the data's whole answers
@@ -255,7 +299,7 @@ def evaluate_draft(options: EvaluateOptions, *, progress: bool = True) -> dict[s
         raise WorkbenchError("no draft given and no shipped draft for this target", hint="pass --draft DIR")
     target = target_for_draft(draft_path, target)  # the draft's verifier, or a target of its shape
     algorithm = draft_algorithm(draft_path)
-    tgt = load_decode_target(target, dtype)  # the dtype decoding runs in: its answers and step costs
+    tgt = load_decode_target(target, dtype, span=KERNEL_SPAN)  # the dtype decoding runs in: answers, step costs
     model = algorithm.load(draft_path, tgt)
     aux_ids = algorithm.aux_layer_ids(model)
     if ks is None:
@@ -270,14 +314,18 @@ def evaluate_draft(options: EvaluateOptions, *, progress: bool = True) -> dict[s
         samples: Iterable[HeldOutSample] = list(samples_from_extracted(data, aux_ids, max_samples=o.num_prompts,
                                                                        max_new_tokens=max_new_tokens))
         source = {"data": str(data)}
-        result = evaluate_samples(algorithm, model, samples, ks, o, progress=progress, span=(0.0, end))
+        reporter().plan(evaluation_plan(o, ks, [(len(samples), True)]))
+        result = evaluate_samples(algorithm, model, samples, ks, o, progress=progress, span=(ANSWERS_SPAN[0], end))
     else:
         specs = [o.dataset, *dict.fromkeys(w for w in o.workloads or [] if w != o.dataset)]
         # every prompt set read before the target answers any: a bad one is refused before minutes of decoding
         prompt_sets = [load_prompts(spec, o.num_prompts, o.seed, o.max_prompt_chars) for spec in specs]
+        reporter().plan(evaluation_plan(o, ks, [(len(p), answers_stored(tgt, p, aux_ids, max_new_tokens or 128,
+                                                                         temperature > 0)) for p in prompt_sets]))
         rows = []
         for i, (spec, prompts) in enumerate(zip(specs, prompt_sets, strict=True)):  # answers, then the walk
-            start, stop = end * i / len(specs), end * (i + 1) / len(specs)
+            lo = ANSWERS_SPAN[0]
+            start, stop = lo + (end - lo) * i / len(specs), lo + (end - lo) * (i + 1) / len(specs)
             middle = start + (stop - start) * ANSWERS_SPAN[1]
             these = held_out_answers(tgt, prompts, aux_ids, max_new_tokens or 128, temperature > 0, progress,
                                      span=(start, middle))
@@ -295,7 +343,8 @@ def evaluate_draft(options: EvaluateOptions, *, progress: bool = True) -> dict[s
         context = list(samples[0].token_ids[: samples[0].prompt_len].tolist()) if isinstance(samples, list) \
             and samples else [1] * 64
         if "in-process" in o.forecast_engines:
-            reporter().phase("measuring the step costs on this machine", progress=WALK_END)
+            costs_end = 1.0 if "llama.cpp" not in o.forecast_engines else (1.0 + WALK_END) / 2
+            reporter().phase(COSTS_PHASE, step_cost_units(ks), span=(WALK_END, costs_end))
             costs = measure_step_costs(tgt, algorithm, model, ks, context=context)
             result["costs"] = costs
             result["forecast"] = forecast(result, costs)
@@ -309,15 +358,7 @@ def _llamacpp_forecast(result: dict[str, Any], draft: str, target: str | None, k
                        gguf_target: str, max_new_tokens: int | None) -> dict[str, Any]:
     """llama.cpp's step costs measured on a few of the held-out prompts (answers of the evaluation's length), and
     its forecast from this acceptance."""
-    from engine.measure.llamacpp_costs import (
-        CALIBRATION_PROMPTS,
-        CALIBRATION_TOKENS,
-        forecast_llamacpp,
-        llamacpp_step_costs,
-    )
-    from engine.targets.resolve import resolve_target
-
-    reporter().phase("measuring llama.cpp's step costs on this machine", progress=WALK_END)
+    reporter().phase(LLAMACPP_PHASE, len(ks) + 1)  # the bar stays where the draft pass or the step costs left it
     prompts = [s.token_ids[: s.prompt_len].tolist() for s in list(samples)[:CALIBRATION_PROMPTS]] \
         if isinstance(samples, list) and samples else [[1] * 64]
     costs = llamacpp_step_costs(draft, resolve_target(target).path, ks, prompts, gguf_target=gguf_target,

@@ -105,7 +105,7 @@ def _digest(folder: str, stamps: tuple) -> str:  # `stamps` only keys the cache:
 
 def _dataset_answers(dataset: str | None) -> tuple[str, dict[str, Any] | None]:
     """Who wrote the training answers: the first row's `regenerated` record of a JSONL `regenerate` wrote."""
-    from engine.data.regenerate import is_own_row
+    from engine.data.answers.regenerate import is_own_row
 
     if not dataset:
         return "not recorded", None

@@ -4,24 +4,38 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from engine.cpu import OtherLoad, load_text, under_load
+from engine.generate.metrics import time_forwards_round_robin
+from engine.jobs import Ticks
 
 STEP_FLOOR = 0.97   # a step that verifies k+1 tokens cannot cost less than a one-token step (3% timer slack)
 COST_ATTEMPTS = 3   # step costs measured again at most this often when under load or below the floor
+COST_REPEATS = 7    # rounds of every shape in one attempt
+
+
+def step_cost_units(ks: Sequence[int], repeats: int = COST_REPEATS) -> int:
+    """The timings of one attempt at the step costs (every shape and the proposals, per round): its size."""
+    return repeats * (len({1, *(int(k) + 1 for k in ks)}) + 1)
 
 
 def measure_step_costs(target, algorithm, draft, ks: Sequence[int], *, context: Sequence[int],
-                       repeats: int = 7) -> dict[str, Any]:
+                       repeats: int = COST_REPEATS,
+                       on_step: Callable[[int, int], None] | None = None) -> dict[str, Any]:
     """On this machine: the target's forward over k+1 tokens and the draft's proposal of k tokens, in units of one
     single-token target forward (`_step_costs`). Costs taken while other processes kept the CPUs busy, or with a
     verification cheaper than one token's forward (impossible on a quiet machine), are measured again; if every
-    attempt was so, they carry a `label` and the forecast recommends nothing."""
+    attempt was so, they carry a `label` and the forecast recommends nothing. `on_step(done, total)`: the timings
+    done as they go, an attempt again adding its own (default: the job's progress)."""
+    ticks = Ticks(step_cost_units(ks, repeats), on_step)
     for attempt in range(1, COST_ATTEMPTS + 1):
+        if attempt > 1:  # measured again: the phase grows by an attempt, and says so at once
+            ticks.total = attempt * step_cost_units(ks, repeats)
+            ticks.on_step(ticks.done, ticks.total)
         load = OtherLoad()
-        costs = _step_costs(target, algorithm, draft, ks, context=context, repeats=repeats)
+        costs = _step_costs(target, algorithm, draft, ks, context=context, repeats=repeats, tick=ticks)
         share = load.share()
         below = [k for k, v in costs["verify_cost"].items() if v < STEP_FLOOR]
         busy = under_load(share)
@@ -34,10 +48,9 @@ def measure_step_costs(target, algorithm, draft, ks: Sequence[int], *, context: 
 
 
 def _step_costs(target, algorithm, draft, ks: Sequence[int], *, context: Sequence[int],
-                repeats: int) -> dict[str, Any]:
+                repeats: int, tick: Callable[[], None] | None = None) -> dict[str, Any]:
     """The costs once: medians over `repeats`, every shape timed once per round so that load which comes and goes
     weighs on all alike."""
-    from engine.generate.metrics import time_forwards_round_robin
     from engine.generate.runner import TargetRunner
     from engine.generate.sampling import SamplingParams
 
@@ -58,7 +71,7 @@ def _step_costs(target, algorithm, draft, ks: Sequence[int], *, context: Sequenc
 
     # the target over n new tokens, as a verification (n = 1: a baseline step), and the proposals, per round
     forward_s = time_forwards_round_robin(TargetRunner(target), list(context), sorted({1, *(k + 1 for k in ks)}),
-                                          repeats, also=propose_each_k)
+                                          repeats, also=propose_each_k, tick=tick)
     one_s = statistics.median(forward_s[1])
     return {"verify_cost": {k: statistics.median(forward_s[k + 1]) / one_s for k in ks},
             "draft_cost": {k: statistics.median(propose_s[k]) / one_s for k in ks},

@@ -18,12 +18,12 @@ from typing import Any
 
 from engine.algos import ALGOS, default_algo
 from engine.algos.loading import draft_algorithm
-from engine.data import kept as kept_rows
-from engine.data.extract import extract_dataset
+from engine.data.answers import kept as kept_rows
+from engine.data.answers.dataset import regenerate_dataset
+from engine.data.extract.dataset import extract_dataset
 from engine.data.options import ExtractOptions, RegenerateOptions
-from engine.data.prompts import load_prompts
-from engine.data.regenerate_dataset import regenerate_dataset
-from engine.data.store import read_manifest
+from engine.data.prompts.load import load_prompts
+from engine.data.store.files import read_manifest
 from engine.errors import WorkbenchError
 from engine.format.checkpoint import load_state_dict, read_config_dict, save_checkpoint, tensor_index, weights_sha256
 from engine.format.repair import EMBED

@@ -20,11 +20,10 @@ import torch
 import torch.distributed as dist
 
 from engine.algos.common.batching import layout_for, plan_packed_batches, split_indices
-from engine.data.check import Expected, SampleProblem, quick_check, refusal, value_problem
-from engine.data.datasets import load_conversations
-from engine.data.extract import HiddenStatesDataset
-from engine.data.online import OnlineHiddenStates
-from engine.data.store import sample_path
+from engine.data.extract.online import OnlineHiddenStates
+from engine.data.render.datasets import load_conversations
+from engine.data.store.check import Expected, SampleProblem, quick_check, refusal, value_problem
+from engine.data.store.files import HiddenStatesDataset, sample_path
 from engine.errors import WorkbenchError
 from engine.fsutil import (
     atomic_directory,
@@ -53,7 +52,7 @@ log = logging.getLogger(__name__)
 
 
 class OfflineData:
-    """Extracted hidden-state files (engine.data.extract format), checked before use (engine.data.check).
+    """Extracted hidden-state files (engine.data.store.files format), checked before use (engine.data.store.check).
 
     At open every file's header, token ids and loss mask are checked (the hidden states are not read); each sample's
     values are checked when it is loaded. A bad file refuses the run, or with `bad_samples="skip"` is left out

@@ -488,7 +488,7 @@ def test_train_smoke_preset_time_is_measured(runs, tiny_target):
 
     assert training.smoke_duration("eagle3") is None  # no smoke run here yet: no figure from another machine
     assert training.smoke_summary("eagle3") == f"Time: {training.SMOKE_FIRST}."
-    assert training.SMOKE_FIRST.startswith("estimating…")
+    assert training.SMOKE_FIRST.startswith("first run: measuring")
     argv = ["train", "--online-dataset", "sharegpt", "--online-max-samples", "24", "--max-steps", "12",
             "--tokens-per-batch", "256"]
     now = time.time()

@@ -353,7 +353,7 @@ def test_progress_text_gives_elapsed_and_no_figure_it_cannot_back():
     from ui.jobs import progress_text
 
     s = jobs.JobStatus(state="running", progress=0.25, started=1000.0)  # no phase, no earlier run: no figure
-    assert progress_text(s, now=1060.0) == "25% · 1 min 00 s so far · estimating…"
+    assert progress_text(s, now=1060.0) == "25% · 1 min 00 s so far · first run: measuring"
     done = jobs.JobStatus(state="done", progress=1.0, started=1000.0, updated=1090.0)
     assert progress_text(done) == "100% · took 1 min 30 s"
 
@@ -390,7 +390,7 @@ def test_time_estimates_learn_from_this_machines_last_run_of_the_same_kind(tmp_p
     for seen in (first[0], first[-1]):  # the prompts, then the measurement: nothing learned yet, so no figure
         status = jobs.JobStatus(**seen)
         assert time_left(status, status.phases[-1]["start"], kind="evaluate", job_id="20260101-000000_evaluate") \
-            == "estimating…"
+            == "first run: measuring"
     assert "left" in first[1]["message"]  # from the second prompt on: the phase's own rate
     took = {ph["name"]: ph["end"] - ph["start"]
             for ph in json.loads((tmp_path / "20260101-000000_evaluate" / jobs.STATUS).read_text())["phases"]}
@@ -405,11 +405,12 @@ def test_time_estimates_learn_from_this_machines_last_run_of_the_same_kind(tmp_p
     assert time_left(status, start + 1.0, kind="evaluate", job_id="20260101-000001_evaluate") == \
         f"about {jobs.duration_text(2 * answers + measure - 1.0)} left (as your last run took)"  # counted down
     status = jobs.JobStatus(**second[1])  # its own rate from the second prompt on, then what the rest took
-    assert time_left(status, time.time(), kind="evaluate", job_id="20260101-000001_evaluate") == \
-        f"then about {jobs.duration_text(measure)} more (as your last run took)"
-    assert time_left(status, time.time(), kind="bench", job_id="x") is None  # its own figure, nothing more
+    own, at = status.phases[-1]["left_s"], status.phases[-1]["left_at"]
+    assert time_left(status, at, kind="evaluate", job_id="20260101-000001_evaluate") == \
+        f"about {jobs.duration_text(own + measure)} left (as your last run took)"
+    assert time_left(status, at, kind="bench", job_id="x") == f"about {jobs.duration_text(own)} left"  # its own
     status = jobs.JobStatus(**second[0])
-    assert time_left(status, start, kind="bench", job_id="x") == "estimating…"  # another kind teaches nothing
+    assert time_left(status, start, kind="bench", job_id="x") == "first run: measuring"  # another kind: nothing
 
 
 def test_charts_keep_legends_off_axis_titles_scale_heat_maps_to_the_data_and_name_the_proposer():

@@ -25,7 +25,7 @@ def runs(tmp_path, monkeypatch):
 @pytest.fixture(scope="module")
 def made(tmp_path_factory):
     from engine.algos import ALGOS, default_algo
-    from engine.data.extract import extract_dataset
+    from engine.data.extract.dataset import extract_dataset
     from engine.targets.loading import load_target
 
     root = tmp_path_factory.mktemp("app-follow")

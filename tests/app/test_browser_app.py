@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -510,6 +511,66 @@ def test_a_running_evaluation_shows_progress_and_time_left(page, app_url):
     job = next(j for j in jobs.list_jobs(runs) if j.kind == "evaluate")
     if jobs.stop(job):
         jobs.wait(job, timeout=60)
+
+
+STILL_S = 20.0  # the longest a running job's bar may stand still (its fraction and words, the clock aside)
+
+
+def _evaluate_and_watch(page, runs: Path, seen: set[str]) -> tuple[list[tuple[float, str]], jobs.Job]:
+    """Start an evaluation from the Models page and read its running bar every second until the job ends: the
+    (time, bar text without its "so far" clock) seen, and the finished job."""
+    page.get_by_role("button", name="Evaluate this draft").click()
+    deadline, job, bars = time.time() + 480, None, []
+    while time.time() < deadline:
+        job = job or next((j for j in jobs.list_jobs(runs) if j.kind == "evaluate" and j.id not in seen), None)
+        if job is not None and not (job := jobs.load_job(job.dir)).running:
+            return bars, job
+        bar = page.locator('[data-testid="stProgress"]', has_text="so far")
+        if job is not None and page.get_by_text(job.id).count() and bar.count():  # this job's panel, not the last
+            with contextlib.suppress(Exception):  # a bar redrawn between the count and the read
+                text = bar.first.inner_text(timeout=1000)
+                bars.append((time.time(), re.sub(r" · [^·]* so far", "", text)))
+        time.sleep(1.0)
+    raise AssertionError(f"the evaluation did not end in 8 min: {bars[-3:]}")
+
+
+def _seconds(text: str) -> float:
+    """The seconds of "about 1 min 05 s left"."""
+    found = re.search(r"about ((?:\d+ h )?(?:\d+ min )?(?:\d+ s)?) left", text).group(1).split()
+    return sum(float(n) * {"h": 3600, "min": 60, "s": 1}[u] for n, u in zip(found[::2], found[1::2], strict=True))
+
+
+def _longest_still(bars: list[tuple[float, str]]) -> float:
+    """The longest time the bar's text stood unchanged."""
+    longest, since = 0.0, bars[0]
+    for t, text in bars[1:]:
+        if text != since[1]:
+            longest, since = max(longest, t - since[0]), (t, text)
+    return max(longest, bars[-1][0] - since[0])
+
+
+def test_a_second_evaluation_is_estimated_within_30_percent_and_its_bar_keeps_moving(page, app_url):
+    _, runs = app_url
+    go(page, "Models")
+    page.get_by_role("tab", name="Draft details and validation").click()
+    for label, value in (("Held-out prompts", "1"), ("Max new tokens", "8")):
+        page.get_by_label(label, exact=True).fill(value)
+        page.get_by_label(label, exact=True).press("Enter")
+        idle(page)
+    first, job = _evaluate_and_watch(page, runs, set())
+    assert job.status.state == "done", job.status.message
+    assert any("first run: measuring" in text for _, text in first), first[:5]
+    second, again = _evaluate_and_watch(page, runs, {job.id})
+    assert again.status.state == "done", again.status.message
+    shot(page, "03-models-evaluation-second-run")
+    ended = again.status.updated
+    t, text = next(((t, text) for t, text in second if re.search(r"about .* left", text)), (None, None))
+    assert t is not None, second
+    (ARTIFACTS / "evaluation-bars.txt").write_text("\n".join(f"{t:.1f} {text}" for t, text in first + second))
+    estimate, took = _seconds(text), ended - t
+    assert abs(estimate - took) <= 0.3 * took, (text, took)
+    for bars in (first, second):
+        assert _longest_still(bars) <= STILL_S, bars
 
 
 def test_the_apps_log_holds_no_traceback_after_a_full_tour(page, app_url):

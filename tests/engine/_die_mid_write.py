@@ -51,7 +51,7 @@ if KIND == "safetensors":
 elif KIND == "rows":
     import json
 
-    from engine.data import regenerate
+    from engine.data.answers import regenerate
 
     _append_rows = regenerate.append_rows
 

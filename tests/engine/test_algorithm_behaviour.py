@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from engine.algos import ALGOS, load_plugins
-from engine.data.layer_ids import resolve_layer_ids
+from engine.data.extract.layer_ids import resolve_layer_ids
 from engine.generate import speculative
 from engine.generate.events import ACCEPTED
 from engine.generate.prompt import prompt_ids
@@ -97,7 +97,7 @@ def fitted(algo, target, baselines, tiny_targets, tmp_path_factory):
 def fit_draft(algo, target, baselines, target_folder, out, steps: int = FIT_STEPS):
     """The algorithm's small draft fitted to part of the target's greedy answers, saved (fp32) and loaded back."""
     from engine.algos.common.batching import layout_for
-    from engine.data.online import OnlineHiddenStates
+    from engine.data.extract.online import OnlineHiddenStates
     from engine.targets.verifier import load_verifier_parts
 
     # the first half of every answer but the last prompt's: drafts are right there and wrong elsewhere, so decoding
@@ -275,7 +275,7 @@ def test_sampling_keeps_the_target_distribution(algo, target, baselines, fitted)
 @pytest.fixture(scope="module", params=[2, pytest.param(50, marks=pytest.mark.slow)])
 def builtin_baselines(builtin_target, request):
     """(prompt ids, greedy answer) of the built-in target (fp32) on 2 held-out prompts (50: slow)."""
-    from engine.data.datasets import heldout_prompts
+    from engine.data.render.datasets import heldout_prompts
 
     out = []
     for messages in heldout_prompts("sharegpt", n=request.param, max_chars=300):

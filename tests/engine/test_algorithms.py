@@ -110,7 +110,7 @@ def test_no_algorithm_name_outside_its_folder():
 def test_every_page_lists_the_registry_plugins_included(toy_registered):
     """Train, Data and the Config builder offer the same algorithms, in the registry's order, the toy among them."""
     from engine.algos import algorithm_names
-    from engine.data.layer_ids import layer_algorithms
+    from engine.data.extract.layer_ids import layer_algorithms
     from ui import builder, data, training
 
     names = algorithm_names()
@@ -131,8 +131,8 @@ def test_the_toys_type_is_registered_and_builds_a_fresh_config(toy_registered, t
 
 
 def test_listing_algorithms_imports_no_torch():
-    code = ("import sys; import engine.algos, engine.train.config, engine.commands.train, engine.data.layer_ids; "
-            "print('torch' in sys.modules)")
+    code = ("import sys; import engine.algos, engine.train.config, engine.commands.train, "
+            "engine.data.extract.layer_ids; print('torch' in sys.modules)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert proc.stdout.strip() == "False", proc.stderr
 

@@ -80,7 +80,7 @@ def test_the_recipe_curve_reads_the_answers_evaluate_kept(home, decodes, target_
     """The curve's entry point (held_out_answers, as engine.recipes.recipe.acceptance_curve calls it) decodes
     nothing for prompts an evaluation already answered, and returns the same samples."""
     from engine.algos.loading import draft_algorithm
-    from engine.data.prompts import load_prompts
+    from engine.data.prompts.load import load_prompts
     from engine.generate.kernel_choice import load_decode_target
 
     folder, draft = target_and_draft

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from engine.algos.eagle3.args import Eagle3Args
-from engine.data.prompts import load_prompts
+from engine.data.prompts.load import load_prompts
 from engine.measure.bench import markdown_table, run_bench
 from engine.measure.options import BenchOptions
 

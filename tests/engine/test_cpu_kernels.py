@@ -161,7 +161,7 @@ def builtin_bf16():
 @pytest.mark.parametrize("method", ["draft", pytest.param("ngram", marks=pytest.mark.slow)])
 def test_bf16_greedy_speculation_is_exactly_the_baseline_on_builtin(builtin_bf16, method):
     from engine.algos.loading import make_proposer
-    from engine.data.datasets import heldout_prompts
+    from engine.data.render.datasets import heldout_prompts
     from engine.generate.prompt import prompt_ids
     from engine.generate.sampling import SamplingParams
     from engine.generate.speculative import generate_all

@@ -7,8 +7,8 @@ import logging
 
 import pytest
 
-from engine.data import sources
-from engine.data.datasets import detect_shape, heldout_prompts, load_conversations, split_of
+from engine.data.render import sources
+from engine.data.render.datasets import detect_shape, heldout_prompts, load_conversations, split_of
 from engine.errors import WorkbenchError
 
 CHAT = [{"role": "user", "content": "Hi there"}, {"role": "assistant", "content": "Hello!"}]
@@ -147,7 +147,7 @@ def test_detect_shape():
 
 def test_builtin_sharegpt_is_parsed_with_truncation_reported_once(caplog):
     sources._warned_truncated.clear()
-    with caplog.at_level(logging.WARNING, logger="engine.data.sources"):
+    with caplog.at_level(logging.WARNING, logger="engine.data.render.sources"):
         rows, summary = load_conversations("sharegpt", split="all")
         load_conversations("sharegpt", split="all")
     assert summary.rows_read == 17671 and summary.truncated_source

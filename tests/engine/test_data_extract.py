@@ -11,11 +11,11 @@ import torch
 from safetensors.torch import load_file
 
 from engine.algos.dflash.config import evenly_spaced_layer_ids
-from engine.data.extract import HiddenStatesDataset, extract_hidden_states, load_sample, plan_padded_batches
-from engine.data.layer_ids import resolve_layer_ids
-from engine.data.online import OnlineHiddenStates
+from engine.data.extract.dataset import HiddenStatesDataset, extract_hidden_states, load_sample, plan_padded_batches
+from engine.data.extract.layer_ids import resolve_layer_ids
+from engine.data.extract.online import OnlineHiddenStates
 from engine.data.options import ExtractOptions
-from engine.data.render import render_rows
+from engine.data.render.chat import render_rows
 from engine.errors import WorkbenchError
 from engine.jobs import DirLock
 
@@ -174,7 +174,7 @@ def test_foreign_samples_without_a_manifest_are_refused_not_deleted(tiny_llama, 
 
 
 def test_refuses_when_the_disk_is_too_small(tiny_llama, rendered, tmp_path, monkeypatch):
-    import engine.data.extraction_run as ex
+    import engine.data.extract.run as ex
 
     usage = namedtuple("usage", "total used free")
     monkeypatch.setattr(ex.shutil, "disk_usage", lambda p: usage(10**6, 10**6 - 1000, 1000))
@@ -190,7 +190,7 @@ def test_a_locked_folder_is_refused(tiny_llama, rendered, tmp_path):
 
 
 def test_non_finite_values_are_refused(tiny_llama, rendered, tmp_path, monkeypatch):
-    import engine.data.extract as ex
+    import engine.data.extract.dataset as ex
 
     real = ex.capture_batch
     monkeypatch.setattr(ex, "capture_batch", lambda *a, **k: [h * float("inf") for h in real(*a, **k)])
@@ -248,7 +248,7 @@ def test_layer_id_choices():
 
 def test_cli_flags_come_from_the_options_model():
     from engine.commands import data as cmd
-    from engine.data import layer_ids
+    from engine.data.extract import layer_ids
     from engine.data.options import ExtractOptions
 
     parser = argparse.ArgumentParser()

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-import engine.data.regenerate as rg
-from engine.data import kept
+import engine.data.answers.regenerate as rg
+from engine.data.answers import kept
 from engine.data.options import RegenerateOptions
 from engine.errors import WorkbenchError
 

@@ -8,12 +8,12 @@ import pytest
 import torch
 from safetensors import safe_open
 
-import engine.data.onepass as op
-from engine.data.extract import extract_hidden_states
+import engine.data.answers.onepass as op
+from engine.data.answers.regenerate import regenerate
+from engine.data.extract.dataset import extract_hidden_states
 from engine.data.options import ExtractOptions, RegenerateOptions
-from engine.data.regenerate import regenerate
-from engine.data.render import render_dataset
-from engine.data.store import read_manifest, sample_indices
+from engine.data.render.chat import render_dataset
+from engine.data.store.files import read_manifest, sample_indices
 from engine.errors import WorkbenchError
 from engine.fsutil import tensors_digest_of
 from testkit.chats import CHATS as REGENERATE_CHATS
@@ -70,7 +70,7 @@ def assert_same_folders(a, b, *, rtol, atol) -> float:
 
 def decode_with_transformers(monkeypatch) -> None:
     """The one pass and regenerate take transformers' decoding, as for a target the fused decoder does not take."""
-    import engine.data.regenerate as rg
+    import engine.data.answers.regenerate as rg
 
     for module in (op, rg):
         monkeypatch.setattr(module, "fused_batch_problem", lambda model: "forced by the test")
@@ -117,7 +117,7 @@ def test_rendered_tokens_differing_from_the_fed_ones_are_run_on_the_cache(tiny_l
 def test_resume_after_interruption_gives_the_uninterrupted_result(tiny_llama, tmp_path, monkeypatch, fused):
     """A crash after the JSONL got a call's rows but before all their samples: the next run extracts the missing
     samples the ordinary way and regenerates the rest (the fused batch gets FUSED_GROUP batches per call)."""
-    import engine.data.regenerate as rg
+    import engine.data.answers.regenerate as rg
 
     if not fused:
         decode_with_transformers(monkeypatch)
@@ -165,7 +165,7 @@ def test_a_users_file_in_the_folder_is_refused_untouched(tiny_llama, tmp_path):
 
 
 def test_sampling_and_vllm_are_refused_with_a_hint(tmp_path):
-    from engine.data.regenerate_dataset import regenerate_dataset
+    from engine.data.answers.dataset import regenerate_dataset
 
     for kw in ({"temperature": 0.7}, {"backend": "vllm"}):
         with pytest.raises(WorkbenchError, match="greedily") as e:
@@ -184,7 +184,7 @@ def test_cli_regenerate_extract_to(tmp_path):
 
 def test_builtin_target_short_conversations(builtin_target, tmp_path):
     """Built-in target, 3 short ShareGPT-like conversations (one multi-turn), bf16 files as recipes write."""
-    from engine.data.layer_ids import resolve_layer_ids
+    from engine.data.extract.layer_ids import resolve_layer_ids
 
     chats = [CHATS[0], CHATS[1], {"id": "c", "messages": [{"role": "user", "content": "Name three colours."}]}]
     layer_ids = resolve_layer_ids(builtin_target.num_layers, None, None)

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-import engine.data.regenerate as rg
-from engine.data.datasets import load_conversations
+import engine.data.answers.regenerate as rg
 from engine.data.options import RegenerateOptions
+from engine.data.render.datasets import load_conversations
 from engine.errors import WorkbenchError
 from testkit.chats import CHATS
 

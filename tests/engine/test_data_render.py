@@ -6,7 +6,14 @@ import json
 
 import pytest
 
-from engine.data.render import format_segments, mask_segments, preview, render_dataset, render_messages, render_rows
+from engine.data.render.chat import (
+    format_segments,
+    mask_segments,
+    preview,
+    render_dataset,
+    render_messages,
+    render_rows,
+)
 from engine.errors import WorkbenchError
 
 MULTI = [
@@ -56,7 +63,7 @@ def test_builtin_smollm2_masks_match_its_chatml_template(builtin_target):
 def test_truncation_cuts_ids_and_mask_and_drops_rows_without_loss(tiny_targets):
     from transformers import AutoTokenizer
 
-    from engine.data.datasets import DatasetSummary
+    from engine.data.render.datasets import DatasetSummary
 
     tok = AutoTokenizer.from_pretrained(tiny_targets["llama"])
     full, full_mask, _ = render_messages(tok, MULTI)

@@ -229,7 +229,7 @@ def test_check_names_every_bad_file_and_extract_verify_passes_a_good_folder(made
 def test_the_full_check_never_passes_a_corrupted_file_whose_tensors_changed(made, tmp_path_factory, data):
     """Random corruptions (byte flips anywhere, truncation, appended bytes): the full check names the file, or the
     tensors read from it are exactly the original ones (only metadata or padding changed)."""
-    from engine.data.check import Expected, full_check
+    from engine.data.store.check import Expected, full_check
 
     src = made["data"] / "hs_0.safetensors"
     raw = bytearray(src.read_bytes())

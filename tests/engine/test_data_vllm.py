@@ -10,10 +10,10 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from engine.data import vllm_backend as vb
-from engine.data.extract import TargetInfo, extract_hidden_states, load_sample
+from engine.data.extract import vllm as vb
+from engine.data.extract.dataset import TargetInfo, extract_hidden_states, load_sample
 from engine.data.options import ExtractOptions
-from engine.data.render import render_rows
+from engine.data.render.chat import render_rows
 from engine.errors import WorkbenchError
 from engine.targets.capture import capture_hidden_states
 
@@ -37,7 +37,7 @@ def test_llm_kwargs_follow_the_extract_hidden_states_recipe(tmp_path):
 
 
 def test_prompts_and_output_paths():
-    from engine.data.render import RenderedRow
+    from engine.data.render.chat import RenderedRow
 
     rows = [RenderedRow("a", [1, 2, 3], [0, 1, 1])]
     assert vb.prompts_for(rows) == [{"prompt_token_ids": [1, 2, 3]}]
@@ -66,7 +66,7 @@ def test_unavailable_vllm_is_a_clear_error(monkeypatch, tmp_path):
     with pytest.raises(WorkbenchError, match="vllm extraction backend cannot run") as err:
         vb.require_vllm()
     assert "make vllm-env" in err.value.hint
-    from engine.data.extract import extract_dataset
+    from engine.data.extract.dataset import extract_dataset
 
     with pytest.raises(WorkbenchError, match="cannot run"):
         extract_dataset(ExtractOptions(target="anything", dataset="sharegpt", out=tmp_path / "unused", backend="vllm"))
@@ -174,7 +174,7 @@ def test_vllms_cpu_build_extracts_what_transformers_extracts(tmp_path):
     assert env.flavor == "cpu" or torch.cuda.is_available()
     target = save_tiny_target(tmp_path / "target", "qwen3", hidden_size=128)
     common = dict(max_samples=6, max_length=96, dtype="fp32", algo="eagle3")
-    from engine.data.extract import extract_dataset
+    from engine.data.extract.dataset import extract_dataset
 
     theirs = extract_dataset(ExtractOptions(target=str(target), dataset="sharegpt", out=tmp_path / "vllm",
                                             backend="vllm", **common), progress=False)

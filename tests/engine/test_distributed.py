@@ -78,7 +78,7 @@ def assert_close(a: dict, b: dict, exact: bool = False) -> None:
 
 @pytest.fixture(scope="module")
 def dist_data(tiny_targets, tmp_path_factory) -> Path:
-    from engine.data.extract import extract_dataset
+    from engine.data.extract.dataset import extract_dataset
 
     out = tmp_path_factory.mktemp("hs") / "llama"
     extract_dataset(ExtractOptions(target=str(tiny_targets["llama"]), dataset="sharegpt", out=out, algo="eagle3",
@@ -191,7 +191,7 @@ def test_offline_data_streams_each_rank_reads_only_its_samples(dist_data, tmp_pa
     import shutil
 
     from engine.algos.common.batching import plan_packed_batches, split_indices
-    from engine.data import store
+    from engine.data.store import files as store
     from engine.train.trainer import OfflineData
 
     folder = tmp_path / "hs"

@@ -100,7 +100,7 @@ def test_evaluated_acceptance_equals_real_decoding_on_the_builtin_target(builtin
     behaviour suite checks every k of every algorithm exactly, on the tiny target)."""
     from engine.algos.loading import draft_algorithm
     from engine.algos.shipped import default_draft
-    from engine.data.prompts import load_prompts
+    from engine.data.prompts.load import load_prompts
     from engine.generate.metrics import SpecMetrics
     from engine.generate.prompt import prompt_ids
     from engine.generate.runner import TargetRunner

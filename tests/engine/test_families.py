@@ -47,7 +47,7 @@ def _tokens(stdout: str) -> tuple[list[int], int]:
 
 @pytest.mark.parametrize("family,algo", _cells())
 def test_family_goes_end_to_end_with_algorithm(family, algo, family_targets, tmp_path, capsys):
-    from engine.data.layer_ids import layer_algorithms
+    from engine.data.extract.layer_ids import layer_algorithms
 
     target = str(family_targets[family])
     data = tmp_path / "hs"

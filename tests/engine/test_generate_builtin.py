@@ -24,7 +24,7 @@ NUM_PROMPTS = 24
 
 @pytest.fixture(scope="module")
 def prompts():
-    from engine.data.datasets import heldout_prompts
+    from engine.data.render.datasets import heldout_prompts
 
     return heldout_prompts("sharegpt", n=NUM_PROMPTS, max_chars=600)
 

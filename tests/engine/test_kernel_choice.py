@@ -197,7 +197,7 @@ def test_the_chosen_path_on_the_builtin_target_is_greedy_exact(builtin_chosen):
     with AVX2 only: none is), it is the baseline up to a near-tie: where they first differ, the baseline's own
     one-token step scores both tokens within rounding."""
     from engine.algos.loading import make_proposer
-    from engine.data.datasets import heldout_prompts
+    from engine.data.render.datasets import heldout_prompts
     from engine.generate.prompt import prompt_ids
     from engine.generate.runner import TargetRunner
     from engine.generate.sampling import SamplingParams

@@ -42,7 +42,7 @@ def builtin_dir():
 def prompt_ids(builtin_dir):
     from transformers import AutoTokenizer
 
-    from engine.data.prompts import load_prompts
+    from engine.data.prompts.load import load_prompts
     from engine.generate.prompt import prompt_ids
 
     tok = AutoTokenizer.from_pretrained(builtin_dir)
@@ -156,7 +156,7 @@ def tiny_smol(tmp_path_factory, builtin_dir):
 def test_a_trained_draft_of_a_tiny_target_decodes_its_baseline(algo, args, build, tiny_smol, tmp_path):
     from transformers import AutoTokenizer
 
-    from engine.data.prompts import load_prompts
+    from engine.data.prompts.load import load_prompts
     from engine.generate.prompt import prompt_ids
     from testkit.training import train_online
 

@@ -77,7 +77,7 @@ def test_claimed_names_stay_ours_after_a_write_and_a_users_new_file_is_still_ref
 
 @pytest.fixture(scope="module")
 def two_rows(tiny_llama):
-    from engine.data.render import render_rows
+    from engine.data.render.chat import render_rows
 
     chats = [{"id": f"r{i}", "messages": [{"role": "user", "content": "hello there " * (i + 1)},
                                           {"role": "assistant", "content": "general kenobi"}]} for i in range(2)]
@@ -85,7 +85,7 @@ def two_rows(tiny_llama):
 
 
 def test_extract_refuses_a_folder_holding_the_users_own_manifest(tiny_llama, two_rows, tmp_path):
-    from engine.data.extract import extract_hidden_states
+    from engine.data.extract.dataset import extract_hidden_states
 
     (tmp_path / "manifest.json").write_text('{"mine": true}')
     with pytest.raises(WorkbenchError, match="manifest.json") as err:
@@ -98,7 +98,7 @@ def test_extract_refuses_a_folder_holding_the_users_own_manifest(tiny_llama, two
 @PROPERTY
 @given(files=USER_FILES)
 def test_extract_never_changes_a_users_file(tiny_llama, two_rows, files):
-    from engine.data.extract import extract_hidden_states
+    from engine.data.extract.dataset import extract_hidden_states
 
     writes = ["manifest.json", "token_freq.safetensors", "hs_0.safetensors", "hs_1.safetensors", "hs_7.safetensors"]
     with tempfile.TemporaryDirectory() as d:
@@ -119,7 +119,7 @@ def test_extract_never_changes_a_users_file(tiny_llama, two_rows, files):
 
 
 def test_train_refuses_an_out_folder_holding_the_users_metrics(tiny_targets, tmp_path):
-    from engine.data.extract import extract_dataset
+    from engine.data.extract.dataset import extract_dataset
     from engine.train.config import TrainConfig
     from engine.train.trainer import Trainer
 

@@ -20,8 +20,8 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def run(tiny_targets, tmp_path_factory):
     """A tiny EAGLE-3 run on answers the tiny target regenerated (greedy) and extracted in bf16."""
-    from engine.data.extract import extract_dataset
-    from engine.data.regenerate_dataset import regenerate_dataset
+    from engine.data.answers.dataset import regenerate_dataset
+    from engine.data.extract.dataset import extract_dataset
     from engine.train.trainer import Trainer
 
     target, work = tiny_targets["llama"], tmp_path_factory.mktemp("parity")

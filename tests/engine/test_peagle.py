@@ -212,7 +212,7 @@ SHIPPED_EAGLE3 = Path(__file__).resolve().parents[2] / "assets" / "drafts" / "sm
 
 
 def _builtin_identity(builtin_target, num_prompts):
-    from engine.data.prompts import load_prompts
+    from engine.data.prompts.load import load_prompts
 
     draft = peagle_from_eagle3(SHIPPED_EAGLE3, builtin_target, 5)
     params = SamplingParams(max_new_tokens=16, eos_token_ids=[builtin_target.tokenizer.eos_token_id])

@@ -156,7 +156,7 @@ rows = st.one_of(json_values, st.fixed_dictionaries({"messages": json_values}),
 @FAST
 @given(st.lists(rows, max_size=5), st.booleans())
 def test_the_dataset_readers_give_rows_or_skips_for_any_records(records, prompt_only):
-    from engine.data.datasets import load_conversations
+    from engine.data.render.datasets import load_conversations
 
     with tempfile.TemporaryDirectory() as tmp:
         for name, text in (("d.jsonl", "".join(json.dumps(r) + "\n" for r in records)),
@@ -177,7 +177,7 @@ def test_the_dataset_readers_give_rows_or_skips_for_any_records(records, prompt_
 @FAST
 @given(st.binary(max_size=300), st.sampled_from(["d.jsonl", "d.json"]))
 def test_the_dataset_readers_survive_any_bytes(data, name):
-    from engine.data.datasets import load_conversations
+    from engine.data.render.datasets import load_conversations
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / name

@@ -307,7 +307,7 @@ _CHATS = [{"id": "a", "messages": [{"role": "user", "content": "Hello there?"}]}
 
 @pytest.fixture
 def fake_answers(monkeypatch):
-    import engine.data.regenerate as rg
+    import engine.data.answers.regenerate as rg
 
     monkeypatch.setattr(rg, "generate_answers", lambda target, histories, **kw: [("ok", 1, True) for _ in histories])
 
@@ -327,7 +327,7 @@ class _Target:
     b"\xff\xfe binary\n",
 ])
 def test_regenerate_refuses_a_file_it_did_not_write(tmp_path, fake_answers, content):
-    import engine.data.regenerate as rg
+    import engine.data.answers.regenerate as rg
 
     out = tmp_path / "precious.jsonl"
     out.write_bytes(content)
@@ -343,7 +343,7 @@ def test_regenerate_refuses_a_file_it_did_not_write(tmp_path, fake_answers, cont
 
 
 def test_regenerate_still_repairs_and_resumes_its_own_file(tmp_path, fake_answers):
-    import engine.data.regenerate as rg
+    import engine.data.answers.regenerate as rg
 
     out = tmp_path / "r.jsonl"
     rg.regenerate(_Target(), _CHATS[:1], RegenerateOptions(out=out), progress=False)
@@ -809,7 +809,7 @@ def _chat(i: int) -> dict:
 
 
 def test_an_undecodable_byte_skips_one_row_with_its_line_number(tmp_path):
-    from engine.data.datasets import load_conversations
+    from engine.data.render.datasets import load_conversations
 
     lines = [json.dumps(_chat(i)).encode() for i in range(6)]
     lines[2] = lines[2].replace(b"question 2", b"question \xff\xfe 2")  # not UTF-8
@@ -841,9 +841,9 @@ def test_prepare_reports_undecodable_rows_instead_of_failing(tiny_targets, tmp_p
 
 
 def test_regenerate_keeps_prompt_only_rows(tiny_targets, tmp_path, monkeypatch):
-    from engine.data import regenerate as rg
-    from engine.data.datasets import load_conversations
-    from engine.data.regenerate_dataset import regenerate_dataset
+    from engine.data.answers import regenerate as rg
+    from engine.data.answers.dataset import regenerate_dataset
+    from engine.data.render.datasets import load_conversations
 
     rows = [{"id": "p1", "messages": [{"role": "user", "content": "hi"}]},
             {"id": "p2", "prompt": "tell me a joke"},
@@ -867,7 +867,7 @@ def test_regenerate_keeps_prompt_only_rows(tiny_targets, tmp_path, monkeypatch):
 
 @pytest.fixture(scope="module")
 def tiny_hs(tiny_targets, tmp_path_factory) -> Path:
-    from engine.data.extract import extract_dataset
+    from engine.data.extract.dataset import extract_dataset
 
     out = tmp_path_factory.mktemp("hs") / "llama"
     extract_dataset(ExtractOptions(target=str(tiny_targets["llama"]), dataset="sharegpt", out=out, algo="eagle3",
@@ -963,7 +963,7 @@ def test_metrics_after_a_hard_kill_are_valid_jsonl_without_duplicate_steps(tiny_
 def test_the_disk_precheck_names_the_real_requirement_with_its_margin(tmp_path, monkeypatch):
     import shutil as sh
 
-    from engine.data import extraction_run
+    from engine.data.extract import run as extraction_run
 
     monkeypatch.setattr(sh, "disk_usage", lambda p: sh._ntuple_diskusage(10 * 2**30, 9 * 2**30, 2**30))
     with pytest.raises(WorkbenchError) as err:

@@ -116,7 +116,7 @@ def test_the_shipped_draft_stores_the_targets_embedding_and_repair_gives_a_slim_
 def held_out(builtin_target):
     """8 held-out ShareGPT prompts answered greedily by the built-in target (64 new tokens), with the states the
     shipped draft reads (engine.measure.answers keeps them for the next run)."""
-    from engine.data.prompts import load_prompts
+    from engine.data.prompts.load import load_prompts
     from engine.format.checkpoint import read_config_dict
     from engine.measure.evaluate import held_out_answers
 

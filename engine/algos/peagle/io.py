@@ -26,8 +26,8 @@ _NOT_INITIALISED = ("embed_tokens", "mask_embedding", "mask_hidden")
 
 def build_peagle(target, args: PEagleArgs | None = None, *, aux_layer_ids: list[int] | None = None,
                  token_counts: torch.Tensor | None = None, seed: int = 0) -> PEagleDraft:
-    """A new P-EAGLE draft for `target` (an engine.targets.loading.Target or VerifierParts), shaped by `args`, initialised
-    like speculators.
+    """A new P-EAGLE draft for `target` (an engine.targets.loading.Target or VerifierParts), shaped by `args`,
+    initialised like speculators.
 
     As EAGLE-3: the draft vocabulary is the top `draft_vocab_size` tokens of `token_counts`, `lm_head` starts as
     the verifier's rows for them, and the token embedding is the verifier's (frozen, but for the mask token's row)."""

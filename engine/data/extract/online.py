@@ -9,10 +9,10 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
-from engine.data.datasets import DatasetSummary
-from engine.data.extract import DEFAULT_BATCH_SIZE, DEFAULT_BATCH_TOKENS, capture_batch, plan_padded_batches
-from engine.data.layer_ids import resolve_layer_ids
-from engine.data.render import RenderedRow, render_rows
+from engine.data.extract.dataset import DEFAULT_BATCH_SIZE, DEFAULT_BATCH_TOKENS, capture_batch, plan_padded_batches
+from engine.data.extract.layer_ids import resolve_layer_ids
+from engine.data.render.chat import RenderedRow, render_rows
+from engine.data.render.datasets import DatasetSummary
 from engine.errors import WorkbenchError
 from engine.targets.dtypes import parse_dtype
 

@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from engine.data.datasets import DEFAULT_VAL_FRACTION, DatasetSummary, iter_conversations
+from engine.data.render.datasets import DEFAULT_VAL_FRACTION, DatasetSummary, iter_conversations
 from engine.errors import WorkbenchError
 
 log = logging.getLogger(__name__)

@@ -24,7 +24,7 @@ from engine.fsutil import atomic_write_bytes, atomic_write_json, claim_names, re
 
 log = logging.getLogger(__name__)
 
-KEPT_DIR = Path(__file__).resolve().parents[2] / "assets" / "regenerated"
+KEPT_DIR = Path(__file__).resolve().parents[3] / "assets" / "regenerated"
 # The regenerate settings that decide what an answer is: rows made under others are other data.
 ANSWER_SETTINGS = ("target", "dataset", "split", "val_fraction", "seed", "max_new_tokens", "temperature", "top_p",
                    "max_turns", "max_length", "backend")
@@ -45,7 +45,7 @@ def answer_settings(options: dict[str, Any]) -> dict[str, Any]:
 
 def selection_ids(options: dict[str, Any]) -> set[str]:
     """The ids of the conversations a regenerate run with these options answers (dataset, split, max_samples)."""
-    from engine.data.datasets import load_conversations
+    from engine.data.render.datasets import load_conversations
 
     settings = answer_settings(options)
     rows, _ = load_conversations(settings["dataset"], split=settings["split"], val_fraction=settings["val_fraction"],
@@ -100,7 +100,7 @@ def seed(name: str, jsonl: str | Path, options: dict[str, Any], folder: str | Pa
          ids: set[str] | None = None) -> int:
     """Append to the work `jsonl` the kept rows it lacks when the settings agree, only those whose id is in `ids`
     (the run's own selection: a smaller run does not train on more) when given; returns how many were added."""
-    from engine.data.regenerate import append_rows, is_own_row, open_output
+    from engine.data.answers.regenerate import append_rows, is_own_row, open_output
 
     kept = read_kept(name, folder)
     if kept is None:

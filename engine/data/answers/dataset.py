@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import logging
 
-from engine.data.datasets import load_conversations
-from engine.data.layer_ids import resolve_layer_ids
-from engine.data.onepass import regenerate_and_extract
+from engine.data.answers.onepass import regenerate_and_extract
+from engine.data.answers.regenerate import check_output, regenerate, tokenizer_only
+from engine.data.answers.vllm import VllmAnswerer
+from engine.data.extract.layer_ids import resolve_layer_ids
 from engine.data.options import RegenerateOptions
-from engine.data.regenerate import check_output, regenerate, tokenizer_only
-from engine.data.regenerate_vllm import VllmAnswerer
+from engine.data.render.datasets import load_conversations
 from engine.errors import WorkbenchError
 from engine.generate.sampling import SamplingParams
 from engine.jobs import reporter
@@ -24,7 +24,7 @@ def regenerate_dataset(options: RegenerateOptions):
 
     `backend="vllm"` generates in a managed vLLM server (no weights in this process). `extract_to` also writes
     the hidden states `extract --split all --max-length extract_max_length` would write from `out`, in the same
-    pass (greedy, transformers backend; `engine.data.onepass`)."""
+    pass (greedy, transformers backend; `engine.data.answers.onepass`)."""
     o = options
     check_output(o.out)  # an unrelated --out file is refused before the target is loaded
     if o.extract_to is not None and (o.backend != "transformers" or o.temperature > 0):

@@ -25,9 +25,9 @@ from typing import Any
 
 import torch
 
-from engine.data.extraction_run import ExtractionProgress, ExtractionRun, TargetInfo, build_header, log_done
+from engine.data.extract.run import ExtractionProgress, ExtractionRun, TargetInfo, build_header, log_done
 from engine.data.options import ExtractOptions
-from engine.data.render import RenderedRow
+from engine.data.render.chat import RenderedRow
 from engine.errors import WorkbenchError
 from engine.format.validate import VLLM_CPU_HEAD_SIZES, head_size
 from engine.format.vllm_rules import NO_AUX_STATES_MESSAGE, verifier_without_aux_states

@@ -25,9 +25,9 @@ from pathlib import Path
 
 import torch
 
-from engine.data.datasets import DEFAULT_VAL_FRACTION
-from engine.data.extract import DEFAULT_BATCH_TOKENS, capture_batch, plan_padded_batches
-from engine.data.extraction_run import (
+from engine.data.answers.regenerate import RegenerateSummary, answer_of, chat_prompts, regenerate, stop_token_ids
+from engine.data.extract.dataset import DEFAULT_BATCH_TOKENS, capture_batch, plan_padded_batches
+from engine.data.extract.run import (
     ExtractionRun,
     TargetInfo,
     build_header,
@@ -37,9 +37,9 @@ from engine.data.extraction_run import (
     log_done,
 )
 from engine.data.options import RegenerateOptions
-from engine.data.regenerate import RegenerateSummary, answer_of, chat_prompts, regenerate, stop_token_ids
-from engine.data.render import RenderedRow, render_dataset, render_rows
-from engine.data.store import MANIFEST, TOKEN_FREQ, sample_indices, sample_path
+from engine.data.render.chat import RenderedRow, render_dataset, render_rows
+from engine.data.render.datasets import DEFAULT_VAL_FRACTION
+from engine.data.store.files import MANIFEST, TOKEN_FREQ, sample_indices, sample_path
 from engine.errors import WorkbenchError
 from engine.fsutil import claim_names
 from engine.generate.fused_decoder import FusedBatch, greedy_batch, stacked_capture

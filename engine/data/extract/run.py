@@ -16,9 +16,9 @@ from typing import Any
 
 import torch
 
-from engine.data.render import RenderedRow
-from engine.data.sources import BUILTIN_DATASETS
-from engine.data.store import (
+from engine.data.render.chat import RenderedRow
+from engine.data.render.sources import BUILTIN_DATASETS
+from engine.data.store.files import (
     FORMAT,
     MANIFEST,
     TOKEN_FREQ,

@@ -42,7 +42,7 @@ class RegenerateSummary:
     seconds: float = 0.0
     skipped: Counter = field(default_factory=Counter)
     cut_at_max_new_tokens: int = 0  # answers that hit --max-new-tokens before the end-of-turn token
-    extracted: int | None = None  # samples in the extraction folder (one-pass: `engine.data.onepass`)
+    extracted: int | None = None  # samples in the extraction folder (one-pass: `engine.data.answers.onepass`)
 
     @property
     def tokens_per_s(self) -> float:

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from engine.data.workloads import WORKLOADS
+from engine.data.prompts.workloads import WORKLOADS
 from engine.errors import WorkbenchError
 
 
@@ -33,6 +33,6 @@ def load_prompts(spec: str, n: int | None = None, seed: int = 0, max_chars: int 
     if path.suffix == ".jsonl" and not path.exists():
         raise WorkbenchError(f"prompts file {spec} does not exist", hint="give an existing JSONL file, or a built-in "
                              f"workload: {', '.join(WORKLOADS)}")
-    from engine.data.datasets import heldout_prompts
+    from engine.data.render.datasets import heldout_prompts
 
     return [{"messages": m} for m in heldout_prompts(spec, n=n or 20, seed=seed, max_chars=max_chars)]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from engine.data.store import SAMPLE_DIGEST, load_sample, read_manifest, sample_indices, sample_path
+from engine.data.store.files import SAMPLE_DIGEST, load_sample, read_manifest, sample_indices, sample_path
 from engine.errors import WorkbenchError
 from engine.fsutil import safetensors_header, tensors_digest
 

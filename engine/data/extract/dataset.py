@@ -4,8 +4,8 @@
 # header, then hands the rows to a backend. The transformers backend (default; CPU or CUDA) sorts samples by length,
 # packs them into right-padded batches under a token budget, runs the decoder only (no lm_head) with hooks at the
 # requested layers (`engine.targets.capture.capture_hidden_states`) and writes one `hs_{i}.safetensors` per sample
-# (`engine.data.store`). The vLLM backend (`engine.data.vllm_backend`) writes through the same `ExtractionRun`
-# (engine.data.extraction_run).
+# (`engine.data.store.files`). The vLLM backend (`engine.data.extract.vllm`) writes through the same `ExtractionRun`
+# (engine.data.extract.run).
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from engine.data.extraction_run import (
+from engine.data.extract.layer_ids import resolve_layer_ids
+from engine.data.extract.run import (
     ExtractionProgress,
     ExtractionRun,
     TargetInfo,
@@ -22,11 +23,10 @@ from engine.data.extraction_run import (
     estimate_bytes,
     log_done,
 )
-from engine.data.layer_ids import resolve_layer_ids
+from engine.data.extract.vllm import extract_rows_vllm, refuse_unsupported_target, require_vllm
 from engine.data.options import BACKENDS, DEFAULT_BATCH_SIZE, DEFAULT_BATCH_TOKENS, ExtractOptions
-from engine.data.render import RenderedRow, render_dataset
-from engine.data.store import HiddenStatesDataset, load_sample
-from engine.data.vllm_backend import extract_rows_vllm, refuse_unsupported_target, require_vllm
+from engine.data.render.chat import RenderedRow, render_dataset
+from engine.data.store.files import HiddenStatesDataset, load_sample
 from engine.errors import WorkbenchError
 from engine.jobs import reporter
 from engine.targets.capture import capture_hidden_states

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.data.options import DEFAULT_VAL_FRACTION
-from engine.data.sources import BadRecord, SourceInfo, read_records
+from engine.data.render.sources import BadRecord, SourceInfo, read_records
 from engine.errors import WorkbenchError
 
 log = logging.getLogger(__name__)
