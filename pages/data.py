@@ -6,7 +6,8 @@ from ui import data as data_ui
 from ui import resources, state
 from ui.cli import show_cli
 from ui.errors import guard
-from ui.jobs import argv_value, launch, watch_jobs
+from ui.forms import submit_and_launch
+from ui.jobs import argv_value, watch_jobs
 from ui.tokens import loss_html
 
 st.title("Data")
@@ -103,10 +104,7 @@ with regen_tab:
                                             "max_samples": int(n) or None, "max_new_tokens": int(new_tokens),
                                             "temperature": float(temp), "batch_size": int(batch),
                                             "max_turns": int(turns) or None})
-            if st.form_submit_button("Launch regeneration", type="primary", icon=":material/rocket_launch:"):
-                job = launch(argv, kind="regenerate")
-                if job:
-                    ss["data_regen_job"] = job.id
+            submit_and_launch("Launch regeneration", argv, kind="regenerate", job_key="data_regen_job")
         show_cli(argv)
     picked = watch_jobs(["regenerate"], "Regeneration jobs", key="data_regen")
     if picked:
@@ -140,10 +138,7 @@ with extract_tab:
                                                  layers=layers.replace(" ", ""), dtype=dtype)
                 if estimate:
                     st.caption(f":material/hard_drive: {estimate}")
-            if st.form_submit_button("Launch extraction", type="primary", icon=":material/rocket_launch:"):
-                job = launch(argv, kind="extract")
-                if job:
-                    ss["data_extract_job"] = job.id
+            submit_and_launch("Launch extraction", argv, kind="extract", job_key="data_extract_job")
         show_cli(argv)
     picked = watch_jobs(["extract"], "Extraction jobs", key="data_extract")
     if picked:

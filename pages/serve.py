@@ -7,6 +7,7 @@ import streamlit as st
 from ui import charts, report, serving, state
 from ui.cli import show_cli
 from ui.errors import guard
+from ui.forms import submit_and_launch
 from ui.jobs import job_panel, job_selector, launch
 
 st.title("Serve")
@@ -80,11 +81,8 @@ def vllm_start() -> None:
         except ValueError as exc:
             argv = None
             st.error(f"Cannot serve with these values: {exc}", icon=":material/error:")
-        if st.form_submit_button("Start the server", type="primary", icon=":material/play_arrow:",
-                                 disabled=env is None or argv is None):
-            job = launch(argv, kind="serve", name=str(port))
-            if job:
-                ss["serve_job"] = job.id
+        submit_and_launch("Start the server", argv, kind="serve", job_key="serve_job", name=str(port),
+                          icon=":material/play_arrow:", disabled=env is None)
     if argv:
         show_cli(argv)
     if draft and with_draft:
@@ -140,11 +138,8 @@ def llamacpp_start() -> None:
         except ValueError as exc:
             argv = None
             st.error(f"Cannot serve with these values: {exc}", icon=":material/error:")
-        if st.form_submit_button("Start the server", type="primary", icon=":material/play_arrow:",
-                                 disabled=build is None or argv is None):
-            job = launch(argv, kind="serve", name=str(port))
-            if job:
-                ss["serve_job"] = job.id
+        submit_and_launch("Start the server", argv, kind="serve", job_key="serve_job", name=str(port),
+                          icon=":material/play_arrow:", disabled=build is None)
     if argv:
         show_cli(argv)
 

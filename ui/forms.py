@@ -12,6 +12,8 @@ from typing import Any
 import streamlit as st
 from pydantic import BaseModel, ValidationError
 
+from ui.jobs import launch
+
 
 @dataclass(frozen=True)
 class FieldKind:
@@ -196,3 +198,12 @@ def model_form(prefix: str, model_cls: type[BaseModel], groups: dict[str, list[s
                 with cols[i % columns]:
                     field_widget(prefix, name, model_cls.model_fields[name], errors=errors.get(name, ()),
                                  human=human)
+
+
+def submit_and_launch(label: str, argv: list[str] | None, *, kind: str, job_key: str, name: str | None = None,
+                      icon: str = ":material/rocket_launch:", disabled: bool = False) -> None:
+    """A form's submit button that launches `argv` as a background job and keeps its id under `job_key`."""
+    if st.form_submit_button(label, type="primary", icon=icon, disabled=disabled or argv is None):
+        job = launch(argv, kind=kind, name=name)
+        if job:
+            st.session_state[job_key] = job.id
