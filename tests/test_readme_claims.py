@@ -43,7 +43,7 @@ def test_the_demo_chat_marks_the_withheld_slots_and_the_cut_in_the_survival_esti
 
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [ROOT / "README.md", ROOT / "RELIABILITY.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 
 def _links(text: str) -> list[str]:
