@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
     from engine.measure.evaluate import evaluate_draft, format_table
 
     options = options_from_args(args, EvaluateOptions)
-    reporter().phase("loading the target and the draft")
+    reporter().phase("loading the target and the draft", progress=0.0)  # the bar and its estimate from the start
     result = evaluate_draft(options)
     result["command"] = command_of("evaluate", _flags(options, args))
     print(f"{result['algorithm']} draft {result['draft']} on {result['num_samples']} held-out samples "

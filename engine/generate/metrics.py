@@ -97,10 +97,9 @@ def time_forwards_round_robin(runner, context: list[int], shapes: list[int], rep
                               also=None, tick=None) -> dict[int, list[float]]:
     """Seconds of one target forward over n new tokens after `context`, for each n in `shapes`, `repeats` times.
 
-    The shapes are timed round-robin, one of each per repeat (then `also()`, e.g. a draft proposal timed by the
-    caller), so machine load that comes and goes weighs on all of them alike (one shape's repeats in a row let a
-    busy second make 2 tokens look cheaper than 1). `tick()` is called after each timing (and each `also()`), so
-    a caller can report progress within the measurement."""
+    Round-robin, one of each shape per repeat (then `also()`, e.g. the caller's draft proposal), so passing load
+    weighs on every shape alike (repeats in a row let a busy second make 2 tokens look cheaper than 1). `tick()`
+    follows each timing, for progress within the measurement."""
     runner.reset()
     runner.forward(context, all_logits=False)
     base = runner.length

@@ -24,11 +24,10 @@ def step_cost_units(ks: Sequence[int], repeats: int = COST_REPEATS) -> int:
 def measure_step_costs(target, algorithm, draft, ks: Sequence[int], *, context: Sequence[int],
                        repeats: int = COST_REPEATS,
                        on_step: Callable[[int, int], None] | None = None) -> dict[str, Any]:
-    """On this machine: the target's forward over k+1 tokens and the draft's proposal of k tokens, in units of one
-    single-token target forward (`_step_costs`). Costs taken while other processes kept the CPUs busy, or with a
-    verification cheaper than one token's forward (impossible on a quiet machine), are measured again; if every
-    attempt was so, they carry a `label` and the forecast recommends nothing. `on_step(done, total)`: the timings
-    done as they go, an attempt again adding its own (default: the job's progress)."""
+    """On this machine: the target's forward over k+1 tokens and the draft's proposal of k tokens, in one-token
+    target forwards (`_step_costs`). Costs taken under load, or with a verification cheaper than one token's forward,
+    are measured again; if every attempt was so, they carry a `label` and the forecast recommends nothing.
+    `on_step(done, total)`: timings done so far, a new attempt adding its own (default: the job's progress)."""
     ticks = Ticks(step_cost_units(ks, repeats), on_step)
     for attempt in range(1, COST_ATTEMPTS + 1):
         if attempt > 1:  # measured again: the phase grows by an attempt, and says so at once

