@@ -147,10 +147,22 @@ def used(path: Path) -> Path:
     return path
 
 
+MADE_BY = "convert_hf_to_gguf.py"  # the note beside every GGUF this cache wrote (`convert`)
+
+
+def _written_here(path: Path) -> bool:
+    """Whether a GGUF was written by this cache: its note says so (a file put there by hand has none)."""
+    try:
+        return read_json(path.with_suffix(".json")).get("made_by") == MADE_BY
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def prune_cache(folder: Path, keep: Path | None = None) -> None:
-    """Remove the least recently used GGUFs (with their notes) while the cache holds more than its limit."""
+    """Remove the least recently used GGUFs this cache wrote (with their notes) while they hold more than its limit;
+    any other file in the folder is left alone."""
     limit = float(os.environ.get(CACHE_GB_ENV) or DEFAULT_CACHE_GB) * 2**30
-    files = sorted(folder.glob("*.gguf"), key=lambda p: p.stat().st_mtime)
+    files = sorted((p for p in folder.glob("*.gguf") if _written_here(p)), key=lambda p: p.stat().st_mtime)
     total = sum(p.stat().st_size for p in files)
     for path in files:
         if total <= limit:
@@ -181,7 +193,7 @@ def convert(build: LlamaCpp, model_dir: Path, out: Path, *, outtype: str, target
         os.replace(tmp, out)
     finally:
         tmp.unlink(missing_ok=True)
-    atomic_write_json(out.with_suffix(".json"), {"made_by": "convert_hf_to_gguf.py", "llama.cpp": build.version,
+    atomic_write_json(out.with_suffix(".json"), {"made_by": MADE_BY, "llama.cpp": build.version,
                                                  "source": str(model_dir), "outtype": outtype,
                                                  "target_dir": str(target_dir) if target_dir else None})
     prune_cache(out.parent, keep=out)

@@ -178,19 +178,26 @@ def test_a_missing_compiler_or_cmake_is_named_before_building(monkeypatch):
 
 
 def test_the_gguf_cache_drops_the_least_recently_used_over_its_limit(tmp_path, monkeypatch):
+    import json
     import os
 
-    from engine.llamacpp.gguf import CACHE_GB_ENV, prune_cache, used
+    from engine.llamacpp.gguf import CACHE_GB_ENV, MADE_BY, prune_cache, used
 
     files = []
     for i in range(4):
         f = tmp_path / f"d{i}.gguf"
         f.write_bytes(b"GGUF" + b"\0" * 1020)  # 1 KiB each
-        (tmp_path / f"d{i}.json").write_text("{}")
+        (tmp_path / f"d{i}.json").write_text(json.dumps({"made_by": MADE_BY}))
         os.utime(f, (1000 + i, 1000 + i))
         files.append(f)
+    for name, note in (("mine.gguf", None), ("noted.gguf", {"source": "by hand"})):  # not written by the cache
+        (tmp_path / name).write_bytes(b"GGUF" + b"\0" * 1020)
+        os.utime(tmp_path / name, (1, 1))  # the least recently used of all
+        if note:
+            (tmp_path / name).with_suffix(".json").write_text(json.dumps(note))
     used(files[0])  # the oldest, used just now
-    monkeypatch.setenv(CACHE_GB_ENV, str(2.5 * 1024 / 2**30))  # room for two and a half
+    monkeypatch.setenv(CACHE_GB_ENV, str(2.5 * 1024 / 2**30))  # room for two and a half of the cache's own
     prune_cache(tmp_path, keep=files[3])
-    assert sorted(p.name for p in tmp_path.glob("*.gguf")) == ["d0.gguf", "d3.gguf"]
+    assert sorted(p.name for p in tmp_path.glob("*.gguf")) == ["d0.gguf", "d3.gguf", "mine.gguf", "noted.gguf"]
     assert not (tmp_path / "d1.json").exists() and (tmp_path / "d0.json").exists()
+    assert (tmp_path / "noted.json").exists()
