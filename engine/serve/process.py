@@ -79,7 +79,7 @@ def stop_process_group(pgid: int, *, grace: float = 20.0, proc: subprocess.Popen
     while time.time() < deadline:
         if proc is not None:
             proc.poll()
-        if not group_alive(pgid):
+        if not _group_alive(pgid):
             return True
         time.sleep(0.2)
     log.warning("server (process group %d) ignored SIGTERM for %.0f s; killing it", pgid, grace)
@@ -91,7 +91,7 @@ def stop_process_group(pgid: int, *, grace: float = 20.0, proc: subprocess.Popen
     return True
 
 
-def group_alive(pgid: int) -> bool:
+def _group_alive(pgid: int) -> bool:
     """Whether a process group still has a live (not zombie) member."""
     try:
         os.killpg(pgid, 0)
