@@ -171,7 +171,7 @@ def run_vllm(methods: list[Method], prompts: list[dict], *, target: str | None, 
 
 
 def markdown(result: dict[str, Any]) -> str:
-    """Both tables, as BENCHMARKS.md shows them."""
+    """Both tables, as the dated history (docs/benchmarks-history.md) shows them."""
     lines = []
     ip = result.get("inprocess")
     if ip:

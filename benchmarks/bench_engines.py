@@ -112,7 +112,7 @@ def table(rows: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--drafts", nargs="+", required=True, help="draft folders")
+    p.add_argument("--drafts", nargs="+", help="draft folders (required but with --write-benchmarks)")
     p.add_argument("--workloads", default="general,sharegpt,humaneval", help="built-in workloads or prompts files")
     p.add_argument("--num-prompts", type=int, default=20)
     p.add_argument("--max-new-tokens", type=int, default=128)
@@ -123,11 +123,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reforecast", action="store_true", help="measure llama.cpp's step costs again for every row of "
                    "--json and replace its forecast (the measured speeds stay)")
     p.add_argument("--write-benchmarks", nargs="*", metavar="RECORD",
-                   help="only regenerate BENCHMARKS.md's llama.cpp table from these records (no measuring)")
+                   help="only regenerate BENCHMARKS.md's engines table (no measuring), from the records "
+                   "benchmarks/report.py names (given here, they must be those)")
     a = p.parse_args(argv)
     if a.write_benchmarks is not None:
         write_benchmarks(a.write_benchmarks)
         return 0
+    if not a.drafts:
+        p.error("--drafts is required")
     if a.reforecast:
         return reforecast(a, argv)
     done = json.loads(Path(a.json).read_text()).get("rows", []) if a.json and Path(a.json).is_file() else []
@@ -164,21 +167,17 @@ def reforecast(a, argv: list[str] | None) -> int:
     return 0
 
 
-TABLE_BEGIN, TABLE_END = "<!-- engines-table -->", "<!-- /engines-table -->"
-
-
 def write_benchmarks(records: list[str]) -> None:
-    """BENCHMARKS.md's table between its markers, from the records' rows in the order given."""
-    from engine.fsutil import atomic_write_text
-    from engine.recipes.model_card import engines_table
+    """BENCHMARKS.md's engines table, through benchmarks/report.py (its block `engines`, from the records it names)."""
+    from benchmarks import report
 
-    doc = Path(__file__).resolve().parents[1] / "BENCHMARKS.md"
-    rows = [r for path in records for r in json.loads(Path(path).read_text())["rows"]]
-    text = doc.read_text()
-    head, rest = text.split(TABLE_BEGIN, 1)
-    atomic_write_text(doc, head + TABLE_BEGIN + "\n" + "\n".join(engines_table(rows, with_draft=True)) + "\n"
-                      + TABLE_END + rest.split(TABLE_END, 1)[1])
-    print(f"wrote {doc}")
+    named = [str(Path(r).resolve().relative_to(report.RESULTS)) if Path(r).resolve().is_relative_to(report.RESULTS)
+             else r for r in records]
+    if named and named != report.ENGINES:
+        raise SystemExit(f"BENCHMARKS.md's engines table reads the records benchmarks/report.py names in ENGINES "
+                         f"({report.ENGINES}): name {named} there, then run python benchmarks/report.py --write")
+    report.write(names=["engines"])
+    print(f"wrote {report.DOC}")
 
 
 def write_cards(drafts: list[str], record_path: str) -> None:

@@ -1,5 +1,5 @@
-"""Every figure of a checked table in BENCHMARKS.md equals the committed record beside it, as displayed; every
-record under benchmarks/results names its provenance."""
+"""Every figure of a checked table in the dated history (docs/benchmarks-history.md) equals the committed record
+beside it, as displayed; every record under benchmarks/results names its provenance."""
 
 # Each checked table names its record (`benchmarks/results/<bench>/...`); the record names the command that made
 # it, the CPU and the dtype, and the table's section names the same CPU and dtype. A figure edited by hand, or a
@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-DOC = ROOT / "BENCHMARKS.md"
+DOC = ROOT / "docs" / "benchmarks-history.md"  # BENCHMARKS.md: tests/test_benchmark_report.py
 RESULTS = ROOT / "benchmarks" / "results"
 # the shipped EAGLE-3 draft measured again on its shipped files, one speed per k (its card quotes these records)
 CARD_EAGLE3 = "reship-eagle3/amd-epyc-zen4-2026-12-04"
@@ -524,7 +524,7 @@ def test_the_first_position_gap_and_the_position_table_are_their_record():
 
 @pytest.mark.parametrize("algo", ["eagle3", "dflash"])
 def test_acceptance_per_workload_is_its_record_in_the_doc_and_the_shipped_card(algo):
-    """The per-workload table (chat, code; 95% intervals over prompts) in BENCHMARKS.md and in the shipped draft's
+    """The per-workload table (chat, code; 95% intervals over prompts) in the history and in the shipped draft's
     card is the record's, row for row."""
     from engine.measure.evaluate import workload_lines
     from engine.recipes.model_card import workload_section
@@ -698,8 +698,8 @@ def test_the_draft_kernels_table_is_its_record():
 
 def test_the_vllm_k_norm_table_is_its_record():
     """Issue 44's finding: the CPU build's grouped K norm, and acceptance with it emulated, the record's."""
-    text = _section(DOC.read_text(), "## The re-shipped DFlash draft: the EAGLE-3 draft's conversations (issue 31, "
-                                     "AMD EPYC Zen 4)")
+    text = _section(DOC.read_text(), "## The re-shipped DFlash draft: the EAGLE-3 draft's conversations "
+                                     "(AMD EPYC Zen 4)")
     record = _record("vllm_k_norm/amd-epyc-zen4.json")
     assert "bench_vllm_k_norm.py" in record["command"] and record["cpu_kind"] == "AVX-512 BF16"
     assert record["kernel"]["vs_row0"] == 0.0 and f"is {record['kernel']['vs_per_layer']:.2f} off" in text
