@@ -72,7 +72,7 @@ class ReferenceEagle3:
         ids = token_ids.long().cpu()
         return counts_from_steps(draft, reference_step_logits(self._ref, aux, ids, k), ids)
 
-    def walk_counts(self, draft, aux: torch.Tensor, token_ids: torch.Tensor, k: int):
+    def walk_counts(self, draft, aux: torch.Tensor, token_ids: torch.Tensor, k: int, p_min=None):
         return self.acceptance_counts(draft, aux, token_ids, k), None  # a chain draft has no cut
 
 

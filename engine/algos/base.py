@@ -109,6 +109,9 @@ class DraftAlgorithm:
     args_class: ClassVar[type[AlgoArgs]] = AlgoArgs            # its own typed training arguments
     needs_last_layer: ClassVar[bool] = True  # training data must hold the target's last layer (id N)
     published_data: ClassVar[tuple[str, int] | None] = None  # (what published drafts trained on, samples): cards
+    # its proposer takes `p_min` (stop before a draft token below that probability) and its evaluate module has
+    # `counts_and_confidences`, so the evaluator walks the cut decoding makes
+    p_min_cut: ClassVar[bool] = False
 
     # -- without torch ----------------------------------------------------------------------------
     def default_layer_ids(self, num_layers: int) -> list[int]:
@@ -248,11 +251,15 @@ class DraftAlgorithm:
         the last committed one equal the data (tokens q+1..q+k). `engine.generate.acceptance` walks these counts."""
         return self.part("evaluate", "acceptance_counts")(draft, aux, token_ids, k)
 
-    def walk_counts(self, draft: nn.Module, aux: torch.Tensor, token_ids: torch.Tensor,
-                    k: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def walk_counts(self, draft: nn.Module, aux: torch.Tensor, token_ids: torch.Tensor, k: int,
+                    p_min: float | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(a [T], cuts [T] or None): `acceptance_counts` and, for a proposer that may draft fewer than k tokens
-        by its own rule (DSpark's confidence cut), how many it drafts at each state (a <= cuts). Default: no cut."""
-        return self.acceptance_counts(draft, aux, token_ids, k), None
+        by its own rule (DSpark's confidence cut, `p_min`), how many it drafts at each state. Default: no cut."""
+        if not p_min:
+            return self.acceptance_counts(draft, aux, token_ids, k), None
+        check_p_min(self, p_min)
+        a, conf = self.part("evaluate", "counts_and_confidences")(draft, aux, token_ids, k)  # [T], [T, k]
+        return a, (conf >= p_min).long().cumprod(dim=1).sum(dim=1)  # leading drafts at or above p_min
 
     def acceptance_expectation(self, draft: nn.Module, aux: torch.Tensor, token_ids: torch.Tensor,
                                target_logits: torch.Tensor, k: int, temperature: float) -> torch.Tensor:
@@ -265,6 +272,14 @@ class DraftAlgorithm:
         (target -> draft vocabulary mask) when it has one."""
         t2d = getattr(draft, "t2d", None)
         return None if t2d is None else t2d.bool().cpu()
+
+
+def check_p_min(algorithm: DraftAlgorithm, p_min: float | None) -> None:
+    """A clear refusal of a p_min cut the algorithm's proposer does not make."""
+    if p_min and not algorithm.p_min_cut:
+        cut = [name for name in ALGOS.names() if ALGOS.get(name).p_min_cut]
+        raise WorkbenchError(f"--p-min cuts chain drafts ({', '.join(cut)}); a {algorithm.name} draft does not take it",
+                             hint="drop --p-min (a DSpark draft cuts its block by its own confidence head)")
 
 
 def named_fields(fn: Any, args: AlgoArgs) -> dict[str, Any]:

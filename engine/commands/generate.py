@@ -30,11 +30,11 @@ def run(args: argparse.Namespace) -> int:
 
     params = SamplingParams(max_new_tokens=o.max_new_tokens, temperature=o.temperature, top_p=o.top_p,
                             top_k=o.top_k, seed=o.seed)  # checked before the target is loaded
-    draft = o.draft if o.method == "draft" else None
+    draft = o.draft if o.method in ("draft", "draft_ngram") else None
     target = load_decode_target(target_for_draft(draft, o.target) or DEFAULT_TARGET, o.dtype)
     tok = target.tokenizer
     params.eos_token_ids = [tok.eos_token_id]
-    proposer = make_proposer(o.method, target, draft=o.draft)
+    proposer = make_proposer(o.method, target, draft=o.draft, p_min=o.p_min, ngram_min_match=o.ngram_min_match)
     runner = TargetRunner(target, getattr(proposer, "aux_layer_ids", None))
     metrics = SpecMetrics()
     out: list[int] = []

@@ -34,10 +34,12 @@ class Walk:
 
     drafted: list[int] = field(default_factory=list)
     accepted: list[int] = field(default_factory=list)
+    asked: list[int] = field(default_factory=list)     # the k the step asked for (min(k, tokens left - 1))
+    by_ngram: list[bool] = field(default_factory=list)  # draft_ngram: the n-gram proposed the step, not the draft
 
 
 def walk(a: Sequence[int], sample: HeldOutSample, k: int, max_new_tokens: int | None = None,
-         cuts: Sequence[int] | None = None) -> Walk:
+         cuts: Sequence[int] | None = None, by_ngram: Sequence[bool] | None = None) -> Walk:
     """The draft-verify walk of the decode engine (`engine.generate.speculative`) over the counts `a`.
 
     Each step drafts min(k, remaining - 1) tokens (it never drafts past max_new_tokens; with `cuts`, never more
@@ -50,10 +52,13 @@ def walk(a: Sequence[int], sample: HeldOutSample, k: int, max_new_tokens: int | 
     q = p
     while q < e:
         remaining = limit - (q - p + 1)
-        drafted = max(0, min(k, remaining - 1, int(cuts[q]) if cuts is not None else k))
+        asked = max(0, min(k, remaining - 1))
+        drafted = min(asked, int(cuts[q])) if cuts is not None else asked
         n = min(int(a[q]), drafted, e - q)
         out.drafted.append(drafted)
         out.accepted.append(n)
+        out.asked.append(asked)
+        out.by_ngram.append(bool(by_ngram[q]) if by_ngram is not None else False)
         q += n + 1
     return out
 
@@ -93,6 +98,9 @@ class Acceptance:
     bucket_accepted: list[int] = field(default_factory=lambda: [0] * len(POSITION_BUCKETS))
     first_at_starts: int = 0           # drafting steps whose first draft token was accepted
     first_anywhere: int = 0            # answer positions where it would have been (teacher-forced, k >= 1)
+    # every step (drafting or not) by its shape (drafted, draft tokens computed, by the n-gram): what it costs
+    shapes: dict[tuple[int, int, bool], int] = field(default_factory=dict)
+    committed: int = 0                 # tokens the walks' steps committed
 
     def add_expectation(self, w: Walk, states: list[int], chances: torch.Tensor) -> None:
         """chances [T, K]: P(drafts 1..j+1 accepted) at each state; summed over the walk's drafting steps."""
@@ -110,8 +118,10 @@ class Acceptance:
     def add(self, w: Walk, all_positions: list[int]) -> None:
         """One walk; `all_positions[i]`: the accepted count had a draft started at answer position i."""
         drafts = accepted = offset = 0
-        for d, n in zip(w.drafted, w.accepted, strict=True):
+        for i, (d, n) in enumerate(zip(w.drafted, w.accepted, strict=True)):
             start, offset = offset, offset + n + 1  # the answer position this step starts from
+            self._shape(w, i, d)
+            self.committed += n + 1
             if d < 1:
                 continue
             drafts += 1
@@ -133,6 +143,14 @@ class Acceptance:
         self.positions_accepted += sum(all_positions)
         self.first_anywhere += sum(1 for x in all_positions if x > 0)
 
+    def _shape(self, w: Walk, i: int, d: int) -> None:
+        """Count step i by its cost's shape: a chain cut short computed one draft token past those it sent."""
+        asked = w.asked[i] if i < len(w.asked) else d
+        ngram = bool(w.by_ngram[i]) if i < len(w.by_ngram) else False
+        computed = 0 if ngram else (d if d >= asked else d + 1)
+        key = (d, computed, ngram)
+        self.shapes[key] = self.shapes.get(key, 0) + 1
+
     def by_answer_position(self) -> list[dict[str, Any]]:
         """Per bucket of the answer position a draft starts at: start, end (None: open), drafts, mean acceptance
         length."""
@@ -151,6 +169,8 @@ class Acceptance:
             if self.positions else None,
             "per_sample_acceptance_length": self.per_sample,
             "per_sample_num_drafts": self.per_sample_drafts,
+            "tokens_per_step": self.committed / sum(self.shapes.values()) if self.shapes else None,
+            "step_shapes": [[d, c, g, n] for (d, c, g), n in sorted(self.shapes.items())],
             "by_answer_position": self.by_answer_position(),
             # the first-position gap: the first draft token's acceptance where decoding starts drafts, against
             # every answer position (what a teacher-forced step-0 accuracy measures)

@@ -93,8 +93,9 @@ def run_bench(target, prompts: list[dict[str, Any]], options: BenchOptions, *, m
     runs = {m: MethodRun(m) for m in methods}
     proposers = {}
     for m in methods:
-        if m in ("draft", "ngram"):
-            proposers[m] = make_proposer(m, target, draft=draft)
+        if m in ("draft", "ngram", "draft_ngram"):
+            proposers[m] = make_proposer(m, target, draft=draft, p_min=options.p_min,
+                                         ngram_min_match=options.ngram_min_match)
     hf = _HFMethods(target, k, options.assistant) if {"hf_prompt_lookup", "hf_assisted"} & set(methods) else None
     if "hf_assisted" in methods and (hf is None or hf.assistant is None):
         runs["hf_assisted"].skipped = "no assistant model fits this target (pass --assistant DIR: a small causal LM " \

@@ -34,6 +34,7 @@ from engine.generate.acceptance import (
     walk_states,
 )
 from engine.generate.kernel_choice import load_decode_target
+from engine.generate.ngram import draft_ngram_counts
 from engine.generate.prompt import prompt_ids
 from engine.generate.runner import TargetRunner
 from engine.generate.sampling import SamplingParams
@@ -93,8 +94,11 @@ def evaluate_samples(algorithm, draft, samples: Iterable[HeldOutSample], ks: Seq
     size = phase_size(len(samples), o.max_new_tokens) if isinstance(samples, Sequence) else None
     for sample in tracked(samples, desc=WALK_PHASE, span=span, unit="sample", enabled=progress, units=size):
         a_big, cuts = ((algorithm.acceptance_counts(draft, sample.aux, sample.token_ids, big), None) if all_drafts
-                       else algorithm.walk_counts(draft, sample.aux, sample.token_ids, big))
-        a_big, cuts = a_big.tolist(), cuts.tolist() if cuts is not None else None
+                       else algorithm.walk_counts(draft, sample.aux, sample.token_ids, big, p_min=o.p_min))
+        a_big, cuts, by_ngram = a_big.tolist(), cuts.tolist() if cuts is not None else None, None
+        if o.method == "draft_ngram":
+            a_big, cuts, by_ngram = draft_ngram_counts(sample.token_ids.tolist(), a_big, cuts, big,
+                                                       min_match=o.ngram_min_match)
         chances = None
         if temperature > 0:
             if sample.target_logits is None:
@@ -105,12 +109,13 @@ def evaluate_samples(algorithm, draft, samples: Iterable[HeldOutSample], ks: Seq
         p, e = sample.prompt_len, sample.end
         for k in ks:
             a = [min(x, k) for x in a_big]
-            w = walk(a, sample, k, max_new_tokens, cuts)
+            w = walk(a, sample, k, max_new_tokens, cuts, by_ngram)
             results[k].add(w, [min(a[q], k, e - q) for q in range(p, e)])
             if chances is not None:
                 results[k].add_expectation(w, walk_states(w, sample), chances)
             if keep_walks:
-                walks[k].append({"id": sample.id, "accepted": w.accepted, "drafted": w.drafted})
+                walks[k].append({"id": sample.id, "accepted": w.accepted, "drafted": w.drafted,
+                                 **({"by_ngram": w.by_ngram} if by_ngram is not None else {})})
         if vocab is not None:
             answer = sample.token_ids[p + 1: e + 1].long()
             answer_tokens += int(answer.numel())
@@ -120,13 +125,19 @@ def evaluate_samples(algorithm, draft, samples: Iterable[HeldOutSample], ks: Seq
     if not n:
         raise WorkbenchError("no held-out samples to evaluate", hint="give extracted val data or more prompts")
     out = {"num_samples": n, "seconds": seconds, "ks": ks, "by_k": {str(k): results[k].to_dict() for k in ks},
-           "temperature": temperature, "all_drafts": all_drafts,
+           "temperature": temperature, "all_drafts": all_drafts, "proposer": proposer_settings(o),
            "out_of_draft_vocab_fraction": out_of_vocab / answer_tokens if answer_tokens else None}
     best = max(ks, key=lambda k: results[k].to_dict()["mean_acceptance_length"] or 0.0)
     out["best_k"] = best
     if keep_walks:
         out["walks"] = {str(k): v for k, v in walks.items()}
     return out
+
+
+def proposer_settings(o: EvaluateOptions) -> dict[str, Any]:
+    """What the walk drafted with: the method and, where set, its confidence cut and n-gram rule."""
+    return {"method": o.method, "p_min": o.p_min or None,
+            **({"ngram_min_match": o.ngram_min_match} if o.method == "draft_ngram" else {})}
 
 
 # -- held-out samples: from extracted files, or from the target run once over held-out prompts ------------------

@@ -8,16 +8,18 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from engine.errors import WorkbenchError
+from engine.generate.ngram import NGRAM_MIN_MATCH
+from engine.generate.options import NGRAM_MIN_MATCH_HELP, P_MIN_HELP
 from engine.generate.sampling import SamplingParams
 from engine.llamacpp.gguf import DEFAULT_DRAFT_TYPE, DEFAULT_TARGET_TYPE, OUT_TYPES, TARGET_TYPES
 from engine.options import Options
 from engine.targets.dtypes import DECODE_DTYPE_HELP, DECODE_DTYPES
 
 ALL_METHODS = ("baseline", "draft", "ngram", "hf_prompt_lookup", "hf_assisted", "draft_ngram")
-DEFAULT_METHODS = ALL_METHODS[:5]  # draft_ngram (a draft mixed with n-gram) runs in llama.cpp only
+DEFAULT_METHODS = ALL_METHODS[:5]  # draft_ngram (the n-gram where its match is long, else the draft) when asked
 KS_METHODS = ("baseline", "draft", "ngram")  # what one speed per k (--ks) decodes
 FORECAST_ENGINES = ("in-process", "llama.cpp")
-BACKEND_METHODS = {"transformers": DEFAULT_METHODS, "vllm": ("baseline", "draft", "ngram"),
+BACKEND_METHODS = {"transformers": ALL_METHODS, "vllm": ("baseline", "draft", "ngram"),
                    "llama.cpp": ("baseline", "draft", "ngram", "draft_ngram")}
 TARGET_HELP = ("target: built-in name, folder or hub id (default: the draft's verifier when it is available here, "
                "else the built-in); one of another shape than the draft's verifier is refused")
@@ -52,8 +54,8 @@ class BenchOptions(Options):
         DEFAULT_TARGET_TYPE, description="llama.cpp backend: the target's GGUF (f32 = the weights the in-process "
         "engine decodes; shipped = the built-in's own quantized file)")
     gguf_draft: Literal[OUT_TYPES] = Field(DEFAULT_DRAFT_TYPE, description="llama.cpp backend: the draft's GGUF type")
-    p_min: float | None = Field(None, ge=0, le=1, description="llama.cpp backend: stop a draft chain below this "
-                                "draft probability (--spec-draft-p-min)")
+    p_min: float | None = Field(None, ge=0, le=1, description=P_MIN_HELP)
+    ngram_min_match: int = Field(NGRAM_MIN_MATCH, ge=2, le=5, description=NGRAM_MIN_MATCH_HELP + " (in-process)")
     dtype: Literal[DECODE_DTYPES] = Field(
         "auto", description="target dtype. vLLM backend: serving dtype, auto = bfloat16 (bf16 verification can flip "
         "near-ties; float32 is exact). In-process: " + DECODE_DTYPE_HELP.split(": ", 1)[1])
@@ -118,9 +120,10 @@ class BenchOptions(Options):
         bad = [m for m in names if m not in ALL_METHODS]
         if bad:
             raise WorkbenchError(f"unknown methods {bad}", hint=f"choose from {list(ALL_METHODS)}")
-        if "draft_ngram" in names and self.backend != "llama.cpp":
-            raise WorkbenchError("draft_ngram (a draft mixed with n-gram) runs in llama.cpp only",
-                                 hint="add --backend llama.cpp, or drop draft_ngram from --methods")
+        if other := [m for m in names if m not in BACKEND_METHODS[self.backend]]:
+            raise WorkbenchError(f"the {self.backend} backend does not run {', '.join(other)}",
+                                 hint=f"it runs {', '.join(BACKEND_METHODS[self.backend])}; drop the others from "
+                                      "--methods")
         return names
 
 
@@ -166,6 +169,10 @@ class EvaluateOptions(Options):
         False, description="verify every drafted token: a proposer's own cut (fewer drafts when it is not "
         "confident) is not applied, so the table scores the draft's tokens alone, not what decoding would verify")
     walks: bool = Field(False, description="keep each sample's accepted-count sequence in the JSON")
+    method: Literal["draft", "draft_ngram"] = Field("draft", description="the proposer walked: the draft, or "
+                                                    "draft_ngram (the n-gram where its match is long, else the draft)")
+    p_min: float | None = Field(None, ge=0, le=1, description=P_MIN_HELP)
+    ngram_min_match: int = Field(NGRAM_MIN_MATCH, ge=2, le=5, description=NGRAM_MIN_MATCH_HELP)
     workloads: list[str] | None = Field(
         None, description="also these prompt sets, one row each of acceptance per k with its spread over prompts "
         "(--dataset's prompts are the first row): built-in workloads (sharegpt: chat, humaneval: code, general: "

@@ -168,7 +168,7 @@ def _methods(target, options: BenchOptions) -> list[Method]:
     methods = [Method("baseline", 0)]
     if "ngram" in options.method_names():
         methods.append(Method("ngram", options.k, make_proposer("ngram", target)))
-    proposer = make_proposer("draft", target, draft=options.draft)
+    proposer = make_proposer("draft", target, draft=options.draft, p_min=options.p_min)
     methods += [Method("draft", k, proposer) for k in options.k_values()]
     runners: dict[Any, TargetRunner] = {}
     for m in methods:

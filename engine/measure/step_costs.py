@@ -83,9 +83,14 @@ def forecast(result: dict[str, Any], costs: dict[str, Any]) -> dict[str, Any]:
     A baseline step commits one token at cost 1; a speculative step commits the mean acceptance length at cost
     v(k+1) + c_draft(k) (the rest of the loop is ignored)."""
     rows = {}
+    varying = bool((result.get("proposer") or {}).get("p_min")) or \
+        (result.get("proposer") or {}).get("method") == "draft_ngram"
     for key, acc in result["by_k"].items():
         k = int(key)
         tau = acc["mean_acceptance_length"]
+        if varying and acc.get("step_shapes"):  # steps draft (and compute) fewer tokens where a cut or the n-gram acts
+            rows[key] = _varying_step_row(acc, costs)
+            continue
         v, c = costs["verify_cost"].get(k), costs["draft_cost"].get(k)
         rows[key] = {"mean_acceptance_length": tau, "verify_cost": v, "draft_cost": c,
                      "step_cost": (v + c) if v is not None and c is not None else None,
@@ -96,6 +101,24 @@ def forecast(result: dict[str, Any], costs: dict[str, Any]) -> dict[str, Any]:
     trusted = not costs.get("label")
     return {"by_k": rows, "fastest_k": int(best), "recommended_k": int(best) if pays and trusted else None,
             "target_step_ms": costs["target_step_ms"], **({"label": costs["label"]} if not trusted else {})}
+
+
+def _varying_step_row(acc: dict[str, Any], costs: dict[str, Any]) -> dict[str, Any]:
+    """A forecast row when steps differ: the mean over the walk's steps of v(d + 1) + c(computed) (0 for an n-gram
+    step, v(1) = 1 for a step that drafts nothing), against the tokens one step commits."""
+    verify = {0: 1.0, **{int(k): v for k, v in costs["verify_cost"].items()}}
+    draft = {0: 0.0, **{int(k): c for k, c in costs["draft_cost"].items()}}
+    total = steps = 0.0
+    for drafted, computed, by_ngram, n in acc["step_shapes"]:
+        v, c = verify.get(drafted), 0.0 if by_ngram else draft.get(computed)
+        if v is None or c is None:  # a shape whose cost was not timed: no forecast rather than a guess
+            return {"mean_acceptance_length": acc["mean_acceptance_length"], "verify_cost": None, "draft_cost": None,
+                    "step_cost": None, "speedup": None}
+        total, steps = total + n * (v + c), steps + n
+    step = total / steps
+    per_step = acc["tokens_per_step"]
+    return {"mean_acceptance_length": acc["mean_acceptance_length"], "tokens_per_step": per_step,
+            "verify_cost": None, "draft_cost": None, "step_cost": step, "speedup": per_step / step}
 
 
 def measured_recommendation(sweep: list[dict[str, Any]], fc: dict[str, Any] | None = None, *,

@@ -312,3 +312,68 @@ def test_greedy_identity_on_the_builtin_target(algo, builtin_target, builtin_bas
     assert drafted > 0
     if algo.name in shipped:
         assert accepted > 0, f"the shipped {algo.name} draft accepted nothing on the built-in target"
+
+
+# -- the proposers beside a draft: a confidence cut (p_min) and the n-gram where its match is long ----------------
+
+
+def _decoded_walks(target, make, k):
+    """Decode every prompt with a fresh proposer from `make()`: (outputs, baselines, per prompt the (drafted,
+    accepted) steps, every step's event)."""
+    params = SamplingParams(max_new_tokens=NEW_TOKENS, eos_token_ids=[target.tokenizer.eos_token_id])
+    outs, bases, walks, events = [], [], [], []
+    for messages in MESSAGES:
+        ids = prompt_ids(target.tokenizer, messages)
+        out, evs = decode(target, make(), ids, params, k)
+        outs.append(out)
+        bases.append(decode(target, None, ids, params, 1)[0])
+        steps = [e for e in evs if e.step > 0]
+        walks.append([(e.drafted, e.accepted) for e in steps])
+        events += steps
+    return outs, bases, walks, events
+
+
+def test_a_confidence_cut_keeps_the_text_and_the_evaluator_walks_it(algo, target, fitted):
+    """With p_min at the median of the draft's own confidences, chains are cut (a token withheld) and drafts are
+    accepted; the text is the baseline's and the evaluator's walk is decoding's, step by step. An algorithm that
+    makes no such cut refuses p_min with the reason."""
+    from engine.algos.loading import proposer_for
+    from engine.errors import WorkbenchError
+
+    if not algo.p_min_cut:
+        with pytest.raises(WorkbenchError, match="does not take it"):
+            proposer_for(fitted, p_min=0.5)
+        return
+    k = ks(algo, fitted)[-1]
+    samples = samples_from_prompts(target, MESSAGES, algo.aux_layer_ids(fitted), max_new_tokens=NEW_TOKENS)
+    confidences = algo.part("evaluate", "counts_and_confidences")
+    p_min = float(torch.cat([confidences(fitted, s.aux, s.token_ids, k)[1][s.prompt_len:s.end].flatten()
+                             for s in samples]).median())
+    result = evaluate_samples(algo, fitted, samples, [k], EvaluateOptions(max_new_tokens=NEW_TOKENS, walks=True,
+                                                                           p_min=p_min))
+    outs, bases, walks, events = _decoded_walks(target, lambda: proposer_for(fitted, p_min=p_min), k)
+    assert outs == bases
+    assert walks == [list(zip(w["drafted"], w["accepted"], strict=True)) for w in result["walks"][str(k)]]
+    assert any(e.withheld for e in events) and sum(e.accepted for e in events) > 0
+    assert any(e.drafted == k for e in events)  # confident chains run to k
+
+
+def test_draft_ngram_keeps_the_text_and_the_evaluator_walks_it(algo, target, fitted):
+    """The n-gram proposes where its match has 2 tokens, the draft elsewhere (both happen, drafts accepted from
+    each); the text is the baseline's and the evaluator's walk is decoding's."""
+    from engine.generate.ngram import DraftNgramProposer, NgramProposer
+
+    k = ks(algo, fitted)[-1]
+    samples = samples_from_prompts(target, MESSAGES, algo.aux_layer_ids(fitted), max_new_tokens=NEW_TOKENS)
+    result = evaluate_samples(algo, fitted, samples, [k], EvaluateOptions(
+        max_new_tokens=NEW_TOKENS, walks=True, method="draft_ngram", ngram_min_match=2))
+    outs, bases, walks, _ = _decoded_walks(
+        target, lambda: DraftNgramProposer(algo.proposer(fitted), NgramProposer(), min_match=2), k)
+    assert outs == bases
+    walked = result["walks"][str(k)]
+    assert walks == [list(zip(w["drafted"], w["accepted"], strict=True)) for w in walked]
+    by = {True: 0, False: 0}
+    for w in walked:
+        for accepted, by_ngram in zip(w["accepted"], w["by_ngram"], strict=True):
+            by[by_ngram] += accepted
+    assert by[True] > 0 and by[False] > 0, by  # tokens accepted from the n-gram's proposals and from the draft's

@@ -67,7 +67,7 @@ class _CuttingAlgorithm:
     def acceptance_counts(self, draft, aux, token_ids, k):
         return torch.full((token_ids.numel(),), k, dtype=torch.long)
 
-    def walk_counts(self, draft, aux, token_ids, k):
+    def walk_counts(self, draft, aux, token_ids, k, p_min=None):
         counts = self.acceptance_counts(draft, aux, token_ids, k)
         return torch.zeros_like(counts), torch.zeros_like(counts)
 

@@ -136,10 +136,11 @@ def test_serve_refuses_flags_of_the_other_engine():
         "serve", "--engine", "llama.cpp", "--p-min", "0.5", "--ngram", "ngram-mod"]
 
 
-def test_bench_runs_draft_ngram_in_llama_cpp_only():
+def test_bench_runs_draft_ngram_in_process_and_in_llama_cpp_not_in_vllm():
     assert BenchOptions(backend="llama.cpp").method_names() == ("baseline", "draft", "ngram", "draft_ngram")
-    with pytest.raises(WorkbenchError, match="llama.cpp only"):
-        BenchOptions(methods="baseline,draft_ngram").method_names()
+    assert BenchOptions(methods="baseline,draft_ngram").method_names() == ("baseline", "draft_ngram")
+    with pytest.raises(WorkbenchError, match="vllm backend does not run draft_ngram"):
+        BenchOptions(methods="baseline,draft_ngram", backend="vllm").method_names()
     with pytest.raises(WorkbenchError, match="in-process only"):
         BenchOptions(backend="llama.cpp", ks="1-3")
     assert "draft_ngram" not in BenchOptions().method_names()

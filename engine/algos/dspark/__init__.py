@@ -4,7 +4,7 @@ a confidence head that cuts the block before verification (registered as `dspark
 
 from __future__ import annotations
 
-from engine.algos.base import DraftAlgorithm, register_algorithm
+from engine.algos.base import DraftAlgorithm, check_p_min, register_algorithm
 from engine.algos.dspark.args import DSparkArgs, DSparkProposerOptions
 from engine.algos.dspark.config import DSparkConfig
 
@@ -37,8 +37,9 @@ class DSpark(DraftAlgorithm):
 
         return calibrate(draft, objective, batches, args.calibration_blocks)
 
-    def walk_counts(self, draft, aux, token_ids, k):
+    def walk_counts(self, draft, aux, token_ids, k, p_min=None):
         """The counts with the static cut the proposer applies by default (its confidence_threshold)."""
         from engine.algos.dspark.evaluate import counts_and_cuts
 
+        check_p_min(self, p_min)
         return counts_and_cuts(draft, aux, token_ids, k, DSparkProposerOptions().confidence_threshold)

@@ -14,6 +14,7 @@ from engine.algos.eagle3.config import Eagle3Config
 @register_algorithm
 class Eagle3(DraftAlgorithm):
     name = "eagle3"
+    p_min_cut = True
     title = "EAGLE-3"
     summary = ("One draft forward per token: fused target features of the last verified position plus the token "
                "embedding, then the draft's own hidden state for the following tokens.")

@@ -13,14 +13,17 @@ from engine.algos.eagle3.model import Eagle3Draft
 
 
 @torch.inference_mode()
-def step_logits(draft: Eagle3Draft, aux: torch.Tensor, token_ids: torch.Tensor, k: int) -> list[torch.Tensor]:
-    """k x [T-1, Vd] (fp32, CPU): step j's logits at row r draft token r+j+2 (state q = r+1 drafts q+j+1)."""
+def step_logits(draft: Eagle3Draft, aux: torch.Tensor, token_ids: torch.Tensor, k: int,
+                own_tokens: bool = False) -> list[torch.Tensor]:
+    """k x [T-1, Vd] (fp32, CPU): step j's logits at row r draft token r+j+2 (state q = r+1 drafts q+j+1); with
+    `own_tokens` each row's chain feeds its own drafts, as decoding does (the same logits while they are right)."""
     t = int(token_ids.shape[0])
     dtype, device = draft.fc.weight.dtype, draft.fc.weight.device
     ids = token_ids.long().view(1, -1).to(device)
     g = aux[:-1].to(device=device, dtype=dtype).unsqueeze(0)  # [1, T-1, A*Ht]: g_0..g_{T-2}
     positions = torch.arange(1, t, device=device).view(1, -1)
-    logits = draft.ttt_forward(g, ids[:, 1:], positions, torch.zeros_like(ids[:, 1:]), steps=k)
+    logits = draft.ttt_forward(g, ids[:, 1:], positions, torch.zeros_like(ids[:, 1:]), steps=k,
+                               own_tokens=own_tokens)
     return [x[0].float().cpu() for x in logits]
 
 
@@ -87,4 +90,26 @@ def counts_from_steps(draft, logits: list[torch.Tensor], token_ids: torch.Tensor
             truth[:n] = token_ids[j + 2: j + 2 + n]
         alive &= pred == truth
         out[1:] += alive.long()                                  # state q = row q-1 + 1
+    return out
+
+
+@torch.inference_mode()
+def counts_and_confidences(draft: Eagle3Draft, aux: torch.Tensor, token_ids: torch.Tensor,
+                           k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(a [T] as `acceptance_counts`, conf [T, k] as `confidences_from_steps`) from one unroll in which every chain
+    feeds its own drafts: the confidences decoding's chain computes, past a wrong draft too."""
+    t = int(token_ids.shape[0])
+    if t < 3 or k < 1:
+        return torch.zeros(t, dtype=torch.long), torch.zeros(t, k)
+    token_ids = token_ids.long().cpu()
+    steps = step_logits(draft, aux, token_ids, k, own_tokens=True)
+    return counts_from_steps(draft, steps, token_ids), confidences_from_steps(steps)
+
+
+def confidences_from_steps(steps: list[torch.Tensor]) -> torch.Tensor:
+    """k x [T-1, Vd] draft logits (step j at row r drafts token r+j+2) -> conf [T, k]: entry (q, j) is the draft's
+    top probability (temperature 1) at step j of the chain made at state q (row q-1), what a p_min cut reads."""
+    out = torch.zeros(steps[0].shape[0] + 1, len(steps))
+    for j, step in enumerate(steps):
+        out[1:, j] = torch.softmax(step.float(), dim=-1).max(dim=-1).values
     return out

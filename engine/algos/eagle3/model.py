@@ -153,13 +153,15 @@ class Eagle3Draft(nn.Module):
 
     # -- training: all TTT steps over a packed sequence -----------------------------------------
     def ttt_forward(self, aux: torch.Tensor, input_ids: torch.Tensor, position_ids: torch.Tensor,
-                    document_ids: torch.Tensor, steps: int) -> list[torch.Tensor]:
+                    document_ids: torch.Tensor, steps: int, own_tokens: bool = False) -> list[torch.Tensor]:
         """Training-time test. aux [B,T,A*Ht] features g_t, input_ids [B,T] tokens x_{t+1},
         position_ids [B,T] (t+1 within each document), document_ids [B,T] (-1 = padding).
 
         Step k feeds the ground-truth tokens shifted by k and the draft's own previous hidden; its query
         at t sees the step-0 keys of the same document at positions <= t plus its own keys of steps 1..k.
         Returns logits [B,T,Vd] per step; step k's logits at t predict the token at t+k+1 (aligned later).
+        `own_tokens`: step k feeds the draft's own greedy token of step k-1 at each t instead (what cached
+        decoding feeds, also after a wrong draft; the evaluator reads a chain's confidences so).
         """
         b, t = input_ids.shape
         spans = document_spans(document_ids)  # packed rows: attention never crosses documents
@@ -190,8 +192,10 @@ class Eagle3Draft(nn.Module):
             x = self._layers(ids, hidden, position_ids + step, attend)
             hidden, logits = self.head(x)
             logits_per_step.append(logits)
-            # teacher forcing: the next step reads the true tokens one further ahead (right-padded with 0)
-            ids = torch.cat([input_ids[:, step + 1:], input_ids.new_zeros(b, step + 1)], dim=1)
+            if own_tokens:  # row t's chain goes on from its own draft, as decoding's does
+                ids = self.draft_to_target(logits.argmax(-1))
+            else:  # teacher forcing: the next step reads the true tokens one further ahead (right-padded with 0)
+                ids = torch.cat([input_ids[:, step + 1:], input_ids.new_zeros(b, step + 1)], dim=1)
         return logits_per_step
 
     def forward(self, aux, input_ids, position_ids, document_ids, steps):  # the training entry point (DDP calls it)

@@ -13,6 +13,7 @@ from engine.algos.peagle.config import PEagleConfig
 @register_algorithm
 class PEagle(DraftAlgorithm):
     name = "peagle"
+    p_min_cut = True
     title = "P-EAGLE"
     summary = ("One draft forward per step for K tokens: EAGLE-3's fused features with the last token, then K-1 "
                "mask slots (a learned feature and mask token), causal by depth.")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.algos.eagle3.evaluate import counts_from_steps, expectation_from_steps
+from engine.algos.eagle3.evaluate import confidences_from_steps, counts_from_steps, expectation_from_steps
 from engine.algos.peagle.model import PEagleDraft
 
 
@@ -44,3 +44,14 @@ def acceptance_expectation(draft: PEagleDraft, aux: torch.Tensor, token_ids: tor
     if t < 3 or k < 1:
         return torch.zeros(t, k)
     return expectation_from_steps(draft, depth_logits(draft, aux, token_ids, k), target_logits, t, k, temperature)
+
+
+@torch.inference_mode()
+def counts_and_confidences(draft: PEagleDraft, aux: torch.Tensor, token_ids: torch.Tensor,
+                           k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(a [T], conf [T, k]: each depth's top probability) from one parallel forward (no depth reads another's draft)."""
+    t = int(token_ids.shape[0])
+    if t < 3 or k < 1:
+        return torch.zeros(t, dtype=torch.long), torch.zeros(t, k)
+    steps = depth_logits(draft, aux, token_ids, k)
+    return counts_from_steps(draft, steps, token_ids.long().cpu()), confidences_from_steps(steps)

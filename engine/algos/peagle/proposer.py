@@ -20,11 +20,12 @@ class PEagleProposer(Eagle3Proposer):
 
     name = "peagle"
 
-    def __init__(self, draft: PEagleDraft, *, sample_drafts: bool = True):
-        super().__init__(draft, sample_drafts=sample_drafts)
+    def __init__(self, draft: PEagleDraft, *, sample_drafts: bool = True, p_min: float | None = None):
+        super().__init__(draft, sample_drafts=sample_drafts, p_min=p_min)
 
     @torch.inference_mode()
     def propose(self, k: int, params: SamplingParams, generator: torch.Generator | None) -> Proposal:
+        self.proposed = True
         if k < 1:
             self.committed_length = self.cache.length
             return Proposal([])
@@ -37,9 +38,19 @@ class PEagleProposer(Eagle3Proposer):
         logits = draft.block_cached(ids, hidden, positions, self.cache, k).float()  # [k, Vd]
         self.committed_length = self.cache.length - (k - 1)  # the true-feature pairs; update() crops to them
         if params.greedy or not self.sample_drafts:
-            return Proposal(draft.draft_to_target(logits.argmax(-1)).tolist())
+            choice = logits.argmax(-1)
+            n = self._confident(torch.softmax(logits, -1).max(-1).values)
+            return Proposal(draft.draft_to_target(choice[:n]).tolist(), withheld=k - n)
         q_draft = logits_to_probs(logits, SamplingParams(temperature=params.temperature))  # [k, Vd]
         choice = torch.multinomial(q_draft, 1, generator=generator).flatten()
-        q = torch.zeros(k, self.vocab_size)
-        q[:, draft.draft_to_target(torch.arange(q_draft.shape[-1], device=device)).cpu()] = q_draft.cpu()
-        return Proposal(draft.draft_to_target(choice).tolist(), q)
+        n = self._confident(q_draft.gather(-1, choice.view(-1, 1)).flatten())
+        q = torch.zeros(n, self.vocab_size)
+        q[:, draft.draft_to_target(torch.arange(q_draft.shape[-1], device=device)).cpu()] = q_draft[:n].cpu()
+        return Proposal(draft.draft_to_target(choice[:n]).tolist(), q, withheld=k - n)
+
+    def _confident(self, probs: torch.Tensor) -> int:
+        """probs [k] of the chosen tokens -> how many lead before the first below p_min (all of them without one)."""
+        if not self.p_min:
+            return int(probs.shape[0])
+        low = (probs < self.p_min).nonzero()
+        return int(low[0, 0]) if low.numel() else int(probs.shape[0])
