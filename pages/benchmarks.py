@@ -6,6 +6,7 @@ import streamlit as st
 
 from ui import bench, charts, recipes, state
 from ui import evaluate as evaluate_ui
+from ui import proposers as proposers_ui
 from ui.cli import show_cli
 from ui.errors import guard
 from ui.jobs import launch, watch_jobs
@@ -36,6 +37,13 @@ def _evaluation(ev: evaluate_ui.Evaluation) -> None:
 results_tab, run_tab = st.tabs(["Results", "Run a benchmark"])  # opens on the results
 
 with run_tab:
+    # outside the form: the methods offered follow the backend at once
+    backend = st.selectbox("Backend", bench.BACKENDS, key="bench_backend", help=bench.backend_help())
+    available = bench.methods_for(backend, bool(draft))
+    opening = [m for m in ("baseline", "draft", "ngram") if m in available]
+    if "bench_methods" not in ss or any(m not in available for m in ss["bench_methods"]):
+        ss["bench_methods"] = [m for m in ss.get("bench_methods", opening) if m in available] or opening
+    cut_off, match_off = bench.p_min_problem(backend, draft), bench.min_match_problem(backend)
     with st.form("bench_form", border=False):
         c1, c2, c3 = st.columns(3)
         prompts = c1.text_input("Prompts", "sharegpt", key="bench_prompts",
@@ -43,22 +51,28 @@ with run_tab:
                                 '{"prompt": ...} / {"messages": [...]} rows.')
         n = c2.number_input("Prompts to use", 1, 10_000, 10, key="bench_num_prompts")
         new_tokens = c3.number_input("Max new tokens", 1, 4096, 64, key="bench_max_new_tokens")
-        c4, c5, c6 = st.columns(3)
+        c4, c5 = st.columns(2)
         k = c4.number_input("k (drafts per step)", 1, 16, 3, key="bench_k")
         temp = c5.number_input("Temperature", 0.0, 2.0, 0.0, 0.1, key="bench_temperature")
-        backend = c6.selectbox("Backend", ["transformers", "vllm", "llama.cpp"], key="bench_backend",
-                               help="transformers: in process; vllm: a real vLLM server (needs the vLLM environment); "
-                               "llama.cpp: real llama-servers (built once), the draft exported to GGUF; its methods "
-                               "are baseline, draft, ngram and draft_ngram (the draft mixed with ngram-mod).")
-        available = [m for m in bench.METHODS if m != "draft" or draft]
-        methods = st.multiselect("Methods", available, default=[m for m in ("baseline", "draft", "ngram")
-                                                                if m in available], key="bench_methods")
+        methods = st.multiselect("Methods", available, key="bench_methods", help=bench.METHODS_HELP)
         if not draft:
-            st.caption("No draft for this target: the `draft` method is not offered (n-gram and transformers' own "
-                       "prompt lookup are).")
+            st.caption("No draft for this target: the `draft` and `draft_ngram` methods are not offered (n-gram and "
+                       "transformers' own prompt lookup are).")
+        c7, c8, c9 = st.columns([1, 1, 2])
+        cut = c7.number_input("p-min (confidence cut)", 0.0, 1.0, 0.0, 0.05, format="%.2f", key="bench_p_min",
+                              disabled=cut_off is not None, help=proposers_ui.P_MIN_HELP)
+        min_match = c8.number_input("n-gram min match (draft_ngram)", *proposers_ui.MIN_MATCH_RANGE,
+                                    proposers_ui.DEFAULT_MIN_MATCH, 1, key="bench_ngram_min_match",
+                                    disabled=match_off is not None, help=proposers_ui.NGRAM_MIN_MATCH_HELP)
+        off = ([f"p-min is off: {cut_off}."] if cut_off and draft else []) \
+            + ([f"n-gram min match is off: {match_off}."] if match_off and draft else [])
+        if off:
+            c9.caption(" ".join(off))
         argv = bench.bench_argv({"target": target, "draft": draft, "prompts": prompts, "num_prompts": int(n),
                                  "max_new_tokens": int(new_tokens), "k": int(k), "temperature": float(temp),
-                                 "methods": methods or ["baseline"], "backend": backend},
+                                 "methods": methods or ["baseline"], "backend": backend,
+                                 "p_min": None if cut_off else proposers_ui.p_min_value(cut),
+                                 "ngram_min_match": None if match_off else int(min_match)},
                                 ss.get("bench_json_out") or bench.new_json_path())
         if st.form_submit_button("Launch benchmark", type="primary", icon=":material/rocket_launch:"):
             if "baseline" not in methods:

@@ -6,6 +6,8 @@ import time
 import streamlit as st
 
 from ui import bench, catalog, charts, resources, state
+from ui import chat as chat_ui
+from ui import proposers as proposers_ui
 from ui.chat import (
     BLOCK_LEGEND,
     SHORT_TOKENS,
@@ -40,7 +42,8 @@ if (draft_problem := state.draft_target_problem(draft)) is not None:
 EXAMPLES = ["Repeat this sentence three times: The cat sat on the mat.",
             "Write a Python function that adds two numbers.",
             "What is speculative decoding? Answer in two sentences."]
-PROPOSERS = {"draft": "Draft model", "draft_2": "Second draft", "ngram": "n-gram (prompt lookup)"}
+PROPOSERS = {"draft": "Draft model", "draft_2": "Second draft", "draft_ngram": "Draft + n-gram",
+             "ngram": "n-gram (prompt lookup)"}
 NO_SECOND = "none"
 
 # -- controls -------------------------------------------------------------------------------------
@@ -51,17 +54,21 @@ with st.container(border=True):
     if ss.get("chat_second_draft") not in second_options:
         ss["chat_second_draft"] = NO_SECOND
     second = ss["chat_second_draft"] if ss["chat_second_draft"] != NO_SECOND else None
-    options = (["draft"] if draft else []) + (["draft_2"] if second else []) + ["ngram"]
+    options = (["draft"] if draft else []) + (["draft_2"] if second else []) + (["draft_ngram"] if draft else []) \
+        + ["ngram"]
+    opening = [p for p in options if p != "draft_ngram"]  # draft + n-gram when asked for
     if "chat_proposers" not in ss or any(p not in options for p in ss["chat_proposers"]):
-        ss["chat_proposers"] = [p for p in ss.get("chat_proposers", options) if p in options] or options
+        ss["chat_proposers"] = [p for p in ss.get("chat_proposers", opening) if p in options] or opening
     with c1:
         chosen = st.multiselect("Proposers (each answers beside the baseline)", options, key="chat_proposers",
                                 format_func=PROPOSERS.get,
                                 help="Draft: the active draft model. n-gram: copies continuations of earlier text "
-                                "(no model; works on repetitive prompts). Every proposer answers the same prompt.")
+                                "(no model; works on repetitive prompts). Draft + n-gram: per step, the n-gram's "
+                                "proposal where its match is long enough, else the draft's. Every proposer answers "
+                                "the same prompt.")
         if not draft:
             st.caption("No draft for this target: n-gram only. Pick or train a draft on the Models page.")
-        elif "draft" in chosen:
+        elif {"draft", "draft_ngram"} & set(chosen):
             st.caption(f"Draft: `{state.short(draft, 60)}`")
     with c2:
         k = st.slider("k (drafts per step)", 1, 8, key="chat_k")  # values: ui.state.Settings
@@ -85,6 +92,23 @@ with st.container(border=True):
         if st.button("Clear chat", key="chat_clear", icon=":material/delete_sweep:", disabled=not ss["chat_history"]):
             ss["chat_history"] = []
             st.rerun()
+    paths = {"draft": draft, "draft_2": second, "draft_ngram": draft}
+    p_min, min_match = None, proposers_ui.DEFAULT_MIN_MATCH
+    if draft:  # the draft's own settings: its confidence cut, and draft + n-gram's rule
+        c9, c10, c11 = st.columns([1, 1, 3])
+        cut_applies, cut_note = chat_ui.p_min_state(chosen, paths, PROPOSERS)
+        with c9:
+            cut = st.number_input("p-min (confidence cut)", 0.0, 1.0, step=0.05, format="%.2f", key="chat_p_min",
+                                  disabled=not cut_applies, help=proposers_ui.P_MIN_HELP)
+            p_min = proposers_ui.p_min_value(cut) if cut_applies else None
+        with c10:
+            if "draft_ngram" in chosen:
+                min_match = int(st.number_input("n-gram min match", *proposers_ui.MIN_MATCH_RANGE, step=1,
+                                                key="chat_ngram_min_match", help=proposers_ui.NGRAM_MIN_MATCH_HELP))
+        with c11:
+            if cut_note:
+                st.caption(cut_note)
+    settings = chat_ui.side_settings(chosen, paths, p_min=p_min, min_match=min_match)
     if temperature > 0:
         st.info("Temperature > 0: lossless means every speculative answer is drawn from **the same distribution** "
                 "as the target alone, not that it is the same text. Each side draws its own samples, so the texts "
@@ -124,6 +148,8 @@ def _metrics_line(side: dict, row: dict | None) -> str:
         parts.append(f"first token {side['first_token_s']:.2f} s")
     if side.get("mean_acceptance_length"):  # the names the explanation below uses, for the same quantities
         parts.append(f"mean acceptance length {side['mean_acceptance_length']:.2f} (on the steps it drafted)")
+    if by := side.get("proposed_by"):  # draft + n-gram: who proposed its steps
+        parts.append(f"n-gram proposed {by.get('ngram', 0)} of {sum(by.values())} steps")
     if row and row.get("tokens_per_step"):
         parts.append(f"{row['tokens_per_step']:.2f} tokens per step (all steps)")
     if row and _speedup_text(row):
@@ -215,10 +241,11 @@ if prompt:
         from ui.chat import Race, busy_note, prompt_ids, sampling
 
         target = resources.target(target_name)
-        paths = {"draft": draft, "draft_2": second}
-        proposers = {"baseline": None} | {name: resources.proposer("draft" if name in paths else name, target_name,
-                                                                    paths.get(name))
-                                          for name in chosen}
+        proposers = {"baseline": None} | {
+            name: resources.proposer(fields["method"], target_name, fields["draft"], p_min=fields.get("p_min"),
+                                     **({"ngram_min_match": fields["ngram_min_match"]}
+                                        if "ngram_min_match" in fields else {}))
+            for name, fields in settings.items()}
         curve = resources.cost_curve(target_name)
         ids = prompt_ids(target.tokenizer, _messages(prompt))
         params = sampling(target.tokenizer, max_new_tokens=int(max_new), temperature=float(temperature),
@@ -226,7 +253,8 @@ if prompt:
         busy = busy_note()
         if busy:
             st.caption(f":material/hourglass_top: {busy}")
-        titles = {"baseline": "Baseline (target alone)"} | {n: f"{PROPOSERS[n]}, k={k}" for n in chosen}
+        titles = {"baseline": "Baseline (target alone)"} | {n: chat_ui.side_title(PROPOSERS[n], int(k), settings[n])
+                                                            for n in chosen}
         cols = st.columns(len(proposers))
         holders = {}
         for col, name in zip(cols, proposers, strict=True):
@@ -257,7 +285,7 @@ if prompt:
         base = sides["baseline"]
         cli = generate_commands(prompt, {"target": target_name, "k": int(k), "max_new_tokens": int(max_new),
                                          "temperature": float(temperature), "seed": int(seed)},
-                                {name: (paths[name] if name != "ngram" else None) for name in chosen})
+                                settings)
         profiles = {name: side.profile() for name, side in sides.items()}
         rows = explain(profiles, k=int(k), cost_curve=curve, labels={n: PROPOSERS[n] for n in chosen})
         kernel = target.extra.get("kernel")

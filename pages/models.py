@@ -8,6 +8,7 @@ from ui import bench as bench_ui
 from ui import catalog, charts, report, resources, state
 from ui import evaluate as evaluate_ui
 from ui import parity as parity_ui
+from ui import proposers as proposers_ui
 from ui.cli import show_cli
 from ui.errors import guard
 from ui.jobs import launch, runs_root, watch_jobs
@@ -258,10 +259,27 @@ with tab_d:
         with_llamacpp = st.toggle("Also forecast llama.cpp", False, key="models_eval_llamacpp",
                                   help="measures llama-server's step costs here (it builds llama.cpp once, minutes) "
                                   "and forecasts its speedup from the same acceptance")
+        m1, m2, m3, m4 = st.columns([1, 1, 1, 2])
+        walked = m1.selectbox("Proposer walked", list(proposers_ui.METHOD_LABELS), key="models_eval_method",
+                              format_func=proposers_ui.METHOD_LABELS.get,
+                              help="draft: the draft every step; draft + n-gram: per step the n-gram's proposal "
+                                   "where its match is long enough, else the draft's")
+        cut_off = proposers_ui.p_min_problem(shown)
+        cut = m2.number_input("p-min (confidence cut)", 0.0, 1.0, 0.0, 0.05, format="%.2f", key="models_eval_p_min",
+                              disabled=cut_off is not None, help=proposers_ui.P_MIN_HELP)
+        min_match = None
+        if walked == "draft_ngram":
+            min_match = m3.number_input("n-gram min match", *proposers_ui.MIN_MATCH_RANGE,
+                                        proposers_ui.DEFAULT_MIN_MATCH, 1, key="models_eval_ngram_min_match",
+                                        help=proposers_ui.NGRAM_MIN_MATCH_HELP)
+        if cut_off:
+            m4.caption(f"p-min is off: {cut_off}.")
         eval_argv = evaluate_ui.evaluate_argv(shown, state.active_target(), num_prompts=int(n_eval),
                                               max_new_tokens=int(new_eval), out=evaluate_ui.result_path(shown),
                                               workloads=[*picked, *([str(Path(own).expanduser())] if own else [])],
-                                              llamacpp=with_llamacpp)
+                                              llamacpp=with_llamacpp, method=walked,
+                                              p_min=None if cut_off else proposers_ui.p_min_value(cut),
+                                              ngram_min_match=min_match)
         if e3.button("Evaluate this draft", key="models_eval_go", icon=":material/speed:"):
             job = launch(eval_argv, kind="evaluate", name=Path(shown).name)
             if job is not None:  # the panel below follows the new evaluation

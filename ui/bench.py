@@ -10,20 +10,64 @@ from typing import Any
 from engine import jobs as engine_jobs
 from engine.cpu import load_text, under_load
 from engine.errors import WorkbenchError
-from engine.measure.options import ALL_METHODS, BenchOptions
+from engine.measure.options import ALL_METHODS, BACKEND_METHODS, BenchOptions
 from ui import records
 from ui.evaluate import counted
 from ui.jobs import argv_value
+from ui.proposers import p_min_problem as draft_p_min_problem
 
 METHODS = ALL_METHODS
+BACKENDS = list(BACKEND_METHODS)
+DRAFT_METHODS = ("draft", "draft_ngram")  # the methods that run the draft
+BACKEND_WORDS = {"transformers": "in process", "vllm": "a real vLLM server (needs the vLLM environment)",
+                 "llama.cpp": "real llama-servers (built once), the draft exported to GGUF; its draft_ngram mixes the "
+                              "draft with llama.cpp's ngram-mod"}
+METHODS_HELP = ("baseline: the target alone; draft: the active draft; ngram: prompt lookup; hf_prompt_lookup and "
+                "hf_assisted: transformers' own; draft_ngram: per step the n-gram's proposal where its match is long "
+                "enough, else the draft's.")
+
+
+def methods_for(backend: str, has_draft: bool) -> list[str]:
+    """The methods a backend runs (engine.measure.options.BACKEND_METHODS), those of a draft only with one."""
+    return [m for m in BACKEND_METHODS[backend] if m not in DRAFT_METHODS or has_draft]
+
+
+def backend_help() -> str:
+    """The Backend field's help: what each backend is and the methods it runs."""
+    return "; ".join(f"{b}: {BACKEND_WORDS.get(b, b)} (methods: {', '.join(m)})" for b, m in BACKEND_METHODS.items())
+
+
+def p_min_problem(backend: str, draft: str | None) -> str | None:
+    """Why the p-min input is off for this backend and draft, in words; None where the bench applies it."""
+    if not draft:
+        return "no draft is active (it cuts a draft's chain)"
+    if backend == "vllm":
+        return "the vLLM backend takes none here (in-process and llama.cpp do)"
+    return draft_p_min_problem(draft) if backend == "transformers" else None  # llama.cpp: --spec-draft-p-min
+
+
+def min_match_problem(backend: str) -> str | None:
+    """Why the n-gram min match input is off for this backend; None in process, where draft_ngram takes it."""
+    if backend == "llama.cpp":
+        return "llama.cpp's draft_ngram uses its own ngram-mod rule, not this one"
+    if "draft_ngram" not in BACKEND_METHODS[backend]:
+        return f"the {backend} backend does not run draft_ngram"
+    return None
 
 
 def bench_argv(values: dict[str, Any], json_out: str) -> list[str]:
-    """The `bench` command of the form's values (BenchOptions fields), its result written to `json_out`; the draft
-    only where the `draft` method runs."""
+    """The `bench` command of the form's values (BenchOptions fields), its result written to `json_out`: the draft
+    and its p-min (0 = off) only where a draft method runs, the n-gram min match only where draft_ngram runs in
+    process."""
     given = {name: value for name, value in values.items() if value is not None}
-    if "draft" not in given.get("methods", []):
+    methods = given.get("methods", [])
+    if not set(DRAFT_METHODS) & set(methods):
         given.pop("draft", None)
+        given.pop("p_min", None)
+    if not given.get("p_min"):
+        given.pop("p_min", None)
+    if "draft_ngram" not in methods or min_match_problem(given.get("backend", "transformers")):
+        given.pop("ngram_min_match", None)
     return [*BenchOptions(**given).argv("bench"), "--json", json_out]
 
 
@@ -168,6 +212,8 @@ def describe(result: dict[str, Any]) -> str:
         parts.append(counted(n, "prompt") + (f" × up to {counted(new, 'new token')}" if new else ""))
     if result.get("temperature") is not None:
         parts.append("greedy" if not result["temperature"] else f"temperature {result['temperature']:g}")
+    if result.get("p_min"):
+        parts.append(f"p-min {float(result['p_min']):.2f}")
     where = result.get("backend") or ""
     if result.get("device"):
         where += f" on {result['device']}" + (f" ({result['threads']} threads)" if result.get("threads") else "")

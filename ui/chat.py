@@ -27,6 +27,7 @@ from engine.generate.speculative import generate
 from engine.jobs import duration_text
 from engine.targets.resolve import builtin_for
 from ui.cli import command
+from ui.proposers import p_min_problem
 from ui.tokens import TokenMark, TokenText
 
 
@@ -43,6 +44,7 @@ class Side:
     first_s: float | None = None  # own time until the first token (prefill)
     done: bool = False
     finished: str | None = None
+    drafted_by: list[str | None] = field(default_factory=list)  # per event: "ngram" / "draft" (draft + n-gram)
 
     def add(self, event: StepEvent) -> None:
         self.events.append(event)
@@ -74,14 +76,17 @@ class Side:
         """One row per verification step; a block drafter's whole block is one step (`block` marks each slot)."""
         tok = self.text.tokenizer
         cuts = any(e.withheld or e.confidence for e in self.events)
+        by = self.drafted_by if any(self.drafted_by) else []
         rows = []
-        for e in self.events:
+        for i, e in enumerate(self.events):
             row = {"step": e.step, "emitted": tok.decode(e.tokens, skip_special_tokens=False),
                    "sources": " ".join(e.sources), "accepted/drafted": f"{e.accepted}/{e.drafted}",
                    "block": block_marks(e),
                    "rejected drafts": " ".join(repr(tok.decode([t], skip_special_tokens=False)) for t in e.rejected)}
             if cuts:
                 row["survival (cut at |)"] = survival_text(e)
+            if by:
+                row["proposed by"] = SOURCE_WORDS.get(by[i], "") if i < len(by) else ""
             rows.append(row)
         return rows
 
@@ -89,11 +94,20 @@ class Side:
         """The decode steps summed (engine.generate.explain.Profile): tokens, steps, time split, acceptance."""
         return profile(self.events)
 
+    def source_counts(self) -> dict[str, int]:
+        """Of a draft + n-gram side, how many steps each proposed: {"ngram": 12, "draft": 30}; {} for the others."""
+        counts: dict[str, int] = {}
+        for source in self.drafted_by:
+            if source:
+                counts[source] = counts.get(source, 0) + 1
+        return counts
+
     def summary(self) -> dict:
         return {"tokens": len(self.ids), "seconds": round(self.own_s, 3), "tokens_per_s": self.tokens_per_s,
                 "first_token_s": self.first_s,
                 "mean_acceptance_length": self.metrics.mean_acceptance_length,
-                "per_position_acceptance": self.metrics.per_position_acceptance, "finished": self.finished}
+                "per_position_acceptance": self.metrics.per_position_acceptance, "finished": self.finished,
+                "proposed_by": self.source_counts()}
 
 
 class Race:
@@ -106,6 +120,7 @@ class Race:
     def __init__(self, target, prompt_ids: list[int], params: SamplingParams, proposers: dict, k: int):
         tok = target.tokenizer
         self.sides = {name: Side(name, TokenText(tok)) for name in proposers}
+        self._proposers = proposers
         self._gens = {name: generate(TargetRunner(target, getattr(p, "aux_layer_ids", None)), prompt_ids, params,
                                      p, k)
                       for name, p in proposers.items()}
@@ -128,6 +143,9 @@ class Race:
                 if event is not None:
                     if side.first_s is None:
                         side.first_s = side.own_s
+                    # who proposed this step, where the proposer picks per step (draft + n-gram's last_source)
+                    source = getattr(self._proposers[side.name], "last_source", None) if event.step else None
+                    side.drafted_by.append(source)
                     side.add(event)
         except BaseException as exc:  # re-raised in the page's thread, where the error guard shows it
             self.error = exc
@@ -158,6 +176,7 @@ class Race:
         self._cancel.set()
 
 
+SOURCE_WORDS = {"ngram": "n-gram", "draft": "draft"}  # a draft + n-gram step's proposer, in the step table
 BLOCK_MARKS = {"accepted": "✓", "rejected": "✗", "after": "·", "withheld": "✂"}
 BLOCK_LEGEND = ("block: one mark per drafted slot, ✓ accepted, ✗ the first rejected, · after it (not used), "
                 "✂ drafted but cut by the confidence head before verification")
@@ -335,13 +354,61 @@ def prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
     return engine_prompt_ids(tokenizer, messages)
 
 
-def generate_commands(prompt: str, settings: dict, proposers: dict[str, str | None]) -> str:
-    """The `generate` commands of a chat turn, one per line: the baseline, then each proposer (its draft folder, or
-    None for n-gram); `settings` are GenerateOptions fields (target, k, max_new_tokens, temperature, seed)."""
+def generate_commands(prompt: str, settings: dict, proposers: dict[str, str | dict | None]) -> str:
+    """The `generate` commands of a chat turn, one per line: the baseline, then each proposer: its GenerateOptions
+    fields (`side_settings`: method, draft, p_min, ngram_min_match), or just its draft folder (None: n-gram);
+    `settings` are the turn's GenerateOptions fields (target, k, max_new_tokens, temperature, seed)."""
     base = GenerateOptions(**settings)
-    runs = [("baseline", None), *(("ngram" if path is None else "draft", path) for path in proposers.values())]
-    return "\n".join(command(base.model_copy(update={"method": method, "draft": path}).argv("generate", prompt))
-                     for method, path in runs)
+    runs = [{"method": "baseline", "draft": None},
+            *(p if isinstance(p, dict) else {"method": "ngram" if p is None else "draft", "draft": p}
+              for p in proposers.values())]
+    return "\n".join(command(base.model_copy(update=_set(run)).argv("generate", prompt)) for run in runs)
+
+
+def _set(fields: dict) -> dict:
+    """The fields a command states: a setting left off (None) is not written."""
+    return {name: value for name, value in fields.items() if value is not None or name == "draft"}
+
+
+SIDE_METHODS = {"draft": "draft", "draft_2": "draft", "draft_ngram": "draft_ngram", "ngram": "ngram"}
+
+
+def side_settings(chosen: list[str], paths: dict[str, str | None], *, p_min: float | None,
+                  min_match: int) -> dict[str, dict]:
+    """Each chosen proposer of the chat (`SIDE_METHODS`) as GenerateOptions fields: its method and draft, p_min where
+    its draft makes that cut, ngram_min_match for draft + n-gram."""
+    out = {}
+    for name in chosen:
+        method = SIDE_METHODS[name]
+        path = paths.get(name) if method != "ngram" else None
+        fields: dict = {"method": method, "draft": path}
+        if p_min and path and p_min_problem(path) is None:
+            fields["p_min"] = p_min
+        if method == "draft_ngram":
+            fields["ngram_min_match"] = int(min_match)
+        out[name] = fields
+    return out
+
+
+def p_min_state(chosen: list[str], paths: dict[str, str | None], labels: dict[str, str]) -> tuple[bool, str | None]:
+    """(whether the p-min input applies to the chosen proposers, a sentence of where it is off and why, or None)."""
+    drafting = {name: paths.get(name) for name in chosen if SIDE_METHODS[name] != "ngram"}
+    if not drafting:
+        return False, ("p-min is off: it cuts a draft's chain, and no proposer with a draft is chosen (Draft model, "
+                       "Draft + n-gram).")
+    problems = {name: p_min_problem(path) for name, path in drafting.items()}
+    off = {name: why for name, why in problems.items() if why}
+    if not off:
+        return True, None
+    if len(off) == len(drafting):
+        return False, f"p-min is off: {next(iter(off.values()))}."
+    return True, "; ".join(f"p-min is off for {labels.get(name, name)}: {why}" for name, why in off.items()) + "."
+
+
+def side_title(label: str, k: int, fields: dict) -> str:
+    """A chat column's title: "Draft + n-gram, k=3, min match 3, p-min 0.30"."""
+    return (f"{label}, k={k}" + (f", min match {fields['ngram_min_match']}" if fields.get("ngram_min_match") else "")
+            + (f", p-min {fields['p_min']:.2f}" if fields.get("p_min") else ""))
 
 
 def sampling(tokenizer, *, max_new_tokens: int, temperature: float, seed: int) -> SamplingParams:

@@ -16,6 +16,7 @@ from engine.measure.step_costs import measured_recommendation
 from engine.measure.step_costs import recommendation as words
 from ui import records
 from ui.jobs import argv_value
+from ui.proposers import settings_text
 
 
 def result_path(draft: str) -> str:
@@ -23,10 +24,18 @@ def result_path(draft: str) -> str:
 
 
 def evaluate_argv(draft: str, target: str, *, num_prompts: int, max_new_tokens: int, out: str,
-                  forecast: bool = True, workloads: list[str] | None = None, llamacpp: bool = False) -> list[str]:
+                  forecast: bool = True, workloads: list[str] | None = None, llamacpp: bool = False,
+                  method: str = "draft", p_min: float | None = None, ngram_min_match: int | None = None) -> list[str]:
     """The evaluate job's command; `workloads` (built-in names or prompts files) add a row each of acceptance per k
-    with its spread over prompts; `llamacpp` forecasts llama.cpp's speedup too."""
+    with its spread over prompts; `llamacpp` forecasts llama.cpp's speedup too; `method` draft_ngram walks draft +
+    n-gram (with its `ngram_min_match`), `p_min` (0 = off) the draft's confidence cut."""
     options = EvaluateOptions(draft=draft, target=target, num_prompts=num_prompts, max_new_tokens=max_new_tokens)
+    if method != "draft":
+        options.method = method
+        if ngram_min_match is not None:
+            options.ngram_min_match = int(ngram_min_match)
+    if p_min:
+        options.p_min = float(p_min)
     if forecast:
         options.forecast = True
         if llamacpp:
@@ -134,7 +143,8 @@ def size(result: dict[str, Any]) -> int:
 
 
 def protocol(result: dict[str, Any]) -> str:
-    """An evaluation's size and protocol in words: prompts × tokens, its k, the target's kernel path, the engines."""
+    """An evaluation's size and protocol in words: prompts × tokens, its k, the target's kernel path, the proposer
+    walked (its p-min and n-gram rule), the engines."""
     ks = [int(k) for k in result.get("by_k") or {}]
     kernel = str(result.get("kernel") or "").split(" (")[0] or "not recorded"
     kernel += " (chosen under load)" if "measured under load" in str(result.get("kernel") or "") else ""
@@ -143,8 +153,14 @@ def protocol(result: dict[str, Any]) -> str:
     return (f"{counted(result.get('num_samples'), 'held-out prompt')} × "
             f"{counted(result.get('max_new_tokens'), 'new token')}"
             + (f" · k = {min(ks)}–{max(ks)}" if len(ks) > 1 else f" · k = {ks[0]}" if ks else "")
-            + f" · kernel {kernel} · acceptance: in-process walk"
+            + f" · kernel {kernel} · proposer: {proposer(result)} · acceptance: in-process walk"
             + (f", forecast: {' and '.join(engines)}" if engines else ", no forecast"))
+
+
+def proposer(result: dict[str, Any]) -> str:
+    """The proposer an evaluation walked, in words: "draft", "draft, p-min 0.30", "draft + n-gram (min match 3)"
+    (an older result, without `proposer`, walked the plain draft)."""
+    return settings_text(result.get("proposer"))
 
 
 def largest(evaluations: list[Evaluation]) -> Evaluation | None:
@@ -223,5 +239,5 @@ def _round(x: float | None, digits: int = 3) -> float | None:
 
 
 __all__ = ["WORKLOADS", "Evaluation", "all_results", "choose", "counted", "evaluate_argv", "label", "largest",
-           "protocol", "recommendation", "result_path", "results", "shipped_results", "size", "smaller_and_newer",
-           "table_rows", "workload_rows"]
+           "proposer", "protocol", "recommendation", "result_path", "results", "shipped_results", "size",
+           "smaller_and_newer", "table_rows", "workload_rows"]

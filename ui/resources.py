@@ -21,9 +21,11 @@ from engine.data.render.datasets import DatasetSummary, iter_conversations
 from engine.errors import WorkbenchError
 from engine.generate.kernel_choice import load_decode_target, read_cached
 from engine.generate.metrics import measure_cost_curve
+from engine.generate.ngram import NGRAM_MIN_MATCH
 from engine.generate.runner import TargetRunner
 from engine.targets.dtypes import pick_device
 from engine.targets.resolve import builtin_cache_dir, builtin_for, builtin_ready, resolve_target
+from ui.proposers import p_min_problem
 
 log = logging.getLogger("workbench.ui.resources")
 
@@ -89,14 +91,21 @@ def _draft_model(path: str, target_name: str, stamp: float):
     return load_decoding_draft(path, target(target_name))
 
 
-def proposer(method: str, target_name: str, draft_path: str | None):
-    """A fresh proposer over cached weights (engine.algos.loading.make_proposer): `draft` (the draft folder) or
-    `ngram`; None for the baseline."""
-    if method == "draft" and not draft_path:
+def proposer(method: str, target_name: str, draft_path: str | None, *, p_min: float | None = None,
+             ngram_min_match: int = NGRAM_MIN_MATCH):
+    """A fresh proposer over cached weights (engine.algos.loading.make_proposer): `draft` or `draft_ngram` (over the
+    draft folder), or `ngram`; None for the baseline. `p_min` cuts the draft's chain (refused, before anything is
+    loaded, for a draft whose algorithm makes no such cut); `ngram_min_match` is draft_ngram's rule."""
+    uses_draft = method in ("draft", "draft_ngram")
+    if uses_draft and not draft_path:
         raise WorkbenchError("no draft is selected and this target has no shipped draft",
                              hint="pick a draft on the Models page, or use the n-gram proposer")
-    cached = _draft_model(draft_path, target_name, _stamp(draft_path)) if method == "draft" else None
-    return make_proposer(method, target(target_name), draft=draft_path, draft_model=cached)
+    if p_min and (problem := p_min_problem(draft_path if uses_draft else None)):
+        raise WorkbenchError(f"p-min {p_min:g} cannot apply: {problem}",
+                             hint="set p-min to 0 (off), or pick an EAGLE-3 or P-EAGLE draft on the Models page")
+    cached = _draft_model(draft_path, target_name, _stamp(draft_path)) if uses_draft else None
+    return make_proposer(method, target(target_name), draft=draft_path, draft_model=cached,
+                         ngram_min_match=ngram_min_match, **({"p_min": p_min} if p_min else {}))
 
 
 @st.cache_resource(show_spinner=False)

@@ -17,6 +17,7 @@ from pydantic import BaseModel, Field, ValidationError
 from engine.algos.shipped import default_draft
 from engine.errors import WorkbenchError
 from engine.fsutil import atomic_write_json, read_json, workbench_home
+from engine.generate.ngram import NGRAM_MIN_MATCH
 from engine.targets.identity import draft_verifier, same_target, target_for_draft
 from engine.targets.resolve import DEFAULT_TARGET, resolves_locally
 
@@ -38,6 +39,9 @@ class Settings(BaseModel):
     chat_temperature: float = Field(0.0, ge=0.0, le=1.5, description="Demo chat: sampling temperature.")
     chat_max_new_tokens: int = Field(96, ge=8, le=1024, description="Demo chat: longest answer.")
     chat_seed: int = Field(0, ge=0, le=2**31 - 1, description="Demo chat: sampling seed.")
+    chat_p_min: float = Field(0.0, ge=0.0, le=1.0, description="Demo chat: the draft's confidence cut (0 = off).")
+    chat_ngram_min_match: int = Field(NGRAM_MIN_MATCH, ge=2, le=5,
+                                      description="Demo chat: draft + n-gram's shortest n-gram match.")
 
 
 DEFAULTS = Settings().model_dump()

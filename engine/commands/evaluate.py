@@ -30,9 +30,12 @@ def _flags(options: EvaluateOptions, args: argparse.Namespace) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.measure.evaluate import evaluate_draft, format_table
+    from engine.measure.evaluate import evaluate_draft, format_table, p_min_advice
 
     options = options_from_args(args, EvaluateOptions)
+    if args.write_k and (options.p_min or options.method != "draft"):  # refused before minutes of evaluation
+        raise WorkbenchError("--write-k writes the k vLLM serves, and vLLM drafts without --p-min or draft_ngram",
+                             hint="evaluate the plain draft (no --p-min, --method draft) to write its k")
     reporter().phase("loading the target and the draft", progress=0.0)  # the bar and its estimate from the start
     result = evaluate_draft(options)
     result["command"] = command_of("evaluate", _flags(options, args))
@@ -52,6 +55,8 @@ def run(args: argparse.Namespace) -> int:
     fc = result.get("forecast")
     if fc:
         print(f"{recommendation(fc)} (one target step {fc['target_step_ms']:.1f} ms)")
+        if advice := p_min_advice(result):
+            print(advice)
     fl = result.get("forecast_llamacpp")
     if fl:
         print("\nllama.cpp forecast (step costs measured on llama-server here): " + ", ".join(

@@ -4,6 +4,7 @@ current suffix."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import lru_cache
 
 import torch
 
@@ -91,19 +92,23 @@ def draft_ngram_counts(token_ids: Sequence[int], a: Sequence[int], cuts: Sequenc
     """The evaluator's view of DraftNgramProposer on a greedy held-out sequence token_ids [T]: per state q (token q the
     last committed), (accepted a_h[q], drafted cap cuts_h[q], by the n-gram) of the n-gram where its match is long
     enough, else the draft's `a` and `cuts` (None: k). Exact: the committed text at state q is the data's 0..q."""
-    tokens = [int(t) for t in token_ids]
+    tokens = tuple(int(t) for t in token_ids)
     a_h = [int(x) for x in a]
     cuts_h = [k] * len(a_h) if cuts is None else [int(c) for c in cuts]
     by_ngram = [False] * len(tokens)
-    for q in range(1, len(tokens)):
-        committed = tokens[:q + 1]
-        n, start = ngram_match(committed, min_n, max_n)
-        if n < min_match:
+    for q, (n, start) in enumerate(_matches_at_every_state(tokens, min_n, max_n)):
+        if q < 1 or n < min_match:
             continue
-        follow = committed[start + n:start + n + k]
+        follow = tokens[start + n:min(start + n + k, q + 1)]  # what was committed by state q
         truth = tokens[q + 1:q + 1 + len(follow)]
         right = 0
         while right < len(truth) and follow[right] == truth[right]:
             right += 1
         a_h[q], cuts_h[q], by_ngram[q] = right, len(follow), True
     return a_h, cuts_h, by_ngram
+
+
+@lru_cache(maxsize=256)
+def _matches_at_every_state(tokens: tuple[int, ...], min_n: int, max_n: int) -> list[tuple[int, int]]:
+    """`ngram_match` of tokens[:q + 1] for every q (remembered: the evaluator walks one sample at several settings)."""
+    return [ngram_match(tokens[:q + 1], min_n, max_n) for q in range(len(tokens))]

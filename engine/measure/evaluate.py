@@ -134,6 +134,39 @@ def evaluate_samples(algorithm, draft, samples: Iterable[HeldOutSample], ks: Seq
     return out
 
 
+P_MIN_GRID = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8)  # the confidence cuts the k advice tries
+
+
+def p_min_forecast(algorithm, draft, samples: list[HeldOutSample], ks: Sequence[int], o: EvaluateOptions,
+                   costs: dict[str, Any]) -> dict[str, Any]:
+    """The k advice with a confidence cut: per p_min of P_MIN_GRID the walk (exact) and the forecast's fastest k,
+    and the best of them beside the draft without a cut."""
+    rows = []
+    for p_min in P_MIN_GRID:
+        walked = evaluate_samples(algorithm, draft, samples, ks, o.model_copy(update={"p_min": p_min}))
+        fc = forecast(walked, costs)
+        k = fc["fastest_k"]
+        acc = walked["by_k"][str(k)]
+        rows.append({"p_min": p_min, "k": k, "speedup": fc["by_k"][str(k)]["speedup"],
+                     "mean_acceptance_length": acc["mean_acceptance_length"],
+                     "tokens_per_step": acc["tokens_per_step"]})
+    best = max(rows, key=lambda r: r["speedup"] or 0.0)
+    return {"rows": rows, "best": best, "trusted": not costs.get("label")}
+
+
+def p_min_advice(result: dict[str, Any]) -> str:
+    """The confidence cut's advice in words beside the forecast without one ("" when there is none)."""
+    fp, fc = result.get("forecast_p_min"), result.get("forecast")
+    if not fp or not fc:
+        return ""
+    best, plain = fp["best"], fc["by_k"][str(fc["fastest_k"])]["speedup"]
+    if not best["speedup"] or not plain:
+        return ""
+    verdict = "pays" if best["speedup"] > plain else "does not pay"
+    return (f"a confidence cut {verdict} here: --p-min {best['p_min']:g} at k = {best['k']} forecasts "
+            f"{best['speedup']:.2f}× against {plain:.2f}× without one (k = {fc['fastest_k']})")
+
+
 def proposer_settings(o: EvaluateOptions) -> dict[str, Any]:
     """What the walk drafted with: the method and, where set, its confidence cut and n-gram rule."""
     return {"method": o.method, "p_min": o.p_min or None,
@@ -359,6 +392,8 @@ def evaluate_draft(options: EvaluateOptions, *, progress: bool = True) -> dict[s
             costs = measure_step_costs(tgt, algorithm, model, ks, context=context)
             result["costs"] = costs
             result["forecast"] = forecast(result, costs)
+            if algorithm.p_min_cut and not o.p_min and not o.all_drafts and isinstance(samples, list):
+                result["forecast_p_min"] = p_min_forecast(algorithm, model, samples, ks, o, costs)
         if "llama.cpp" in o.forecast_engines:
             result.update(_llamacpp_forecast(result, str(draft_path), target, ks, samples, o.gguf_target,
                                              max_new_tokens))

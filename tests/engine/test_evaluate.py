@@ -278,3 +278,38 @@ def test_the_cards_teacher_forcing_bullet_ends_with_the_evaluators_first_token_s
     assert f"{HARDER}. The evaluator measured the split on its held-out answers (k = 3): the first draft token is " \
            "accepted 0.42 of the time where decoding starts a draft, 0.46 over every answer position " \
            "(teacher-forced)." in text
+
+
+def test_a_forecast_with_steps_of_several_shapes_costs_each_step_as_it_ran():
+    """With a confidence cut or draft_ngram, each step costs v(drafted + 1) plus the draft tokens it computed (none for
+    an n-gram step; one past those sent where a chain was cut), against the tokens one step commits."""
+    from engine.measure.evaluate import p_min_advice
+    from engine.measure.step_costs import forecast
+
+    costs = {"verify_cost": {1: 1.1, 2: 1.2, 3: 1.3}, "draft_cost": {1: 0.1, 2: 0.2, 3: 0.3}, "target_step_ms": 20.0}
+    # k = 3: a full chain (3 sent, 3 computed), a cut chain (1 sent, 2 computed), an n-gram step (2 sent), and a step
+    # cut before its first token (0 sent, 1 computed: a one-token target step)
+    shapes = [[3, 3, False, 2], [1, 2, False, 1], [2, 0, True, 1], [0, 1, False, 1]]
+    acc = {"mean_acceptance_length": 2.0, "tokens_per_step": 2.4, "step_shapes": shapes}
+    result = {"by_k": {"3": acc}, "proposer": {"method": "draft_ngram", "p_min": 0.5, "ngram_min_match": 3}}
+    fc = forecast(result, costs)
+    step = (2 * (1.3 + 0.3) + (1.1 + 0.2) + 1.2 + (1.0 + 0.1)) / 5
+    assert fc["by_k"]["3"]["step_cost"] == pytest.approx(step)
+    assert fc["by_k"]["3"]["speedup"] == pytest.approx(2.4 / step)
+    plain = forecast({**result, "proposer": {"method": "draft", "p_min": None}}, costs)  # every step alike
+    assert plain["by_k"]["3"]["speedup"] == pytest.approx(2.0 / 1.6)
+    untimed = forecast(result, {**costs, "verify_cost": {3: 1.3}, "draft_cost": {3: 0.3}})
+    assert untimed["by_k"]["3"]["speedup"] is None  # a shape whose cost was not timed: no figure
+    said = p_min_advice({"forecast": plain, "forecast_p_min": {"best": {"p_min": 0.4, "k": 4, "speedup": 1.4}}})
+    assert said == "a confidence cut pays here: --p-min 0.4 at k = 4 forecasts 1.40× against 1.25× without one (k = 3)"
+
+
+def test_p_min_is_refused_where_it_cannot_act(tmp_path):
+    """--write-k with a cut is refused before any evaluation; a DFlash draft refuses --p-min with the reason."""
+    for argv in (["evaluate", "--p-min", "0.5", "--forecast", "--write-k"],
+                 ["generate", "--draft", str(ROOT / "assets" / "drafts" / "smollm2-135m-instruct-dflash"),
+                  "--p-min", "0.5", "--max-new-tokens", "4", "Hello"]):
+        proc = subprocess.run([sys.executable, "-m", "engine", *argv], capture_output=True, text=True, cwd=ROOT,
+                              timeout=600)
+        assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+        assert ("vLLM drafts without --p-min" if "--write-k" in argv else "does not take it") in proc.stderr
