@@ -51,6 +51,7 @@ PAIRED_TAU = "train_quality/*-paired-100.json"  # the same two drafts on more he
 DATA_COST = ["data_cost/intel-xeon-amx.json", "data_cost/amd-epyc-zen4-onepass-refill.json",
              "data_cost/amd-epyc-zen4-vllm-onepass-32.json"]
 GPU = "gpu_check/*.json"
+LEVERS = "levers/*.json"  # benchmarks/bench_levers.py: each proposer lever beside the shipped EAGLE-3 draft
 
 
 class RecordError(ValueError):
@@ -436,6 +437,29 @@ def data_cost() -> list[str]:
         how_measured(DATA_COST)
 
 
+def levers() -> list[str]:
+    """Per workload, what decoding measured for the draft, n-gram and each lever's best forecast setting, with the
+    evaluator's tokens per step and forecast of the same setting beside it."""
+    rows, used = [], []
+    for path in newest(found(LEVERS)):
+        for workload, w in need(path, "workloads").items():
+            for name, d in w["decoded"].items():
+                if name == "baseline":
+                    continue
+                f = next((r for r in w["forecasts"] if r["method"] == d.get("method")
+                          and r["p_min"] == d.get("p_min") and r.get("ngram_min_match") == d.get("ngram_min_match")
+                          and r["k"] == d.get("k")), {})
+                per_step = f.get("tokens_per_step")
+                rows.append([workload, re.sub(r" k\d+$", "", name), d.get("k") or "–", tau(d["mean_acceptance_length"]),
+                             "–" if per_step is None else f"{per_step:.2f}", times(d["speedup"], d.get("ci95")),
+                             times(f.get("forecast_speedup")), yes(d["identical_to_baseline"]), kind(path),
+                             path_name(need(path, "kernel")), f"`{path}`"])
+        used.append(path)
+    return table(["workload", "proposer", "k", "τ", "tokens / step", "speedup (95% interval)",
+                  "forecast (evaluator)", "answers = baseline's", "CPU kind", "target path", "record"], rows) + \
+        [""] + how_measured(used)
+
+
 def gpu() -> list[str]:
     """The GPU check's records, or that none is committed."""
     paths = found(GPU)
@@ -448,7 +472,7 @@ def gpu() -> list[str]:
 TABLES: dict[str, Callable[[], list[str]]] = {
     "shipped-drafts": shipped_drafts, "best-k": best_k, "engines": engines, "tau-protocols": tau_protocols,
     "baseline": baseline, "train-speed": train_speed, "train-outcome": train_outcome, "data-cost": data_cost,
-    "gpu": gpu}
+    "levers": levers, "gpu": gpu}
 
 
 # ------------------------------------------------------------------------------------------------------ blocks

@@ -308,6 +308,8 @@ with tab_d:
                                f"From {evaluate_ui.label(by_workload)}.")
                 if ev.result.get("forecast_llamacpp"):
                     st.caption(f"llama.cpp: {ev.result['forecast_llamacpp']['advice']}.")
+                if cut := evaluate_ui.cut_advice(ev.result):
+                    st.caption(cut)
                 advice = evaluate_ui.recommendation(ev.result, ev.here, bench_ui.draft_speed(shown),
                                                     shipped=ev.shipped)
                 st.caption(f"{evaluate_ui.protocol(ev.result)}; from {ev.where}."

@@ -108,3 +108,32 @@ def test_the_training_records_are_all_listed_oldest_first():
     for path, d in zip(report.TRAIN_QUALITY, days, strict=True):
         by_kind.setdefault(report.kind(path), []).append(d)
     assert all(d == sorted(d) for d in by_kind.values())
+
+
+def test_the_levers_prose_is_its_record():
+    """The step-cost arithmetic under the levers table: each figure computed from the newest levers record."""
+    path = report.newest(report.found(report.LEVERS))[0]
+    general, chat = (report.load(path)["workloads"][w] for w in ("general", "sharegpt"))
+    costs = general["costs"]
+    step = costs["verify_cost"]["3"] + costs["draft_cost"]["3"]
+
+    def per_step(w, method, k):
+        return next(r["tokens_per_step"] for r in w["forecasts"] if r["method"] == method and not r["p_min"]
+                    and r["k"] == k and r.get("ngram_min_match") in (None, 2))
+
+    cut_slower = all(max(r["forecast_speedup"] for r in w["forecasts"] if r["p_min"] and r["method"] == m)
+                     < max(r["forecast_speedup"] for r in w["forecasts"] if not r["p_min"] and r["method"] == m)
+                     for w in (general, chat) for m in ("draft", "draft_ngram"))
+    best_k = max((r for r in general["forecasts"] if r["method"] == "draft_ngram" and not r["p_min"]),
+                 key=lambda r: r["forecast_speedup"])["k"]
+    hybrid = next(d for name, d in chat["decoded"].items() if d.get("method") == "draft_ngram" and not d["p_min"])
+    section = report.DOC.read_text().split("## What each lever buys", 1)[1].split("\n## ", 1)[0]
+    said = [f"({costs['verify_cost']['3']:.2f} at k = 3 here)", f"({costs['draft_cost']['3']:.2f} of a step at k = 3)",
+            f"At {step:.2f} baseline steps per k = 3 step, 1.3× needs {1.3 * step:.2f} tokens per step",
+            f"the draft gives {per_step(general, 'draft', 3):.2f}",
+            f"`draft_ngram` {per_step(general, 'draft_ngram', best_k):.2f} (at its best k, {best_k})",
+            f"`draft_ngram` reaches {hybrid['speedup']:.2f}×",
+            f"n-gram alone ({chat['decoded']['ngram']['speedup']:.2f}×)"]
+    for words in said:
+        assert words in section, words
+    assert cut_slower  # "every p-min ... forecasts slower than no cut on both workloads"

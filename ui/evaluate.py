@@ -10,7 +10,7 @@ from typing import Any
 
 from engine import jobs as engine_jobs
 from engine.data.prompts.workloads import WORKLOADS
-from engine.measure.evaluate import workload_cell
+from engine.measure.evaluate import p_min_advice, workload_cell
 from engine.measure.options import EvaluateOptions
 from engine.measure.step_costs import measured_recommendation
 from engine.measure.step_costs import recommendation as words
@@ -112,6 +112,12 @@ def all_results(draft: str | None = None) -> list[Evaluation]:
     shipped = sorted(shipped_results(draft), key=lambda e: e.date or "", reverse=True)
     shipped.sort(key=lambda e: not e.here)  # stable: this machine's first, each group newest first
     return mine + shipped
+
+
+def cut_advice(result: dict[str, Any]) -> str:
+    """The confidence cut's forecast beside the plain draft's, in words ("" for a result without one)."""
+    said = p_min_advice(result)
+    return said[:1].upper() + said[1:] + "." if said else ""
 
 
 def recommendation(result: dict[str, Any], here: bool = True, speed: dict[str, Any] | None = None, *,
