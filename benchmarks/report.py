@@ -52,6 +52,7 @@ DATA_COST = ["data_cost/intel-xeon-amx.json", "data_cost/amd-epyc-zen4-onepass-r
              "data_cost/amd-epyc-zen4-vllm-onepass-32.json"]
 GPU = "gpu_check/*.json"
 LEVERS = "levers/*.json"  # benchmarks/bench_levers.py: each proposer lever beside the shipped EAGLE-3 draft
+LEVERS_LLAMACPP = "levers-llamacpp/*.json"  # `bench --backend llama.cpp` at each --p-min, same prompts
 
 
 class RecordError(ValueError):
@@ -460,6 +461,25 @@ def levers() -> list[str]:
         [""] + how_measured(used)
 
 
+def levers_llamacpp() -> list[str]:
+    """llama.cpp beside its F32 target: the shipped draft (and draft + ngram-mod) at each --spec-draft-p-min, with
+    n-gram from the run without a cut."""
+    rows, used = [], []
+    paths = newest(found(LEVERS_LLAMACPP), ties=True)
+    for path in sorted(paths, key=lambda p: need(p, "p_min") or 0.0):
+        p_min = need(path, "p_min")
+        for name, m in bench_methods(path).items():
+            if name == "baseline" or (name == "ngram" and p_min):
+                continue
+            rows.append([name, "–" if name == "ngram" else (f"{p_min:g}" if p_min else "off"), need(path, "k"),
+                         tau(m["mean_acceptance_length"]), times(m["speedup"], (m.get("spread") or {}).get("ci95")),
+                         f"{m['num_draft_tokens'] / m['tokens']:.2f}", yes(m["identical_to_baseline"]), kind(path),
+                         f"GGUF {need(path, 'gguf_target')}", f"`{path}`"])
+        used.append(path)
+    return table(["proposer", "p-min", "k", "τ", "speedup (95% interval)", "drafted per output token",
+                  "answers = baseline's", "CPU kind", "target", "record"], rows) + [""] + how_measured(used)
+
+
 def gpu() -> list[str]:
     """The GPU check's records, or that none is committed."""
     paths = found(GPU)
@@ -472,7 +492,7 @@ def gpu() -> list[str]:
 TABLES: dict[str, Callable[[], list[str]]] = {
     "shipped-drafts": shipped_drafts, "best-k": best_k, "engines": engines, "tau-protocols": tau_protocols,
     "baseline": baseline, "train-speed": train_speed, "train-outcome": train_outcome, "data-cost": data_cost,
-    "levers": levers, "gpu": gpu}
+    "levers": levers, "levers-llamacpp": levers_llamacpp, "gpu": gpu}
 
 
 # ------------------------------------------------------------------------------------------------------ blocks

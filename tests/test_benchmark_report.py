@@ -134,6 +134,15 @@ def test_the_levers_prose_is_its_record():
             f"`draft_ngram` {per_step(general, 'draft_ngram', best_k):.2f} (at its best k, {best_k})",
             f"`draft_ngram` reaches {hybrid['speedup']:.2f}×",
             f"n-gram alone ({chat['decoded']['ngram']['speedup']:.2f}×)"]
+    plain = next(p for p in report.newest(report.found(report.LEVERS_LLAMACPP), ties=True)
+                 if not report.load(p)["p_min"])
+    draft = report.load(plain)["methods"]["draft"]
+    cost = draft["mean_acceptance_length"] / draft["speedup"]  # every step drafts k: tokens per step is τ
+    said.append(f"a k = 3 step costs {cost:.2f} baseline tokens (τ {draft['mean_acceptance_length']:.2f} at "
+                f"{draft['speedup']:.2f}×): 1.3× would need {1.3 * cost:.2f} tokens per step")
     for words in said:
         assert words in section, words
     assert cut_slower  # "every p-min ... forecasts slower than no cut on both workloads"
+    cut = [report.load(p)["methods"]["draft"]["speedup"] for p in report.found(report.LEVERS_LLAMACPP)
+           if report.load(p)["p_min"]]
+    assert all(draft["speedup"] < c < 1.0 for c in cut)  # "the cut pays there, though not past the target alone"
