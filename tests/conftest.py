@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from _pytest.nodeid import coerce_node_id  # the only way to name a test's xdist group in pytest 9
 
 import engine.algos  # noqa: F401  (fills the registries, as the CLI and the app do at their entry)
 
@@ -42,6 +43,11 @@ def pytest_collection_modifyitems(config, items):
 
     for item in items:
         item.add_marker(pytest.mark.xdist_group(group(item)))
+        if config.getoption("loadgroup", False) and "@" not in item.nodeid:  # on an xdist worker
+            # xdist 3.8 tells its scheduler the group by renaming item._nodeid to "<id>@<group>", which pytest 9 no
+            # longer reads (Node.nodeid is its _id): without this every group was spread over both workers, servers
+            # and module fixtures ran twice at once (the llama.cpp tests took 250-310 s each instead of 8-16 s)
+            item._id = coerce_node_id(f"{item.nodeid}@{group(item)}")
     items.sort(key=lambda item: GROUP_ORDER.index(group(item)) if group(item) in GROUP_ORDER else len(
         GROUP_ORDER))  # stable: files keep their order
 
