@@ -25,12 +25,12 @@ WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 THREADS = max(1, min(2, (os.cpu_count() or 1) // WORKERS))
 torch.set_num_threads(THREADS)
 os.environ.setdefault("OMP_NUM_THREADS", str(THREADS))
-# Tests that start servers: each group on one worker, one after another (two vLLM servers at once on two cores
-# would each take twice as long to start), and first, as they are the longest units. llama.cpp's join vLLM's: vLLM's
-# CPU build pins its OpenMP threads to the cores, and llama-servers beside it crawled (the shipped-draft tests took
-# 220-240 s each in benchmarks/results/test_suite/amd-epyc-zen5-2026-12-07.json, a fraction of that alone).
-SERIAL_GROUPS = {"vllm": "servers", "llamacpp": "servers", "browser": "browser"}  # marker -> group
-GROUP_ORDER = ("servers", "browser")
+# Tests that start servers, and the browser tests' app: one group on one worker, one after another (two vLLM servers
+# at once on two cores would each take twice as long to start), and first, as they are the longest unit. vLLM's CPU
+# build pins its OpenMP threads to the cores: llama-servers beside it crawled, and the browser tests' timed bars and
+# servers failed beside it (benchmarks/results/test_suite/amd-epyc-zen5-2026-12-07-groups.json, 2 of 15).
+SERIAL_GROUPS = {"vllm": "servers", "llamacpp": "servers", "browser": "servers"}  # marker -> group
+GROUP_ORDER = ("servers",)
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -27,7 +27,7 @@ METHOD_LABELS = {"draft": "draft", "draft_ngram": "draft + n-gram"}
 
 
 def cut_titles() -> str:
-    """The algorithms whose proposer makes the p-min cut, by title: "EAGLE-3 and P-EAGLE"."""
+    """The algorithms whose proposer makes the p-min cut, by title ("A, B and C")."""
     titles = [ALGOS.get(name).title for name in ALGOS.names() if ALGOS.get(name).p_min_cut]
     return " and ".join([", ".join(titles[:-1]), titles[-1]] if len(titles) > 1 else titles)
 
@@ -42,8 +42,7 @@ def p_min_problem(draft: str | Path | None) -> str | None:
         return f"the draft's algorithm cannot be read ({exc})"
     if algorithm.p_min_cut:
         return None
-    own = " (it cuts its block by its own confidence head)" if algorithm.name == "dspark" else ""
-    return f"it stops {cut_titles()} draft chains, and this draft is {algorithm.title}{own}"
+    return f"it stops {cut_titles()} draft chains, and this draft is {algorithm.title}"
 
 
 def p_min_value(value: float | None) -> float | None:

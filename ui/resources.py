@@ -25,7 +25,7 @@ from engine.generate.ngram import NGRAM_MIN_MATCH
 from engine.generate.runner import TargetRunner
 from engine.targets.dtypes import pick_device
 from engine.targets.resolve import builtin_cache_dir, builtin_for, builtin_ready, resolve_target
-from ui.proposers import p_min_problem
+from ui.proposers import cut_titles, p_min_problem
 
 log = logging.getLogger("workbench.ui.resources")
 
@@ -102,7 +102,7 @@ def proposer(method: str, target_name: str, draft_path: str | None, *, p_min: fl
                              hint="pick a draft on the Models page, or use the n-gram proposer")
     if p_min and (problem := p_min_problem(draft_path if uses_draft else None)):
         raise WorkbenchError(f"p-min {p_min:g} cannot apply: {problem}",
-                             hint="set p-min to 0 (off), or pick an EAGLE-3 or P-EAGLE draft on the Models page")
+                             hint=f"set p-min to 0 (off), or pick a {cut_titles()} draft on the Models page")
     cached = _draft_model(draft_path, target_name, _stamp(draft_path)) if uses_draft else None
     return make_proposer(method, target(target_name), draft=draft_path, draft_model=cached,
                          ngram_min_match=ngram_min_match, **({"p_min": p_min} if p_min else {}))

@@ -11,8 +11,8 @@ from engine.options import Options
 from engine.targets.dtypes import DECODE_DTYPE_HELP, DECODE_DTYPES
 
 METHODS = ("baseline", "draft", "ngram", "draft_ngram")  # what `generate --method` takes (bench adds its own)
-P_MIN_HELP = ("stop a draft chain before a token whose draft probability is below this (EAGLE-3 and P-EAGLE "
-              "drafts; llama.cpp's --spec-draft-p-min)")
+P_MIN_HELP = ("stop a draft chain before a token whose draft probability is below this (chain drafts; llama.cpp's "
+              "--spec-draft-p-min)")
 NGRAM_MIN_MATCH_HELP = ("draft_ngram: take the n-gram's proposal when its matched suffix has at least this many "
                         "tokens, else the draft's")
 

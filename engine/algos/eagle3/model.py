@@ -160,9 +160,9 @@ class Eagle3Draft(nn.Module):
         Step k feeds the ground-truth tokens shifted by k and the draft's own previous hidden; its query
         at t sees the step-0 keys of the same document at positions <= t plus its own keys of steps 1..k.
         Returns logits [B,T,Vd] per step; step k's logits at t predict the token at t+k+1 (aligned later).
-        `own_tokens`: step k feeds the draft's own greedy token of step k-1 at each t instead (what cached
-        decoding feeds, also after a wrong draft; the evaluator reads a chain's confidences so).
         """
+        # own_tokens: step k feeds the draft's own greedy token of step k-1 at each t instead (what cached decoding
+        # feeds, also after a wrong draft; the evaluator reads a chain's confidences so)
         b, t = input_ids.shape
         spans = document_spans(document_ids)  # packed rows: attention never crosses documents
         masks = {w: [causal_mask(e - s, w, padding=bool(document_ids[0, s] < 0), device=input_ids.device)

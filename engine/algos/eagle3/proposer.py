@@ -14,10 +14,11 @@ class Eagle3Proposer(Proposer):
     """Pairs the target feature g_t with the next token x_{t+1} at draft position t+1 (speculators' alignment).
 
     The draft cache keeps only pairs built from true target features; the entries of drafting steps are
-    dropped after each verification, and the newly verified pairs are fed in the next step-0 pass (a step it did
-    not draft, when another proposer drafted it, adds its pairs to those waiting). With `p_min` the chain stops
-    before a token whose draft probability is below it (llama.cpp's `--spec-draft-p-min`).
+    dropped after each verification, and the newly verified pairs are fed in the next step-0 pass.
     """
+
+    # A step another proposer drafted (draft_ngram) adds its verified pairs to those waiting. With `p_min` the chain
+    # stops before a token whose draft probability is below it (llama.cpp's `--spec-draft-p-min`).
 
     name = "eagle3"
 
