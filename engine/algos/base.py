@@ -259,7 +259,7 @@ class DraftAlgorithm:
             return self.acceptance_counts(draft, aux, token_ids, k), None
         check_p_min(self, p_min)
         a, conf = self.part("evaluate", "counts_and_confidences")(draft, aux, token_ids, k)  # [T], [T, k]
-        return a, (conf >= p_min).long().cumprod(dim=1).sum(dim=1)  # leading drafts at or above p_min
+        return a, leading_confident(conf, p_min)
 
     def acceptance_expectation(self, draft: nn.Module, aux: torch.Tensor, token_ids: torch.Tensor,
                                target_logits: torch.Tensor, k: int, temperature: float) -> torch.Tensor:
@@ -272,6 +272,11 @@ class DraftAlgorithm:
         (target -> draft vocabulary mask) when it has one."""
         t2d = getattr(draft, "t2d", None)
         return None if t2d is None else t2d.bool().cpu()
+
+
+def leading_confident(conf: torch.Tensor, p_min: float) -> torch.Tensor:
+    """conf [T, k] (a chain's draft probabilities per state) -> [T]: its leading drafts at or above p_min."""
+    return (conf >= p_min).long().cumprod(dim=1).sum(dim=1)
 
 
 def check_p_min(algorithm: DraftAlgorithm, p_min: float | None) -> None:

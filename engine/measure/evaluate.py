@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from engine.algos.base import leading_confident
 from engine.algos.common.batching import layout_for
 from engine.algos.loading import draft_algorithm
 from engine.algos.shipped import default_draft
@@ -67,7 +68,9 @@ LLAMACPP_PHASE = "measuring llama.cpp's step costs on this machine"
 
 def evaluate_samples(algorithm, draft, samples: Iterable[HeldOutSample], ks: Sequence[int],
                      options: EvaluateOptions | None = None, *, progress: bool = False,
-                     span: tuple[float, float] | None = None) -> dict[str, Any]:
+                     span: tuple[float, float] | None = None,
+                     counts: Callable[[HeldOutSample], tuple[torch.Tensor, torch.Tensor | None]] | None = None
+                     ) -> dict[str, Any]:
     """Decoding-exact acceptance of `draft` for each k in `ks` on held-out greedy target outputs (the job's
     progress within `span`); `options` as `evaluate` takes them (default: the whole answers).
 
@@ -94,6 +97,7 @@ def evaluate_samples(algorithm, draft, samples: Iterable[HeldOutSample], ks: Seq
     size = phase_size(len(samples), o.max_new_tokens) if isinstance(samples, Sequence) else None
     for sample in tracked(samples, desc=WALK_PHASE, span=span, unit="sample", enabled=progress, units=size):
         a_big, cuts = ((algorithm.acceptance_counts(draft, sample.aux, sample.token_ids, big), None) if all_drafts
+                       else counts(sample) if counts is not None
                        else algorithm.walk_counts(draft, sample.aux, sample.token_ids, big, p_min=o.p_min))
         a_big, cuts, by_ngram = a_big.tolist(), cuts.tolist() if cuts is not None else None, None
         if o.method == "draft_ngram":
@@ -141,9 +145,15 @@ def p_min_forecast(algorithm, draft, samples: list[HeldOutSample], ks: Sequence[
                    costs: dict[str, Any]) -> dict[str, Any]:
     """The k advice with a confidence cut: per p_min of P_MIN_GRID the walk (exact) and the forecast's fastest k,
     and the best of them beside the draft without a cut."""
+    confidences = algorithm.part("evaluate", "counts_and_confidences")
+    unrolled = {id(s): confidences(draft, s.aux, s.token_ids, max(ks)) for s in samples}  # once per sample
     rows = []
     for p_min in P_MIN_GRID:
-        walked = evaluate_samples(algorithm, draft, samples, ks, o.model_copy(update={"p_min": p_min}))
+        def cut(s: HeldOutSample, p_min: float = p_min) -> tuple[torch.Tensor, torch.Tensor]:
+            a, conf = unrolled[id(s)]
+            return a, leading_confident(conf, p_min)
+
+        walked = evaluate_samples(algorithm, draft, samples, ks, o.model_copy(update={"p_min": p_min}), counts=cut)
         fc = forecast(walked, costs)
         k = fc["fastest_k"]
         acc = walked["by_k"][str(k)]

@@ -356,6 +356,18 @@ def test_a_confidence_cut_keeps_the_text_and_the_evaluator_walks_it(algo, target
     assert walks == [list(zip(w["drafted"], w["accepted"], strict=True)) for w in result["walks"][str(k)]]
     assert any(e.withheld for e in events) and sum(e.accepted for e in events) > 0
     assert any(e.drafted == k for e in events)  # confident chains run to k
+    # the k advice's grid (one unroll per sample, cut at every p-min) walks as evaluate does at each p-min
+    from engine.measure.evaluate import P_MIN_GRID, p_min_forecast
+
+    ks_ = ks(algo, fitted)
+    costs = {"verify_cost": {j: 1.0 + 0.05 * j for j in ks_}, "draft_cost": {j: 0.1 * j for j in ks_},
+             "target_step_ms": 10.0}
+    options = EvaluateOptions(max_new_tokens=NEW_TOKENS)
+    rows = p_min_forecast(algo, fitted, samples, ks_, options, costs)["rows"]
+    assert [r["p_min"] for r in rows] == list(P_MIN_GRID)
+    for row in rows:
+        alone = evaluate_samples(algo, fitted, samples, ks_, options.model_copy(update={"p_min": row["p_min"]}))
+        assert row["tokens_per_step"] == pytest.approx(alone["by_k"][str(row["k"])]["tokens_per_step"])
 
 
 def test_draft_ngram_keeps_the_text_and_the_evaluator_walks_it(algo, target, fitted):
